@@ -1,0 +1,17 @@
+//! NVMe definitions: controller registers, queue entries, opcodes, status codes, Identify
+//! data structures and log pages (NVMe Base Specification 2.0; 1.4 where they agree).
+//!
+//! Pure data: no `unsafe`, no I/O. Every `#[repr(C)]` layout has compile-time size and
+//! offset assertions beside it.
+
+pub mod cmd;
+pub mod identify;
+pub mod regs;
+pub mod status;
+
+pub use cmd::{admin_opc, cns, fid, lid, nvm_opc, Cqe, DsmRange, Sqe, NSID_ALL};
+pub use identify::{
+    ErrorLogEntry, IdentifyController, IdentifyNamespace, LbaFormat, SmartLog, IDENTIFY_SIZE,
+};
+pub use regs::{doorbell_offset, Aqa, Cap, Cc, Csts, DoorbellKind, Vs, PAGE_SIZE};
+pub use status::{Sct, Status};
