@@ -4,8 +4,43 @@
 //! - [`spec`]: NVMe definitions, pure data.
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
+//! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
+//! - [`io`]: request and completion types shared by all targets.
+//! - [`target`]: the trait over NVMe namespaces and file targets.
 #![deny(missing_docs)]
 
 pub mod dma;
+pub mod io;
 pub mod mmio;
 pub mod spec;
+pub mod target;
+pub mod transport;
+
+pub use dma::{DmaBuf, DmaPool, DmaSlice};
+pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
+pub use target::{QueueOptions, Target, TargetInfo, TargetQueue};
+
+/// Any error of the library, by layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// MMIO layer.
+    #[error(transparent)]
+    Mmio(#[from] mmio::MmioError),
+    /// DMA layer.
+    #[error(transparent)]
+    Dma(#[from] dma::DmaError),
+    /// An I/O error reported synchronously.
+    #[error(transparent)]
+    Io(#[from] io::IoError),
+    /// An operating system error with context.
+    #[error("{context}: {source}")]
+    Os {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Result with the library's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,419 @@
+//! The I/O request and completion types shared by every target (NVMe queue pairs and the
+//! file target): plain `Copy` data, so the I/O path never allocates.
+
+use crate::dma::{DmaBuf, DmaSlice};
+use crate::spec::Status;
+
+/// The most data segments one request may carry (vectored I/O).
+pub const MAX_SEGMENTS: usize = 8;
+
+/// What a request does.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum IoOp {
+    /// Read blocks into the data segments.
+    Read,
+    /// Write blocks from the data segments.
+    Write,
+    /// Make previously completed writes durable.
+    Flush,
+    /// Write zeroes over the range (no data segments).
+    WriteZeroes,
+    /// Deallocate (discard, trim) the range (no data segments).
+    Deallocate,
+}
+
+impl IoOp {
+    /// Whether the operation moves data through the segments.
+    pub const fn has_data(self) -> bool {
+        matches!(self, IoOp::Read | IoOp::Write)
+    }
+    /// Whether the operation addresses an LBA range.
+    pub const fn has_range(self) -> bool {
+        !matches!(self, IoOp::Flush)
+    }
+    /// A short name for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            IoOp::Read => "read",
+            IoOp::Write => "write",
+            IoOp::Flush => "flush",
+            IoOp::WriteZeroes => "write-zeroes",
+            IoOp::Deallocate => "deallocate",
+        }
+    }
+}
+
+/// The data segments of a request, inline (no allocation).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Segments {
+    segs: [DmaSlice; MAX_SEGMENTS],
+    n: u8,
+}
+
+const EMPTY_SLICE: DmaSlice = DmaSlice {
+    vaddr: 0,
+    iova: 0,
+    len: 0,
+    region: 0,
+    region_vaddr: 0,
+};
+
+impl Default for Segments {
+    fn default() -> Self {
+        Segments::none()
+    }
+}
+
+impl Segments {
+    /// No data.
+    pub const fn none() -> Self {
+        Segments {
+            segs: [EMPTY_SLICE; MAX_SEGMENTS],
+            n: 0,
+        }
+    }
+    /// One segment.
+    pub const fn one(s: DmaSlice) -> Self {
+        let mut segs = [EMPTY_SLICE; MAX_SEGMENTS];
+        segs[0] = s;
+        Segments { segs, n: 1 }
+    }
+    /// Several segments, or `None` when there are more than [`MAX_SEGMENTS`].
+    pub fn from_slices(s: &[DmaSlice]) -> Option<Self> {
+        if s.len() > MAX_SEGMENTS {
+            return None;
+        }
+        let mut segs = [EMPTY_SLICE; MAX_SEGMENTS];
+        segs[..s.len()].copy_from_slice(s);
+        Some(Segments {
+            segs,
+            n: s.len() as u8,
+        })
+    }
+    /// The segments.
+    pub fn as_slice(&self) -> &[DmaSlice] {
+        &self.segs[..self.n as usize]
+    }
+    /// Number of segments.
+    pub fn len(&self) -> usize {
+        self.n as usize
+    }
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+    /// Total bytes.
+    pub fn total_len(&self) -> usize {
+        self.as_slice().iter().map(|s| s.len).sum()
+    }
+}
+
+/// One I/O request: plain data, handed to a target queue by value.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct IoRequest {
+    /// The operation.
+    pub op: IoOp,
+    /// Namespace ID (NVMe targets; the file target ignores it).
+    pub nsid: u32,
+    /// First logical block.
+    pub lba: u64,
+    /// Number of logical blocks (0 for flush).
+    pub nlb: u32,
+    /// Data segments (read and write only).
+    pub data: Segments,
+    /// The caller's token, returned in the completion.
+    pub token: u64,
+}
+
+impl IoRequest {
+    /// A read of `nlb` blocks at `lba` into `buf` (the buffer's first `nlb` blocks).
+    pub fn read(nsid: u32, lba: u64, nlb: u32, buf: DmaSlice, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::Read,
+            nsid,
+            lba,
+            nlb,
+            data: Segments::one(buf),
+            token,
+        }
+    }
+    /// A write of `nlb` blocks at `lba` from `buf`.
+    pub fn write(nsid: u32, lba: u64, nlb: u32, buf: DmaSlice, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::Write,
+            ..Self::read(nsid, lba, nlb, buf, token)
+        }
+    }
+    /// A vectored read or write over several segments.
+    pub fn vectored(
+        op: IoOp,
+        nsid: u32,
+        lba: u64,
+        nlb: u32,
+        segs: &[DmaSlice],
+        token: u64,
+    ) -> Option<Self> {
+        Some(IoRequest {
+            op,
+            nsid,
+            lba,
+            nlb,
+            data: Segments::from_slices(segs)?,
+            token,
+        })
+    }
+    /// A flush.
+    pub fn flush(nsid: u32, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::Flush,
+            nsid,
+            lba: 0,
+            nlb: 0,
+            data: Segments::none(),
+            token,
+        }
+    }
+    /// Write zeroes over `nlb` blocks at `lba`.
+    pub fn write_zeroes(nsid: u32, lba: u64, nlb: u32, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::WriteZeroes,
+            nsid,
+            lba,
+            nlb,
+            data: Segments::none(),
+            token,
+        }
+    }
+    /// Deallocate `nlb` blocks at `lba`.
+    pub fn deallocate(nsid: u32, lba: u64, nlb: u32, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::Deallocate,
+            ..Self::write_zeroes(nsid, lba, nlb, token)
+        }
+    }
+    /// Convenience: a read into the whole of `buf`.
+    pub fn read_buf(nsid: u32, lba: u64, nlb: u32, buf: &DmaBuf, token: u64) -> Self {
+        Self::read(nsid, lba, nlb, buf.slice_all(), token)
+    }
+    /// Convenience: a write from the whole of `buf`.
+    pub fn write_buf(nsid: u32, lba: u64, nlb: u32, buf: &DmaBuf, token: u64) -> Self {
+        Self::write(nsid, lba, nlb, buf.slice_all(), token)
+    }
+}
+
+/// Why an I/O failed. `Copy` and small, so completions carry it without allocation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum IoError {
+    /// The controller completed the command with an error status.
+    #[error("nvme status {0}")]
+    Nvme(Status),
+    /// The operating system failed the I/O (file target): a positive errno.
+    #[error("os error {0} ({})", std::io::Error::from_raw_os_error(*.0))]
+    Os(i32),
+    /// The command did not complete within its timeout and was aborted.
+    #[error("command timed out")]
+    Timeout,
+    /// The command was aborted (by a cancel, or a reset that could not resubmit it).
+    #[error("command aborted")]
+    Aborted,
+    /// The request was cancelled before it reached the device.
+    #[error("request cancelled before submission")]
+    Cancelled,
+    /// The device is gone (surprise removal: registers read all ones).
+    #[error("device removed")]
+    DeviceRemoved,
+    /// The controller is resetting and the request could not be retried.
+    #[error("controller reset in progress")]
+    Resetting,
+    /// A short read or write that could not be completed.
+    #[error("short transfer: {done} of {want} bytes")]
+    ShortTransfer {
+        /// Bytes transferred.
+        done: u32,
+        /// Bytes requested.
+        want: u32,
+    },
+}
+
+impl IoError {
+    /// The errno a C caller sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            IoError::Nvme(_) => libc::EIO,
+            IoError::Os(e) => *e,
+            IoError::Timeout => libc::ETIMEDOUT,
+            IoError::Aborted => libc::ECANCELED,
+            IoError::Cancelled => libc::ECANCELED,
+            IoError::DeviceRemoved => libc::ENODEV,
+            IoError::Resetting => libc::EAGAIN,
+            IoError::ShortTransfer { .. } => libc::EIO,
+        }
+    }
+}
+
+/// The completion of one request.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Completion {
+    /// The request's token.
+    pub token: u64,
+    /// Success, or why not.
+    pub result: Result<(), IoError>,
+}
+
+/// Returned by a submit that could not take the request: every slot and the software
+/// queue are full. The request comes back untouched.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("queue is full: {in_flight} in flight and {queued} queued; reap completions and retry")]
+pub struct Busy {
+    /// The request, unchanged.
+    pub request: IoRequest,
+    /// Commands at the device.
+    pub in_flight: u32,
+    /// Requests waiting in the software queue.
+    pub queued: u32,
+}
+
+/// A request rejected before reaching the device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum InvalidRequest {
+    /// LBA range past the end of the namespace or file.
+    #[error("lba range {lba}+{nlb} is past the end of nsid {nsid} ({capacity} blocks)")]
+    OutOfRange {
+        /// Namespace.
+        nsid: u32,
+        /// First block.
+        lba: u64,
+        /// Block count.
+        nlb: u32,
+        /// Blocks in the namespace.
+        capacity: u64,
+    },
+    /// Zero blocks requested.
+    #[error("{op} of zero blocks at lba {lba}")]
+    ZeroBlocks {
+        /// Operation.
+        op: &'static str,
+        /// First block.
+        lba: u64,
+    },
+    /// Data length does not match the block count.
+    #[error("{op} of {nlb} blocks of {block_size} bytes needs {need} bytes of buffer, got {have}")]
+    LengthMismatch {
+        /// Operation.
+        op: &'static str,
+        /// Block count.
+        nlb: u32,
+        /// Block size.
+        block_size: u32,
+        /// Bytes needed.
+        need: u64,
+        /// Bytes given.
+        have: u64,
+    },
+    /// A buffer is not aligned as the transport requires.
+    #[error("buffer segment {index} at iova {iova:#x} (+{len}) is misaligned: {why}")]
+    Misaligned {
+        /// Segment index.
+        index: usize,
+        /// Its IOVA.
+        iova: u64,
+        /// Its length.
+        len: usize,
+        /// The rule broken.
+        why: &'static str,
+    },
+    /// The namespace is not active on this controller.
+    #[error("nsid {nsid} is not an active namespace")]
+    InactiveNamespace {
+        /// Namespace.
+        nsid: u32,
+    },
+    /// The target does not support this operation.
+    #[error("{op} is not supported by this target")]
+    Unsupported {
+        /// Operation.
+        op: &'static str,
+    },
+    /// A write to a read-only target.
+    #[error("write to a read-only target")]
+    ReadOnly,
+    /// Data segments given to an operation that takes none, or too many segments.
+    #[error("{op} with {n} data segments: {why}")]
+    BadSegments {
+        /// Operation.
+        op: &'static str,
+        /// Segment count.
+        n: usize,
+        /// The rule broken.
+        why: &'static str,
+    },
+}
+
+/// The outcome of handing a request to a target queue.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// No room: try again after reaping.
+    #[error(transparent)]
+    Busy(#[from] Busy),
+    /// The request is malformed for this target; it will never succeed.
+    #[error("invalid request (token {token}): {reason}")]
+    Invalid {
+        /// The request's token.
+        token: u64,
+        /// What is wrong.
+        reason: InvalidRequest,
+    },
+    /// The device is gone.
+    #[error("device removed")]
+    DeviceRemoved,
+}
+
+/// Counters of one queue (an NVMe qpair or a file ring), for `kestrel perf` and tests.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct QueueStats {
+    /// Requests accepted by submit.
+    pub submitted: u64,
+    /// Completions delivered.
+    pub completed: u64,
+    /// Commands placed in the submission ring (children of split requests counted).
+    pub commands: u64,
+    /// MMIO writes of the SQ tail doorbell (io_uring_enter calls on a file ring).
+    pub sq_doorbell_writes: u64,
+    /// MMIO writes of the CQ head doorbell.
+    pub cq_doorbell_writes: u64,
+    /// Shadow doorbell updates that needed no MMIO write.
+    pub shadow_doorbell_updates: u64,
+    /// Calls to poll.
+    pub polls: u64,
+    /// Polls that found nothing.
+    pub idle_polls: u64,
+    /// Requests that waited in the software queue.
+    pub sw_queued: u64,
+    /// Requests split into several commands (MDTS).
+    pub split: u64,
+    /// Commands retried after a retryable error.
+    pub retries: u64,
+    /// Completion entries ignored because their CID was not outstanding.
+    pub bogus_completions: u64,
+    /// Commands that timed out.
+    pub timeouts: u64,
+}
+
+impl QueueStats {
+    /// Adds another queue's counters into this one.
+    pub fn accumulate(&mut self, o: &QueueStats) {
+        self.submitted += o.submitted;
+        self.completed += o.completed;
+        self.commands += o.commands;
+        self.sq_doorbell_writes += o.sq_doorbell_writes;
+        self.cq_doorbell_writes += o.cq_doorbell_writes;
+        self.shadow_doorbell_updates += o.shadow_doorbell_updates;
+        self.polls += o.polls;
+        self.idle_polls += o.idle_polls;
+        self.sw_queued += o.sw_queued;
+        self.split += o.split;
+        self.retries += o.retries;
+        self.bogus_completions += o.bogus_completions;
+        self.timeouts += o.timeouts;
+    }
+}

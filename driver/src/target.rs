@@ -1,0 +1,85 @@
+//! One trait over the things Kestrel does block I/O to: an NVMe namespace (through I/O
+//! queue pairs) and a file or block device (through io_uring). The aio API, the pollers,
+//! `kestrel perf` and the conformance suite use only this.
+
+use crate::dma::DmaPool;
+use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
+
+/// What a target is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetInfo {
+    /// A short name: `nvme emulator ns1`, `file /data/x.img`.
+    pub name: String,
+    /// Namespace ID requests must carry (1 for files).
+    pub nsid: u32,
+    /// Logical block size in bytes.
+    pub block_size: u32,
+    /// Capacity in blocks.
+    pub num_blocks: u64,
+    /// The largest transfer one request may carry, in bytes (larger ones are split or
+    /// refused by the queue).
+    pub max_transfer_bytes: u64,
+    /// Write Zeroes is supported.
+    pub write_zeroes: bool,
+    /// Deallocate is supported.
+    pub deallocate: bool,
+    /// Deallocated blocks read back as zeroes.
+    pub deallocate_reads_zeroes: bool,
+    /// Flush does something (a volatile cache exists).
+    pub flush: bool,
+    /// Writes are refused.
+    pub read_only: bool,
+}
+
+/// Options for a queue created on a target.
+#[derive(Clone, Debug)]
+pub struct QueueOptions {
+    /// Entries in the submission and completion rings (clamped to what the target allows).
+    pub depth: u32,
+    /// Requests that may wait in software beyond the ring.
+    pub sw_queue_depth: u32,
+    /// Ring the doorbell per command instead of per batch (NVMe only).
+    pub immediate_doorbell: bool,
+    /// Use shadow doorbells when the controller offers them (NVMe only).
+    pub shadow_doorbells: bool,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        QueueOptions {
+            depth: 256,
+            sw_queue_depth: 1024,
+            immediate_doorbell: false,
+            shadow_doorbells: true,
+        }
+    }
+}
+
+/// A target: the thing queues are made on.
+pub trait Target: Send + Sync {
+    /// What it is.
+    fn info(&self) -> &TargetInfo;
+    /// The DMA pool buffers for this target must come from.
+    fn dma_pool(&self) -> &DmaPool;
+    /// Creates a queue, owned by the calling thread from then on.
+    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, crate::Error>;
+}
+
+/// A queue on a target: one thread submits and reaps (`Send`, not `Sync`).
+pub trait TargetQueue: Send {
+    /// Queues one request. It goes to the device at the next [`TargetQueue::flush`] or
+    /// [`TargetQueue::poll`] (batched doorbells); never blocks.
+    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError>;
+    /// Makes submitted requests visible to the device (one doorbell write or one
+    /// `io_uring_enter` for the whole batch).
+    fn flush(&mut self);
+    /// Reaps at most `max` completions, calling `done` for each; returns how many.
+    fn poll(&mut self, max: u32, done: &mut dyn FnMut(Completion)) -> u32;
+    /// Requests submitted and not yet completed (at the device or queued in software).
+    fn outstanding(&self) -> u32;
+    /// Counters.
+    fn stats(&self) -> QueueStats;
+    /// Cancels a request still waiting in the software queue; true if found (its
+    /// completion is delivered by the next poll with `IoError::Cancelled`).
+    fn cancel_queued(&mut self, token: u64) -> bool;
+}
