@@ -208,7 +208,7 @@ pub enum IoError {
     #[error("nvme status {0}")]
     Nvme(Status),
     /// The operating system failed the I/O (file target): a positive errno.
-    #[error("os error {0} ({})", std::io::Error::from_raw_os_error(*.0))]
+    #[error("os error: {}", std::io::Error::from_raw_os_error(*.0))]
     Os(i32),
     /// The command did not complete within its timeout and was aborted.
     #[error("command timed out")]
