@@ -1883,6 +1883,7 @@ fn bench_null_store_ns_per_command() {
     let b = h.buf(4096);
     let n: u32 = 2_000_000;
     let batch = 32;
+    let cpu0 = emu_thread_cpu();
     let t = Instant::now();
     let mut done = 0u32;
     let mut sent = 0u32;
@@ -1905,9 +1906,29 @@ fn bench_null_store_ns_per_command() {
         }
     }
     let el = t.elapsed();
+    let cpu = emu_thread_cpu() - cpu0;
     println!(
-        "emu null store: {n} reads in {el:?}: {:.1} ns/command, {:.2} M IOPS",
+        "emu null store: {n} reads in {el:?}: {:.1} ns/command round trip, {:.2} M IOPS; \
+         controller thread cpu {:.1} ns/command",
         el.as_nanos() as f64 / n as f64,
-        n as f64 / el.as_secs_f64() / 1e6
+        n as f64 / el.as_secs_f64() / 1e6,
+        cpu.as_nanos() as f64 / n as f64,
     );
+}
+
+/// CPU time of the emulated controller threads of this process (from /proc, 10 ms ticks).
+fn emu_thread_cpu() -> Duration {
+    let mut ticks = 0u64;
+    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+            continue;
+        };
+        if !stat.contains("(kestrel-emu)") {
+            continue;
+        }
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        ticks += f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    }
+    Duration::from_millis(ticks * 10)
 }
