@@ -30,7 +30,7 @@
 //! - A completion queue entry is written as dwords 0–2 (Relaxed), then dword 3 (CID,
 //!   status and phase tag) with a Release store: a driver that acquire-loads dword 3 and
 //!   sees the new phase sees the whole entry and all data the command moved.
-//! - Data is copied with relaxed atomic word accesses (see [`mem`]); the orderings above
+//! - Data is copied with relaxed atomic word accesses (see `emu/mem.rs`); the orderings above
 //!   carry it.
 //!
 //! # Admin commands
@@ -140,7 +140,7 @@
 //! every matching command.
 //!
 //! # `unsafe`
-//! Only in [`mem`], the IOMMU and its host-memory views.
+//! Only in `emu/mem.rs`: the IOMMU and its host-memory views (and one `fallocate` call).
 
 mod ctrl;
 mod faults;
