@@ -2089,9 +2089,12 @@ fn fault_surprise_removal() {
     // Doorbells are ignored; writes to registers read back as ones.
     q.submit(&h.bar, &Sqe::read(1, 0, 1, r.iova(), 0));
     h.bar.set_cc(h.cc());
-    std::thread::sleep(Duration::from_millis(20));
+    wait_until("CC to read as all ones again", || {
+        h.bar.read32(offset::CC) == u32::MAX
+    });
     assert!(h.csts().is_all_ones());
-    assert_eq!(h.bar.read32(offset::CC), u32::MAX, "CC reads as all ones");
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(q.idle(), "the doorbell was ignored");
     // DMA memory can still be unmapped without hanging.
     let p2 = DmaPool::new(
         h.emu.mapper(),
