@@ -1860,9 +1860,17 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
         let mut sleep = SLEEP_MIN;
         let mut armed = false;
         let mut scan = false;
+        let mut stats_seen = 0u64;
         while !shared.stop.load(Ordering::Acquire) {
             // Between passes: adopt IOMMU changes and acknowledge them (mem module doc).
             snap.refresh();
+            // A request for counters: everything posted so far is counted in them.
+            let req = shared.stats_req.load(Ordering::Acquire);
+            if req != stats_seen {
+                stats_seen = req;
+                ctrl.publish();
+                shared.stats_done.store(req, Ordering::Release);
+            }
             let act = {
                 let mem = snap.view();
                 ctrl.pass(&mem, scan)

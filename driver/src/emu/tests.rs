@@ -1954,8 +1954,8 @@ fn fault_status_is_returned_without_executing() {
         "the failed write did not write"
     );
     assert_ok(&h.io(&mut q, Sqe::write(1, 3, 1, w.iova(), 0)));
-    assert_eq!(h.emu.faults().injected(), 2);
     assert_eq!(h.emu.stats().faults_injected, 2);
+    assert_eq!(h.emu.faults().injected(), 2);
     assert_eq!(h.smart().media_errors, 1);
     // Admin commands can be failed too.
     h.emu
