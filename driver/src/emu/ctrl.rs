@@ -663,7 +663,8 @@ impl Ctrl {
         }
         work |= self.run_admin(mem);
         work |= self.run_io(mem, db);
-        if !self.events.is_empty() && !self.aers.is_empty() {
+        // (An injected fatal error or removal during the I/O phase stops the pass.)
+        if self.state == State::Ready && !self.events.is_empty() && !self.aers.is_empty() {
             work |= self.deliver_events(mem);
         }
         Activity {
