@@ -117,7 +117,9 @@ pub enum CtrlrError {
         status: Status,
     },
     /// An admin command did not complete in time.
-    #[error("{transport}: admin command {opcode} (cid {cid}) did not complete within {timeout_ms} ms")]
+    #[error(
+        "{transport}: admin command {opcode} (cid {cid}) did not complete within {timeout_ms} ms"
+    )]
     AdminTimeout {
         /// The controller.
         transport: String,
@@ -247,7 +249,9 @@ fn backoff(round: &mut u32) {
     } else if *round < 400 {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(Duration::from_micros(((*round - 400) as u64 * 10).min(1000)));
+        std::thread::sleep(Duration::from_micros(
+            ((*round - 400) as u64 * 10).min(1000),
+        ));
     }
 }
 
@@ -308,7 +312,13 @@ impl CtrlrShared {
                 q.cq_db.ring(q.cq_head as u32);
                 let cqe = Cqe::from_dwords(dw0, 0, dw2, dw3);
                 if cqe.cid != cid {
-                    tracing::warn!(cid = cqe.cid, expected = cid, "{}: ignoring admin completion for cid {} while waiting for cid {cid}", self.describe, cqe.cid);
+                    tracing::warn!(
+                        cid = cqe.cid,
+                        expected = cid,
+                        "{}: ignoring admin completion for cid {} while waiting for cid {cid}",
+                        self.describe,
+                        cqe.cid
+                    );
                     continue;
                 }
                 let status = cqe.status();
@@ -368,7 +378,10 @@ impl CtrlrShared {
                 }
             }
         }
-        self.free_qids.lock().unwrap_or_else(|p| p.into_inner()).push(qid);
+        self.free_qids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(qid);
     }
 
     /// Sends Abort for `cid` on `sqid`. Returns whether the controller says it aborted it
@@ -392,13 +405,18 @@ impl CtrlrShared {
         let mut round = 0;
         while self.bar.csts().shst() != shutdown::SHST_COMPLETE {
             if start.elapsed() > limit {
-                tracing::warn!("{}: shutdown did not complete within {} ms", self.describe, limit.as_millis());
+                tracing::warn!(
+                    "{}: shutdown did not complete within {} ms",
+                    self.describe,
+                    limit.as_millis()
+                );
                 break;
             }
             backoff(&mut round);
         }
         // Disable, so nothing the controller does can touch DMA memory once we unmap it.
-        self.bar.set_cc(Cc(self.bar.cc().0).with_shn(0).with_en(false));
+        self.bar
+            .set_cc(Cc(self.bar.cc().0).with_shn(0).with_en(false));
         let start = Instant::now();
         while self.bar.csts().rdy() && start.elapsed() < limit {
             backoff(&mut round);
@@ -631,7 +649,10 @@ impl Controller {
             shared.admin_read(Sqe::identify(cns::NAMESPACE, nsid, 0), &mut buf)?;
             let ns = IdentifyNamespace::parse(buf.as_slice().try_into().expect("4096 bytes"));
             let Some(block_size) = ns.lba_size() else {
-                tracing::warn!("{describe}: nsid {nsid} has an invalid lba format (flbas {:#x}); skipping it", ns.flbas);
+                tracing::warn!(
+                    "{describe}: nsid {nsid} has an invalid lba format (flbas {:#x}); skipping it",
+                    ns.flbas
+                );
                 continue;
             };
             if ns.nsze == 0 {
@@ -655,7 +676,10 @@ impl Controller {
             state = InitState::ConfigureShadowDoorbells;
             tracing::debug!("{describe}: {state}");
             let pages = Arc::new(ShadowPages::new(&shared.pool)?);
-            match shared.admin(Sqe::doorbell_buffer_config(pages.db_iova(), pages.ei_iova())) {
+            match shared.admin(Sqe::doorbell_buffer_config(
+                pages.db_iova(),
+                pages.ei_iova(),
+            )) {
                 Ok(_) => shared.shadow = Some(pages),
                 Err(CtrlrError::AdminCommand { status, .. }) => {
                     tracing::info!("{describe}: doorbell buffer config refused ({status}); using mmio doorbells only");
@@ -699,11 +723,13 @@ impl Controller {
     }
     /// One namespace.
     pub fn namespace(&self, nsid: u32) -> Result<&NsInfo, CtrlrError> {
-        self.shared.ns_info(nsid).ok_or_else(|| CtrlrError::NoSuchNamespace {
-            transport: self.shared.describe.clone(),
-            nsid,
-            active: self.shared.namespaces.iter().map(|n| n.nsid).collect(),
-        })
+        self.shared
+            .ns_info(nsid)
+            .ok_or_else(|| CtrlrError::NoSuchNamespace {
+                transport: self.shared.describe.clone(),
+                nsid,
+                active: self.shared.namespaces.iter().map(|n| n.nsid).collect(),
+            })
     }
     /// I/O queues granted by Set Features (Number of Queues).
     pub fn io_queues_granted(&self) -> u16 {
@@ -796,7 +822,12 @@ impl Controller {
                 transport: sh.describe.clone(),
                 granted: sh.queues_granted,
             })?;
-        let give_back = |sh: &CtrlrShared| sh.free_qids.lock().unwrap_or_else(|p| p.into_inner()).push(qid);
+        let give_back = |sh: &CtrlrShared| {
+            sh.free_qids
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(qid)
+        };
         let result = self.build_qpair(qid, opts);
         if result.is_err() {
             give_back(sh);
@@ -806,10 +837,16 @@ impl Controller {
 
     fn build_qpair(&self, qid: u16, opts: &QpairOptions) -> Result<IoQpair, CtrlrError> {
         let sh = &self.shared;
-        let depth = opts
-            .depth
-            .clamp(2, sh.cap.max_queue_entries().min(crate::qpair::MAX_TRACKERS + 1)) as u16;
-        let max_cmd = opts.max_command_bytes.min(sh.max_command_bytes).max(PAGE_SIZE as u64);
+        let depth = opts.depth.clamp(
+            2,
+            sh.cap
+                .max_queue_entries()
+                .min(crate::qpair::MAX_TRACKERS + 1),
+        ) as u16;
+        let max_cmd = opts
+            .max_command_bytes
+            .min(sh.max_command_bytes)
+            .max(PAGE_SIZE as u64);
         // Worst case a command starts mid-page: one PRP entry per page plus one.
         let list_entries = (max_cmd as usize).div_ceil(PAGE_SIZE).max(1);
         let ppt = prp::list_pages_for(list_entries);
@@ -826,8 +863,14 @@ impl Controller {
         }
         let dstrd = sh.cap.dstrd();
         let shadow = sh.shadow.as_ref().and_then(|pages| {
-            let s = ShadowSlot::new(pages, shadow_doorbell_index(dstrd, qid, DoorbellKind::SqTail))?;
-            let c = ShadowSlot::new(pages, shadow_doorbell_index(dstrd, qid, DoorbellKind::CqHead))?;
+            let s = ShadowSlot::new(
+                pages,
+                shadow_doorbell_index(dstrd, qid, DoorbellKind::SqTail),
+            )?;
+            let c = ShadowSlot::new(
+                pages,
+                shadow_doorbell_index(dstrd, qid, DoorbellKind::CqHead),
+            )?;
             Some((s, c))
         });
         Ok(IoQpair::new(

@@ -24,8 +24,8 @@ pub mod transport;
 
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
-pub use qpair::{DoorbellMode, IoQpair, QpairOptions};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
+pub use qpair::{DoorbellMode, IoQpair, QpairOptions};
 pub use target::{QueueOptions, Target, TargetInfo, TargetQueue};
 
 /// Any error of the library, by layer.

@@ -341,7 +341,11 @@ impl IoQpair {
             if req.nlb == 0 {
                 return Err(InvalidRequest::ZeroBlocks { op, lba: req.lba });
             }
-            if req.lba.checked_add(req.nlb as u64).is_none_or(|e| e > ns.num_blocks) {
+            if req
+                .lba
+                .checked_add(req.nlb as u64)
+                .is_none_or(|e| e > ns.num_blocks)
+            {
                 return Err(InvalidRequest::OutOfRange {
                     nsid: req.nsid,
                     lba: req.lba,
@@ -351,7 +355,9 @@ impl IoQpair {
             }
         }
         match req.op {
-            IoOp::WriteZeroes if !ns.write_zeroes => return Err(InvalidRequest::Unsupported { op }),
+            IoOp::WriteZeroes if !ns.write_zeroes => {
+                return Err(InvalidRequest::Unsupported { op })
+            }
             IoOp::Deallocate if !ns.deallocate => return Err(InvalidRequest::Unsupported { op }),
             IoOp::Read | IoOp::Write => {
                 if req.data.is_empty() {
@@ -440,7 +446,10 @@ impl IoQpair {
         let Some(block_size) = self.ns(req.nsid).map(|n| n.block_size) else {
             // The namespace went away between validation and now (a reset shrank the
             // list): complete with the status a controller would give.
-            self.defer(req.token, Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)));
+            self.defer(
+                req.token,
+                Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)),
+            );
             return Ok(());
         };
         let chunk = self.chunk_blocks(block_size);
@@ -644,7 +653,13 @@ impl IoQpair {
     }
 
     /// Handles one CQE; returns 1 if a request completed (delivered to `done`).
-    fn complete(&mut self, cid: u16, status: Status, _dw0: u32, done: &mut dyn FnMut(Completion)) -> u32 {
+    fn complete(
+        &mut self,
+        cid: u16,
+        status: Status,
+        _dw0: u32,
+        done: &mut dyn FnMut(Completion),
+    ) -> u32 {
         let max_retries = self.max_retries;
         let Some(t) = self.trackers.get_mut(cid as usize).filter(|t| t.active) else {
             self.stats.bogus_completions += 1;
@@ -771,7 +786,12 @@ impl IoQpair {
     /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
     /// validation beyond the PRP rules: the device judges it. Used by conformance tests
     /// to check device-reported errors.
-    pub fn submit_raw(&mut self, mut sqe: Sqe, data: Option<DmaSlice>, token: u64) -> Result<(), SubmitError> {
+    pub fn submit_raw(
+        &mut self,
+        mut sqe: Sqe,
+        data: Option<DmaSlice>,
+        token: u64,
+    ) -> Result<(), SubmitError> {
         let Some(cid) = self.free.pop() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),

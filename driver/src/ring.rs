@@ -54,7 +54,11 @@ impl SqRing {
     /// Writes `sqe` into `slot`.
     #[inline]
     pub fn write(&mut self, slot: u16, sqe: &Sqe) {
-        assert!(slot < self.entries, "sq slot {slot} out of {}", self.entries);
+        assert!(
+            slot < self.entries,
+            "sq slot {slot} out of {}",
+            self.entries
+        );
         // SAFETY: slot < entries, so the 64-byte slot is inside the ring memory held by
         // `_mem`; see the module doc for why the controller is not reading it now.
         unsafe { self.base.as_ptr().add(slot as usize).write_volatile(*sqe) };
@@ -96,7 +100,11 @@ impl CqRing {
     /// acquire ordering: if the phase is new, the rest of the entry may be read after it.
     #[inline]
     pub fn dw3(&self, slot: u16) -> u32 {
-        assert!(slot < self.entries, "cq slot {slot} out of {}", self.entries);
+        assert!(
+            slot < self.entries,
+            "cq slot {slot} out of {}",
+            self.entries
+        );
         // SAFETY: slot < entries, so dword 3 of the slot (offset 12, 4-byte aligned) is
         // inside the ring memory held by `_mem`; the controller writes it concurrently,
         // which an atomic load allows.
@@ -112,7 +120,11 @@ impl CqRing {
     /// [`CqRing::dw3`] showed the entry's phase is new.
     #[inline]
     pub fn dw0_dw2(&self, slot: u16) -> (u32, u32) {
-        assert!(slot < self.entries, "cq slot {slot} out of {}", self.entries);
+        assert!(
+            slot < self.entries,
+            "cq slot {slot} out of {}",
+            self.entries
+        );
         // SAFETY: inside the ring as above; the acquire load of dword 3 ordered these
         // reads after the controller's writes, and it will not rewrite the slot before we
         // move the head doorbell past it.
@@ -185,7 +197,12 @@ impl ShadowSlot {
     pub fn publish(&self, value: u32) -> u32 {
         // SAFETY: both pointers are inside the live shadow pages (checked in `new`) and
         // 4-byte aligned; the controller accesses them concurrently, hence atomics.
-        let (db, ei) = unsafe { (AtomicU32::from_ptr(self.db.as_ptr()), AtomicU32::from_ptr(self.ei.as_ptr())) };
+        let (db, ei) = unsafe {
+            (
+                AtomicU32::from_ptr(self.db.as_ptr()),
+                AtomicU32::from_ptr(self.ei.as_ptr()),
+            )
+        };
         db.store(value, Ordering::Release);
         // Full fence: the shadow store must be visible before we read EventIdx (a
         // store-load order, which release/acquire do not give). Otherwise we could read an
