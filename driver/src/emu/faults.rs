@@ -151,9 +151,11 @@ fn parse_target(s: &str) -> Result<FaultTarget, String> {
         "admin" => FaultTarget::AnyAdmin,
         _ if s.starts_with("admin0x") => FaultTarget::Admin(hex(&s[5..])?),
         _ if s.starts_with("0x") => FaultTarget::Io(hex(s)?),
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "unknown command `{s}`: use read, write, flush, wz, dsm, io, admin, 0xNN or admin0xNN"
-        )),
+        ))
+        }
     })
 }
 
