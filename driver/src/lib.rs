@@ -4,6 +4,7 @@
 //! - [`spec`]: NVMe definitions, pure data.
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
+//! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
@@ -12,6 +13,7 @@
 pub mod dma;
 pub mod io;
 pub mod mmio;
+pub mod pci;
 pub mod spec;
 pub mod target;
 pub mod transport;
@@ -29,6 +31,9 @@ pub enum Error {
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// PCI discovery.
+    #[error(transparent)]
+    Pci(#[from] pci::PciError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),
