@@ -160,7 +160,8 @@ fn read_hugepage_counter(page_kib: usize, name: &str) -> u64 {
     .unwrap_or(0)
 }
 
-fn memlock_limit_text() -> String {
+/// The RLIMIT_MEMLOCK soft limit, as text for messages.
+pub(crate) fn memlock_limit_text() -> String {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -6,6 +6,7 @@
 //! - [`dma`]: device-visible memory with IOVAs.
 //! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
+//! - [`vfio`]: the transport to a controller bound to vfio-pci.
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 #![deny(missing_docs)]
@@ -17,6 +18,7 @@ pub mod pci;
 pub mod spec;
 pub mod target;
 pub mod transport;
+pub mod vfio;
 
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
@@ -31,6 +33,9 @@ pub enum Error {
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// VFIO transport.
+    #[error(transparent)]
+    Vfio(#[from] vfio::VfioError),
     /// PCI discovery.
     #[error(transparent)]
     Pci(#[from] pci::PciError),

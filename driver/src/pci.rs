@@ -605,26 +605,35 @@ fn read_controller_with(
     })
 }
 
-/// Every NVMe controller (PCI class 0x010802) under `<sysfs>/bus/pci/devices`, sorted by
-/// address, with its driver, IOMMU group and the block devices of its namespaces.
-pub fn list_nvme_controllers(roots: &SysRoots) -> Result<Vec<PciNvmeController>, PciError> {
-    let devdir = roots.sysfs.join("bus/pci/devices");
+/// The addresses of the NVMe controllers (PCI class 0x010802) under
+/// `<sysfs_root>/bus/pci/devices`, sorted.
+pub fn nvme_bdfs(sysfs_root: &Path) -> Result<Vec<Bdf>, PciError> {
+    let roots = SysRoots::new(sysfs_root, "/proc");
+    let devdir = sysfs_root.join("bus/pci/devices");
     if !devdir.is_dir() {
         return Err(PciError::NoPciBus { path: devdir });
     }
-    let usage = Usage::read(roots)?;
     let mut out = Vec::new();
     for name in dir_names(&devdir)? {
         let Ok(bdf) = name.parse::<Bdf>() else {
             continue;
         };
-        if class(roots, &bdf)? != Some(NVME_CLASS) {
-            continue;
+        if class(&roots, &bdf)? == Some(NVME_CLASS) {
+            out.push(bdf);
         }
-        out.push(read_controller_with(roots, &bdf, &usage)?);
     }
-    out.sort_by_key(|c| c.bdf);
+    out.sort();
     Ok(out)
+}
+
+/// Every NVMe controller (PCI class 0x010802) under `<sysfs>/bus/pci/devices`, sorted by
+/// address, with its driver, IOMMU group and the block devices of its namespaces.
+pub fn list_nvme_controllers(roots: &SysRoots) -> Result<Vec<PciNvmeController>, PciError> {
+    let bdfs = nvme_bdfs(&roots.sysfs)?;
+    let usage = Usage::read(roots)?;
+    bdfs.iter()
+        .map(|b| read_controller_with(roots, b, &usage))
+        .collect()
 }
 
 /// Parses `hugepages-2048kB`.
