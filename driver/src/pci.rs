@@ -726,8 +726,8 @@ pub fn format_table(ctrls: &[PciNvmeController], huge: &HugepageStatus) -> Strin
     }
     let _ = writeln!(
         s,
-        "{:<12}  {:<9}  {:<4}  {:<5}  {:<10}  {:<16}  {}",
-        "BDF", "VENDOR:ID", "NUMA", "GROUP", "DRIVER", "BLOCK DEVICES", "IN USE"
+        "{:<12}  {:<9}  {:<4}  {:<5}  {:<10}  {:<16}  IN USE",
+        "BDF", "VENDOR:ID", "NUMA", "GROUP", "DRIVER", "BLOCK DEVICES"
     );
     for c in ctrls {
         let ids = format!("{:04x}:{:04x}", c.vendor, c.device);
