@@ -59,14 +59,22 @@ impl Run {
 
 /// Runs the script over the fake tree with `env` on top of a clean setup environment.
 fn run(f: &FakeSys, args: &[&str], env: &[(&str, &str)]) -> Run {
+    run_with_path(
+        f,
+        args,
+        env,
+        &std::env::var("PATH").unwrap_or_default(),
+        "bash",
+    )
+}
+
+/// As [`run`], with `path` after the stubs as PATH and `bash` as the shell, in an
+/// environment holding nothing else.
+fn run_with_path(f: &FakeSys, args: &[&str], env: &[(&str, &str)], path: &str, bash: &str) -> Run {
     let st = stubs();
-    let path = format!(
-        "{}:{}",
-        st.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut c = Command::new("bash");
-    c.arg(script()).args(args);
+    let path = format!("{}:{path}", st.path().display());
+    let mut c = Command::new(bash);
+    c.env_clear().arg(script()).args(args);
     for v in [
         "PCI_ALLOWED",
         "PCI_BLOCKED",
@@ -607,4 +615,89 @@ fn help_and_unknown_commands() {
     );
     let r = run(&f, &["status", "extra"], &[]);
     assert_eq!(r.code(), 1);
+}
+
+/// A directory holding every busybox applet and bash, nothing else: the tools of the
+/// initramfs guest the VM tests boot.
+fn busybox_path() -> Option<(tempfile::TempDir, String)> {
+    let which = |name: &str| {
+        std::env::var("PATH")
+            .ok()?
+            .split(':')
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.is_file())
+    };
+    let bb = which("busybox")?;
+    let bash = which("bash")?;
+    let list = Command::new(&bb).arg("--list").output().ok()?;
+    let d = tempfile::tempdir().ok()?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        std::os::unix::fs::symlink(&bb, d.path().join(applet)).ok()?;
+    }
+    let b = d.path().join("bash");
+    let _ = fs::remove_file(&b);
+    std::os::unix::fs::symlink(bash, &b).ok()?;
+    let p = d.path().display().to_string();
+    Some((d, p))
+}
+
+#[test]
+fn runs_with_busybox_tools_only() {
+    let Some((_keep, bb)) = busybox_path() else {
+        eprintln!("skipped: busybox not installed (apt-get install busybox-static)");
+        return;
+    };
+    let bash = format!("{bb}/bash");
+    let f = config_tree();
+    let a = "0000:01:00.0";
+    f.nvme(a)
+        .bind(a, "nvme")
+        .group(a, 3)
+        .numa(a, 0)
+        .namespace(a, "nvme0", "nvme0n1", "259:0")
+        .partition(a, "nvme0", "nvme0n1", "nvme0n1p1")
+        .holder(a, "nvme0/nvme0n1", "dm-1", Some("vg-x"))
+        .mount("/dev/nvme0n1p1", "/boot");
+    let b = "0000:02:00.0";
+    f.nvme(b).bind(b, "vfio-pci").group(b, 4).dev_vfio("4");
+    f.hugepages(Some(0), 2048, 1, 2);
+    let r = run_with_path(&f, &["status"], &[], &bb, &bash);
+    assert_eq!(r.code(), 0, "{}", r.stderr());
+    assert_eq!(r.stdout(), table(&f));
+    let r = run_with_path(&f, &["config"], &[("PCI_ALLOWED", a)], &bb, &bash);
+    assert_eq!(r.code(), 1);
+    assert!(
+        r.stderr().contains("refusing to unbind 0000:01:00.0 from nvme: nvme0n1 held by dm-1 (vg-x), nvme0n1p1 mounted on /boot"),
+        "{}",
+        r.stderr()
+    );
+    let r = run_with_path(
+        &f,
+        &["config"],
+        &[("PCI_ALLOWED", b), ("HUGEMEM", "8")],
+        &bb,
+        &bash,
+    );
+    assert_eq!(r.code(), 0, "{}", r.stderr());
+    assert!(
+        r.stdout()
+            .contains("0000:02:00.0: already bound to vfio-pci"),
+        "{}",
+        r.stdout()
+    );
+    // The refused run above already made the default 1024 pages; a smaller HUGEMEM
+    // leaves the pool alone.
+    assert!(
+        r.stdout()
+            .contains("hugepages: 1024 x 2 MiB already (HUGEMEM=8 MiB needs 4)"),
+        "{}",
+        r.stdout()
+    );
+    let r = run_with_path(&f, &["reset"], &[("PCI_ALLOWED", b)], &bb, &bash);
+    assert!(
+        r.stderr().contains("0000:02:00.0 did not bind to nvme"),
+        "{}",
+        r.stderr()
+    );
+    assert!(r.calls.is_empty(), "{}", r.calls);
 }
