@@ -763,6 +763,13 @@ pub fn format_table(ctrls: &[PciNvmeController], huge: &HugepageStatus) -> Strin
     s
 }
 
+/// The whole `kestrel list` / `setup.sh status` text for the machine at `roots`.
+pub fn status_table(roots: &SysRoots) -> Result<String, PciError> {
+    let ctrls = list_nvme_controllers(roots)?;
+    let huge = hugepage_status(&roots.sysfs)?;
+    Ok(format_table(&ctrls, &huge))
+}
+
 #[cfg(test)]
 #[path = "../tests/support/fakesys.rs"]
 pub(crate) mod fake;

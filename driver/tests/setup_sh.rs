@@ -228,6 +228,7 @@ fn status_on_this_machine() {
     let ctrls = list_nvme_controllers(&roots).unwrap();
     let want = format_table(&ctrls, &hugepage_status(&roots.sysfs).unwrap());
     assert_eq!(stdout, want);
+    assert_eq!(stdout, kestrel::pci::status_table(&roots).unwrap());
     if ctrls.is_empty() {
         assert!(
             stdout.contains("no NVMe controllers (PCI class 0x010802) found"),

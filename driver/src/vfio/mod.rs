@@ -32,7 +32,7 @@
 //! ioctls could not be tested over a fake tree; it knows only the type1 IOMMU (no
 //! noiommu groups or `VFIO_NOIOMMU_IOMMU`), does not report the IOMMU page sizes or IOVA
 //! ranges, and its errors carry no errno for the messages below. The dozen ioctls are
-//! in [`sys`], each with its safety argument.
+//! in the private `sys` module, each with its safety argument.
 
 mod iova;
 mod mapper;
@@ -621,11 +621,16 @@ impl VfioTransport {
             .status()
             .map_err(ioctl_err("VFIO_GROUP_GET_STATUS", &group_path))?;
         if flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
+            // The kernel knows better than the sysfs check; show every other member.
             let roots = SysRoots::new(&opts.sysfs_root, "/proc");
+            let others = pci::group_members(&roots, pf.group)?
+                .into_iter()
+                .filter(|m| m.bdf != bdf)
+                .collect();
             return Err(VfioError::GroupNotViable {
                 bdf,
                 group: pf.group,
-                others: blocking_members(&roots, bdf, pf.group)?,
+                others,
             });
         }
         group
