@@ -1,0 +1,353 @@
+# shellcheck shell=bash
+# The VM_* variables set here are read by the scripts that source this file.
+# shellcheck disable=SC2034
+# Host side of the VM runners (scripts/vm-test.sh, scripts/vm-bench.sh):
+# packages, the Debian guest kernel, the noiommu vfio.ko, the initramfs and
+# the QEMU command line. Sourced, not run. Facts behind the choices made
+# here: docs/vm-testing.md.
+#
+# Everything fetched or built lives under $VM_CACHE (default
+# $REPO/.vm-cache, overridable with KESTREL_VM_CACHE), keyed by what it was
+# made from, so a second run rebuilds nothing.
+
+VM_REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+VM_CACHE=${KESTREL_VM_CACHE:-$VM_REPO/.vm-cache}
+# Guest RAM besides the hugepages, and the hugepage pool (MiB).
+VM_MEM_MB=${KESTREL_VM_MEM_MB:-512}
+VM_HUGEMEM_MB=${KESTREL_VM_HUGEMEM:-128}
+VM_SMP=${KESTREL_VM_SMP:-2}
+# Bump when the layout of what is cached changes.
+VM_CACHE_FORMAT=1
+
+vm_log() { printf '%s: %s\n' "${VM_PROG:-vm}" "$*" >&2; }
+vm_is_elf() { [[ $(head -c 4 "$1" | od -An -tx1 | tr -d ' \n') == 7f454c46 ]]; }
+vm_die() {
+    vm_log "error: $*"
+    exit 1
+}
+
+# ---------------------------------------------------------------- packages
+
+VM_APT_UPDATED=0
+vm_apt_update_once() {
+    ((VM_APT_UPDATED)) && return 0
+    vm_log "apt-get update"
+    DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 update >"$VM_CACHE/apt-update.log" 2>&1 ||
+        vm_log "warning: apt-get update failed (see $VM_CACHE/apt-update.log)"
+    VM_APT_UPDATED=1
+}
+
+# True when every package ("name" or "name=version") is installed.
+vm_pkgs_missing() {
+    local spec name want have
+    VM_MISSING=()
+    for spec in "$@"; do
+        name=${spec%%=*}
+        want=
+        [[ $spec == *=* ]] && want=${spec#*=}
+        have=$(dpkg-query -W -f='${Status} ${Version}' "$name" 2>/dev/null || true)
+        if [[ $have != "install ok installed "* ]] || [[ -n $want && ${have##* } != "$want" ]]; then
+            VM_MISSING+=("$spec")
+        fi
+    done
+    ((${#VM_MISSING[@]}))
+}
+
+# Install the packages that are not installed yet; apt-get update first,
+# once, only when something is missing. Returns non-zero (after saying why)
+# when apt-get fails, so callers decide whether that is fatal.
+vm_apt_install() {
+    vm_pkgs_missing "$@" || return 0
+    if [[ $(id -u) -ne 0 ]]; then
+        vm_log "not root: cannot install ${VM_MISSING[*]}"
+        return 1
+    fi
+    vm_apt_update_once
+    vm_log "installing ${VM_MISSING[*]}"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=600 \
+        install --no-install-recommends "${VM_MISSING[@]}" >"$VM_CACHE/apt-install.log" 2>&1; then
+        vm_log "apt-get install ${VM_MISSING[*]} failed:"
+        tail -n 5 "$VM_CACHE/apt-install.log" >&2
+        return 1
+    fi
+}
+
+# ------------------------------------------------------------ guest kernel
+
+# Sets VM_KVER (e.g. 6.1.0-48-amd64) and VM_KPKGVER (the Debian version of
+# linux-image-$VM_KVER). KESTREL_VM_KERNEL=<kver> pins the kernel.
+vm_kernel_pick() {
+    local dep
+    if [[ -n ${KESTREL_VM_KERNEL:-} ]]; then
+        VM_KVER=$KESTREL_VM_KERNEL
+    else
+        dep=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+        if [[ -z $dep ]]; then
+            vm_apt_update_once
+            dep=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '$1 == "Depends:" && $2 ~ /^linux-image-/ {print $2; exit}')
+        fi
+        [[ -n $dep ]] || vm_die "apt-cache knows no linux-image-amd64: cannot pick a guest kernel"
+        VM_KVER=${dep#linux-image-}
+    fi
+    VM_KPKGVER=$(apt-cache show --no-all-versions "linux-image-$VM_KVER" 2>/dev/null | awk '$1 == "Version:" {print $2; exit}')
+    [[ -n $VM_KPKGVER ]] || vm_die "apt-cache has no linux-image-$VM_KVER"
+    VM_KDIR=$VM_CACHE/kernel/$VM_KVER-$VM_KPKGVER
+}
+
+# apt-get download PKG=VER into DIR (updating the lists once on a 404).
+vm_apt_download() {
+    local dir=$1 spec=$2
+    (cd "$dir" && apt-get -q -o APT::Sandbox::User=root download "$spec") >"$dir/download.log" 2>&1 && return 0
+    vm_apt_update_once
+    (cd "$dir" && apt-get -q -o APT::Sandbox::User=root download "$spec") >"$dir/download.log" 2>&1 || {
+        tail -n 5 "$dir/download.log" >&2
+        return 1
+    }
+}
+
+# The uncompressed vmlinux out of a Debian vmlinuz: the kernel proper is an
+# XZ stream inside it (magic FD 37 7A 58 5A 00); QEMU boots that ELF through
+# PVH, faster under TCG than the bzImage's own decompressor.
+vm_extract_vmlinux() {
+    local vmlinuz=$1 out=$2 off
+    while read -r off; do
+        # Not a pipe: xz stops at the end of the stream and tail would die
+        # of SIGPIPE, which pipefail reports as a failure.
+        tail -c +"$((off + 1))" "$vmlinuz" >"$out.xz"
+        if xz -dc --single-stream "$out.xz" >"$out.tmp" 2>/dev/null &&
+            vm_is_elf "$out.tmp"; then
+            mv "$out.tmp" "$out"
+            rm -f "$out.xz"
+            return 0
+        fi
+    done < <(LC_ALL=C grep -obUaP '\xFD7zXZ\x00' "$vmlinuz" | cut -d: -f1)
+    rm -f "$out.tmp" "$out.xz"
+    return 1
+}
+
+# Downloads and unpacks linux-image-$VM_KVER into $VM_KDIR/root with
+# modules.dep, and $VM_KDIR/vmlinux. Cached.
+vm_kernel_fetch() {
+    [[ -f $VM_KDIR/done ]] && return 0
+    local tmp
+    rm -rf "$VM_KDIR"
+    mkdir -p "$VM_KDIR"
+    tmp=$VM_KDIR/tmp
+    mkdir -p "$tmp"
+    vm_log "downloading linux-image-$VM_KVER=$VM_KPKGVER"
+    vm_apt_download "$tmp" "linux-image-$VM_KVER=$VM_KPKGVER" || vm_die "apt-get download linux-image-$VM_KVER=$VM_KPKGVER failed"
+    dpkg-deb -x "$tmp"/linux-image-*.deb "$VM_KDIR/root"
+    depmod -b "$VM_KDIR/root" "$VM_KVER" || vm_die "depmod -b $VM_KDIR/root $VM_KVER failed"
+    vm_extract_vmlinux "$VM_KDIR/root/boot/vmlinuz-$VM_KVER" "$VM_KDIR/vmlinux" ||
+        vm_die "no XZ-compressed ELF kernel found inside $VM_KDIR/root/boot/vmlinuz-$VM_KVER"
+    rm -rf "$tmp" "$VM_KDIR/root/usr/share/doc"
+    touch "$VM_KDIR/done"
+}
+
+# ------------------------------------------------------- noiommu vfio.ko
+
+# Debian's kernels are built without CONFIG_VFIO_NOIOMMU. Rebuild vfio.ko
+# out of tree from the matching linux-source with the option forced on; its
+# exported symbols keep their CRCs, so the stock vfio-pci loads on top.
+# On success sets VM_NOIOMMU_KO; on failure sets VM_NOIOMMU_WHY and returns 1.
+vm_noiommu_build() {
+    local dir=$VM_CACHE/vfio-noiommu/$VM_KVER-$VM_KPKGVER src tmp log
+    VM_NOIOMMU_KO=
+    VM_NOIOMMU_WHY=
+    if [[ -f $dir/vfio.ko ]]; then
+        VM_NOIOMMU_KO=$dir/vfio.ko
+        return 0
+    fi
+    mkdir -p "$dir"
+    log=$dir/build.log
+    if ! vm_apt_install make gcc "linux-headers-$VM_KVER=$VM_KPKGVER"; then
+        VM_NOIOMMU_WHY="cannot install linux-headers-$VM_KVER=$VM_KPKGVER (see $VM_CACHE/apt-install.log)"
+        return 1
+    fi
+    if [[ ! -d /lib/modules/$VM_KVER/build ]]; then
+        VM_NOIOMMU_WHY="/lib/modules/$VM_KVER/build is missing after installing linux-headers-$VM_KVER"
+        return 1
+    fi
+    src=$dir/src
+    if [[ ! -f $src/vfio_main.c ]]; then
+        tmp=$dir/tmp
+        rm -rf "$tmp" "$src"
+        mkdir -p "$tmp" "$src"
+        vm_log "downloading linux-source-6.1=$VM_KPKGVER for drivers/vfio"
+        if ! vm_apt_download "$tmp" "linux-source-6.1=$VM_KPKGVER"; then
+            VM_NOIOMMU_WHY="apt-get download linux-source-6.1=$VM_KPKGVER failed"
+            return 1
+        fi
+        # The .deb holds usr/src/linux-source-6.1.tar.xz; only drivers/vfio is needed.
+        if ! dpkg-deb --fsys-tarfile "$tmp"/linux-source-6.1_*.deb |
+            tar -xOf - ./usr/src/linux-source-6.1.tar.xz |
+            tar -xJf - -C "$tmp" linux-source-6.1/drivers/vfio; then
+            VM_NOIOMMU_WHY="cannot unpack drivers/vfio from linux-source-6.1=$VM_KPKGVER"
+            return 1
+        fi
+        cp -a "$tmp/linux-source-6.1/drivers/vfio/." "$src/"
+        rm -rf "$tmp"
+    fi
+    local f objs=()
+    # vfio.ko is whatever the source's Makefile puts in vfio-y.
+    for f in vfio_main container iova_bitmap; do
+        [[ -f $src/$f.c ]] && objs+=("$f.o")
+    done
+    if [[ ! -f $src/vfio_main.c ]]; then
+        VM_NOIOMMU_WHY="linux-source-6.1=$VM_KPKGVER has no drivers/vfio/vfio_main.c"
+        return 1
+    fi
+    local b=$dir/build
+    rm -rf "$b"
+    mkdir -p "$b"
+    cp "$src"/*.[ch] "$b/"
+    {
+        echo "# vfio.ko with CONFIG_VFIO_NOIOMMU, built by scripts/vm/lib.sh"
+        echo "ccflags-y += -DCONFIG_VFIO_NOIOMMU=1"
+        echo "obj-m += vfio.o"
+        echo "vfio-y += ${objs[*]}"
+    } >"$b/Kbuild"
+    vm_log "building vfio.ko with CONFIG_VFIO_NOIOMMU against linux-headers-$VM_KVER"
+    if ! make -C "/lib/modules/$VM_KVER/build" M="$b" -j"$(nproc)" modules >"$log" 2>&1; then
+        VM_NOIOMMU_WHY="building vfio.ko with CONFIG_VFIO_NOIOMMU failed: $(grep -m1 -E 'error|Error' "$log" || tail -n 1 "$log") (log: $log)"
+        return 1
+    fi
+    if [[ $'\n'$(modinfo -F parm "$b/vfio.ko") != *$'\n'enable_unsafe_noiommu_mode:* ]]; then
+        VM_NOIOMMU_WHY="the rebuilt vfio.ko has no enable_unsafe_noiommu_mode parameter"
+        return 1
+    fi
+    if [[ $(modinfo -F vermagic "$b/vfio.ko") != "$VM_KVER "* ]]; then
+        VM_NOIOMMU_WHY="the rebuilt vfio.ko has vermagic '$(modinfo -F vermagic "$b/vfio.ko")', not $VM_KVER"
+        return 1
+    fi
+    cp "$b/vfio.ko" "$dir/vfio.ko.tmp"
+    mv "$dir/vfio.ko.tmp" "$dir/vfio.ko"
+    VM_NOIOMMU_KO=$dir/vfio.ko
+}
+
+# --------------------------------------------------------------- initramfs
+
+# Modules the guest loads (with everything modprobe says they need), plus the
+# crypto providers crc-t10dif and crc64-rocksoft ask for at run time.
+VM_GUEST_MODULES=(nvme vfio-pci vfio_iommu_type1 crc64_rocksoft_generic crct10dif_generic
+    crct10dif-pclmul 9p 9pnet_virtio virtio_pci)
+
+# Copies the closure of VM_GUEST_MODULES (plus extra modules given as
+# arguments) from $VM_KDIR/root into $1 (uncompressed) and runs depmod there.
+vm_stage_modules() {
+    local stage=$1 kroot=$VM_KDIR/root m line path rel
+    shift
+    mkdir -p "$stage/lib/modules/$VM_KVER"
+    for m in "${VM_GUEST_MODULES[@]}" "$@"; do
+        if ! line=$(modprobe -d "$kroot" -S "$VM_KVER" --show-depends "$m" 2>&1); then
+            vm_log "warning: guest module $m: $line"
+            continue
+        fi
+        while read -r path; do
+            rel=${path#"$kroot"/}
+            mkdir -p "$stage/$(dirname "$rel")"
+            case $path in
+            *.ko.xz) xz -dc "$path" >"$stage/${rel%.xz}" ;;
+            *.ko.zst) zstd -qdc "$path" >"$stage/${rel%.zst}" ;;
+            *) cp "$path" "$stage/$rel" ;;
+            esac
+        done < <(awk '$1 == "insmod" {print $2}' <<<"$line")
+    done
+    cp "$kroot/lib/modules/$VM_KVER"/modules.{order,builtin,builtin.modinfo} "$stage/lib/modules/$VM_KVER/" 2>/dev/null || true
+    depmod -b "$stage" "$VM_KVER"
+}
+
+# Builds (or reuses) the base initramfs: busybox, bash, the modules, /init and
+# the noiommu vfio.ko when one was built. Sets VM_INITRD_BASE.
+vm_initramfs_base() {
+    local busybox=/bin/busybox bash=/bin/bash-static init=$VM_REPO/scripts/vm/guest-init.sh key
+    [[ -x $busybox ]] || vm_die "$busybox is missing (package busybox-static)"
+    [[ -x $bash ]] || vm_die "$bash is missing (package bash-static)"
+    key=$({
+        echo "format $VM_CACHE_FORMAT kernel $VM_KVER $VM_KPKGVER modules ${VM_GUEST_MODULES[*]}"
+        sha256sum "$busybox" "$bash" "$init" ${VM_NOIOMMU_KO:+"$VM_NOIOMMU_KO"} | cut -d' ' -f1
+    } | sha256sum | cut -c1-16)
+    VM_INITRD_BASE=$VM_CACHE/initramfs/base-$key.cpio.gz
+    [[ -f $VM_INITRD_BASE ]] && return 0
+    vm_log "building the base initramfs ($key)"
+    local stage=$VM_CACHE/initramfs/stage-$key applet
+    rm -rf "$stage"
+    mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,root,host,kestrel/noiommu,etc}
+    cp "$busybox" "$stage/bin/busybox"
+    cp "$bash" "$stage/bin/bash"
+    # Every busybox applet as a link, except the shells bash stands for.
+    while read -r applet; do
+        case $applet in bin/bash | bin/sh | "") continue ;; esac
+        [[ -e $stage/$applet ]] || ln -s /bin/busybox "$stage/$applet"
+    done < <("$busybox" --list-full)
+    ln -sf bash "$stage/bin/sh"
+    echo "root:x:0:0:root:/root:/bin/bash" >"$stage/etc/passwd"
+    echo "root:x:0:" >"$stage/etc/group"
+    install -m 0755 "$init" "$stage/init"
+    vm_stage_modules "$stage"
+    [[ -n ${VM_NOIOMMU_KO:-} ]] && cp "$VM_NOIOMMU_KO" "$stage/kestrel/noiommu/vfio.ko"
+    mkdir -p "$(dirname "$VM_INITRD_BASE")"
+    (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
+        cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$VM_INITRD_BASE.tmp"
+    mv "$VM_INITRD_BASE.tmp" "$VM_INITRD_BASE"
+    rm -rf "$stage"
+}
+
+# The per-run part, appended to the base as a second cpio archive (the
+# kernel unpacks them in order): the payload binary at /<name>, the repo's
+# scripts/ at /kestrel/scripts and /kestrel/env. Writes $1.
+#   $2 mode, $3 payload binary, $4 guest command, $5 shell (0/1)
+vm_initramfs_payload() {
+    local out=$1 mode=$2 binary=$3 cmd=$4 shell=$5 stage name
+    stage=$out.stage
+    rm -rf "$stage"
+    mkdir -p "$stage/kestrel"
+    name=$(basename "$binary")
+    cp "$binary" "$stage/$name"
+    # Debug info only costs gzip time and guest memory here.
+    if command -v strip >/dev/null && vm_is_elf "$binary"; then
+        strip --strip-debug "$stage/$name" 2>/dev/null || cp "$binary" "$stage/$name"
+    fi
+    chmod 0755 "$stage/$name"
+    if [[ -d $VM_REPO/scripts ]]; then
+        cp -a "$VM_REPO/scripts" "$stage/kestrel/scripts"
+    fi
+    {
+        printf 'KESTREL_MODE=%q\n' "$mode"
+        printf 'KESTREL_GUEST_CMD=%q\n' "$cmd"
+        printf 'KESTREL_HUGEMEM=%q\n' "$VM_HUGEMEM_MB"
+        printf 'KESTREL_SHELL=%q\n' "$shell"
+        printf 'KESTREL_PAYLOAD=%q\n' "/$name"
+        echo "export KESTREL_PAYLOAD"
+    } >"$stage/kestrel/env"
+    (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
+        cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$out"
+    rm -rf "$stage"
+}
+
+# ------------------------------------------------------------------- QEMU
+
+# Fills the array VM_QEMU with the command line for mode $1 (iommu |
+# noiommu), initrd $2, and NVMe backend $3: a path (raw image) or "null"
+# (null-co, reads zeroes and drops writes). $4 is a directory shared with
+# the guest over 9p (mount tag "host").
+vm_qemu_cmdline() {
+    local mode=$1 initrd=$2 backend=$3 share=$4 append machine=q35 drive
+    append="console=ttyS0 panic=-1 quiet"
+    if [[ $mode == iommu ]]; then
+        machine=q35,kernel-irqchip=split
+        append+=" intel_iommu=on"
+    fi
+    if [[ $backend == null ]]; then
+        drive="driver=null-co,read-zeroes=on,size=1G,if=none,id=nvm"
+    else
+        drive="file=$backend,format=raw,if=none,id=nvm,cache=writeback,aio=threads"
+    fi
+    VM_QEMU=(qemu-system-x86_64 -accel "tcg,thread=multi" -machine "$machine" -smp "$VM_SMP"
+        -m "$((VM_MEM_MB + VM_HUGEMEM_MB))M" -nographic -no-reboot -monitor none -nic none)
+    [[ $mode == iommu ]] && VM_QEMU+=(-device "intel-iommu,intremap=on")
+    VM_QEMU+=(-kernel "$VM_KDIR/vmlinux" -initrd "$initrd" -append "$append"
+        -drive "$drive" -device "nvme,serial=kestrel0,drive=nvm"
+        -virtfs "local,path=$share,mount_tag=host,security_model=none,id=host0"
+        -device "isa-debug-exit,iobase=0xf4,iosize=0x04")
+}
