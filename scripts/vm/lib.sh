@@ -188,13 +188,18 @@ vm_noiommu_build() {
         cp -a "$tmp/linux-source-6.1/drivers/vfio/." "$src/"
         rm -rf "$tmp"
     fi
-    local f objs=()
-    # vfio.ko is whatever the source's Makefile puts in vfio-y.
-    for f in vfio_main container iova_bitmap; do
-        [[ -f $src/$f.c ]] && objs+=("$f.o")
-    done
-    if [[ ! -f $src/vfio_main.c ]]; then
-        VM_NOIOMMU_WHY="linux-source-6.1=$VM_KPKGVER has no drivers/vfio/vfio_main.c"
+    if [[ ! -f $src/vfio_main.c || ! -f $src/Makefile ]]; then
+        VM_NOIOMMU_WHY="linux-source-6.1=$VM_KPKGVER has no drivers/vfio/vfio_main.c or Makefile"
+        return 1
+    fi
+    # vfio.ko is made of what the source's Makefile puts in vfio-y
+    # (6.1: vfio_main.o iova_bitmap.o container.o); options that are
+    # off in Debian's config (vfio-$(CONFIG_...)) stay out.
+    local objs
+    objs=$(sed -e ':a' -e '/\\$/N; s/\\\n//; ta' "$src/Makefile" |
+        awk '$1 ~ /^vfio-y/ { for (i = 2; i <= NF; i++) if ($i ~ /\.o$/) printf "%s ", $i }')
+    if [[ -z $objs ]]; then
+        VM_NOIOMMU_WHY="found no vfio-y objects in drivers/vfio/Makefile of linux-source-6.1=$VM_KPKGVER"
         return 1
     fi
     local b=$dir/build
@@ -205,7 +210,7 @@ vm_noiommu_build() {
         echo "# vfio.ko with CONFIG_VFIO_NOIOMMU, built by scripts/vm/lib.sh"
         echo "ccflags-y += -DCONFIG_VFIO_NOIOMMU=1"
         echo "obj-m += vfio.o"
-        echo "vfio-y += ${objs[*]}"
+        echo "vfio-y += $objs"
     } >"$b/Kbuild"
     vm_log "building vfio.ko with CONFIG_VFIO_NOIOMMU against linux-headers-$VM_KVER"
     if ! make -C "/lib/modules/$VM_KVER/build" M="$b" -j"$(nproc)" modules >"$log" 2>&1; then
