@@ -169,7 +169,8 @@ run_mode() {
         qrc=${PIPESTATUS[0]}
     else
         timeout -k 10 "$timeout_s" "${VM_QEMU[@]}" </dev/null 2>&1 |
-            tr -d '\r' | tee "$log" | sed -u "s/^/[guest-$m] /"
+            tr -d '\r' | tee "$log" |
+            sed -u -e $'s/\x1b\\[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g' -e "s/^/[guest-$m] /"
         qrc=${PIPESTATUS[0]}
     fi
     set -e

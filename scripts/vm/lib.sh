@@ -72,6 +72,17 @@ vm_apt_install() {
     fi
 }
 
+# Removes everything in directory $1 but $2 (older kernels, initramfs).
+vm_prune() {
+    local dir=$1 keep=$2 e
+    [[ -d $dir ]] || return 0
+    for e in "$dir"/*; do
+        [[ -e $e && $e != "$keep" ]] || continue
+        vm_log "removing the stale $e"
+        rm -rf "$e"
+    done
+}
+
 # ------------------------------------------------------------ guest kernel
 
 # Sets VM_KVER (e.g. 6.1.0-48-amd64) and VM_KPKGVER (the Debian version of
@@ -142,6 +153,8 @@ vm_kernel_fetch() {
         vm_die "no XZ-compressed ELF kernel found inside $VM_KDIR/root/boot/vmlinuz-$VM_KVER"
     rm -rf "$tmp" "$VM_KDIR/root/usr/share/doc"
     touch "$VM_KDIR/done"
+    vm_prune "$VM_CACHE/kernel" "$VM_KDIR"
+    vm_prune "$VM_CACHE/vfio-noiommu" "$VM_CACHE/vfio-noiommu/$VM_KVER-$VM_KPKGVER"
 }
 
 # ------------------------------------------------------- noiommu vfio.ko
@@ -262,22 +275,22 @@ vm_stage_modules() {
     depmod -b "$stage" "$VM_KVER"
 }
 
-# Builds (or reuses) the base initramfs: busybox, bash, the modules, /init and
-# the noiommu vfio.ko when one was built. Sets VM_INITRD_BASE.
+# Builds (or reuses) the base initramfs, the same for both modes: busybox,
+# bash, the modules and /init. Sets VM_INITRD_BASE.
 vm_initramfs_base() {
     local busybox=/bin/busybox bash=/bin/bash-static init=$VM_REPO/scripts/vm/guest-init.sh key
     [[ -x $busybox ]] || vm_die "$busybox is missing (package busybox-static)"
     [[ -x $bash ]] || vm_die "$bash is missing (package bash-static)"
     key=$({
         echo "format $VM_CACHE_FORMAT kernel $VM_KVER $VM_KPKGVER modules ${VM_GUEST_MODULES[*]}"
-        sha256sum "$busybox" "$bash" "$init" ${VM_NOIOMMU_KO:+"$VM_NOIOMMU_KO"} | cut -d' ' -f1
+        sha256sum "$busybox" "$bash" "$init" | cut -d' ' -f1
     } | sha256sum | cut -c1-16)
     VM_INITRD_BASE=$VM_CACHE/initramfs/base-$key.cpio.gz
     [[ -f $VM_INITRD_BASE ]] && return 0
     vm_log "building the base initramfs ($key)"
     local stage=$VM_CACHE/initramfs/stage-$key applet
     rm -rf "$stage"
-    mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,root,host,kestrel/noiommu,etc}
+    mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,root,host,kestrel,etc}
     cp "$busybox" "$stage/bin/busybox"
     cp "$bash" "$stage/bin/bash"
     # Every busybox applet as a link, except the shells bash stands for.
@@ -290,17 +303,18 @@ vm_initramfs_base() {
     echo "root:x:0:" >"$stage/etc/group"
     install -m 0755 "$init" "$stage/init"
     vm_stage_modules "$stage"
-    [[ -n ${VM_NOIOMMU_KO:-} ]] && cp "$VM_NOIOMMU_KO" "$stage/kestrel/noiommu/vfio.ko"
     mkdir -p "$(dirname "$VM_INITRD_BASE")"
     (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
         cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$VM_INITRD_BASE.tmp"
     mv "$VM_INITRD_BASE.tmp" "$VM_INITRD_BASE"
     rm -rf "$stage"
+    vm_prune "$VM_CACHE/initramfs" "$VM_INITRD_BASE"
 }
 
 # The per-run part, appended to the base as a second cpio archive (the
 # kernel unpacks them in order): the payload binary at /<name>, the repo's
-# scripts/ at /kestrel/scripts and /kestrel/env. Writes $1.
+# scripts/ at /kestrel/scripts, /kestrel/env, and in noiommu mode the
+# rebuilt vfio.ko at /kestrel/noiommu/vfio.ko. Writes $1.
 #   $2 mode, $3 payload binary, $4 guest command, $5 shell (0/1)
 vm_initramfs_payload() {
     local out=$1 mode=$2 binary=$3 cmd=$4 shell=$5 stage name
@@ -314,6 +328,10 @@ vm_initramfs_payload() {
         strip --strip-debug "$stage/$name" 2>/dev/null || cp "$binary" "$stage/$name"
     fi
     chmod 0755 "$stage/$name"
+    if [[ $mode == noiommu ]]; then
+        mkdir -p "$stage/kestrel/noiommu"
+        cp "$VM_NOIOMMU_KO" "$stage/kestrel/noiommu/vfio.ko"
+    fi
     if [[ -d $VM_REPO/scripts ]]; then
         cp -a "$VM_REPO/scripts" "$stage/kestrel/scripts"
     fi
