@@ -105,27 +105,17 @@ fi
 
 if [[ -z $binary ]]; then
     step "building kestrel-hw-tests (static)"
-    (cd "$VM_REPO" && RUSTFLAGS='-C target-feature=+crt-static' \
-        cargo build --release --target x86_64-unknown-linux-gnu -p kestrel-hw-tests) ||
-        vm_die "cargo build of kestrel-hw-tests failed"
-    target_dir=$(cd "$VM_REPO" && cargo metadata --format-version 1 --no-deps |
-        sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-    binary=$target_dir/x86_64-unknown-linux-gnu/release/kestrel-hw-tests
+    vm_build_static kestrel-hw-tests kestrel-hw-tests
+    binary=$VM_BUILT
 fi
-[[ -f $binary && -x $binary ]] || vm_die "the payload $binary is not an executable file"
+vm_check_payload "$binary"
 binary=$(realpath "$binary")
-if vm_is_elf "$binary" && command -v readelf >/dev/null &&
-    [[ $(readelf -l "$binary" 2>/dev/null) == *"Requesting program interpreter"* ]]; then
-    vm_die "$binary is dynamically linked; the guest has no libc: build it static (-C target-feature=+crt-static)"
-fi
 payload_name=$(basename "$binary")
 
 step "initramfs"
 vm_initramfs_base
 
 run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
-logs_dir=$VM_CACHE/logs
-mkdir -p "$logs_dir"
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
     if ((keep)); then
@@ -139,7 +129,7 @@ trap cleanup EXIT
 declare -A result why rcs took
 # Runs one mode; sets result[$1], why[$1], rcs[$1] and took[$1].
 run_mode() {
-    local m=$1 t0=$SECONDS cmd initrd share log qrc rc status
+    local m=$1 t0=$SECONDS cmd
     result[$m]=fail why[$m]='' rcs[$m]=1 took[$m]=0
     if [[ $m == noiommu ]] && ((!noiommu_ok)); then
         result[$m]=skip why[$m]=$noiommu_why rcs[$m]=0
@@ -152,52 +142,10 @@ run_mode() {
     else
         cmd="/$payload_name --device \$BDF --destructive"
     fi
-    initrd=$run_dir/initramfs-$m.cpio.gz
-    vm_initramfs_payload "$run_dir/payload-$m.cpio.gz" "$m" "$binary" "$cmd" "$shell"
-    cat "$VM_INITRD_BASE" "$run_dir/payload-$m.cpio.gz" >"$initrd"
-    rm -f "$run_dir/payload-$m.cpio.gz"
     truncate -s 1G "$run_dir/nvme-$m.img"
-    share=$run_dir/share-$m
-    mkdir -p "$share"
-    vm_qemu_cmdline "$m" "$initrd" "$run_dir/nvme-$m.img" "$share"
-    log=$logs_dir/console-$m.log
-    printf '%q ' "${VM_QEMU[@]}" >"$run_dir/qemu-$m.cmdline"
-    step "mode $m: booting the guest (timeout ${timeout_s}s, console log $log)"
-    set +e
-    if ((shell)); then
-        "${VM_QEMU[@]}" 2>&1 | tee "$log"
-        qrc=${PIPESTATUS[0]}
-    else
-        timeout -k 10 "$timeout_s" "${VM_QEMU[@]}" </dev/null 2>&1 |
-            tr -d '\r' | tee "$log" |
-            sed -u -e $'s/\x1b\\[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g' -e "s/^/[guest-$m] /"
-        qrc=${PIPESTATUS[0]}
-    fi
-    set -e
-    took[$m]=$((SECONDS - t0))
-    # isa-debug-exit makes QEMU exit with (status << 1) | 1.
-    status=
-    [[ -f $share/status ]] && status=$(<"$share/status")
-    [[ -f $share/output.txt ]] && cp "$share/output.txt" "$logs_dir/output-$m.txt"
-    if ((qrc == 124 || qrc == 137)); then
-        why[$m]="the guest did not finish within ${timeout_s}s (KESTREL_VM_TIMEOUT)"
-        rcs[$m]=124
-    elif ((qrc & 1)); then
-        rc=$((qrc >> 1))
-        rcs[$m]=$rc
-        if [[ -n $status && $status != "$rc" ]]; then
-            vm_log "warning: the exit port says $rc, the share says $status"
-        fi
-        if ((rc == 0)); then
-            result[$m]=pass
-        elif ((rc == 125)) && grep -q '^kestrel-init: error:' "$log"; then
-            why[$m]="guest setup failed: $(grep -m1 '^kestrel-init: error:' "$log" | sed 's/^kestrel-init: error: //')"
-        else
-            why[$m]="payload exit status $rc"
-        fi
-    else
-        why[$m]="QEMU exited with status $qrc without a status from the guest (kernel panic or QEMU error; see $log)"
-    fi
+    step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
+    vm_run_guest "$m" "$binary" "$cmd" "$shell" "$run_dir/nvme-$m.img" "$run_dir" "$timeout_s"
+    result[$m]=$VM_RESULT why[$m]=$VM_WHY rcs[$m]=$VM_RC took[$m]=$((SECONDS - t0))
 }
 
 overall=0

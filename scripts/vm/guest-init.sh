@@ -9,7 +9,8 @@
 #
 # Everything the host decides comes from /kestrel/env (written by
 # scripts/vm/lib.sh): KESTREL_MODE, KESTREL_GUEST_CMD, KESTREL_HUGEMEM,
-# KESTREL_SHELL, KESTREL_PAYLOAD.
+# KESTREL_SHELL, KESTREL_PAYLOAD, KESTREL_NVME_PARAMS (options for the
+# kernel's nvme module, e.g. poll_queues=2).
 #
 # Exit statuses reported besides the payload's own: 125 = the guest could not
 # be prepared (reason printed as "kestrel-init: error: ..."); 124 is left to
@@ -86,7 +87,8 @@ if [ "$KESTREL_MODE" = noiommu ]; then
     [ "$(cat /sys/module/vfio/parameters/enable_unsafe_noiommu_mode 2>/dev/null)" = Y ] ||
         fail "vfio is loaded but enable_unsafe_noiommu_mode is not Y"
 fi
-modprobe nvme || say "warning: modprobe nvme failed; binding from no driver instead"
+# shellcheck disable=SC2086 # KESTREL_NVME_PARAMS is a list of module options
+modprobe nvme ${KESTREL_NVME_PARAMS:-} || say "warning: modprobe nvme failed; binding from no driver instead"
 modprobe vfio-pci || fail "modprobe vfio-pci failed"
 if [ "$KESTREL_MODE" = iommu ]; then
     modprobe vfio_iommu_type1 || fail "modprobe vfio_iommu_type1 failed"

@@ -16,6 +16,10 @@ VM_CACHE=${KESTREL_VM_CACHE:-$VM_REPO/.vm-cache}
 VM_MEM_MB=${KESTREL_VM_MEM_MB:-512}
 VM_HUGEMEM_MB=${KESTREL_VM_HUGEMEM:-128}
 VM_SMP=${KESTREL_VM_SMP:-2}
+# Host files to copy into the guest at the same paths (vm-bench: fio and its
+# libraries), and options for the guest's nvme module.
+VM_PAYLOAD_FILES=()
+VM_NVME_PARAMS=
 # Bump when the layout of what is cached changes.
 VM_CACHE_FORMAT=1
 
@@ -243,6 +247,30 @@ vm_noiommu_build() {
     VM_NOIOMMU_KO=$dir/vfio.ko
 }
 
+# ----------------------------------------------------------------- payload
+
+# Builds binary $2 of package $1 as a static executable (the guest has no
+# libc) and sets VM_BUILT to its path.
+vm_build_static() {
+    local pkg=$1 bin=$2 target_dir
+    (cd "$VM_REPO" && RUSTFLAGS='-C target-feature=+crt-static' \
+        cargo build --release --target x86_64-unknown-linux-gnu -p "$pkg" --bin "$bin") ||
+        vm_die "cargo build of $pkg ($bin) failed"
+    target_dir=$(cd "$VM_REPO" && cargo metadata --format-version 1 --no-deps |
+        sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+    VM_BUILT=$target_dir/x86_64-unknown-linux-gnu/release/$bin
+}
+
+# Refuses a payload that is missing or needs a dynamic loader.
+vm_check_payload() {
+    local binary=$1
+    [[ -f $binary && -x $binary ]] || vm_die "the payload $binary is not an executable file"
+    if vm_is_elf "$binary" && command -v readelf >/dev/null &&
+        [[ $(readelf -l "$binary" 2>/dev/null) == *"Requesting program interpreter"* ]]; then
+        vm_die "$binary is dynamically linked and the guest has no libc: build it static (-C target-feature=+crt-static)"
+    fi
+}
+
 # --------------------------------------------------------------- initramfs
 
 # Modules the guest loads (with everything modprobe says they need), plus the
@@ -335,12 +363,19 @@ vm_initramfs_payload() {
     if [[ -d $VM_REPO/scripts ]]; then
         cp -a "$VM_REPO/scripts" "$stage/kestrel/scripts"
     fi
+    # Extra host files (VM_PAYLOAD_FILES), at the same path in the guest.
+    local f
+    for f in "${VM_PAYLOAD_FILES[@]}"; do
+        mkdir -p "$stage$(dirname "$f")"
+        cp -L "$f" "$stage$f"
+    done
     {
         printf 'KESTREL_MODE=%q\n' "$mode"
         printf 'KESTREL_GUEST_CMD=%q\n' "$cmd"
         printf 'KESTREL_HUGEMEM=%q\n' "$VM_HUGEMEM_MB"
         printf 'KESTREL_SHELL=%q\n' "$shell"
         printf 'KESTREL_PAYLOAD=%q\n' "/$name"
+        printf 'KESTREL_NVME_PARAMS=%q\n' "${VM_NVME_PARAMS:-}"
         echo "export KESTREL_PAYLOAD"
     } >"$stage/kestrel/env"
     (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
@@ -373,4 +408,65 @@ vm_qemu_cmdline() {
         -drive "$drive" -device "nvme,serial=kestrel0,drive=nvm"
         -virtfs "local,path=$share,mount_tag=host,security_model=none,id=host0"
         -device "isa-debug-exit,iobase=0xf4,iosize=0x04")
+}
+
+# Boots one guest and waits for it. Arguments: mode (iommu | noiommu),
+# payload binary, guest command, interactive shell (0/1), NVMe backend (an
+# image path or "null"), run directory, timeout in seconds (0: none).
+# The console goes to $VM_CACHE/logs/console-<mode>.log and, prefixed, to
+# stdout; what the command printed to $VM_CACHE/logs/output-<mode>.txt.
+# Sets VM_RESULT (pass | fail), VM_WHY (why it failed) and VM_RC (the
+# payload's exit status, 124 for a timeout, 1 for a guest that died).
+vm_run_guest() {
+    local m=$1 binary=$2 cmd=$3 shell=$4 backend=$5 run_dir=$6 timeout_s=$7
+    local initrd share log qrc rc status logs_dir=$VM_CACHE/logs
+    VM_RESULT=fail VM_WHY='' VM_RC=1
+    mkdir -p "$logs_dir"
+    initrd=$run_dir/initramfs-$m.cpio.gz
+    vm_initramfs_payload "$run_dir/payload-$m.cpio.gz" "$m" "$binary" "$cmd" "$shell"
+    cat "$VM_INITRD_BASE" "$run_dir/payload-$m.cpio.gz" >"$initrd"
+    rm -f "$run_dir/payload-$m.cpio.gz"
+    share=$run_dir/share-$m
+    rm -rf "$share"
+    mkdir -p "$share"
+    vm_qemu_cmdline "$m" "$initrd" "$backend" "$share"
+    log=$logs_dir/console-$m.log
+    rm -f "$logs_dir/output-$m.txt"
+    printf '%q ' "${VM_QEMU[@]}" >"$run_dir/qemu-$m.cmdline"
+    set +e
+    if ((shell)); then
+        "${VM_QEMU[@]}" 2>&1 | tee "$log"
+        qrc=${PIPESTATUS[0]}
+    else
+        timeout -k 10 "$timeout_s" "${VM_QEMU[@]}" </dev/null 2>&1 |
+            tr -d '\r' | tee "$log" |
+            sed -u -e $'s/\x1b\\[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g' -e "s/^/[guest-$m] /"
+        qrc=${PIPESTATUS[0]}
+    fi
+    set -e
+    status=
+    [[ -f $share/status ]] && status=$(<"$share/status")
+    [[ -f $share/output.txt ]] && cp "$share/output.txt" "$logs_dir/output-$m.txt"
+    # isa-debug-exit makes QEMU exit with (status << 1) | 1; timeout says
+    # 124 (137 after its SIGKILL); a panic or power-off without a status
+    # leaves QEMU's own 0.
+    if ((qrc == 124 || qrc == 137)); then
+        VM_WHY="the guest did not finish within ${timeout_s}s (KESTREL_VM_TIMEOUT)"
+        VM_RC=124
+    elif ((qrc & 1)); then
+        rc=$((qrc >> 1))
+        VM_RC=$rc
+        if [[ -n $status && $status != "$rc" ]]; then
+            vm_log "warning: the exit port says $rc, the share says $status"
+        fi
+        if ((rc == 0)); then
+            VM_RESULT=pass
+        elif ((rc == 125)) && grep -q '^kestrel-init: error:' "$log"; then
+            VM_WHY="guest setup failed: $(grep -m1 '^kestrel-init: error:' "$log" | sed 's/^kestrel-init: error: //')"
+        else
+            VM_WHY="payload exit status $rc"
+        fi
+    else
+        VM_WHY="QEMU exited with status $qrc without a status from the guest (kernel panic or QEMU error; see $log)"
+    fi
 }
