@@ -30,8 +30,7 @@
 #   vm-test: mode=iommu result=pass|fail|skip (reason) time=NNs
 set -euo pipefail
 
-VM_PROG=vm-test
-# shellcheck source=scripts/vm/lib.sh
+# shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
 usage() {

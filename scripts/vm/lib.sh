@@ -23,7 +23,8 @@ VM_NVME_PARAMS=
 # Bump when the layout of what is cached changes.
 VM_CACHE_FORMAT=1
 
-vm_log() { printf '%s: %s\n' "${VM_PROG:-vm}" "$*" >&2; }
+VM_PROG=$(basename "$0" .sh)
+vm_log() { printf '%s: %s\n' "$VM_PROG" "$*" >&2; }
 vm_is_elf() { [[ $(head -c 4 "$1" | od -An -tx1 | tr -d ' \n') == 7f454c46 ]]; }
 vm_die() {
     vm_log "error: $*"
