@@ -16,9 +16,9 @@ VM_CACHE=${KESTREL_VM_CACHE:-$VM_REPO/.vm-cache}
 VM_MEM_MB=${KESTREL_VM_MEM_MB:-512}
 VM_HUGEMEM_MB=${KESTREL_VM_HUGEMEM:-128}
 VM_SMP=${KESTREL_VM_SMP:-2}
-# Host files to copy into the guest at the same paths (vm-bench: fio and its
-# libraries), and options for the guest's nvme module.
-VM_PAYLOAD_FILES=()
+# Cached initramfs segments loaded after the base (vm_initramfs_segment),
+# and options for the guest's nvme module.
+VM_INITRD_EXTRA=()
 VM_NVME_PARAMS=
 # Bump when the layout of what is cached changes.
 VM_CACHE_FORMAT=1
@@ -77,11 +77,12 @@ vm_apt_install() {
     fi
 }
 
-# Removes everything in directory $1 but $2 (older kernels, initramfs).
+# Removes what matches glob $3 (default: everything) in directory $1, but
+# $2: older kernels and initramfs images.
 vm_prune() {
-    local dir=$1 keep=$2 e
+    local dir=$1 keep=$2 glob=${3:-*} e
     [[ -d $dir ]] || return 0
-    for e in "$dir"/*; do
+    for e in "$dir"/$glob; do
         [[ -e $e && $e != "$keep" ]] || continue
         vm_log "removing the stale $e"
         rm -rf "$e"
@@ -337,7 +338,35 @@ vm_initramfs_base() {
         cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$VM_INITRD_BASE.tmp"
     mv "$VM_INITRD_BASE.tmp" "$VM_INITRD_BASE"
     rm -rf "$stage"
-    vm_prune "$VM_CACHE/initramfs" "$VM_INITRD_BASE"
+    vm_prune "$VM_CACHE/initramfs" "$VM_INITRD_BASE" 'base-*'
+}
+
+# A cached initramfs segment named $1 holding host files $2... at the same
+# paths (symbolic links followed). Appends it to VM_INITRD_EXTRA.
+vm_initramfs_segment() {
+    local name=$1 key out stage f
+    shift
+    key=$({
+        echo "format $VM_CACHE_FORMAT"
+        printf '%s\n' "$@"
+        cat -- "$@" | sha256sum
+    } | sha256sum | cut -c1-16)
+    out=$VM_CACHE/initramfs/$name-$key.cpio.gz
+    if [[ ! -f $out ]]; then
+        vm_log "building the initramfs segment $name ($key)"
+        stage=$VM_CACHE/initramfs/stage-$name-$key
+        rm -rf "$stage"
+        for f in "$@"; do
+            mkdir -p "$stage$(dirname "$f")"
+            cp -L "$f" "$stage$f"
+        done
+        (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
+            cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$out.tmp"
+        mv "$out.tmp" "$out"
+        rm -rf "$stage"
+        vm_prune "$VM_CACHE/initramfs" "$out" "$name-*"
+    fi
+    VM_INITRD_EXTRA+=("$out")
 }
 
 # The per-run part, appended to the base as a second cpio archive (the
@@ -364,12 +393,6 @@ vm_initramfs_payload() {
     if [[ -d $VM_REPO/scripts ]]; then
         cp -a "$VM_REPO/scripts" "$stage/kestrel/scripts"
     fi
-    # Extra host files (VM_PAYLOAD_FILES), at the same path in the guest.
-    local f
-    for f in "${VM_PAYLOAD_FILES[@]}"; do
-        mkdir -p "$stage$(dirname "$f")"
-        cp -L "$f" "$stage$f"
-    done
     {
         printf 'KESTREL_MODE=%q\n' "$mode"
         printf 'KESTREL_GUEST_CMD=%q\n' "$cmd"
@@ -425,7 +448,7 @@ vm_run_guest() {
     mkdir -p "$logs_dir"
     initrd=$run_dir/initramfs-$m.cpio.gz
     vm_initramfs_payload "$run_dir/payload-$m.cpio.gz" "$m" "$binary" "$cmd" "$shell"
-    cat "$VM_INITRD_BASE" "$run_dir/payload-$m.cpio.gz" >"$initrd"
+    cat "$VM_INITRD_BASE" "${VM_INITRD_EXTRA[@]}" "$run_dir/payload-$m.cpio.gz" >"$initrd"
     rm -f "$run_dir/payload-$m.cpio.gz"
     share=$run_dir/share-$m
     rm -rf "$share"
