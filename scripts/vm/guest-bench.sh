@@ -64,12 +64,12 @@ while IFS= read -r line || [ -n "$line" ]; do
     case $line in "" | "#"*) continue ;; esac
     n=$((n + 1))
     echo "=== vm-bench command $n: $line"
-    start=$(date +%s.%N)
+    start=$EPOCHREALTIME
     # Not a subshell: bind_kernel's NVME_BLK and the binding carry over.
     eval "$line" </dev/null
     rc=$?
-    end=$(date +%s.%N)
-    secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+    end=$EPOCHREALTIME
+    secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
     echo "=== vm-bench command $n: status $rc in ${secs}s"
     [ "$rc" = 0 ] || failed=$((failed + 1))
     summary+=("$(printf '%3d  %6s  %8ss  %s' "$n" "$rc" "$secs" "$line")")
