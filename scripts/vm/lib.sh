@@ -24,6 +24,8 @@ VM_NVME_PARAMS=
 VM_CACHE_FORMAT=1
 
 VM_PROG=$(basename "$0" .sh)
+# depmod, modinfo and friends live in sbin, which a non-login PATH may lack.
+PATH=$PATH:/usr/sbin:/sbin
 vm_log() { printf '%s: %s\n' "$VM_PROG" "$*" >&2; }
 vm_is_elf() { [[ $(head -c 4 "$1" | od -An -tx1 | tr -d ' \n') == 7f454c46 ]]; }
 vm_die() {
@@ -111,15 +113,23 @@ vm_kernel_pick() {
     VM_KDIR=$VM_CACHE/kernel/$VM_KVER-$VM_KPKGVER
 }
 
-# apt-get download PKG=VER into DIR (updating the lists once on a 404).
+# apt-get download PKG=VER into DIR.
 vm_apt_download() {
     local dir=$1 spec=$2
-    (cd "$dir" && apt-get -q -o APT::Sandbox::User=root download "$spec") >"$dir/download.log" 2>&1 && return 0
-    vm_apt_update_once
     (cd "$dir" && apt-get -q -o APT::Sandbox::User=root download "$spec") >"$dir/download.log" 2>&1 || {
         tail -n 5 "$dir/download.log" >&2
         return 1
     }
+}
+
+# Package lists older than the archive name versions it no longer has: update
+# them (once) and pick the kernel again. Returns 1 when they were fresh.
+vm_kernel_repick() {
+    local was=$VM_KVER=$VM_KPKGVER
+    ((VM_APT_UPDATED)) && return 1
+    vm_apt_update_once
+    vm_kernel_pick
+    [[ $VM_KVER=$VM_KPKGVER == "$was" ]] || vm_log "guest kernel now $VM_KVER ($VM_KPKGVER), after apt-get update"
 }
 
 # The uncompressed vmlinux out of a Debian vmlinuz: the kernel proper is an
@@ -152,7 +162,14 @@ vm_kernel_fetch() {
     tmp=$VM_KDIR/tmp
     mkdir -p "$tmp"
     vm_log "downloading linux-image-$VM_KVER=$VM_KPKGVER"
-    vm_apt_download "$tmp" "linux-image-$VM_KVER=$VM_KPKGVER" || vm_die "apt-get download linux-image-$VM_KVER=$VM_KPKGVER failed"
+    if ! vm_apt_download "$tmp" "linux-image-$VM_KVER=$VM_KPKGVER"; then
+        rm -rf "$VM_KDIR"
+        if vm_kernel_repick; then
+            vm_kernel_fetch
+            return
+        fi
+        vm_die "apt-get download linux-image-$VM_KVER=$VM_KPKGVER failed"
+    fi
     dpkg-deb -x "$tmp"/linux-image-*.deb "$VM_KDIR/root"
     depmod -b "$VM_KDIR/root" "$VM_KVER" || vm_die "depmod -b $VM_KDIR/root $VM_KVER failed"
     vm_extract_vmlinux "$VM_KDIR/root/boot/vmlinuz-$VM_KVER" "$VM_KDIR/vmlinux" ||
@@ -176,6 +193,17 @@ vm_noiommu_build() {
     if [[ -f $dir/vfio.ko ]]; then
         VM_NOIOMMU_KO=$dir/vfio.ko
         return 0
+    fi
+    # The headers must match the kernel exactly: when they are not installed
+    # yet, refresh the lists first, and with them the kernel, so the two
+    # come from the same lists.
+    if vm_pkgs_missing "linux-headers-$VM_KVER=$VM_KPKGVER" && vm_kernel_repick; then
+        vm_kernel_fetch
+        dir=$VM_CACHE/vfio-noiommu/$VM_KVER-$VM_KPKGVER
+        if [[ -f $dir/vfio.ko ]]; then
+            VM_NOIOMMU_KO=$dir/vfio.ko
+            return 0
+        fi
     fi
     mkdir -p "$dir"
     log=$dir/build.log
