@@ -1266,12 +1266,14 @@ impl Ctrl {
             self.complete_with_fault(mem, qid, cqid, sq.head, cid, status, 0, due, fault);
         }
         if let Some(d) = db {
-            // EventIdx = consumed - 1 while polling: the driver need not ring MMIO.
+            // EventIdx = consumed - 1 (modulo the queue size, so it stays a valid index:
+            // a driver may treat an index outside the ring as "always ring") while
+            // polling: the driver need not ring MMIO.
             if let Some(off) = self.shadow_off(2 * qid as usize, &d.eventidx) {
                 // Release: orders our earlier reads of the ring before the driver can see
                 // that it may reuse those slots without telling us.
                 d.eventidx
-                    .store_u32(off, sq.head.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+                    .store_u32(off, (sq.head + sq.size - 1) % sq.size, Ordering::Release);
             }
         }
         self.sqs[qid as usize] = Some(sq);
@@ -1286,7 +1288,7 @@ impl Ctrl {
         if let (Some(d), Some(cq)) = (db, self.cqs[cqid as usize].as_ref()) {
             if let Some(off) = self.shadow_off(2 * cqid as usize + 1, &d.eventidx) {
                 d.eventidx
-                    .store_u32(off, cq.head.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+                    .store_u32(off, (cq.head + cq.size - 1) % cq.size, Ordering::Release);
             }
         }
         n > 0 || faulted

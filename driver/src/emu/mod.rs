@@ -72,7 +72,8 @@
 //! shadow page: the controller reads SQ tails and CQ heads from it every pass, and still
 //! notices MMIO doorbell writes (a shadow value that moved wins, being the newer by
 //! protocol). EventIdx policy for a polling controller: while it is actively polling, each
-//! queue's EventIdx is kept at (consumed value − 1), so the driver's `need_event` check
+//! queue's EventIdx is kept at (consumed value − 1) modulo the queue size (always a valid
+//! index), so the driver's `need_event` check
 //! says no MMIO write is needed; before the controller backs off to sleep (see below) it
 //! sets EventIdx = consumed value, so the next update also rings the MMIO doorbell. Either
 //! way the controller polls the shadow page on every pass, so no update is ever lost; a
