@@ -6,6 +6,7 @@
 //! - [`dma`]: device-visible memory with IOVAs.
 //! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
+//! - [`emu`]: a software NVMe controller behind that seam, for tests without hardware.
 //! - [`vfio`]: the transport to a controller bound to vfio-pci.
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
@@ -15,6 +16,7 @@
 
 pub mod ctrlr;
 pub mod dma;
+pub mod emu;
 pub mod io;
 pub mod mmio;
 pub mod pci;
@@ -44,6 +46,9 @@ pub enum Error {
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// The emulated controller.
+    #[error(transparent)]
+    Emu(#[from] emu::EmuError),
     /// VFIO transport.
     #[error(transparent)]
     Vfio(#[from] vfio::VfioError),
