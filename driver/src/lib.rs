@@ -7,9 +7,11 @@
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
+//! - [`file`]: a file or block device as a target, through io_uring.
 #![deny(missing_docs)]
 
 pub mod dma;
+pub mod file;
 pub mod io;
 pub mod mmio;
 pub mod spec;
@@ -29,6 +31,9 @@ pub enum Error {
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// File target.
+    #[error(transparent)]
+    File(#[from] file::FileError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),
