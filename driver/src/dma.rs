@@ -407,7 +407,10 @@ impl DmaPool {
         let st = self.shared.state.lock().unwrap();
         st.regions.iter().any(|r| {
             let base = r.region.vaddr.as_ptr() as usize;
-            addr >= base && addr.checked_add(len).is_some_and(|e| e <= base + r.region.len)
+            addr >= base
+                && addr
+                    .checked_add(len)
+                    .is_some_and(|e| e <= base + r.region.len)
         })
     }
 
@@ -548,11 +551,13 @@ impl DmaBuf {
     }
     /// `len` bytes at `offset` as a [`DmaSlice`].
     pub fn slice(&self, offset: usize, len: usize) -> Result<DmaSlice, DmaError> {
-        self.slice_all().sub(offset, len).ok_or(DmaError::OutOfBounds {
-            offset,
-            len,
-            buf_len: self.len,
-        })
+        self.slice_all()
+            .sub(offset, len)
+            .ok_or(DmaError::OutOfBounds {
+                offset,
+                len,
+                buf_len: self.len,
+            })
     }
 
     fn check(&self, offset: usize, len: usize) -> Result<(), DmaError> {
@@ -583,7 +588,11 @@ impl DmaBuf {
         // SAFETY: bounds checked; see the module rules for why the device is not writing
         // while we copy.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len())
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
         };
         Ok(())
     }
@@ -597,7 +606,8 @@ impl DmaBuf {
     /// A copy of the buffer's contents.
     pub fn to_vec(&self) -> Vec<u8> {
         let mut v = vec![0u8; self.len];
-        self.read_at(0, &mut v).expect("whole-buffer read is in bounds");
+        self.read_at(0, &mut v)
+            .expect("whole-buffer read is in bounds");
         v
     }
 

@@ -5,21 +5,31 @@
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
+//! - [`emu`]: a software NVMe controller behind that seam, for tests without hardware.
 //! - [`io`]: request and completion types shared by all targets.
+//! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
+//! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 //! - [`file`]: a file or block device as a target, through io_uring.
 #![deny(missing_docs)]
 
+pub mod ctrlr;
 pub mod dma;
+pub mod emu;
 pub mod file;
 pub mod io;
 pub mod mmio;
+pub mod prp;
+pub mod qpair;
+pub mod ring;
 pub mod spec;
 pub mod target;
 pub mod transport;
 
+pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
+pub use qpair::{DoorbellMode, IoQpair, QpairOptions};
 pub use target::{QueueOptions, Target, TargetInfo, TargetQueue};
 
 /// Any error of the library, by layer.
@@ -28,9 +38,15 @@ pub enum Error {
     /// MMIO layer.
     #[error(transparent)]
     Mmio(#[from] mmio::MmioError),
+    /// Controller layer.
+    #[error(transparent)]
+    Ctrlr(#[from] ctrlr::CtrlrError),
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// The emulated controller.
+    #[error(transparent)]
+    Emu(#[from] emu::EmuError),
     /// File target.
     #[error(transparent)]
     File(#[from] file::FileError),

@@ -259,7 +259,8 @@ impl Bar {
         }
         // SAFETY: off + 4 <= len (checked above) and the offset is 4-aligned (the stride
         // is a multiple of 4 and DOORBELLS is page aligned).
-        let ptr = unsafe { NonNull::new_unchecked(self.base.as_ptr().add(off).cast::<AtomicU32>()) };
+        let ptr =
+            unsafe { NonNull::new_unchecked(self.base.as_ptr().add(off).cast::<AtomicU32>()) };
         Ok(Doorbell {
             ptr,
             writes: 0,

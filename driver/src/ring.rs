@@ -1,0 +1,273 @@
+//! Submission and completion rings in DMA memory, shared by the admin queue and the I/O
+//! queue pairs.
+//!
+//! The controller reads the SQ ring and writes the CQ ring, so neither is ever reached
+//! through a reference:
+//! - An SQE is written with one volatile 64-byte store. The slot is ours: the controller
+//!   has consumed it (we learnt so from a completion's SQ Head, loaded with acquire
+//!   ordering), and it will not read it again before the tail doorbell (a release store)
+//!   tells it to.
+//! - A CQE's dword 3 (CID, status, phase) is loaded atomically with acquire ordering;
+//!   only when its phase says the entry is new are the other dwords read (volatile). The
+//!   controller writes dwords 0..2 before (or together with) dword 3, so the acquire load
+//!   orders our reads after its writes. Linux does the same with `dma_rmb()` after
+//!   checking the phase.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::dma::{DmaBuf, DmaError, DmaPool};
+use crate::spec::{Cqe, Sqe};
+
+/// A submission queue ring of `entries` 64-byte slots.
+pub struct SqRing {
+    base: NonNull<Sqe>,
+    entries: u16,
+    iova: u64,
+    _mem: DmaBuf,
+}
+
+// SAFETY: the ring memory is owned through `_mem`; the ring is used by one thread at a
+// time (&mut self for writes).
+unsafe impl Send for SqRing {}
+
+impl SqRing {
+    /// Allocates a ring of `entries` slots (2..=65536 as the spec allows; callers clamp
+    /// to CAP.MQES + 1).
+    pub fn new(pool: &DmaPool, entries: u16) -> Result<Self, DmaError> {
+        let mem = pool.alloc(entries as usize * 64)?;
+        Ok(SqRing {
+            base: NonNull::new(mem.as_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
+            entries,
+            iova: mem.iova(),
+            _mem: mem,
+        })
+    }
+    /// IOVA of slot 0.
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+    /// Number of slots.
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+    /// Writes `sqe` into `slot`.
+    #[inline]
+    pub fn write(&mut self, slot: u16, sqe: &Sqe) {
+        assert!(
+            slot < self.entries,
+            "sq slot {slot} out of {}",
+            self.entries
+        );
+        // SAFETY: slot < entries, so the 64-byte slot is inside the ring memory held by
+        // `_mem`; see the module doc for why the controller is not reading it now.
+        unsafe { self.base.as_ptr().add(slot as usize).write_volatile(*sqe) };
+    }
+}
+
+/// A completion queue ring of `entries` 16-byte slots.
+pub struct CqRing {
+    base: NonNull<Cqe>,
+    entries: u16,
+    iova: u64,
+    _mem: DmaBuf,
+}
+
+// SAFETY: as for SqRing; reads are atomic or happen after an acquire load.
+unsafe impl Send for CqRing {}
+
+impl CqRing {
+    /// Allocates a ring of `entries` slots, zeroed (so every phase tag starts at 0 and the
+    /// first pass looks for phase 1).
+    pub fn new(pool: &DmaPool, entries: u16) -> Result<Self, DmaError> {
+        let mem = pool.alloc(entries as usize * 16)?;
+        Ok(CqRing {
+            base: NonNull::new(mem.as_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
+            entries,
+            iova: mem.iova(),
+            _mem: mem,
+        })
+    }
+    /// IOVA of slot 0.
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+    /// Number of slots.
+    pub fn entries(&self) -> u16 {
+        self.entries
+    }
+    /// Zeroes every entry, so the next pass looks for phase 1 again. Only while the
+    /// controller cannot write the queue (it is disabled, or the queue is not created).
+    pub fn clear(&mut self) {
+        // SAFETY: the ring memory is ours (held by `_mem`); the caller guarantees the
+        // controller is not writing it (queue deleted or controller disabled).
+        unsafe { std::ptr::write_bytes(self.base.as_ptr(), 0, self.entries as usize) };
+    }
+
+    /// Dword 3 of `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded with
+    /// acquire ordering: if the phase is new, the rest of the entry may be read after it.
+    #[inline]
+    pub fn dw3(&self, slot: u16) -> u32 {
+        assert!(
+            slot < self.entries,
+            "cq slot {slot} out of {}",
+            self.entries
+        );
+        // SAFETY: slot < entries, so dword 3 of the slot (offset 12, 4-byte aligned) is
+        // inside the ring memory held by `_mem`; the controller writes it concurrently,
+        // which an atomic load allows.
+        let dw3 = unsafe {
+            AtomicU32::from_ptr(self.base.as_ptr().add(slot as usize).cast::<u32>().add(3))
+        };
+        // Acquire: pairs with the controller's write of the entry (a release store in the
+        // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
+        // this are those of the same completion.
+        dw3.load(Ordering::Acquire)
+    }
+    /// Dwords 0 and 2 (command result, SQ head and SQ id) of `slot`. Call only after
+    /// [`CqRing::dw3`] showed the entry's phase is new.
+    #[inline]
+    pub fn dw0_dw2(&self, slot: u16) -> (u32, u32) {
+        assert!(
+            slot < self.entries,
+            "cq slot {slot} out of {}",
+            self.entries
+        );
+        // SAFETY: inside the ring as above; the acquire load of dword 3 ordered these
+        // reads after the controller's writes, and it will not rewrite the slot before we
+        // move the head doorbell past it.
+        unsafe {
+            let p = self.base.as_ptr().add(slot as usize).cast::<u32>();
+            (p.read_volatile(), p.add(2).read_volatile())
+        }
+    }
+}
+
+/// The shadow doorbell and EventIdx pages of Doorbell Buffer Config (spec 5.8), shared by
+/// all queues of a controller. The controller reads the first and writes the second.
+pub struct ShadowPages {
+    db: DmaBuf,
+    ei: DmaBuf,
+}
+
+impl ShadowPages {
+    /// Allocates both pages, zeroed.
+    pub fn new(pool: &DmaPool) -> Result<Self, DmaError> {
+        Ok(ShadowPages {
+            db: pool.alloc(crate::spec::PAGE_SIZE)?,
+            ei: pool.alloc(crate::spec::PAGE_SIZE)?,
+        })
+    }
+    /// IOVA of the shadow doorbell page (PRP1 of Doorbell Buffer Config).
+    pub fn db_iova(&self) -> u64 {
+        self.db.iova()
+    }
+    /// IOVA of the EventIdx page (PRP2 of Doorbell Buffer Config).
+    pub fn ei_iova(&self) -> u64 {
+        self.ei.iova()
+    }
+    /// Zeroes both pages: the state of a freshly configured buffer, after a controller
+    /// reset. Only while no queue uses them (the controller is disabled).
+    pub fn clear(&self) {
+        // SAFETY: both buffers are one page of pool memory owned here; the controller is
+        // disabled, and qpairs do not touch their slots while the controller resets (they
+        // see the reset epoch first). Atomic stores keep this race-free regardless.
+        unsafe {
+            for p in [self.db.as_ptr(), self.ei.as_ptr()] {
+                for i in 0..crate::spec::PAGE_SIZE / 4 {
+                    AtomicU32::from_ptr(p.cast::<u32>().add(i)).store(0, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// One queue's shadow doorbell and EventIdx dwords.
+pub struct ShadowSlot {
+    db: NonNull<u32>,
+    ei: NonNull<u32>,
+    _pages: std::sync::Arc<ShadowPages>,
+}
+
+// SAFETY: the dwords live in pages kept alive by `_pages`; all access is atomic.
+unsafe impl Send for ShadowSlot {}
+
+impl ShadowSlot {
+    /// The slot of doorbell `index` (in dwords, see `spec::regs::shadow_doorbell_index`),
+    /// or `None` if it lies outside the page.
+    pub fn new(pages: &std::sync::Arc<ShadowPages>, index: usize) -> Option<Self> {
+        if (index + 1) * 4 > crate::spec::PAGE_SIZE {
+            return None;
+        }
+        // SAFETY: index * 4 + 4 <= PAGE_SIZE: inside both one-page buffers.
+        let (db, ei) = unsafe {
+            (
+                NonNull::new_unchecked(pages.db.as_ptr().cast::<u32>().add(index)),
+                NonNull::new_unchecked(pages.ei.as_ptr().cast::<u32>().add(index)),
+            )
+        };
+        Some(ShadowSlot {
+            db,
+            ei,
+            _pages: std::sync::Arc::clone(pages),
+        })
+    }
+
+    /// Publishes a new doorbell value in the shadow page and returns the controller's
+    /// EventIdx for this queue, read after the store is globally visible.
+    #[inline]
+    pub fn publish(&self, value: u32) -> u32 {
+        // SAFETY: both pointers are inside the live shadow pages (checked in `new`) and
+        // 4-byte aligned; the controller accesses them concurrently, hence atomics.
+        let (db, ei) = unsafe {
+            (
+                AtomicU32::from_ptr(self.db.as_ptr()),
+                AtomicU32::from_ptr(self.ei.as_ptr()),
+            )
+        };
+        db.store(value, Ordering::Release);
+        // Full fence: the shadow store must be visible before we read EventIdx (a
+        // store-load order, which release/acquire do not give). Otherwise we could read an
+        // old EventIdx, skip the MMIO write, and the controller, having gone idle before
+        // seeing our store, would never look again (Linux: mb() in nvme_dbbuf_update_and_check_event).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        ei.load(Ordering::Acquire)
+    }
+}
+
+/// Whether a doorbell update from `old` to `new` crosses the controller's EventIdx
+/// `event`, i.e. `event` lies in `[old, new)` going forward around a ring of `depth`
+/// slots: then an MMIO doorbell write is needed. An EventIdx outside the ring always asks
+/// for one.
+#[inline]
+pub fn need_event(event: u32, new: u16, old: u16, depth: u16) -> bool {
+    if event >= depth as u32 {
+        return true;
+    }
+    let d = depth as u32;
+    let dist = |from: u32, to: u32| (to + d - from) % d;
+    dist(old as u32, event) < dist(old as u32, new as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::need_event;
+
+    #[test]
+    fn need_event_window() {
+        // EventIdx at old: the controller wants to hear about the next entry.
+        assert!(need_event(5, 6, 5, 16));
+        assert!(need_event(5, 9, 5, 16));
+        // EventIdx one behind old: it is polling and needs no MMIO.
+        assert!(!need_event(4, 9, 5, 16));
+        // Wrap-around: old 14, new 2 covers 14, 15, 0, 1.
+        assert!(need_event(0, 2, 14, 16));
+        assert!(need_event(15, 2, 14, 16));
+        assert!(!need_event(2, 2, 14, 16));
+        assert!(!need_event(13, 2, 14, 16));
+        // Garbage EventIdx: ring.
+        assert!(need_event(99, 2, 1, 16));
+        // No movement: no event.
+        assert!(!need_event(3, 3, 3, 16));
+    }
+}

@@ -1,0 +1,62 @@
+//! Helpers shared by the integration tests: an emulated controller brought up by the
+//! driver, and ways to wait for completions.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kestrel::emu::{EmuConfig, EmuController};
+use kestrel::io::Completion;
+use kestrel::{Controller, ControllerOptions, IoQpair};
+
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub fn emu_with(cfg: EmuConfig) -> (Arc<EmuController>, Controller) {
+    let emu = EmuController::start(cfg).expect("start emulator");
+    let ctrlr = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
+    (emu, ctrlr)
+}
+
+pub fn emu() -> (Arc<EmuController>, Controller) {
+    emu_with(EmuConfig::default())
+}
+
+/// Polls until `n` completions have been collected (or panics after WAIT).
+pub fn reap(qp: &mut IoQpair, n: usize) -> Vec<Completion> {
+    let mut out = Vec::with_capacity(n);
+    let deadline = Instant::now() + WAIT;
+    while out.len() < n {
+        qp.process_completions(128, &mut |c| out.push(c));
+        if Instant::now() > deadline {
+            panic!("only {} of {n} completions within {WAIT:?}", out.len());
+        }
+        if out.len() < n {
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Polls one more short while and asserts nothing else completes.
+pub fn assert_quiet(qp: &mut IoQpair) {
+    let mut extra = Vec::new();
+    let deadline = Instant::now() + Duration::from_millis(50);
+    while Instant::now() < deadline {
+        qp.process_completions(128, &mut |c| extra.push(c));
+        std::thread::yield_now();
+    }
+    assert!(extra.is_empty(), "unexpected completions: {extra:?}");
+}
+
+/// A deterministic byte pattern for (lba, generation).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

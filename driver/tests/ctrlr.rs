@@ -1,0 +1,307 @@
+//! Controller bring-up, identify, queue management and the spec's negative cases, against
+//! the emulated controller.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use kestrel::ctrlr::{CtrlrError, InitState};
+use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
+use kestrel::io::{IoError, IoRequest};
+use kestrel::spec::{nvm_opc, Sqe, Status};
+use kestrel::{Controller, ControllerOptions, QpairOptions};
+
+#[test]
+fn brings_up_and_identifies() {
+    let (_emu, c) = emu();
+    assert_eq!(c.version().to_string(), "1.4.0");
+    let id = c.identify();
+    assert!(!id.mn.is_empty());
+    assert!(!id.sn.is_empty());
+    assert_eq!(id.sqes & 0xF, 6);
+    assert_eq!(id.cqes & 0xF, 4);
+    assert!(id.nn >= 1);
+    let ns = c.namespaces();
+    assert_eq!(ns.len(), 1);
+    assert_eq!(ns[0].nsid, 1);
+    assert_eq!(ns[0].block_size, 4096);
+    assert_eq!(ns[0].size_bytes(), 1 << 30);
+    assert!(c.io_queues_granted() >= 1);
+    assert!(c.cap().mqes() >= 1);
+}
+
+#[test]
+fn grants_queues_as_configured() {
+    let (_emu, c) = emu_with(EmuConfig {
+        max_io_queues: 3,
+        ..Default::default()
+    });
+    assert_eq!(c.io_queues_granted(), 3);
+    let qps: Vec<_> = (0..3)
+        .map(|_| c.create_io_qpair(&QpairOptions::default()).unwrap())
+        .collect();
+    let mut qids: Vec<u16> = qps.iter().map(|q| q.qid()).collect();
+    qids.sort();
+    assert_eq!(qids, vec![1, 2, 3]);
+    match c.create_io_qpair(&QpairOptions::default()) {
+        Err(CtrlrError::NoFreeQueue { granted: 3, .. }) => {}
+        other => panic!("expected NoFreeQueue, got {:?}", other.map(|q| q.qid())),
+    }
+    drop(qps);
+    // Deleted queues can be created again.
+    let again = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    assert!((1..=3).contains(&again.qid()));
+}
+
+#[test]
+fn multiple_namespaces_and_512_byte_blocks() {
+    let (_emu, c) = emu_with(EmuConfig {
+        namespaces: vec![
+            EmuNamespace {
+                size_bytes: 64 << 20,
+                lba_size: 512,
+                store: EmuStore::Memory,
+            },
+            EmuNamespace {
+                size_bytes: 32 << 20,
+                lba_size: 4096,
+                store: EmuStore::Memory,
+            },
+        ],
+        ..Default::default()
+    });
+    let ns = c.namespaces();
+    assert_eq!(ns.len(), 2);
+    assert_eq!(
+        (ns[0].nsid, ns[0].block_size, ns[0].num_blocks),
+        (1, 512, 131072)
+    );
+    assert_eq!(
+        (ns[1].nsid, ns[1].block_size, ns[1].num_blocks),
+        (2, 4096, 8192)
+    );
+    assert!(matches!(
+        c.namespace(3),
+        Err(CtrlrError::NoSuchNamespace { nsid: 3, .. })
+    ));
+}
+
+fn admin_status(c: &Controller, sqe: Sqe) -> Status {
+    match c.admin_command(sqe, None) {
+        Err(CtrlrError::AdminCommand { status, .. }) => status,
+        Ok(cqe) => panic!("expected an error status, got success {cqe:?}"),
+        Err(e) => panic!("expected an nvme status, got {e}"),
+    }
+}
+
+#[test]
+fn queue_creation_negative_cases() {
+    let (_emu, c) = emu_with(EmuConfig {
+        max_io_queues: 4,
+        mqes: 255,
+        ..Default::default()
+    });
+    let pool = c.dma_pool();
+    let mem = pool.alloc(1 << 20).unwrap();
+    // Invalid queue identifier: 0 and beyond the granted count.
+    let s = admin_status(&c, Sqe::create_io_cq(0, 16, mem.iova()));
+    assert!(s.same_code(Status::INVALID_QUEUE_IDENTIFIER), "{s}");
+    let s = admin_status(&c, Sqe::create_io_cq(5, 16, mem.iova()));
+    assert!(s.same_code(Status::INVALID_QUEUE_IDENTIFIER), "{s}");
+    // Queue size above MQES + 1.
+    let s = admin_status(&c, Sqe::create_io_cq(1, 257, mem.iova()));
+    assert!(s.same_code(Status::INVALID_QUEUE_SIZE), "{s}");
+    // SQ whose CQ does not exist.
+    let s = admin_status(&c, Sqe::create_io_sq(1, 16, 1, mem.iova()));
+    assert!(s.same_code(Status::COMPLETION_QUEUE_INVALID), "{s}");
+    // A CQ created twice.
+    c.admin_command(Sqe::create_io_cq(2, 16, mem.iova()), None)
+        .unwrap();
+    let s = admin_status(&c, Sqe::create_io_cq(2, 16, mem.iova() + 4096));
+    assert!(s.same_code(Status::INVALID_QUEUE_IDENTIFIER), "{s}");
+    // Deleting a CQ that still has an SQ.
+    c.admin_command(Sqe::create_io_sq(2, 16, 2, mem.iova() + 8192), None)
+        .unwrap();
+    let s = admin_status(&c, Sqe::delete_io_cq(2));
+    assert!(s.same_code(Status::INVALID_QUEUE_DELETION), "{s}");
+    c.admin_command(Sqe::delete_io_sq(2), None).unwrap();
+    c.admin_command(Sqe::delete_io_cq(2), None).unwrap();
+    // Invalid admin opcode.
+    let s = admin_status(&c, Sqe::new(0x7F));
+    assert!(s.same_code(Status::INVALID_OPCODE), "{s}");
+}
+
+/// Submits a raw command on a fresh qpair and returns its completion status.
+fn io_status(c: &Controller, sqe: Sqe, data: Option<kestrel::DmaSlice>) -> Result<(), IoError> {
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    qp.submit_raw(sqe, data, 7).unwrap();
+    qp.flush();
+    let done = reap(&mut qp, 1);
+    assert_eq!(done[0].token, 7);
+    done[0].result
+}
+
+fn expect_status(r: Result<(), IoError>, want: Status) {
+    match r {
+        Err(IoError::Nvme(s)) if s.same_code(want) => {}
+        other => panic!("expected {want}, got {other:?}"),
+    }
+}
+
+#[test]
+fn io_negative_cases_come_back_with_the_right_status() {
+    let (_emu, c) = emu();
+    let ns = c.namespaces()[0].clone();
+    let mdts = c.max_transfer_bytes();
+    assert!(mdts < u64::MAX, "the default emulator sets an MDTS");
+    let buf = c.dma_pool().alloc((mdts as usize) * 2).unwrap();
+    let iova = buf.iova();
+    // Invalid opcode.
+    let mut bad = Sqe::new(0x7E);
+    bad.nsid = 1;
+    expect_status(io_status(&c, bad, None), Status::INVALID_OPCODE);
+    // Invalid NSID.
+    expect_status(
+        io_status(
+            &c,
+            Sqe::read(9, 0, 1, 0, 0),
+            Some(buf.slice(0, 4096).unwrap()),
+        ),
+        Status::INVALID_NAMESPACE_OR_FORMAT,
+    );
+    // LBA out of range.
+    expect_status(
+        io_status(
+            &c,
+            Sqe::read(1, ns.num_blocks - 1, 2, 0, 0),
+            Some(buf.slice(0, 8192).unwrap()),
+        ),
+        Status::LBA_OUT_OF_RANGE,
+    );
+    // MDTS exceeded: one block more than MDTS.
+    let blocks = (mdts / ns.block_size as u64) as u32 + 1;
+    let len = blocks as usize * ns.block_size as usize;
+    expect_status(
+        io_status(
+            &c,
+            Sqe::read(1, 0, blocks, 0, 0),
+            Some(buf.slice(0, len).unwrap()),
+        ),
+        Status::INVALID_FIELD,
+    );
+    // PRP2 with an offset (only PRP1 may have one) for a two-page transfer.
+    let mut sqe = Sqe::read(1, 0, 2, iova, iova + 4096 + 512);
+    sqe.set_cid(0);
+    expect_status(io_status(&c, sqe, None), Status::PRP_OFFSET_INVALID);
+    // An IOVA the driver never mapped: a data transfer error, as an IOMMU fault would be.
+    let sqe = Sqe::read(1, 0, 1, 0xdead_0000_0000, 0);
+    expect_status(io_status(&c, sqe, None), Status::DATA_TRANSFER_ERROR);
+    // And the driver's own checks reject what it can see is wrong, before the device.
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let r = qp.submit(IoRequest::read(1, ns.num_blocks, 1, buf.slice_all(), 1));
+    assert!(
+        matches!(r, Err(kestrel::SubmitError::Invalid { token: 1, .. })),
+        "{r:?}"
+    );
+    let r = qp.submit(IoRequest::read(2, 0, 1, buf.slice_all(), 2));
+    assert!(
+        matches!(r, Err(kestrel::SubmitError::Invalid { token: 2, .. })),
+        "{r:?}"
+    );
+    let r = qp.submit(IoRequest::read(1, 0, 0, buf.slice_all(), 3));
+    assert!(
+        matches!(r, Err(kestrel::SubmitError::Invalid { token: 3, .. })),
+        "{r:?}"
+    );
+    let r = qp.submit(IoRequest::read(1, 0, 2, buf.slice(0, 4096).unwrap(), 4));
+    assert!(
+        matches!(r, Err(kestrel::SubmitError::Invalid { token: 4, .. })),
+        "{r:?}"
+    );
+    assert_eq!(qp.outstanding(), 0);
+    let _ = nvm_opc::READ;
+}
+
+#[test]
+fn never_ready_fails_within_cap_to() {
+    // CAP.TO = 2 (1 s); the emulator never sets CSTS.RDY.
+    let emu = EmuController::start(EmuConfig {
+        never_ready: true,
+        timeout_500ms: 2,
+        ..Default::default()
+    })
+    .unwrap();
+    let start = Instant::now();
+    let err = Controller::new(emu, ControllerOptions::default()).unwrap_err();
+    let took = start.elapsed();
+    match &err {
+        CtrlrError::Timeout {
+            state, limit_ms, ..
+        } => {
+            assert_eq!(*state, InitState::Enable);
+            assert_eq!(*limit_ms, 1000);
+        }
+        other => panic!("expected a timeout, got {other}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("CSTS.RDY=1"), "message names the state: {msg}");
+    assert!(
+        took >= Duration::from_millis(1000),
+        "waited the whole CAP.TO: {took:?}"
+    );
+    // CAP.TO plus generous slack for a loaded 2-core machine: the bound is what matters.
+    assert!(
+        took < Duration::from_millis(1000 + 2000),
+        "gave up within CAP.TO: {took:?}"
+    );
+}
+
+#[test]
+fn ready_delay_is_waited_for() {
+    let (_emu, c) = emu_with(EmuConfig {
+        ready_delay: Duration::from_millis(200),
+        ..Default::default()
+    });
+    assert!(c.csts().rdy());
+}
+
+#[test]
+fn smart_and_error_logs() {
+    let (_emu, c) = emu();
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let buf = c.dma_pool().alloc(4096).unwrap();
+    for i in 0..10 {
+        qp.submit(IoRequest::write_buf(1, i, 1, &buf, i)).unwrap();
+    }
+    qp.flush();
+    reap(&mut qp, 10);
+    // One failing command so the error log has an entry.
+    qp.submit_raw(
+        Sqe::read(1, u64::MAX - 4, 1, 0, 0),
+        Some(buf.slice_all()),
+        99,
+    )
+    .unwrap();
+    qp.flush();
+    let r = reap(&mut qp, 1);
+    assert!(r[0].result.is_err());
+    let smart = c.smart_log().unwrap();
+    assert!(smart.host_write_commands >= 10, "{smart:?}");
+    assert!(smart.temperature_celsius() > 0 && smart.temperature_celsius() < 100);
+    let errors = c.error_log().unwrap();
+    assert!(!errors.is_empty());
+    assert!(errors
+        .iter()
+        .any(|e| e.status().same_code(Status::LBA_OUT_OF_RANGE)));
+}
+
+#[test]
+fn shutdown_on_drop_leaves_controller_disabled() {
+    let (emu, c) = emu();
+    let bar = kestrel::transport::Transport::bar(emu.as_ref());
+    assert!(bar.csts().rdy());
+    drop(c);
+    assert!(!bar.cc().en());
+    assert!(!bar.csts().rdy());
+}

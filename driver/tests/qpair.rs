@@ -1,0 +1,428 @@
+//! I/O queue pairs against the emulated controller: data integrity across sizes and
+//! offsets, splitting, zeroes, overflow and Busy, doorbell accounting, shadow doorbells.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::*;
+use kestrel::emu::{EmuConfig, EmuNamespace, EmuStore};
+use kestrel::io::{IoOp, IoRequest, SubmitError};
+use kestrel::{DoorbellMode, QpairOptions};
+
+fn write_read_verify(cfg: EmuConfig, sizes_blocks: &[u32], offsets: &[usize]) {
+    let (_emu, c) = emu_with(cfg);
+    let bs = c.namespaces()[0].block_size as usize;
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 64,
+            ..Default::default()
+        })
+        .unwrap();
+    let max_blocks = *sizes_blocks.iter().max().unwrap() as usize;
+    let max_off = *offsets.iter().max().unwrap();
+    let mut wbuf = c.dma_pool().alloc(max_blocks * bs + max_off).unwrap();
+    let mut rbuf = c.dma_pool().alloc(max_blocks * bs + max_off).unwrap();
+    let mut lba = 0u64;
+    for &nlb in sizes_blocks {
+        for &off in offsets {
+            let len = nlb as usize * bs;
+            let data = pattern(len, lba * 31 + off as u64);
+            wbuf.write_at(off, &data).unwrap();
+            rbuf.fill(0);
+            qp.submit(IoRequest::write(
+                1,
+                lba,
+                nlb,
+                wbuf.slice(off, len).unwrap(),
+                1,
+            ))
+            .unwrap();
+            qp.flush();
+            let w = reap(&mut qp, 1);
+            assert_eq!(w[0].result, Ok(()), "write nlb {nlb} off {off}");
+            qp.submit(IoRequest::read(
+                1,
+                lba,
+                nlb,
+                rbuf.slice(off, len).unwrap(),
+                2,
+            ))
+            .unwrap();
+            qp.flush();
+            let r = reap(&mut qp, 1);
+            assert_eq!(r[0].result, Ok(()), "read nlb {nlb} off {off}");
+            let mut got = vec![0u8; len];
+            rbuf.read_at(off, &mut got).unwrap();
+            assert!(
+                got == data,
+                "data mismatch for nlb {nlb} at buffer offset {off}"
+            );
+            lba += nlb as u64;
+        }
+    }
+    assert_eq!(qp.outstanding(), 0);
+}
+
+#[test]
+fn sizes_from_one_block_to_four_times_mdts() {
+    // MDTS 5 = 128 KiB = 32 blocks of 4 KiB; go to 4 x MDTS and odd sizes around it.
+    write_read_verify(
+        EmuConfig::default(),
+        &[1, 2, 3, 8, 31, 32, 33, 64, 100, 128],
+        &[0],
+    );
+}
+
+#[test]
+fn prp1_offsets_within_a_page() {
+    write_read_verify(
+        EmuConfig {
+            namespaces: vec![EmuNamespace {
+                size_bytes: 64 << 20,
+                lba_size: 512,
+                store: EmuStore::Memory,
+            }],
+            ..Default::default()
+        },
+        &[1, 7, 8, 9, 16, 300],
+        &[0, 4, 512, 2048, 4092 - 508],
+    );
+}
+
+#[test]
+fn chained_prp_lists_without_mdts() {
+    // No MDTS: commands of 8 MiB need 2048 PRP entries, four list pages chained.
+    let (_emu, c) = emu_with(EmuConfig {
+        mdts: 0,
+        ..Default::default()
+    });
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 8,
+            max_command_bytes: 8 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+    let len = 8 << 20;
+    let mut wbuf = c.dma_pool().alloc(len + 4096).unwrap();
+    let mut rbuf = c.dma_pool().alloc(len + 4096).unwrap();
+    let data = pattern(len, 77);
+    wbuf.write_at(0, &data).unwrap();
+    qp.submit(IoRequest::write(
+        1,
+        10,
+        2048,
+        wbuf.slice(0, len).unwrap(),
+        1,
+    ))
+    .unwrap();
+    qp.flush();
+    assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+    assert_eq!(qp.stats().split, 0, "one command, not split");
+    // Read back with PRP1 at an offset: 2049 entries.
+    qp.submit(IoRequest::read(
+        1,
+        10,
+        2048,
+        rbuf.slice(512, len).unwrap(),
+        2,
+    ))
+    .unwrap();
+    qp.flush();
+    assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+    let mut got = vec![0u8; len];
+    rbuf.read_at(512, &mut got).unwrap();
+    assert!(got == data);
+}
+
+#[test]
+fn splitting_completes_parent_once() {
+    let (_emu, c) = emu();
+    let mdts = c.max_transfer_bytes() as usize;
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 4, // 3 trackers: a 4 x MDTS request must wait for its own children
+            ..Default::default()
+        })
+        .unwrap();
+    let len = 4 * mdts + 8192;
+    let mut buf = c.dma_pool().alloc(len).unwrap();
+    buf.write_at(0, &pattern(len, 5)).unwrap();
+    let nlb = (len / 4096) as u32;
+    qp.submit(IoRequest::write(1, 0, nlb, buf.slice_all(), 42))
+        .unwrap();
+    qp.submit(IoRequest::flush(1, 43)).unwrap();
+    qp.flush();
+    let done = reap(&mut qp, 2);
+    assert_eq!(
+        done.iter().map(|c| c.token).collect::<Vec<_>>(),
+        vec![42, 43]
+    );
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    assert_quiet(&mut qp);
+    let st = qp.stats();
+    assert_eq!(st.split, 1);
+    assert_eq!(st.commands, 5 + 1, "five children and a flush");
+    assert_eq!(st.completed, 2);
+}
+
+#[test]
+fn write_zeroes_and_deallocate_read_back_zeros() {
+    let (_emu, c) = emu();
+    let ns = c.namespaces()[0].clone();
+    assert!(ns.identify.deallocated_reads_zeroes());
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let mut buf = c.dma_pool().alloc(64 * 4096).unwrap();
+    buf.fill(0xA5);
+    qp.submit(IoRequest::write_buf(1, 100, 64, &buf, 1))
+        .unwrap();
+    qp.submit(IoRequest::write_zeroes(1, 100, 16, 2)).unwrap();
+    qp.submit(IoRequest::deallocate(1, 132, 16, 3)).unwrap();
+    qp.submit(IoRequest::flush(1, 4)).unwrap();
+    qp.flush();
+    let done = reap(&mut qp, 4);
+    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    buf.fill(0xFF);
+    qp.submit(IoRequest::read_buf(1, 100, 64, &buf, 5)).unwrap();
+    qp.flush();
+    assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+    let v = buf.to_vec();
+    let block = |i: usize| &v[i * 4096..(i + 1) * 4096];
+    for i in 0..64 {
+        let zero = (0..16).contains(&i) || (32..48).contains(&i);
+        let want = if zero { 0 } else { 0xA5 };
+        assert!(block(i).iter().all(|&b| b == want), "block {i}");
+    }
+}
+
+#[test]
+fn vectored_io_over_several_buffers() {
+    let (_emu, c) = emu();
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let mut a = c.dma_pool().alloc(8192).unwrap();
+    let mut b = c.dma_pool().alloc(4096).unwrap();
+    let mut d = c.dma_pool().alloc(16384).unwrap();
+    let data = pattern(28672, 9);
+    a.write_at(0, &data[..8192]).unwrap();
+    b.write_at(0, &data[8192..12288]).unwrap();
+    d.write_at(0, &data[12288..]).unwrap();
+    let req = IoRequest::vectored(
+        IoOp::Write,
+        1,
+        40,
+        7,
+        &[a.slice_all(), b.slice_all(), d.slice_all()],
+        1,
+    )
+    .unwrap();
+    qp.submit(req).unwrap();
+    qp.flush();
+    assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+    let r = c.dma_pool().alloc(28672).unwrap();
+    qp.submit(IoRequest::read_buf(1, 40, 7, &r, 2)).unwrap();
+    qp.flush();
+    assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+    assert!(r.to_vec() == data);
+    // A first segment that does not end on a page boundary cannot be followed by another
+    // one in a PRP-described transfer.
+    let odd = a.slice(0, 6144).unwrap();
+    let req = IoRequest::vectored(IoOp::Write, 1, 0, 3, &[odd, d.slice_all()], 3).unwrap();
+    let r = qp.submit(req);
+    assert!(
+        matches!(
+            r,
+            Err(SubmitError::Invalid {
+                token: 3,
+                reason: kestrel::io::InvalidRequest::Misaligned { index: 0, .. }
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn overflow_beyond_queue_depth_then_busy() {
+    let (_emu, c) = emu();
+    let depth = 16u32;
+    let sw = 3 * depth;
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth,
+            sw_queue_depth: sw,
+            ..Default::default()
+        })
+        .unwrap();
+    let slots = qp.slots() as u32;
+    assert_eq!(slots, depth - 1);
+    let buf = c.dma_pool().alloc(4096).unwrap();
+    // Fill trackers and the software queue without reaping.
+    let total = slots + sw;
+    for i in 0..total {
+        qp.submit(IoRequest::read_buf(1, i as u64, 1, &buf, i as u64))
+            .unwrap_or_else(|e| panic!("submit {i}: {e}"));
+    }
+    assert_eq!(qp.queued() as u32, sw);
+    // Everything is full now: the next request comes back untouched.
+    let extra = IoRequest::read_buf(1, 999, 1, &buf, 999_999);
+    match qp.submit(extra) {
+        Err(SubmitError::Busy(b)) => {
+            assert_eq!(b.request, extra);
+            assert_eq!(b.in_flight, slots);
+            assert_eq!(b.queued, sw);
+        }
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    qp.flush();
+    let done = reap(&mut qp, total as usize);
+    // Exactly once each, and in submission order (one tracker reused in FIFO order).
+    let tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+    assert_eq!(tokens, (0..total as u64).collect::<Vec<_>>());
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    assert_quiet(&mut qp);
+    assert_eq!(qp.outstanding(), 0);
+    assert_eq!(qp.free_slots() as u32, slots);
+    let st = qp.stats();
+    assert_eq!(st.submitted, total as u64);
+    assert_eq!(st.completed, total as u64);
+    assert_eq!(st.sw_queued, sw as u64);
+}
+
+#[test]
+fn four_times_depth_in_one_go() {
+    let (_emu, c) = emu();
+    let depth = 32u32;
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth,
+            sw_queue_depth: 4 * depth,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut buf = c.dma_pool().alloc(4096 * 4 * depth as usize).unwrap();
+    buf.write_at(0, &pattern(buf.len(), 1)).unwrap();
+    let reqs: Vec<IoRequest> = (0..4 * depth as u64)
+        .map(|i| IoRequest::write(1, i, 1, buf.slice(i as usize * 4096, 4096).unwrap(), i))
+        .collect();
+    assert_eq!(qp.submit_batch(&reqs).unwrap(), reqs.len());
+    let done = reap(&mut qp, reqs.len());
+    let mut seen = HashMap::new();
+    for c in &done {
+        *seen.entry(c.token).or_insert(0) += 1;
+        assert_eq!(c.result, Ok(()));
+    }
+    assert_eq!(seen.len(), reqs.len());
+    assert!(seen.values().all(|&n| n == 1));
+    assert_quiet(&mut qp);
+}
+
+fn doorbell_run(mode: DoorbellMode, shadow: bool) -> (kestrel::QueueStats, u64) {
+    let (_emu, c) = emu_with(EmuConfig {
+        shadow_doorbells: shadow,
+        ..Default::default()
+    });
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 64,
+            doorbell: mode,
+            shadow_doorbells: shadow,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(qp.uses_shadow_doorbells(), shadow);
+    let buf = c.dma_pool().alloc(4096).unwrap();
+    let batches = 50u64;
+    let mut nonempty_passes = 0u64;
+    for b in 0..batches {
+        let reqs: Vec<IoRequest> = (0..32)
+            .map(|i| IoRequest::read_buf(1, i, 1, &buf, b * 32 + i))
+            .collect();
+        assert_eq!(qp.submit_batch(&reqs).unwrap(), 32);
+        let mut got = 0;
+        while got < 32 {
+            let before = qp.stats().cq_doorbell_writes + qp.stats().shadow_doorbell_updates;
+            let n = qp.process_completions(128, &mut |_| got += 1);
+            if n > 0 {
+                nonempty_passes += 1;
+            }
+            let after = qp.stats().cq_doorbell_writes + qp.stats().shadow_doorbell_updates;
+            assert!(
+                after - before <= 1,
+                "at most one cq doorbell update per pass"
+            );
+        }
+    }
+    (qp.stats(), nonempty_passes)
+}
+
+#[test]
+fn batched_doorbells_once_per_batch() {
+    let (st, nonempty) = doorbell_run(DoorbellMode::Batched, false);
+    assert_eq!(st.commands, 50 * 32);
+    assert_eq!(
+        st.sq_doorbell_writes, 50,
+        "one sq doorbell write per batch of 32"
+    );
+    assert!(
+        st.cq_doorbell_writes <= nonempty,
+        "{} > {nonempty}",
+        st.cq_doorbell_writes
+    );
+    assert!(st.cq_doorbell_writes >= 1);
+}
+
+#[test]
+fn immediate_doorbells_once_per_command() {
+    let (st, nonempty) = doorbell_run(DoorbellMode::Immediate, false);
+    assert_eq!(st.sq_doorbell_writes, 50 * 32);
+    assert!(st.cq_doorbell_writes <= nonempty);
+}
+
+#[test]
+fn shadow_doorbells_avoid_most_mmio() {
+    let (st, _) = doorbell_run(DoorbellMode::Batched, true);
+    let mmio = st.sq_doorbell_writes + st.cq_doorbell_writes;
+    let updates = mmio + st.shadow_doorbell_updates;
+    assert!(updates >= 100, "{st:?}");
+    assert!(
+        st.shadow_doorbell_updates > mmio,
+        "most doorbell updates should need no mmio with a polling controller: {st:?}"
+    );
+}
+
+#[test]
+fn cancel_queued_request() {
+    let (_emu, c) = emu();
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 2,
+            ..Default::default()
+        })
+        .unwrap();
+    let buf = c.dma_pool().alloc(4096).unwrap();
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.submit(IoRequest::read_buf(1, 1, 1, &buf, 2)).unwrap();
+    qp.submit(IoRequest::read_buf(1, 2, 1, &buf, 3)).unwrap();
+    assert!(qp.cancel_queued(2));
+    assert!(!qp.cancel_queued(1), "token 1 is at the device");
+    qp.flush();
+    let mut done = reap(&mut qp, 3);
+    done.sort_by_key(|c| c.token);
+    assert_eq!(done[0].result, Ok(()));
+    assert_eq!(done[1].result, Err(kestrel::IoError::Cancelled));
+    assert_eq!(done[2].result, Ok(()));
+}
+
+#[test]
+fn memory_is_bounded_and_reported() {
+    let (_emu, c) = emu();
+    let qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 128,
+            ..Default::default()
+        })
+        .unwrap();
+    let m = qp.memory_bytes();
+    // About one 4 KiB PRP page per slot plus the rings.
+    assert!(m >= 127 * 4096 && m < 127 * 4096 * 2, "{m}");
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Kestrel's test command: formatting, lints, and every test of the workspace.
+# Runs on a clean machine: installs what it needs first.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log() { printf '== test.sh: %s\n' "$*"; }
+
+apt_install() {
+    local missing=()
+    local cmd pkg
+    for spec in "$@"; do
+        cmd=${spec%%:*}
+        pkg=${spec#*:}
+        command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]}"
+        if [[ $(id -u) -ne 0 ]]; then
+            echo "test.sh: need ${missing[*]} and not root; install them first" >&2
+            exit 1
+        fi
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+# gcc builds and runs the C ABI example; shellcheck checks scripts/.
+apt_install gcc:gcc shellcheck:shellcheck
+
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    log "installing rustfmt and clippy"
+    rustup component add rustfmt clippy
+fi
+
+log "cargo fmt --check"
+cargo fmt --all --check
+
+log "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+log "shellcheck"
+shellcheck scripts/*.sh
+
+log "cargo test --workspace --release"
+cargo test --workspace --release
+
+log "all passed"
