@@ -324,6 +324,8 @@ impl Ctrl {
             ver: Vs::V1_4_0.0,
             oaes: 0,
             ctratt: 0,
+            // Command Retry Delay Times for CRD 1..3: 100, 200 and 500 ms.
+            crdt: [1, 2, 5],
             oacs: if cfg.shadow_doorbells {
                 oacs::DOORBELL_BUFFER_CONFIG
             } else {
