@@ -378,7 +378,17 @@ impl FileQueue {
     }
 
     fn validate(&mut self, req: &IoRequest) -> Result<(), InvalidRequest> {
-        let sh = Arc::clone(&self.shared);
+        // Scalars copied out, so the pool check below can borrow `self` mutably.
+        let sh = &*self.shared;
+        let (read_only, no_discard, capacity, nsid, block_size, direct, mem_align) = (
+            sh.info.read_only,
+            sh.discard == DiscardKind::None,
+            sh.capacity,
+            sh.info.nsid,
+            sh.block_size,
+            sh.direct,
+            sh.mem_align as usize,
+        );
         let op = req.op;
         let nseg = req.data.len();
         if op.has_data() && nseg == 0 {
@@ -404,20 +414,19 @@ impl FileQueue {
                 lba: req.lba,
             });
         }
-        if sh.info.read_only && op != IoOp::Read {
+        if read_only && op != IoOp::Read {
             return Err(InvalidRequest::ReadOnly);
         }
-        if op == IoOp::Deallocate && sh.discard == DiscardKind::None {
+        if op == IoOp::Deallocate && no_discard {
             return Err(InvalidRequest::Unsupported { op: op.name() });
         }
-        let capacity = sh.capacity;
         if req
             .lba
             .checked_add(u64::from(req.nlb))
             .map_or(true, |end| end > capacity)
         {
             return Err(InvalidRequest::OutOfRange {
-                nsid: sh.info.nsid,
+                nsid,
                 lba: req.lba,
                 nlb: req.nlb,
                 capacity,
@@ -426,14 +435,14 @@ impl FileQueue {
         if !op.has_data() {
             return Ok(());
         }
-        let bs = u64::from(sh.block_size);
+        let bs = u64::from(block_size);
         let need = u64::from(req.nlb) * bs;
         let have = req.data.total_len() as u64;
         if have < need {
             return Err(InvalidRequest::LengthMismatch {
                 op: op.name(),
                 nlb: req.nlb,
-                block_size: sh.block_size,
+                block_size,
                 need,
                 have,
             });
@@ -447,8 +456,8 @@ impl FileQueue {
             if used == 0 {
                 continue;
             }
-            if sh.direct {
-                if s.vaddr % sh.mem_align as usize != 0 {
+            if direct {
+                if s.vaddr % mem_align != 0 {
                     return Err(InvalidRequest::Misaligned {
                         index,
                         iova: s.iova,
