@@ -14,6 +14,10 @@
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 //! - [`file`](mod@file): a file or block device as a target, through io_uring.
 #![deny(missing_docs)]
+// `SubmitError::Busy` hands the refused request back by value, so back-pressure costs no
+// allocation; the success path returns `Ok(())`, so the large error variant is only
+// copied when a queue is full.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
 pub mod ctrlr;
 pub mod dma;
