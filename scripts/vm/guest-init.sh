@@ -154,7 +154,10 @@ if [ "$KESTREL_SHELL" = 1 ]; then
     finish $?
 fi
 
-say "running: $KESTREL_GUEST_CMD"
+case $KESTREL_GUEST_CMD in
+*$'\n'*) say "running: ${KESTREL_GUEST_CMD%%$'\n'*} ... ($(printf '%s\n' "$KESTREL_GUEST_CMD" | wc -l) lines)" ;;
+*) say "running: $KESTREL_GUEST_CMD" ;;
+esac
 echo "=== kestrel-guest-output-begin ==="
 cd / || fail "cannot cd /"
 if [ "$have_share" = 1 ]; then
