@@ -70,9 +70,7 @@ VM_NVME_PARAMS=${KESTREL_VM_NVME_PARAMS-poll_queues=2}
 t_start=$SECONDS
 step() { vm_log "[$((SECONDS - t_start))s] $*"; }
 
-mkdir -p "$VM_CACHE"
-exec 9>"$VM_CACHE/.lock"
-flock -w 1800 9 || vm_die "another VM run holds $VM_CACHE/.lock"
+vm_lock_cache
 
 step "packages"
 vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils fio ||

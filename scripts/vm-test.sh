@@ -78,10 +78,7 @@ timeout_s=${KESTREL_VM_TIMEOUT:-300}
 t_start=$SECONDS
 step() { vm_log "[$((SECONDS - t_start))s] $*"; }
 
-mkdir -p "$VM_CACHE"
-# One run at a time per cache: the cache is filled in place.
-exec 9>"$VM_CACHE/.lock"
-flock -w 1800 9 || vm_die "another vm-test holds $VM_CACHE/.lock"
+vm_lock_cache
 
 step "packages"
 vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
