@@ -516,7 +516,9 @@ vm_run_guest() {
     status=
     [[ -f $share/status ]] && status=$(<"$share/status")
     [[ -f $share/output.txt ]] && cp "$share/output.txt" "$logs_dir/output-$m.txt"
-    # isa-debug-exit makes QEMU exit with (status << 1) | 1; timeout says
+    # isa-debug-exit makes QEMU exit with (status << 1) | 1, so a guest's 0
+    # and QEMU's own error exit are both 1: the guest's word (the share, or
+    # its console line) tells them apart. timeout says
     # 124 (137 after its SIGKILL); a panic or power-off without a status
     # leaves QEMU's own 0.
     if ((qrc == 124 || qrc == 137)); then
@@ -528,7 +530,11 @@ vm_run_guest() {
         if [[ -n $status && $status != "$rc" ]]; then
             vm_log "warning: the exit port says $rc, the share says $status"
         fi
-        if ((rc == 0)); then
+        if ((rc == 0)) && [[ $status != 0 ]] && ! grep -q '^kestrel-init: reporting exit status 0$' "$log"; then
+            # QEMU's own failures exit 1 too, which reads as a guest's 0.
+            VM_WHY="QEMU exited with status 1 and the guest reported nothing: QEMU failed ($(grep -m1 'qemu-system' "$log" || tail -n 1 "$log"))"
+            VM_RC=1
+        elif ((rc == 0)); then
             VM_RESULT=pass
         elif ((rc == 125)) && grep -q '^kestrel-init: error:' "$log"; then
             VM_WHY="guest setup failed: $(grep -m1 '^kestrel-init: error:' "$log" | sed 's/^kestrel-init: error: //')"
