@@ -468,6 +468,10 @@ vm_qemu_cmdline() {
     if [[ $backend == null ]]; then
         drive="driver=null-co,read-zeroes=on,size=1G,if=none,id=nvm"
     else
+        # discard=unmap: QEMU's model reports DLFEAT "deallocated blocks read
+        # as zeroes" whatever the backend does, and the default discard=ignore
+        # drops Deallocate, leaving the old data; unmap punches holes in the
+        # sparse file, so the claim holds.
         drive="file=$backend,format=raw,if=none,id=nvm,cache=writeback,aio=threads,discard=unmap"
     fi
     VM_QEMU=(qemu-system-x86_64 -accel "tcg,thread=multi" -machine "$machine" -smp "$VM_SMP"
