@@ -65,6 +65,7 @@ done
 ((${#cmds[@]} || shell)) || vm_die "no commands: give --cmd CMD or --cmds FILE (e.g. scripts/vm/bench-fio.cmds)"
 timeout_s=${KESTREL_VM_TIMEOUT:-900}
 ((shell)) && timeout_s=0
+# shellcheck disable=SC2034 # read by vm_initramfs_payload (scripts/vm/lib.sh)
 VM_NVME_PARAMS=${KESTREL_VM_NVME_PARAMS-poll_queues=2}
 
 t_start=$SECONDS
