@@ -562,6 +562,12 @@ impl Ctrl {
     /// Controller reset (CC.EN 1→0).
     fn reset(&mut self) {
         self.st.resets += 1;
+        // Raw CQEs waiting for queues that no longer exist go with them.
+        if self.shared.faults.raw_pending() {
+            let shared = Arc::clone(&self.shared);
+            let (_, dropped) = shared.faults.drain_raw(|_, _| Some(false));
+            self.st.raw_cqes_dropped += dropped;
+        }
         for q in 0..self.sqs.len() {
             self.sqs[q] = None;
             self.cqs[q] = None;
@@ -662,6 +668,9 @@ impl Ctrl {
         }
         if !self.held.is_empty() {
             work |= self.release_held(mem);
+        }
+        if self.shared.faults.raw_pending() {
+            work |= self.post_raw_cqes(mem);
         }
         work |= self.run_admin(mem);
         work |= self.run_io(mem, db);
@@ -945,6 +954,21 @@ impl Ctrl {
         }
         self.st.completions += 1;
         true
+    }
+
+    /// Posts the raw CQEs queued by [`super::EmuFaults::post_raw_cqe`] that fit.
+    fn post_raw_cqes(&mut self, mem: &Mem<'_>) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let (posted, dropped) = shared.faults.drain_raw(|cqid, cqe| {
+            match self.cqs.get(cqid as usize).and_then(|c| c.as_ref()) {
+                None => Some(false),
+                Some(cq) if cq.room() == 0 => None,
+                Some(_) => Some(self.post(mem, cqid, cqe)),
+            }
+        });
+        self.st.raw_cqes += posted;
+        self.st.raw_cqes_dropped += dropped;
+        posted + dropped > 0
     }
 
     fn unreserve(&mut self, cqid: u16) {

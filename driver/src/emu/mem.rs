@@ -542,8 +542,8 @@ pub(super) fn fallocate(
 }
 
 /// Test helpers: atomic access to a [`crate::DmaBuf`] the device writes (the test plays
-/// the driver and must not read completion queues with plain copies).
-#[cfg(test)]
+/// the driver and must not read completion queues with plain copies). Used by the tests
+/// and by [`super::testkit`].
 pub(super) mod host {
     use super::*;
     use crate::DmaBuf;

@@ -112,7 +112,9 @@
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
-//! one cannot (Abort says "not aborted").
+//! one cannot (Abort says "not aborted"). [`EmuFaults::post_raw_cqe`] posts a completion
+//! entry entirely described by the caller (any CID and status, phase tag set by the
+//! controller) on a given CQ, for fuzzing a driver's completion path.
 //!
 //! The spec-string grammar (for `kestrel perf --target emu:faults=...`) avoids `,`, `=`
 //! and `:` so it nests in a comma-separated target string. Items are joined by `+`,
@@ -149,6 +151,8 @@ mod faults;
 mod mem;
 mod nvm;
 mod store;
+#[doc(hidden)]
+pub mod testkit;
 #[cfg(test)]
 mod tests;
 
@@ -158,7 +162,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget};
+pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, MAX_RAW_CQES};
 pub use mem::{EmuIommu, IOVA_BASE};
 
 use crate::dma::{DmaMapper, PageKind};
@@ -384,6 +388,10 @@ emu_stats! {
     idle_sleeps,
     /// Commands affected by fault rules.
     faults_injected,
+    /// Raw completion queue entries posted ([`EmuFaults::post_raw_cqe`]).
+    raw_cqes,
+    /// Raw completion queue entries dropped: their CQ did not exist, or a reset came first.
+    raw_cqes_dropped,
 }
 
 /// State shared between the controller thread and its handle.
