@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::faults::{CtrlEvent, FaultAction, Injector};
-use super::mem::{GuestSlice, Mem, Snapshot};
+use super::mem::{EmuIommu, GuestSlice, Mem, Snapshot};
 use super::nvm::{self, Ns, Nvm};
 use super::store::Store;
 use super::{EmuConfig, EmuError, EmuStats, EmuStore, Shared};
@@ -1869,8 +1869,15 @@ impl Ctrl {
     }
 }
 
-/// The controller thread's main loop, with the idle policy of the module doc.
-pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar) {
+/// The controller thread's main loop, with the idle policy of the module doc. Returns the
+/// controller's state when [`super::EmuController::pause`] asked it to stop (between
+/// passes), for [`super::EmuController::step`] to carry on from.
+pub(super) fn run(
+    mut ctrl: Ctrl,
+    mut snap: Snapshot,
+    shared: &Shared,
+    bar: &Bar,
+) -> Option<(Ctrl, Snapshot)> {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut idle_since: Option<Instant> = None;
         let mut sleep = SLEEP_MIN;
@@ -1878,6 +1885,9 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
         let mut scan = false;
         let mut stats_seen = 0u64;
         while !shared.stop.load(Ordering::Acquire) {
+            if shared.pause.load(Ordering::Acquire) {
+                return true;
+            }
             // Between passes: adopt IOMMU changes and acknowledge them (mem module doc).
             snap.refresh();
             // A request for counters: everything posted so far is counted in them.
@@ -1925,12 +1935,40 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
                 scan = true;
             }
         }
+        false
     }));
-    if r.is_err() {
-        tracing::error!(
-            "the emulated controller thread panicked; reporting controller fatal status"
-        );
-        let csts = Csts(bar.read32(offset::CSTS)).with_cfs(true);
-        bar.device_write32(offset::CSTS, csts.0);
+    match r {
+        Ok(true) => Some((ctrl, snap)),
+        Ok(false) => None,
+        Err(_) => {
+            tracing::error!(
+                "the emulated controller thread panicked; reporting controller fatal status"
+            );
+            let csts = Csts(bar.read32(offset::CSTS)).with_cfs(true);
+            bar.device_write32(offset::CSTS, csts.0);
+            None
+        }
     }
+}
+
+/// One pass of a paused controller (see [`super::EmuController::step`]), under the IOMMU's
+/// step lock; publishes the counters and answers any request for them.
+pub(super) fn step(
+    ctrl: &mut Ctrl,
+    snap: &mut Snapshot,
+    iommu: &EmuIommu,
+    shared: &Shared,
+) -> bool {
+    let _pass = iommu.step_guard();
+    snap.refresh();
+    let work = {
+        let mem = snap.view();
+        ctrl.pass(&mem, true).work
+    };
+    ctrl.publish();
+    // Release: a stats() caller that sees this sees the counters just published.
+    shared
+        .stats_done
+        .store(shared.stats_req.load(Ordering::Acquire), Ordering::Release);
+    work
 }

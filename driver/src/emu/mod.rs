@@ -403,6 +403,10 @@ struct Shared {
     /// The newest request the controller thread has answered.
     stats_done: AtomicU64,
     faults: EmuFaults,
+    /// Asks the controller thread to stop and hand its state to `stepper`.
+    pause: AtomicBool,
+    /// The paused controller's state ([`EmuController::pause`]).
+    stepper: Mutex<Option<(ctrl::Ctrl, mem::Snapshot)>>,
 }
 
 /// A running emulated NVMe controller. Dropping it stops and joins the controller thread.
@@ -505,6 +509,8 @@ impl EmuController {
             stats_req: AtomicU64::new(0),
             stats_done: AtomicU64::new(0),
             faults: EmuFaults::new(cfg.faults.clone()),
+            pause: AtomicBool::new(false),
+            stepper: Mutex::new(None),
         });
         let ctrl = ctrl::Ctrl::new(&cfg, Arc::clone(&bar), Arc::clone(&shared))?;
         let snap = mem::Snapshot::new(Arc::clone(&iommu));
@@ -521,7 +527,12 @@ impl EmuController {
                         tracing::warn!(core, "could not pin the emulated controller thread");
                     }
                 }
-                ctrl::run(ctrl, snap, &shared2, &bar2);
+                if let Some(parts) = ctrl::run(ctrl, snap, &shared2, &bar2) {
+                    // Before the state is reachable by step(): unmap must then take the
+                    // step lock (mem module doc).
+                    iommu2.set_stepping();
+                    *shared2.stepper.lock().unwrap_or_else(|e| e.into_inner()) = Some(parts);
+                }
                 iommu2.set_running(false);
             })
             .map_err(|e| {
@@ -554,6 +565,46 @@ impl EmuController {
             std::thread::sleep(Duration::from_micros(20));
         }
         self.shared.stats.load()
+    }
+
+    /// Test support (the fuzz targets), not part of the API: stops the controller thread
+    /// between two passes; from then on the controller advances only in
+    /// [`EmuController::step`] calls, so a test drives it deterministically from one
+    /// thread. There is no way back. Returns false when the thread had already ended (a
+    /// panic) and the controller cannot be stepped.
+    #[doc(hidden)]
+    pub fn pause(&self) -> bool {
+        self.shared.pause.store(true, Ordering::Release);
+        let h = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = h {
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("the emulated controller thread panicked");
+            }
+        }
+        self.shared
+            .stepper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Test support: one pass of a paused controller ([`EmuController::pause`]): adopts
+    /// IOMMU changes, checks CC, the doorbells (and scans every doorbell register), posts
+    /// due completions, fetches and executes commands (as many per queue as one pass of
+    /// the thread does), delivers events, and publishes the counters. Returns whether the
+    /// pass did anything. Panics if the controller is not paused.
+    #[doc(hidden)]
+    pub fn step(&self) -> bool {
+        let mut g = self
+            .shared
+            .stepper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (ctrl, snap) = g
+            .as_mut()
+            .expect("EmuController::step needs a paused controller (pause() first)");
+        ctrl::step(ctrl, snap, &self.iommu, &self.shared)
     }
 
     /// Fault injection controls (usable while the controller runs).

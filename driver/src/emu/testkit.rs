@@ -67,6 +67,13 @@ impl RawQueue {
         self.phase = true;
     }
 
+    /// Forgets the SQ only: zeroed SQ ring, tail 0 (an SQ created again on a CQ that
+    /// stayed).
+    pub fn reset_sq(&mut self) {
+        self.sq.fill(0);
+        self.tail = 0;
+    }
+
     /// The host's SQ tail.
     pub fn tail(&self) -> u32 {
         self.tail
@@ -173,6 +180,7 @@ pub fn wait_csts(
     f: impl Fn(Csts) -> bool,
 ) -> Result<Csts, Csts> {
     let start = Instant::now();
+    let mut spins = 0u32;
     loop {
         let c = bar.csts();
         if f(c) {
@@ -181,6 +189,11 @@ pub fn wait_csts(
         if start.elapsed() > timeout {
             return Err(c);
         }
-        std::thread::sleep(Duration::from_micros(5));
+        spins += 1;
+        if spins % 64 == 0 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
 }
