@@ -1958,12 +1958,13 @@ pub(super) fn step(
     snap: &mut Snapshot,
     iommu: &EmuIommu,
     shared: &Shared,
+    scan: bool,
 ) -> bool {
     let _pass = iommu.step_guard();
     snap.refresh();
     let work = {
         let mem = snap.view();
-        ctrl.pass(&mem, true).work
+        ctrl.pass(&mem, scan).work
     };
     ctrl.publish();
     // Release: a stats() caller that sees this sees the counters just published.

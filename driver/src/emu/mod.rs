@@ -590,12 +590,14 @@ impl EmuController {
     }
 
     /// Test support: one pass of a paused controller ([`EmuController::pause`]): adopts
-    /// IOMMU changes, checks CC, the doorbells (and scans every doorbell register), posts
-    /// due completions, fetches and executes commands (as many per queue as one pass of
-    /// the thread does), delivers events, and publishes the counters. Returns whether the
-    /// pass did anything. Panics if the controller is not paused.
+    /// IOMMU changes, checks CC and the doorbells of existing queues (with `scan`, also
+    /// every other doorbell register, which the thread does every 1024 busy passes and
+    /// before it sleeps), posts due completions, fetches and executes commands (as many
+    /// per queue as one pass of the thread does), delivers events, and publishes the
+    /// counters. Returns whether the pass did anything. Panics if the controller is not
+    /// paused.
     #[doc(hidden)]
-    pub fn step(&self) -> bool {
+    pub fn step(&self, scan: bool) -> bool {
         let mut g = self
             .shared
             .stepper
@@ -604,7 +606,7 @@ impl EmuController {
         let (ctrl, snap) = g
             .as_mut()
             .expect("EmuController::step needs a paused controller (pause() first)");
-        ctrl::step(ctrl, snap, &self.iommu, &self.shared)
+        ctrl::step(ctrl, snap, &self.iommu, &self.shared, scan)
     }
 
     /// Fault injection controls (usable while the controller runs).

@@ -3,17 +3,15 @@
 //! tests do, for the emulator's fuzz target (`fuzz/fuzz_targets/emu_commands.rs`), which
 //! lives outside the crate. Hidden from the documentation; it may change at any time.
 //!
-//! Everything here waits with a bound and reports a missed bound as an error value, so a
-//! caller decides whether a late answer is a failure.
-
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+//! Nothing here waits: with a paused controller ([`super::EmuController::pause`]) the
+//! caller steps it between submitting and reaping, and decides how many passes an answer
+//! may take.
 
 use super::mem::host;
 use crate::dma::DmaBuf;
 use crate::mmio::Bar;
 use crate::spec::regs::{doorbell_offset, offset, DoorbellKind};
-use crate::spec::{Cqe, Csts, Sqe};
+use crate::spec::{Cqe, Sqe};
 
 const SQE_SIZE: usize = 64;
 const CQE_SIZE: usize = 16;
@@ -139,61 +137,5 @@ impl RawQueue {
         }
         bar.write32(self.doorbell(DoorbellKind::CqHead), self.head);
         Some(c)
-    }
-
-    /// Reaps until a CQE with `cid` from this queue's SQ arrives, handing every other CQE
-    /// to `other`. `None` when `timeout` passes first.
-    pub fn reap_cid(
-        &mut self,
-        bar: &Bar,
-        shadow: Option<&DmaBuf>,
-        cid: u16,
-        timeout: Duration,
-        mut other: impl FnMut(&Cqe),
-    ) -> Option<Cqe> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            match self.try_reap(bar, shadow) {
-                Some(c) if c.cid == cid && c.sqid == self.qid => return Some(c),
-                Some(c) => other(&c),
-                None => {
-                    if start.elapsed() > timeout {
-                        return None;
-                    }
-                    spins += 1;
-                    if spins % 64 == 0 {
-                        std::thread::yield_now();
-                    } else {
-                        std::hint::spin_loop();
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Polls CSTS until `f` holds; `Err(last value)` when `timeout` passes first.
-pub fn wait_csts(
-    bar: &Arc<Bar>,
-    timeout: Duration,
-    f: impl Fn(Csts) -> bool,
-) -> Result<Csts, Csts> {
-    let start = Instant::now();
-    let mut spins = 0u32;
-    loop {
-        let c = bar.csts();
-        if f(c) {
-            return Ok(c);
-        }
-        if start.elapsed() > timeout {
-            return Err(c);
-        }
-        spins += 1;
-        if spins % 64 == 0 {
-            std::thread::yield_now();
-        } else {
-            std::hint::spin_loop();
-        }
     }
 }

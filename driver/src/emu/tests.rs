@@ -2220,14 +2220,14 @@ fn paused_controller_advances_only_in_steps() {
     q.submit(&h.bar, &s);
     std::thread::sleep(Duration::from_millis(5));
     assert!(q.idle(), "no thread: nothing happens between steps");
-    assert!(h.emu.step(), "the step fetched and completed the read");
+    assert!(h.emu.step(true), "the step fetched and completed the read");
     let c = q.try_reap(&h.bar).expect("completed in that step");
     assert_eq!(c.cid, 77);
     assert_ok(&c);
     assert_eq!(h.emu.stats().reads, before.reads + 1, "counters published");
     // The CQ head doorbell the reap wrote is work for the next pass; then nothing is.
-    h.emu.step();
-    assert!(!h.emu.step());
+    h.emu.step(true);
+    assert!(!h.emu.step(true));
     // Memory can be unmapped while paused (no thread to acknowledge), and a new buffer
     // mapped afterwards is usable at once.
     drop(r);
@@ -2242,19 +2242,19 @@ fn paused_controller_advances_only_in_steps() {
     let mut s = Sqe::write(1, 0, 1, b.iova(), 0);
     s.set_cid(78);
     q.submit(&h.bar, &s);
-    h.emu.step();
+    h.emu.step(true);
     assert_ok(&q.try_reap(&h.bar).expect("completed"));
     drop(b);
     drop(p2);
     // A reset and an enable, stepped.
     h.bar.set_cc(h.cc().with_en(false));
-    h.emu.step();
+    h.emu.step(true);
     assert!(!h.csts().rdy());
     h.admin = Queue::new(&h.pool, 0, ADMIN_ENTRIES, 0);
     h.bar.set_asq(h.admin.sq.iova());
     h.bar.set_acq(h.admin.cq.iova());
     h.bar.set_cc(h.cc().with_en(true));
-    h.emu.step();
+    h.emu.step(true);
     assert!(h.csts().rdy());
 }
 
