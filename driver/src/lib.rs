@@ -10,24 +10,34 @@
 //! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 //! - [`file`]: a file or block device as a target, through io_uring.
+//! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
+//!   cross-thread.
+//! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
+//!   lock-free rings ([`spsc`], [`notify`]).
 #![deny(missing_docs)]
 
+pub mod aio;
 pub mod ctrlr;
 pub mod dma;
 pub mod file;
 pub mod io;
 pub mod mmio;
+pub mod notify;
 pub mod prp;
 pub mod qpair;
+pub mod reactor;
 pub mod ring;
 pub mod spec;
+pub mod spsc;
 pub mod target;
 pub mod transport;
 
+pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
 pub use qpair::{DoorbellMode, IoQpair, QpairOptions};
+pub use reactor::{IdlePolicy, Reactor, ReactorBuilder, ReactorError};
 pub use target::{QueueOptions, Target, TargetInfo, TargetQueue};
 
 /// Any error of the library, by layer.
@@ -45,6 +55,12 @@ pub enum Error {
     /// File target.
     #[error(transparent)]
     File(#[from] file::FileError),
+    /// The aio layer.
+    #[error(transparent)]
+    Aio(#[from] aio::AioError),
+    /// The reactor.
+    #[error(transparent)]
+    Reactor(#[from] reactor::ReactorError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),

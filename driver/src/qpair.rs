@@ -134,6 +134,8 @@ struct Tracker {
     active: bool,
     timed_out: bool,
     inject: Option<Status>,
+    /// A cancel sent an Abort for this command: its error completion is final (no retry).
+    abort_requested: bool,
     submit_tick: u32,
     prp: PrpListMem,
     sqe: Sqe,
@@ -221,6 +223,7 @@ impl IoQpair {
                     active: false,
                     timed_out: false,
                     inject: None,
+                    abort_requested: false,
                     submit_tick: 0,
                     prp: PrpListMem {
                         // The tracker's list pages inside the qpair's PRP buffer.
@@ -580,6 +583,7 @@ impl IoQpair {
         t.active = true;
         t.timed_out = false;
         t.inject = None;
+        t.abort_requested = false;
         t.submit_tick = self.tick;
         t.sqe = sqe;
         self.in_flight += 1;
@@ -782,7 +786,7 @@ impl IoQpair {
         } else if status.is_success() {
             Ok(())
         } else {
-            if status.is_retryable() && t.retries < max_retries {
+            if status.is_retryable() && t.retries < max_retries && !t.abort_requested {
                 t.retries += 1;
                 self.stats.retries += 1;
                 let delay = self.ctrlr.retry_delay(status.crd);
@@ -1089,6 +1093,55 @@ impl IoQpair {
         }
     }
 
+    /// The command identifier of the (first) command at the device carrying `token`, if
+    /// any: what an NVMe Abort names together with [`IoQpair::qid`].
+    pub fn cid_of(&self, token: u64) -> Option<u16> {
+        self.trackers
+            .iter()
+            .position(|t| t.active && t.token == token)
+            .map(|i| i as u16)
+    }
+
+    /// Sends an NVMe Abort for every command at the device carrying `token` (the children
+    /// of a split request share it), after ringing the SQ doorbell so the controller knows
+    /// of them. Each such command then completes normally or with Command Abort Requested,
+    /// and is not retried. A synchronous admin command per CID, bounded by the qpair's
+    /// abort timeout: a rare recovery action, not an I/O path operation.
+    pub fn abort(&mut self, token: u64) -> crate::target::AbortOutcome {
+        use crate::target::AbortOutcome;
+        self.flush();
+        let mut outcome = AbortOutcome::NotFound;
+        for cid in 0..self.trackers.len() {
+            let t = &mut self.trackers[cid];
+            if !(t.active && t.token == token) {
+                continue;
+            }
+            t.abort_requested = true;
+            let r = self
+                .ctrlr
+                .abort_with_timeout(self.qid, cid as u16, self.abort_timeout);
+            outcome = match (r, outcome) {
+                (Ok(true), _) => AbortOutcome::Aborted,
+                (Ok(false), AbortOutcome::Aborted) => AbortOutcome::Aborted,
+                (Ok(false), _) => AbortOutcome::NotAborted,
+                (Err(e), prev) => {
+                    tracing::warn!(
+                        qid = self.qid,
+                        cid,
+                        "abort of cid {cid} on qid {} failed: {e}",
+                        self.qid
+                    );
+                    if prev == AbortOutcome::NotFound {
+                        AbortOutcome::Failed
+                    } else {
+                        prev
+                    }
+                }
+            };
+        }
+        outcome
+    }
+
     /// Submits a raw command (passthrough): the caller's SQE with CID and data pointer
     /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
     /// validation beyond the PRP rules: the device judges it. Used by conformance tests
@@ -1124,6 +1177,7 @@ impl IoQpair {
         t.parent = NO_PARENT;
         t.retries = self.max_retries; // raw commands are never retried
         t.active = true;
+        t.abort_requested = false;
         t.submit_tick = self.tick;
         t.sqe = sqe;
         self.in_flight += 1;
@@ -1182,5 +1236,8 @@ impl crate::target::TargetQueue for IoQpair {
     }
     fn cancel_queued(&mut self, token: u64) -> bool {
         IoQpair::cancel_queued(self, token)
+    }
+    fn abort(&mut self, token: u64) -> crate::target::AbortOutcome {
+        IoQpair::abort(self, token)
     }
 }
