@@ -37,7 +37,7 @@ use crate::dma::{DmaBuf, DmaError, DmaPool, DmaSlice};
 use crate::io::{Completion, InvalidRequest, IoError, IoOp, IoRequest, Segments, SubmitError};
 use crate::notify::Notify;
 use crate::reactor::{
-    ContextEnd, ContextShared, Msg, PollerEnd, ReactorShared, RingShared, CONTEXT_TOKEN_BITS,
+    CancelMsg, ContextEnd, ContextShared, Msg, PollerEnd, ReactorShared, CONTEXT_TOKEN_BITS,
 };
 use crate::spec::Status;
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetInfo, TargetQueue};
@@ -362,6 +362,10 @@ pub struct ContextOptions {
     pub queue: Option<QueueOptions>,
     /// Cross-thread: the pollers (indices in core order) to use; all when `None`.
     pub pollers: Option<Vec<usize>>,
+    /// Cross-thread: slots of each submission ring (default `nr_events`, rounded up to a
+    /// power of two). Smaller rings make `Busy` come from the rings rather than from
+    /// `nr_events`.
+    pub ring_entries: Option<u32>,
     /// How long dropping the context waits for its outstanding requests.
     pub drain_timeout: Duration,
 }
@@ -374,6 +378,7 @@ impl ContextOptions {
             bounce: None,
             queue: None,
             pollers: None,
+            ring_entries: None,
             drain_timeout: Duration::from_secs(30),
         }
     }
@@ -1144,7 +1149,7 @@ impl Remote {
         let n = self.ends.len();
         for k in 0..n {
             let e = (self.rr + k) % n;
-            if self.ends[e].sq.push(Msg::Submit { target, req }).is_ok() {
+            if self.ends[e].sq.push(Msg { target, req }).is_ok() {
                 self.touched[e] = true;
                 self.rr = (e + 1) % n;
                 return Ok(e as u16);
@@ -1255,27 +1260,36 @@ impl IoContext {
             waiter: Notify::new().map_err(AioError::EventFd)?,
         });
         let cap = opts.nr_events as usize;
+        let sq_entries = match opts.ring_entries {
+            None => cap,
+            Some(n) if n >= 1 && n <= MAX_EVENTS => n as usize,
+            Some(n) => {
+                return Err(AioError::BadOption {
+                    option: "ring_entries",
+                    value: n as u64,
+                    why: "must be from 1 to 65536",
+                })
+            }
+        };
         let mut ends = Vec::with_capacity(chosen.len());
         let mut poller_ends = Vec::with_capacity(chosen.len());
         for &pi in &chosen {
-            // Room for every outstanding request plus as many cancels.
-            let (sq_p, sq_c) = crate::spsc::channel::<Msg>(cap * 2);
+            let (sq_p, sq_c) = crate::spsc::channel::<Msg>(sq_entries);
+            let (cn_p, cn_c) = crate::spsc::channel::<CancelMsg>(cap);
+            // Room for every outstanding request: a poller never finds it full.
             let (cq_p, cq_c) = crate::spsc::channel::<Completion>(cap);
-            let ring = Arc::new(RingShared {
-                cancels: crossbeam_utils::CachePadded::new(std::sync::atomic::AtomicU32::new(0)),
-            });
             ends.push(ContextEnd {
                 sq: sq_p,
+                cancels: cn_p,
                 cq: cq_c,
-                ring: Arc::clone(&ring),
                 poller: Arc::clone(&reactor.pollers[pi]),
             });
             poller_ends.push((
                 pi,
                 PollerEnd {
                     sq: sq_c,
+                    cancels: cn_c,
                     cq: cq_p,
-                    ring,
                     ctx: Arc::clone(&ctx),
                 },
             ));
@@ -1575,18 +1589,14 @@ impl IoContext {
                 }
                 r.begin()?;
                 let e = &mut r.ends[chan as usize];
-                let sent = e.sq.push(Msg::Cancel { target, token }).is_ok();
+                let sent = e.cancels.send(CancelMsg { target, token }).is_ok();
                 if sent {
-                    e.sq.publish();
-                    // Relaxed: a hint the poller rereads each pass; the message itself is
-                    // ordered by the ring's release/acquire.
-                    e.ring.cancels.fetch_add(1, Ordering::Relaxed);
                     e.poller.notify.wake_if_sleeping();
                 }
                 r.end();
                 if !sent {
                     return Err(AioError::Busy {
-                        what: "the submission ring (for the cancel)",
+                        what: "the cancel ring",
                         in_flight: self.core.in_flight(),
                         nr_events: self.core.nr_events,
                     });

@@ -35,13 +35,12 @@
 //! only yields, so completions are still reaped promptly.
 //!
 //! # Cancellation
-//! A cancel travels the submission ring behind the request it names. A poller that sees a
-//! cancel message looks ahead in the messages it is about to take (and at a request held
-//! back by a full queue): a request found there never reaches the device and completes as
-//! [`IoError::Cancelled`]. Otherwise it asks the queue to drop it from its software queue
-//! ([`TargetQueue::cancel_queued`]) and, failing that, to abort it at the device
-//! ([`TargetQueue::abort`]). A per-ring counter of cancel messages (one relaxed load per
-//! pass) keeps the look-ahead off the common path.
+//! Cancels travel a small ring of their own beside each submission ring, and a poller
+//! takes them before the requests of the same context. A cancel finds its request held
+//! back by a full queue, or still in the submission ring (it is then completed as
+//! [`IoError::Cancelled`] when taken, never reaching the device), or in the queue's
+//! software queue ([`TargetQueue::cancel_queued`]), or at the device, where it is aborted
+//! ([`TargetQueue::abort`]: an NVMe Abort). Cancels never wait behind a stalled ring.
 //!
 //! # Shutdown
 //! [`Reactor::shutdown`] stops accepting (later submits get [`AioError::Stopped`]), lets
@@ -50,7 +49,7 @@
 //! drops its queues (deleting NVMe qpairs), and exits; the threads are joined and their
 //! counters returned.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -269,16 +268,18 @@ impl Default for Backoff {
     }
 }
 
-/// A message from a context to a poller.
-// Requests travel inline in preallocated ring slots (no allocation per I/O), so the
-// submit variant is the large one.
-#[allow(clippy::large_enum_variant)]
+/// A request from a context to a poller: hand `req` to the queue of target `target`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) enum Msg {
-    /// Hand `req` to the queue of target `target`.
-    Submit { target: u16, req: IoRequest },
-    /// Cancel the request with `token` on target `target`.
-    Cancel { target: u16, token: u64 },
+pub(crate) struct Msg {
+    pub target: u16,
+    pub req: IoRequest,
+}
+
+/// A cancel from a context to a poller: the request with `token` on target `target`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CancelMsg {
+    pub target: u16,
+    pub token: u64,
 }
 
 /// State of a context the pollers can see.
@@ -291,25 +292,19 @@ pub(crate) struct ContextShared {
     pub waiter: Notify,
 }
 
-/// State of one context-poller ring pair the poller can see.
-pub(crate) struct RingShared {
-    /// Cancel messages pushed so far (the poller compares with those it has taken).
-    pub cancels: CachePadded<AtomicU32>,
-}
-
 /// The poller's end of a context's rings.
 pub(crate) struct PollerEnd {
     pub sq: Consumer<Msg>,
+    pub cancels: Consumer<CancelMsg>,
     pub cq: Producer<Completion>,
-    pub ring: Arc<RingShared>,
     pub ctx: Arc<ContextShared>,
 }
 
 /// The context's end of its rings to one poller.
 pub(crate) struct ContextEnd {
     pub sq: Producer<Msg>,
+    pub cancels: Producer<CancelMsg>,
     pub cq: Consumer<Completion>,
-    pub ring: Arc<RingShared>,
     pub poller: Arc<PollerShared>,
 }
 
@@ -727,8 +722,9 @@ struct Chan {
     end: PollerEnd,
     /// A request a full queue refused, retried before anything else from this ring.
     stalled: Option<(u16, IoRequest)>,
-    /// Cancel messages taken so far.
-    cancels_seen: u32,
+    /// Tokens of requests cancelled while still in the submission ring: completed as
+    /// cancelled when taken.
+    cancelled: Vec<u64>,
     /// Requests handed to queues and not yet completed.
     in_queue: u64,
     /// Completions pushed this pass and not yet published.
@@ -869,7 +865,11 @@ impl Poller {
         n.prepare();
         let mut work = false;
         for c in self.chans.iter_mut().flatten() {
-            if c.end.sq.len_fresh() > 0 || c.stalled.is_some() || !c.overflow.is_empty() {
+            if c.end.sq.len_fresh() > 0
+                || c.end.cancels.len_fresh() > 0
+                || c.stalled.is_some()
+                || !c.overflow.is_empty()
+            {
                 work = true;
                 break;
             }
@@ -901,7 +901,7 @@ impl Poller {
             let chan = Chan {
                 end,
                 stalled: None,
-                cancels_seen: 0,
+                cancelled: Vec::new(),
                 in_queue: 0,
                 posted: false,
                 overflow: Vec::new(),
@@ -952,6 +952,8 @@ impl Poller {
             self.rr = (self.rr + 1) % n;
             for k in 0..n {
                 let id = (self.rr + k) % n;
+                // Cancels first: they may name requests in the ring about to be taken.
+                work += self.take_cancels(id);
                 work += self.take_submissions(id);
             }
         }
@@ -989,140 +991,119 @@ impl Poller {
         work
     }
 
-    /// Takes up to `budget` messages from ring `id` and hands them to the queues.
+    /// Handles the cancels waiting in ring `id`'s cancel ring.
+    fn take_cancels(&mut self, id: usize) -> u64 {
+        let Some(c) = self.chans[id].as_mut() else {
+            return 0;
+        };
+        let ch_bits = (id as u64) << CONTEXT_TOKEN_BITS;
+        let mut work = 0u64;
+        while let Some(CancelMsg { target, token }) = c.end.cancels.pop() {
+            work += 1;
+            // Held back by a full queue: it never reaches the device.
+            if matches!(&c.stalled, Some((_, r)) if r.token & CONTEXT_TOKEN_MASK == token) {
+                c.stalled = None;
+                c.in_queue -= 1;
+                self.report.cancelled_in_ring += 1;
+                post(c, &mut self.report, token, Err(IoError::Cancelled));
+                continue;
+            }
+            // Still in the submission ring (the context published it before the cancel,
+            // and our acquire of the cancel ring's tail orders the load of the submission
+            // ring's tail after that publication): dropped when taken.
+            let n = c.end.sq.len_fresh();
+            let in_ring = (0..n).any(|i| matches!(c.end.sq.peek(i), Some(m) if m.req.token == token));
+            if in_ring {
+                c.cancelled.push(token);
+                continue;
+            }
+            let full = token | ch_bits;
+            let Some(q) = self.queues.get_mut(target as usize) else {
+                continue;
+            };
+            if q.cancel_queued(full) {
+                self.report.cancelled_queued += 1;
+                continue;
+            }
+            match q.abort(full) {
+                AbortOutcome::NotFound | AbortOutcome::Unsupported => {}
+                AbortOutcome::Aborted => {
+                    self.report.aborts_sent += 1;
+                    self.report.aborts_won += 1;
+                }
+                AbortOutcome::NotAborted | AbortOutcome::Failed => {
+                    self.report.aborts_sent += 1;
+                }
+            }
+        }
+        work
+    }
+
+    /// Takes up to `budget` requests from ring `id` and hands them to the queues.
     fn take_submissions(&mut self, id: usize) -> u64 {
         let budget = self.budget as usize;
         let Some(c) = self.chans[id].as_mut() else {
             return 0;
         };
         let mut work = 0u64;
-        // Cancels the look-ahead resolved: bit i = message i of this window is a request to
-        // complete as cancelled.
-        let mut cancel_bits: u128 = 0;
-        // Bit j = message j is a cancel settled by the look-ahead (a no-op when taken).
-        let mut resolved_bits: u128 = 0;
-        let mut stalled_cancelled = false;
-        // Relaxed suffices for a hint: if we miss a just-pushed cancel here we see it next
-        // pass (the message itself is published with release and read after an acquire).
-        let pushed = c.end.ring.cancels.load(Ordering::Relaxed);
-        let avail = c.end.sq.len().min(budget);
-        if pushed != c.cancels_seen {
-            for j in 0..avail {
-                let Some(&Msg::Cancel { token, .. }) = c.end.sq.peek(j) else {
-                    continue;
-                };
-                if let Some((_, r)) = &c.stalled {
-                    if r.token & CONTEXT_TOKEN_MASK == token {
-                        stalled_cancelled = true;
-                        resolved_bits |= 1u128 << j;
-                        continue;
-                    }
-                }
-                for i in 0..j {
-                    if let Some(&Msg::Submit { req, .. }) = c.end.sq.peek(i) {
-                        if req.token == token && cancel_bits & (1u128 << i) == 0 {
-                            cancel_bits |= 1u128 << i;
-                            resolved_bits |= 1u128 << j;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
         let ch_bits = (id as u64) << CONTEXT_TOKEN_BITS;
         if let Some((t, req)) = c.stalled.take() {
-            if stalled_cancelled {
-                post(c, &mut self.report, req.token, Err(IoError::Cancelled));
-                c.in_queue -= 1;
-                self.report.cancelled_in_ring += 1;
-                work += 1;
-            } else {
-                match self.queues[t as usize].submit(req) {
-                    Ok(()) => {
-                        self.dirty[t as usize] = true;
-                        work += 1;
-                    }
-                    Err(SubmitError::Busy(b)) => {
-                        c.stalled = Some((t, b.request));
-                        return work;
-                    }
-                    Err(e) => {
-                        let r = submit_error_result(&e, &mut self.warned_invalid, self.core);
-                        self.report.rejected += 1;
-                        c.in_queue -= 1;
-                        post(c, &mut self.report, req.token, Err(r));
-                        work += 1;
-                    }
+            match self.queues[t as usize].submit(req) {
+                Ok(()) => {
+                    self.dirty[t as usize] = true;
+                    work += 1;
+                }
+                Err(SubmitError::Busy(b)) => {
+                    // The rest of the ring keeps waiting for the queue.
+                    c.stalled = Some((t, b.request));
+                    return work;
+                }
+                Err(e) => {
+                    let r = submit_error_result(&e, &mut self.warned_invalid, self.core);
+                    self.report.rejected += 1;
+                    c.in_queue -= 1;
+                    post(c, &mut self.report, req.token, Err(r));
+                    work += 1;
                 }
             }
         }
-        for i in 0..avail {
-            let Some(msg) = c.end.sq.pop() else { break };
+        for _ in 0..budget {
+            let Some(Msg { target, mut req }) = c.end.sq.pop() else {
+                break;
+            };
             work += 1;
-            match msg {
-                Msg::Submit { target, mut req } => {
-                    self.report.requests += 1;
-                    if cancel_bits & (1u128 << i) != 0 {
-                        self.report.cancelled_in_ring += 1;
-                        post(c, &mut self.report, req.token, Err(IoError::Cancelled));
-                        continue;
-                    }
-                    let Some(q) = self.queues.get_mut(target as usize) else {
-                        self.report.rejected += 1;
-                        post(
-                            c,
-                            &mut self.report,
-                            req.token,
-                            Err(IoError::Os(libc::EINVAL)),
-                        );
-                        continue;
-                    };
-                    let ctx_token = req.token;
-                    req.token = ctx_token | ch_bits;
-                    match q.submit(req) {
-                        Ok(()) => {
-                            c.in_queue += 1;
-                            self.dirty[target as usize] = true;
-                        }
-                        Err(SubmitError::Busy(b)) => {
-                            self.report.queue_busy += 1;
-                            c.in_queue += 1;
-                            c.stalled = Some((target, b.request));
-                            // The rest of the ring waits for the queue.
-                            break;
-                        }
-                        Err(e) => {
-                            let r = submit_error_result(&e, &mut self.warned_invalid, self.core);
-                            self.report.rejected += 1;
-                            post(c, &mut self.report, ctx_token, Err(r));
-                        }
-                    }
+            self.report.requests += 1;
+            if !c.cancelled.is_empty() {
+                if let Some(i) = c.cancelled.iter().position(|&t| t == req.token) {
+                    c.cancelled.swap_remove(i);
+                    self.report.cancelled_in_ring += 1;
+                    post(c, &mut self.report, req.token, Err(IoError::Cancelled));
+                    continue;
                 }
-                Msg::Cancel { target, token } => {
-                    c.cancels_seen = c.cancels_seen.wrapping_add(1);
-                    if resolved_bits & (1u128 << i) != 0 {
-                        // The request it names was in this window (or held back) and
-                        // completes as cancelled without reaching its queue.
-                        continue;
-                    }
-                    let full = token | ch_bits;
-                    let Some(q) = self.queues.get_mut(target as usize) else {
-                        continue;
-                    };
-                    if q.cancel_queued(full) {
-                        self.report.cancelled_queued += 1;
-                        continue;
-                    }
-                    match q.abort(full) {
-                        AbortOutcome::NotFound | AbortOutcome::Unsupported => {}
-                        AbortOutcome::Aborted => {
-                            self.report.aborts_sent += 1;
-                            self.report.aborts_won += 1;
-                        }
-                        AbortOutcome::NotAborted | AbortOutcome::Failed => {
-                            self.report.aborts_sent += 1;
-                        }
-                    }
+            }
+            let Some(q) = self.queues.get_mut(target as usize) else {
+                self.report.rejected += 1;
+                post(c, &mut self.report, req.token, Err(IoError::Os(libc::EINVAL)));
+                continue;
+            };
+            let ctx_token = req.token;
+            req.token = ctx_token | ch_bits;
+            match q.submit(req) {
+                Ok(()) => {
+                    c.in_queue += 1;
+                    self.dirty[target as usize] = true;
+                }
+                Err(SubmitError::Busy(b)) => {
+                    self.report.queue_busy += 1;
+                    c.in_queue += 1;
+                    c.stalled = Some((target, b.request));
+                    // The rest of the ring waits for the queue.
+                    break;
+                }
+                Err(e) => {
+                    let r = submit_error_result(&e, &mut self.warned_invalid, self.core);
+                    self.report.rejected += 1;
+                    post(c, &mut self.report, ctx_token, Err(r));
                 }
             }
         }
@@ -1160,6 +1141,7 @@ impl Poller {
                     || c.in_queue > 0
                     || !c.overflow.is_empty()
                     || c.end.sq.len_fresh() > 0
+                    || c.end.cancels.len_fresh() > 0
                 {
                     pending = true;
                 }
