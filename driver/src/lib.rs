@@ -13,11 +13,13 @@
 //! - [`file`]: a file or block device as a target, through io_uring.
 //! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
 //!   cross-thread.
+//! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`target_spec`] strings.
 //! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
 //!   lock-free rings ([`spsc`], [`notify`]).
 #![deny(missing_docs)]
 
 pub mod aio;
+pub mod capi;
 pub mod ctrlr;
 pub mod dma;
 pub mod emu;
@@ -32,6 +34,7 @@ pub mod ring;
 pub mod spec;
 pub mod spsc;
 pub mod target;
+pub mod target_spec;
 pub mod transport;
 
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
@@ -63,6 +66,12 @@ pub enum Error {
     /// The reactor.
     #[error(transparent)]
     Reactor(#[from] reactor::ReactorError),
+    /// Target strings.
+    #[error(transparent)]
+    TargetSpec(#[from] target_spec::TargetSpecError),
+    /// The C ABI.
+    #[error(transparent)]
+    Capi(#[from] capi::CapiError),
     /// The emulated controller.
     #[error(transparent)]
     Emu(#[from] emu::EmuError),

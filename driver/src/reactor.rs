@@ -1012,7 +1012,8 @@ impl Poller {
             // and our acquire of the cancel ring's tail orders the load of the submission
             // ring's tail after that publication): dropped when taken.
             let n = c.end.sq.len_fresh();
-            let in_ring = (0..n).any(|i| matches!(c.end.sq.peek(i), Some(m) if m.req.token == token));
+            let in_ring =
+                (0..n).any(|i| matches!(c.end.sq.peek(i), Some(m) if m.req.token == token));
             if in_ring {
                 c.cancelled.push(token);
                 continue;
@@ -1083,7 +1084,12 @@ impl Poller {
             }
             let Some(q) = self.queues.get_mut(target as usize) else {
                 self.report.rejected += 1;
-                post(c, &mut self.report, req.token, Err(IoError::Os(libc::EINVAL)));
+                post(
+                    c,
+                    &mut self.report,
+                    req.token,
+                    Err(IoError::Os(libc::EINVAL)),
+                );
                 continue;
             };
             let ctx_token = req.token;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kestrel::aio::{
-    AioError, BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf,
-    IoContext, Iocb, IocbError, Opcode,
+    AioError, BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf, IoContext,
+    Iocb, IocbError, Opcode,
 };
 use kestrel::emu::{EmuConfig, EmuController};
 use kestrel::io::{IoError, Segments};
@@ -35,9 +35,17 @@ fn collect(ctx: &mut IoContext, n: usize) -> Vec<Event> {
             .getevents(1, &mut buf[..want], Some(Duration::from_millis(100)))
             .unwrap();
         out.extend_from_slice(&buf[..got]);
-        assert!(Instant::now() < deadline, "only {} of {n} events", out.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} events",
+            out.len()
+        );
     }
-    assert_eq!(ctx.in_flight(), 0, "more requests outstanding than expected");
+    assert_eq!(
+        ctx.in_flight(),
+        0,
+        "more requests outstanding than expected"
+    );
     out
 }
 
@@ -109,11 +117,7 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
         w.read_at(s.vaddr - w.as_ptr() as usize, &mut b).unwrap();
         flat.extend_from_slice(&b);
     }
-    let wv = Iocb::writev(
-        3000 * bs as u64,
-        Segments::from_slices(&segs_w).unwrap(),
-        7,
-    );
+    let wv = Iocb::writev(3000 * bs as u64, Segments::from_slices(&segs_w).unwrap(), 7);
     assert_eq!(wv.len, 4 * bs as u64);
     ctx.submit(&[wv]).unwrap();
     assert_eq!(collect(&mut ctx, 1)[0].res, Ok(4 * bs as u64));
@@ -259,13 +263,19 @@ fn invalid_iocbs_are_typed_errors_naming_the_values() {
     // The misalignment message carries the values.
     let e = ctx.submit(&[Iocb::read(bs + 1, s, 1)]).unwrap_err();
     assert!(
-        e.to_string()
-            .contains(&format!("offset {} is not a multiple of the {bs}-byte", bs + 1)),
+        e.to_string().contains(&format!(
+            "offset {} is not a multiple of the {bs}-byte",
+            bs + 1
+        )),
         "{e}"
     );
     // An invalid iocb after valid ones ends the batch: the valid ones are accepted.
     let n = ctx
-        .submit(&[Iocb::read(0, s, 10), Iocb::read(1, s, 11), Iocb::read(0, s, 12)])
+        .submit(&[
+            Iocb::read(0, s, 10),
+            Iocb::read(1, s, 11),
+            Iocb::read(0, s, 12),
+        ])
         .unwrap();
     assert_eq!(n, 1);
     assert_eq!(collect(&mut ctx, 1)[0].user_data, 10);
@@ -330,7 +340,10 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
         // Both bounce buffers are taken: nothing is accepted.
         ctx.submit(&iocbs[2..]).unwrap_err()
     };
-    assert!(matches!(e, AioError::Busy { what, .. } if what.contains("bounce")), "{e}");
+    assert!(
+        matches!(e, AioError::Busy { what, .. } if what.contains("bounce")),
+        "{e}"
+    );
     collect(&mut ctx, 2);
     assert_eq!(ctx.submit(&iocbs[2..]).unwrap(), 1);
     collect(&mut ctx, 1);
@@ -374,9 +387,7 @@ fn busy_when_nr_events_are_taken_and_after_reaping_room_again() {
     let bs = t.info().block_size as usize;
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = IoContext::setup(t, 4).unwrap();
-    let iocbs: Vec<Iocb> = (0..10)
-        .map(|i| Iocb::read(0, buf.slice_all(), i))
-        .collect();
+    let iocbs: Vec<Iocb> = (0..10).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 4, "as many as fit, in order");
     let e = ctx.submit(&iocbs[4..]).unwrap_err();
     assert!(
@@ -412,7 +423,10 @@ fn getevents_timeout_and_min_nr() {
     // Nothing outstanding: waiting forever is refused, a timeout returns at once.
     assert!(matches!(
         ctx.getevents(1, &mut evs, None),
-        Err(AioError::WouldWaitForever { min_nr: 1, outstanding: 0 })
+        Err(AioError::WouldWaitForever {
+            min_nr: 1,
+            outstanding: 0
+        })
     ));
     assert_eq!(ctx.getevents(0, &mut evs, None).unwrap(), 0);
     assert!(matches!(
@@ -434,7 +448,10 @@ fn getevents_timeout_and_min_nr() {
     // More than outstanding without a timeout: refused, nothing consumed.
     assert!(matches!(
         ctx.getevents(9, &mut evs, None),
-        Err(AioError::WouldWaitForever { min_nr: 9, outstanding: 8 })
+        Err(AioError::WouldWaitForever {
+            min_nr: 9,
+            outstanding: 8
+        })
     ));
     // min_nr 8 with no timeout waits for all eight; the buffer bounds the count.
     let n = ctx.getevents(8, &mut evs, None).unwrap();
@@ -496,7 +513,10 @@ fn cancel_before_the_device_and_abort_at_the_device() {
     assert_eq!(evs[&2].cancel, CancelOutcome::Cancelled);
     assert_eq!(evs[&0].res, Err(IoError::Aborted));
     assert_eq!(evs[&0].cancel, CancelOutcome::Aborted);
-    assert_eq!(evs[&0].nvme_status(), Some(kestrel::spec::Status::ABORT_REQUESTED));
+    assert_eq!(
+        evs[&0].nvme_status(),
+        Some(kestrel::spec::Status::ABORT_REQUESTED)
+    );
     // The middle one ran normally once the tracker was free.
     assert_eq!(evs[&1].res, Ok(bs as u64));
     assert_eq!(evs[&1].cancel, CancelOutcome::NotRequested);
@@ -562,7 +582,10 @@ fn reactor_refuses_cores_it_cannot_pin() {
         "{e}"
     );
     assert!(matches!(
-        kestrel::Reactor::builder().cores([0, 0]).target(Arc::clone(&t)).start(),
+        kestrel::Reactor::builder()
+            .cores([0, 0])
+            .target(Arc::clone(&t))
+            .start(),
         Err(ReactorError::DuplicateCore { core: 0 })
     ));
     assert!(matches!(

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kestrel::aio::{
-    AioError, CancelOutcome, CancelStatus, ContextOptions, Event, IoContext, Iocb,
-};
+use kestrel::aio::{AioError, CancelOutcome, CancelStatus, ContextOptions, Event, IoContext, Iocb};
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::IoError;
 use kestrel::reactor::{Backoff, IdlePolicy, Reactor, ReactorReport};
@@ -22,7 +20,10 @@ use kestrel::NvmeNamespace;
 
 fn emu_target(cfg: EmuConfig) -> (Arc<EmuController>, Arc<dyn Target>) {
     let (emu, c) = emu_with(cfg);
-    (emu, Arc::new(NvmeNamespace::new(c, 1).expect("namespace 1")))
+    (
+        emu,
+        Arc::new(NvmeNamespace::new(c, 1).expect("namespace 1")),
+    )
 }
 
 /// Up to two cores to pin pollers to (the machine may have fewer).
@@ -51,7 +52,11 @@ fn collect(ctx: &mut IoContext, n: usize) -> Vec<Event> {
             .getevents(1, &mut buf[..want], Some(Duration::from_millis(200)))
             .unwrap();
         out.extend_from_slice(&buf[..got]);
-        assert!(Instant::now() < deadline, "only {} of {n} events", out.len());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} events",
+            out.len()
+        );
     }
     assert_eq!(ctx.in_flight(), 0);
     out
@@ -100,7 +105,13 @@ fn cross_thread_round_trip_on_two_pollers() {
     let evs = by_user_data(&collect(&mut ctx, 32));
     assert!(evs.values().all(|e| e.res == Ok(bs as u64)));
     let reads: Vec<Iocb> = (0..32)
-        .map(|i| Iocb::read((i * bs) as u64, r.slice(i * bs, bs).unwrap(), 100 + i as u64))
+        .map(|i| {
+            Iocb::read(
+                (i * bs) as u64,
+                r.slice(i * bs, bs).unwrap(),
+                100 + i as u64,
+            )
+        })
         .collect();
     assert_eq!(ctx.submit(&reads).unwrap(), 32);
     let evs = by_user_data(&collect(&mut ctx, 32));
@@ -283,7 +294,8 @@ fn a_sleeping_poller_is_woken_by_a_submit() {
     for round in 0..20u64 {
         // Long enough idle for the poller to go to sleep.
         std::thread::sleep(Duration::from_millis(20));
-        ctx.submit(&[Iocb::read(0, buf.slice_all(), round)]).unwrap();
+        ctx.submit(&[Iocb::read(0, buf.slice_all(), round)])
+            .unwrap();
         let start = Instant::now();
         let mut ev = [Event::default()];
         assert_eq!(ctx.getevents(1, &mut ev, Some(WAIT)).unwrap(), 1);
@@ -293,7 +305,10 @@ fn a_sleeping_poller_is_woken_by_a_submit() {
     drop(ctx);
     let rep = reactor.shutdown().unwrap();
     assert_clean(&rep);
-    assert!(rep.pollers[0].sleeps > 0, "the poller never slept: {rep:#?}");
+    assert!(
+        rep.pollers[0].sleeps > 0,
+        "the poller never slept: {rep:#?}"
+    );
 }
 
 #[test]
@@ -352,10 +367,7 @@ fn shutdown_with_io_in_flight_delivers_every_event_once() {
     // The drain waited for the held completions; they are all in the ring now.
     let evs = by_user_data(&collect(&mut ctx, 32));
     assert!(evs.values().all(|e| e.res == Ok(bs as u64)));
-    assert!(matches!(
-        ctx.submit(&iocbs[..1]),
-        Err(AioError::Stopped)
-    ));
+    assert!(matches!(ctx.submit(&iocbs[..1]), Err(AioError::Stopped)));
     let (accepted, evs2) = h.join().unwrap();
     let m = by_user_data(&evs2);
     assert_eq!(m.len() as u64, accepted);
@@ -421,7 +433,12 @@ fn stress_submitter(
             let iocb = match kind {
                 0..=44 => {
                     for i in 0..nb {
-                        fill(&mut bufs[slot], (i as usize) * bs, first_block + blk + i, gen);
+                        fill(
+                            &mut bufs[slot],
+                            (i as usize) * bs,
+                            first_block + blk + i,
+                            gen,
+                        );
                     }
                     Iocb::write(off, bufs[slot].slice(0, len as usize).unwrap(), slot as u64)
                 }
@@ -497,7 +514,10 @@ fn stress_submitter(
             free.push(slot);
             done += 1;
         }
-        assert!(Instant::now() < deadline, "stress test stuck at {done} of {ios}");
+        assert!(
+            Instant::now() < deadline,
+            "stress test stuck at {done} of {ios}"
+        );
     }
     assert_eq!(ctx.in_flight(), 0);
     let st = ctx.stats();
