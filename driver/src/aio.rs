@@ -1262,7 +1262,7 @@ impl IoContext {
         let cap = opts.nr_events as usize;
         let sq_entries = match opts.ring_entries {
             None => cap,
-            Some(n) if n >= 1 && n <= MAX_EVENTS => n as usize,
+            Some(n) if (1..=MAX_EVENTS).contains(&n) => n as usize,
             Some(n) => {
                 return Err(AioError::BadOption {
                     option: "ring_entries",
