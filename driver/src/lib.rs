@@ -4,8 +4,10 @@
 //! - [`spec`]: NVMe definitions, pure data.
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
+//! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
 //! - [`emu`]: a software NVMe controller behind that seam, for tests without hardware.
+//! - [`vfio`]: the transport to a controller bound to vfio-pci.
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
@@ -27,6 +29,7 @@ pub mod file;
 pub mod io;
 pub mod mmio;
 pub mod notify;
+pub mod pci;
 pub mod prp;
 pub mod qpair;
 pub mod reactor;
@@ -36,6 +39,7 @@ pub mod spsc;
 pub mod target;
 pub mod target_spec;
 pub mod transport;
+pub mod vfio;
 
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
@@ -75,6 +79,12 @@ pub enum Error {
     /// The emulated controller.
     #[error(transparent)]
     Emu(#[from] emu::EmuError),
+    /// VFIO transport.
+    #[error(transparent)]
+    Vfio(#[from] vfio::VfioError),
+    /// PCI discovery.
+    #[error(transparent)]
+    Pci(#[from] pci::PciError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),

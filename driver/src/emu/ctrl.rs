@@ -324,7 +324,8 @@ impl Ctrl {
             ver: Vs::V1_4_0.0,
             oaes: 0,
             ctratt: 0,
-            crdt: [0; 3],
+            // Command Retry Delay Times for CRD 1..3: 100, 200 and 500 ms.
+            crdt: [1, 2, 5],
             oacs: if cfg.shadow_doorbells {
                 oacs::DOORBELL_BUFFER_CONFIG
             } else {
@@ -664,7 +665,8 @@ impl Ctrl {
         }
         work |= self.run_admin(mem);
         work |= self.run_io(mem, db);
-        if !self.events.is_empty() && !self.aers.is_empty() {
+        // (An injected fatal error or removal during the I/O phase stops the pass.)
+        if self.state == State::Ready && !self.events.is_empty() && !self.aers.is_empty() {
             work |= self.deliver_events(mem);
         }
         Activity {
@@ -1264,12 +1266,14 @@ impl Ctrl {
             self.complete_with_fault(mem, qid, cqid, sq.head, cid, status, 0, due, fault);
         }
         if let Some(d) = db {
-            // EventIdx = consumed - 1 while polling: the driver need not ring MMIO.
+            // EventIdx = consumed - 1 (modulo the queue size, so it stays a valid index:
+            // a driver may treat an index outside the ring as "always ring") while
+            // polling: the driver need not ring MMIO.
             if let Some(off) = self.shadow_off(2 * qid as usize, &d.eventidx) {
                 // Release: orders our earlier reads of the ring before the driver can see
                 // that it may reuse those slots without telling us.
                 d.eventidx
-                    .store_u32(off, sq.head.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+                    .store_u32(off, (sq.head + sq.size - 1) % sq.size, Ordering::Release);
             }
         }
         self.sqs[qid as usize] = Some(sq);
@@ -1284,7 +1288,7 @@ impl Ctrl {
         if let (Some(d), Some(cq)) = (db, self.cqs[cqid as usize].as_ref()) {
             if let Some(off) = self.shadow_off(2 * cqid as usize + 1, &d.eventidx) {
                 d.eventidx
-                    .store_u32(off, cq.head.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+                    .store_u32(off, (cq.head + cq.size - 1) % cq.size, Ordering::Release);
             }
         }
         n > 0 || faulted
@@ -1861,9 +1865,17 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
         let mut sleep = SLEEP_MIN;
         let mut armed = false;
         let mut scan = false;
+        let mut stats_seen = 0u64;
         while !shared.stop.load(Ordering::Acquire) {
             // Between passes: adopt IOMMU changes and acknowledge them (mem module doc).
             snap.refresh();
+            // A request for counters: everything posted so far is counted in them.
+            let req = shared.stats_req.load(Ordering::Acquire);
+            if req != stats_seen {
+                stats_seen = req;
+                ctrl.publish();
+                shared.stats_done.store(req, Ordering::Release);
+            }
             let act = {
                 let mem = snap.view();
                 ctrl.pass(&mem, scan)

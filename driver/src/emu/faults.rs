@@ -352,7 +352,8 @@ impl EmuFaults {
         self.remove.store(true, Ordering::Release);
     }
 
-    /// Commands affected by rules so far.
+    /// Commands affected by rules, as of the controller's latest publication of its
+    /// counters (call [`super::EmuController::stats`] first for an exact figure).
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::Relaxed)
     }

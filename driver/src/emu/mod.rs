@@ -72,7 +72,8 @@
 //! shadow page: the controller reads SQ tails and CQ heads from it every pass, and still
 //! notices MMIO doorbell writes (a shadow value that moved wins, being the newer by
 //! protocol). EventIdx policy for a polling controller: while it is actively polling, each
-//! queue's EventIdx is kept at (consumed value − 1), so the driver's `need_event` check
+//! queue's EventIdx is kept at (consumed value − 1) modulo the queue size (always a valid
+//! index), so the driver's `need_event` check
 //! says no MMIO write is needed; before the controller backs off to sleep (see below) it
 //! sets EventIdx = consumed value, so the next update also rings the MMIO doorbell. Either
 //! way the controller polls the shadow page on every pass, so no update is ever lost; a
@@ -388,6 +389,10 @@ emu_stats! {
 struct Shared {
     stop: AtomicBool,
     stats: AtomicStats,
+    /// Requests for a fresh publication of the counters ([`EmuController::stats`]).
+    stats_req: AtomicU64,
+    /// The newest request the controller thread has answered.
+    stats_done: AtomicU64,
     faults: EmuFaults,
 }
 
@@ -488,6 +493,8 @@ impl EmuController {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             stats: AtomicStats::default(),
+            stats_req: AtomicU64::new(0),
+            stats_done: AtomicU64::new(0),
             faults: EmuFaults::new(cfg.faults.clone()),
         });
         let ctrl = ctrl::Ctrl::new(&cfg, Arc::clone(&bar), Arc::clone(&shared))?;
@@ -522,8 +529,21 @@ impl EmuController {
         }))
     }
 
-    /// A snapshot of the controller's counters.
+    /// The controller's counters. Exact with respect to completions: every command whose
+    /// completion the caller has seen before the call is counted (the controller thread
+    /// publishes fresh counters between passes on request; this waits for that, at most
+    /// a second, and not at all when the thread has stopped).
     pub fn stats(&self) -> EmuStats {
+        // AcqRel: the request is ordered after whatever completions the caller observed.
+        let want = self.shared.stats_req.fetch_add(1, Ordering::AcqRel) + 1;
+        let start = std::time::Instant::now();
+        while self.shared.stats_done.load(Ordering::Acquire) < want
+            && self.iommu.is_running()
+            && start.elapsed() < Duration::from_secs(1)
+        {
+            self.iommu.wake();
+            std::thread::sleep(Duration::from_micros(20));
+        }
         self.shared.stats.load()
     }
 
