@@ -1224,6 +1224,7 @@ pub extern "C" fn kestrel_strerror(err: c_int) -> *const c_char {
         libc::EACCES => c"permission denied",
         libc::EISDIR => c"is a directory",
         libc::ENOTSUP => c"not supported",
+        libc::EBUSY => c"busy: in use by another process",
         libc::ECANCELED => c"operation cancelled or aborted",
         libc::ETIMEDOUT => c"command timed out",
         libc::EDEADLK => c"would wait forever: fewer requests outstanding than min_nr",
