@@ -60,9 +60,7 @@ impl TargetSpecError {
         use crate::file::FileError as F;
         match self {
             TargetSpecError::Parse { .. } => libc::EINVAL,
-            TargetSpecError::Vfio(crate::vfio::VfioError::PermissionDenied { .. }) => {
-                libc::EACCES
-            }
+            TargetSpecError::Vfio(crate::vfio::VfioError::PermissionDenied { .. }) => libc::EACCES,
             TargetSpecError::Vfio(crate::vfio::VfioError::NoSuchDevice { .. }) => libc::ENODEV,
             TargetSpecError::Vfio(crate::vfio::VfioError::GroupBusy { .. }) => libc::EBUSY,
             TargetSpecError::Vfio(_) => libc::ENODEV,

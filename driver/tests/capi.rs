@@ -91,44 +91,158 @@ fn static_link() -> Vec<String> {
 fn header_matches_the_rust_definitions() {
     let Some(gcc) = gcc() else { return };
     let mut want: Vec<(&str, u64)> = vec![
-        ("sizeof(struct kestrel_info)", size_of::<KestrelInfo>() as u64),
-        ("offsetof(struct kestrel_info, num_blocks)", offset_of!(KestrelInfo, num_blocks) as u64),
-        ("offsetof(struct kestrel_info, capacity_bytes)", offset_of!(KestrelInfo, capacity_bytes) as u64),
-        ("offsetof(struct kestrel_info, max_transfer_bytes)", offset_of!(KestrelInfo, max_transfer_bytes) as u64),
-        ("offsetof(struct kestrel_info, block_size)", offset_of!(KestrelInfo, block_size) as u64),
-        ("offsetof(struct kestrel_info, nsid)", offset_of!(KestrelInfo, nsid) as u64),
-        ("offsetof(struct kestrel_info, flags)", offset_of!(KestrelInfo, flags) as u64),
-        ("offsetof(struct kestrel_info, reserved)", offset_of!(KestrelInfo, reserved) as u64),
-        ("offsetof(struct kestrel_info, name)", offset_of!(KestrelInfo, name) as u64),
-        ("sizeof(struct kestrel_iovec)", size_of::<KestrelIovec>() as u64),
-        ("offsetof(struct kestrel_iovec, base)", offset_of!(KestrelIovec, base) as u64),
-        ("offsetof(struct kestrel_iovec, len)", offset_of!(KestrelIovec, len) as u64),
-        ("sizeof(struct kestrel_iocb)", size_of::<KestrelIocb>() as u64),
-        ("offsetof(struct kestrel_iocb, user_data)", offset_of!(KestrelIocb, user_data) as u64),
-        ("offsetof(struct kestrel_iocb, offset)", offset_of!(KestrelIocb, offset) as u64),
-        ("offsetof(struct kestrel_iocb, len)", offset_of!(KestrelIocb, len) as u64),
-        ("offsetof(struct kestrel_iocb, buf)", offset_of!(KestrelIocb, buf) as u64),
-        ("offsetof(struct kestrel_iocb, iov)", offset_of!(KestrelIocb, iov) as u64),
-        ("offsetof(struct kestrel_iocb, iovcnt)", offset_of!(KestrelIocb, iovcnt) as u64),
-        ("offsetof(struct kestrel_iocb, nsid)", offset_of!(KestrelIocb, nsid) as u64),
-        ("offsetof(struct kestrel_iocb, opcode)", offset_of!(KestrelIocb, opcode) as u64),
-        ("offsetof(struct kestrel_iocb, flags)", offset_of!(KestrelIocb, flags) as u64),
-        ("offsetof(struct kestrel_iocb, reserved)", offset_of!(KestrelIocb, reserved) as u64),
-        ("sizeof(struct kestrel_event)", size_of::<KestrelEvent>() as u64),
-        ("offsetof(struct kestrel_event, user_data)", offset_of!(KestrelEvent, user_data) as u64),
-        ("offsetof(struct kestrel_event, res)", offset_of!(KestrelEvent, res) as u64),
-        ("offsetof(struct kestrel_event, has_status)", offset_of!(KestrelEvent, has_status) as u64),
-        ("offsetof(struct kestrel_event, sct)", offset_of!(KestrelEvent, sct) as u64),
-        ("offsetof(struct kestrel_event, sc)", offset_of!(KestrelEvent, sc) as u64),
-        ("offsetof(struct kestrel_event, dnr)", offset_of!(KestrelEvent, dnr) as u64),
-        ("offsetof(struct kestrel_event, more)", offset_of!(KestrelEvent, more) as u64),
-        ("offsetof(struct kestrel_event, cancel)", offset_of!(KestrelEvent, cancel) as u64),
-        ("offsetof(struct kestrel_event, reserved)", offset_of!(KestrelEvent, reserved) as u64),
-        ("sizeof(struct kestrel_io_params)", size_of::<KestrelIoParams>() as u64),
-        ("offsetof(struct kestrel_io_params, nr_events)", offset_of!(KestrelIoParams, nr_events) as u64),
-        ("offsetof(struct kestrel_io_params, flags)", offset_of!(KestrelIoParams, flags) as u64),
-        ("offsetof(struct kestrel_io_params, bounce_buffers)", offset_of!(KestrelIoParams, bounce_buffers) as u64),
-        ("offsetof(struct kestrel_io_params, bounce_buf_size)", offset_of!(KestrelIoParams, bounce_buf_size) as u64),
+        (
+            "sizeof(struct kestrel_info)",
+            size_of::<KestrelInfo>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, num_blocks)",
+            offset_of!(KestrelInfo, num_blocks) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, capacity_bytes)",
+            offset_of!(KestrelInfo, capacity_bytes) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, max_transfer_bytes)",
+            offset_of!(KestrelInfo, max_transfer_bytes) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, block_size)",
+            offset_of!(KestrelInfo, block_size) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, nsid)",
+            offset_of!(KestrelInfo, nsid) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, flags)",
+            offset_of!(KestrelInfo, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, reserved)",
+            offset_of!(KestrelInfo, reserved) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, name)",
+            offset_of!(KestrelInfo, name) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_iovec)",
+            size_of::<KestrelIovec>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iovec, base)",
+            offset_of!(KestrelIovec, base) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iovec, len)",
+            offset_of!(KestrelIovec, len) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_iocb)",
+            size_of::<KestrelIocb>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, user_data)",
+            offset_of!(KestrelIocb, user_data) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, offset)",
+            offset_of!(KestrelIocb, offset) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, len)",
+            offset_of!(KestrelIocb, len) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, buf)",
+            offset_of!(KestrelIocb, buf) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, iov)",
+            offset_of!(KestrelIocb, iov) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, iovcnt)",
+            offset_of!(KestrelIocb, iovcnt) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, nsid)",
+            offset_of!(KestrelIocb, nsid) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, opcode)",
+            offset_of!(KestrelIocb, opcode) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, flags)",
+            offset_of!(KestrelIocb, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, reserved)",
+            offset_of!(KestrelIocb, reserved) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_event)",
+            size_of::<KestrelEvent>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, user_data)",
+            offset_of!(KestrelEvent, user_data) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, res)",
+            offset_of!(KestrelEvent, res) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, has_status)",
+            offset_of!(KestrelEvent, has_status) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, sct)",
+            offset_of!(KestrelEvent, sct) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, sc)",
+            offset_of!(KestrelEvent, sc) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, dnr)",
+            offset_of!(KestrelEvent, dnr) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, more)",
+            offset_of!(KestrelEvent, more) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, cancel)",
+            offset_of!(KestrelEvent, cancel) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, reserved)",
+            offset_of!(KestrelEvent, reserved) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_io_params)",
+            size_of::<KestrelIoParams>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, nr_events)",
+            offset_of!(KestrelIoParams, nr_events) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, flags)",
+            offset_of!(KestrelIoParams, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, bounce_buffers)",
+            offset_of!(KestrelIoParams, bounce_buffers) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, bounce_buf_size)",
+            offset_of!(KestrelIoParams, bounce_buf_size) as u64,
+        ),
         ("KESTREL_ABI_VERSION", KESTREL_ABI_VERSION as u64),
         ("KESTREL_OP_READ", KESTREL_OP_READ as u64),
         ("KESTREL_OP_WRITE", KESTREL_OP_WRITE as u64),
@@ -141,21 +255,48 @@ fn header_matches_the_rust_definitions() {
         ("KESTREL_CANCEL_CANCELLED", KESTREL_CANCEL_CANCELLED as u64),
         ("KESTREL_CANCEL_ABORTED", KESTREL_CANCEL_ABORTED as u64),
         ("KESTREL_CANCEL_TOO_LATE", KESTREL_CANCEL_TOO_LATE as u64),
-        ("KESTREL_CANCEL_STATUS_CANCELLED", KESTREL_CANCEL_STATUS_CANCELLED as u64),
-        ("KESTREL_CANCEL_STATUS_ABORTED", KESTREL_CANCEL_STATUS_ABORTED as u64),
-        ("KESTREL_CANCEL_STATUS_NOT_ABORTED", KESTREL_CANCEL_STATUS_NOT_ABORTED as u64),
-        ("KESTREL_CANCEL_STATUS_TOO_LATE", KESTREL_CANCEL_STATUS_TOO_LATE as u64),
-        ("KESTREL_CANCEL_STATUS_REQUESTED", KESTREL_CANCEL_STATUS_REQUESTED as u64),
+        (
+            "KESTREL_CANCEL_STATUS_CANCELLED",
+            KESTREL_CANCEL_STATUS_CANCELLED as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_ABORTED",
+            KESTREL_CANCEL_STATUS_ABORTED as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_NOT_ABORTED",
+            KESTREL_CANCEL_STATUS_NOT_ABORTED as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_TOO_LATE",
+            KESTREL_CANCEL_STATUS_TOO_LATE as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_REQUESTED",
+            KESTREL_CANCEL_STATUS_REQUESTED as u64,
+        ),
         ("KESTREL_IO_BOUNCE", KESTREL_IO_BOUNCE as u64),
-        ("KESTREL_INFO_WRITE_ZEROES", KESTREL_INFO_WRITE_ZEROES as u64),
+        (
+            "KESTREL_INFO_WRITE_ZEROES",
+            KESTREL_INFO_WRITE_ZEROES as u64,
+        ),
         ("KESTREL_INFO_DISCARD", KESTREL_INFO_DISCARD as u64),
-        ("KESTREL_INFO_DISCARD_ZEROES", KESTREL_INFO_DISCARD_ZEROES as u64),
+        (
+            "KESTREL_INFO_DISCARD_ZEROES",
+            KESTREL_INFO_DISCARD_ZEROES as u64,
+        ),
         ("KESTREL_INFO_FLUSH", KESTREL_INFO_FLUSH as u64),
         ("KESTREL_INFO_READ_ONLY", KESTREL_INFO_READ_ONLY as u64),
         ("KESTREL_MAX_IOV", KESTREL_MAX_IOV as u64),
         ("KESTREL_NAME_LEN", KESTREL_NAME_LEN as u64),
-        ("KESTREL_DEFAULT_BOUNCE_BUFFERS", KESTREL_DEFAULT_BOUNCE_BUFFERS as u64),
-        ("KESTREL_DEFAULT_BOUNCE_BUF_SIZE", KESTREL_DEFAULT_BOUNCE_BUF_SIZE as u64),
+        (
+            "KESTREL_DEFAULT_BOUNCE_BUFFERS",
+            KESTREL_DEFAULT_BOUNCE_BUFFERS as u64,
+        ),
+        (
+            "KESTREL_DEFAULT_BOUNCE_BUF_SIZE",
+            KESTREL_DEFAULT_BOUNCE_BUF_SIZE as u64,
+        ),
     ];
     // Alignments too: a C compiler may pad where Rust does not.
     for (ty, a) in [
@@ -163,9 +304,15 @@ fn header_matches_the_rust_definitions() {
         ("struct kestrel_iocb", std::mem::align_of::<KestrelIocb>()),
         ("struct kestrel_event", std::mem::align_of::<KestrelEvent>()),
         ("struct kestrel_iovec", std::mem::align_of::<KestrelIovec>()),
-        ("struct kestrel_io_params", std::mem::align_of::<KestrelIoParams>()),
+        (
+            "struct kestrel_io_params",
+            std::mem::align_of::<KestrelIoParams>(),
+        ),
     ] {
-        want.push((Box::leak(format!("_Alignof({ty})").into_boxed_str()), a as u64));
+        want.push((
+            Box::leak(format!("_Alignof({ty})").into_boxed_str()),
+            a as u64,
+        ));
     }
     let mut src = String::from(
         "#include <stddef.h>\n#include <stdio.h>\n#include \"kestrel.h\"\nint main(void) {\n",
