@@ -437,7 +437,11 @@ pub struct ReactorBuilder {
     idle: IdlePolicy,
     budget: u32,
     drain_timeout: Duration,
+    on_start: Option<OnStart>,
 }
+
+/// A function each poller thread runs once pinned, before creating its queues.
+pub type OnStart = Arc<dyn Fn(usize) + Send + Sync>;
 
 impl Default for ReactorBuilder {
     fn default() -> Self {
@@ -448,6 +452,7 @@ impl Default for ReactorBuilder {
             idle: IdlePolicy::BusyPoll,
             budget: 64,
             drain_timeout: Duration::from_secs(30),
+            on_start: None,
         }
     }
 }
@@ -491,6 +496,12 @@ impl ReactorBuilder {
     /// How long shutdown waits for in-flight I/O.
     pub fn drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
+        self
+    }
+    /// A function each poller thread calls with its core once pinned, before creating
+    /// its queues (thread-local setup: scheduling policy, counters, tracing spans).
+    pub fn on_start(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.on_start = Some(Arc::new(f));
         self
     }
 
@@ -573,6 +584,7 @@ impl ReactorBuilder {
                 idle: self.idle,
                 budget: self.budget,
                 drain_timeout: self.drain_timeout,
+                on_start: self.on_start.clone(),
                 shared: Arc::clone(&shared.pollers[i]),
             };
             let tx = ready_tx.clone();
@@ -714,6 +726,7 @@ struct PollerConfig {
     idle: IdlePolicy,
     budget: u32,
     drain_timeout: Duration,
+    on_start: Option<OnStart>,
     shared: Arc<PollerShared>,
 }
 
@@ -758,6 +771,9 @@ fn poller_main(
             core,
             ..Default::default()
         };
+    }
+    if let Some(f) = &cfg.on_start {
+        f(core);
     }
     let mut queues = Vec::with_capacity(cfg.targets.len());
     for (ti, t) in cfg.targets.iter().enumerate() {
