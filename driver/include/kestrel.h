@@ -2,8 +2,13 @@
  * kestrel.h - C ABI of Kestrel, a polled-mode userspace NVMe driver.
  *
  * An aio-style API (after Linux aio and io_uring): open a target, allocate DMA
- * buffers from it, set up a context (which owns one queue on the target and is
- * polled by the thread using it: run-to-completion), submit iocbs, collect events.
+ * buffers from it, set up a context, submit iocbs, collect events. Two modes, with
+ * the same kestrel_io_* calls:
+ *   - run-to-completion (kestrel_io_setup): the context owns a queue on the target
+ *     and the thread using it polls it;
+ *   - cross-thread (kestrel_reactor_start + kestrel_reactor_io_setup): pinned
+ *     poller threads own the queues; contexts hand them requests through lock-free
+ *     rings and kestrel_io_getevents waits for their completions.
  *
  * Conventions
  *   - Functions returning int return 0 (or a count) on success and a negative
@@ -59,6 +64,9 @@ extern "C" {
 /* struct kestrel_io_params.flags */
 #define KESTREL_IO_BOUNCE 1u /* accept ordinary memory, copied through bounce buffers */
 
+/* kestrel_reactor_start() flags */
+#define KESTREL_REACTOR_BACKOFF 1u /* idle pollers pause, yield, then sleep */
+
 /* struct kestrel_info.flags */
 #define KESTREL_INFO_WRITE_ZEROES (1u << 0)
 #define KESTREL_INFO_DISCARD (1u << 1)
@@ -73,6 +81,7 @@ extern "C" {
 
 typedef struct kestrel kestrel_t;         /* an open target */
 typedef struct kestrel_ctx kestrel_ctx_t; /* an I/O context */
+typedef struct kestrel_reactor kestrel_reactor_t; /* pinned poller threads */
 
 struct kestrel_info {
     uint64_t num_blocks;
@@ -161,6 +170,23 @@ int kestrel_io_getevents(kestrel_ctx_t *ctx, size_t min_nr, size_t nr,
 int kestrel_io_cancel(kestrel_ctx_t *ctx, uint64_t user_data);
 /* Waits for outstanding requests (their events are dropped), then frees. */
 int kestrel_io_destroy(kestrel_ctx_t *ctx);
+
+/*
+ * Cross-thread mode. Starts one poller thread per core of `cores` ("0,2-3" or a
+ * mask "0x5"), each pinned (a core that cannot be pinned is -EINVAL) and owning a
+ * queue on the target. Contexts made with kestrel_reactor_io_setup() are used with
+ * the kestrel_io_* calls above from any one thread each.
+ */
+int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
+                          kestrel_reactor_t **out);
+int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_params *params,
+                             kestrel_ctx_t **out);
+/*
+ * Stops accepting requests (later submits are -ESHUTDOWN), drains those in flight
+ * (their events stay collectable), deletes the queues, joins the threads, frees r.
+ * Contexts are still destroyed with kestrel_io_destroy().
+ */
+int kestrel_reactor_stop(kestrel_reactor_t *r);
 
 /* A static description of an errno (either sign); never NULL. */
 const char *kestrel_strerror(int err);

@@ -79,6 +79,9 @@ pub const KESTREL_IO_BOUNCE: u32 = 1;
 /// The most segments of a vectored iocb.
 pub const KESTREL_MAX_IOV: u32 = MAX_SEGMENTS as u32;
 
+/// `kestrel_reactor_start` flags: back off when idle instead of busy-polling.
+pub const KESTREL_REACTOR_BACKOFF: u32 = 1;
+
 /// `kestrel_info.flags`: Write Zeroes is supported.
 pub const KESTREL_INFO_WRITE_ZEROES: u32 = 1 << 0;
 /// `kestrel_info.flags`: Discard is supported.
@@ -99,6 +102,7 @@ pub const KESTREL_DEFAULT_BOUNCE_BUF_SIZE: u32 = 128 * 1024;
 
 const HANDLE_MAGIC: u64 = u64::from_be_bytes(*b"KESTREL1");
 const CTX_MAGIC: u64 = u64::from_be_bytes(*b"KESTCTX1");
+const REACTOR_MAGIC: u64 = u64::from_be_bytes(*b"KESTRCT1");
 const DEAD_MAGIC: u64 = u64::from_be_bytes(*b"KESTDEAD");
 
 /// `struct kestrel_info`.
@@ -318,6 +322,9 @@ pub enum CapiError {
     /// Opening the target.
     #[error(transparent)]
     Open(#[from] TargetSpecError),
+    /// The reactor.
+    #[error(transparent)]
+    Reactor(#[from] crate::reactor::ReactorError),
     /// DMA memory.
     #[error(transparent)]
     Dma(#[from] DmaError),
@@ -330,6 +337,7 @@ impl CapiError {
             CapiError::Internal(_) => libc::ENOTRECOVERABLE,
             CapiError::Aio(e) => e.errno(),
             CapiError::Open(e) => e.errno(),
+            CapiError::Reactor(e) => e.errno(),
             CapiError::Dma(DmaError::InvalidLength { .. } | DmaError::OutOfBounds { .. }) => {
                 libc::EINVAL
             }
@@ -749,8 +757,65 @@ pub unsafe extern "C" fn kestrel_io_setup(
     unsafe { kestrel_io_setup_params(k, &p, out) }
 }
 
+/// Reads and checks `struct kestrel_io_params`.
+///
+/// # Safety
+/// `p` is NULL or readable.
+unsafe fn read_params(p: *const KestrelIoParams) -> Result<ContextOptions, CapiError> {
+    if p.is_null() {
+        return Err(CapiError::Null { what: "params" });
+    }
+    if (p as usize) % align_of::<KestrelIoParams>() != 0 {
+        return Err(CapiError::Misaligned {
+            what: "params",
+            addr: p as usize,
+            align: align_of::<KestrelIoParams>(),
+        });
+    }
+    // SAFETY: non-null, aligned, readable by contract; plain integers.
+    let p = unsafe { p.read() };
+    if p.nr_events == 0 {
+        return Err(CapiError::Zero { what: "nr_events" });
+    }
+    if p.flags & !KESTREL_IO_BOUNCE != 0 {
+        return Err(CapiError::Range {
+            what: "params.flags",
+            value: p.flags as u64,
+            why: "only KESTREL_IO_BOUNCE is defined",
+        });
+    }
+    let mut opts = ContextOptions::new(p.nr_events);
+    if p.flags & KESTREL_IO_BOUNCE != 0 {
+        opts.bounce = Some(BounceOptions {
+            buffers: match p.bounce_buffers {
+                0 => KESTREL_DEFAULT_BOUNCE_BUFFERS.min(p.nr_events),
+                n => n,
+            },
+            buf_size: match p.bounce_buf_size {
+                0 => KESTREL_DEFAULT_BOUNCE_BUF_SIZE,
+                n => n,
+            } as usize,
+        });
+    }
+    Ok(opts)
+}
+
+/// Boxes a new context for C.
+fn new_ctx(ctx: IoContext, inner: &Arc<Inner>, bounce: bool) -> *mut KestrelCtx {
+    let n = ctx.nr_events() as usize;
+    Box::into_raw(Box::new(KestrelCtx {
+        magic: CTX_MAGIC,
+        poisoned: false,
+        bounce,
+        iocbs: Vec::with_capacity(n),
+        events: vec![Event::default(); n],
+        ctx,
+        inner: Arc::clone(inner),
+    }))
+}
+
 /// `int kestrel_io_setup_params(kestrel_t *k, const struct kestrel_io_params *p,
-/// kestrel_ctx_t **out)`.
+/// kestrel_ctx_t **out)`: a run-to-completion context (the calling thread polls).
 ///
 /// # Safety
 /// `k` is from `kestrel_open`; `p` is readable; `out` is writable.
@@ -767,55 +832,159 @@ pub unsafe extern "C" fn kestrel_io_setup_params(
             *out = std::ptr::null_mut();
             // SAFETY: the caller's contract.
             let h = unsafe { handle(k, "k") }?;
-            if p.is_null() {
-                return Err(CapiError::Null { what: "params" });
-            }
-            if (p as usize) % align_of::<KestrelIoParams>() != 0 {
-                return Err(CapiError::Misaligned {
-                    what: "params",
-                    addr: p as usize,
-                    align: align_of::<KestrelIoParams>(),
-                });
-            }
-            // SAFETY: non-null, aligned, readable by contract; plain integers.
-            let p = unsafe { p.read() };
-            if p.nr_events == 0 {
-                return Err(CapiError::Zero { what: "nr_events" });
-            }
-            if p.flags & !KESTREL_IO_BOUNCE != 0 {
-                return Err(CapiError::Range {
-                    what: "params.flags",
-                    value: p.flags as u64,
-                    why: "only KESTREL_IO_BOUNCE is defined",
-                });
-            }
-            let mut opts = ContextOptions::new(p.nr_events);
-            let bounce = p.flags & KESTREL_IO_BOUNCE != 0;
-            if bounce {
-                opts.bounce = Some(BounceOptions {
-                    buffers: match p.bounce_buffers {
-                        0 => KESTREL_DEFAULT_BOUNCE_BUFFERS.min(p.nr_events),
-                        n => n,
-                    },
-                    buf_size: match p.bounce_buf_size {
-                        0 => KESTREL_DEFAULT_BOUNCE_BUF_SIZE,
-                        n => n,
-                    } as usize,
-                });
-            }
+            // SAFETY: the caller's contract.
+            let opts = unsafe { read_params(p) }?;
+            let bounce = opts.bounce.is_some();
             let ctx = IoContext::setup_with(Arc::clone(&h.inner.target), opts)?;
-            let n = p.nr_events as usize;
-            let c = Box::new(KestrelCtx {
-                magic: CTX_MAGIC,
-                poisoned: false,
-                bounce,
-                iocbs: Vec::with_capacity(n),
-                events: vec![Event::default(); n],
-                ctx,
-                inner: Arc::clone(&h.inner),
-            });
-            *out = Box::into_raw(c);
+            *out = new_ctx(ctx, &h.inner, bounce);
             Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `kestrel_reactor_t`: pinned poller threads serving cross-thread contexts.
+pub struct KestrelReactor {
+    magic: u64,
+    reactor: Option<crate::reactor::Reactor>,
+    inner: Arc<Inner>,
+}
+
+/// # Safety
+/// As [`handle`], for a reactor from `kestrel_reactor_start`.
+unsafe fn reactor<'a>(
+    p: *mut KestrelReactor,
+    what: &'static str,
+) -> Result<&'a mut KestrelReactor, CapiError> {
+    if p.is_null() {
+        return Err(CapiError::Null { what });
+    }
+    if (p as usize) % align_of::<KestrelReactor>() != 0 {
+        return Err(CapiError::BadHandle {
+            what,
+            kind: "kestrel_reactor_t",
+        });
+    }
+    // SAFETY: non-null and aligned; a reactor from kestrel_reactor_start (the magic
+    // catches other kinds); reactor calls are not made concurrently on one reactor (the
+    // documented contract).
+    let r = unsafe { &mut *p };
+    if r.magic != REACTOR_MAGIC {
+        return Err(CapiError::BadHandle {
+            what,
+            kind: "kestrel_reactor_t",
+        });
+    }
+    Ok(r)
+}
+
+/// `int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
+/// kestrel_reactor_t **out)`: one poller thread per core of `cores` (`"0,2-3"` or a mask
+/// `"0x5"`), each pinned and owning a queue on the target. `KESTREL_REACTOR_BACKOFF`:
+/// idle pollers pause, yield, then sleep, instead of busy-polling.
+///
+/// # Safety
+/// `k` is from `kestrel_open`; `cores` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_reactor_start(
+    k: *mut KestrelHandle,
+    cores: *const c_char,
+    flags: u32,
+    out: *mut *mut KestrelReactor,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let h = unsafe { handle(k, "k") }?;
+            // SAFETY: the caller's contract.
+            let cores = unsafe { c_str(cores, "cores", 1024) }?;
+            if flags & !KESTREL_REACTOR_BACKOFF != 0 {
+                return Err(CapiError::Range {
+                    what: "flags",
+                    value: flags as u64,
+                    why: "only KESTREL_REACTOR_BACKOFF is defined",
+                });
+            }
+            let mut b = crate::reactor::Reactor::builder()
+                .core_list(cores)?
+                .target(Arc::clone(&h.inner.target));
+            if flags & KESTREL_REACTOR_BACKOFF != 0 {
+                b = b.idle(crate::reactor::IdlePolicy::Backoff(
+                    crate::reactor::Backoff::default(),
+                ));
+            }
+            let r = b.start()?;
+            *out = Box::into_raw(Box::new(KestrelReactor {
+                magic: REACTOR_MAGIC,
+                reactor: Some(r),
+                inner: Arc::clone(&h.inner),
+            }));
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_params *p,
+/// kestrel_ctx_t **out)`: a cross-thread context on the reactor's pollers; used with the
+/// same `kestrel_io_*` calls (getevents waits instead of polling).
+///
+/// # Safety
+/// `r` is from `kestrel_reactor_start`; `p` is readable; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_reactor_io_setup(
+    r: *mut KestrelReactor,
+    p: *const KestrelIoParams,
+    out: *mut *mut KestrelCtx,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let r = unsafe { reactor(r, "r") }?;
+            // SAFETY: the caller's contract.
+            let opts = unsafe { read_params(p) }?;
+            let bounce = opts.bounce.is_some();
+            let Some(re) = r.reactor.as_ref() else {
+                return Err(CapiError::Aio(AioError::Stopped));
+            };
+            let ctx = re.context_with(opts)?;
+            *out = new_ctx(ctx, &r.inner, bounce);
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `int kestrel_reactor_stop(kestrel_reactor_t *r)`: stops accepting requests, drains
+/// those in flight (their events stay collectable from their contexts), deletes the
+/// queues, joins the threads and frees the reactor.
+///
+/// # Safety
+/// `r` is from `kestrel_reactor_start` and not used again.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_reactor_stop(r: *mut KestrelReactor) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let re = unsafe { reactor(r, "r") }?;
+            re.magic = DEAD_MAGIC;
+            let result = re.reactor.take().map(|x| x.shutdown());
+            // SAFETY: a live reactor from kestrel_reactor_start (checked above).
+            drop(unsafe { Box::from_raw(r) });
+            match result {
+                Some(Err(e)) => Err(CapiError::Reactor(e)),
+                Some(Ok(rep)) if rep.outstanding() > 0 => Err(CapiError::Internal(format!(
+                    "{} requests were still outstanding when the queues were deleted",
+                    rep.outstanding()
+                ))),
+                _ => Ok(0),
+            }
         },
         || {},
     )

@@ -177,6 +177,27 @@ pub enum ReactorError {
     },
 }
 
+impl ReactorError {
+    /// The errno a C caller sees (positive).
+    pub fn errno(&self) -> i32 {
+        match self {
+            ReactorError::BadCoreList { .. }
+            | ReactorError::NoCores
+            | ReactorError::NoTargets
+            | ReactorError::TooMany { .. }
+            | ReactorError::DuplicateCore { .. }
+            | ReactorError::CoreUnavailable { .. }
+            | ReactorError::BadOption { .. } => libc::EINVAL,
+            ReactorError::NoCoreIds | ReactorError::PinFailed { .. } => libc::EPERM,
+            ReactorError::QueueCreate { .. } => libc::EIO,
+            ReactorError::Spawn { source, .. } | ReactorError::EventFd { source, .. } => {
+                source.raw_os_error().unwrap_or(libc::EAGAIN)
+            }
+            ReactorError::PollerPanicked { .. } => libc::ENOTRECOVERABLE,
+        }
+    }
+}
+
 /// Parses a core list: decimal cores and ranges separated by commas (`"0,2-3"`), or a hex
 /// mask (`"0x5"` = cores 0 and 2). Returns the cores in ascending order, without repeats.
 pub fn parse_core_list(s: &str) -> Result<Vec<usize>, ReactorError> {

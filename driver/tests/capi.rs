@@ -276,6 +276,7 @@ fn header_matches_the_rust_definitions() {
             KESTREL_CANCEL_STATUS_REQUESTED as u64,
         ),
         ("KESTREL_IO_BOUNCE", KESTREL_IO_BOUNCE as u64),
+        ("KESTREL_REACTOR_BACKOFF", KESTREL_REACTOR_BACKOFF as u64),
         (
             "KESTREL_INFO_WRITE_ZEROES",
             KESTREL_INFO_WRITE_ZEROES as u64,
@@ -357,7 +358,11 @@ fn example(gcc: &Path, link: &[String], name: &str) -> (tempfile::TempDir, PathB
 }
 
 fn run_example(exe: &Path, target: &str) {
-    let out = run(Command::new(exe).arg(target));
+    run_example_on(exe, target, "0");
+}
+
+fn run_example_on(exe: &Path, target: &str, cores: &str) {
+    let out = run(Command::new(exe).arg(target).arg(cores));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("all checks passed"),
@@ -370,7 +375,14 @@ fn c_example_against_the_emulator() {
     let Some(gcc) = gcc() else { return };
     let (_d, exe) = example(&gcc, &dynamic_link(), "kestrel_example");
     run_example(&exe, "emu:size=64M");
-    run_example(&exe, "emu:size=16M,lba=512");
+    // Cross-thread part on two pinned pollers where there are two cores.
+    let ids: Vec<String> = core_affinity::get_core_ids()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|c| c.id.to_string())
+        .collect();
+    run_example_on(&exe, "emu:size=16M,lba=512", &ids.join(","));
 }
 
 #[test]
