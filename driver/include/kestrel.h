@@ -174,8 +174,9 @@ int kestrel_io_destroy(kestrel_ctx_t *ctx);
 /*
  * Cross-thread mode. Starts one poller thread per core of `cores` ("0,2-3" or a
  * mask "0x5"), each pinned (a core that cannot be pinned is -EINVAL) and owning a
- * queue on the target. Contexts made with kestrel_reactor_io_setup() are used with
- * the kestrel_io_* calls above from any one thread each.
+ * queue on the target. Contexts made with kestrel_reactor_io_setup() (which may be
+ * called from several threads at once) are used with the kestrel_io_* calls above,
+ * each context by one thread at a time.
  */
 int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
                           kestrel_reactor_t **out);
@@ -184,7 +185,8 @@ int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_param
 /*
  * Stops accepting requests (later submits are -ESHUTDOWN), drains those in flight
  * (their events stay collectable), deletes the queues, joins the threads, frees r.
- * Contexts are still destroyed with kestrel_io_destroy().
+ * Contexts are still destroyed with kestrel_io_destroy(). No other call on r may
+ * run concurrently with this one.
  */
 int kestrel_reactor_stop(kestrel_reactor_t *r);
 

@@ -843,19 +843,26 @@ pub unsafe extern "C" fn kestrel_io_setup_params(
     )
 }
 
+// C callers share a `kestrel_reactor_t` (and a `kestrel_t`) between threads.
+const _: fn() = || {
+    fn sync<T: Sync>() {}
+    sync::<KestrelReactor>();
+    sync::<KestrelHandle>();
+};
+
 /// `kestrel_reactor_t`: pinned poller threads serving cross-thread contexts.
 pub struct KestrelReactor {
     magic: u64,
-    reactor: Option<crate::reactor::Reactor>,
+    reactor: crate::reactor::Reactor,
     inner: Arc<Inner>,
 }
 
 /// # Safety
 /// As [`handle`], for a reactor from `kestrel_reactor_start`.
 unsafe fn reactor<'a>(
-    p: *mut KestrelReactor,
+    p: *const KestrelReactor,
     what: &'static str,
-) -> Result<&'a mut KestrelReactor, CapiError> {
+) -> Result<&'a KestrelReactor, CapiError> {
     if p.is_null() {
         return Err(CapiError::Null { what });
     }
@@ -866,9 +873,10 @@ unsafe fn reactor<'a>(
         });
     }
     // SAFETY: non-null and aligned; a reactor from kestrel_reactor_start (the magic
-    // catches other kinds); reactor calls are not made concurrently on one reactor (the
-    // documented contract).
-    let r = unsafe { &mut *p };
+    // catches other kinds). Shared: contexts may be set up from several threads at once
+    // (`Reactor` is `Sync`); only kestrel_reactor_stop takes it back, and no other call
+    // may run on it then (the documented contract).
+    let r = unsafe { &*p };
     if r.magic != REACTOR_MAGIC {
         return Err(CapiError::BadHandle {
             what,
@@ -919,7 +927,7 @@ pub unsafe extern "C" fn kestrel_reactor_start(
             let r = b.start()?;
             *out = Box::into_raw(Box::new(KestrelReactor {
                 magic: REACTOR_MAGIC,
-                reactor: Some(r),
+                reactor: r,
                 inner: Arc::clone(&h.inner),
             }));
             Ok(0)
@@ -931,6 +939,8 @@ pub unsafe extern "C" fn kestrel_reactor_start(
 /// `int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_params *p,
 /// kestrel_ctx_t **out)`: a cross-thread context on the reactor's pollers; used with the
 /// same `kestrel_io_*` calls (getevents waits instead of polling).
+///
+/// May be called from several threads at once.
 ///
 /// # Safety
 /// `r` is from `kestrel_reactor_start`; `p` is readable; `out` is writable.
@@ -950,10 +960,7 @@ pub unsafe extern "C" fn kestrel_reactor_io_setup(
             // SAFETY: the caller's contract.
             let opts = unsafe { read_params(p) }?;
             let bounce = opts.bounce.is_some();
-            let Some(re) = r.reactor.as_ref() else {
-                return Err(CapiError::Aio(AioError::Stopped));
-            };
-            let ctx = re.context_with(opts)?;
+            let ctx = r.reactor.context_with(opts)?;
             *out = new_ctx(ctx, &r.inner, bounce);
             Ok(0)
         },
@@ -972,18 +979,20 @@ pub unsafe extern "C" fn kestrel_reactor_stop(r: *mut KestrelReactor) -> c_int {
     guard(
         || {
             // SAFETY: the caller's contract.
-            let re = unsafe { reactor(r, "r") }?;
-            re.magic = DEAD_MAGIC;
-            let result = re.reactor.take().map(|x| x.shutdown());
-            // SAFETY: a live reactor from kestrel_reactor_start (checked above).
-            drop(unsafe { Box::from_raw(r) });
-            match result {
-                Some(Err(e)) => Err(CapiError::Reactor(e)),
-                Some(Ok(rep)) if rep.outstanding() > 0 => Err(CapiError::Internal(format!(
+            unsafe { reactor(r, "r") }?;
+            // SAFETY: a live reactor from kestrel_reactor_start (checked above), with no
+            // other call running on it (the contract): take back the box.
+            let b = unsafe {
+                (*r).magic = DEAD_MAGIC;
+                Box::from_raw(r)
+            };
+            match b.reactor.shutdown() {
+                Err(e) => Err(CapiError::Reactor(e)),
+                Ok(rep) if rep.outstanding() > 0 => Err(CapiError::Internal(format!(
                     "{} requests were still outstanding when the queues were deleted",
                     rep.outstanding()
                 ))),
-                _ => Ok(0),
+                Ok(_) => Ok(0),
             }
         },
         || {},
