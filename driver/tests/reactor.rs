@@ -274,6 +274,52 @@ fn cross_thread_cancel_in_the_ring_in_the_queue_and_at_the_device() {
 }
 
 #[test]
+fn cross_thread_getevents_timeout_and_min_nr() {
+    let (_emu, t) = emu_target(EmuConfig {
+        latency: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let bs = t.info().block_size as usize;
+    let reactor = Reactor::builder()
+        .cores(cores(2))
+        .target(Arc::clone(&t))
+        .idle(gentle())
+        .start()
+        .unwrap();
+    let buf = t.dma_pool().alloc(bs).unwrap();
+    let mut ctx = reactor.context(16).unwrap();
+    let mut evs = vec![Event::default(); 16];
+    assert!(matches!(
+        ctx.getevents(1, &mut evs, None),
+        Err(AioError::WouldWaitForever { .. })
+    ));
+    let iocbs: Vec<Iocb> = (0..6).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    assert_eq!(ctx.submit(&iocbs).unwrap(), 6);
+    // Held by the latency: a short wait times out with nothing, after at least the wait.
+    let start = Instant::now();
+    assert_eq!(
+        ctx.getevents(1, &mut evs, Some(Duration::from_millis(30)))
+            .unwrap(),
+        0
+    );
+    assert!(start.elapsed() >= Duration::from_millis(30));
+    assert_eq!(ctx.getevents(0, &mut evs, Some(Duration::ZERO)).unwrap(), 0);
+    // min_nr 6 with no timeout sleeps until all six have been posted.
+    assert_eq!(ctx.getevents(6, &mut evs, None).unwrap(), 6);
+    let m = by_user_data(&evs[..6]);
+    assert!((0..6).all(|u| m[&u].res == Ok(bs as u64)));
+    // A buffer smaller than what is ready: what fits now, the rest later.
+    ctx.submit(&iocbs).unwrap();
+    assert_eq!(ctx.getevents(2, &mut evs[..2], None).unwrap(), 2);
+    let rest = collect(&mut ctx, 4);
+    let mut all: Vec<u64> = evs[..2].iter().chain(&rest).map(|e| e.user_data).collect();
+    all.sort();
+    assert_eq!(all, (0..6).collect::<Vec<_>>());
+    drop(ctx);
+    assert_clean(&reactor.shutdown().unwrap());
+}
+
+#[test]
 fn a_sleeping_poller_is_woken_by_a_submit() {
     let (_emu, t) = emu_target(EmuConfig::default());
     let bs = t.info().block_size as usize;
