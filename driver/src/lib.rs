@@ -12,13 +12,18 @@
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
-//! - [`file`]: a file or block device as a target, through io_uring.
+//! - [`file`](mod@file): a file or block device as a target, through io_uring.
 //! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
 //!   cross-thread.
-//! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`target_spec`] strings.
 //! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
 //!   lock-free rings ([`spsc`], [`notify`]).
+//! - [`target_spec`]: target strings (`emu:...`, `file:...`, `pci:...`).
+//! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`reactor`].
 #![deny(missing_docs)]
+// `SubmitError::Busy` hands the refused request back by value, so back-pressure costs no
+// allocation; the success path returns `Ok(())`, so the large error variant is only
+// copied when a queue is full.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
 pub mod aio;
 pub mod capi;
@@ -61,6 +66,15 @@ pub enum Error {
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// The emulated controller.
+    #[error(transparent)]
+    Emu(#[from] emu::EmuError),
+    /// VFIO transport.
+    #[error(transparent)]
+    Vfio(#[from] vfio::VfioError),
+    /// PCI discovery.
+    #[error(transparent)]
+    Pci(#[from] pci::PciError),
     /// File target.
     #[error(transparent)]
     File(#[from] file::FileError),
@@ -76,15 +90,6 @@ pub enum Error {
     /// The C ABI.
     #[error(transparent)]
     Capi(#[from] capi::CapiError),
-    /// The emulated controller.
-    #[error(transparent)]
-    Emu(#[from] emu::EmuError),
-    /// VFIO transport.
-    #[error(transparent)]
-    Vfio(#[from] vfio::VfioError),
-    /// PCI discovery.
-    #[error(transparent)]
-    Pci(#[from] pci::PciError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),

@@ -349,7 +349,7 @@ impl Nvm {
             let r = parse(k);
             if r.slba
                 .checked_add(r.nlb as u64)
-                .map_or(true, |e| e > ns.nsze)
+                .is_none_or(|e| e > ns.nsze)
             {
                 return IoDone::err(Status::LBA_OUT_OF_RANGE.with_dnr(true), r.slba);
             }
