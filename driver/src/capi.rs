@@ -1478,6 +1478,20 @@ mod tests {
     }
 
     #[test]
+    fn a_panic_becomes_enotrecoverable_and_poisons() {
+        let mut poisoned = false;
+        let rc = guard(|| panic!("boom {}", 7), || poisoned = true);
+        assert_eq!(rc, -libc::ENOTRECOVERABLE);
+        assert!(poisoned);
+        // SAFETY: kestrel_last_error returns this thread's message.
+        let msg = unsafe { std::ffi::CStr::from_ptr(kestrel_last_error()) };
+        assert!(msg.to_str().unwrap().contains("boom 7"), "{msg:?}");
+        let rc = guard(|| Err(CapiError::Zero { what: "nr" }), || unreachable!());
+        assert_eq!(rc, -libc::EINVAL);
+        assert_eq!(guard(|| Ok(5), || unreachable!()), 5);
+    }
+
+    #[test]
     fn lookup_stays_inside_one_buffer() {
         let pool = crate::dma::DmaPool::new(
             Arc::new(crate::dma::IdentityMapper),
