@@ -7,17 +7,20 @@
 //! rings, without locks on the I/O path.
 //!
 //! # Rings
-//! Every context has, for every poller, one submission ring (context → poller) and one
-//! completion ring (poller → context): bounded single-producer/single-consumer rings
-//! ([`crate::spsc`]) with cache-line padded indices, slots preallocated. A full
-//! submission ring is `Busy` for the submitter, never a wait. A completion ring holds at
-//! least the context's `nr_events`, and a context never has more requests outstanding
-//! than that, so a poller never finds one full.
+//! Every context has, for every poller, a submission ring and a cancel ring (context →
+//! poller) and a completion ring (poller → context): bounded single-producer/single-
+//! consumer rings ([`crate::spsc`]) with cache-line padded indices, slots preallocated.
+//! A full submission ring (or a full queue behind it, which holds the ring back) is
+//! `Busy` for the submitter, never a wait. A completion ring holds at least the context's
+//! `nr_events`, and a context never has more requests outstanding than that, so a poller
+//! never finds one full. The poller puts the ring's identifier in the top 16 bits of the
+//! token it hands the queue, so a completion is routed by an index.
 //!
 //! # One pass of a poller
 //! 1. Take new contexts (a flag checked with one load per pass).
-//! 2. For each context, starting at a rotating index: take at most `budget` messages from
-//!    its submission ring and hand them to the queues (one batch per queue).
+//! 2. For each context, starting at a rotating index: handle its cancels, then take at most
+//!    `budget` requests from its submission ring and hand them to the queues (one batch
+//!    per queue).
 //! 3. Ring each queue's doorbell once ([`TargetQueue::flush`]) if it got requests.
 //! 4. Reap at most `budget` completions from each queue with work outstanding and post
 //!    each to its context's completion ring; publish each ring once and wake its context
