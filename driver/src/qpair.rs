@@ -6,7 +6,7 @@
 //!
 //! - **Inline command slots.** One [`Tracker`] per command identifier, allocated with
 //!   the qpair, each with its own PRP list pages in DMA memory and the caller's token
-//!   copied in. Free trackers are an index stack. There are `depth - 1` trackers, so the
+//!   copied in. Free trackers are an index queue, reused FIFO. There are `depth - 1` trackers, so the
 //!   submission ring and the completion ring can never overflow.
 //! - **Doorbell batching.** [`IoQpair::submit`] writes the SQE and moves the local
 //!   `sq_tail`; the SQ tail doorbell is written once when the batch ends
@@ -166,7 +166,7 @@ pub struct IoQpair {
     cq_db: Doorbell,
     shadow: Option<(ShadowSlot, ShadowSlot)>,
     trackers: Box<[Tracker]>,
-    free: Vec<u16>,
+    free: VecDeque<u16>,
     in_flight: u32,
     pending: VecDeque<IoRequest>,
     splitting: Option<u16>,
@@ -236,7 +236,10 @@ impl IoQpair {
             })
             .collect();
         // Pop order: CID 0 first.
-        let free: Vec<u16> = (0..ntrk as u16).rev().collect();
+        // FIFO reuse: a freed CID goes to the back and is the last to be taken again, so
+        // a late duplicate completion for it (a controller bug) almost always finds it
+        // idle and is counted as bogus instead of completing a new command.
+        let free: VecDeque<u16> = (0..ntrk as u16).collect();
         let parents: Box<[Parent]> = (0..ntrk)
             .map(|_| Parent {
                 req: IoRequest::flush(0, 0),
@@ -529,7 +532,7 @@ impl IoQpair {
             self.continue_split(block_size);
             return Ok(());
         }
-        let Some(cid) = self.free.pop() else {
+        let Some(cid) = self.free.pop_front() else {
             return Err(req);
         };
         self.issue(cid, &req, 0, req.nlb, NO_PARENT, block_size);
@@ -544,7 +547,9 @@ impl IoQpair {
                 self.splitting = None;
                 break;
             }
-            let Some(cid) = self.free.pop() else { break };
+            let Some(cid) = self.free.pop_front() else {
+                break;
+            };
             let nlb = p.chunk_blocks.min(p.req.nlb - p.issued_blocks);
             let par = &mut self.parents[pi as usize];
             par.issued_blocks += nlb;
@@ -836,7 +841,7 @@ impl IoQpair {
         t.inject = None;
         let (token, parent) = (t.token, t.parent);
         self.in_flight -= 1;
-        self.free.push(cid);
+        self.free.push_back(cid);
         if parent == NO_PARENT {
             return Some(Completion { token, result });
         }
@@ -1166,7 +1171,7 @@ impl IoQpair {
         data: Option<DmaSlice>,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let Some(cid) = self.free.pop() else {
+        let Some(cid) = self.free.pop_front() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),
                 in_flight: self.in_flight,
@@ -1181,7 +1186,7 @@ impl IoQpair {
                     sqe.prp2 = p2;
                 }
                 Err(reason) => {
-                    self.free.push(cid);
+                    self.free.push_back(cid);
                     return Err(SubmitError::Invalid { token, reason });
                 }
             }
