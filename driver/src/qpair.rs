@@ -813,7 +813,9 @@ impl IoQpair {
                     let sqe = t.sqe;
                     self.push_sqe(&sqe);
                 } else {
-                    let ticks = (delay.as_millis() / TICK.as_millis()).max(1) as u32;
+                    // One tick more than the delay: the current tick may be about to end,
+                    // and the retry must not go out before the delay has passed.
+                    let ticks = (delay.as_millis().div_ceil(TICK.as_millis())) as u32 + 1;
                     self.delayed.push_back((cid, self.tick.wrapping_add(ticks)));
                 }
                 return 0;

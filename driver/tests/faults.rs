@@ -440,3 +440,34 @@ fn explicit_reset_with_io_in_flight() {
     );
     assert_eq!(qp.free_slots(), qp.slots());
 }
+
+#[test]
+fn retry_waits_for_the_command_retry_delay() {
+    // CRD 1 selects CRDT1, which the emulator reports as 100 ms.
+    let (emu, c) = common::emu();
+    assert_eq!(c.identify().crdt[0], 1);
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    emu.faults().add(
+        FaultRule::new(
+            FaultTarget::Io(nvm_opc::READ),
+            FaultAction::Status(Status::NAMESPACE_NOT_READY.with_crd(1)),
+        )
+        .max(1),
+    );
+    let start = Instant::now();
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.flush();
+    let done = common::reap(&mut qp, 1);
+    let took = start.elapsed();
+    assert_eq!(
+        done[0].result,
+        Ok(()),
+        "retried after the delay and succeeded"
+    );
+    assert_eq!(qp.stats().retries, 1);
+    assert!(
+        took >= Duration::from_millis(100),
+        "retried before CRDT1 passed: {took:?}"
+    );
+}
