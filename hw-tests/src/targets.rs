@@ -286,7 +286,7 @@ fn t_mixed_verify(t: &dyn Target) -> Result<Outcome, String> {
     let mut x = 99u64;
     for round in 1..=6u8 {
         let mut n = 0;
-        for blk in 0..blocks {
+        for (blk, cur) in shadow.iter_mut().enumerate() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -301,7 +301,7 @@ fn t_mixed_verify(t: &dyn Target) -> Result<Outcome, String> {
                     blk as u64,
                 ))
                 .map_err(|e| e.to_string())?;
-                shadow[blk] = round;
+                *cur = round;
                 n += 1;
             }
         }
