@@ -56,6 +56,11 @@ fn main() {
                     .next()
                     .unwrap_or_else(|| usage("--filter needs a value"))
             }
+            "--file" => files.push(
+                args.next()
+                    .unwrap_or_else(|| usage("--file needs a path"))
+                    .into(),
+            ),
             "--list" => {
                 for c in kestrel_hw_tests::cases() {
                     println!("{:<28} {}", c.name, c.about);
