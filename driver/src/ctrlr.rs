@@ -11,7 +11,7 @@
 //! The admin queue is driven synchronously (one command at a time) under a mutex: it is
 //! used for setup and for rare recovery actions, never on the I/O path.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -255,6 +255,59 @@ fn backoff(round: &mut u32) {
     }
 }
 
+/// Where a controller is in its life, as qpairs see it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum CtrlrState {
+    /// Up: qpairs may use their queues.
+    Ready = 0,
+    /// A reset is under way: qpairs hold their doorbells and queue new requests.
+    Resetting = 1,
+    /// A reset failed: qpairs fail their I/O.
+    Failed = 2,
+    /// The device is gone.
+    Removed = 3,
+}
+
+impl CtrlrState {
+    pub(crate) fn from_epoch(e: u64) -> Self {
+        match e & 0xFF {
+            0 => CtrlrState::Ready,
+            1 => CtrlrState::Resetting,
+            2 => CtrlrState::Failed,
+            _ => CtrlrState::Removed,
+        }
+    }
+}
+
+/// Brings a controller from any state to enabled with the admin queue `admin` (zeroed
+/// and rewound here): CC.EN=0, wait !RDY, AQA/ASQ/ACQ, CC, CC.EN=1, wait RDY.
+fn enable_controller(bar: &Bar, admin: &mut AdminQueue, init: &Init<'_>) -> Result<(), CtrlrError> {
+    let cc = bar.cc();
+    if cc.en() {
+        bar.set_cc(cc.with_en(false));
+    }
+    init.wait_ready(InitState::Disable, false)?;
+    admin.cq.clear();
+    admin.sq_tail = 0;
+    admin.cq_head = 0;
+    admin.phase = true;
+    let entries = admin.sq.entries();
+    bar.set_aqa(Aqa::new(entries, entries));
+    bar.set_asq(admin.sq.iova());
+    bar.set_acq(admin.cq.iova());
+    let cc = Cc::default()
+        .with_iosqes(6)
+        .with_iocqes(4)
+        .with_mps(0)
+        .with_css(0)
+        .with_ams(0)
+        .with_shn(0);
+    bar.set_cc(cc);
+    bar.set_cc(cc.with_en(true));
+    init.wait_ready(InitState::Enable, true)
+}
+
 /// The controller state shared by [`Controller`] handles and its qpairs.
 pub struct CtrlrShared {
     bar: Arc<Bar>,
@@ -269,6 +322,11 @@ pub struct CtrlrShared {
     shadow: Option<Arc<ShadowPages>>,
     max_command_bytes: u64,
     removed: AtomicBool,
+    /// Reset generation (bits 63:8) and [`CtrlrState`] (bits 7:0), read by qpairs once per
+    /// poll and per doorbell batch.
+    epoch: AtomicU64,
+    reset_lock: Mutex<()>,
+    ready_limit: Duration,
     opts: ControllerOptions,
     describe: String,
     // Dropped last: the pool's regions are unmapped through it.
@@ -290,7 +348,16 @@ impl CtrlrShared {
         self.admin_locked(&mut q, sqe)
     }
 
-    fn admin_locked(&self, q: &mut AdminQueue, mut sqe: Sqe) -> Result<Cqe, CtrlrError> {
+    fn admin_locked(&self, q: &mut AdminQueue, sqe: Sqe) -> Result<Cqe, CtrlrError> {
+        self.admin_locked_timeout(q, sqe, self.opts.admin_timeout)
+    }
+
+    fn admin_locked_timeout(
+        &self,
+        q: &mut AdminQueue,
+        mut sqe: Sqe,
+        timeout: Duration,
+    ) -> Result<Cqe, CtrlrError> {
         let opcode = opcode_name(sqe.opc());
         let cid = q.next_cid;
         q.next_cid = q.next_cid.wrapping_add(1) & 0x7FFF;
@@ -331,10 +398,10 @@ impl CtrlrShared {
                 }
                 return Ok(cqe);
             }
-            if start.elapsed() > self.opts.admin_timeout {
+            if start.elapsed() > timeout {
                 let csts = self.bar.csts();
                 if csts.is_all_ones() {
-                    self.removed.store(true, Ordering::Relaxed);
+                    self.mark_removed();
                     return Err(CtrlrError::DeviceRemoved {
                         state: InitState::Ready,
                         transport: self.describe.clone(),
@@ -350,7 +417,7 @@ impl CtrlrShared {
                     transport: self.describe.clone(),
                     opcode,
                     cid,
-                    timeout_ms: self.opts.admin_timeout.as_millis() as u64,
+                    timeout_ms: timeout.as_millis() as u64,
                 });
             }
             backoff(&mut round);
@@ -367,6 +434,140 @@ impl CtrlrShared {
         let cqe = self.admin_locked(&mut q, sqe)?;
         q.scratch.read_at(0, out)?;
         Ok(cqe)
+    }
+
+    /// The reset epoch: generation and state (see [`CtrlrState`]).
+    #[inline]
+    pub(crate) fn epoch(&self) -> u64 {
+        // Acquire: a qpair that sees a new Ready epoch must also see the re-enabled
+        // controller's state (admin queue usable, shadow pages cleared) written before it.
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The epoch without ordering, for the per-poll "did anything change" check; a
+    /// change is then re-read with [`CtrlrShared::epoch`].
+    #[inline]
+    pub(crate) fn epoch_relaxed(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    fn set_state(&self, st: CtrlrState, bump: bool) {
+        let e = self.epoch.load(Ordering::Relaxed);
+        let gen = (e >> 8) + bump as u64;
+        // Release: pairs with the acquire in `epoch`.
+        self.epoch.store((gen << 8) | st as u64, Ordering::Release);
+    }
+
+    /// Marks the device as removed (registers read all ones): every qpair fails its I/O.
+    pub(crate) fn mark_removed(&self) {
+        if !self.removed.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "{}: device removed (registers read all ones)",
+                self.describe
+            );
+        }
+        self.set_state(CtrlrState::Removed, false);
+    }
+
+    /// Resets the controller: disable, re-enable with the admin queue, Set Features
+    /// (Number of Queues) and Doorbell Buffer Config again. I/O queues are recreated by
+    /// each qpair on its own thread when it sees the new epoch. `seen_epoch` is the epoch
+    /// the caller saw: if another thread reset the controller since, this returns at once.
+    pub(crate) fn reset_from(&self, seen_epoch: Option<u64>) -> Result<(), CtrlrError> {
+        let _g = self.reset_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(seen) = seen_epoch {
+            let now = self.epoch();
+            if now >> 8 != seen >> 8 && CtrlrState::from_epoch(now) == CtrlrState::Ready {
+                return Ok(());
+            }
+        }
+        if self.removed.load(Ordering::Relaxed) || self.bar.csts().is_all_ones() {
+            self.mark_removed();
+            return Err(CtrlrError::DeviceRemoved {
+                state: InitState::Disable,
+                transport: self.describe.clone(),
+            });
+        }
+        tracing::warn!("{}: resetting the controller", self.describe);
+        self.set_state(CtrlrState::Resetting, true);
+        let r = self.reinit();
+        match &r {
+            Ok(()) => {
+                self.set_state(CtrlrState::Ready, false);
+                tracing::info!("{}: reset complete", self.describe);
+            }
+            Err(e) => {
+                tracing::error!("{}: reset failed: {e}", self.describe);
+                if matches!(e, CtrlrError::DeviceRemoved { .. }) {
+                    self.mark_removed();
+                } else {
+                    self.set_state(CtrlrState::Failed, false);
+                }
+            }
+        }
+        r
+    }
+
+    fn reinit(&self) -> Result<(), CtrlrError> {
+        let init = Init {
+            bar: &self.bar,
+            describe: self.describe.clone(),
+            ready_limit: self.ready_limit,
+        };
+        let mut q = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        enable_controller(&self.bar, &mut q, &init)?;
+        let want = self.queues_granted.max(1);
+        self.admin_locked(&mut q, Sqe::set_number_of_queues(want, want))?;
+        if let Some(pages) = &self.shadow {
+            pages.clear();
+            self.admin_locked(
+                &mut q,
+                Sqe::doorbell_buffer_config(pages.db_iova(), pages.ei_iova()),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Recreates the CQ and SQ of `qid` after a reset.
+    pub(crate) fn recreate_io_queue(
+        &self,
+        qid: u16,
+        depth: u16,
+        sq_iova: u64,
+        cq_iova: u64,
+    ) -> Result<(), CtrlrError> {
+        self.admin(Sqe::create_io_cq(qid, depth, cq_iova))?;
+        if let Err(e) = self.admin(Sqe::create_io_sq(qid, depth, qid, sq_iova)) {
+            let _ = self.admin(Sqe::delete_io_cq(qid));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// CSTS right now.
+    pub(crate) fn csts(&self) -> crate::spec::Csts {
+        self.bar.csts()
+    }
+
+    /// The command retry delay for a completion's CRD field (0: none).
+    pub(crate) fn retry_delay(&self, crd: u8) -> Duration {
+        match crd {
+            1..=3 => Duration::from_millis(self.identify.crdt[crd as usize - 1] as u64 * 100),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// Sends Abort for `cid` on `sqid` with a short timeout (the controller may be the
+    /// reason the command is stuck).
+    pub(crate) fn abort_with_timeout(
+        &self,
+        sqid: u16,
+        cid: u16,
+        timeout: Duration,
+    ) -> Result<bool, CtrlrError> {
+        let mut q = self.admin.lock().unwrap_or_else(|p| p.into_inner());
+        let cqe = self.admin_locked_timeout(&mut q, Sqe::abort(sqid, cid), timeout)?;
+        Ok(cqe.dw0 & 1 == 0)
     }
 
     /// Deletes the SQ and CQ of `qid` and returns the identifier to the free list.
@@ -541,14 +742,6 @@ impl Controller {
             ready_limit,
         };
 
-        state = InitState::Disable;
-        tracing::debug!("{describe}: {state}");
-        let cc = bar.cc();
-        if cc.en() {
-            bar.set_cc(cc.with_en(false));
-        }
-        init.wait_ready(state, false)?;
-
         state = InitState::ConfigureAdminQueue;
         tracing::debug!("{describe}: {state}");
         let pool = DmaPool::new(
@@ -563,36 +756,20 @@ impl Controller {
             .admin_queue_entries
             .clamp(2, 4096)
             .min(cap.max_queue_entries().min(4096) as u16);
-        let asq = SqRing::new(&pool, entries)?;
-        let acq = CqRing::new(&pool, entries)?;
-        bar.set_aqa(Aqa::new(entries, entries));
-        bar.set_asq(asq.iova());
-        bar.set_acq(acq.iova());
         let bar_arc = Arc::clone(&bar);
-        let admin = AdminQueue {
+        let mut admin = AdminQueue {
             sq_db: bar_arc.doorbell(0, DoorbellKind::SqTail)?,
             cq_db: bar_arc.doorbell(0, DoorbellKind::CqHead)?,
-            sq: asq,
-            cq: acq,
+            sq: SqRing::new(&pool, entries)?,
+            cq: CqRing::new(&pool, entries)?,
             sq_tail: 0,
             cq_head: 0,
             phase: true,
             next_cid: 0,
             scratch: pool.alloc(PAGE_SIZE)?,
         };
-
-        state = InitState::Enable;
-        tracing::debug!("{describe}: {state}");
-        let cc = Cc::default()
-            .with_iosqes(6)
-            .with_iocqes(4)
-            .with_mps(0)
-            .with_css(0)
-            .with_ams(0)
-            .with_shn(0);
-        bar.set_cc(cc);
-        bar.set_cc(cc.with_en(true));
-        init.wait_ready(state, true)?;
+        // Disable, program the admin queue, enable: the states are named in the errors.
+        enable_controller(&bar, &mut admin, &init)?;
 
         let mut shared = CtrlrShared {
             bar: Arc::clone(&bar),
@@ -607,6 +784,9 @@ impl Controller {
             shadow: None,
             max_command_bytes: 0,
             removed: AtomicBool::new(false),
+            epoch: AtomicU64::new(CtrlrState::Ready as u64),
+            reset_lock: Mutex::new(()),
+            ready_limit,
             opts: opts.clone(),
             describe: describe.clone(),
             transport,
@@ -807,6 +987,19 @@ impl Controller {
     /// Sends Abort for `cid` on `sqid`; true if the controller aborted it.
     pub fn abort(&self, sqid: u16, cid: u16) -> Result<bool, CtrlrError> {
         self.shared.abort(sqid, cid)
+    }
+
+    /// Resets the controller (CC.EN 1 → 0 → 1) and re-initialises it. Every qpair
+    /// recreates its queues on its own thread at its next poll and resubmits the commands
+    /// that were in flight, under its retry policy; requests submitted meanwhile wait in
+    /// its software queue.
+    pub fn reset(&self) -> Result<(), CtrlrError> {
+        self.shared.reset_from(None)
+    }
+
+    /// Where the controller is: ready, resetting, failed or removed.
+    pub fn state(&self) -> CtrlrState {
+        CtrlrState::from_epoch(self.shared.epoch())
     }
 
     /// Creates an I/O queue pair: a CQ and an SQ with the same QID, their rings and the

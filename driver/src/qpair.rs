@@ -30,7 +30,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::ctrlr::{CtrlrShared, NsInfo};
+use crate::ctrlr::{CtrlrShared, CtrlrState, NsInfo};
 use crate::dma::{DmaBuf, DmaSlice};
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
@@ -80,8 +80,11 @@ pub struct QpairOptions {
     pub max_command_bytes: u64,
     /// Resubmissions of a command after retryable errors.
     pub max_retries: u8,
-    /// Per-command timeout (checked from the poll loop).
+    /// Per-command timeout (checked from the poll loop). On expiry the command is
+    /// aborted; if the abort fails, the controller is reset.
     pub timeout: Duration,
+    /// How long the Abort of a timed-out command may take before the controller is reset.
+    pub abort_timeout: Duration,
 }
 
 impl Default for QpairOptions {
@@ -95,11 +98,29 @@ impl Default for QpairOptions {
             max_command_bytes: DEFAULT_MAX_COMMAND_BYTES,
             max_retries: DEFAULT_MAX_RETRIES,
             timeout: Duration::from_secs(30),
+            abort_timeout: Duration::from_secs(5),
         }
     }
 }
 
 const NO_PARENT: u16 = u16::MAX;
+/// The most error injection rules a qpair holds.
+pub const MAX_INJECTIONS: usize = 8;
+
+/// An error injected by the qpair itself, independent of the device (as SPDK's
+/// `spdk_nvme_qpair_add_cmd_error_injection`): for testing error paths on real hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorInjection {
+    /// Only commands with this opcode (`None`: every command).
+    pub opcode: Option<u8>,
+    /// The status the command completes with.
+    pub status: Status,
+    /// How many commands to affect.
+    pub count: u32,
+    /// `true`: submit the command and rewrite its completion status; `false`: complete it
+    /// without submitting it to the device.
+    pub submit: bool,
+}
 /// Coarse clock period for timeouts and health checks.
 const TICK: Duration = Duration::from_millis(100);
 /// Polls between coarse clock reads.
@@ -111,6 +132,8 @@ struct Tracker {
     parent: u16,
     retries: u8,
     active: bool,
+    timed_out: bool,
+    inject: Option<Status>,
     submit_tick: u32,
     prp: PrpListMem,
     sqe: Sqe,
@@ -149,8 +172,13 @@ pub struct IoQpair {
     tick: u32,
     polls_since_housekeeping: u32,
     max_completions: u32,
+    epoch: u64,
+    injecting: bool,
     stats: QueueStats,
     // ---- fields below this point are not touched on the I/O path ----
+    injections: [Option<ErrorInjection>; MAX_INJECTIONS],
+    delayed: VecDeque<(u16, u32)>,
+    abort_timeout: Duration,
     parents: Box<[Parent]>,
     parent_free: Vec<u16>,
     sw_queue_cap: usize,
@@ -191,6 +219,8 @@ impl IoQpair {
                     parent: NO_PARENT,
                     retries: 0,
                     active: false,
+                    timed_out: false,
+                    inject: None,
                     submit_tick: 0,
                     prp: PrpListMem {
                         // The tracker's list pages inside the qpair's PRP buffer.
@@ -246,7 +276,12 @@ impl IoQpair {
             tick: 0,
             polls_since_housekeeping: 0,
             max_completions,
+            epoch: ctrlr.epoch(),
+            injecting: false,
             stats: QueueStats::default(),
+            injections: [None; MAX_INJECTIONS],
+            delayed: VecDeque::with_capacity(ntrk),
+            abort_timeout: opts.abort_timeout,
             parents,
             parent_free,
             sw_queue_cap: sw,
@@ -388,16 +423,24 @@ impl IoQpair {
     /// Submits one request. It reaches the device at the next doorbell write (now in
     /// immediate mode, else at [`IoQpair::flush`] or the next reaping pass). Never blocks.
     pub fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        if self.removed {
-            return Err(SubmitError::DeviceRemoved);
-        }
         if let Err(reason) = self.validate(&req) {
             return Err(SubmitError::Invalid {
                 token: req.token,
                 reason,
             });
         }
-        if self.pending.is_empty() && self.splitting.is_none() {
+        if self.removed {
+            // Accepted and completed with DeviceRemoved, like everything before it, while
+            // the deferred queue has room; refused at once past that.
+            if self.deferred.len() >= self.deferred.capacity() {
+                return Err(SubmitError::DeviceRemoved);
+            }
+            self.stats.submitted += 1;
+            self.defer(req.token, Err(IoError::DeviceRemoved));
+            return Ok(());
+        }
+        let ready = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready;
+        if ready && self.pending.is_empty() && self.splitting.is_none() {
             match self.try_start(req) {
                 Ok(()) => {
                     self.stats.submitted += 1;
@@ -535,10 +578,58 @@ impl IoQpair {
         t.parent = parent;
         t.retries = 0;
         t.active = true;
+        t.timed_out = false;
+        t.inject = None;
         t.submit_tick = self.tick;
         t.sqe = sqe;
         self.in_flight += 1;
+        if self.injecting && self.apply_injection(cid, sqe.opc()) {
+            return;
+        }
         self.push_sqe(&sqe);
+    }
+
+    /// Adds an error injection rule; returns false when all [`MAX_INJECTIONS`] are in use.
+    pub fn inject_error(&mut self, rule: ErrorInjection) -> bool {
+        match self.injections.iter_mut().find(|r| r.is_none()) {
+            Some(slot) => {
+                *slot = Some(rule);
+                self.injecting = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every error injection rule.
+    pub fn clear_error_injections(&mut self) {
+        self.injections = [None; MAX_INJECTIONS];
+        self.injecting = false;
+    }
+
+    /// Applies the first matching injection rule to the command in tracker `cid`.
+    /// Returns true when the command must not be submitted (it completes from the
+    /// deferred queue instead).
+    fn apply_injection(&mut self, cid: u16, opc: u8) -> bool {
+        let Some(rule) = self
+            .injections
+            .iter_mut()
+            .flatten()
+            .find(|r| r.count > 0 && r.opcode.is_none_or(|o| o == opc))
+        else {
+            return false;
+        };
+        rule.count -= 1;
+        let (status, submit) = (rule.status, rule.submit);
+        self.injecting = self.injections.iter().flatten().any(|r| r.count > 0);
+        if submit {
+            self.trackers[cid as usize].inject = Some(status);
+            return false;
+        }
+        if let Some(c) = self.retire(cid, Err(IoError::Nvme(status))) {
+            self.deferred.push_back(c);
+        }
+        true
     }
 
     #[inline]
@@ -559,6 +650,11 @@ impl IoQpair {
     #[inline]
     fn ring_sq(&mut self) {
         if self.sq_tail == self.sq_tail_rung {
+            return;
+        }
+        // Relaxed is enough here: a stale Ready only means one more batch goes to the old
+        // queue, which a reset then recovers like any other command in flight.
+        if self.ctrlr.epoch_relaxed() != self.epoch {
             return;
         }
         let (new, old) = (self.sq_tail, self.sq_tail_rung);
@@ -605,6 +701,9 @@ impl IoQpair {
     /// doorbell once if anything was reaped. `done` cannot re-enter the qpair: it runs
     /// while the qpair is mutably borrowed.
     pub fn process_completions(&mut self, max: u32, done: &mut dyn FnMut(Completion)) -> u32 {
+        if self.ctrlr.epoch_relaxed() != self.epoch {
+            self.on_epoch_change();
+        }
         self.ring_sq();
         self.stats.polls += 1;
         let max = max.clamp(1, MAX_COMPLETIONS_PER_POLL);
@@ -619,7 +718,8 @@ impl IoQpair {
         }
         let old_head = self.cq_head;
         let mut reaped = 0u32;
-        while delivered < max && reaped < max {
+        let usable = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready && !self.removed;
+        while usable && delivered < max && reaped < max {
             let dw3 = self.cq.dw3(self.cq_head);
             if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
                 break;
@@ -675,26 +775,52 @@ impl IoQpair {
             }
             return 0;
         };
-        if status.is_retryable() && t.retries < max_retries {
-            t.retries += 1;
-            let sqe = t.sqe;
-            self.stats.retries += 1;
-            self.push_sqe(&sqe);
-            return 0;
+        let status = t.inject.take().unwrap_or(status);
+        let result = if t.timed_out {
+            // Aborted after its timeout: whatever the status says, it timed out.
+            Err(IoError::Timeout)
+        } else if status.is_success() {
+            Ok(())
+        } else {
+            if status.is_retryable() && t.retries < max_retries {
+                t.retries += 1;
+                self.stats.retries += 1;
+                let delay = self.ctrlr.retry_delay(status.crd);
+                if delay.is_zero() {
+                    let sqe = t.sqe;
+                    self.push_sqe(&sqe);
+                } else {
+                    let ticks = (delay.as_millis() / TICK.as_millis()).max(1) as u32;
+                    self.delayed.push_back((cid, self.tick.wrapping_add(ticks)));
+                }
+                return 0;
+            }
+            Err(IoError::Nvme(status))
+        };
+        match self.retire(cid, result) {
+            Some(c) => {
+                self.stats.completed += 1;
+                done(c);
+                1
+            }
+            None => 0,
         }
+    }
+
+    /// Frees tracker `cid` with `result`; returns the completion to deliver, if the
+    /// request is finished (a child of a split request finishes its parent only when it
+    /// is the last). The caller delivers it and counts it.
+    fn retire(&mut self, cid: u16, result: Result<(), IoError>) -> Option<Completion> {
+        let t = &mut self.trackers[cid as usize];
+        debug_assert!(t.active);
         t.active = false;
+        t.timed_out = false;
+        t.inject = None;
         let (token, parent) = (t.token, t.parent);
         self.in_flight -= 1;
         self.free.push(cid);
-        let result = if status.is_success() {
-            Ok(())
-        } else {
-            Err(IoError::Nvme(status))
-        };
         if parent == NO_PARENT {
-            self.stats.completed += 1;
-            done(Completion { token, result });
-            return 1;
+            return Some(Completion { token, result });
         }
         let p = &mut self.parents[parent as usize];
         p.outstanding -= 1;
@@ -707,11 +833,114 @@ impl IoQpair {
                 result: p.first_error.map_or(Ok(()), Err),
             };
             self.parent_free.push(parent);
-            self.stats.completed += 1;
-            done(c);
-            return 1;
+            return Some(c);
         }
-        0
+        None
+    }
+
+    /// Fails every request the qpair holds (in flight, delayed, queued, being split) with
+    /// `err`; their completions come from the deferred queue.
+    fn fail_all(&mut self, err: IoError) {
+        if let Some(pi) = self.splitting.take() {
+            // The children not yet issued never will be: the parent finishes when the
+            // issued ones do.
+            let p = &mut self.parents[pi as usize];
+            p.issued_blocks = p.req.nlb;
+            p.first_error.get_or_insert(err);
+            if p.outstanding == 0 {
+                let c = Completion {
+                    token: p.req.token,
+                    result: Err(err),
+                };
+                self.parent_free.push(pi);
+                self.deferred.push_back(c);
+            }
+        }
+        self.delayed.clear();
+        for cid in 0..self.trackers.len() as u16 {
+            if self.trackers[cid as usize].active {
+                if let Some(c) = self.retire(cid, Err(err)) {
+                    self.deferred.push_back(c);
+                }
+            }
+        }
+        while let Some(r) = self.pending.pop_front() {
+            self.deferred.push_back(Completion {
+                token: r.token,
+                result: Err(err),
+            });
+        }
+    }
+
+    /// The controller's epoch moved: a reset started, finished or failed, or the device
+    /// went away.
+    fn on_epoch_change(&mut self) {
+        let e = self.ctrlr.epoch();
+        match CtrlrState::from_epoch(e) {
+            // Hold everything; new requests queue in software until the reset ends.
+            CtrlrState::Resetting => self.epoch = e,
+            CtrlrState::Failed => {
+                self.epoch = e;
+                self.fail_all(IoError::Resetting);
+            }
+            CtrlrState::Removed => {
+                self.epoch = e;
+                self.removed = true;
+                self.fail_all(IoError::DeviceRemoved);
+            }
+            CtrlrState::Ready => {
+                if e >> 8 != self.epoch >> 8 {
+                    self.recreate_after_reset(e);
+                } else {
+                    self.epoch = e;
+                }
+            }
+        }
+    }
+
+    /// After a controller reset: rewind the rings, create the queues again, and resubmit
+    /// what was in flight (each resubmission counts as a retry).
+    fn recreate_after_reset(&mut self, e: u64) {
+        self.cq.clear();
+        self.sq_tail = 0;
+        self.sq_tail_rung = 0;
+        self.cq_head = 0;
+        self.cq_phase = true;
+        self.delayed.clear();
+        if let Err(err) =
+            self.ctrlr
+                .recreate_io_queue(self.qid, self.depth, self.sq.iova(), self.cq.iova())
+        {
+            tracing::error!(
+                "qid {}: recreating the queue after reset failed: {err}",
+                self.qid
+            );
+            self.epoch = e;
+            self.fail_all(IoError::Resetting);
+            return;
+        }
+        self.epoch = e;
+        let max_retries = self.max_retries;
+        for cid in 0..self.trackers.len() as u16 {
+            let t = &mut self.trackers[cid as usize];
+            if !t.active {
+                continue;
+            }
+            t.timed_out = false;
+            t.submit_tick = self.tick;
+            if t.retries >= max_retries {
+                if let Some(c) = self.retire(cid, Err(IoError::Aborted)) {
+                    self.deferred.push_back(c);
+                }
+                continue;
+            }
+            t.retries += 1;
+            let sqe = t.sqe;
+            self.stats.retries += 1;
+            self.push_sqe(&sqe);
+        }
+        self.drain_pending();
+        self.ring_sq();
     }
 
     /// Starts waiting requests while trackers are free, in order.
@@ -725,6 +954,9 @@ impl IoQpair {
                 return;
             }
         }
+        if CtrlrState::from_epoch(self.epoch) != CtrlrState::Ready || self.removed {
+            return;
+        }
         while self.splitting.is_none() && !self.free.is_empty() {
             let Some(req) = self.pending.pop_front() else {
                 break;
@@ -736,36 +968,111 @@ impl IoQpair {
         }
     }
 
-    /// Timeouts and device health, every few dozen polls on a coarse clock.
+    /// Timeouts, delayed retries and device health, every few dozen polls on a coarse
+    /// clock.
     fn housekeeping(&mut self) {
         let now_tick = (self.clock_origin.elapsed().as_millis() / TICK.as_millis()) as u32;
         if now_tick == self.tick {
             return;
         }
         self.tick = now_tick;
-        if self.in_flight == 0 {
+        if self.in_flight == 0 && self.pending.is_empty() {
             return;
         }
-        let limit = self.timeout_ticks;
-        let expired = self
-            .trackers
-            .iter()
-            .filter(|t| t.active && now_tick.wrapping_sub(t.submit_tick) > limit)
-            .count();
-        if expired > 0 {
-            self.stats.timeouts += expired as u64;
-            tracing::warn!(
-                qid = self.qid,
-                expired,
-                "{expired} commands on qid {} exceeded their timeout",
+        if CtrlrState::from_epoch(self.epoch) != CtrlrState::Ready || self.removed {
+            return;
+        }
+        // Device health: one CSTS read per tick while there is work.
+        let csts = self.ctrlr.csts();
+        if csts.is_all_ones() {
+            self.ctrlr.mark_removed();
+            self.on_epoch_change();
+            return;
+        }
+        if csts.cfs() {
+            tracing::error!(
+                "qid {}: controller fatal status (CSTS.CFS): resetting",
                 self.qid
             );
-            // Restart their clocks so each timeout is reported once per period.
-            for t in self.trackers.iter_mut().filter(|t| t.active) {
-                if now_tick.wrapping_sub(t.submit_tick) > limit {
-                    t.submit_tick = now_tick;
+            let seen = self.epoch;
+            let _ = self.ctrlr.reset_from(Some(seen));
+            self.on_epoch_change();
+            return;
+        }
+        // Delayed retries whose time has come.
+        let mut n = self.delayed.len();
+        while n > 0 {
+            n -= 1;
+            let Some((cid, at)) = self.delayed.pop_front() else {
+                break;
+            };
+            if now_tick.wrapping_sub(at) as i32 >= 0 {
+                let sqe = self.trackers[cid as usize].sqe;
+                self.push_sqe(&sqe);
+            } else {
+                self.delayed.push_back((cid, at));
+            }
+        }
+        self.ring_sq();
+        // Timeouts: abort each expired command; if an abort fails, reset the controller.
+        let limit = self.timeout_ticks;
+        let mut need_reset = false;
+        for cid in 0..self.trackers.len() as u16 {
+            let t = &self.trackers[cid as usize];
+            if !t.active || t.timed_out || now_tick.wrapping_sub(t.submit_tick) <= limit {
+                continue;
+            }
+            if self.delayed.iter().any(|&(c, _)| c == cid) {
+                continue;
+            }
+            self.trackers[cid as usize].timed_out = true;
+            self.stats.timeouts += 1;
+            tracing::warn!(
+                qid = self.qid,
+                cid,
+                "command cid {cid} on qid {} timed out: aborting it",
+                self.qid
+            );
+            match self
+                .ctrlr
+                .abort_with_timeout(self.qid, cid, self.abort_timeout)
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        qid = self.qid,
+                        cid,
+                        "abort of cid {cid} on qid {} found nothing to abort",
+                        self.qid
+                    );
+                    need_reset = true;
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        qid = self.qid,
+                        cid,
+                        "abort of cid {cid} on qid {} failed: {e}",
+                        self.qid
+                    );
+                    need_reset = true;
                 }
             }
+        }
+        // A command whose abort was accepted but whose completion still does not come is
+        // stuck too: after another timeout period, reset.
+        if !need_reset {
+            need_reset = self.trackers.iter().any(|t| {
+                t.active
+                    && t.timed_out
+                    && now_tick.wrapping_sub(t.submit_tick) > limit.saturating_mul(2)
+            });
+        }
+        if need_reset {
+            let seen = self.epoch;
+            if let Err(e) = self.ctrlr.reset_from(Some(seen)) {
+                tracing::error!("qid {}: reset after a timeout failed: {e}", self.qid);
+            }
+            self.on_epoch_change();
         }
     }
 

@@ -96,6 +96,14 @@ impl CqRing {
     pub fn entries(&self) -> u16 {
         self.entries
     }
+    /// Zeroes every entry, so the next pass looks for phase 1 again. Only while the
+    /// controller cannot write the queue (it is disabled, or the queue is not created).
+    pub fn clear(&mut self) {
+        // SAFETY: the ring memory is ours (held by `_mem`); the caller guarantees the
+        // controller is not writing it (queue deleted or controller disabled).
+        unsafe { std::ptr::write_bytes(self.base.as_ptr(), 0, self.entries as usize) };
+    }
+
     /// Dword 3 of `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded with
     /// acquire ordering: if the phase is new, the rest of the entry may be read after it.
     #[inline]
@@ -157,6 +165,20 @@ impl ShadowPages {
     /// IOVA of the EventIdx page (PRP2 of Doorbell Buffer Config).
     pub fn ei_iova(&self) -> u64 {
         self.ei.iova()
+    }
+    /// Zeroes both pages: the state of a freshly configured buffer, after a controller
+    /// reset. Only while no queue uses them (the controller is disabled).
+    pub fn clear(&self) {
+        // SAFETY: both buffers are one page of pool memory owned here; the controller is
+        // disabled, and qpairs do not touch their slots while the controller resets (they
+        // see the reset epoch first). Atomic stores keep this race-free regardless.
+        unsafe {
+            for p in [self.db.as_ptr(), self.ei.as_ptr()] {
+                for i in 0..crate::spec::PAGE_SIZE / 4 {
+                    AtomicU32::from_ptr(p.cast::<u32>().add(i)).store(0, Ordering::Relaxed);
+                }
+            }
+        }
     }
 }
 

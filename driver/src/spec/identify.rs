@@ -82,6 +82,8 @@ pub mod ctrl_off {
     pub const VER: usize = 80;
     /// OAES: Optional Asynchronous Events Supported.
     pub const OAES: usize = 92;
+    /// CRDT1..CRDT3: Command Retry Delay Times (three u16, 100 ms units).
+    pub const CRDT: usize = 134;
     /// CTRATT: Controller Attributes.
     pub const CTRATT: usize = 96;
     /// OACS: Optional Admin Command Support.
@@ -181,6 +183,8 @@ pub struct IdentifyController {
     pub oaes: u32,
     /// CTRATT.
     pub ctratt: u32,
+    /// CRDT1..CRDT3 (100 ms units), indexed by a completion's CRD minus one.
+    pub crdt: [u16; 3],
     /// OACS.
     pub oacs: u16,
     /// ACL (zero-based).
@@ -247,6 +251,11 @@ impl IdentifyController {
             ver: rd_u32(b, o::VER),
             oaes: rd_u32(b, o::OAES),
             ctratt: rd_u32(b, o::CTRATT),
+            crdt: [
+                rd_u16(b, o::CRDT),
+                rd_u16(b, o::CRDT + 2),
+                rd_u16(b, o::CRDT + 4),
+            ],
             oacs: rd_u16(b, o::OACS),
             acl: rd_u8(b, o::ACL),
             aerl: rd_u8(b, o::AERL),
@@ -290,6 +299,9 @@ impl IdentifyController {
         wr_u32(&mut b[..], o::VER, self.ver);
         wr_u32(&mut b[..], o::OAES, self.oaes);
         wr_u32(&mut b[..], o::CTRATT, self.ctratt);
+        for (i, t) in self.crdt.iter().enumerate() {
+            wr_u16(&mut b[..], o::CRDT + 2 * i, *t);
+        }
         wr_u16(&mut b[..], o::OACS, self.oacs);
         b[o::ACL] = self.acl;
         b[o::AERL] = self.aerl;

@@ -1,0 +1,54 @@
+//! The conformance suite as part of `cargo test`: every case against the emulator, and the
+//! hardware run when a device is named (skipped, saying how to enable it, otherwise).
+
+use kestrel_hw_tests::{cases, format_report, run, tally, Device, Outcome};
+
+#[test]
+fn suite_has_at_least_25_independent_cases() {
+    let c = cases();
+    assert!(c.len() >= 25, "{} cases", c.len());
+    let mut names: Vec<_> = c.iter().map(|c| c.name).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), c.len(), "case names are unique");
+}
+
+#[test]
+fn suite_passes_on_the_emulator() {
+    let reports = run(&Device::Emulator, "");
+    println!("{}", format_report(&reports));
+    let (p, f, s) = tally(&reports);
+    println!("emulator: {p} passed, {f} failed, {s} skipped");
+    let failed: Vec<_> = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+        .collect();
+    assert!(failed.is_empty(), "failed on the emulator: {failed:#?}");
+    // The emulator offers every optional feature the suite checks: nothing may skip.
+    let skipped: Vec<_> = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Skip(_)))
+        .map(|r| (r.name, r.outcome.clone()))
+        .collect();
+    assert!(skipped.is_empty(), "skipped on the emulator: {skipped:?}");
+}
+
+#[test]
+fn suite_on_real_hardware_when_named() {
+    let Some(bdf) = std::env::var("KESTREL_TEST_DEVICE")
+        .ok()
+        .filter(|s| !s.is_empty())
+    else {
+        println!("skipped: no hardware run; set KESTREL_TEST_DEVICE=<BDF> of a controller bound to vfio-pci (scripts/setup.sh config) and KESTREL_TEST_DESTRUCTIVE=1 to run the suite on it");
+        return;
+    };
+    if std::env::var("KESTREL_TEST_DESTRUCTIVE").as_deref() != Ok("1") {
+        println!("skipped: KESTREL_TEST_DEVICE={bdf} is set but KESTREL_TEST_DESTRUCTIVE=1 is not; the suite overwrites the first 64 MiB of namespace 1");
+        return;
+    }
+    let noiommu = std::env::var("KESTREL_NOIOMMU").as_deref() == Ok("1");
+    let reports = run(&Device::Pci { bdf, noiommu }, "");
+    println!("{}", format_report(&reports));
+    let (_, f, _) = tally(&reports);
+    assert_eq!(f, 0, "cases failed on the device");
+}
