@@ -5,6 +5,7 @@
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
+//! - [`emu`]: a software NVMe controller behind that seam, for tests without hardware.
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
@@ -13,6 +14,7 @@
 
 pub mod ctrlr;
 pub mod dma;
+pub mod emu;
 pub mod io;
 pub mod mmio;
 pub mod prp;
@@ -40,6 +42,9 @@ pub enum Error {
     /// DMA layer.
     #[error(transparent)]
     Dma(#[from] dma::DmaError),
+    /// The emulated controller.
+    #[error(transparent)]
+    Emu(#[from] emu::EmuError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),
