@@ -27,8 +27,9 @@ apt_install() {
     fi
 }
 
-# gcc builds and runs the C ABI example; shellcheck checks scripts/.
-apt_install gcc:gcc shellcheck:shellcheck
+# gcc builds and runs the C ABI example; shellcheck checks scripts/; busybox lets the
+# setup.sh test run it with the tools of the VM guest only.
+apt_install gcc:gcc shellcheck:shellcheck busybox:busybox-static
 
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     log "installing rustfmt and clippy"

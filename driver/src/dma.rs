@@ -25,7 +25,7 @@ use crate::spec::PAGE_SIZE;
 #[derive(Debug, thiserror::Error)]
 pub enum DmaError {
     /// mmap of hugepages failed: the pool of free hugepages is too small.
-    #[error("no free {page_kib} KiB hugepages for a {len}-byte dma region (need {pages} pages, {free} free of {total}); add some with `echo {suggest} > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/nr_hugepages` or run `HUGEMEM=<MiB> scripts/setup.sh config`")]
+    #[error("no free {page_kib} KiB hugepages for a {len}-byte dma region: it needs {pages}, and {free} of {total} are free; as root, grow the pool with `echo {suggest} > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/nr_hugepages`{}, or make the pool smaller", grow_hint(.page_kib, .suggest))]
     NoHugepages {
         /// Hugepage size in KiB.
         page_kib: usize,
@@ -41,7 +41,7 @@ pub enum DmaError {
         suggest: u64,
     },
     /// mlock failed: RLIMIT_MEMLOCK too low.
-    #[error("cannot lock {len} bytes of dma memory: the memlock limit is {limit}; raise it with `ulimit -l unlimited` or a `memlock` line in /etc/security/limits.conf")]
+    #[error("cannot lock {len} bytes of dma memory: the memlock limit (RLIMIT_MEMLOCK) is {limit}; raise it with `ulimit -l unlimited` in the shell that starts kestrel, `LimitMEMLOCK=infinity` in a systemd unit, or a `memlock` line in /etc/security/limits.conf (root with CAP_IPC_LOCK has no limit)")]
     MemlockLimit {
         /// Bytes requested.
         len: usize,
@@ -96,6 +96,15 @@ pub enum DmaError {
         /// Buffer length.
         buf_len: usize,
     },
+}
+
+/// The second way to grow a hugepage pool, for the [`DmaError::NoHugepages`] message.
+fn grow_hint(page_kib: &usize, suggest: &u64) -> String {
+    match *page_kib {
+        2048 => format!(" or `HUGEMEM={} scripts/setup.sh config`", suggest * 2),
+        1_048_576 => " (1 GiB pages may only be had at boot: `hugepagesz=1G hugepages=N`)".into(),
+        _ => String::new(),
+    }
 }
 
 /// Makes memory visible to a device and gives its IOVA.
@@ -160,7 +169,8 @@ fn read_hugepage_counter(page_kib: usize, name: &str) -> u64 {
     .unwrap_or(0)
 }
 
-fn memlock_limit_text() -> String {
+/// The RLIMIT_MEMLOCK soft limit, as text for messages.
+pub(crate) fn memlock_limit_text() -> String {
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -696,6 +706,54 @@ mod tests {
             Err(DmaError::PoolExhausted { .. })
         ));
         assert!(matches!(p.alloc(0), Err(DmaError::InvalidLength { .. })));
+    }
+
+    #[test]
+    fn hugepage_and_memlock_messages_say_what_to_do() {
+        let e = DmaError::NoHugepages {
+            page_kib: 2048,
+            len: 8 << 20,
+            pages: 4,
+            free: 1,
+            total: 10,
+            suggest: 13,
+        }
+        .to_string();
+        assert!(
+            e.contains("no free 2048 KiB hugepages for a 8388608-byte dma region"),
+            "{e}"
+        );
+        assert!(e.contains("it needs 4, and 1 of 10 are free"), "{e}");
+        assert!(
+            e.contains("`echo 13 > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages`"),
+            "{e}"
+        );
+        assert!(e.contains("`HUGEMEM=26 scripts/setup.sh config`"), "{e}");
+        let e = DmaError::NoHugepages {
+            page_kib: 1 << 20,
+            len: 1 << 30,
+            pages: 1,
+            free: 0,
+            total: 0,
+            suggest: 1,
+        }
+        .to_string();
+        assert!(
+            e.contains("hugepages-1048576kB") && e.contains("hugepagesz=1G"),
+            "{e}"
+        );
+        assert!(!e.contains("HUGEMEM"), "{e}");
+        let e = DmaError::MemlockLimit {
+            len: 4096,
+            limit: "65536 bytes".into(),
+        }
+        .to_string();
+        assert!(e.contains("cannot lock 4096 bytes"), "{e}");
+        assert!(
+            e.contains("is 65536 bytes") && e.contains("ulimit -l unlimited"),
+            "{e}"
+        );
+        assert!(e.contains("LimitMEMLOCK=infinity"), "{e}");
     }
 
     #[test]

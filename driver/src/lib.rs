@@ -4,8 +4,10 @@
 //! - [`spec`]: NVMe definitions, pure data.
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
+//! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
 //! - [`transport`]: the seam a controller is reached through (VFIO or the emulator).
 //! - [`emu`]: a software NVMe controller behind that seam, for tests without hardware.
+//! - [`vfio`]: the transport to a controller bound to vfio-pci.
 //! - [`io`]: request and completion types shared by all targets.
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
@@ -17,12 +19,14 @@ pub mod dma;
 pub mod emu;
 pub mod io;
 pub mod mmio;
+pub mod pci;
 pub mod prp;
 pub mod qpair;
 pub mod ring;
 pub mod spec;
 pub mod target;
 pub mod transport;
+pub mod vfio;
 
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
@@ -45,6 +49,12 @@ pub enum Error {
     /// The emulated controller.
     #[error(transparent)]
     Emu(#[from] emu::EmuError),
+    /// VFIO transport.
+    #[error(transparent)]
+    Vfio(#[from] vfio::VfioError),
+    /// PCI discovery.
+    #[error(transparent)]
+    Pci(#[from] pci::PciError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),

@@ -1,0 +1,1076 @@
+//! PCI discovery from sysfs: NVMe controllers, their IOMMU groups, drivers and block
+//! devices, and the hugepage pools. Read-only, pure Rust, no `unsafe`.
+//!
+//! Everything is read below a sysfs root and a procfs root given by the caller
+//! ([`SysRoots`]), so a service can use the real `/sys` and `/proc` and tests a fake tree.
+//! `scripts/setup.sh status` reads the same files and prints the same table
+//! ([`format_table`]); the two are compared by a test.
+//!
+//! Files read, relative to the sysfs root:
+//! - `bus/pci/devices/<BDF>/{class,vendor,device,numa_node}`, and the `driver` and
+//!   `iommu_group` links;
+//! - `kernel/iommu_groups/<N>/devices/*`: the members of a group;
+//! - `bus/pci/devices/<BDF>/nvme/nvme*/nvme*n*`: the namespaces' block devices (a
+//!   multipath path device `nvmeXcYnZ` stands for its head `nvmeXnZ`, found in
+//!   `class/block/`), their partitions (subdirectories with a `partition` file) and
+//!   `holders/` (device mapper, md);
+//! - `devices/system/node/node*/hugepages/hugepages-*kB/{nr,free}_hugepages`, or
+//!   `kernel/mm/hugepages/` on a kernel without NUMA.
+//!
+//! And relative to the procfs root: `mounts` and `swaps`.
+
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+/// The PCI class code of an NVM Express I/O controller (mass storage, non-volatile
+/// memory, NVMe programming interface).
+pub const NVME_CLASS: u32 = 0x01_08_02;
+
+/// Class code of a PCI-to-PCI bridge (base 0x06, subclass 0x04), any programming
+/// interface. Bridges in an IOMMU group do not make it unviable.
+const PCI_BRIDGE_CLASS: u32 = 0x06_04;
+
+/// Errors of PCI discovery.
+#[derive(Debug, thiserror::Error)]
+pub enum PciError {
+    /// A PCI address that does not parse.
+    #[error("invalid pci address `{input}`: expected [domain:]bus:device.function in hex, like 0000:01:00.0 or 01:00.0")]
+    InvalidBdf {
+        /// What was given.
+        input: String,
+    },
+    /// A sysfs or procfs file that exists but cannot be read or parsed.
+    #[error("cannot read {path}: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The PCI device directory is missing altogether (no sysfs mounted?).
+    #[error("{path} does not exist: is sysfs mounted (`mount -t sysfs sysfs /sys`)?")]
+    NoPciBus {
+        /// The directory looked for.
+        path: PathBuf,
+    },
+}
+
+/// A PCI address: domain, bus, device, function.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Bdf {
+    /// PCI domain (segment).
+    pub domain: u32,
+    /// Bus number.
+    pub bus: u8,
+    /// Device number, 0..=31.
+    pub device: u8,
+    /// Function number, 0..=7.
+    pub function: u8,
+}
+
+impl FromStr for Bdf {
+    type Err = PciError;
+
+    /// Parses `DDDD:BB:DD.F` or `BB:DD.F` (domain 0), hex, either case.
+    fn from_str(s: &str) -> Result<Self, PciError> {
+        let bad = || PciError::InvalidBdf {
+            input: s.to_string(),
+        };
+        let hex = |t: &str, max_digits: usize| -> Result<u32, PciError> {
+            if t.is_empty() || t.len() > max_digits || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(bad());
+            }
+            u32::from_str_radix(t, 16).map_err(|_| bad())
+        };
+        let t = s.trim();
+        let (domain, rest) = match t.split(':').collect::<Vec<_>>().as_slice() {
+            [d, b, r] => (hex(d, 8)?, (*b, *r)),
+            [b, r] => (0, (*b, *r)),
+            _ => return Err(bad()),
+        };
+        let (bus, devfn) = rest;
+        let (dev, func) = devfn.split_once('.').ok_or_else(bad)?;
+        let bus = hex(bus, 2)?;
+        let dev = hex(dev, 2)?;
+        let func = hex(func, 1)?;
+        if dev > 0x1f || func > 7 {
+            return Err(bad());
+        }
+        Ok(Bdf {
+            domain,
+            bus: bus as u8,
+            device: dev as u8,
+            function: func as u8,
+        })
+    }
+}
+
+impl fmt::Display for Bdf {
+    /// The sysfs spelling: `0000:01:00.0`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+/// Where sysfs and procfs are: `/sys` and `/proc`, or a fake tree in tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SysRoots {
+    /// The sysfs root (`/sys`).
+    pub sysfs: PathBuf,
+    /// The procfs root (`/proc`); `mounts` and `swaps` are read below it.
+    pub proc: PathBuf,
+}
+
+impl Default for SysRoots {
+    fn default() -> Self {
+        SysRoots {
+            sysfs: PathBuf::from("/sys"),
+            proc: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl SysRoots {
+    /// Roots at `sysfs` and `proc`.
+    pub fn new(sysfs: impl Into<PathBuf>, proc: impl Into<PathBuf>) -> Self {
+        SysRoots {
+            sysfs: sysfs.into(),
+            proc: proc.into(),
+        }
+    }
+
+    /// The sysfs directory of a PCI device: `<sysfs>/bus/pci/devices/<BDF>`.
+    pub fn pci_device_dir(&self, bdf: &Bdf) -> PathBuf {
+        self.sysfs.join("bus/pci/devices").join(bdf.to_string())
+    }
+}
+
+/// One way a block device is in use, which makes unbinding its controller unsafe.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BlockUse {
+    /// Mounted (from the mounts file).
+    Mounted {
+        /// The block device or partition (`nvme0n1p1`).
+        dev: String,
+        /// Where (`/boot`).
+        mountpoint: String,
+    },
+    /// An active swap area (from the swaps file).
+    Swap {
+        /// The block device or partition.
+        dev: String,
+    },
+    /// Held by another block device (device mapper/LVM, md RAID), from sysfs `holders/`.
+    Held {
+        /// The block device or partition.
+        dev: String,
+        /// The holder (`dm-0`).
+        holder: String,
+        /// The device-mapper name of the holder, when it has one (`vg0-root`).
+        dm_name: Option<String>,
+    },
+}
+
+impl fmt::Display for BlockUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BlockUse::Mounted { dev, mountpoint } => write!(f, "{dev} mounted on {mountpoint}"),
+            BlockUse::Swap { dev } => write!(f, "{dev} used as swap"),
+            BlockUse::Held {
+                dev,
+                holder,
+                dm_name: Some(n),
+            } => write!(f, "{dev} held by {holder} ({n})"),
+            BlockUse::Held {
+                dev,
+                holder,
+                dm_name: None,
+            } => write!(f, "{dev} held by {holder}"),
+        }
+    }
+}
+
+/// A namespace's block device as the kernel's nvme driver exposes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockDevice {
+    /// The block device (`nvme0n1`).
+    pub name: String,
+    /// Its partitions (`nvme0n1p1`, ...), sorted.
+    pub partitions: Vec<String>,
+    /// Everything that uses the device or one of its partitions.
+    pub uses: Vec<BlockUse>,
+}
+
+/// An NVMe controller found on the PCI bus.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PciNvmeController {
+    /// Its address.
+    pub bdf: Bdf,
+    /// PCI vendor ID.
+    pub vendor: u16,
+    /// PCI device ID.
+    pub device: u16,
+    /// NUMA node, or `None` when the platform does not say (`numa_node` is -1).
+    pub numa_node: Option<u32>,
+    /// IOMMU group, or `None` when there is none (IOMMU off and not bound in noiommu mode).
+    pub iommu_group: Option<u32>,
+    /// The bound driver (`nvme`, `vfio-pci`), or `None`.
+    pub driver: Option<String>,
+    /// Block devices of its namespaces (only while bound to `nvme`), sorted by name.
+    pub block_devices: Vec<BlockDevice>,
+}
+
+impl PciNvmeController {
+    /// Every use of any of its block devices, in table order.
+    pub fn uses(&self) -> impl Iterator<Item = &BlockUse> {
+        self.block_devices.iter().flat_map(|b| b.uses.iter())
+    }
+
+    /// Whether any namespace is mounted, used as swap or held: unbinding it from `nvme`
+    /// would pull a disk from under a user.
+    pub fn in_use(&self) -> bool {
+        self.uses().next().is_some()
+    }
+}
+
+/// A member of an IOMMU group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMember {
+    /// Its address.
+    pub bdf: Bdf,
+    /// Its bound driver, if any.
+    pub driver: Option<String>,
+    /// Its PCI class code (24 bits), when readable.
+    pub class: Option<u32>,
+}
+
+impl GroupMember {
+    /// Whether this member lets VFIO use the group: no driver, a vfio driver, `pci-stub`,
+    /// or a PCI bridge (which the kernel tolerates whatever drives it).
+    pub fn allows_vfio(&self) -> bool {
+        match self.driver.as_deref() {
+            None => true,
+            Some(d) if d.starts_with("vfio") || d == "pci-stub" => true,
+            Some(_) => self.class.is_some_and(|c| c >> 8 == PCI_BRIDGE_CLASS),
+        }
+    }
+}
+
+impl fmt::Display for GroupMember {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.driver {
+            Some(d) => write!(f, "{} (driver {d})", self.bdf),
+            None => write!(f, "{} (no driver)", self.bdf),
+        }
+    }
+}
+
+/// Free and total hugepages of one size on one NUMA node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HugepageCount {
+    /// The node, or `None` on a kernel without NUMA (counts from `/sys/kernel/mm`).
+    pub node: Option<u32>,
+    /// Page size in KiB (2048, 1048576).
+    pub page_kib: u64,
+    /// Free pages.
+    pub free: u64,
+    /// Pages in the pool.
+    pub total: u64,
+}
+
+/// Hugepage pools per NUMA node and page size, sorted by node then size.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HugepageStatus {
+    /// One entry per node and size.
+    pub counts: Vec<HugepageCount>,
+}
+
+impl HugepageStatus {
+    /// Free pages of `page_kib` on all nodes.
+    pub fn free(&self, page_kib: u64) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.page_kib == page_kib)
+            .map(|c| c.free)
+            .sum()
+    }
+    /// Total pages of `page_kib` on all nodes.
+    pub fn total(&self, page_kib: u64) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.page_kib == page_kib)
+            .map(|c| c.total)
+            .sum()
+    }
+}
+
+fn read_err(path: &Path, e: impl fmt::Display) -> PciError {
+    PciError::Read {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
+}
+
+/// Reads a small sysfs file, trimmed. `Ok(None)` when it does not exist.
+fn read_opt(path: &Path) -> Result<Option<String>, PciError> {
+    match fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(read_err(path, e)),
+    }
+}
+
+/// Parses `0x1b36`-style hex.
+fn parse_hex(path: &Path, s: &str) -> Result<u32, PciError> {
+    let t = s.strip_prefix("0x").unwrap_or(s);
+    u32::from_str_radix(t, 16).map_err(|e| read_err(path, format!("`{s}` is not hex: {e}")))
+}
+
+fn read_hex(path: &Path) -> Result<Option<u32>, PciError> {
+    read_opt(path)?.map(|s| parse_hex(path, &s)).transpose()
+}
+
+fn read_u64(path: &Path) -> Result<Option<u64>, PciError> {
+    read_opt(path)?
+        .map(|s| {
+            s.parse::<u64>()
+                .map_err(|e| read_err(path, format!("`{s}` is not a number: {e}")))
+        })
+        .transpose()
+}
+
+/// The last path component a symlink points to (`driver` -> `.../drivers/nvme` gives
+/// `nvme`). `None` when the link does not exist.
+fn link_name(path: &Path) -> Result<Option<String>, PciError> {
+    match fs::read_link(path) {
+        Ok(t) => Ok(t.file_name().map(|n| n.to_string_lossy().into_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(read_err(path, e)),
+    }
+}
+
+/// Names of the entries of a directory, sorted; empty when it does not exist.
+fn dir_names(path: &Path) -> Result<Vec<String>, PciError> {
+    let rd = match fs::read_dir(path) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(read_err(path, e)),
+    };
+    let mut v = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| read_err(path, e))?;
+        v.push(ent.file_name().to_string_lossy().into_owned());
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// The driver bound to a PCI device, from its sysfs `driver` link.
+pub fn bound_driver(roots: &SysRoots, bdf: &Bdf) -> Result<Option<String>, PciError> {
+    link_name(&roots.pci_device_dir(bdf).join("driver"))
+}
+
+/// The IOMMU group of a PCI device, from its sysfs `iommu_group` link. `None` when the
+/// device has none: no IOMMU, and not bound to vfio-pci in noiommu mode.
+pub fn iommu_group(roots: &SysRoots, bdf: &Bdf) -> Result<Option<u32>, PciError> {
+    let path = roots.pci_device_dir(bdf).join("iommu_group");
+    match link_name(&path)? {
+        None => Ok(None),
+        Some(n) => n
+            .parse()
+            .map(Some)
+            .map_err(|_| read_err(&path, format!("link target `{n}` is not a group number"))),
+    }
+}
+
+/// The PCI class code (24 bits) of a device.
+pub fn class(roots: &SysRoots, bdf: &Bdf) -> Result<Option<u32>, PciError> {
+    read_hex(&roots.pci_device_dir(bdf).join("class"))
+}
+
+/// The members of IOMMU group `group`, sorted by address.
+pub fn group_members(roots: &SysRoots, group: u32) -> Result<Vec<GroupMember>, PciError> {
+    let dir = roots
+        .sysfs
+        .join("kernel/iommu_groups")
+        .join(group.to_string())
+        .join("devices");
+    let mut out = Vec::new();
+    for name in dir_names(&dir)? {
+        // Non-PCI members (rare: platform devices) cannot be named by a BDF; they are
+        // reported by the kernel's viability check instead.
+        let Ok(bdf) = name.parse::<Bdf>() else {
+            continue;
+        };
+        out.push(GroupMember {
+            bdf,
+            driver: link_name(&dir.join(&name).join("driver"))?,
+            class: read_hex(&dir.join(&name).join("class"))?,
+        });
+    }
+    out.sort_by_key(|m| m.bdf);
+    Ok(out)
+}
+
+/// Whether `name` is `nvme<N>n<M>` or `nvme<N>c<C>n<M>`; returns the block device it
+/// stands for (the multipath head `nvme<N>n<M>` for a path device).
+fn namespace_block_name(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("nvme")?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (subsys, after) = rest.split_once(['c', 'n'])?;
+    if !digits(subsys) {
+        return None;
+    }
+    let nsid = if rest.as_bytes()[subsys.len()] == b'c' {
+        let (ctrl, nsid) = after.split_once('n')?;
+        if !digits(ctrl) {
+            return None;
+        }
+        nsid
+    } else {
+        after
+    };
+    digits(nsid).then(|| format!("nvme{subsys}n{nsid}"))
+}
+
+/// Mount sources and swap areas, read once per listing.
+struct Usage {
+    /// (device basename, mountpoint), in mounts-file order.
+    mounts: Vec<(String, String)>,
+    /// Device basenames of swap areas.
+    swaps: Vec<String>,
+}
+
+/// The block device name a mount source or swap file name refers to: the basename of
+/// `/dev/...` after resolving symlinks (`/dev/mapper/x` -> `dm-0`) when that works.
+fn dev_basename(source: &str) -> Option<String> {
+    if !source.starts_with("/dev/") {
+        return None;
+    }
+    let p = Path::new(source);
+    let resolved = fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    resolved
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+}
+
+impl Usage {
+    fn read(roots: &SysRoots) -> Result<Usage, PciError> {
+        let mut mounts = Vec::new();
+        let mpath = roots.proc.join("mounts");
+        if let Some(text) = read_opt(&mpath)? {
+            for line in text.lines() {
+                let mut f = line.split_whitespace();
+                if let (Some(src), Some(mnt)) = (f.next(), f.next()) {
+                    if let Some(dev) = dev_basename(src) {
+                        mounts.push((dev, mnt.to_string()));
+                    }
+                }
+            }
+        }
+        let mut swaps = Vec::new();
+        let spath = roots.proc.join("swaps");
+        if let Some(text) = read_opt(&spath)? {
+            for line in text.lines().skip(1) {
+                if let Some(dev) = line.split_whitespace().next().and_then(dev_basename) {
+                    swaps.push(dev);
+                }
+            }
+        }
+        Ok(Usage { mounts, swaps })
+    }
+
+    /// The uses of one block device or partition whose sysfs directory is `dir`.
+    fn of(&self, roots: &SysRoots, dev: &str, dir: &Path) -> Result<Vec<BlockUse>, PciError> {
+        let mut v = Vec::new();
+        for (d, m) in &self.mounts {
+            if d == dev {
+                v.push(BlockUse::Mounted {
+                    dev: dev.to_string(),
+                    mountpoint: m.clone(),
+                });
+            }
+        }
+        if self.swaps.iter().any(|s| s == dev) {
+            v.push(BlockUse::Swap {
+                dev: dev.to_string(),
+            });
+        }
+        for holder in dir_names(&dir.join("holders"))? {
+            let dm_name = read_opt(
+                &roots
+                    .sysfs
+                    .join("class/block")
+                    .join(&holder)
+                    .join("dm/name"),
+            )?;
+            v.push(BlockUse::Held {
+                dev: dev.to_string(),
+                holder,
+                dm_name,
+            });
+        }
+        Ok(v)
+    }
+}
+
+/// The block devices of the controller whose sysfs directory is `dev_dir`.
+fn block_devices(
+    roots: &SysRoots,
+    dev_dir: &Path,
+    usage: &Usage,
+) -> Result<Vec<BlockDevice>, PciError> {
+    let nvme_dir = dev_dir.join("nvme");
+    let mut out: Vec<BlockDevice> = Vec::new();
+    for ctrl in dir_names(&nvme_dir)? {
+        if !ctrl.starts_with("nvme") {
+            continue;
+        }
+        for entry in dir_names(&nvme_dir.join(&ctrl))? {
+            let Some(name) = namespace_block_name(&entry) else {
+                continue;
+            };
+            if out.iter().any(|b| b.name == name) {
+                continue;
+            }
+            // The head of a multipath namespace lives elsewhere; class/block finds it.
+            let by_class = roots.sysfs.join("class/block").join(&name);
+            let dir = if by_class.exists() {
+                by_class
+            } else {
+                nvme_dir.join(&ctrl).join(&entry)
+            };
+            let mut partitions = Vec::new();
+            for sub in dir_names(&dir)? {
+                if sub.starts_with(&name) && dir.join(&sub).join("partition").exists() {
+                    partitions.push(sub);
+                }
+            }
+            let mut uses = usage.of(roots, &name, &dir)?;
+            for p in &partitions {
+                uses.extend(usage.of(roots, p, &dir.join(p))?);
+            }
+            out.push(BlockDevice {
+                name,
+                partitions,
+                uses,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Reads what sysfs says about one PCI device, whatever its class.
+pub fn read_controller(roots: &SysRoots, bdf: &Bdf) -> Result<PciNvmeController, PciError> {
+    let usage = Usage::read(roots)?;
+    read_controller_with(roots, bdf, &usage)
+}
+
+fn read_controller_with(
+    roots: &SysRoots,
+    bdf: &Bdf,
+    usage: &Usage,
+) -> Result<PciNvmeController, PciError> {
+    let dir = roots.pci_device_dir(bdf);
+    let id = |f: &str| -> Result<u16, PciError> {
+        let p = dir.join(f);
+        let v = read_hex(&p)?.ok_or_else(|| read_err(&p, "missing"))?;
+        u16::try_from(v).map_err(|_| read_err(&p, format!("{v:#x} is not a 16-bit id")))
+    };
+    let numa_path = dir.join("numa_node");
+    let numa_node = match read_opt(&numa_path)? {
+        None => None,
+        Some(s) => {
+            let n: i64 = s
+                .parse()
+                .map_err(|e| read_err(&numa_path, format!("`{s}`: {e}")))?;
+            u32::try_from(n).ok()
+        }
+    };
+    Ok(PciNvmeController {
+        bdf: *bdf,
+        vendor: id("vendor")?,
+        device: id("device")?,
+        numa_node,
+        iommu_group: iommu_group(roots, bdf)?,
+        driver: bound_driver(roots, bdf)?,
+        block_devices: block_devices(roots, &dir, usage)?,
+    })
+}
+
+/// The addresses of the NVMe controllers (PCI class 0x010802) under
+/// `<sysfs_root>/bus/pci/devices`, sorted.
+pub fn nvme_bdfs(sysfs_root: &Path) -> Result<Vec<Bdf>, PciError> {
+    let roots = SysRoots::new(sysfs_root, "/proc");
+    let devdir = sysfs_root.join("bus/pci/devices");
+    if !devdir.is_dir() {
+        return Err(PciError::NoPciBus { path: devdir });
+    }
+    let mut out = Vec::new();
+    for name in dir_names(&devdir)? {
+        let Ok(bdf) = name.parse::<Bdf>() else {
+            continue;
+        };
+        if class(&roots, &bdf)? == Some(NVME_CLASS) {
+            out.push(bdf);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every NVMe controller (PCI class 0x010802) under `<sysfs>/bus/pci/devices`, sorted by
+/// address, with its driver, IOMMU group and the block devices of its namespaces.
+pub fn list_nvme_controllers(roots: &SysRoots) -> Result<Vec<PciNvmeController>, PciError> {
+    let bdfs = nvme_bdfs(&roots.sysfs)?;
+    let usage = Usage::read(roots)?;
+    bdfs.iter()
+        .map(|b| read_controller_with(roots, b, &usage))
+        .collect()
+}
+
+/// Parses `hugepages-2048kB`.
+fn hugepage_dir_kib(name: &str) -> Option<u64> {
+    name.strip_prefix("hugepages-")?
+        .strip_suffix("kB")?
+        .parse()
+        .ok()
+}
+
+fn hugepage_counts(dir: &Path, node: Option<u32>) -> Result<Vec<HugepageCount>, PciError> {
+    let mut out = Vec::new();
+    for name in dir_names(dir)? {
+        let Some(page_kib) = hugepage_dir_kib(&name) else {
+            continue;
+        };
+        let d = dir.join(&name);
+        out.push(HugepageCount {
+            node,
+            page_kib,
+            free: read_u64(&d.join("free_hugepages"))?.unwrap_or(0),
+            total: read_u64(&d.join("nr_hugepages"))?.unwrap_or(0),
+        });
+    }
+    Ok(out)
+}
+
+/// Free and total hugepages per NUMA node and page size. Falls back to the global pools
+/// (`node: None`) on a kernel without NUMA nodes in sysfs. Empty without hugetlb support.
+pub fn hugepage_status(sysfs_root: &Path) -> Result<HugepageStatus, PciError> {
+    let nodes_dir = sysfs_root.join("devices/system/node");
+    let mut counts = Vec::new();
+    for name in dir_names(&nodes_dir)? {
+        let Some(n) = name
+            .strip_prefix("node")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        counts.extend(hugepage_counts(
+            &nodes_dir.join(&name).join("hugepages"),
+            Some(n),
+        )?);
+    }
+    if counts.is_empty() {
+        counts = hugepage_counts(&sysfs_root.join("kernel/mm/hugepages"), None)?;
+    }
+    counts.sort_by_key(|c| (c.node, c.page_kib));
+    Ok(HugepageStatus { counts })
+}
+
+/// Text of an optional column value: the value, or `-`.
+fn or_dash<T: fmt::Display>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map_or_else(|| "-".to_string(), |x| x.to_string())
+}
+
+/// The table `kestrel list` and `scripts/setup.sh status` print: the hugepage pools per
+/// NUMA node, then one line per NVMe controller (address, vendor:device, NUMA node, IOMMU
+/// group, driver, block devices, and what uses them). Missing values print as `-`.
+///
+/// The layout is fixed-width and mirrored byte for byte by `setup.sh`; change both.
+pub fn format_table(ctrls: &[PciNvmeController], huge: &HugepageStatus) -> String {
+    use fmt::Write as _;
+    let mut s = String::new();
+    if huge.counts.is_empty() {
+        s.push_str("hugepages: none (kernel without hugetlb support)\n");
+    } else {
+        let _ = writeln!(
+            s,
+            "{:<6}  {:<10}  {:>6}  {:>6}",
+            "NODE", "HUGEPAGES", "FREE", "TOTAL"
+        );
+        for c in &huge.counts {
+            let node = c
+                .node
+                .map_or_else(|| "-".to_string(), |n| format!("node{n}"));
+            let size = format!("{}kB", c.page_kib);
+            let _ = writeln!(
+                s,
+                "{:<6}  {:<10}  {:>6}  {:>6}",
+                node, size, c.free, c.total
+            );
+        }
+    }
+    s.push('\n');
+    if ctrls.is_empty() {
+        s.push_str("no NVMe controllers (PCI class 0x010802) found\n");
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "{:<12}  {:<9}  {:<4}  {:<5}  {:<10}  {:<16}  IN USE",
+        "BDF", "VENDOR:ID", "NUMA", "GROUP", "DRIVER", "BLOCK DEVICES"
+    );
+    for c in ctrls {
+        let ids = format!("{:04x}:{:04x}", c.vendor, c.device);
+        let blocks = if c.block_devices.is_empty() {
+            "-".to_string()
+        } else {
+            c.block_devices
+                .iter()
+                .map(|b| b.name.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let uses = if c.in_use() {
+            c.uses()
+                .map(|u| u.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        } else {
+            "no".to_string()
+        };
+        let _ = writeln!(
+            s,
+            "{:<12}  {:<9}  {:<4}  {:<5}  {:<10}  {:<16}  {}",
+            c.bdf.to_string(),
+            ids,
+            or_dash(&c.numa_node),
+            or_dash(&c.iommu_group),
+            or_dash(&c.driver),
+            blocks,
+            uses
+        );
+    }
+    s
+}
+
+/// The whole `kestrel list` / `setup.sh status` text for the machine at `roots`.
+pub fn status_table(roots: &SysRoots) -> Result<String, PciError> {
+    let ctrls = list_nvme_controllers(roots)?;
+    let huge = hugepage_status(&roots.sysfs)?;
+    Ok(format_table(&ctrls, &huge))
+}
+
+#[cfg(test)]
+#[path = "../tests/support/fakesys.rs"]
+pub(crate) mod fake;
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeSys;
+    use super::*;
+
+    trait Roots {
+        fn roots(&self) -> SysRoots;
+    }
+    impl Roots for FakeSys {
+        fn roots(&self) -> SysRoots {
+            SysRoots::new(self.sys(), self.proc())
+        }
+    }
+
+    #[test]
+    fn bdf_parse_and_normalise() {
+        let b: Bdf = "01:00.0".parse().unwrap();
+        assert_eq!(b.to_string(), "0000:01:00.0");
+        let b: Bdf = " 0000:AF:1f.7\n".parse().unwrap();
+        assert_eq!(b.to_string(), "0000:af:1f.7");
+        assert_eq!(
+            "10000:01:00.0".parse::<Bdf>().unwrap().to_string(),
+            "10000:01:00.0"
+        );
+        for bad in [
+            "",
+            "01:00",
+            "01:20.0",
+            "01:00.8",
+            "x1:00.0",
+            "0:0:0:0.0",
+            "001:00.0",
+        ] {
+            let e = bad.parse::<Bdf>().unwrap_err().to_string();
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
+            assert!(e.contains("0000:01:00.0"), "{e}");
+        }
+    }
+
+    #[test]
+    fn namespace_names() {
+        assert_eq!(namespace_block_name("nvme0n1").as_deref(), Some("nvme0n1"));
+        assert_eq!(
+            namespace_block_name("nvme12n10").as_deref(),
+            Some("nvme12n10")
+        );
+        assert_eq!(
+            namespace_block_name("nvme0c1n2").as_deref(),
+            Some("nvme0n2")
+        );
+        for no in [
+            "nvme0",
+            "nvme0n",
+            "nvme0n1p1",
+            "nvmecn1",
+            "nvme0c0",
+            "hwmon1",
+            "nvme0cxn1",
+        ] {
+            assert_eq!(namespace_block_name(no), None, "{no}");
+        }
+    }
+
+    #[test]
+    fn discovery_driver_group_and_blocks() {
+        let f = FakeSys::new();
+        f.nvme("0000:00:04.0")
+            .bind("0000:00:04.0", "nvme")
+            .group("0000:00:04.0", 3)
+            .numa("0000:00:04.0", 1)
+            .namespace("0000:00:04.0", "nvme0", "nvme0n1", "259:0")
+            .namespace("0000:00:04.0", "nvme0", "nvme0n2", "259:1")
+            .partition("0000:00:04.0", "nvme0", "nvme0n1", "nvme0n1p1");
+        f.nvme("0000:00:05.0")
+            .bind("0000:00:05.0", "vfio-pci")
+            .group("0000:00:05.0", 4);
+        f.pci("0000:00:03.0", 0x020000, 0x8086, 0x100e)
+            .bind("0000:00:03.0", "e1000");
+        let c = list_nvme_controllers(&f.roots()).unwrap();
+        assert_eq!(c.len(), 2, "{c:?}");
+        assert_eq!(c[0].bdf.to_string(), "0000:00:04.0");
+        assert_eq!((c[0].vendor, c[0].device), (0x1b36, 0x0010));
+        assert_eq!(c[0].numa_node, Some(1));
+        assert_eq!(c[0].iommu_group, Some(3));
+        assert_eq!(c[0].driver.as_deref(), Some("nvme"));
+        let names: Vec<_> = c[0].block_devices.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["nvme0n1", "nvme0n2"]);
+        assert_eq!(c[0].block_devices[0].partitions, ["nvme0n1p1"]);
+        assert!(!c[0].in_use());
+        assert_eq!(c[1].driver.as_deref(), Some("vfio-pci"));
+        assert_eq!(c[1].numa_node, None);
+        assert!(c[1].block_devices.is_empty());
+        let b: Bdf = "00:05.0".parse().unwrap();
+        assert_eq!(iommu_group(&f.roots(), &b).unwrap(), Some(4));
+        assert_eq!(
+            bound_driver(&f.roots(), &b).unwrap().as_deref(),
+            Some("vfio-pci")
+        );
+        let none: Bdf = "00:06.0".parse().unwrap();
+        assert_eq!(iommu_group(&f.roots(), &none).unwrap(), None);
+        assert_eq!(bound_driver(&f.roots(), &none).unwrap(), None);
+    }
+
+    #[test]
+    fn uses_mounts_swap_holders() {
+        let f = FakeSys::new();
+        let b = "0000:01:00.0";
+        f.nvme(b)
+            .bind(b, "nvme")
+            .namespace(b, "nvme0", "nvme0n1", "259:0")
+            .partition(b, "nvme0", "nvme0n1", "nvme0n1p1")
+            .partition(b, "nvme0", "nvme0n1", "nvme0n1p2")
+            .partition(b, "nvme0", "nvme0n1", "nvme0n1p3")
+            .holder(b, "nvme0/nvme0n1/nvme0n1p3", "dm-0", Some("vg0-root"))
+            .holder(b, "nvme0/nvme0n1/nvme0n1p3", "md0", None)
+            .mount("/dev/nvme0n1p1", "/boot")
+            .mount("/dev/sda1", "/")
+            .swap("/dev/nvme0n1p2");
+        let c = list_nvme_controllers(&f.roots()).unwrap();
+        let uses: Vec<String> = c[0].uses().map(|u| u.to_string()).collect();
+        assert_eq!(
+            uses,
+            [
+                "nvme0n1p1 mounted on /boot",
+                "nvme0n1p2 used as swap",
+                "nvme0n1p3 held by dm-0 (vg0-root)",
+                "nvme0n1p3 held by md0",
+            ]
+        );
+        assert!(c[0].in_use());
+    }
+
+    #[test]
+    fn multipath_path_device_maps_to_head() {
+        let f = FakeSys::new();
+        let b = "0000:01:00.0";
+        f.nvme(b).bind(b, "nvme");
+        // Path device under the controller, head elsewhere with a partition, mounted.
+        let p = f
+            .sys()
+            .join("devices/pci0000:00")
+            .join(b)
+            .join("nvme/nvme0/nvme0c0n1");
+        fs::create_dir_all(&p).unwrap();
+        let head = f
+            .sys()
+            .join("devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1");
+        fs::create_dir_all(head.join("nvme0n1p1")).unwrap();
+        fs::write(head.join("nvme0n1p1/partition"), "1\n").unwrap();
+        std::os::unix::fs::symlink(&head, f.sys().join("class/block/nvme0n1")).unwrap();
+        f.mount("/dev/nvme0n1p1", "/data");
+        let c = list_nvme_controllers(&f.roots()).unwrap();
+        assert_eq!(c[0].block_devices[0].name, "nvme0n1");
+        assert_eq!(c[0].block_devices[0].partitions, ["nvme0n1p1"]);
+        assert_eq!(
+            c[0].uses().next().unwrap().to_string(),
+            "nvme0n1p1 mounted on /data"
+        );
+    }
+
+    #[test]
+    fn group_members_and_viability_rules() {
+        let f = FakeSys::new();
+        f.nvme("0000:01:00.0")
+            .bind("0000:01:00.0", "vfio-pci")
+            .group("0000:01:00.0", 7);
+        f.pci("0000:01:00.1", 0x040300, 0x8086, 0x1234)
+            .bind("0000:01:00.1", "snd_hda_intel")
+            .group("0000:01:00.1", 7);
+        f.pci("0000:00:1c.0", 0x060400, 0x8086, 0x4321)
+            .bind("0000:00:1c.0", "pcieport")
+            .group("0000:00:1c.0", 7);
+        f.pci("0000:01:00.2", 0x0c0330, 0x8086, 0x1111)
+            .group("0000:01:00.2", 7);
+        let m = group_members(&f.roots(), 7).unwrap();
+        let shown: Vec<String> = m.iter().map(|m| m.to_string()).collect();
+        assert_eq!(
+            shown,
+            [
+                "0000:00:1c.0 (driver pcieport)",
+                "0000:01:00.0 (driver vfio-pci)",
+                "0000:01:00.1 (driver snd_hda_intel)",
+                "0000:01:00.2 (no driver)",
+            ]
+        );
+        let ok: Vec<bool> = m.iter().map(|m| m.allows_vfio()).collect();
+        assert_eq!(ok, [true, true, false, true]);
+        assert!(group_members(&f.roots(), 99).unwrap().is_empty());
+    }
+
+    #[test]
+    fn hugepages_per_node_and_fallback() {
+        let f = FakeSys::new();
+        f.hugepages(Some(1), 2048, 3, 4)
+            .hugepages(Some(0), 1048576, 0, 1)
+            .hugepages(Some(0), 2048, 60, 64)
+            .hugepages(None, 2048, 63, 68);
+        let h = hugepage_status(&f.sys()).unwrap();
+        let v: Vec<_> = h
+            .counts
+            .iter()
+            .map(|c| (c.node, c.page_kib, c.free, c.total))
+            .collect();
+        assert_eq!(
+            v,
+            [
+                (Some(0), 2048, 60, 64),
+                (Some(0), 1048576, 0, 1),
+                (Some(1), 2048, 3, 4)
+            ]
+        );
+        assert_eq!((h.free(2048), h.total(2048)), (63, 68));
+        let g = FakeSys::new();
+        g.hugepages(None, 2048, 5, 8);
+        let h = hugepage_status(&g.sys()).unwrap();
+        assert_eq!(
+            h.counts,
+            [HugepageCount {
+                node: None,
+                page_kib: 2048,
+                free: 5,
+                total: 8
+            }]
+        );
+        assert!(hugepage_status(&FakeSys::new().sys())
+            .unwrap()
+            .counts
+            .is_empty());
+    }
+
+    #[test]
+    fn table_layout() {
+        let f = FakeSys::new();
+        let b = "0000:01:00.0";
+        f.nvme(b)
+            .bind(b, "nvme")
+            .group(b, 3)
+            .numa(b, 0)
+            .namespace(b, "nvme0", "nvme0n1", "259:0")
+            .namespace(b, "nvme0", "nvme0n2", "259:1")
+            .mount("/dev/nvme0n2", "/mnt/x");
+        f.nvme("0000:02:00.0");
+        f.hugepages(Some(0), 2048, 60, 64);
+        let t = format_table(
+            &list_nvme_controllers(&f.roots()).unwrap(),
+            &hugepage_status(&f.sys()).unwrap(),
+        );
+        let want = "\
+NODE    HUGEPAGES     FREE   TOTAL
+node0   2048kB          60      64
+
+BDF           VENDOR:ID  NUMA  GROUP  DRIVER      BLOCK DEVICES     IN USE
+0000:01:00.0  1b36:0010  0     3      nvme        nvme0n1,nvme0n2   nvme0n2 mounted on /mnt/x
+0000:02:00.0  1b36:0010  -     -      -           -                 no
+";
+        assert_eq!(t, want);
+        let empty = format_table(&[], &HugepageStatus::default());
+        assert_eq!(
+            empty,
+            "hugepages: none (kernel without hugetlb support)\n\nno NVMe controllers (PCI class 0x010802) found\n"
+        );
+    }
+
+    #[test]
+    fn missing_bus_and_bad_files() {
+        let d = tempfile::tempdir().unwrap();
+        let e = list_nvme_controllers(&SysRoots::new(d.path(), d.path())).unwrap_err();
+        assert!(
+            e.to_string().contains("bus/pci/devices does not exist"),
+            "{e}"
+        );
+        let f = FakeSys::new();
+        f.nvme("0000:01:00.0");
+        fs::write(
+            f.sys().join("devices/pci0000:00/0000:01:00.0/vendor"),
+            "zzz\n",
+        )
+        .unwrap();
+        let e = list_nvme_controllers(&f.roots()).unwrap_err().to_string();
+        assert!(
+            e.contains("0000:01:00.0/vendor") && e.contains("`zzz` is not hex"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn real_machine_lists_without_error() {
+        // This machine may or may not have NVMe; the listing must simply work on real sysfs.
+        let roots = SysRoots::default();
+        if !roots.sysfs.join("bus/pci/devices").is_dir() {
+            eprintln!("skipped: no /sys/bus/pci/devices here");
+            return;
+        }
+        let c = list_nvme_controllers(&roots).unwrap();
+        for x in &c {
+            assert!(x.bdf.to_string().len() >= 12);
+        }
+        hugepage_status(&roots.sysfs).unwrap();
+    }
+}

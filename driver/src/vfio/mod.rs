@@ -1,0 +1,787 @@
+//! The VFIO transport: an NVMe controller bound to `vfio-pci`, its BAR0 mapped into the
+//! process, DMA through the IOMMU (or, when asked for explicitly, without one).
+//!
+//! [`VfioTransport::open`] does, in order:
+//! 1. parse the PCI address (`01:00.0` means `0000:01:00.0`);
+//! 2. sysfs checks (below [`VfioOptions::sysfs_root`]): the device exists, is an NVMe
+//!    controller, is bound to `vfio-pci`, has an IOMMU group, and every other device in
+//!    the group is on vfio-pci or no driver (or is a bridge);
+//! 3. open the group node (`/dev/vfio/N`, or `/dev/vfio/noiommu-N` in noiommu mode) and
+//!    the container (`/dev/vfio/vfio`), below [`VfioOptions::dev_root`];
+//! 4. `VFIO_GET_API_VERSION`, `VFIO_CHECK_EXTENSION` (type1v2, or noiommu),
+//!    `VFIO_GROUP_GET_STATUS` (viable), `VFIO_GROUP_SET_CONTAINER`, `VFIO_SET_IOMMU`,
+//!    `VFIO_IOMMU_GET_INFO` (page sizes, IOVA ranges);
+//! 5. `VFIO_GROUP_GET_DEVICE_FD`, `VFIO_DEVICE_GET_INFO`, `VFIO_DEVICE_GET_REGION_INFO`
+//!    for BAR0 and the config space; mmap BAR0;
+//! 6. set Memory Space Enable and Bus Master Enable in the PCI command register
+//!    (read-modify-write of config offset 4).
+//!
+//! Every step that fails returns a [`VfioError`] saying what to do; what was opened so
+//! far is closed in reverse order (device fd, then group, then container).
+//!
+//! # Teardown
+//! The BAR mapping holds the device, the device holds the group, the group holds the
+//! container, and the [`DmaMapper`] of the transport holds the group too. So DMA
+//! pools (which hold the mapper) keep the IOMMU domain alive after the transport is
+//! dropped, and their regions are unmapped only when the pools go, which the controller
+//! layer does after disabling the controller. Dropping the device clears Bus Master
+//! Enable before the fd is closed (the kernel then resets the function).
+//!
+//! # Why not the `vfio-ioctls` crate
+//! It opens fixed paths (`/dev/vfio/vfio`, `/dev/vfio/N`), so the steps before the
+//! ioctls could not be tested over a fake tree; it knows only the type1 IOMMU (no
+//! noiommu groups or `VFIO_NOIOMMU_IOMMU`), does not report the IOMMU page sizes or IOVA
+//! ranges, and its errors carry no errno for the messages below. The dozen ioctls are
+//! in the private `sys` module, each with its safety argument.
+
+mod iova;
+mod mapper;
+mod sys;
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use vfio_bindings::bindings::vfio::{
+    VFIO_TYPE1v2_IOMMU, VFIO_API_VERSION, VFIO_DEVICE_FLAGS_PCI, VFIO_GROUP_FLAGS_VIABLE,
+    VFIO_NOIOMMU_IOMMU, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
+    VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
+};
+
+use crate::dma::{DmaMapper, PageKind};
+use crate::mmio::{Bar, MIN_BAR_LEN};
+use crate::pci::{self, Bdf, GroupMember, PciError, SysRoots};
+use crate::transport::Transport;
+
+/// Offset of the PCI command register in configuration space.
+pub const PCI_COMMAND: u64 = 0x04;
+/// Command register: Memory Space Enable.
+pub const PCI_COMMAND_MEMORY: u16 = 1 << 1;
+/// Command register: Bus Master Enable.
+pub const PCI_COMMAND_MASTER: u16 = 1 << 2;
+
+/// How to open a controller.
+#[derive(Clone, Debug)]
+pub struct VfioOptions {
+    /// Use unsafe noiommu mode: no IOMMU, DMA to physical addresses, the device can
+    /// reach all memory. Only when there is no IOMMU and you accept that.
+    pub noiommu: bool,
+    /// Pages DMA memory is made of; hugepages (2 MiB by default).
+    pub page_kind: PageKind,
+    /// The sysfs root (`/sys`).
+    pub sysfs_root: PathBuf,
+    /// The device root (`/dev`); the VFIO nodes are in `vfio/` below it.
+    pub dev_root: PathBuf,
+}
+
+impl Default for VfioOptions {
+    fn default() -> Self {
+        VfioOptions {
+            noiommu: false,
+            page_kind: PageKind::Huge2M,
+            sysfs_root: PathBuf::from("/sys"),
+            dev_root: PathBuf::from("/dev"),
+        }
+    }
+}
+
+fn driver_text(d: &Option<String>) -> &str {
+    d.as_deref().unwrap_or("no driver")
+}
+
+fn members_text(others: &[GroupMember]) -> String {
+    if others.is_empty() {
+        return "the kernel reports the group unviable".into();
+    }
+    let list: Vec<String> = others.iter().map(|m| m.to_string()).collect();
+    format!("it also holds {}", list.join(", "))
+}
+
+fn others_bdfs(others: &[GroupMember]) -> String {
+    others
+        .iter()
+        .map(|m| m.bdf.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Errors of the VFIO transport. Each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum VfioError {
+    /// Reading sysfs failed, or the PCI address does not parse.
+    #[error(transparent)]
+    Pci(#[from] PciError),
+    /// No PCI device at that address.
+    #[error("no pci device {bdf}: {path} does not exist; nvme controllers on this machine: {present} (`scripts/setup.sh status` shows them)")]
+    NoSuchDevice {
+        /// The address asked for.
+        bdf: Bdf,
+        /// The sysfs directory looked for.
+        path: PathBuf,
+        /// The NVMe controllers that exist, or "none".
+        present: String,
+    },
+    /// The device is not an NVMe controller.
+    #[error("{bdf} is not an nvme controller: its pci class is {class:#08x}, nvme is 0x010802")]
+    NotNvme {
+        /// The device.
+        bdf: Bdf,
+        /// Its class code.
+        class: u32,
+    },
+    /// The device is bound to another driver, or none.
+    #[error("{bdf} is bound to {}, not vfio-pci; bind it with `PCI_ALLOWED={bdf} scripts/setup.sh config` (as root)", driver_text(.driver))]
+    NotBoundToVfio {
+        /// The device.
+        bdf: Bdf,
+        /// The driver it is bound to.
+        driver: Option<String>,
+    },
+    /// No IOMMU group: the IOMMU is off.
+    #[error("{bdf} has no iommu group ({path} is missing): the iommu is off or absent. boot with intel_iommu=on (intel) or amd_iommu=on (amd) and enable vt-d/amd-vi in the firmware; or, knowing that the device can then read and write all memory, use noiommu mode (`NOIOMMU=1 PCI_ALLOWED={bdf} scripts/setup.sh config`, then open with noiommu)")]
+    NoIommuGroup {
+        /// The device.
+        bdf: Bdf,
+        /// The `iommu_group` link looked for.
+        path: PathBuf,
+    },
+    /// Another device in the group is bound to a host driver.
+    #[error("iommu group {group} of {bdf} is not viable: {}; every device in the group must be bound to vfio-pci or to no driver: bind them too with `PCI_ALLOWED=\"{bdf} {}\" scripts/setup.sh config`, or move the controller to a slot with its own group", members_text(.others), others_bdfs(.others))]
+    GroupNotViable {
+        /// The device.
+        bdf: Bdf,
+        /// Its group.
+        group: u32,
+        /// The members that stop it.
+        others: Vec<GroupMember>,
+    },
+    /// `/dev/vfio/vfio` is missing.
+    #[error("{path} does not exist: the vfio modules are not loaded; run `modprobe vfio-pci` (or `scripts/setup.sh config`)")]
+    VfioNotLoaded {
+        /// The container node looked for.
+        path: PathBuf,
+    },
+    /// The group node is missing although the device is bound to vfio-pci.
+    #[error("{path} (iommu group {group} of {bdf}) does not exist although the device is bound to vfio-pci; is devtmpfs mounted at {dev_root}?")]
+    GroupNodeMissing {
+        /// The device.
+        bdf: Bdf,
+        /// Its group.
+        group: u32,
+        /// The node looked for.
+        path: PathBuf,
+        /// The device root.
+        dev_root: PathBuf,
+    },
+    /// The group is a noiommu group but noiommu was not asked for.
+    #[error("{bdf} is in a noiommu group ({path}): vfio runs in unsafe noiommu mode because there is no iommu; open it with noiommu to accept that its dma is unconfined, or enable the iommu (intel_iommu=on / amd_iommu=on) and rebind")]
+    GroupIsNoiommu {
+        /// The device.
+        bdf: Bdf,
+        /// The noiommu node found.
+        path: PathBuf,
+    },
+    /// noiommu was asked for but the group is a real IOMMU group.
+    #[error("noiommu mode was asked for, but {bdf} is in a real iommu group ({path}); open it without noiommu")]
+    GroupHasIommu {
+        /// The device.
+        bdf: Bdf,
+        /// The IOMMU group node found.
+        path: PathBuf,
+    },
+    /// The VFIO node cannot be opened by this user.
+    #[error("permission denied opening {path} (for {bdf}) as {user}: it is owned by {owner} with mode {mode:o}; give it to your user with `TARGET_USER={user} PCI_ALLOWED={bdf} scripts/setup.sh config` (as root), or run as root")]
+    PermissionDenied {
+        /// The device.
+        bdf: Bdf,
+        /// The node.
+        path: PathBuf,
+        /// Who we are.
+        user: String,
+        /// Its owner, as `uid N`.
+        owner: String,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Opening a noiommu group needs CAP_SYS_RAWIO.
+    #[error(
+        "{path} (for {bdf}) can be opened only with CAP_SYS_RAWIO in noiommu mode: run as root"
+    )]
+    NoiommuNeedsRawio {
+        /// The device.
+        bdf: Bdf,
+        /// The node.
+        path: PathBuf,
+    },
+    /// Another process has the group open.
+    #[error("{path} (for {bdf}) is already open in another process (another kestrel, qemu or spdk?); stop it first")]
+    GroupBusy {
+        /// The device.
+        bdf: Bdf,
+        /// The node.
+        path: PathBuf,
+    },
+    /// Another error opening a VFIO node.
+    #[error("cannot open {path} (for {bdf}): {source}")]
+    Open {
+        /// The device.
+        bdf: Bdf,
+        /// The node.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// A VFIO ioctl failed.
+    #[error("{op} on {path} for {bdf} failed: {source}{}", if .source.raw_os_error() == Some(libc::ENOTTY) { " (not a vfio node?)" } else { "" })]
+    Ioctl {
+        /// The device.
+        bdf: Bdf,
+        /// The ioctl.
+        op: &'static str,
+        /// The node it was made on.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// An unknown VFIO API version.
+    #[error("{path} speaks vfio api version {got}; this driver knows version 0")]
+    ApiVersion {
+        /// The container node.
+        path: PathBuf,
+        /// What it said.
+        got: i32,
+    },
+    /// The type1 IOMMU driver is not loaded.
+    #[error("the kernel's vfio offers no type1v2 iommu (needed for {bdf}): load it with `modprobe vfio_iommu_type1`")]
+    NoType1 {
+        /// The device.
+        bdf: Bdf,
+    },
+    /// The kernel's vfio cannot do noiommu mode.
+    #[error("the kernel's vfio offers no noiommu mode (needed for {bdf}): load vfio with `modprobe vfio enable_unsafe_noiommu_mode=1` (or `NOIOMMU=1 scripts/setup.sh config`); a kernel built without CONFIG_VFIO_NOIOMMU cannot do it")]
+    NoiommuUnsupported {
+        /// The device.
+        bdf: Bdf,
+    },
+    /// noiommu mode needs hugepages.
+    #[error("noiommu mode for {bdf} needs hugepage dma memory (a small page's physical address can change); use page kind Huge2M or Huge1G")]
+    NoiommuNeedsHugepages {
+        /// The device.
+        bdf: Bdf,
+    },
+    /// The VFIO device is not a PCI device with the usual regions.
+    #[error("{bdf} is not a vfio pci device (device flags {flags:#x}, {regions} regions)")]
+    NotPciDevice {
+        /// The device.
+        bdf: Bdf,
+        /// `vfio_device_info.flags`.
+        flags: u32,
+        /// `vfio_device_info.num_regions`.
+        regions: u32,
+    },
+    /// BAR0 is too small for the NVMe registers.
+    #[error("bar0 of {bdf} is {size} bytes, smaller than the {need} bytes the nvme registers and admin doorbells need; is it really an nvme controller?")]
+    Bar0TooSmall {
+        /// The device.
+        bdf: Bdf,
+        /// BAR0 size.
+        size: u64,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// BAR0 cannot be mmapped.
+    #[error("bar0 of {bdf} cannot be mmapped (region flags {flags:#x}; read, write and mmap are needed): vfio-pci does not allow mapping it on this kernel, see dmesg")]
+    Bar0NotMappable {
+        /// The device.
+        bdf: Bdf,
+        /// `vfio_region_info.flags`.
+        flags: u32,
+    },
+    /// mmap of BAR0 failed.
+    #[error("mmap of bar0 of {bdf} ({size} bytes at device offset {offset:#x}) failed: {source}")]
+    Bar0Mmap {
+        /// The device.
+        bdf: Bdf,
+        /// Bytes.
+        size: u64,
+        /// Region offset in the device fd.
+        offset: u64,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Config space access failed.
+    #[error("pci config space access of {bdf} at offset {offset:#x} failed: {source}")]
+    Config {
+        /// The device.
+        bdf: Bdf,
+        /// Config space offset.
+        offset: u64,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The command register did not take the enable bits.
+    #[error("{bdf} did not take memory space and bus master enable: wrote pci command {wrote:#06x}, read back {read:#06x}")]
+    CommandRegister {
+        /// The device.
+        bdf: Bdf,
+        /// Value written.
+        wrote: u16,
+        /// Value read back.
+        read: u16,
+    },
+}
+
+/// Who this process runs as, for messages: `$USER`, else `uid N`.
+fn user_text() -> String {
+    match std::env::var("USER") {
+        Ok(u) if !u.is_empty() => u,
+        _ => format!("uid {}", sys::euid()),
+    }
+}
+
+/// Maps an error opening a VFIO node to the message for it.
+fn open_error(bdf: Bdf, path: &Path, e: io::Error, noiommu_group: bool) -> VfioError {
+    let errno = e.raw_os_error();
+    if noiommu_group && errno == Some(libc::EPERM) {
+        return VfioError::NoiommuNeedsRawio {
+            bdf,
+            path: path.to_path_buf(),
+        };
+    }
+    match errno {
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            let (owner, mode) = std::fs::metadata(path)
+                .map(|m| (format!("uid {}", m.uid()), m.mode() & 0o7777))
+                .unwrap_or_else(|_| ("an unknown owner".into(), 0));
+            VfioError::PermissionDenied {
+                bdf,
+                path: path.to_path_buf(),
+                user: user_text(),
+                owner,
+                mode,
+            }
+        }
+        Some(libc::EBUSY) => VfioError::GroupBusy {
+            bdf,
+            path: path.to_path_buf(),
+        },
+        _ => VfioError::Open {
+            bdf,
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
+/// What the sysfs checks found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Preflight {
+    bdf: Bdf,
+    group: u32,
+}
+
+/// The sysfs checks of step 2. Pure file reads.
+fn preflight(bdf: Bdf, opts: &VfioOptions) -> Result<Preflight, VfioError> {
+    let roots = SysRoots::new(&opts.sysfs_root, "/proc");
+    let dir = roots.pci_device_dir(&bdf);
+    if !dir.exists() {
+        let present = match pci::nvme_bdfs(&opts.sysfs_root) {
+            Ok(v) if v.is_empty() => "none".to_string(),
+            Ok(v) => v
+                .iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(e) => format!("unknown ({e})"),
+        };
+        return Err(VfioError::NoSuchDevice {
+            bdf,
+            path: dir,
+            present,
+        });
+    }
+    if let Some(class) = pci::class(&roots, &bdf)? {
+        if class != pci::NVME_CLASS {
+            return Err(VfioError::NotNvme { bdf, class });
+        }
+    }
+    let driver = pci::bound_driver(&roots, &bdf)?;
+    if driver.as_deref() != Some("vfio-pci") {
+        return Err(VfioError::NotBoundToVfio { bdf, driver });
+    }
+    let Some(group) = pci::iommu_group(&roots, &bdf)? else {
+        return Err(VfioError::NoIommuGroup {
+            bdf,
+            path: dir.join("iommu_group"),
+        });
+    };
+    let others = blocking_members(&roots, bdf, group)?;
+    if !others.is_empty() {
+        return Err(VfioError::GroupNotViable { bdf, group, others });
+    }
+    if opts.noiommu && opts.page_kind == PageKind::Small {
+        return Err(VfioError::NoiommuNeedsHugepages { bdf });
+    }
+    Ok(Preflight { bdf, group })
+}
+
+/// Members of `group` other than `bdf` that keep VFIO from using it.
+fn blocking_members(roots: &SysRoots, bdf: Bdf, group: u32) -> Result<Vec<GroupMember>, VfioError> {
+    Ok(pci::group_members(roots, group)?
+        .into_iter()
+        .filter(|m| m.bdf != bdf && !m.allows_vfio())
+        .collect())
+}
+
+/// Opens the group node of step 3, telling IOMMU and noiommu groups apart.
+fn open_group(pf: &Preflight, opts: &VfioOptions) -> Result<(sys::Group, PathBuf), VfioError> {
+    let vdir = opts.dev_root.join("vfio");
+    let iommu_path = vdir.join(pf.group.to_string());
+    let noiommu_path = vdir.join(format!("noiommu-{}", pf.group));
+    let (want, other) = if opts.noiommu {
+        (&noiommu_path, &iommu_path)
+    } else {
+        (&iommu_path, &noiommu_path)
+    };
+    match sys::Group::open(want) {
+        Ok(g) => Ok((g, want.clone())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let bdf = pf.bdf;
+            Err(if other.exists() {
+                if opts.noiommu {
+                    VfioError::GroupHasIommu {
+                        bdf,
+                        path: other.clone(),
+                    }
+                } else {
+                    VfioError::GroupIsNoiommu {
+                        bdf,
+                        path: other.clone(),
+                    }
+                }
+            } else if !vdir.join("vfio").exists() {
+                VfioError::VfioNotLoaded {
+                    path: vdir.join("vfio"),
+                }
+            } else {
+                VfioError::GroupNodeMissing {
+                    bdf,
+                    group: pf.group,
+                    path: want.clone(),
+                    dev_root: opts.dev_root.clone(),
+                }
+            })
+        }
+        Err(e) => Err(open_error(pf.bdf, want, e, opts.noiommu)),
+    }
+}
+
+/// The opened device: its fd, where its config space is, and the group it came from.
+/// Dropping it clears Bus Master Enable, closes the fd, then lets go of the group.
+struct Device {
+    // Field order is drop order: the fd closes before the group reference goes.
+    file: File,
+    bdf: Bdf,
+    config_offset: u64,
+    _group: Arc<sys::Group>,
+}
+
+impl Device {
+    fn read_config16(&self, off: u64) -> Result<u16, VfioError> {
+        let mut b = [0u8; 2];
+        self.file
+            .read_exact_at(&mut b, self.config_offset + off)
+            .map_err(|source| VfioError::Config {
+                bdf: self.bdf,
+                offset: off,
+                source,
+            })?;
+        // PCI configuration space is little-endian.
+        Ok(u16::from_le_bytes(b))
+    }
+
+    fn write_config16(&self, off: u64, v: u16) -> Result<(), VfioError> {
+        self.file
+            .write_all_at(&v.to_le_bytes(), self.config_offset + off)
+            .map_err(|source| VfioError::Config {
+                bdf: self.bdf,
+                offset: off,
+                source,
+            })
+    }
+
+    /// Sets Memory Space Enable and Bus Master Enable, keeping the other bits.
+    fn enable(&self) -> Result<u16, VfioError> {
+        let cmd = self.read_config16(PCI_COMMAND)?;
+        let wrote = cmd | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+        if wrote != cmd {
+            self.write_config16(PCI_COMMAND, wrote)?;
+        }
+        let read = self.read_config16(PCI_COMMAND)?;
+        if read & (PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER)
+            != PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER
+        {
+            return Err(VfioError::CommandRegister {
+                bdf: self.bdf,
+                wrote,
+                read,
+            });
+        }
+        Ok(read)
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // Stop the device's DMA before its memory can go away, whatever state the
+        // controller was left in. Best effort: the kernel resets the function on close.
+        if let Ok(cmd) = self.read_config16(PCI_COMMAND) {
+            if cmd & PCI_COMMAND_MASTER != 0 {
+                let _ = self.write_config16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER);
+            }
+        }
+        tracing::debug!(bdf = %self.bdf, "vfio device closed");
+    }
+}
+
+/// A controller reached through VFIO.
+pub struct VfioTransport {
+    bar: Arc<Bar>,
+    mapper: Arc<dyn DmaMapper>,
+    _device: Arc<Device>,
+    bdf: Bdf,
+    group: u32,
+    noiommu: bool,
+    page_kind: PageKind,
+}
+
+impl core::fmt::Debug for VfioTransport {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("VfioTransport")
+            .field("bdf", &self.bdf)
+            .field("group", &self.group)
+            .field("noiommu", &self.noiommu)
+            .field("bar0_len", &self.bar.len())
+            .finish()
+    }
+}
+
+impl VfioTransport {
+    /// Opens the controller at `bdf` (`0000:01:00.0` or `01:00.0`), which must be bound to
+    /// vfio-pci (`scripts/setup.sh config`). See the module documentation for the steps.
+    pub fn open(bdf: &str, opts: &VfioOptions) -> Result<Arc<VfioTransport>, VfioError> {
+        let bdf: Bdf = bdf.parse()?;
+        let pf = preflight(bdf, opts)?;
+        let (mut group, group_path) = open_group(&pf, opts)?;
+
+        let cpath = opts.dev_root.join("vfio/vfio");
+        let container = match sys::Container::open(&cpath) {
+            Ok(c) => Arc::new(c),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(VfioError::VfioNotLoaded { path: cpath })
+            }
+            Err(e) => return Err(open_error(bdf, &cpath, e, false)),
+        };
+        let ioctl_err = |op: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| VfioError::Ioctl {
+                bdf,
+                op,
+                path,
+                source,
+            }
+        };
+        let version = container
+            .api_version()
+            .map_err(ioctl_err("VFIO_GET_API_VERSION", &cpath))?;
+        if version != VFIO_API_VERSION as i32 {
+            return Err(VfioError::ApiVersion {
+                path: cpath,
+                got: version,
+            });
+        }
+        let iommu_type = if opts.noiommu {
+            VFIO_NOIOMMU_IOMMU
+        } else {
+            VFIO_TYPE1v2_IOMMU
+        };
+        if !container
+            .check_extension(iommu_type)
+            .map_err(ioctl_err("VFIO_CHECK_EXTENSION", &cpath))?
+        {
+            return Err(if opts.noiommu {
+                VfioError::NoiommuUnsupported { bdf }
+            } else {
+                VfioError::NoType1 { bdf }
+            });
+        }
+        let flags = group
+            .status()
+            .map_err(ioctl_err("VFIO_GROUP_GET_STATUS", &group_path))?;
+        if flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
+            // The kernel knows better than the sysfs check; show every other member.
+            let roots = SysRoots::new(&opts.sysfs_root, "/proc");
+            let others = pci::group_members(&roots, pf.group)?
+                .into_iter()
+                .filter(|m| m.bdf != bdf)
+                .collect();
+            return Err(VfioError::GroupNotViable {
+                bdf,
+                group: pf.group,
+                others,
+            });
+        }
+        group
+            .set_container(&container)
+            .map_err(ioctl_err("VFIO_GROUP_SET_CONTAINER", &group_path))?;
+        container
+            .set_iommu(iommu_type)
+            .map_err(ioctl_err("VFIO_SET_IOMMU", &cpath))?;
+        let group = Arc::new(group);
+
+        let mapper: Arc<dyn DmaMapper> = if opts.noiommu {
+            tracing::warn!(
+                %bdf,
+                "vfio noiommu mode: dma of {bdf} is NOT confined by an iommu; the device can read and write all physical memory"
+            );
+            Arc::new(mapper::NoIommuMapper::new(
+                Some(Arc::clone(&group)),
+                format!("vfio noiommu {bdf}"),
+                opts.page_kind.size(),
+            ))
+        } else {
+            let info = container
+                .iommu_info()
+                .map_err(ioctl_err("VFIO_IOMMU_GET_INFO", &cpath))?;
+            let pgsizes = info.pgsizes.unwrap_or(4096);
+            let ranges = info
+                .iova_ranges
+                .clone()
+                .unwrap_or_else(|| iova::DEFAULT_RANGES.to_vec());
+            tracing::info!(%bdf, iova_pgsizes = format_args!("{pgsizes:#x}"), ?ranges, "vfio type1 iommu");
+            Arc::new(mapper::Type1Mapper::new(
+                Arc::clone(&group),
+                format!("vfio type1 {bdf}"),
+                pgsizes,
+                &ranges,
+            ))
+        };
+
+        let file = group
+            .device_fd(&bdf.to_string())
+            .map_err(ioctl_err("VFIO_GROUP_GET_DEVICE_FD", &group_path))?;
+        let devpath = PathBuf::from(format!("vfio device fd of {bdf}"));
+        let dinfo = sys::device_info(&file).map_err(ioctl_err("VFIO_DEVICE_GET_INFO", &devpath))?;
+        if dinfo.flags & VFIO_DEVICE_FLAGS_PCI == 0
+            || dinfo.num_regions <= VFIO_PCI_CONFIG_REGION_INDEX
+        {
+            return Err(VfioError::NotPciDevice {
+                bdf,
+                flags: dinfo.flags,
+                regions: dinfo.num_regions,
+            });
+        }
+        let bar0 = sys::region_info(&file, VFIO_PCI_BAR0_REGION_INDEX)
+            .map_err(ioctl_err("VFIO_DEVICE_GET_REGION_INFO (bar0)", &devpath))?;
+        let cfg = sys::region_info(&file, VFIO_PCI_CONFIG_REGION_INDEX)
+            .map_err(ioctl_err("VFIO_DEVICE_GET_REGION_INFO (config)", &devpath))?;
+        let bar0_len = check_bar0(bdf, bar0.size, bar0.flags)?;
+        let device = Arc::new(Device {
+            file,
+            bdf,
+            config_offset: cfg.offset,
+            _group: Arc::clone(&group),
+        });
+        drop(group);
+
+        let map = sys::RegionMap::new(
+            &device.file,
+            bar0.offset,
+            bar0_len,
+            Arc::clone(&device) as Arc<dyn Send + Sync>,
+        )
+        .map_err(|source| VfioError::Bar0Mmap {
+            bdf,
+            size: bar0.size,
+            offset: bar0.offset,
+            source,
+        })?;
+        let (ptr, len) = (map.ptr(), map.len());
+        // SAFETY: ptr..ptr+len is the shared mapping of BAR0 just made, page aligned,
+        // readable and writable; `map` keeps it mapped and is moved into the Bar.
+        let bar = unsafe { Bar::from_raw(ptr, len, Box::new(map)) }.map_err(|_| {
+            VfioError::Bar0TooSmall {
+                bdf,
+                size: bar0.size,
+                need: MIN_BAR_LEN,
+            }
+        })?;
+        let cmd = device.enable()?;
+        tracing::info!(%bdf, group = pf.group, noiommu = opts.noiommu, bar0_len, pci_command = format_args!("{cmd:#06x}"), "vfio device open");
+        Ok(Arc::new(VfioTransport {
+            bar: Arc::new(bar),
+            mapper,
+            _device: device,
+            bdf,
+            group: pf.group,
+            noiommu: opts.noiommu,
+            page_kind: opts.page_kind,
+        }))
+    }
+
+    /// The controller's PCI address.
+    pub fn bdf(&self) -> Bdf {
+        self.bdf
+    }
+
+    /// Its IOMMU group.
+    pub fn iommu_group(&self) -> u32 {
+        self.group
+    }
+
+    /// Whether it was opened in noiommu mode.
+    pub fn is_noiommu(&self) -> bool {
+        self.noiommu
+    }
+}
+
+/// Checks BAR0's region info and returns the length to map.
+fn check_bar0(bdf: Bdf, size: u64, flags: u32) -> Result<usize, VfioError> {
+    if size < MIN_BAR_LEN as u64 {
+        return Err(VfioError::Bar0TooSmall {
+            bdf,
+            size,
+            need: MIN_BAR_LEN,
+        });
+    }
+    let need =
+        VFIO_REGION_INFO_FLAG_READ | VFIO_REGION_INFO_FLAG_WRITE | VFIO_REGION_INFO_FLAG_MMAP;
+    if flags & need != need {
+        return Err(VfioError::Bar0NotMappable { bdf, flags });
+    }
+    usize::try_from(size).map_err(|_| VfioError::Bar0NotMappable { bdf, flags })
+}
+
+impl Transport for VfioTransport {
+    fn bar(&self) -> Arc<Bar> {
+        Arc::clone(&self.bar)
+    }
+    fn mapper(&self) -> Arc<dyn DmaMapper> {
+        Arc::clone(&self.mapper)
+    }
+    fn page_kind(&self) -> PageKind {
+        self.page_kind
+    }
+    fn describe(&self) -> String {
+        if self.noiommu {
+            format!("pci {} (noiommu)", self.bdf)
+        } else {
+            format!("pci {}", self.bdf)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
