@@ -12,11 +12,13 @@
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
+//! - [`file`]: a file or block device as a target, through io_uring.
 #![deny(missing_docs)]
 
 pub mod ctrlr;
 pub mod dma;
 pub mod emu;
+pub mod file;
 pub mod io;
 pub mod mmio;
 pub mod pci;
@@ -55,6 +57,9 @@ pub enum Error {
     /// PCI discovery.
     #[error(transparent)]
     Pci(#[from] pci::PciError),
+    /// File target.
+    #[error(transparent)]
+    File(#[from] file::FileError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),

@@ -1,0 +1,1006 @@
+//! One io_uring per queue, owned by the polling thread.
+//!
+//! # Layout
+//! - `slots`: one per request the ring may hold, indexed by `user_data` (like NVMe CIDs);
+//!   allocated once. A free list is an index stack. A slot keeps its request (and so its
+//!   buffers' addresses) from dispatch until its last CQE is reaped.
+//! - `iovecs`: per-slot iovec arrays for vectored transfers, allocated once, never moved.
+//! - `sw`: the bounded software queue for requests that find every slot busy.
+//!
+//! # Buffer lifetimes (why the `unsafe` pushes are sound)
+//! Every data segment is checked at submit to lie inside a region of this queue's
+//! [`DmaPool`], whose memory stays mapped until the pool's last clone is dropped; the queue
+//! holds a clone, and its `Drop` waits for every operation the kernel holds before the
+//! ring (declared first, so dropped first) and then the pool are released. The iovec
+//! arrays are reached only through `iovecs[slot]`, which is not rewritten while the slot's
+//! operation is in flight. The file is registered with the ring (`Fixed(0)`), so the ring
+//! holds its own reference. What the caller owes, as with every target: a buffer is not
+//! reused or freed until its request completes.
+//!
+//! # Syscalls
+//! `submit` only writes SQEs. `flush` makes one `io_uring_enter` for everything pushed since
+//! the last one (none when nothing is pending, or when an SQPOLL thread is awake). `poll`
+//! first submits pending SQEs, then reaps CQEs straight from the CQ ring; it enters the
+//! kernel to reap only on IOPOLL rings (where the kernel must poll the device).
+
+use std::collections::VecDeque;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use super::{DiscardKind, FileError, FileKind, Shared};
+use crate::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::io::{
+    Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
+    MAX_SEGMENTS,
+};
+use crate::target::{QueueOptions, TargetQueue};
+
+/// The most bytes one read or write SQE carries: the kernel's `MAX_RW_COUNT` (`INT_MAX`
+/// rounded down to a page). Longer requests go out in pieces.
+pub(crate) const MAX_OP_BYTES: u64 = 0x7fff_f000;
+/// Size of the per-queue buffer of zeroes written where `FALLOC_FL_ZERO_RANGE` is refused.
+const ZERO_BUF_BYTES: usize = 256 * 1024;
+/// Resubmissions of one request after short transfers or `EINTR`/`EAGAIN` before it fails.
+const MAX_SHORT_RETRIES: u8 = 16;
+/// The most fixed-buffer table entries a queue registers (the kernel allows 16384).
+const MAX_FIXED_BUFFERS: usize = 4096;
+/// The largest registered buffer the kernel accepts.
+const MAX_FIXED_BUFFER_BYTES: usize = 1 << 30;
+/// Upper bound on the software queue, whatever the options say.
+const MAX_SW_QUEUE: u32 = 1 << 16;
+/// CQEs copied out of the ring per pass.
+const REAP_BATCH: usize = 32;
+/// Idle time before an SQPOLL thread sleeps.
+const SQPOLL_IDLE_MS: u32 = 100;
+
+/// An iovec made of plain integers (so the queue stays `Send`), laid out as `libc::iovec`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug)]
+struct IoVec {
+    base: usize,
+    len: usize,
+}
+const _: () = assert!(core::mem::size_of::<IoVec>() == core::mem::size_of::<libc::iovec>());
+const _: () = assert!(core::mem::align_of::<IoVec>() == core::mem::align_of::<libc::iovec>());
+const _: () = assert!(core::mem::offset_of!(libc::iovec, iov_base) == 0);
+const _: () = assert!(core::mem::offset_of!(libc::iovec, iov_len) == core::mem::size_of::<usize>());
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum State {
+    /// Not in use.
+    Free,
+    /// One operation pushed to the ring (submitted or not); a CQE will come.
+    Ring,
+    /// Waiting to run synchronously in the next poll.
+    Sync,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Op {
+    Read,
+    Write,
+    Fsync,
+    /// `fallocate(ZERO_RANGE)`.
+    ZeroRange,
+    /// Writes from the zero buffer (ZERO_RANGE refused).
+    ZeroWrite,
+    /// `fallocate(PUNCH_HOLE | KEEP_SIZE)`.
+    PunchHole,
+    /// `BLKDISCARD`, synchronous.
+    BlkDiscard,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    req: IoRequest,
+    state: State,
+    op: Op,
+    /// File byte offset of the request's first byte.
+    pos: u64,
+    /// Bytes the request covers.
+    total: u64,
+    /// Bytes completed so far.
+    done: u64,
+    /// Bytes the operation in flight asked for.
+    issued: u64,
+    /// Resubmissions after short transfers or retryable errors.
+    retries: u8,
+}
+
+impl Slot {
+    const FREE: Slot = Slot {
+        req: IoRequest {
+            op: IoOp::Flush,
+            nsid: 0,
+            lba: 0,
+            nlb: 0,
+            data: crate::io::Segments::none(),
+            token: 0,
+        },
+        state: State::Free,
+        op: Op::Fsync,
+        pos: 0,
+        total: 0,
+        done: 0,
+        issued: 0,
+        retries: 0,
+    };
+}
+
+/// Counters particular to a file queue, beside the shared [`QueueStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileQueueCounters {
+    /// Reads and writes through registered buffers (`READ_FIXED`/`WRITE_FIXED`).
+    pub fixed_rw: u64,
+    /// Single-buffer reads and writes whose memory is not registered (`READ`/`WRITE`).
+    pub plain_rw: u64,
+    /// Vectored reads and writes (`READV`/`WRITEV`).
+    pub vectored_rw: u64,
+    /// Operations run synchronously outside the ring (`BLKDISCARD`; flush, zeroes and
+    /// deallocate on IOPOLL rings).
+    pub sync_ops: u64,
+    /// Write-zeroes requests served by writing zeroes, `ZERO_RANGE` being refused.
+    pub zero_write_fallbacks: u64,
+    /// Reads that met the end of a file shorter than the capacity and were zero-filled.
+    pub eof_zero_fills: u64,
+}
+
+/// A pool region as this queue knows it.
+#[derive(Clone, Copy, Debug)]
+struct Region {
+    base: usize,
+    len: usize,
+    /// Registered as fixed buffer number `index` (same as the pool's region index).
+    fixed: bool,
+}
+
+/// A queue on a [`super::FileTarget`]: one io_uring, owned by one thread.
+pub struct FileQueue {
+    // The ring is declared first so it is dropped (closed, buffers unregistered) before the
+    // pool clone below releases the memory registered with it.
+    ring: IoUring,
+    shared: Arc<Shared>,
+    slots: Box<[Slot]>,
+    iovecs: Box<[[IoVec; MAX_SEGMENTS]]>,
+    free: Vec<u32>,
+    sw: VecDeque<IoRequest>,
+    sw_cap: usize,
+    /// Tokens of requests cancelled out of `sw`, completed by the next poll.
+    cancelled: VecDeque<u64>,
+    /// Slots waiting to run synchronously, in order.
+    sync_pending: VecDeque<u32>,
+    /// Slots in [`State::Ring`].
+    in_ring: u32,
+    /// SQEs pushed since the last `io_uring_enter`.
+    unsubmitted: u32,
+    regions: Vec<Region>,
+    /// Entries of the sparse fixed-buffer table (0: no fixed buffers).
+    fixed_slots: usize,
+    zero_range_ok: bool,
+    zero_mode: i32,
+    /// Bytes per read/write SQE; lowered by unit tests to force pieces.
+    max_op_bytes: u64,
+    stats: QueueStats,
+    counters: FileQueueCounters,
+    zero_slice: DmaSlice,
+    _zero: DmaBuf,
+    pool: DmaPool,
+}
+
+impl core::fmt::Debug for FileQueue {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FileQueue")
+            .field("path", &self.shared.path)
+            .field("slots", &self.slots.len())
+            .field("in_ring", &self.in_ring)
+            .field("queued", &self.sw.len())
+            .finish()
+    }
+}
+
+fn saturate_u32(x: u64) -> u32 {
+    x.min(u64::from(u32::MAX)) as u32
+}
+
+impl FileQueue {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        pool: DmaPool,
+        opts: &QueueOptions,
+    ) -> Result<Self, FileError> {
+        let ring_err = |what, source| FileError::Ring {
+            path: shared.path.clone(),
+            what,
+            source,
+        };
+        let depth = opts.depth.clamp(1, shared.ring_entries);
+        let sq_entries = depth.next_power_of_two();
+        let mut b = IoUring::builder();
+        // Completions can never outnumber slots (one operation per slot at a time), so a CQ
+        // of twice the SQ never overflows.
+        b.setup_cqsize(sq_entries * 2).setup_submit_all();
+        if shared.sqpoll {
+            b.setup_sqpoll(SQPOLL_IDLE_MS);
+        }
+        if shared.iopoll {
+            b.setup_iopoll();
+        }
+        let ring = b.build(sq_entries).map_err(|e| ring_err("setup", e))?;
+        ring.submitter()
+            .register_files(&[shared.file.as_raw_fd()])
+            .map_err(|e| ring_err("file registration", e))?;
+
+        let zero_len = ZERO_BUF_BYTES.max(shared.block_size as usize);
+        let zero = pool.alloc(zero_len).map_err(|source| FileError::Dma {
+            path: shared.path.clone(),
+            source,
+        })?;
+        let zero_slice = zero.slice_all();
+
+        let po = pool.options();
+        let region_unit = po.region_len.next_multiple_of(po.page_kind.size()).max(1);
+        let fixed_slots = po
+            .max_bytes
+            .div_ceil(region_unit)
+            .clamp(1, MAX_FIXED_BUFFERS);
+        let fixed_slots = match ring.submitter().register_buffers_sparse(fixed_slots as u32) {
+            Ok(()) => fixed_slots,
+            Err(e) => {
+                tracing::warn!(
+                    path = %shared.path.display(),
+                    "cannot register a fixed-buffer table ({e}); using unregistered buffers"
+                );
+                0
+            }
+        };
+
+        let n = depth as usize;
+        let zero_mode = match shared.kind {
+            FileKind::Regular => libc::FALLOC_FL_ZERO_RANGE,
+            // Block devices accept fallocate only with KEEP_SIZE.
+            FileKind::BlockDevice => libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        };
+        let mut q = FileQueue {
+            ring,
+            slots: vec![Slot::FREE; n].into_boxed_slice(),
+            iovecs: vec![[IoVec::default(); MAX_SEGMENTS]; n].into_boxed_slice(),
+            free: (0..n as u32).rev().collect(),
+            sw: VecDeque::with_capacity(opts.sw_queue_depth.min(MAX_SW_QUEUE) as usize),
+            sw_cap: opts.sw_queue_depth.min(MAX_SW_QUEUE) as usize,
+            cancelled: VecDeque::with_capacity(opts.sw_queue_depth.min(MAX_SW_QUEUE) as usize),
+            sync_pending: VecDeque::with_capacity(n),
+            in_ring: 0,
+            unsubmitted: 0,
+            regions: Vec::with_capacity(fixed_slots.max(16)),
+            fixed_slots,
+            zero_range_ok: true,
+            zero_mode,
+            max_op_bytes: MAX_OP_BYTES / u64::from(shared.block_size)
+                * u64::from(shared.block_size),
+            stats: QueueStats::default(),
+            counters: FileQueueCounters::default(),
+            zero_slice,
+            _zero: zero,
+            pool,
+            shared,
+        };
+        q.refresh_regions();
+        Ok(q)
+    }
+
+    /// Picks up regions the pool gained since the last look, registering each as a fixed
+    /// buffer where the table has room. Slow path: runs only when a segment names a region
+    /// this queue has not seen.
+    fn refresh_regions(&mut self) {
+        let all = self.pool.regions();
+        for (i, &(base, len)) in all.iter().enumerate().skip(self.regions.len()) {
+            let mut fixed = false;
+            if i < self.fixed_slots && len <= MAX_FIXED_BUFFER_BYTES {
+                let iov = libc::iovec {
+                    iov_base: base as *mut libc::c_void,
+                    iov_len: len,
+                };
+                // SAFETY: `base..base + len` is a region of `self.pool`, mapped until the
+                // pool's last clone drops. This queue holds a clone and closes the ring (which
+                // unregisters the buffers) before releasing it, so the registered memory is
+                // valid for as long as it is registered.
+                match unsafe {
+                    self.ring
+                        .submitter()
+                        .register_buffers_update(i as u32, &[iov], None)
+                } {
+                    Ok(()) => fixed = true,
+                    Err(e) => tracing::warn!(
+                        path = %self.shared.path.display(),
+                        region = i,
+                        len,
+                        "cannot register dma region as a fixed buffer ({e}); using plain reads and writes for it"
+                    ),
+                }
+            }
+            self.regions.push(Region { base, len, fixed });
+        }
+    }
+
+    /// Whether the slice lies inside a region of this queue's pool.
+    fn in_pool(&mut self, s: &DmaSlice) -> bool {
+        let r = s.region as usize;
+        if r >= self.regions.len() {
+            self.refresh_regions();
+        }
+        let Some(reg) = self.regions.get(r) else {
+            return false;
+        };
+        reg.base == s.region_vaddr
+            && s.vaddr >= reg.base
+            && s.vaddr
+                .checked_add(s.len)
+                .is_some_and(|e| e <= reg.base + reg.len)
+    }
+
+    /// The fixed-buffer index for a slice already checked with [`Self::in_pool`].
+    fn fixed_index(&self, s: &DmaSlice) -> Option<u16> {
+        let reg = self.regions.get(s.region as usize)?;
+        (reg.fixed && reg.base == s.region_vaddr).then_some(s.region as u16)
+    }
+
+    fn validate(&mut self, req: &IoRequest) -> Result<(), InvalidRequest> {
+        let sh = Arc::clone(&self.shared);
+        let op = req.op;
+        let nseg = req.data.len();
+        if op.has_data() && nseg == 0 {
+            return Err(InvalidRequest::BadSegments {
+                op: op.name(),
+                n: 0,
+                why: "a read or write needs at least one data segment",
+            });
+        }
+        if !op.has_data() && nseg != 0 {
+            return Err(InvalidRequest::BadSegments {
+                op: op.name(),
+                n: nseg,
+                why: "this operation takes no data segments",
+            });
+        }
+        if !op.has_range() {
+            return Ok(());
+        }
+        if req.nlb == 0 {
+            return Err(InvalidRequest::ZeroBlocks {
+                op: op.name(),
+                lba: req.lba,
+            });
+        }
+        if sh.info.read_only && op != IoOp::Read {
+            return Err(InvalidRequest::ReadOnly);
+        }
+        if op == IoOp::Deallocate && sh.discard == DiscardKind::None {
+            return Err(InvalidRequest::Unsupported { op: op.name() });
+        }
+        let capacity = sh.capacity;
+        if req
+            .lba
+            .checked_add(u64::from(req.nlb))
+            .map_or(true, |end| end > capacity)
+        {
+            return Err(InvalidRequest::OutOfRange {
+                nsid: sh.info.nsid,
+                lba: req.lba,
+                nlb: req.nlb,
+                capacity,
+            });
+        }
+        if !op.has_data() {
+            return Ok(());
+        }
+        let bs = u64::from(sh.block_size);
+        let need = u64::from(req.nlb) * bs;
+        let have = req.data.total_len() as u64;
+        if have < need {
+            return Err(InvalidRequest::LengthMismatch {
+                op: op.name(),
+                nlb: req.nlb,
+                block_size: sh.block_size,
+                need,
+                have,
+            });
+        }
+        let mut left = need;
+        for (index, s) in req.data.as_slice().iter().enumerate() {
+            if left == 0 {
+                break;
+            }
+            let used = (s.len as u64).min(left);
+            if used == 0 {
+                continue;
+            }
+            if sh.direct {
+                if s.vaddr % sh.mem_align as usize != 0 {
+                    return Err(InvalidRequest::Misaligned {
+                        index,
+                        iova: s.iova,
+                        len: s.len,
+                        why: "under direct i/o a buffer must start at the file's memory alignment",
+                    });
+                }
+                if used % bs != 0 {
+                    return Err(InvalidRequest::Misaligned {
+                        index,
+                        iova: s.iova,
+                        len: s.len,
+                        why: "under direct i/o every segment must carry whole blocks",
+                    });
+                }
+            }
+            if !self.in_pool(s) {
+                return Err(InvalidRequest::BadSegments {
+                    op: op.name(),
+                    n: nseg,
+                    why: "a segment is not memory of this target's dma pool",
+                });
+            }
+            left -= used;
+        }
+        Ok(())
+    }
+
+    /// Puts a validated request in a free slot and pushes its first operation (or queues
+    /// it to run synchronously).
+    fn dispatch(&mut self, idx: u32, req: IoRequest) {
+        let sh = &*self.shared;
+        let bs = u64::from(sh.block_size);
+        let pos = req.lba * bs;
+        let total = u64::from(req.nlb) * bs;
+        let op = match req.op {
+            IoOp::Read => Op::Read,
+            IoOp::Write => Op::Write,
+            IoOp::Flush => Op::Fsync,
+            IoOp::WriteZeroes if self.zero_range_ok => Op::ZeroRange,
+            IoOp::WriteZeroes => {
+                self.counters.zero_write_fallbacks += 1;
+                Op::ZeroWrite
+            }
+            IoOp::Deallocate => match sh.discard {
+                DiscardKind::PunchHole => Op::PunchHole,
+                // DiscardKind::None was refused by validate.
+                DiscardKind::BlkDiscard | DiscardKind::None => Op::BlkDiscard,
+            },
+        };
+        let piece = match op {
+            Op::ZeroWrite => self.max_op_bytes.min(self.zero_slice.len as u64),
+            _ => self.max_op_bytes,
+        };
+        if matches!(op, Op::Read | Op::Write | Op::ZeroWrite) && total > piece {
+            self.stats.split += 1;
+        }
+        // IOPOLL rings take only polled reads and writes: the rest runs synchronously.
+        let sync = op == Op::BlkDiscard
+            || (sh.iopoll && matches!(op, Op::Fsync | Op::ZeroRange | Op::PunchHole));
+        self.slots[idx as usize] = Slot {
+            req,
+            state: if sync { State::Sync } else { State::Ring },
+            op,
+            pos,
+            total,
+            done: 0,
+            issued: 0,
+            retries: 0,
+        };
+        if sync {
+            self.sync_pending.push_back(idx);
+        } else {
+            self.in_ring += 1;
+            self.issue(idx as usize);
+        }
+    }
+
+    /// Builds the next operation of slot `idx` (in [`State::Ring`]) and pushes it.
+    fn issue(&mut self, idx: usize) {
+        let fd = types::Fixed(0);
+        let s = self.slots[idx];
+        let entry = match s.op {
+            Op::Read | Op::Write => self.rw_entry(idx),
+            Op::ZeroWrite => {
+                let z = self.zero_slice;
+                let chunk = (s.total - s.done).min(z.len as u64).min(self.max_op_bytes);
+                self.slots[idx].issued = chunk;
+                let off = s.pos + s.done;
+                let fixed = self.fixed_index(&z);
+                if fixed.is_some() {
+                    self.counters.fixed_rw += 1;
+                } else {
+                    self.counters.plain_rw += 1;
+                }
+                match fixed {
+                    Some(bi) => opcode::WriteFixed::new(fd, z.vaddr as *const u8, chunk as u32, bi)
+                        .offset(off)
+                        .build(),
+                    None => opcode::Write::new(fd, z.vaddr as *const u8, chunk as u32)
+                        .offset(off)
+                        .build(),
+                }
+            }
+            Op::Fsync => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+            Op::ZeroRange => opcode::Fallocate::new(fd, s.total)
+                .offset(s.pos)
+                .mode(self.zero_mode)
+                .build(),
+            Op::PunchHole => opcode::Fallocate::new(fd, s.total)
+                .offset(s.pos)
+                .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                .build(),
+            Op::BlkDiscard => unreachable!("BLKDISCARD runs synchronously"),
+        };
+        self.push(entry.user_data(idx as u64));
+    }
+
+    /// The next read or write SQE of a data request: one fixed-buffer (or plain) transfer
+    /// when the rest of the piece lies in one segment, else a vectored one.
+    fn rw_entry(&mut self, idx: usize) -> squeue::Entry {
+        let fd = types::Fixed(0);
+        let s = self.slots[idx];
+        let read = s.op == Op::Read;
+        let segs = s.req.data.as_slice();
+        let chunk = (s.total - s.done).min(self.max_op_bytes);
+        self.slots[idx].issued = chunk;
+        let off = s.pos + s.done;
+        let mut i = 0;
+        let mut skip = s.done as usize;
+        while skip >= segs[i].len {
+            skip -= segs[i].len;
+            i += 1;
+        }
+        let seg = segs[i];
+        if (seg.len - skip) as u64 >= chunk {
+            let ptr = seg.vaddr + skip;
+            let len = chunk as u32;
+            let fixed = self.fixed_index(&seg);
+            if fixed.is_some() {
+                self.counters.fixed_rw += 1;
+            } else {
+                self.counters.plain_rw += 1;
+            }
+            return match (fixed, read) {
+                (Some(bi), true) => opcode::ReadFixed::new(fd, ptr as *mut u8, len, bi)
+                    .offset(off)
+                    .build(),
+                (Some(bi), false) => opcode::WriteFixed::new(fd, ptr as *const u8, len, bi)
+                    .offset(off)
+                    .build(),
+                (None, true) => opcode::Read::new(fd, ptr as *mut u8, len)
+                    .offset(off)
+                    .build(),
+                (None, false) => opcode::Write::new(fd, ptr as *const u8, len)
+                    .offset(off)
+                    .build(),
+            };
+        }
+        let iov = &mut self.iovecs[idx];
+        let mut n = 0;
+        let mut left = chunk as usize;
+        let mut first = skip;
+        for seg in &segs[i..] {
+            if left == 0 {
+                break;
+            }
+            let l = (seg.len - first).min(left);
+            if l > 0 {
+                iov[n] = IoVec {
+                    base: seg.vaddr + first,
+                    len: l,
+                };
+                n += 1;
+            }
+            left -= l;
+            first = 0;
+        }
+        let p = iov.as_ptr().cast::<libc::iovec>();
+        self.counters.vectored_rw += 1;
+        if read {
+            opcode::Readv::new(fd, p, n as u32).offset(off).build()
+        } else {
+            opcode::Writev::new(fd, p, n as u32).offset(off).build()
+        }
+    }
+
+    fn push(&mut self, entry: squeue::Entry) {
+        // SAFETY: the entry refers to (a) memory of `self.pool` checked by `in_pool` at
+        // submit (or the queue's own zero buffer), mapped for as long as this queue lives;
+        // (b) for vectored operations, `self.iovecs[slot]`, a boxed slice never reallocated
+        // and not rewritten until the slot's CQE is reaped; (c) the registered file. `Drop`
+        // waits for every pushed operation to complete before any of these is released.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        // Each slot has at most one operation in the ring and there are no more slots than
+        // SQ entries, so the SQ cannot be full.
+        pushed.expect("io_uring submission queue full with fewer operations than entries");
+        self.unsubmitted += 1;
+        self.stats.commands += 1;
+    }
+
+    /// One `io_uring_enter` for every SQE pushed since the last one.
+    fn enter_submit(&mut self) {
+        if self.shared.sqpoll {
+            // The poller thread sees the new tail; a syscall is needed only to wake it.
+            if self.ring.submission().need_wakeup() {
+                self.stats.sq_doorbell_writes += 1;
+            }
+            match self.ring.submitter().submit() {
+                Ok(_) => self.unsubmitted = 0,
+                Err(e) => self.enter_failed(&e),
+            }
+            return;
+        }
+        self.stats.sq_doorbell_writes += 1;
+        match self.ring.submitter().submit() {
+            Ok(k) => self.unsubmitted = self.unsubmitted.saturating_sub(k as u32),
+            Err(e) => self.enter_failed(&e),
+        }
+    }
+
+    fn enter_failed(&self, e: &std::io::Error) {
+        // EINTR, EAGAIN and EBUSY leave the SQEs in the ring; the next flush or poll
+        // submits them again.
+        if !matches!(
+            e.raw_os_error(),
+            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+        ) {
+            tracing::warn!(path = %self.shared.path.display(), "io_uring_enter failed: {e}");
+        }
+    }
+
+    fn finish(
+        &mut self,
+        idx: usize,
+        result: Result<(), IoError>,
+        done: &mut dyn FnMut(Completion),
+    ) {
+        let token = self.slots[idx].req.token;
+        self.slots[idx].state = State::Free;
+        self.free.push(idx as u32);
+        self.stats.completed += 1;
+        done(Completion { token, result });
+    }
+
+    /// Zero-fills a read's buffers from byte `from` of the request to its end (a read
+    /// past the end of a file shorter than the capacity).
+    fn zero_fill(&mut self, idx: usize, from: u64) {
+        let s = self.slots[idx];
+        let mut skip = from;
+        let mut left = s.total - from;
+        for seg in s.req.data.as_slice() {
+            if left == 0 {
+                break;
+            }
+            let len = seg.len as u64;
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            let n = (len - skip).min(left);
+            // SAFETY: `seg` was checked at submit to lie inside a mapped region of the pool,
+            // and `skip + n <= seg.len`; the request's last operation has completed (its CQE
+            // was reaped), so the kernel is not writing the buffer, and the caller does not
+            // touch it before the completion is delivered.
+            unsafe { std::ptr::write_bytes((seg.vaddr + skip as usize) as *mut u8, 0, n as usize) };
+            left -= n;
+            skip = 0;
+        }
+    }
+
+    /// Handles one CQE; true when it completed the request.
+    fn on_cqe(&mut self, user_data: u64, res: i32, done: &mut dyn FnMut(Completion)) -> bool {
+        let idx = user_data as usize;
+        if idx >= self.slots.len() || self.slots[idx].state != State::Ring {
+            self.stats.bogus_completions += 1;
+            return false;
+        }
+        let s = self.slots[idx];
+        if res < 0 {
+            let err = -res;
+            if s.op == Op::ZeroRange && err == libc::EOPNOTSUPP {
+                // The filesystem cannot zero a range: write zeroes instead, from now on.
+                self.zero_range_ok = false;
+                self.counters.zero_write_fallbacks += 1;
+                self.slots[idx].op = Op::ZeroWrite;
+                self.issue(idx);
+                return false;
+            }
+            if matches!(err, libc::EINTR | libc::EAGAIN) && s.retries < MAX_SHORT_RETRIES {
+                self.slots[idx].retries += 1;
+                self.stats.retries += 1;
+                self.issue(idx);
+                return false;
+            }
+            self.in_ring -= 1;
+            self.finish(idx, Err(IoError::Os(err)), done);
+            return true;
+        }
+        match s.op {
+            Op::Read | Op::Write | Op::ZeroWrite => {
+                let n = res as u64;
+                let regular = self.shared.kind == FileKind::Regular;
+                let bs = u64::from(self.shared.block_size);
+                // A read that ends early at an unaligned offset under direct i/o, or that
+                // returns nothing, has met the end of the file: the rest of a file shorter
+                // than its capacity reads as zeroes (a sparse tail).
+                let eof = s.op == Op::Read
+                    && regular
+                    && (n == 0
+                        || (self.shared.direct && n < s.issued && (s.pos + s.done + n) % bs != 0));
+                if eof {
+                    self.counters.eof_zero_fills += 1;
+                    self.zero_fill(idx, s.done + n);
+                    self.in_ring -= 1;
+                    self.finish(idx, Ok(()), done);
+                    return true;
+                }
+                if n == 0 {
+                    self.in_ring -= 1;
+                    self.finish(
+                        idx,
+                        Err(IoError::ShortTransfer {
+                            done: saturate_u32(s.done),
+                            want: saturate_u32(s.total),
+                        }),
+                        done,
+                    );
+                    return true;
+                }
+                let now = s.done + n;
+                self.slots[idx].done = now;
+                if now >= s.total {
+                    self.in_ring -= 1;
+                    self.finish(idx, Ok(()), done);
+                    return true;
+                }
+                if n < s.issued {
+                    // A short transfer: send the rest, a bounded number of times.
+                    if s.retries >= MAX_SHORT_RETRIES {
+                        self.in_ring -= 1;
+                        self.finish(
+                            idx,
+                            Err(IoError::ShortTransfer {
+                                done: saturate_u32(now),
+                                want: saturate_u32(s.total),
+                            }),
+                            done,
+                        );
+                        return true;
+                    }
+                    self.slots[idx].retries += 1;
+                    self.stats.retries += 1;
+                }
+                self.issue(idx);
+                false
+            }
+            Op::Fsync | Op::ZeroRange | Op::PunchHole => {
+                self.in_ring -= 1;
+                self.finish(idx, Ok(()), done);
+                true
+            }
+            Op::BlkDiscard => unreachable!("BLKDISCARD runs synchronously"),
+        }
+    }
+
+    /// Runs a synchronous operation; true when it completed the request.
+    fn run_sync(&mut self, idx: usize, done: &mut dyn FnMut(Completion)) -> bool {
+        let s = self.slots[idx];
+        let f = &self.shared.file;
+        self.stats.commands += 1;
+        self.counters.sync_ops += 1;
+        let r = match s.op {
+            Op::Fsync => super::sys::fdatasync(f),
+            Op::ZeroRange => super::sys::fallocate(f, self.zero_mode, s.pos, s.total),
+            Op::PunchHole => super::sys::fallocate(
+                f,
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                s.pos,
+                s.total,
+            ),
+            Op::BlkDiscard => super::sys::blk_discard(f, s.pos, s.total),
+            Op::Read | Op::Write | Op::ZeroWrite => unreachable!("data moves through the ring"),
+        };
+        match r {
+            Err(libc::EOPNOTSUPP) if s.op == Op::ZeroRange => {
+                self.zero_range_ok = false;
+                self.counters.zero_write_fallbacks += 1;
+                self.slots[idx].op = Op::ZeroWrite;
+                self.slots[idx].state = State::Ring;
+                self.in_ring += 1;
+                self.issue(idx);
+                false
+            }
+            r => {
+                self.finish(idx, r.map_err(IoError::Os), done);
+                true
+            }
+        }
+    }
+
+    /// Slots in use (in the ring or waiting to run synchronously).
+    fn busy_slots(&self) -> u32 {
+        (self.slots.len() - self.free.len()) as u32
+    }
+
+    /// Counters particular to file queues.
+    pub fn counters(&self) -> FileQueueCounters {
+        self.counters
+    }
+
+    /// Lowers the bytes per SQE, so unit tests can force requests into pieces.
+    #[cfg(test)]
+    fn set_max_op_bytes(&mut self, n: u64) {
+        self.max_op_bytes = n;
+    }
+}
+
+impl TargetQueue for FileQueue {
+    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+        if let Err(reason) = self.validate(&req) {
+            return Err(SubmitError::Invalid {
+                token: req.token,
+                reason,
+            });
+        }
+        if self.sw.is_empty() {
+            if let Some(idx) = self.free.pop() {
+                self.dispatch(idx, req);
+                self.stats.submitted += 1;
+                return Ok(());
+            }
+        }
+        if self.sw.len() + self.cancelled.len() < self.sw_cap {
+            self.sw.push_back(req);
+            self.stats.sw_queued += 1;
+            self.stats.submitted += 1;
+            return Ok(());
+        }
+        Err(SubmitError::Busy(Busy {
+            request: req,
+            in_flight: self.busy_slots(),
+            queued: (self.sw.len() + self.cancelled.len()) as u32,
+        }))
+    }
+
+    fn flush(&mut self) {
+        if self.unsubmitted > 0 {
+            self.enter_submit();
+        }
+    }
+
+    fn poll(&mut self, max: u32, done: &mut dyn FnMut(Completion)) -> u32 {
+        self.stats.polls += 1;
+        if self.unsubmitted > 0 {
+            self.enter_submit();
+        }
+        let max = max as usize;
+        let mut n = 0usize;
+        while n < max {
+            let Some(token) = self.cancelled.pop_front() else {
+                break;
+            };
+            self.stats.completed += 1;
+            done(Completion {
+                token,
+                result: Err(IoError::Cancelled),
+            });
+            n += 1;
+        }
+        while n < max {
+            let Some(idx) = self.sync_pending.pop_front() else {
+                break;
+            };
+            if self.run_sync(idx as usize, done) {
+                n += 1;
+            }
+        }
+        let mut polled = false;
+        while n < max {
+            let mut batch = [(0u64, 0i32); REAP_BATCH];
+            let mut got = 0;
+            {
+                let cq = self.ring.completion();
+                for c in cq.take((max - n).min(REAP_BATCH)) {
+                    batch[got] = (c.user_data(), c.result());
+                    got += 1;
+                }
+            }
+            if got == 0 {
+                // An IOPOLL ring without a poller thread completes only when asked to.
+                if self.shared.iopoll && !self.shared.sqpoll && self.in_ring > 0 && !polled {
+                    polled = true;
+                    self.stats.sq_doorbell_writes += 1;
+                    if let Err(e) = self.ring.submitter().submit() {
+                        self.enter_failed(&e);
+                    }
+                    self.unsubmitted = 0;
+                    continue;
+                }
+                break;
+            }
+            for &(ud, res) in &batch[..got] {
+                if self.on_cqe(ud, res, done) {
+                    n += 1;
+                }
+            }
+        }
+        while !self.sw.is_empty() {
+            let Some(idx) = self.free.pop() else {
+                break;
+            };
+            let req = self.sw.pop_front().expect("software queue is not empty");
+            self.dispatch(idx, req);
+        }
+        if n == 0 {
+            self.stats.idle_polls += 1;
+        }
+        n as u32
+    }
+
+    fn outstanding(&self) -> u32 {
+        self.busy_slots() + (self.sw.len() + self.cancelled.len()) as u32
+    }
+
+    fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    fn cancel_queued(&mut self, token: u64) -> bool {
+        match self.sw.iter().position(|r| r.token == token) {
+            Some(i) => {
+                self.sw.remove(i);
+                self.cancelled.push_back(token);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for FileQueue {
+    fn drop(&mut self) {
+        // Wait for every operation the ring holds: their buffers and iovecs must outlive
+        // them. `submit_and_wait` also submits SQEs not yet submitted, so each slot in the
+        // ring yields exactly one more CQE. Completions are dropped, not delivered.
+        let mut failures = 0;
+        while self.in_ring > 0 {
+            match self.ring.submitter().submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    failures += 1;
+                    if failures > 100 {
+                        // The kernel may still write our memory: never unmap it.
+                        tracing::error!(
+                            path = %self.shared.path.display(),
+                            in_flight = self.in_ring,
+                            "cannot wait for in-flight i/o ({e}); leaking its buffers"
+                        );
+                        std::mem::forget(self.pool.clone());
+                        std::mem::forget(std::mem::take(&mut self.iovecs));
+                        return;
+                    }
+                }
+            }
+            let cq = self.ring.completion();
+            for c in cq {
+                let idx = c.user_data() as usize;
+                if idx < self.slots.len() && self.slots[idx].state == State::Ring {
+                    self.slots[idx].state = State::Free;
+                    self.in_ring -= 1;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
