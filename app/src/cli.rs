@@ -181,7 +181,10 @@ pub enum Workload {
 impl Workload {
     /// Random offsets.
     pub fn random(self) -> bool {
-        matches!(self, Workload::Randread | Workload::Randwrite | Workload::Randrw)
+        matches!(
+            self,
+            Workload::Randread | Workload::Randwrite | Workload::Randrw
+        )
     }
     /// Percentage of reads, given the mix for mixed workloads.
     pub fn read_pct(self, mix: u8) -> u8 {
@@ -252,7 +255,7 @@ pub struct PerfArgs {
     #[arg(long, value_enum, default_value_t = DoorbellArg::Batched)]
     pub doorbell: DoorbellArg,
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller offers them.
-    #[arg(long, value_name = "on|off", default_value = "on", value_parser = switch_parser)]
+    #[arg(long, value_name = "on|off", default_value = "on", action = ArgAction::Set, value_parser = switch_parser)]
     pub shadow_doorbells: bool,
     /// Completions reaped per poll of a queue pair (0: all that are ready, up to 128).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]

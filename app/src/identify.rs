@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::cli::IdentifyArgs;
 use crate::error::Result;
-use crate::targets::{self, Opened, OpenOptions};
+use crate::targets::{self, OpenOptions, Opened};
 use crate::units::{human_bytes, print_json};
 
 /// Optional NVM commands (Identify Controller ONCS), by bit.
@@ -243,7 +243,11 @@ pub fn render_text(t: &TargetJson) -> String {
             row(&mut s, "Model (MN)", c.model.clone());
             row(&mut s, "Serial (SN)", c.serial.clone());
             row(&mut s, "Firmware (FR)", c.firmware.clone());
-            row(&mut s, "PCI vendor / subsystem", format!("{:#06x} / {:#06x}", c.vid, c.ssvid));
+            row(
+                &mut s,
+                "PCI vendor / subsystem",
+                format!("{:#06x} / {:#06x}", c.vid, c.ssvid),
+            );
             row(&mut s, "NVMe version (VS)", c.vs.clone());
             row(
                 &mut s,
@@ -271,7 +275,12 @@ pub fn render_text(t: &TargetJson) -> String {
             row(
                 &mut s,
                 "Volatile write cache",
-                if c.volatile_write_cache { "present" } else { "none" }.into(),
+                if c.volatile_write_cache {
+                    "present"
+                } else {
+                    "none"
+                }
+                .into(),
             );
             row(
                 &mut s,
@@ -298,9 +307,12 @@ pub fn render_text(t: &TargetJson) -> String {
                     format!(
                         "store {}, thread {}, latency {} ns{}",
                         e.store,
-                        e.core.map_or("unpinned".to_string(), |c| format!("on core {c}")),
+                        e.core
+                            .map_or("unpinned".to_string(), |c| format!("on core {c}")),
                         e.latency_ns,
-                        e.faults.as_deref().map_or(String::new(), |f| format!(", faults {f}"))
+                        e.faults
+                            .as_deref()
+                            .map_or(String::new(), |f| format!(", faults {f}"))
                     ),
                 );
             }
@@ -325,7 +337,10 @@ pub fn render_text(t: &TargetJson) -> String {
                 "  {:<26} {}",
                 "I/O",
                 if f.direct {
-                    format!("direct (O_DIRECT, buffers aligned to {} bytes)", f.mem_align)
+                    format!(
+                        "direct (O_DIRECT, buffers aligned to {} bytes)",
+                        f.mem_align
+                    )
                 } else {
                     "buffered (page cache)".to_string()
                 }
@@ -349,9 +364,7 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
     let _ = writeln!(
         s,
         "    {:<24} {} / {} LBAs",
-        "Capacity / utilization",
-        ns.capacity_lbas,
-        ns.utilization_lbas
+        "Capacity / utilization", ns.capacity_lbas, ns.utilization_lbas
     );
     let _ = writeln!(
         s,
@@ -370,7 +383,8 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
 /// Runs `kestrel identify`.
 pub fn run(args: &IdentifyArgs) -> Result<()> {
     let opts = OpenOptions {
-        io_queues: 1,
+        // Ask for as many as there are, so identify shows what the controller grants.
+        io_queues: 0xFFFE,
         noiommu: args.targets.noiommu,
         ..OpenOptions::default()
     };

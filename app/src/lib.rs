@@ -102,7 +102,10 @@ where
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let msg = e.to_string();
-            eprintln!("kestrel: error: {}", msg.lines().collect::<Vec<_>>().join("; "));
+            eprintln!(
+                "kestrel: error: {}",
+                msg.lines().collect::<Vec<_>>().join("; ")
+            );
             ExitCode::from(e.exit_code())
         }
     }

@@ -56,7 +56,8 @@ pub struct ListJson {
 pub fn run(args: &ListArgs) -> Result<()> {
     let roots = SysRoots::new("/sys", "/proc");
     let ctrls = pci::list_nvme_controllers(&roots).map_err(|e| AppError::runtime(e.to_string()))?;
-    let huge = pci::hugepage_status(Path::new("/sys")).map_err(|e| AppError::runtime(e.to_string()))?;
+    let huge =
+        pci::hugepage_status(Path::new("/sys")).map_err(|e| AppError::runtime(e.to_string()))?;
     if args.json {
         let j = ListJson {
             controllers: ctrls

@@ -80,7 +80,10 @@ pub fn parse_size(input: &str) -> Result<u64, ParseError> {
         why,
     };
     let s = input.trim();
-    let digits_end = s.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(s.len());
+    let digits_end = s
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(s.len());
     if digits_end == 0 {
         return Err(err(if s.is_empty() {
             "it is empty"
@@ -591,7 +594,10 @@ mod tests {
         }
         let big = format!("0x1{}", "0".repeat(1024));
         assert!(parse_cores(&big).is_err());
-        assert_eq!(parse_cores(&format!("0x1{}", "0".repeat(1023))), Ok(vec![4092]));
+        assert_eq!(
+            parse_cores(&format!("0x1{}", "0".repeat(1023))),
+            Ok(vec![4092])
+        );
     }
 
     #[test]
@@ -606,7 +612,14 @@ mod tests {
         assert_eq!(parse_bdf("0000:01:00.0").as_deref(), Some("0000:01:00.0"));
         assert_eq!(parse_bdf("01:00.0").as_deref(), Some("0000:01:00.0"));
         assert_eq!(parse_bdf("0000:AF:1f.7").as_deref(), Some("0000:af:1f.7"));
-        for s in ["", "01:00", "0000:01:20.0", "0000:01:00.8", "x:01:00.0", "1:2:3:4.0"] {
+        for s in [
+            "",
+            "01:00",
+            "0000:01:20.0",
+            "0000:01:00.8",
+            "x:01:00.0",
+            "1:2:3:4.0",
+        ] {
             assert_eq!(parse_bdf(s), None, "{s}");
         }
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::cli::SmartArgs;
 use crate::error::{AppError, Result};
-use crate::targets::{self, Opened, OpenOptions};
+use crate::targets::{self, OpenOptions, Opened};
 use crate::units::{human_bytes, print_json};
 
 /// Critical Warning bits (SMART log byte 0), by bit, with their names.
@@ -178,7 +178,11 @@ fn bytes_of(v: u128) -> String {
 pub fn render_text(r: &SmartReport) -> String {
     let m = &r.smart;
     let mut s = String::new();
-    let _ = writeln!(s, "SMART / Health Information: {} ({})", r.transport, r.target);
+    let _ = writeln!(
+        s,
+        "SMART / Health Information: {} ({})",
+        r.transport, r.target
+    );
     let row = |s: &mut String, k: &str, v: String| {
         let _ = writeln!(s, "  {k:<34} {v}");
     };
@@ -188,7 +192,11 @@ pub fn render_text(r: &SmartReport) -> String {
         if m.critical_warnings.is_empty() {
             format!("{:#04x}: none", m.critical_warning)
         } else {
-            format!("{:#04x}: {}", m.critical_warning, m.critical_warnings.join(", "))
+            format!(
+                "{:#04x}: {}",
+                m.critical_warning,
+                m.critical_warnings.join(", ")
+            )
         },
     );
     row(
@@ -200,15 +208,27 @@ pub fn render_text(r: &SmartReport) -> String {
         },
     );
     for (i, t) in m.temperature_sensors_celsius.iter().enumerate() {
-        row(&mut s, &format!("Temperature sensor {}", i + 1), format!("{t} °C"));
+        row(
+            &mut s,
+            &format!("Temperature sensor {}", i + 1),
+            format!("{t} °C"),
+        );
     }
-    row(&mut s, "Available spare", format!("{} %", m.available_spare_pct));
+    row(
+        &mut s,
+        "Available spare",
+        format!("{} %", m.available_spare_pct),
+    );
     row(
         &mut s,
         "Available spare threshold",
         format!("{} %", m.available_spare_threshold_pct),
     );
-    row(&mut s, "Percentage used", format!("{} %", m.percentage_used));
+    row(
+        &mut s,
+        "Percentage used",
+        format!("{} %", m.percentage_used),
+    );
     row(
         &mut s,
         "Data units read",
@@ -217,10 +237,22 @@ pub fn render_text(r: &SmartReport) -> String {
     row(
         &mut s,
         "Data units written",
-        format!("{} ({})", m.data_units_written, bytes_of(m.data_written_bytes)),
+        format!(
+            "{} ({})",
+            m.data_units_written,
+            bytes_of(m.data_written_bytes)
+        ),
     );
-    row(&mut s, "Host read commands", m.host_read_commands.to_string());
-    row(&mut s, "Host write commands", m.host_write_commands.to_string());
+    row(
+        &mut s,
+        "Host read commands",
+        m.host_read_commands.to_string(),
+    );
+    row(
+        &mut s,
+        "Host write commands",
+        m.host_write_commands.to_string(),
+    );
     row(
         &mut s,
         "Controller busy time",
@@ -229,7 +261,11 @@ pub fn render_text(r: &SmartReport) -> String {
     row(&mut s, "Power cycles", m.power_cycles.to_string());
     row(&mut s, "Power-on hours", m.power_on_hours.to_string());
     row(&mut s, "Unsafe shutdowns", m.unsafe_shutdowns.to_string());
-    row(&mut s, "Media and data integrity errors", m.media_errors.to_string());
+    row(
+        &mut s,
+        "Media and data integrity errors",
+        m.media_errors.to_string(),
+    );
     row(&mut s, "Error log entries", m.error_log_entries.to_string());
     row(
         &mut s,
@@ -252,7 +288,14 @@ pub fn render_text(r: &SmartReport) -> String {
             let _ = writeln!(
                 s,
                 "  {:>8}  {:>5}  {:>5}  {:>6}  {:>12}  {} (parameter at {:#06x}, info {:#x})",
-                e.error_count, e.sqid, e.cid, e.nsid, e.lba, e.status, e.param_error_location, e.command_specific
+                e.error_count,
+                e.sqid,
+                e.cid,
+                e.nsid,
+                e.lba,
+                e.status,
+                e.param_error_location,
+                e.command_specific
             );
         }
     }
@@ -262,7 +305,8 @@ pub fn render_text(r: &SmartReport) -> String {
 /// Runs `kestrel smart`.
 pub fn run(args: &SmartArgs) -> Result<()> {
     let opts = OpenOptions {
-        io_queues: 1,
+        // Ask for as many as there are, so identify shows what the controller grants.
+        io_queues: 0xFFFE,
         noiommu: args.targets.noiommu,
         ..OpenOptions::default()
     };
@@ -317,7 +361,10 @@ mod tests {
         let d = decode(&s);
         assert_eq!(
             d.critical_warnings,
-            vec!["available spare below threshold", "media placed in read-only mode"]
+            vec![
+                "available spare below threshold",
+                "media placed in read-only mode"
+            ]
         );
         assert_eq!(d.temperature_celsius, Some(37));
         assert_eq!(d.temperature_sensors_celsius, vec![27]);

@@ -20,8 +20,10 @@ pub const DEFAULT_EMU_LBA: u32 = 4096;
 /// How targets are opened.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
-    /// I/O queues to ask each controller for.
+    /// I/O queues to ask each controller for (Set Features, Number of Queues).
     pub io_queues: u16,
+    /// I/O queues the emulator offers when `queues=` is not given.
+    pub emu_queues: u16,
     /// Configure shadow doorbells when offered.
     pub shadow_doorbells: bool,
     /// The emulator's store when `store=` is not given.
@@ -36,6 +38,7 @@ impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             io_queues: 64,
+            emu_queues: 64,
             shadow_doorbells: true,
             default_store: StoreSpec::Memory,
             default_emu_core: None,
@@ -136,14 +139,16 @@ pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> (EmuConfig, EmuSummary) {
     let size = e.size.unwrap_or(DEFAULT_EMU_SIZE);
     let lba = e.lba.unwrap_or(DEFAULT_EMU_LBA);
     let n = e.namespaces.unwrap_or(1);
-    let store = e.store.clone().unwrap_or_else(|| opts.default_store.clone());
+    let store = e
+        .store
+        .clone()
+        .unwrap_or_else(|| opts.default_store.clone());
     let core = match e.core {
         Some(CoreSpec::Core(c)) => Some(c),
         Some(CoreSpec::None) => None,
         None => opts.default_emu_core,
     };
-    let mut cfg = EmuConfig::default();
-    cfg.namespaces = (1..=n)
+    let namespaces = (1..=n)
         .map(|nsid| {
             EmuNamespace::new(
                 size,
@@ -156,12 +161,16 @@ pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> (EmuConfig, EmuSummary) {
             )
         })
         .collect();
+    let mut cfg = EmuConfig {
+        namespaces,
+        ..EmuConfig::default()
+    };
     if let Some(m) = e.mdts {
         cfg.mdts = m;
     }
     cfg.max_io_queues = match e.queues {
         Some(q) => q as u16,
-        None => opts.io_queues.clamp(cfg.max_io_queues, 1024),
+        None => opts.emu_queues.clamp(1, 1024),
     };
     cfg.latency = e.latency.unwrap_or_default();
     cfg.pin_core = core;
@@ -190,9 +199,15 @@ pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
     };
     match spec {
         TargetSpec::Emu(e) => {
+            if e.faults.is_some() {
+                return Err(AppError::usage(
+                    "emu: faults= is not available: this emulator has no fault injection",
+                ));
+            }
             let (cfg, summary) = emu_config(e, opts);
-            let emu = EmuController::start(cfg)
-                .map_err(|err| AppError::runtime(format!("starting the emulated controller: {err}")))?;
+            let emu = EmuController::start(cfg).map_err(|err| {
+                AppError::runtime(format!("starting the emulated controller: {err}"))
+            })?;
             let ctrlr = Controller::new(Arc::clone(&emu) as _, copts)?;
             Ok(Opened::Nvme(NvmeTarget {
                 spec: spec.clone(),

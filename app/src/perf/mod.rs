@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::cli::{DoorbellArg, PerfArgs};
 use crate::error::{AppError, Result};
 use crate::parse::{StoreSpec, TargetSpec};
-use crate::targets::{self, Opened, OpenOptions};
+use crate::targets::{self, OpenOptions, Opened};
 use crate::units::{human_bytes, print_json};
 
 use worker::{Shared, WorkerConfig};
@@ -71,7 +71,11 @@ struct Progress {
 
 impl Progress {
     fn tick(&mut self, shared: &Shared, elapsed: Duration, io_size: u64, warmup: u32) {
-        let total: u64 = shared.progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+        let total: u64 = shared
+            .progress
+            .iter()
+            .map(|p| p.load(Ordering::Relaxed))
+            .sum();
         let now = std::time::Instant::now();
         let dt = now.duration_since(self.last_t).as_secs_f64();
         if !self.enabled || dt <= 0.0 {
@@ -122,6 +126,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         .unwrap_or(1);
     let opts = OpenOptions {
         io_queues: (per_ctrlr_queues * max_ns).clamp(1, 1024) as u16,
+        emu_queues: (per_ctrlr_queues * max_ns).clamp(64, 1024) as u16,
         shadow_doorbells: args.shadow_doorbells,
         default_store: if args.verify {
             StoreSpec::Memory
@@ -131,6 +136,17 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         default_emu_core: spare_core,
         noiommu: args.targets.noiommu,
     };
+    if args.verify {
+        for s in &specs {
+            if let TargetSpec::Emu(e) = s {
+                if e.store == Some(StoreSpec::Null) {
+                    return Err(AppError::usage(
+                        "--verify needs a store that keeps data: the null store drops writes (use store=memory or store=PATH)",
+                    ));
+                }
+            }
+        }
+    }
     let opened = targets::open_all(&specs, &opts)?;
 
     // The block targets, with their descriptions.
@@ -221,9 +237,14 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                             p => format!("file store {p}"),
                         };
                         let thread = match e.core {
-                            Some(c) if cores.contains(&c) => format!("emulator thread pinned to core {c}, which it shares with a poller"),
+                            Some(c) if cores.contains(&c) => format!(
+                                "emulator thread pinned to core {c}, which it shares with a poller"
+                            ),
                             Some(c) => format!("emulator thread pinned to core {c}"),
-                            None => "emulator thread not pinned (it shares the cores with the pollers)".to_string(),
+                            None => {
+                                "emulator thread not pinned (it shares the cores with the pollers)"
+                                    .to_string()
+                            }
                         };
                         desc.push_str(&format!(", {store}, {thread}"));
                         if let Some(f) = &e.faults {

@@ -19,7 +19,8 @@ pub fn write_svg(path: &Path, hist: &Histogram<u64>, title: &str) -> Result<()> 
             path.display()
         )));
     }
-    let svg = render_svg(hist, title).map_err(|e| AppError::runtime(format!("drawing the latency plot: {e}")))?;
+    let svg = render_svg(hist, title)
+        .map_err(|e| AppError::runtime(format!("drawing the latency plot: {e}")))?;
     std::fs::write(path, svg).map_err(|e| AppError::Os {
         context: format!("writing the latency plot {}", path.display()),
         source: e,
@@ -67,16 +68,22 @@ pub fn render_svg(hist: &Histogram<u64>, title: &str) -> std::result::Result<Str
             .draw()
             .map_err(|e| e.to_string())?;
         chart
-            .draw_series(bars.iter().map(|&(a, b, n)| {
-                Rectangle::new([(a, 0), (b, n)], BLUE.mix(0.6).filled())
-            }))
+            .draw_series(
+                bars.iter()
+                    .map(|&(a, b, n)| Rectangle::new([(a, 0), (b, n)], BLUE.mix(0.6).filled())),
+            )
             .map_err(|e| e.to_string())?;
 
         // CDF over the whole range, logarithmic x so the tail is visible.
         let max_ns = hist.max().max(lo_ns + 1);
         let mut pts: Vec<(f64, f64)> = hist
             .iter_quantiles(4)
-            .map(|v| (v.value_iterated_to().max(1) as f64 / 1e3, v.quantile_iterated_to() * 100.0))
+            .map(|v| {
+                (
+                    v.value_iterated_to().max(1) as f64 / 1e3,
+                    v.quantile_iterated_to() * 100.0,
+                )
+            })
             .collect();
         pts.dedup_by(|a, b| a.0 == b.0 && a.1 == b.1);
         let mut cdf = ChartBuilder::on(&bottom)

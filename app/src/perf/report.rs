@@ -445,7 +445,9 @@ fn short(name: &str, n: usize) -> String {
 /// The text tables.
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
-    let label = |core: usize, t: &CoreTargetJson| short(&format!("core {core} [{}] {}", t.target, t.name), 34);
+    let label = |core: usize, t: &CoreTargetJson| {
+        short(&format!("core {core} [{}] {}", t.target, t.name), 34)
+    };
     let _ = writeln!(
         s,
         "{:<34} {:>12} {:>10} {:>12} {:>10} {:>10}",
@@ -491,7 +493,11 @@ pub fn render_text(r: &Report) -> String {
     for (p, key) in PERCENTILES {
         let _ = write!(s, "{:>9}%", format!("{p:.2}"));
         for (_, l) in &cols {
-            let v = l.percentiles.get(key).and_then(|v| v.as_f64()).unwrap_or(0.0);
+            let v = l
+                .percentiles
+                .get(key)
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.0);
             let _ = write!(s, " {v:>11.3}");
         }
         s.push('\n');
@@ -501,7 +507,16 @@ pub fn render_text(r: &Report) -> String {
     let _ = writeln!(
         s,
         "{:<34} {:>11} {:>11} {:>10} {:>10} {:>6} {:>10} {:>11} {:>11} {:>8}",
-        "", "submitted", "completed", "SQ db", "CQ db", "db/io", "shadow", "polls", "idle polls", "sw-queued"
+        "",
+        "submitted",
+        "completed",
+        "SQ db",
+        "CQ db",
+        "db/io",
+        "shadow",
+        "polls",
+        "idle polls",
+        "sw-queued"
     );
     let trow = |s: &mut String, name: &str, t: &TransportJson| {
         let _ = writeln!(
@@ -526,7 +541,10 @@ pub fn render_text(r: &Report) -> String {
     }
     trow(&mut s, "Total", &r.transport);
 
-    let _ = writeln!(s, "\nCPU (busy = iterations of the poll loop that completed I/O):");
+    let _ = writeln!(
+        s,
+        "\nCPU (busy = iterations of the poll loop that completed I/O):"
+    );
     for c in &r.per_core {
         let _ = writeln!(
             s,

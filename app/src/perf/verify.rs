@@ -82,7 +82,11 @@ pub fn fill_block(block: &mut [u8], lba: u64, gen: u64) {
     debug_assert!(block.len() >= HEADER_BYTES + 8 && block.len() % 8 == 0);
     let seed = mix(lba ^ gen.rotate_left(40) ^ 0x6b65_7374_7265_6c00);
     for (i, w) in block[HEADER_BYTES..].chunks_exact_mut(8).enumerate() {
-        w.copy_from_slice(&seed.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes());
+        w.copy_from_slice(
+            &seed
+                .wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .to_le_bytes(),
+        );
     }
     let sum = xxh3_64(&block[HEADER_BYTES..]);
     block[0..8].copy_from_slice(&lba.to_le_bytes());
@@ -168,8 +172,16 @@ mod tests {
                 actual: 3
             })
         );
-        assert_eq!(check_block(&b, 78, Expect::Generation(3)).unwrap_err().field, "lba");
-        assert_eq!(check_block(&b, 78, Expect::Unknown).unwrap_err().field, "lba");
+        assert_eq!(
+            check_block(&b, 78, Expect::Generation(3))
+                .unwrap_err()
+                .field,
+            "lba"
+        );
+        assert_eq!(
+            check_block(&b, 78, Expect::Unknown).unwrap_err().field,
+            "lba"
+        );
     }
 
     #[test]

@@ -239,7 +239,10 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    fn setup(cfg: &WorkerConfig, shared: &Shared) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
+    fn setup(
+        cfg: &WorkerConfig,
+        shared: &Shared,
+    ) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
         let io_size = cfg.io_size as usize;
         let stride = io_size.next_multiple_of(4096);
         let mut targets = Vec::new();
@@ -261,7 +264,11 @@ impl Worker<'_> {
                 first_unit,
                 units,
                 seq_next: 0,
-                gens: if cfg.verify { vec![0; units as usize] } else { Vec::new() },
+                gens: if cfg.verify {
+                    vec![0; units as usize]
+                } else {
+                    Vec::new()
+                },
                 res: TargetResult {
                     ios: 0,
                     reads: 0,
@@ -281,14 +288,13 @@ impl Worker<'_> {
                 },
             });
             for _ in 0..cfg.qpairs {
-                let q = t
-                    .create_queue(&cfg.queue)
-                    .map_err(|e| format!("core {}: creating a queue on {}: {e}", cfg.core, info.name))?;
+                let q = t.create_queue(&cfg.queue).map_err(|e| {
+                    format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
+                })?;
                 let qd = cfg.queue_depth as usize;
-                let buf = t
-                    .dma_pool()
-                    .alloc(qd * stride)
-                    .map_err(|e| format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name))?;
+                let buf = t.dma_pool().alloc(qd * stride).map_err(|e| {
+                    format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
+                })?;
                 let slices = (0..qd)
                     .map(|i| buf.slice(i * stride, io_size))
                     .collect::<Result<Box<[_]>, _>>()
@@ -309,7 +315,9 @@ impl Worker<'_> {
                         qd
                     ]
                     .into_boxed_slice(),
-                    done: Vec::with_capacity(qd.max(kestrel::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1),
+                    done: Vec::with_capacity(
+                        qd.max(kestrel::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
+                    ),
                     base: QueueStats::default(),
                 });
             }
@@ -341,7 +349,11 @@ impl Worker<'_> {
             let g = ts.gens[unit as usize];
             ts.gens[unit as usize] = g | BUSY;
             if write {
-                gen = if g == UNKNOWN || g + 1 >= UNKNOWN { 1 } else { g + 1 };
+                gen = if g == UNKNOWN || g + 1 >= UNKNOWN {
+                    1
+                } else {
+                    g + 1
+                };
                 let lba0 = (ts.first_unit + unit) * ts.io_blocks as u64;
                 for (i, b) in self.scratch.chunks_exact_mut(ts.block_size).enumerate() {
                     verify::fill_block(b, lba0 + i as u64, gen as u64);
@@ -375,14 +387,23 @@ impl Worker<'_> {
     }
 
     /// Accounts for one completion at raw time `now`.
-    fn complete(&mut self, qi: usize, c: Completion, now: u64, measuring: bool) -> Result<(), WorkerError> {
+    fn complete(
+        &mut self,
+        qi: usize,
+        c: Completion,
+        now: u64,
+        measuring: bool,
+    ) -> Result<(), WorkerError> {
         let cfg = self.cfg;
         let clock = &self.shared.clock;
         let q = &mut self.queues[qi];
         let ts = &mut self.targets[q.target];
         let slot_i = c.token as usize;
         let Some(slot) = q.slots.get(slot_i).copied() else {
-            return Err(format!("core {}: completion with unknown token {}", cfg.core, c.token));
+            return Err(format!(
+                "core {}: completion with unknown token {}",
+                cfg.core, c.token
+            ));
         };
         let r = &mut ts.res;
         if measuring {
@@ -471,7 +492,9 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
     shared.go.wait();
     let (targets, queues) = setup?;
     let mut w = Worker {
-        rng: fastrand::Rng::with_seed(cfg.seed ^ (cfg.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        rng: fastrand::Rng::with_seed(
+            cfg.seed ^ (cfg.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ),
         scratch: vec![0u8; cfg.io_size as usize],
         max: if cfg.max_completions == 0 {
             kestrel::qpair::MAX_COMPLETIONS_PER_POLL
@@ -510,7 +533,7 @@ impl Worker<'_> {
         let end = cfg.warmup_ns + cfg.time_ns;
         let mut measuring = false;
         let mut window_start = 0u64;
-        let mut window_end = 0u64;
+        let window_end;
         let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
         let mut completed_total = 0u64;
         let mut t0 = clock.raw();
@@ -661,6 +684,9 @@ mod tests {
             ..Default::default()
         };
         let d = stats_diff(&a, &b);
-        assert_eq!((d.submitted, d.completed, d.sq_doorbell_writes, d.polls), (6, 5, 3, 99));
+        assert_eq!(
+            (d.submitted, d.completed, d.sq_doorbell_writes, d.polls),
+            (6, 5, 3, 99)
+        );
     }
 }

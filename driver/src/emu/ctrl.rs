@@ -315,6 +315,7 @@ impl Ctrl {
             ver: Vs::V1_4_0.0,
             oaes: 0,
             ctratt: 0,
+            crdt: [0; 3],
             oacs: if cfg.shadow_doorbells {
                 oacs::DOORBELL_BUFFER_CONFIG
             } else {
