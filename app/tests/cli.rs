@@ -327,6 +327,32 @@ fn verify_passes_on_an_honest_store() {
     assert_eq!(j["io_errors"], 0);
 }
 
+#[test]
+fn verify_reads_back_what_a_write_workload_wrote() {
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-w",
+        "write",
+        "-q",
+        "8",
+        "--verify",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:size=4M,lba=512",
+    ]));
+    let v = &j["verify"];
+    assert_eq!(v["mismatches"], 0);
+    // Sequential 4 KiB writes cover all 1024 units of 4 MiB many times over in a second;
+    // each unit is read back once, 8 blocks of 512 bytes each.
+    assert_eq!(v["readback_reads"], 1024, "{v}");
+    assert_eq!(v["blocks_checked"], 1024 * 8, "{v}");
+}
+
 fn flip_byte(path: &Path, offset: u64) {
     use std::io::{Read, Seek, SeekFrom, Write};
     let mut f = std::fs::OpenOptions::new()

@@ -70,7 +70,7 @@ struct Progress {
 }
 
 impl Progress {
-    fn tick(&mut self, shared: &Shared, elapsed: Duration, io_size: u64, warmup: u32) {
+    fn tick(&mut self, shared: &Shared, elapsed: Duration, io_size: u64) {
         let total: u64 = shared
             .progress
             .iter()
@@ -82,10 +82,10 @@ impl Progress {
             return;
         }
         let iops = (total - self.last_total) as f64 / dt;
-        let phase = if elapsed.as_secs() < warmup as u64 {
-            "warmup"
-        } else {
-            "running"
+        let phase = match shared.phase.iter().map(|p| p.load(Ordering::Relaxed)).min() {
+            Some(0) => "warmup",
+            Some(1) => "running",
+            _ => "finishing",
         };
         eprint!(
             "\r\x1b[K[{:>4} s {phase}] {:>12.0} IOPS {:>10.2} MiB/s",
@@ -283,6 +283,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     }
 
     let config = json!({
+        "targets": specs.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
         "queue_depth": args.queue_depth,
         "io_size": args.io_size,
         "workload": args.workload.name(),
@@ -370,7 +371,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
         let el = started.elapsed();
         if el >= next_tick {
-            progress.tick(&shared, el, args.io_size, args.warmup);
+            progress.tick(&shared, el, args.io_size);
             next_tick += Duration::from_secs(1);
         }
     }

@@ -177,6 +177,8 @@ pub struct VerifyJson {
     pub mismatches: u64,
     /// The first few failures.
     pub first_mismatches: Vec<Mismatch>,
+    /// Reads of the read-back pass after the run (workloads that write).
+    pub readback_reads: u64,
 }
 
 /// The whole report.
@@ -341,6 +343,7 @@ pub fn build(
             total.add(t);
             verify.blocks_checked += t.blocks_verified;
             verify.mismatches += t.mismatches;
+            verify.readback_reads += t.readback_ios;
             for m in &t.mismatch_list {
                 if verify.first_mismatches.len() < 16 {
                     verify.first_mismatches.push(*m);
@@ -570,8 +573,8 @@ pub fn render_text(r: &Report) -> String {
     if let Some(v) = &r.verify {
         let _ = writeln!(
             s,
-            "\nVerify: {} blocks checked, {} mismatches",
-            v.blocks_checked, v.mismatches
+            "\nVerify: {} blocks checked ({} reads in the read-back after the run), {} mismatches",
+            v.blocks_checked, v.readback_reads, v.mismatches
         );
         for m in &v.first_mismatches {
             let _ = writeln!(s, "  {m}");
@@ -616,6 +619,7 @@ mod tests {
             blocks_verified: 0,
             mismatches: 0,
             mismatch_list: vec![],
+            readback_ios: 0,
             lba_range: (0, 100),
         }
     }

@@ -38,6 +38,8 @@ pub const MISMATCHES_KEPT: usize = 16;
 pub const VERIFY_MAX_UNITS: u64 = 16 << 20;
 /// How long a poller waits for its outstanding I/O once the run ends.
 pub const DRAIN_TIMEOUT_NS: u64 = 30_000_000_000;
+/// How long the `--verify` read-back after a run may take.
+pub const READBACK_TIMEOUT_NS: u64 = 600_000_000_000;
 
 const BUSY: u32 = 1 << 31;
 const UNKNOWN: u32 = BUSY - 1;
@@ -145,6 +147,8 @@ pub struct TargetResult {
     pub mismatches: u64,
     /// The first few of them.
     pub mismatch_list: Vec<Mismatch>,
+    /// Reads of the `--verify` read-back after the run (not in `ios`).
+    pub readback_ios: u64,
     /// The LBA range this poller used: first LBA and number of LBAs.
     pub lba_range: (u64, u64),
 }
@@ -284,6 +288,7 @@ impl Worker<'_> {
                     blocks_verified: 0,
                     mismatches: 0,
                     mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
+                    readback_ios: 0,
                     lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
                 },
             });
@@ -329,8 +334,7 @@ impl Worker<'_> {
     /// Picks the next I/O's unit and direction and submits it in `slot`.
     fn submit(&mut self, qi: usize, slot: usize, now: u64) -> Result<(), WorkerError> {
         let cfg = self.cfg;
-        let q = &mut self.queues[qi];
-        let ts = &mut self.targets[q.target];
+        let ts = &mut self.targets[self.queues[qi].target];
         let write = cfg.read_pct < 100 && (cfg.read_pct == 0 || self.rng.u8(..100) >= cfg.read_pct);
         let mut unit = if cfg.random {
             self.rng.u64(..ts.units)
@@ -339,14 +343,34 @@ impl Worker<'_> {
             ts.seq_next = if u + 1 == ts.units { 0 } else { u + 1 };
             u
         };
-        let mut gen = 0;
         if cfg.verify {
             // One I/O per unit at a time: probe forward to a free one (there are at
             // least twice as many units as I/Os in flight on this poller).
             while ts.gens[unit as usize] & BUSY != 0 {
                 unit = if unit + 1 == ts.units { 0 } else { unit + 1 };
             }
+        }
+        self.issue(qi, slot, unit, write, now)
+    }
+
+    /// Submits an I/O of `unit` in `slot` (marking the unit busy and filling the buffer
+    /// under `--verify`).
+    fn issue(
+        &mut self,
+        qi: usize,
+        slot: usize,
+        unit: u64,
+        write: bool,
+        now: u64,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let lba = (ts.first_unit + unit) * ts.io_blocks as u64;
+        let mut gen = 0;
+        if cfg.verify {
             let g = ts.gens[unit as usize];
+            debug_assert!(g & BUSY == 0, "unit {unit} already in flight");
             ts.gens[unit as usize] = g | BUSY;
             if write {
                 gen = if g == UNKNOWN || g + 1 >= UNKNOWN {
@@ -354,17 +378,14 @@ impl Worker<'_> {
                 } else {
                     g + 1
                 };
-                let lba0 = (ts.first_unit + unit) * ts.io_blocks as u64;
                 for (i, b) in self.scratch.chunks_exact_mut(ts.block_size).enumerate() {
-                    verify::fill_block(b, lba0 + i as u64, gen as u64);
+                    verify::fill_block(b, lba + i as u64, gen as u64);
                 }
-                let off = slot * q.stride;
                 q.buf
-                    .write_at(off, &self.scratch)
+                    .write_at(slot * q.stride, &self.scratch)
                     .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
             }
         }
-        let lba = (ts.first_unit + unit) * ts.io_blocks as u64;
         let req = if write {
             IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
         } else {
@@ -382,7 +403,11 @@ impl Worker<'_> {
                 "core {}: queue refused an i/o with {} in flight and {} queued (queue depth {} is more than the queue holds)",
                 cfg.core, b.in_flight, b.queued, cfg.queue_depth
             )),
-            Err(e) => Err(format!("core {}: submitting {} at lba {lba}: {e}", cfg.core, if write { "a write" } else { "a read" })),
+            Err(e) => Err(format!(
+                "core {}: submitting {} at lba {lba}: {e}",
+                cfg.core,
+                if write { "a write" } else { "a read" }
+            )),
         }
     }
 
@@ -599,7 +624,10 @@ impl Worker<'_> {
             self.targets[q.target].res.stats.accumulate(&d);
         }
         shared.phase[idx].store(2, Ordering::Relaxed);
-        let undrained = self.drain()?;
+        let mut undrained = self.drain()?;
+        if cfg.verify && cfg.read_pct < 100 && undrained == 0 {
+            undrained = self.readback()?;
+        }
         Ok(CoreResult {
             core: cfg.core,
             targets: self.targets.iter().map(|t| t.res.clone()).collect(),
@@ -609,6 +637,71 @@ impl Worker<'_> {
             idle_iterations: idle,
             undrained,
         })
+    }
+
+    /// `--verify` with writes: reads back every unit this poller wrote, sequentially at
+    /// the queue depth, and checks it. Returns the I/Os that did not complete in time.
+    fn readback(&mut self) -> Result<u32, WorkerError> {
+        let clock = &self.shared.clock;
+        let mut cursor = vec![0u64; self.targets.len()];
+        let next = |ts: &TargetState, cur: &mut u64| -> Option<u64> {
+            while *cur < ts.units {
+                let u = *cur;
+                *cur += 1;
+                let g = ts.gens[u as usize];
+                if g != 0 && g != UNKNOWN {
+                    return Some(u);
+                }
+            }
+            None
+        };
+        let now = clock.raw();
+        for qi in 0..self.queues.len() {
+            let ti = self.queues[qi].target;
+            for s in 0..self.cfg.queue_depth as usize {
+                let Some(u) = next(&self.targets[ti], &mut cursor[ti]) else {
+                    break;
+                };
+                self.issue(qi, s, u, false, now)?;
+            }
+            self.queues[qi].q.flush();
+        }
+        let t_start = clock.raw();
+        loop {
+            let mut left = 0u32;
+            for qi in 0..self.queues.len() {
+                let q = &mut self.queues[qi];
+                if q.q.outstanding() == 0 {
+                    continue;
+                }
+                q.done.clear();
+                let done = &mut q.done;
+                q.q.poll(self.max, &mut |c| done.push(c));
+                let t = clock.raw();
+                let ti = self.queues[qi].target;
+                for i in 0..self.queues[qi].done.len() {
+                    let c = self.queues[qi].done[i];
+                    self.complete(qi, c, t, false)?;
+                    self.targets[ti].res.readback_ios += 1;
+                    if let Some(u) = next(&self.targets[ti], &mut cursor[ti]) {
+                        self.issue(qi, c.token as usize, u, false, t)?;
+                    }
+                }
+                self.queues[qi].q.flush();
+                left += self.queues[qi].q.outstanding();
+            }
+            if left == 0 {
+                return Ok(0);
+            }
+            if clock.delta_as_nanos(t_start, clock.raw()) > READBACK_TIMEOUT_NS {
+                tracing::error!(
+                    "core {}: read-back after the run did not finish within {} s",
+                    self.cfg.core,
+                    READBACK_TIMEOUT_NS / 1_000_000_000
+                );
+                return Ok(left);
+            }
+        }
     }
 
     /// Reaps what is still outstanding (checking data, not counting it). Returns how many
