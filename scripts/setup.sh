@@ -31,29 +31,45 @@ warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
 info() { printf '%s: %s\n' "$PROG" "$*"; }
 
 usage() {
-    cat <<EOF
-usage: scripts/setup.sh [config|reset|status|help]
+    printf '%s\n' \
+        'usage: scripts/setup.sh [config|reset|status|help]' \
+        '' \
+        '  config  (default) bind NVMe controllers to vfio-pci (through driver_override and' \
+        '          drivers_probe), allocate hugepages, mount hugetlbfs, load vfio-pci.' \
+        '          Refuses controllers whose namespaces are mounted, used as swap or held by' \
+        '          another device (LVM, md); when PCI_ALLOWED is unset such controllers are' \
+        '          skipped with a message instead.' \
+        "  reset   rebind NVMe controllers on vfio-pci (or no driver) to the kernel's nvme driver." \
+        '  status  hugepages per NUMA node (free/total) and a table of NVMe controllers: BDF,' \
+        '          vendor:device, NUMA node, IOMMU group, driver, block devices, what uses them.' \
+        '  help    this text.' \
+        '' \
+        'environment:' \
+        '  PCI_ALLOWED="BDF ..."  only these controllers (space-separated, 0000:01:00.0 or 01:00.0)' \
+        '  PCI_BLOCKED="BDF ..."  never these controllers' \
+        '  HUGEMEM=MiB            MiB of 2 MiB hugepages to have in the pool (default 2048)' \
+        '  TARGET_USER=user       chown /dev/vfio/<group> to this user so it can run kestrel' \
+        '  NOIOMMU=1              enable vfio'"'"'s UNSAFE noiommu mode (no IOMMU: the device can' \
+        '                         read and write all memory); only on machines without an IOMMU' \
+        '  BIND_WAIT_S=seconds    how long to wait for a driver to bind (default 5)' \
+        '  SYSFS_ROOT, PROC_ROOT, DEV_ROOT   roots of /sys, /proc and /dev (for tests)'
+}
 
-  config  (default) bind NVMe controllers to vfio-pci (through driver_override and
-          drivers_probe), allocate hugepages, mount hugetlbfs, load vfio-pci.
-          Refuses controllers whose namespaces are mounted, used as swap or held by
-          another device (LVM, md); when PCI_ALLOWED is unset such controllers are
-          skipped with a message instead.
-  reset   rebind NVMe controllers on vfio-pci (or no driver) to the kernel's nvme driver.
-  status  hugepages per NUMA node (free/total) and a table of NVMe controllers: BDF,
-          vendor:device, NUMA node, IOMMU group, driver, block devices, what uses them.
-  help    this text.
-
-environment:
-  PCI_ALLOWED="BDF ..."  only these controllers (space-separated, 0000:01:00.0 or 01:00.0)
-  PCI_BLOCKED="BDF ..."  never these controllers
-  HUGEMEM=MiB            MiB of 2 MiB hugepages to have in the pool (default 2048)
-  TARGET_USER=user       chown /dev/vfio/<group> to this user so it can run kestrel
-  NOIOMMU=1              enable vfio's UNSAFE noiommu mode (no IOMMU: the device can
-                         read and write all memory); only on machines without an IOMMU
-  BIND_WAIT_S=seconds    how long to wait for a driver to bind (default 5)
-  SYSFS_ROOT, PROC_ROOT, DEV_ROOT   roots of /sys, /proc and /dev (for tests)
-EOF
+# LINES=(...) from text, one element per line. Used instead of process substitution,
+# here-strings and here-documents, which need /dev/fd or a writable /tmp that a minimal
+# guest may not have.
+LINES=()
+split_lines() {
+    local rest=$1
+    LINES=()
+    while [[ -n $rest ]]; do
+        LINES+=("${rest%%$'\n'*}")
+        if [[ $rest == *$'\n'* ]]; then
+            rest=${rest#*$'\n'}
+        else
+            rest=''
+        fi
+    done
 }
 
 # --- reading sysfs -------------------------------------------------------------------
@@ -200,7 +216,8 @@ scan_blocks() {
         return 0
     fi
     local seen=" "
-    while IFS= read -r b; do
+    split_lines "$(printf '%s\n' "${names[@]}" | sort)"
+    for b in "${LINES[@]}"; do
         name=${b%% *}
         if [[ $seen == *" $name "* ]]; then
             continue
@@ -217,16 +234,19 @@ scan_blocks() {
                 uses_of "${sub##*/}" "$sub"
             fi
         done
-    done < <(printf '%s\n' "${names[@]}" | sort)
+    done
 }
 
 # --- status --------------------------------------------------------------------------
 
-# hugepage_rows DIR LABEL: prints "LABEL KIB FREE TOTAL" per page size in DIR, by size.
+HP_LABEL=()
+HP_KIB=()
+HP_FREE=()
+HP_TOTAL=()
+# hugepage_rows DIR LABEL: appends one HP_* row per page size in DIR, by size.
 hugepage_rows() {
-    local dir=$1 label=$2 kib free total
+    local dir=$1 label=$2 kib d k
     local sizes=()
-    local d k
     for d in "$dir"/hugepages-*kB; do
         k=${d##*/hugepages-}
         k=${k%kB}
@@ -237,15 +257,18 @@ hugepage_rows() {
     if ((${#sizes[@]} == 0)); then
         return 0
     fi
-    while IFS= read -r kib; do
-        free=$(read_file "$dir/hugepages-${kib}kB/free_hugepages") || free=0
-        total=$(read_file "$dir/hugepages-${kib}kB/nr_hugepages") || total=0
-        printf '%s %s %s %s\n' "$label" "$kib" "$free" "$total"
-    done < <(printf '%s\n' "${sizes[@]}" | sort -n)
+    split_lines "$(printf '%s\n' "${sizes[@]}" | sort -n)"
+    for kib in "${LINES[@]}"; do
+        HP_LABEL+=("$label")
+        HP_KIB+=("$kib")
+        HP_FREE+=("$(read_file "$dir/hugepages-${kib}kB/free_hugepages" || echo 0)")
+        HP_TOTAL+=("$(read_file "$dir/hugepages-${kib}kB/nr_hugepages" || echo 0)")
+    done
 }
 
 print_hugepages() {
-    local rows=() nodes=() d n line label kib free total
+    local nodes=() d n i
+    HP_LABEL=() HP_KIB=() HP_FREE=() HP_TOTAL=()
     for d in "$SYSFS_ROOT"/devices/system/node/node*; do
         n=${d##*/node}
         if [[ $n =~ ^[0-9]+$ ]]; then
@@ -253,25 +276,22 @@ print_hugepages() {
         fi
     done
     if ((${#nodes[@]})); then
-        while IFS= read -r n; do
-            while IFS= read -r line; do
-                rows+=("$line")
-            done < <(hugepage_rows "$SYSFS_ROOT/devices/system/node/node$n/hugepages" "node$n")
-        done < <(printf '%s\n' "${nodes[@]}" | sort -n)
+        split_lines "$(printf '%s\n' "${nodes[@]}" | sort -n)"
+        local sorted=("${LINES[@]}")
+        for n in "${sorted[@]}"; do
+            hugepage_rows "$SYSFS_ROOT/devices/system/node/node$n/hugepages" "node$n"
+        done
     fi
-    if ((${#rows[@]} == 0)); then
-        while IFS= read -r line; do
-            rows+=("$line")
-        done < <(hugepage_rows "$SYSFS_ROOT/kernel/mm/hugepages" "-")
+    if ((${#HP_LABEL[@]} == 0)); then
+        hugepage_rows "$SYSFS_ROOT/kernel/mm/hugepages" "-"
     fi
-    if ((${#rows[@]} == 0)); then
+    if ((${#HP_LABEL[@]} == 0)); then
         printf 'hugepages: none (kernel without hugetlb support)\n'
         return 0
     fi
     printf '%-6s  %-10s  %6s  %6s\n' NODE HUGEPAGES FREE TOTAL
-    for line in "${rows[@]}"; do
-        read -r label kib free total <<<"$line"
-        printf '%-6s  %-10s  %6s  %6s\n' "$label" "${kib}kB" "$free" "$total"
+    for i in "${!HP_LABEL[@]}"; do
+        printf '%-6s  %-10s  %6s  %6s\n' "${HP_LABEL[i]}" "${HP_KIB[i]}kB" "${HP_FREE[i]}" "${HP_TOTAL[i]}"
     done
 }
 
@@ -312,9 +332,8 @@ cmd_status() {
     collect_usage
     print_hugepages
     printf '\n'
-    while IFS= read -r b; do
-        bdfs+=("$b")
-    done < <(nvme_bdfs | sort)
+    split_lines "$(nvme_bdfs | sort)"
+    bdfs=("${LINES[@]}")
     if ((${#bdfs[@]} == 0)); then
         printf 'no NVMe controllers (PCI class 0x010802) found\n'
         return 0
@@ -371,7 +390,8 @@ select_targets() {
     ALLOWED=()
     BLOCKED=()
     TARGETS=()
-    while IFS= read -r b; do all+=("$b"); done < <(nvme_bdfs | sort)
+    split_lines "$(nvme_bdfs | sort)"
+    all=("${LINES[@]}")
     parse_list PCI_ALLOWED "$PCI_ALLOWED"
     ALLOWED=("${PARSED[@]}")
     parse_list PCI_BLOCKED "$PCI_BLOCKED"

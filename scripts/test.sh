@@ -43,7 +43,7 @@ log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 
 log "shellcheck"
-shellcheck scripts/*.sh
+shellcheck -x scripts/*.sh scripts/vm/*.sh
 
 log "cargo test --workspace --release"
 cargo test --workspace --release

@@ -35,8 +35,13 @@ struct Row {
     cq_db_per_io: f64,
 }
 
-fn run(qd: u32, mode: DoorbellMode, shadow: bool, secs: f64) -> Row {
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
+fn run(
+    qd: u32,
+    mode: DoorbellMode,
+    shadow: bool,
+    secs: f64,
+    cores: &[core_affinity::CoreId],
+) -> Row {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace {
             size_bytes: 1 << 30,
@@ -145,13 +150,28 @@ fn main() {
         .unwrap_or(if quick { 0.05 } else { 1.0 });
     println!("| QD | doorbells | IOPS | wall ns/IO | driver CPU ns/IO | SQ MMIO/IO | CQ MMIO/IO |");
     println!("|---:|---|---:|---:|---:|---:|---:|");
+    let only = std::env::var("KESTREL_BENCH_ONLY").unwrap_or_default();
+    // The cores this process may use, read once before anything is pinned.
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
     for qd in [1u32, 32, 128] {
         for (mode, shadow) in [
             (DoorbellMode::Batched, false),
             (DoorbellMode::Immediate, false),
             (DoorbellMode::Batched, true),
         ] {
-            let r = run(qd, mode, shadow, secs);
+            if !only.is_empty()
+                && !only
+                    .split(',')
+                    .any(|o| o == format!("{qd}:{mode:?}:{shadow}"))
+            {
+                continue;
+            }
+            // Each row on a fresh thread, so the pinning of one row (inherited by the
+            // threads it spawns) does not leak into the next.
+            let cores = cores.clone();
+            let r = std::thread::spawn(move || run(qd, mode, shadow, secs, &cores))
+                .join()
+                .expect("benchmark row panicked");
             println!(
                 "| {} | {} | {:.0} | {:.0} | {:.0} | {:.3} | {:.3} |",
                 r.qd, r.mode, r.iops, r.wall_ns, r.cpu_ns, r.sq_db_per_io, r.cq_db_per_io

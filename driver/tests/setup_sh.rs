@@ -642,13 +642,45 @@ fn busybox_path() -> Option<(tempfile::TempDir, String)> {
     Some((d, p))
 }
 
+/// A `bash` for the busybox test that runs in a private mount namespace whose `/dev` is
+/// a bare tmpfs holding only `null`, as in the guest (no `/dev/fd`, no `/dev/stdin`).
+/// `None` when that cannot be arranged (not root, no `unshare`).
+fn guest_dev_bash(bb_dir: &str) -> Option<String> {
+    let unshare = ["/usr/bin/unshare", "/bin/unshare"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())?;
+    let probe = Command::new(unshare)
+        .args(["-m", "/bin/sh", "-c", "mount -t tmpfs tmpfs /dev"])
+        .output()
+        .ok()?;
+    if !probe.status.success() {
+        return None;
+    }
+    let w = Path::new(bb_dir).join("guest-bash");
+    fs::write(
+        &w,
+        format!(
+            "#!/bin/sh\nexec {unshare} -m /bin/sh -c 'PATH=/usr/sbin:/usr/bin:/sbin:/bin; mount -t tmpfs -o mode=755 tmpfs /dev && mknod -m 666 /dev/null c 1 3 && exec \"$@\"' sh {bb_dir}/bash \"$@\"\n"
+        ),
+    )
+    .ok()?;
+    fs::set_permissions(&w, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok()?;
+    Some(w.display().to_string())
+}
+
 #[test]
 fn runs_with_busybox_tools_only() {
     let Some((_keep, bb)) = busybox_path() else {
         eprintln!("skipped: busybox not installed (apt-get install busybox-static)");
         return;
     };
-    let bash = format!("{bb}/bash");
+    let bash = match guest_dev_bash(&bb) {
+        Some(b) => b,
+        None => {
+            eprintln!("note: /dev left as is (needs root and unshare to hide /dev/fd)");
+            format!("{bb}/bash")
+        }
+    };
     let f = config_tree();
     let a = "0000:01:00.0";
     f.nvme(a)

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::faults::{CtrlEvent, FaultAction, Injector};
 use super::mem::{GuestSlice, Mem, Snapshot};
 use super::nvm::{self, Ns, Nvm};
 use super::store::Store;
@@ -16,7 +17,9 @@ use crate::spec::identify::{
     LbaFormat, SmartLog, ERROR_LOG_ENTRY_SIZE, IDENTIFY_SIZE,
 };
 use crate::spec::regs::{offset, shutdown};
-use crate::spec::{admin_opc, cns, fid, lid, Aqa, Cap, Cc, Cqe, Csts, Sqe, Status, Vs, NSID_ALL};
+use crate::spec::{
+    admin_opc, cns, fid, lid, Aqa, Cap, Cc, Cqe, Csts, Sct, Sqe, Status, Vs, NSID_ALL,
+};
 
 const SQE_SIZE: usize = 64;
 const CQE_SIZE: usize = 16;
@@ -77,6 +80,11 @@ enum State {
     ShutDown,
     /// CSTS.CFS set by an invalid enable; nothing is processed until a reset.
     Failed,
+    /// CSTS.CFS set by an injected controller fatal error; nothing is processed until a
+    /// reset.
+    Fatal,
+    /// Surprise removal: the register page reads all ones; nothing ever again.
+    Removed,
 }
 
 /// Where a queue's entries are: one contiguous run, or a page list (PC = 0).
@@ -251,6 +259,7 @@ pub(super) struct Ctrl {
     dbbuf: Option<DbBuf>,
     nvm: Nvm,
     st: EmuStats,
+    inj: Injector,
     powered_on: Instant,
     passes: u32,
 }
@@ -315,7 +324,8 @@ impl Ctrl {
             ver: Vs::V1_4_0.0,
             oaes: 0,
             ctratt: 0,
-            crdt: [0; 3],
+            // Command Retry Delay Times for CRD 1..3: 100, 200 and 500 ms.
+            crdt: [1, 2, 5],
             oacs: if cfg.shadow_doorbells {
                 oacs::DOORBELL_BUFFER_CONFIG
             } else {
@@ -398,6 +408,7 @@ impl Ctrl {
                 page: 4096,
             },
             st: EmuStats::default(),
+            inj: Injector::new(),
             powered_on: Instant::now(),
             passes: 0,
             p,
@@ -602,7 +613,32 @@ impl Ctrl {
     }
 
     fn pass_inner(&mut self, mem: &Mem<'_>, scan: bool) -> Activity {
+        if self.state == State::Removed {
+            self.refill_removed(false);
+            return Activity {
+                work: false,
+                due: None,
+            };
+        }
+        let faults = &self.shared.faults;
+        self.inj.refresh(faults);
+        if faults.take_remove() {
+            self.enter_removed();
+            return Activity {
+                work: true,
+                due: None,
+            };
+        }
+        if faults.take_fatal() {
+            self.enter_fatal();
+        }
         let mut work = self.check_cc(mem);
+        if self.state == State::Fatal && !self.last_cc.en() {
+            // Fatal while disabled (or the reset already happened): the reset recovers.
+            self.reset();
+            self.write_csts();
+            work = true;
+        }
         match self.state {
             State::Ready => {}
             State::Enabling(Some(at)) => {
@@ -629,7 +665,8 @@ impl Ctrl {
         }
         work |= self.run_admin(mem);
         work |= self.run_io(mem, db);
-        if !self.events.is_empty() && !self.aers.is_empty() {
+        // (An injected fatal error or removal during the I/O phase stops the pass.)
+        if self.state == State::Ready && !self.events.is_empty() && !self.aers.is_empty() {
             work |= self.deliver_events(mem);
         }
         Activity {
@@ -639,7 +676,38 @@ impl Ctrl {
     }
 
     fn publish(&self) {
-        self.shared.stats.publish(&self.st);
+        let injected = self.inj.injected();
+        self.shared.stats.publish(&EmuStats {
+            faults_injected: injected,
+            ..self.st
+        });
+        self.shared.faults.count_injected(injected);
+    }
+
+    fn enter_fatal(&mut self) {
+        tracing::debug!("emulated controller: injected controller fatal status");
+        self.state = State::Fatal;
+        self.csts = self.csts.with_cfs(true);
+        self.write_csts();
+    }
+
+    fn enter_removed(&mut self) {
+        tracing::debug!("emulated controller: injected surprise removal");
+        self.state = State::Removed;
+        self.refill_removed(true);
+    }
+
+    /// Makes the register page read as a removed PCIe device does: all ones. The
+    /// registers are refilled every pass (the driver may write them); the doorbells once.
+    fn refill_removed(&self, all: bool) {
+        let end = if all {
+            self.bar.len()
+        } else {
+            offset::DOORBELLS
+        };
+        for off in (0..end).step_by(4) {
+            self.bar.device_write32(off, u32::MAX);
+        }
     }
 
     fn db_view<'a>(&mut self, mem: &Mem<'a>) -> Option<DbView<'a>> {
@@ -926,6 +994,60 @@ impl Ctrl {
         }
     }
 
+    /// Rolls the fault rules for a fetched command whose completion has one CQ slot
+    /// reserved. Duplicate and spurious completions need a second slot; without room they
+    /// are skipped.
+    fn decide_fault(&mut self, admin: bool, opc: u8, cqid: u16) -> Option<(FaultAction, u16)> {
+        let f = self.inj.decide(admin, opc)?;
+        if matches!(f.0, FaultAction::Duplicate | FaultAction::Spurious) {
+            match self.cqs[cqid as usize].as_mut() {
+                Some(cq) if cq.room() > 0 => cq.reserved += 1,
+                _ => return None,
+            }
+        }
+        if let FaultAction::Status(s) = f.0 {
+            if s.sct == Sct::MediaDataIntegrity {
+                self.st.media_errors += 1;
+            }
+        }
+        Some(f)
+    }
+
+    /// [`Ctrl::finish`] with the completion-side effect of an injected fault.
+    #[allow(clippy::too_many_arguments)]
+    fn complete_with_fault(
+        &mut self,
+        mem: &Mem<'_>,
+        sqid: u16,
+        cqid: u16,
+        sqhd: u32,
+        cid: u16,
+        status: Status,
+        dw0: u32,
+        due: Option<Instant>,
+        fault: Option<(FaultAction, u16)>,
+    ) {
+        match fault {
+            Some((FaultAction::Drop, _)) => self.unreserve(cqid),
+            Some((FaultAction::Delay(d), _)) => {
+                let t = Instant::now() + d;
+                let due = Some(due.map_or(t, |x| x.max(t)));
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+            }
+            Some((FaultAction::Duplicate, _)) => {
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+            }
+            Some((FaultAction::Spurious, bad_cid)) => {
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+                self.finish(mem, sqid, cqid, sqhd, bad_cid, Status::SUCCESS, 0, due);
+            }
+            Some((FaultAction::Status(_), _)) | None => {
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due)
+            }
+        }
+    }
+
     fn release_held(&mut self, mem: &Mem<'_>) -> bool {
         let now = Instant::now();
         let mut work = false;
@@ -1034,18 +1156,29 @@ impl Ctrl {
             work = true;
             self.st.admin_commands += 1;
             let cid = sqe.cid();
+            let opc = sqe.opc();
+            let fault = if self.inj.active() && opc != admin_opc::ASYNC_EVENT_REQUEST {
+                self.decide_fault(true, opc, 0)
+            } else {
+                None
+            };
             let out = if !self.aborts.is_empty() && self.take_abort_mark(0, slot) {
                 self.st.aborted += 1;
                 done(Status::ABORT_REQUESTED)
+            } else if let Some((FaultAction::Status(s), _)) = fault {
+                Outcome::Done(s, 0)
             } else {
                 self.exec_admin(mem, &sqe, &sq)
             };
             match out {
                 Outcome::Done(mut status, dw0) => {
-                    if !status.is_success() && !status.same_code(Status::ABORT_REQUESTED) {
+                    if !matches!(fault, Some((FaultAction::Status(_), _)))
+                        && !status.is_success()
+                        && !status.same_code(Status::ABORT_REQUESTED)
+                    {
                         status = self.log_error(0, cid, status, 0, sqe.nsid);
                     }
-                    self.finish(mem, 0, 0, sq.head, cid, status, dw0, None);
+                    self.complete_with_fault(mem, 0, 0, sq.head, cid, status, dw0, None, fault);
                 }
                 Outcome::Parked => self.unreserve(0),
             }
@@ -1064,6 +1197,9 @@ impl Ctrl {
         let due = (!self.p.latency.is_zero()).then(|| Instant::now() + self.p.latency);
         let mut work = false;
         for k in 0..n {
+            if self.state != State::Ready {
+                break;
+            }
             let qid = self.io_sqs[(start + k) % n];
             work |= self.run_sq(mem, qid, db, due);
         }
@@ -1087,6 +1223,7 @@ impl Ctrl {
         let cqid = sq.cqid;
         let mut n = 0;
         let mut faulted = false;
+        let mut event = None;
         while sq.head != sq.tail && n < IO_BURST {
             match self.cqs[cqid as usize].as_mut() {
                 Some(cq) if cq.room() > 0 => cq.reserved += 1,
@@ -1102,9 +1239,22 @@ impl Ctrl {
             };
             n += 1;
             let cid = sqe.cid();
+            let opc = sqe.opc();
+            let mut fault = None;
+            if self.inj.active() {
+                if let Some(ev) = self.inj.count_io() {
+                    // The command that trips the event is lost with the controller.
+                    self.unreserve(cqid);
+                    event = Some(ev);
+                    break;
+                }
+                fault = self.decide_fault(false, opc, cqid);
+            }
             let status = if !self.aborts.is_empty() && self.take_abort_mark(qid, slot) {
                 self.st.aborted += 1;
                 Status::ABORT_REQUESTED
+            } else if let Some((FaultAction::Status(s), _)) = fault {
+                s
             } else {
                 let d = self.nvm.exec(mem, &sqe, &mut self.st);
                 if d.status.is_success() {
@@ -1113,25 +1263,32 @@ impl Ctrl {
                     self.log_error(qid, cid, d.status, d.lba, sqe.nsid)
                 }
             };
-            self.finish(mem, qid, cqid, sq.head, cid, status, 0, due);
+            self.complete_with_fault(mem, qid, cqid, sq.head, cid, status, 0, due, fault);
         }
         if let Some(d) = db {
-            // EventIdx = consumed - 1 while polling: the driver need not ring MMIO.
+            // EventIdx = consumed - 1 (modulo the queue size, so it stays a valid index:
+            // a driver may treat an index outside the ring as "always ring") while
+            // polling: the driver need not ring MMIO.
             if let Some(off) = self.shadow_off(2 * qid as usize, &d.eventidx) {
                 // Release: orders our earlier reads of the ring before the driver can see
                 // that it may reuse those slots without telling us.
                 d.eventidx
-                    .store_u32(off, sq.head.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+                    .store_u32(off, (sq.head + sq.size - 1) % sq.size, Ordering::Release);
             }
         }
         self.sqs[qid as usize] = Some(sq);
         if faulted {
             self.sq_faulted(qid);
         }
+        match event {
+            Some(CtrlEvent::Fatal) => self.enter_fatal(),
+            Some(CtrlEvent::Remove) => self.enter_removed(),
+            None => {}
+        }
         if let (Some(d), Some(cq)) = (db, self.cqs[cqid as usize].as_ref()) {
             if let Some(off) = self.shadow_off(2 * cqid as usize + 1, &d.eventidx) {
                 d.eventidx
-                    .store_u32(off, cq.head.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+                    .store_u32(off, (cq.head + cq.size - 1) % cq.size, Ordering::Release);
             }
         }
         n > 0 || faulted
@@ -1708,9 +1865,17 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
         let mut sleep = SLEEP_MIN;
         let mut armed = false;
         let mut scan = false;
+        let mut stats_seen = 0u64;
         while !shared.stop.load(Ordering::Acquire) {
             // Between passes: adopt IOMMU changes and acknowledge them (mem module doc).
             snap.refresh();
+            // A request for counters: everything posted so far is counted in them.
+            let req = shared.stats_req.load(Ordering::Acquire);
+            if req != stats_seen {
+                stats_seen = req;
+                ctrl.publish();
+                shared.stats_done.store(req, Ordering::Release);
+            }
             let act = {
                 let mem = snap.view();
                 ctrl.pass(&mem, scan)

@@ -156,6 +156,18 @@ impl EmuIommu {
         }
     }
 
+    /// Whether the controller thread is running.
+    pub(super) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Wakes the controller thread if it sleeps.
+    pub(super) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+
     /// The translation of `iova..iova+len` as a host address, if one mapping covers it:
     /// for tests and diagnostics (the address is not dereferenced).
     pub fn lookup(&self, iova: u64, len: usize) -> Option<usize> {

@@ -30,7 +30,7 @@
 //! - A completion queue entry is written as dwords 0–2 (Relaxed), then dword 3 (CID,
 //!   status and phase tag) with a Release store: a driver that acquire-loads dword 3 and
 //!   sees the new phase sees the whole entry and all data the command moved.
-//! - Data is copied with relaxed atomic word accesses (see [`mem`]); the orderings above
+//! - Data is copied with relaxed atomic word accesses (see `emu/mem.rs`); the orderings above
 //!   carry it.
 //!
 //! # Admin commands
@@ -72,7 +72,8 @@
 //! shadow page: the controller reads SQ tails and CQ heads from it every pass, and still
 //! notices MMIO doorbell writes (a shadow value that moved wins, being the newer by
 //! protocol). EventIdx policy for a polling controller: while it is actively polling, each
-//! queue's EventIdx is kept at (consumed value − 1), so the driver's `need_event` check
+//! queue's EventIdx is kept at (consumed value − 1) modulo the queue size (always a valid
+//! index), so the driver's `need_event` check
 //! says no MMIO write is needed; before the controller backs off to sleep (see below) it
 //! sets EventIdx = consumed value, so the next update also rings the MMIO doorbell. Either
 //! way the controller polls the shadow page on every pass, so no update is ever lost; a
@@ -101,10 +102,49 @@
 //! host buffer untouched (not even zeroed), like QEMU's null-co, so benchmarks measure the
 //! driver; the PRPs are still walked and translated.
 //!
+//! # Fault injection
+//! [`EmuFaults`] (from [`EmuController::faults`], or [`EmuConfig::faults`] at start)
+//! selects commands by queue kind and opcode, at a rate rolled by a seeded,
+//! deterministic RNG, and: completes them with a chosen status without executing them;
+//! delays their completion; drops it (a lost command: it executes, nothing is posted);
+//! posts it twice; or posts an extra CQE with a CID that is not outstanding. It can also
+//! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
+//! (the register page reads all ones, doorbells are ignored, nothing more is processed),
+//! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
+//! one cannot (Abort says "not aborted").
+//!
+//! The spec-string grammar (for `kestrel perf --target emu:faults=...`) avoids `,`, `=`
+//! and `:` so it nests in a comma-separated target string. Items are joined by `+`,
+//! fields by `/`:
+//!
+//! ```text
+//! spec    = item *( "+" item )
+//! item    = "status/" cmd "/" status *( "/" opt )   ; complete with status, not executed
+//!         | "delay/"  cmd "/" duration *( "/" opt ) ; post the completion later
+//!         | "drop/"   cmd *( "/" opt )              ; never post the completion
+//!         | "dup/"    cmd *( "/" opt )              ; post the completion twice
+//!         | "spurious/" cmd *( "/" opt )            ; extra CQE with an unknown CID
+//!         | "fatal/after/" N                        ; CSTS.CFS after N I/O commands
+//!         | "remove/after/" N                       ; surprise removal after N I/O commands
+//!         | "seed/" N                               ; RNG seed (default 1)
+//! cmd     = "read" | "write" | "flush" | "wz" | "dsm" | "io" (any I/O command)
+//!         | "admin" (any admin command but AER) | "0x" HEX (I/O opcode) | "admin0x" HEX
+//! status  = HEX "-" HEX (SCT-SC, e.g. 2-81) | "internal" | "dte" | "read-error"
+//!         | "write-fault" | "not-ready" | "abort" | "transient"
+//! duration= N ("ns" | "us" | "ms" | "s")
+//! opt     = "dnr" (status only) | RATE "%" | FRACTION (with a dot: 0.001)
+//!         | "max" N (at most N injections) | "cid" N (spurious CID, default 65535)
+//! ```
+//!
+//! Example: `status/read/2-81/dnr/1%+drop/write/0.1%+delay/io/5ms/2%+seed/7`. The first
+//! rule that matches a command and wins its roll applies; rules without a rate apply to
+//! every matching command.
+//!
 //! # `unsafe`
-//! Only in [`mem`], the IOMMU and its host-memory views.
+//! Only in `emu/mem.rs`: the IOMMU and its host-memory views (and one `fallocate` call).
 
 mod ctrl;
+mod faults;
 mod mem;
 mod nvm;
 mod store;
@@ -117,6 +157,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget};
 pub use mem::{EmuIommu, IOVA_BASE};
 
 use crate::dma::{DmaMapper, PageKind};
@@ -160,6 +201,8 @@ pub struct EmuConfig {
     pub serial: String,
     /// Identify Controller FR (up to 8 ASCII characters).
     pub firmware: String,
+    /// Faults installed at start (more can be set through [`EmuController::faults`]).
+    pub faults: FaultPlan,
 }
 
 impl Default for EmuConfig {
@@ -181,6 +224,7 @@ impl Default for EmuConfig {
             model: "Kestrel Emulated NVMe".into(),
             serial: "KESTREL-EMU-0001".into(),
             firmware: "0.1.0".into(),
+            faults: FaultPlan::default(),
         }
     }
 }
@@ -258,6 +302,14 @@ pub enum EmuError {
     /// The controller thread could not be started.
     #[error("could not start the emulated controller thread: {0}")]
     Spawn(std::io::Error),
+    /// A fault spec could not be parsed.
+    #[error("invalid emulator fault `{item}`: {why}; see the fault grammar in the emu module documentation (e.g. status/read/2-81/dnr/1%+drop/write/0.1%)")]
+    FaultSpec {
+        /// The `+`-separated item that failed.
+        item: String,
+        /// What is wrong with it.
+        why: String,
+    },
 }
 
 macro_rules! emu_stats {
@@ -329,12 +381,19 @@ emu_stats! {
     aborted,
     /// Times the controller thread went to sleep.
     idle_sleeps,
+    /// Commands affected by fault rules.
+    faults_injected,
 }
 
 /// State shared between the controller thread and its handle.
 struct Shared {
     stop: AtomicBool,
     stats: AtomicStats,
+    /// Requests for a fresh publication of the counters ([`EmuController::stats`]).
+    stats_req: AtomicU64,
+    /// The newest request the controller thread has answered.
+    stats_done: AtomicU64,
+    faults: EmuFaults,
 }
 
 /// A running emulated NVMe controller. Dropping it stops and joins the controller thread.
@@ -434,6 +493,9 @@ impl EmuController {
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
             stats: AtomicStats::default(),
+            stats_req: AtomicU64::new(0),
+            stats_done: AtomicU64::new(0),
+            faults: EmuFaults::new(cfg.faults.clone()),
         });
         let ctrl = ctrl::Ctrl::new(&cfg, Arc::clone(&bar), Arc::clone(&shared))?;
         let snap = mem::Snapshot::new(Arc::clone(&iommu));
@@ -467,9 +529,27 @@ impl EmuController {
         }))
     }
 
-    /// A snapshot of the controller's counters.
+    /// The controller's counters. Exact with respect to completions: every command whose
+    /// completion the caller has seen before the call is counted (the controller thread
+    /// publishes fresh counters between passes on request; this waits for that, at most
+    /// a second, and not at all when the thread has stopped).
     pub fn stats(&self) -> EmuStats {
+        // AcqRel: the request is ordered after whatever completions the caller observed.
+        let want = self.shared.stats_req.fetch_add(1, Ordering::AcqRel) + 1;
+        let start = std::time::Instant::now();
+        while self.shared.stats_done.load(Ordering::Acquire) < want
+            && self.iommu.is_running()
+            && start.elapsed() < Duration::from_secs(1)
+        {
+            self.iommu.wake();
+            std::thread::sleep(Duration::from_micros(20));
+        }
         self.shared.stats.load()
+    }
+
+    /// Fault injection controls (usable while the controller runs).
+    pub fn faults(&self) -> &EmuFaults {
+        &self.shared.faults
     }
 
     /// The configuration the controller was started with.

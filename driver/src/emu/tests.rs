@@ -12,7 +12,7 @@ use crate::spec::cmd::DsmRange;
 use crate::spec::identify::{
     parse_active_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog,
 };
-use crate::spec::regs::{doorbell_offset, shadow_doorbell_index, shutdown, DoorbellKind};
+use crate::spec::regs::{doorbell_offset, offset, shadow_doorbell_index, shutdown, DoorbellKind};
 use crate::spec::{
     admin_opc, cns, fid, lid, nvm_opc, Aqa, Cc, Cqe, Csts, Sqe, Status, Vs, IDENTIFY_SIZE, NSID_ALL,
 };
@@ -1032,6 +1032,38 @@ fn abort_command() {
 }
 
 #[test]
+fn abort_of_a_queued_admin_command() {
+    let mut h = H::new(small_cfg());
+    // The Abort is fetched before the command it names, which is still in the SQ.
+    let mut ka = Sqe::new(admin_opc::KEEP_ALIVE);
+    ka.set_cid(900);
+    let mut ab = Sqe::abort(0, 900);
+    ab.set_cid(901);
+    h.admin.push(&ab);
+    h.admin.push(&ka);
+    h.admin.ring(&h.bar);
+    let c = h.admin.reap(&h.bar);
+    assert_eq!(c.cid, 901);
+    assert_eq!(c.dw0 & 1, 0, "aborted");
+    let c = h.admin.reap(&h.bar);
+    assert_eq!(c.cid, 900);
+    assert_status(&c, Status::ABORT_REQUESTED);
+}
+
+#[test]
+fn idle_controller_sleeps_and_wakes() {
+    let mut h = H::new(EmuConfig {
+        pin_core: Some(0),
+        ..small_cfg()
+    });
+    let mut q = h.pair(1, 8);
+    let r = h.buf(4096);
+    wait_until("the controller to sleep", || h.emu.stats().idle_sleeps > 3);
+    // A doorbell still gets noticed from sleep.
+    assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0)));
+}
+
+#[test]
 fn latency_holds_completions() {
     let lat = Duration::from_millis(20);
     let mut h = H::new(EmuConfig {
@@ -1705,7 +1737,10 @@ fn shadow_doorbells() {
     // Submit through the shadow page only; reap and update the CQ head there too.
     let sq_off = shadow_off(1, DoorbellKind::SqTail);
     let cq_off = shadow_off(1, DoorbellKind::CqHead);
-    for round in 0..20u32 {
+    let mut seen_eventidx = Vec::new();
+    // 100 rounds wrap the 64-entry queues, so the CQ head must be read from the shadow
+    // page too (the CQ would be full otherwise).
+    for round in 0..100u32 {
         let mut s = Sqe::read(1, round as u64, 1, data.iova(), 0);
         s.set_cid(round as u16);
         q.push(&s);
@@ -1721,11 +1756,17 @@ fn shadow_doorbells() {
             assert!(start.elapsed() < WAIT, "shadow tail not noticed");
         }
         q.head += 1;
+        if q.head == q.size {
+            q.head = 0;
+            q.phase = !q.phase;
+        }
         host::store_u32(&shadow, cq_off, q.head);
+        seen_eventidx.push(host::load_u32(&eventidx, sq_off));
+        seen_eventidx.push(host::load_u32(&eventidx, cq_off));
     }
     let st = h.emu.stats();
-    assert!(st.shadow_doorbell_reads >= 20, "{st:?}");
-    assert_eq!(st.reads, 20);
+    assert!(st.shadow_doorbell_reads >= 100, "{st:?}");
+    assert_eq!(st.reads, 100);
     // The I/O queue's MMIO doorbells were never written.
     assert_eq!(h.bar.read32(doorbell_offset(0, 1, DoorbellKind::SqTail)), 0);
     assert_eq!(h.bar.read32(doorbell_offset(0, 1, DoorbellKind::CqHead)), 0);
@@ -1735,18 +1776,22 @@ fn shadow_doorbells() {
     wait_until("EventIdx armed", || {
         host::load_u32(&eventidx, sq_off) == q.tail && host::load_u32(&eventidx, cq_off) == q.head
     });
-    // need_event(event_idx, new, old) as Linux computes it.
-    let need_event = |ei: u32, new: u32, old: u32| {
+    // need_event as Linux computes it (u16 arithmetic) and as Kestrel's qpair does
+    // (modulo the ring; an index outside the ring always rings).
+    let linux = |ei: u32, new: u32, old: u32| {
         (new.wrapping_sub(ei).wrapping_sub(1) as u16) < (new.wrapping_sub(old) as u16)
     };
-    let ei = host::load_u32(&eventidx, sq_off);
+    let d = q.size as u16;
+    let (t, next) = (q.tail, (q.tail + 1) % q.size);
+    let armed = host::load_u32(&eventidx, sq_off);
+    assert!(linux(armed, next, t), "armed: the next update rings MMIO");
+    assert!(crate::ring::need_event(armed, next as u16, t as u16, d));
+    let polling = (t + q.size - 1) % q.size;
+    assert!(!linux(polling, next, t), "polling: no MMIO needed");
+    assert!(!crate::ring::need_event(polling, next as u16, t as u16, d));
     assert!(
-        need_event(ei, q.tail + 1, q.tail),
-        "armed: the next update rings MMIO"
-    );
-    assert!(
-        !need_event(q.tail.wrapping_sub(1), q.tail + 1, q.tail),
-        "polling: no MMIO needed"
+        seen_eventidx.iter().all(|&v| v < q.size),
+        "EventIdx always a valid index: {seen_eventidx:?}"
     );
 
     // The MMIO doorbell still works alongside.
@@ -1853,7 +1898,16 @@ fn garbage_commands_never_panic() {
         // Never a controller reset or a queue deletion of the test's own queue.
         let opc = s.opc();
         if i % 2 == 0 {
-            if matches!(opc, admin_opc::DELETE_IO_SQ | admin_opc::DELETE_IO_CQ) {
+            // Not a deletion of the test's own queue, not an AER (it completes only on
+            // an event), not Doorbell Buffer Config (it would make a data buffer the shadow
+            // page, and the test's doorbells MMIO-only no longer).
+            if matches!(
+                opc,
+                admin_opc::DELETE_IO_SQ
+                    | admin_opc::DELETE_IO_CQ
+                    | admin_opc::ASYNC_EVENT_REQUEST
+                    | admin_opc::DOORBELL_BUFFER_CONFIG
+            ) {
                 continue;
             }
             let c = h.admin(s);
@@ -1867,6 +1921,209 @@ fn garbage_commands_never_panic() {
     assert_ok(&h.admin(Sqe::new(admin_opc::KEEP_ALIVE)));
     assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, b.iova(), 0)));
     assert!(!h.csts().cfs());
+}
+
+// ------------------------------------------------------------------------ faults
+
+#[test]
+fn fault_status_is_returned_without_executing() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 64);
+    let mut w = h.buf(4096);
+    w.fill(0x42);
+    assert_ok(&h.io(&mut q, Sqe::write(1, 3, 1, w.iova(), 0)));
+    h.emu
+        .faults()
+        .set_spec("status/read/2-81/dnr+status/write/internal/max1")
+        .unwrap();
+    let mut r = h.buf(4096);
+    r.fill(0x99);
+    let c = h.io(&mut q, Sqe::read(1, 3, 1, r.iova(), 0));
+    assert_status(&c, Status::UNRECOVERED_READ_ERROR);
+    assert!(c.status().dnr);
+    assert!(
+        !c.status().more,
+        "injected statuses are exactly as configured"
+    );
+    assert!(
+        r.to_vec().iter().all(|&x| x == 0x99),
+        "the read was not executed"
+    );
+    // Writes: the first fails (retryable, not executed), later ones succeed.
+    w.fill(0x43);
+    let c = h.io(&mut q, Sqe::write(1, 3, 1, w.iova(), 0));
+    assert_status(&c, Status::INTERNAL_ERROR);
+    assert!(!c.status().dnr && c.status().is_retryable());
+    h.emu.faults().clear();
+    assert_ok(&h.io(&mut q, Sqe::read(1, 3, 1, r.iova(), 0)));
+    assert!(
+        r.to_vec().iter().all(|&x| x == 0x42),
+        "the failed write did not write"
+    );
+    assert_ok(&h.io(&mut q, Sqe::write(1, 3, 1, w.iova(), 0)));
+    assert_eq!(h.emu.stats().faults_injected, 2);
+    assert_eq!(h.emu.faults().injected(), 2);
+    assert_eq!(h.smart().media_errors, 1);
+    // Admin commands can be failed too.
+    h.emu
+        .faults()
+        .set_spec("status/admin0x06/internal")
+        .unwrap();
+    let (c, _) = h.identify(cns::CONTROLLER, 0);
+    assert_status(&c, Status::INTERNAL_ERROR);
+}
+
+#[test]
+fn fault_rate_is_deterministic() {
+    let run = || {
+        let mut h = H::new(EmuConfig {
+            faults: FaultPlan::parse("status/read/internal/10%+seed/3").unwrap(),
+            ..small_cfg()
+        });
+        let mut q = h.pair(1, 64);
+        let r = h.buf(4096);
+        (0..500)
+            .map(|i| {
+                h.io(&mut q, Sqe::read(1, i, 1, r.iova(), 0))
+                    .status()
+                    .is_success()
+            })
+            .collect::<Vec<_>>()
+    };
+    let a = run();
+    let failed = a.iter().filter(|ok| !**ok).count();
+    assert!((20..=80).contains(&failed), "{failed} of 500 failed at 10%");
+    assert_eq!(a, run(), "the same seed fails the same commands");
+}
+
+#[test]
+fn fault_drop_delay_duplicate_spurious() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 64);
+    let r = h.buf(4096);
+
+    // Drop: no completion ever; Abort cannot find it; later commands complete.
+    h.emu.faults().set_spec("drop/read/max1").unwrap();
+    let mut s = Sqe::read(1, 0, 1, r.iova(), 0);
+    s.set_cid(700);
+    q.submit(&h.bar, &s);
+    wait_until("the dropped read to be fetched", || {
+        h.emu.stats().reads == 1
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(q.idle(), "a dropped command has no completion");
+    let c = h.admin(Sqe::abort(1, 700));
+    assert_eq!(c.dw0 & 1, 1, "lost commands cannot be aborted");
+    let c = h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0));
+    assert_ok(&c);
+    assert_eq!(c.sqhd, 2, "the SQ head moved past the dropped command");
+
+    // Delay: completes, later.
+    h.emu.faults().set_spec("delay/read/30ms").unwrap();
+    let t = Instant::now();
+    assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0)));
+    assert!(t.elapsed() >= Duration::from_millis(30));
+
+    // Duplicate: the same CQE twice.
+    h.emu.faults().set_spec("dup/write").unwrap();
+    let mut s = Sqe::write(1, 0, 1, r.iova(), 0);
+    s.set_cid(800);
+    q.submit(&h.bar, &s);
+    let a = q.reap(&h.bar);
+    let b = q.reap(&h.bar);
+    assert_eq!((a.cid, b.cid), (800, 800));
+    assert_ok(&a);
+    assert_ok(&b);
+
+    // Spurious: the real CQE, then one with a CID nobody submitted.
+    h.emu.faults().set_spec("spurious/flush/cid4000").unwrap();
+    let mut s = Sqe::flush(1);
+    s.set_cid(801);
+    q.submit(&h.bar, &s);
+    assert_eq!(q.reap(&h.bar).cid, 801);
+    assert_eq!(q.reap(&h.bar).cid, 4000);
+    h.emu.faults().clear();
+    assert_ok(&h.io(&mut q, Sqe::flush(1)));
+    assert!(q.idle());
+}
+
+#[test]
+fn fault_controller_fatal_and_recovery() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 16);
+    let r = h.buf(4096);
+    assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0)));
+    h.emu.faults().fatal();
+    let c = h.wait_csts(|c| c.cfs());
+    assert!(
+        c.rdy(),
+        "CFS with RDY still set, as a real fatal error looks"
+    );
+    // Nothing is processed.
+    let mut s = Sqe::read(1, 0, 1, r.iova(), 0);
+    s.set_cid(9);
+    q.submit(&h.bar, &s);
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(q.idle());
+    // A reset recovers.
+    h.disable();
+    assert!(!h.csts().cfs());
+    h.enable();
+    h.wait_csts(|c| c.rdy());
+    let mut q = h.pair(1, 16);
+    assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0)));
+
+    // After N I/O commands, from a spec.
+    h.emu.faults().set_spec("fatal/after/5").unwrap();
+    for _ in 0..4 {
+        assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0)));
+    }
+    q.submit(&h.bar, &Sqe::read(1, 0, 1, r.iova(), 0));
+    h.wait_csts(|c| c.cfs());
+    std::thread::sleep(Duration::from_millis(10));
+    assert!(q.idle(), "the fifth command was lost with the controller");
+}
+
+#[test]
+fn fault_surprise_removal() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 16);
+    let r = h.buf(4096);
+    h.emu.faults().surprise_removal();
+    wait_until("all-ones registers", || h.csts().is_all_ones());
+    assert_eq!(h.bar.read64(offset::CAP), u64::MAX);
+    assert_eq!(h.bar.vs().0, u32::MAX);
+    // Doorbells are ignored; writes to registers read back as ones.
+    q.submit(&h.bar, &Sqe::read(1, 0, 1, r.iova(), 0));
+    h.bar.set_cc(h.cc());
+    wait_until("CC to read as all ones again", || {
+        h.bar.read32(offset::CC) == u32::MAX
+    });
+    assert!(h.csts().is_all_ones());
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(q.idle(), "the doorbell was ignored");
+    // DMA memory can still be unmapped without hanging.
+    let p2 = DmaPool::new(
+        h.emu.mapper(),
+        DmaPoolOptions {
+            region_len: 4096,
+            ..Default::default()
+        },
+    );
+    drop(p2.alloc(4096).unwrap());
+    drop(p2);
+    // Removal after N commands, from the configuration.
+    let mut h = H::new(EmuConfig {
+        faults: EmuFaults::from_spec("remove/after/3").unwrap(),
+        ..small_cfg()
+    });
+    let mut q = h.pair(1, 16);
+    let r = h.buf(4096);
+    for _ in 0..2 {
+        assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, r.iova(), 0)));
+    }
+    q.submit(&h.bar, &Sqe::read(1, 0, 1, r.iova(), 0));
+    wait_until("removal", || h.csts().is_all_ones());
 }
 
 /// Microbenchmark: ns per command with the Null store, one queue, batches of 32.

@@ -1,0 +1,570 @@
+//! Fault injection in the emulated controller (see the module doc of [`super`] for the
+//! spec-string grammar).
+//!
+//! Faults are described by a [`FaultPlan`]: an ordered list of [`FaultRule`]s (the first
+//! rule that matches a command and wins its dice roll applies), a seed for the
+//! deterministic random number generator, and optional controller-level events after a
+//! number of I/O commands. A plan is installed at start ([`super::EmuConfig::faults`]) or
+//! at any time through [`EmuFaults`]; the controller thread notices a new plan at the top
+//! of its next pass (one atomic load per pass), copies it, and evaluates it without locks.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::EmuError;
+use crate::spec::{nvm_opc, Sct, Status};
+
+/// Which commands a rule applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultTarget {
+    /// Every command on an I/O queue.
+    AnyIo,
+    /// I/O commands with this opcode.
+    Io(u8),
+    /// Every admin command except Asynchronous Event Request.
+    AnyAdmin,
+    /// Admin commands with this opcode.
+    Admin(u8),
+}
+
+impl FaultTarget {
+    fn matches(self, admin: bool, opc: u8) -> bool {
+        match self {
+            FaultTarget::AnyIo => !admin,
+            FaultTarget::Io(o) => !admin && o == opc,
+            FaultTarget::AnyAdmin => admin,
+            FaultTarget::Admin(o) => admin && o == opc,
+        }
+    }
+}
+
+/// What happens to a command a rule selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// The command is not executed (no data moves) and completes with this status.
+    Status(Status),
+    /// The command executes; its completion is posted this much later.
+    Delay(Duration),
+    /// The command executes; its completion is never posted (a lost command).
+    Drop,
+    /// The command executes; its completion is posted twice.
+    Duplicate,
+    /// The command executes and completes; then a CQE with [`FaultRule::spurious_cid`],
+    /// a CID that is not outstanding, is posted on the same CQ.
+    Spurious,
+}
+
+/// One fault rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultRule {
+    /// Commands it applies to.
+    pub target: FaultTarget,
+    /// What it does.
+    pub action: FaultAction,
+    /// Fraction of matching commands affected (0.0..=1.0).
+    pub rate: f64,
+    /// At most this many injections (None: unlimited).
+    pub max: Option<u64>,
+    /// CID used by [`FaultAction::Spurious`].
+    pub spurious_cid: u16,
+}
+
+impl FaultRule {
+    /// A rule affecting every matching command, without limit.
+    pub fn new(target: FaultTarget, action: FaultAction) -> Self {
+        FaultRule {
+            target,
+            action,
+            rate: 1.0,
+            max: None,
+            spurious_cid: 0xFFFF,
+        }
+    }
+    /// Returns the rule with a rate.
+    pub fn rate(mut self, rate: f64) -> Self {
+        self.rate = rate;
+        self
+    }
+    /// Returns the rule with a limit on injections.
+    pub fn max(mut self, n: u64) -> Self {
+        self.max = Some(n);
+        self
+    }
+}
+
+/// A set of faults for an emulated controller.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultPlan {
+    /// Rules, first match wins.
+    pub rules: Vec<FaultRule>,
+    /// Seed of the deterministic RNG that rolls the rates.
+    pub seed: u64,
+    /// Set CSTS.CFS and stop after this many I/O commands (counted from installation).
+    pub fatal_after: Option<u64>,
+    /// Surprise removal after this many I/O commands (counted from installation).
+    pub remove_after: Option<u64>,
+}
+
+impl Default for FaultPlan {
+    fn default() -> Self {
+        FaultPlan {
+            rules: Vec::new(),
+            seed: 1,
+            fatal_after: None,
+            remove_after: None,
+        }
+    }
+}
+
+impl FaultPlan {
+    /// Whether the plan does nothing.
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.fatal_after.is_none() && self.remove_after.is_none()
+    }
+
+    /// Parses a fault spec (grammar in the module doc of [`crate::emu`]).
+    pub fn parse(spec: &str) -> Result<FaultPlan, EmuError> {
+        let mut plan = FaultPlan::default();
+        for item in spec.split('+').map(str::trim).filter(|s| !s.is_empty()) {
+            parse_item(item, &mut plan).map_err(|why| EmuError::FaultSpec {
+                item: item.to_string(),
+                why,
+            })?;
+        }
+        Ok(plan)
+    }
+}
+
+fn parse_target(s: &str) -> Result<FaultTarget, String> {
+    let hex = |h: &str| {
+        u8::from_str_radix(h.trim_start_matches("0x"), 16)
+            .map_err(|_| format!("bad opcode `{h}` (hex, like 0x02)"))
+    };
+    Ok(match s {
+        "io" | "any" => FaultTarget::AnyIo,
+        "read" => FaultTarget::Io(nvm_opc::READ),
+        "write" => FaultTarget::Io(nvm_opc::WRITE),
+        "flush" => FaultTarget::Io(nvm_opc::FLUSH),
+        "write-zeroes" | "wz" => FaultTarget::Io(nvm_opc::WRITE_ZEROES),
+        "dsm" | "deallocate" => FaultTarget::Io(nvm_opc::DATASET_MANAGEMENT),
+        "admin" => FaultTarget::AnyAdmin,
+        _ if s.starts_with("admin0x") => FaultTarget::Admin(hex(&s[5..])?),
+        _ if s.starts_with("0x") => FaultTarget::Io(hex(s)?),
+        _ => {
+            return Err(format!(
+            "unknown command `{s}`: use read, write, flush, wz, dsm, io, admin, 0xNN or admin0xNN"
+        ))
+        }
+    })
+}
+
+fn parse_status(s: &str) -> Result<Status, String> {
+    let named = match s {
+        "internal" => Some(Status::INTERNAL_ERROR),
+        "dte" | "data-transfer" => Some(Status::DATA_TRANSFER_ERROR),
+        "abort" | "aborted" => Some(Status::ABORT_REQUESTED),
+        "not-ready" => Some(Status::NAMESPACE_NOT_READY),
+        "read-error" | "unrecovered-read" => Some(Status::UNRECOVERED_READ_ERROR),
+        "write-fault" => Some(Status::WRITE_FAULT),
+        "transient" => Some(Status::TRANSIENT_TRANSPORT_ERROR),
+        _ => None,
+    };
+    if let Some(st) = named {
+        return Ok(st);
+    }
+    let (sct, sc) = s
+        .split_once('-')
+        .ok_or_else(|| format!("bad status `{s}`: use <sct>-<sc> in hex (2-81) or a name (internal, dte, read-error, write-fault, not-ready, abort, transient)"))?;
+    let sct = u8::from_str_radix(sct.trim_start_matches("0x"), 16)
+        .ok()
+        .filter(|v| *v < 8)
+        .ok_or_else(|| format!("bad status code type `{sct}` (hex 0..7)"))?;
+    let sc = u8::from_str_radix(sc.trim_start_matches("0x"), 16)
+        .map_err(|_| format!("bad status code `{sc}` (hex 00..ff)"))?;
+    Ok(Status::new(Sct::from_code(sct), sc))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map(|i| s.split_at(i))
+        .ok_or_else(|| format!("bad duration `{s}`: give a unit (us, ms, s)"))?;
+    let v: u64 = num.parse().map_err(|_| format!("bad duration `{s}`"))?;
+    Ok(match unit {
+        "ns" => Duration::from_nanos(v),
+        "us" => Duration::from_micros(v),
+        "ms" => Duration::from_millis(v),
+        "s" => Duration::from_secs(v),
+        _ => return Err(format!("bad duration unit in `{s}` (ns, us, ms, s)")),
+    })
+}
+
+fn parse_rate(s: &str) -> Option<Result<f64, String>> {
+    let v = if let Some(p) = s.strip_suffix('%') {
+        p.parse::<f64>().ok().map(|v| v / 100.0)
+    } else if s.contains('.') || s == "0" || s == "1" {
+        s.parse::<f64>().ok()
+    } else {
+        return None;
+    }?;
+    Some(if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("rate `{s}` outside 0..=100%"))
+    })
+}
+
+fn parse_item(item: &str, plan: &mut FaultPlan) -> Result<(), String> {
+    let mut f = item.split('/');
+    let action = f.next().unwrap_or_default();
+    let num = |s: Option<&str>, what: &str| -> Result<u64, String> {
+        s.and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{what} needs a number"))
+    };
+    match action {
+        "seed" => {
+            plan.seed = num(f.next(), "seed")?;
+            return Ok(());
+        }
+        "fatal" | "remove" => {
+            if f.next() != Some("after") {
+                return Err(format!("use {action}/after/<I/O commands>"));
+            }
+            let n = num(f.next(), action)?;
+            if action == "fatal" {
+                plan.fatal_after = Some(n);
+            } else {
+                plan.remove_after = Some(n);
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
+    let target = parse_target(
+        f.next()
+            .ok_or("missing the command (read, write, io, ...)")?,
+    )?;
+    let mut rule = match action {
+        "status" => {
+            let st = parse_status(f.next().ok_or("missing the status")?)?;
+            FaultRule::new(target, FaultAction::Status(st))
+        }
+        "delay" => {
+            let d = parse_duration(f.next().ok_or("missing the delay")?)?;
+            FaultRule::new(target, FaultAction::Delay(d))
+        }
+        "drop" => FaultRule::new(target, FaultAction::Drop),
+        "dup" | "duplicate" => FaultRule::new(target, FaultAction::Duplicate),
+        "spurious" => FaultRule::new(target, FaultAction::Spurious),
+        _ => {
+            return Err(format!(
+                "unknown fault `{action}`: use status, delay, drop, dup, spurious, fatal, remove or seed"
+            ))
+        }
+    };
+    for opt in f {
+        if opt == "dnr" {
+            match &mut rule.action {
+                FaultAction::Status(s) => *s = s.with_dnr(true),
+                _ => return Err("dnr applies to status faults only".into()),
+            }
+        } else if let Some(n) = opt.strip_prefix("max") {
+            rule.max = Some(n.parse().map_err(|_| format!("bad limit `{opt}`"))?);
+        } else if let Some(c) = opt.strip_prefix("cid") {
+            rule.spurious_cid = c
+                .parse()
+                .map_err(|_| format!("bad cid `{opt}` (decimal)"))?;
+        } else if let Some(r) = parse_rate(opt) {
+            rule.rate = r?;
+        } else {
+            return Err(format!(
+                "unknown option `{opt}` (dnr, <rate>%, max<N>, cid<N>)"
+            ));
+        }
+    }
+    plan.rules.push(rule);
+    Ok(())
+}
+
+/// Thread-safe fault controls of a running emulated controller.
+#[derive(Debug)]
+pub struct EmuFaults {
+    plan: Mutex<FaultPlan>,
+    gen: AtomicU64,
+    fatal: AtomicBool,
+    remove: AtomicBool,
+    injected: AtomicU64,
+}
+
+impl EmuFaults {
+    pub(super) fn new(plan: FaultPlan) -> Self {
+        EmuFaults {
+            gen: AtomicU64::new(u64::from(!plan.is_empty())),
+            plan: Mutex::new(plan),
+            fatal: AtomicBool::new(false),
+            remove: AtomicBool::new(false),
+            injected: AtomicU64::new(0),
+        }
+    }
+
+    /// Parses a fault spec (module doc of [`crate::emu`]) into a plan.
+    pub fn from_spec(spec: &str) -> Result<FaultPlan, EmuError> {
+        FaultPlan::parse(spec)
+    }
+
+    /// Replaces the plan (counters of `fatal_after`/`remove_after` start again).
+    pub fn set(&self, plan: FaultPlan) {
+        *self.plan.lock().unwrap_or_else(|e| e.into_inner()) = plan;
+        // Release: the thread that sees the new generation locks and reads the plan.
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Replaces the plan with a parsed spec.
+    pub fn set_spec(&self, spec: &str) -> Result<(), EmuError> {
+        self.set(FaultPlan::parse(spec)?);
+        Ok(())
+    }
+
+    /// Adds a rule at the end of the plan.
+    pub fn add(&self, rule: FaultRule) {
+        self.plan
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rules
+            .push(rule);
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Removes every rule and pending controller-level event.
+    pub fn clear(&self) {
+        self.set(FaultPlan::default());
+    }
+
+    /// Sets CSTS.CFS now; the controller stops processing until it is reset (CC.EN 1→0).
+    pub fn fatal(&self) {
+        self.fatal.store(true, Ordering::Release);
+    }
+
+    /// Surprise removal now: the register page reads as all ones, doorbells are ignored,
+    /// and nothing is processed any more. There is no way back.
+    pub fn surprise_removal(&self) {
+        self.remove.store(true, Ordering::Release);
+    }
+
+    /// Commands affected by rules, as of the controller's latest publication of its
+    /// counters (call [`super::EmuController::stats`] first for an exact figure).
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn generation(&self) -> u64 {
+        self.gen.load(Ordering::Acquire)
+    }
+
+    pub(super) fn plan(&self) -> FaultPlan {
+        self.plan.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(super) fn take_fatal(&self) -> bool {
+        self.fatal.load(Ordering::Relaxed) && self.fatal.swap(false, Ordering::Acquire)
+    }
+
+    pub(super) fn take_remove(&self) -> bool {
+        self.remove.load(Ordering::Relaxed) && self.remove.swap(false, Ordering::Acquire)
+    }
+
+    pub(super) fn count_injected(&self, n: u64) {
+        self.injected.store(n, Ordering::Relaxed);
+    }
+}
+
+/// The controller thread's working copy of the plan.
+pub(super) struct Injector {
+    plan: FaultPlan,
+    used: Vec<u64>,
+    rng: u64,
+    io_seen: u64,
+    injected: u64,
+    gen: u64,
+}
+
+/// A controller-level event due now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CtrlEvent {
+    Fatal,
+    Remove,
+}
+
+impl Injector {
+    pub(super) fn new() -> Self {
+        Injector {
+            plan: FaultPlan::default(),
+            used: Vec::new(),
+            rng: 1,
+            io_seen: 0,
+            injected: 0,
+            gen: 0,
+        }
+    }
+
+    /// Adopts a new plan if the controls changed. Cheap when nothing changed.
+    #[inline]
+    pub(super) fn refresh(&mut self, f: &EmuFaults) {
+        let g = f.generation();
+        if g != self.gen {
+            self.gen = g;
+            self.plan = f.plan();
+            self.used = vec![0; self.plan.rules.len()];
+            // xorshift needs a non-zero state.
+            self.rng = self.plan.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            self.io_seen = 0;
+        }
+    }
+
+    /// Whether any rule or event is installed.
+    #[inline]
+    pub(super) fn active(&self) -> bool {
+        !self.plan.is_empty()
+    }
+
+    fn roll(&mut self) -> f64 {
+        // xorshift64*: deterministic for a seed, good enough for fault rates.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The fault for a fetched command, if any.
+    pub(super) fn decide(&mut self, admin: bool, opc: u8) -> Option<(FaultAction, u16)> {
+        for i in 0..self.plan.rules.len() {
+            let r = &self.plan.rules[i];
+            if !r.target.matches(admin, opc) || r.max.is_some_and(|m| self.used[i] >= m) {
+                continue;
+            }
+            let (rate, action, cid) = (r.rate, r.action, r.spurious_cid);
+            if rate >= 1.0 || self.roll() < rate {
+                self.used[i] += 1;
+                self.injected += 1;
+                return Some((action, cid));
+            }
+        }
+        None
+    }
+
+    /// Counts an I/O command; returns a controller-level event that is now due.
+    pub(super) fn count_io(&mut self) -> Option<CtrlEvent> {
+        self.io_seen += 1;
+        if self.plan.fatal_after == Some(self.io_seen) {
+            return Some(CtrlEvent::Fatal);
+        }
+        if self.plan.remove_after == Some(self.io_seen) {
+            return Some(CtrlEvent::Remove);
+        }
+        None
+    }
+
+    pub(super) fn injected(&self) -> u64 {
+        self.injected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_full_spec() {
+        let p = FaultPlan::parse(
+            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42",
+        )
+        .unwrap();
+        assert_eq!(p.seed, 42);
+        assert_eq!(p.fatal_after, Some(1000));
+        assert_eq!(p.remove_after, Some(5000));
+        assert_eq!(p.rules.len(), 6);
+        let r = &p.rules[0];
+        assert_eq!(r.target, FaultTarget::Io(nvm_opc::READ));
+        assert_eq!(
+            r.action,
+            FaultAction::Status(Status::UNRECOVERED_READ_ERROR.with_dnr(true))
+        );
+        assert!((r.rate - 0.01).abs() < 1e-12);
+        assert_eq!(p.rules[1].action, FaultAction::Drop);
+        assert!((p.rules[1].rate - 0.001).abs() < 1e-12);
+        assert_eq!(
+            p.rules[2].action,
+            FaultAction::Delay(Duration::from_millis(5))
+        );
+        assert_eq!(p.rules[2].target, FaultTarget::AnyIo);
+        assert_eq!(p.rules[2].max, Some(3));
+        assert_eq!(p.rules[3].action, FaultAction::Duplicate);
+        assert_eq!(p.rules[3].rate, 1.0);
+        assert_eq!(p.rules[4].spurious_cid, 900);
+        assert_eq!(p.rules[5].target, FaultTarget::Admin(0x05));
+        assert_eq!(
+            p.rules[5].action,
+            FaultAction::Status(Status::INTERNAL_ERROR)
+        );
+        assert!(FaultPlan::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn parse_errors_name_the_item() {
+        for bad in [
+            "explode/read",
+            "status/read",
+            "status/read/9-01",
+            "status/read/2-zz",
+            "status/bogus/internal",
+            "delay/io/5",
+            "delay/io/5parsecs",
+            "drop/io/150%",
+            "drop/io/dnr",
+            "drop/io/whatever",
+            "fatal/1000",
+            "seed/x",
+        ] {
+            let e = FaultPlan::parse(bad).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(bad.split('+').next().unwrap()), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn rates_are_deterministic_and_close() {
+        let plan = FaultPlan::parse("drop/read/10%+seed/7").unwrap();
+        let f = EmuFaults::new(plan);
+        let run = || {
+            let mut inj = Injector::new();
+            inj.refresh(&f);
+            (0..100_000)
+                .map(|_| inj.decide(false, nvm_opc::READ).is_some())
+                .collect::<Vec<_>>()
+        };
+        let a = run();
+        assert_eq!(a, run(), "same seed, same choices");
+        let hits = a.iter().filter(|&&x| x).count();
+        assert!((9_000..11_000).contains(&hits), "{hits} of 100000 at 10%");
+        let mut inj = Injector::new();
+        inj.refresh(&f);
+        assert!(inj.decide(false, nvm_opc::WRITE).is_none());
+        assert!(
+            inj.decide(true, nvm_opc::READ).is_none(),
+            "admin 02h is not a read"
+        );
+    }
+
+    #[test]
+    fn max_and_events() {
+        let f = EmuFaults::new(FaultPlan::parse("drop/io/max2+fatal/after/5").unwrap());
+        let mut inj = Injector::new();
+        inj.refresh(&f);
+        let n = (0..10).filter(|_| inj.decide(false, 1).is_some()).count();
+        assert_eq!(n, 2);
+        let ev: Vec<_> = (0..6).map(|_| inj.count_io()).collect();
+        assert_eq!(ev[4], Some(CtrlEvent::Fatal));
+        assert_eq!(ev.iter().filter(|e| e.is_some()).count(), 1);
+    }
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Runs the conformance suite (or another payload) against QEMU's emulated
+# NVMe controller, reached through vfio-pci inside a Linux guest.
+#
+# Usage: scripts/vm-test.sh [--mode iommu|noiommu|both] [--guest-cmd CMD]
+#                           [--binary PATH] [--keep] [--shell]
+#
+#   --mode       iommu: intel-iommu in the guest, the driver uses type1 DMA
+#                mappings. noiommu: no IOMMU, a vfio.ko rebuilt with
+#                CONFIG_VFIO_NOIOMMU (skipped, with the reason, when that
+#                cannot be built). both (default): iommu, then noiommu.
+#   --binary     static executable to put in the guest at /<its name>
+#                (default: kestrel-hw-tests, built here as a static binary).
+#   --guest-cmd  command line run by bash in the guest after binding; $BDF,
+#                $KESTREL_TEST_DEVICE, $KESTREL_PAYLOAD (the binary's path)
+#                and, in noiommu mode, $KESTREL_NOIOMMU=1 are set.
+#                Default: /<binary> --device $BDF [--noiommu] --destructive
+#   --keep       keep the run directory (disk image, initramfs, logs).
+#   --shell      an interactive shell in the guest instead of the command
+#                (no timeout); its exit status is reported.
+#
+# Environment: KESTREL_VM_CACHE (cache dir, default $REPO/.vm-cache),
+# KESTREL_VM_TIMEOUT (seconds per guest, default 300), KESTREL_VM_HUGEMEM
+# (MiB of 2 MiB hugepages, default 128), KESTREL_VM_MEM_MB (other guest RAM,
+# default 512), KESTREL_VM_KERNEL (pin the guest kernel, e.g. 6.1.0-48-amd64),
+# KESTREL_VM_STRICT=1 (a skipped mode fails the run).
+#
+# Exit status: the payload's (the first failing mode's), 0 when every mode
+# that ran passed. One summary line per mode:
+#   vm-test: mode=iommu result=pass|fail|skip (reason) time=NNs
+set -euo pipefail
+
+# shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
+. "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+mode=both binary='' guest_cmd='' keep=0 shell=0
+while (($#)); do
+    case $1 in
+    --mode)
+        mode=${2:?--mode needs iommu, noiommu or both}
+        shift 2
+        ;;
+    --mode=*) mode=${1#*=} && shift ;;
+    --binary)
+        binary=${2:?--binary needs a path}
+        shift 2
+        ;;
+    --binary=*) binary=${1#*=} && shift ;;
+    --guest-cmd)
+        guest_cmd=${2?--guest-cmd needs a command}
+        shift 2
+        ;;
+    --guest-cmd=*) guest_cmd=${1#*=} && shift ;;
+    --keep) keep=1 && shift ;;
+    --shell) shell=1 && shift ;;
+    -h | --help) usage 0 ;;
+    *)
+        vm_log "unknown argument: $1"
+        usage 2
+        ;;
+    esac
+done
+case $mode in
+iommu) modes=(iommu) ;;
+noiommu) modes=(noiommu) ;;
+both) modes=(iommu noiommu) ;;
+*) vm_die "--mode must be iommu, noiommu or both, not '$mode'" ;;
+esac
+timeout_s=${KESTREL_VM_TIMEOUT:-300}
+((shell)) && timeout_s=0
+
+t_start=$SECONDS
+step() { vm_log "[$((SECONDS - t_start))s] $*"; }
+
+mkdir -p "$VM_CACHE"
+# One run at a time per cache: the cache is filled in place.
+exec 9>"$VM_CACHE/.lock"
+flock -w 1800 9 || vm_die "another vm-test holds $VM_CACHE/.lock"
+
+step "packages"
+vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
+    vm_die "cannot install the packages the VM needs"
+
+step "guest kernel"
+vm_kernel_pick
+vm_kernel_fetch
+vm_log "guest kernel $VM_KVER ($VM_KPKGVER)"
+
+noiommu_ok=0 noiommu_why=
+if [[ " ${modes[*]} " == *" noiommu "* ]]; then
+    step "noiommu vfio.ko"
+    if vm_noiommu_build; then
+        noiommu_ok=1
+    else
+        noiommu_why=$VM_NOIOMMU_WHY
+        vm_log "noiommu mode will be SKIPPED: $noiommu_why"
+    fi
+fi
+
+if [[ -z $binary ]]; then
+    step "building kestrel-hw-tests (static)"
+    vm_build_static kestrel-hw-tests kestrel-hw-tests
+    binary=$VM_BUILT
+fi
+vm_check_payload "$binary"
+binary=$(realpath "$binary")
+payload_name=$(basename "$binary")
+
+step "initramfs"
+vm_initramfs_base
+
+run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
+# shellcheck disable=SC2317 # run by the EXIT trap
+cleanup() {
+    if ((keep)); then
+        vm_log "kept $run_dir"
+    else
+        rm -rf "$run_dir"
+    fi
+}
+trap cleanup EXIT
+
+declare -A result why rcs took
+# Runs one mode; sets result[$1], why[$1], rcs[$1] and took[$1].
+run_mode() {
+    local m=$1 t0=$SECONDS cmd
+    result[$m]=fail why[$m]='' rcs[$m]=1 took[$m]=0
+    if [[ $m == noiommu ]] && ((!noiommu_ok)); then
+        result[$m]=skip why[$m]=$noiommu_why rcs[$m]=0
+        return 0
+    fi
+    if [[ -n $guest_cmd ]]; then
+        cmd=$guest_cmd
+    elif [[ $m == noiommu ]]; then
+        cmd="/$payload_name --device \$BDF --noiommu --destructive"
+    else
+        cmd="/$payload_name --device \$BDF --destructive"
+    fi
+    truncate -s 1G "$run_dir/nvme-$m.img"
+    step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
+    vm_run_guest "$m" "$binary" "$cmd" "$shell" "$run_dir/nvme-$m.img" "$run_dir" "$timeout_s"
+    result[$m]=$VM_RESULT why[$m]=$VM_WHY rcs[$m]=$VM_RC took[$m]=$((SECONDS - t0))
+}
+
+overall=0
+for m in "${modes[@]}"; do
+    run_mode "$m"
+done
+for m in "${modes[@]}"; do
+    line="vm-test: mode=$m result=${result[$m]}"
+    [[ -n ${why[$m]} ]] && line+=" (${why[$m]})"
+    echo "$line time=${took[$m]}s"
+    if [[ ${result[$m]} == fail ]] && ((overall == 0)); then
+        overall=${rcs[$m]}
+        ((overall != 0)) || overall=1
+    fi
+    if [[ ${result[$m]} == skip && ${KESTREL_VM_STRICT:-0} == 1 ]] && ((overall == 0)); then
+        overall=1
+    fi
+done
+vm_log "total $((SECONDS - t_start))s"
+exit "$overall"
