@@ -29,7 +29,8 @@ Target to use; repeat for several. Forms:
   emu[:OPTS]: the emulated controller; OPTS are comma-separated key=value:
       size=SIZE (1G), lba=512|4096 (4096), namespaces=N (1), latency=DURATION (0),
       store=memory|null|PATH, mdts=N (5: 128 KiB), queues=N, core=N|none,
-      faults=SPEC (the emulator's fault injection; takes the rest of the string)
+      faults=SPEC (fault injection, items joined by +, e.g. status/read/read-error/dnr/1%
+      or delay/write/2ms/10%+seed/7; grammar in the emulator's documentation)
 Sizes: 512, 4k, 4K, 128KiB, 1M, 1G, 1GiB (binary units). Durations: 10us, 1ms, 1.5ms, 2s.
 Default: emu.";
 

@@ -25,7 +25,7 @@ pub const DURATION_HELP: &str =
 pub const CORES_HELP: &str =
     "a list of cores and ranges like 0,2-3 (optionally in brackets: [0,2-3]) or a hex mask like 0x5";
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC] (faults= takes the rest of the string, so it comes last)";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC]";
 
 /// A value that could not be parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -308,7 +308,8 @@ pub struct EmuSpec {
     pub queues: Option<u32>,
     /// Controller thread placement.
     pub core: Option<CoreSpec>,
-    /// Fault injection, in the emulator's own syntax.
+    /// Fault injection, in the emulator's own syntax (`kestrel::emu::FaultPlan::parse`,
+    /// which uses no `,`).
     pub faults: Option<String>,
 }
 
@@ -386,7 +387,7 @@ fn for_each_option(
 
 fn parse_emu(opts: &str) -> Result<EmuSpec, String> {
     let mut e = EmuSpec::default();
-    for_each_option(opts, Some("faults"), |k, v| {
+    for_each_option(opts, None, |k, v| {
         match k {
             "size" => {
                 let s = parse_size(v).map_err(|e| e.to_string())?;
@@ -656,7 +657,7 @@ mod tests {
             }))
         );
         let e = parse_target(
-            "emu:size=64M,lba=512,namespaces=2,latency=10us,store=null,mdts=5,queues=8,core=1,faults=a=1,b=2",
+            "emu:size=64M,lba=512,namespaces=2,faults=status/read/read-error/1%+seed/7,latency=10us,store=null,mdts=5,queues=8,core=1",
         )
         .unwrap();
         assert_eq!(
@@ -670,7 +671,7 @@ mod tests {
                 mdts: Some(5),
                 queues: Some(8),
                 core: Some(CoreSpec::Core(1)),
-                faults: Some("a=1,b=2".into()),
+                faults: Some("status/read/read-error/1%+seed/7".into()),
             })
         );
         assert_eq!(

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
+use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore, FaultPlan};
 use kestrel::file::{Direct, FileOptions, FileTarget};
 use kestrel::vfio::{VfioOptions, VfioTransport};
 use kestrel::{Controller, ControllerOptions, NvmeNamespace, Target};
@@ -135,7 +135,7 @@ fn store_path(base: &std::path::Path, nsid: u32) -> PathBuf {
 }
 
 /// The emulator configuration a spec asks for.
-pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> (EmuConfig, EmuSummary) {
+pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> Result<(EmuConfig, EmuSummary)> {
     let size = e.size.unwrap_or(DEFAULT_EMU_SIZE);
     let lba = e.lba.unwrap_or(DEFAULT_EMU_LBA);
     let n = e.namespaces.unwrap_or(1);
@@ -174,6 +174,13 @@ pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> (EmuConfig, EmuSummary) {
     };
     cfg.latency = e.latency.unwrap_or_default();
     cfg.pin_core = core;
+    if let Some(f) = &e.faults {
+        cfg.faults = FaultPlan::parse(f).map_err(|err| {
+            AppError::usage(format!(
+                "invalid value for '--target': emu faults={f}: {err}"
+            ))
+        })?;
+    }
     let summary = EmuSummary {
         namespaces: n,
         size_bytes: size,
@@ -187,7 +194,7 @@ pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> (EmuConfig, EmuSummary) {
         latency_ns: cfg.latency.as_nanos() as u64,
         faults: e.faults.clone(),
     };
-    (cfg, summary)
+    Ok((cfg, summary))
 }
 
 /// Opens one target.
@@ -199,12 +206,7 @@ pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
     };
     match spec {
         TargetSpec::Emu(e) => {
-            if e.faults.is_some() {
-                return Err(AppError::usage(
-                    "emu: faults= is not available: this emulator has no fault injection",
-                ));
-            }
-            let (cfg, summary) = emu_config(e, opts);
+            let (cfg, summary) = emu_config(e, opts)?;
             let emu = EmuController::start(cfg).map_err(|err| {
                 AppError::runtime(format!("starting the emulated controller: {err}"))
             })?;

@@ -353,6 +353,64 @@ fn verify_reads_back_what_a_write_workload_wrote() {
     assert_eq!(v["blocks_checked"], 1024 * 8, "{v}");
 }
 
+#[test]
+fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
+    // Unrecovered Read Error with DNR on 1% of reads: final, reported, exit status 1.
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "8",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:faults=status/read/read-error/dnr/1%",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let n = j["io_errors"].as_u64().unwrap();
+    assert!(n > 0);
+    assert!(
+        j["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("Unrecovered Read Error"),
+        "{}",
+        j["errors"]
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("kestrel: error: {n} I/Os failed")),
+        "{err}"
+    );
+    // Without DNR the driver retries: no failure, retries counted.
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "8",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:faults=status/read/read-error/1%",
+    ]));
+    assert_eq!(j["io_errors"], 0);
+    assert!(
+        j["transport"]["retries"].as_u64().unwrap() > 0,
+        "{}",
+        j["transport"]
+    );
+    // A malformed spec is a usage error naming the item.
+    let o = kestrel(&["identify", "--target", "emu:faults=explode/read"]);
+    assert_usage_error(&o, &["faults=explode/read"]);
+}
+
 fn flip_byte(path: &Path, offset: u64) {
     use std::io::{Read, Seek, SeekFrom, Write};
     let mut f = std::fs::OpenOptions::new()
