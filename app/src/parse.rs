@@ -355,31 +355,26 @@ fn parse_uint(v: &str) -> Option<u64> {
     v.parse().ok()
 }
 
-/// Splits `k=v,k=v,...`, calling `f(key, value)`; a key `rest_key` takes the rest of the
-/// string. Duplicate keys are an error.
+/// Splits `k=v,k=v,...`, calling `f(key, value)`. Duplicate keys are an error.
 fn for_each_option(
     opts: &str,
-    rest_key: Option<&str>,
     mut f: impl FnMut(&str, &str) -> Result<(), String>,
 ) -> Result<(), String> {
-    let mut seen: Vec<String> = Vec::new();
-    let mut rest = opts;
-    while !rest.is_empty() {
-        let (item, tail) = match rest_key {
-            Some(k) if rest.starts_with(k) && rest[k.len()..].starts_with('=') => (rest, ""),
-            _ => rest.split_once(',').unwrap_or((rest, "")),
-        };
-        rest = tail;
+    let mut seen: Vec<&str> = Vec::new();
+    if opts.is_empty() {
+        return Ok(());
+    }
+    for item in opts.split(',') {
         if item.is_empty() {
             return Err("an empty option (two commas in a row?)".into());
         }
         let (k, v) = item
             .split_once('=')
             .ok_or_else(|| format!("option '{item}' has no value (write key=value)"))?;
-        if seen.iter().any(|s| s == k) {
+        if seen.contains(&k) {
             return Err(format!("option '{k}' is given twice"));
         }
-        seen.push(k.to_string());
+        seen.push(k);
         f(k, v)?;
     }
     Ok(())
@@ -387,7 +382,7 @@ fn for_each_option(
 
 fn parse_emu(opts: &str) -> Result<EmuSpec, String> {
     let mut e = EmuSpec::default();
-    for_each_option(opts, None, |k, v| {
+    for_each_option(opts, |k, v| {
         match k {
             "size" => {
                 let s = parse_size(v).map_err(|e| e.to_string())?;
@@ -464,7 +459,7 @@ fn parse_file(spec: &str) -> Result<FileSpec, String> {
         size: None,
         direct: None,
     };
-    for_each_option(opts, None, |k, v| {
+    for_each_option(opts, |k, v| {
         match k {
             "size" => {
                 let s = parse_size(v).map_err(|e| e.to_string())?;
