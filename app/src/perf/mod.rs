@@ -394,6 +394,18 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     let undrained: u32 = results.iter().map(|r| r.undrained).sum();
 
     let (report, hist) = report::build(&results, &names, config, target_json);
+    for c in &report.per_core {
+        if let Some(d) = c.descheduled_ns {
+            if d as f64 > c.seconds * 1e9 * 0.01 {
+                note(format!(
+                    "warning: the poller on core {} waited {:.1} ms for the CPU ({:.1} % of the run): other load shares the core, and busy time and ns per I/O include some of that wait",
+                    c.core,
+                    d as f64 / 1e6,
+                    d as f64 / (c.seconds * 1e7)
+                ));
+            }
+        }
+    }
     if args.json {
         print_json(&report)?;
     } else {

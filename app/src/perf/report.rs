@@ -134,6 +134,10 @@ pub struct CoreJson {
     pub iterations: u64,
     /// Iterations that found nothing.
     pub idle_iterations: u64,
+    /// Time the poller waited for a CPU in the window (other load on its core), ns; null
+    /// when the kernel does not report it. Busy time includes any of it that fell inside
+    /// busy iterations.
+    pub descheduled_ns: Option<u64>,
     /// Counters, all targets.
     pub transport: TransportJson,
     /// Per target.
@@ -389,6 +393,7 @@ pub fn build(
             },
             iterations: c.iterations,
             idle_iterations: c.idle_iterations,
+            descheduled_ns: c.descheduled_ns,
             transport: transport(&core_acc.stats),
             targets: rows,
         });
@@ -549,9 +554,13 @@ pub fn render_text(r: &Report) -> String {
         "\nCPU (busy = iterations of the poll loop that completed I/O):"
     );
     for c in &r.per_core {
+        let desched = match c.descheduled_ns {
+            Some(d) => format!(", descheduled {:.1} ms", d as f64 / 1e6),
+            None => String::new(),
+        };
         let _ = writeln!(
             s,
-            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {:.1} ns of CPU per I/O, {} iterations ({:.1} % idle)",
+            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {:.1} ns of CPU per I/O, {} iterations ({:.1} % idle){desched}",
             c.core,
             c.busy_pct,
             c.busy_ns as f64 / 1e9,
@@ -635,6 +644,7 @@ mod tests {
                 iterations: 10,
                 idle_iterations: 2,
                 undrained: 0,
+                descheduled_ns: Some(0),
             },
             CoreResult {
                 core: 1,
@@ -644,6 +654,7 @@ mod tests {
                 iterations: 10,
                 idle_iterations: 2,
                 undrained: 0,
+                descheduled_ns: Some(0),
             },
         ];
         let (r, hist) = build(

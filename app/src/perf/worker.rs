@@ -170,6 +170,16 @@ pub struct CoreResult {
     pub idle_iterations: u64,
     /// I/Os that had not completed when the drain gave up.
     pub undrained: u32,
+    /// Time the poller waited for a CPU during the window (run-queue wait from
+    /// `/proc/thread-self/schedstat`), when the kernel reports it.
+    pub descheduled_ns: Option<u64>,
+}
+
+/// The calling thread's run-queue wait so far, ns (`/proc/thread-self/schedstat`, second
+/// field), or `None` without schedstats.
+pub fn thread_wait_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
 }
 
 #[derive(Clone, Copy)]
@@ -558,6 +568,8 @@ impl Worker<'_> {
         let end = cfg.warmup_ns + cfg.time_ns;
         let mut measuring = false;
         let mut window_start = 0u64;
+        let mut wait_start = None;
+        let wait_end;
         let window_end;
         let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
         let mut completed_total = 0u64;
@@ -566,6 +578,9 @@ impl Worker<'_> {
             let elapsed = clock.delta_as_nanos(start, t0);
             if !measuring && elapsed >= warm_end {
                 measuring = true;
+                // Read outside the window's busy time: the iteration restarts its clock.
+                wait_start = thread_wait_ns();
+                t0 = clock.raw();
                 window_start = t0;
                 for q in &mut self.queues {
                     q.base = q.q.stats();
@@ -574,6 +589,7 @@ impl Worker<'_> {
             }
             if elapsed >= end || shared.abort.load(Ordering::Relaxed) {
                 window_end = t0;
+                wait_end = thread_wait_ns();
                 break;
             }
             let mut work = 0u32;
@@ -636,6 +652,10 @@ impl Worker<'_> {
             iterations: iters,
             idle_iterations: idle,
             undrained,
+            descheduled_ns: match (wait_start, wait_end) {
+                (Some(a), Some(b)) if measuring => Some(b.saturating_sub(a)),
+                _ => None,
+            },
         })
     }
 
