@@ -57,7 +57,8 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -82,17 +83,15 @@ where
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("invalid command line");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            let cmd = text
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("Usage: "))
-                .map(|u| {
-                    u.split_whitespace()
-                        .take_while(|w| !w.starts_with(['[', '<', '-']))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                })
-                .filter(|c| !c.is_empty())
-                .unwrap_or_else(|| "kestrel".to_string());
+            let cmd = match args
+                .iter()
+                .skip(1)
+                .filter_map(|a| a.to_str())
+                .find(|a| ["identify", "smart", "list", "perf"].contains(a))
+            {
+                Some(sub) => format!("kestrel {sub}"),
+                None => "kestrel".to_string(),
+            };
             eprintln!("kestrel: error: {first} (see '{cmd} --help')");
             return ExitCode::from(EXIT_USAGE);
         }

@@ -287,7 +287,16 @@ fn bad_io_size_is_a_usage_error() {
 #[test]
 fn bad_cores_are_a_usage_error() {
     let o = kestrel(&["perf", "-c", "3-1"]);
-    assert_usage_error(&o, &["--cores", "runs backwards", "0,2-3", "0x5"]);
+    assert_usage_error(
+        &o,
+        &[
+            "--cores",
+            "runs backwards",
+            "0,2-3",
+            "0x5",
+            "see 'kestrel perf --help'",
+        ],
+    );
     let o = kestrel(&["perf", "-c", "0xzz"]);
     assert_usage_error(&o, &["--cores", "not hexadecimal"]);
     let o = kestrel(&["perf", "-t", "1", "-c", "4000"]);
