@@ -227,6 +227,13 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             );
             match o {
                 Opened::Nvme(n) => {
+                    let entries = n.ctrlr.cap().max_queue_entries();
+                    if args.queue_depth + 1 > entries {
+                        note(format!(
+                            "warning: queue depth {} is more than {}'s queues hold ({} entries, {} commands in flight): the rest wait in the software queue (transport.software_queued)",
+                            args.queue_depth, n.ctrlr.describe(), entries, entries - 1
+                        ));
+                    }
                     tj["kind"] = json!("nvme");
                     tj["shadow_doorbells"] = json!(n.ctrlr.shadow_doorbells());
                     if let Some(e) = &n.emu {
