@@ -1049,11 +1049,6 @@ impl Controller {
         let cq = CqRing::new(&sh.pool, depth)?;
         let sq_db = sh.bar.doorbell(qid, DoorbellKind::SqTail)?;
         let cq_db = sh.bar.doorbell(qid, DoorbellKind::CqHead)?;
-        sh.admin(Sqe::create_io_cq(qid, depth, cq.iova()))?;
-        if let Err(e) = sh.admin(Sqe::create_io_sq(qid, depth, qid, sq.iova())) {
-            let _ = sh.admin(Sqe::delete_io_cq(qid));
-            return Err(e);
-        }
         let dstrd = sh.cap.dstrd();
         let shadow = sh.shadow.as_ref().and_then(|pages| {
             let s = ShadowSlot::new(
@@ -1064,8 +1059,18 @@ impl Controller {
                 pages,
                 shadow_doorbell_index(dstrd, qid, DoorbellKind::CqHead),
             )?;
+            // A queue with this QID may have lived and died before: its last tail, head
+            // and EventIdx are still there, and the controller reads them as current
+            // (QEMU does), so a new queue starting at 0 must zero them first.
+            s.reset();
+            c.reset();
             Some((s, c))
         });
+        sh.admin(Sqe::create_io_cq(qid, depth, cq.iova()))?;
+        if let Err(e) = sh.admin(Sqe::create_io_sq(qid, depth, qid, sq.iova())) {
+            let _ = sh.admin(Sqe::delete_io_cq(qid));
+            return Err(e);
+        }
         Ok(IoQpair::new(
             Arc::clone(sh),
             QpairParts {

@@ -12,7 +12,7 @@
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
-//! - [`file`]: a file or block device as a target, through io_uring.
+//! - [`file`](mod@file): a file or block device as a target, through io_uring.
 #![deny(missing_docs)]
 
 pub mod ctrlr;

@@ -329,6 +329,20 @@ impl IoQpair {
     pub fn uses_shadow_doorbells(&self) -> bool {
         self.shadow.is_some()
     }
+    /// Diagnostics: the SQ tail and CQ head as the driver last published them, and, with
+    /// shadow doorbells, the (shadow value, EventIdx) pairs of the SQ and CQ.
+    pub fn doorbell_state(&self) -> String {
+        let mut s = format!(
+            "sq_tail {} (rung {}), cq_head {} phase {}",
+            self.sq_tail, self.sq_tail_rung, self.cq_head, self.cq_phase as u8
+        );
+        if let Some((sq, cq)) = &self.shadow {
+            let (sd, se) = sq.peek();
+            let (cd, ce) = cq.peek();
+            s += &format!(", shadow sq {sd} eventidx {se}, shadow cq {cd} eventidx {ce}");
+        }
+        s
+    }
     /// The doorbell mode.
     pub fn doorbell_mode(&self) -> DoorbellMode {
         self.mode

@@ -213,6 +213,33 @@ impl ShadowSlot {
         })
     }
 
+    /// Zeroes the shadow doorbell and EventIdx of this queue. Call before the queue is
+    /// created: controllers keep reading whatever a deleted queue with the same QID left
+    /// there (QEMU does), which a new queue starting at 0 would otherwise contradict.
+    pub fn reset(&self) {
+        // SAFETY: as in `publish`.
+        let (db, ei) = unsafe {
+            (
+                AtomicU32::from_ptr(self.db.as_ptr()),
+                AtomicU32::from_ptr(self.ei.as_ptr()),
+            )
+        };
+        db.store(0, Ordering::Relaxed);
+        ei.store(0, Ordering::Relaxed);
+    }
+
+    /// The (shadow doorbell, EventIdx) values as they are now, for diagnostics.
+    pub fn peek(&self) -> (u32, u32) {
+        // SAFETY: as in `publish`.
+        let (db, ei) = unsafe {
+            (
+                AtomicU32::from_ptr(self.db.as_ptr()),
+                AtomicU32::from_ptr(self.ei.as_ptr()),
+            )
+        };
+        (db.load(Ordering::Acquire), ei.load(Ordering::Acquire))
+    }
+
     /// Publishes a new doorbell value in the shadow page and returns the controller's
     /// EventIdx for this queue, read after the store is globally visible.
     #[inline]

@@ -66,7 +66,10 @@ impl Device {
     }
 
     /// Brings up a controller with options.
-    pub fn open_with(&self, opts: ControllerOptions) -> Result<Controller, String> {
+    pub fn open_with(&self, mut opts: ControllerOptions) -> Result<Controller, String> {
+        if std::env::var("KESTREL_NO_SHADOW_DOORBELLS").as_deref() == Ok("1") {
+            opts.shadow_doorbells = false;
+        }
         Controller::new(self.transport()?, opts).map_err(|e| e.to_string())
     }
 }
@@ -141,8 +144,12 @@ fn reap(qp: &mut IoQpair, n: usize) -> Result<Vec<Completion>, String> {
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "only {} of {n} completions within {WAIT:?}",
-                out.len()
+                "only {} of {n} completions within {WAIT:?} (qid {}, {} in flight, {}, stats {:?})",
+                out.len(),
+                qp.qid(),
+                qp.in_flight(),
+                qp.doorbell_state(),
+                qp.stats()
             ));
         }
     }
@@ -576,15 +583,30 @@ fn deallocate(d: &Device) -> CaseResult {
     ensure!(r.is_ok(), "deallocate: {r:?}");
     let r = run_one(&mut qp, IoRequest::read_buf(1, 6000, 8, &buf, 3))?;
     ensure!(r.is_ok(), "read after deallocate: {r:?}");
-    if !zeroes {
+    // Dataset Management's Deallocate is advisory (the controller "may" deallocate), so
+    // each block reads back either as it was or, deallocated, as DLFEAT says.
+    let v = buf.to_vec();
+    let mut deallocated = 0;
+    for (i, blk) in v.chunks(ns.bs).enumerate() {
+        if blk.iter().all(|&b| b == 0xC3) {
+            continue;
+        }
+        ensure!(
+            zeroes,
+            "block {i} changed after deallocate and DLFEAT promises nothing: {:#04x}",
+            blk[0]
+        );
+        ensure!(
+            blk.iter().all(|&b| b == 0),
+            "block {i} after deallocate is neither its old data nor zeroes, as DLFEAT promises"
+        );
+        deallocated += 1;
+    }
+    if deallocated == 0 {
         return Ok(Outcome::Skip(
-            "deallocate succeeded; DLFEAT does not promise zeroes, so contents not checked".into(),
+            "the controller kept every block (deallocate is advisory); contents unchanged".into(),
         ));
     }
-    ensure!(
-        buf.to_vec().iter().all(|&b| b == 0),
-        "deallocated blocks did not read as zeroes (DLFEAT says they do)"
-    );
     Ok(Outcome::Pass)
 }
 
@@ -615,10 +637,14 @@ fn overflow_beyond_depth(d: &Device) -> CaseResult {
     qp.flush();
     let done = reap(&mut qp, total as usize)?;
     all_ok(&done)?;
-    let tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+    // Exactly once each. The order of completions is the device's business (QEMU's model
+    // completes out of order); the driver's own tests check submission order against the
+    // in-order emulator.
+    let mut tokens: Vec<u64> = done.iter().map(|c| c.token).collect();
+    tokens.sort_unstable();
     ensure!(
         tokens == (0..total as u64).collect::<Vec<_>>(),
-        "completions out of order or repeated"
+        "completions missing or repeated"
     );
     quiet(&mut qp)?;
     ensure!(
@@ -763,9 +789,14 @@ fn raw_status(
     data: Option<kestrel::DmaSlice>,
 ) -> Result<Result<(), IoError>, String> {
     let mut qp = qpair(c, 8)?;
+    let before = qp.doorbell_state();
     qp.submit_raw(sqe, data, 5).map_err(|e| e.to_string())?;
+    let mid = qp.doorbell_state();
     qp.flush();
-    Ok(reap(&mut qp, 1)?[0].result)
+    let after = qp.doorbell_state();
+    Ok(reap(&mut qp, 1)
+        .map_err(|e| format!("{e}; before: {before}; submitted: {mid}; flushed: {after}"))?[0]
+        .result)
 }
 
 fn error_invalid_nsid(d: &Device) -> CaseResult {

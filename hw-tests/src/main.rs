@@ -23,6 +23,13 @@ Runs Kestrel's NVMe conformance suite.
   --list            list the cases and exit";
 
 fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let mut args = std::env::args().skip(1);
     let mut bdf = std::env::var("KESTREL_TEST_DEVICE")
         .ok()

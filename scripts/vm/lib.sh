@@ -443,7 +443,7 @@ vm_initramfs_payload() {
 # the guest over 9p (mount tag "host").
 vm_qemu_cmdline() {
     local mode=$1 initrd=$2 backend=$3 share=$4 append machine=q35 drive
-    append="console=ttyS0 panic=-1 quiet"
+    append="console=ttyS0 panic=-1 quiet no_timer_check"
     if [[ $mode == iommu ]]; then
         machine=q35,kernel-irqchip=split
         append+=" intel_iommu=on"
@@ -451,7 +451,7 @@ vm_qemu_cmdline() {
     if [[ $backend == null ]]; then
         drive="driver=null-co,read-zeroes=on,size=1G,if=none,id=nvm"
     else
-        drive="file=$backend,format=raw,if=none,id=nvm,cache=writeback,aio=threads"
+        drive="file=$backend,format=raw,if=none,id=nvm,cache=writeback,aio=threads,discard=unmap"
     fi
     VM_QEMU=(qemu-system-x86_64 -accel "tcg,thread=multi" -machine "$machine" -smp "$VM_SMP"
         -m "$((VM_MEM_MB + VM_HUGEMEM_MB))M" -nographic -no-reboot -monitor none -nic none)

@@ -1621,17 +1621,6 @@ impl Ctrl {
         })
     }
 
-    /// Zeroes a new queue's shadow doorbell and EventIdx entries.
-    fn reset_shadow_slot(&mut self, mem: &Mem<'_>, slot: usize) {
-        if let Some(d) = self.db_view(mem) {
-            for page in [d.shadow, d.eventidx] {
-                if let Some(off) = self.shadow_off(slot, &page) {
-                    page.store_u32(off, 0, Ordering::Release);
-                }
-            }
-        }
-    }
-
     fn create_cq(&mut self, mem: &Mem<'_>, sqe: &Sqe) -> Outcome {
         let qid = (sqe.cdw10 & 0xFFFF) as u16;
         let entries = (sqe.cdw10 >> 16) + 1;
@@ -1672,7 +1661,6 @@ impl Ctrl {
         self.held.reserve(entries as usize);
         self.queues_created = true;
         self.clear_doorbell(2 * qid as usize + 1);
-        self.reset_shadow_slot(mem, 2 * qid as usize + 1);
         done(Status::SUCCESS)
     }
 
@@ -1715,7 +1703,6 @@ impl Ctrl {
         self.io_sqs.push(qid);
         self.queues_created = true;
         self.clear_doorbell(2 * qid as usize);
-        self.reset_shadow_slot(mem, 2 * qid as usize);
         done(Status::SUCCESS)
     }
 

@@ -78,8 +78,9 @@
 //! sets EventIdx = consumed value, so the next update also rings the MMIO doorbell. Either
 //! way the controller polls the shadow page on every pass, so no update is ever lost; a
 //! missed MMIO write only costs latency. Queues existing when the command runs get their
-//! shadow entries seeded with the current values; a queue created later gets both entries
-//! zeroed. [`EmuStats`] counts shadow and MMIO doorbell observations separately.
+//! shadow entries seeded with the current values; a queue created later takes its shadow
+//! entries as the host left them (as QEMU does: the host must zero them before creating the
+//! queue, or a stale value from an earlier queue with the same QID is read as new). [`EmuStats`] counts shadow and MMIO doorbell observations separately.
 //!
 //! # Idle policy
 //! Many emulators may share two cores in tests. After the last work the thread spins for

@@ -175,6 +175,8 @@ pub struct FileQueue {
     in_ring: u32,
     /// SQEs pushed since the last `io_uring_enter`.
     unsubmitted: u32,
+    /// The ring was made disabled (single issuer) and is not enabled yet.
+    disabled: bool,
     regions: Vec<Region>,
     /// Entries of the sparse fixed-buffer table (0: no fixed buffers).
     fixed_slots: usize,
@@ -217,17 +219,45 @@ impl FileQueue {
         };
         let depth = opts.depth.clamp(1, shared.ring_entries);
         let sq_entries = depth.next_power_of_two();
-        let mut b = IoUring::builder();
-        // Completions can never outnumber slots (one operation per slot at a time), so a CQ
-        // of twice the SQ never overflows.
-        b.setup_cqsize(sq_entries * 2).setup_submit_all();
-        if shared.sqpoll {
-            b.setup_sqpoll(SQPOLL_IDLE_MS);
+        // Setup levels, tried best first, falling back where the kernel says EINVAL:
+        // 2: COOP_TASKRUN + TASKRUN_FLAG + SINGLE_ISSUER + DEFER_TASKRUN (Linux 6.1),
+        // 1: COOP_TASKRUN + TASKRUN_FLAG (5.19), 0: plain.
+        let build = |level: u8| {
+            let mut b = IoUring::builder();
+            // Completions can never outnumber slots (one operation per slot at a time), so
+            // a CQ of twice the SQ never overflows.
+            b.setup_cqsize(sq_entries * 2).setup_submit_all();
+            if level >= 1 {
+                // No inter-processor interrupt to run completion work while we spin: the
+                // kernel raises IORING_SQ_TASKRUN instead and poll enters to run it. Cheaper,
+                // above all in a VM where an IPI is a VM exit.
+                b.setup_coop_taskrun().setup_taskrun_flag();
+            }
+            if level >= 2 {
+                // Completion work runs only when the owning thread enters the ring, in one
+                // batch. The owner is the first thread to enter it (the ring starts
+                // disabled and is enabled then), as the Target contract has it.
+                b.setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_r_disabled();
+            }
+            if shared.sqpoll {
+                b.setup_sqpoll(SQPOLL_IDLE_MS);
+            }
+            if shared.iopoll {
+                b.setup_iopoll();
+            }
+            b.build(sq_entries)
+        };
+        // DEFER_TASKRUN does not go with SQPOLL (the poller thread would be the issuer).
+        let mut level = if shared.sqpoll { 1 } else { 2 };
+        let ring = loop {
+            match build(level) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && level > 0 => level -= 1,
+                r => break r,
+            }
         }
-        if shared.iopoll {
-            b.setup_iopoll();
-        }
-        let ring = b.build(sq_entries).map_err(|e| ring_err("setup", e))?;
+        .map_err(|e| ring_err("setup", e))?;
         ring.submitter()
             .register_files(&[shared.file.as_raw_fd()])
             .map_err(|e| ring_err("file registration", e))?;
@@ -273,6 +303,7 @@ impl FileQueue {
             sync_pending: VecDeque::with_capacity(n),
             in_ring: 0,
             unsubmitted: 0,
+            disabled: level >= 2,
             regions: Vec::with_capacity(fixed_slots.max(16)),
             fixed_slots,
             zero_range_ok: true,
@@ -347,7 +378,17 @@ impl FileQueue {
     }
 
     fn validate(&mut self, req: &IoRequest) -> Result<(), InvalidRequest> {
-        let sh = Arc::clone(&self.shared);
+        // Scalars copied out, so the pool check below can borrow `self` mutably.
+        let sh = &*self.shared;
+        let (read_only, no_discard, capacity, nsid, block_size, direct, mem_align) = (
+            sh.info.read_only,
+            sh.discard == DiscardKind::None,
+            sh.capacity,
+            sh.info.nsid,
+            sh.block_size,
+            sh.direct,
+            sh.mem_align as usize,
+        );
         let op = req.op;
         let nseg = req.data.len();
         if op.has_data() && nseg == 0 {
@@ -373,20 +414,19 @@ impl FileQueue {
                 lba: req.lba,
             });
         }
-        if sh.info.read_only && op != IoOp::Read {
+        if read_only && op != IoOp::Read {
             return Err(InvalidRequest::ReadOnly);
         }
-        if op == IoOp::Deallocate && sh.discard == DiscardKind::None {
+        if op == IoOp::Deallocate && no_discard {
             return Err(InvalidRequest::Unsupported { op: op.name() });
         }
-        let capacity = sh.capacity;
         if req
             .lba
             .checked_add(u64::from(req.nlb))
             .map_or(true, |end| end > capacity)
         {
             return Err(InvalidRequest::OutOfRange {
-                nsid: sh.info.nsid,
+                nsid,
                 lba: req.lba,
                 nlb: req.nlb,
                 capacity,
@@ -395,14 +435,14 @@ impl FileQueue {
         if !op.has_data() {
             return Ok(());
         }
-        let bs = u64::from(sh.block_size);
+        let bs = u64::from(block_size);
         let need = u64::from(req.nlb) * bs;
         let have = req.data.total_len() as u64;
         if have < need {
             return Err(InvalidRequest::LengthMismatch {
                 op: op.name(),
                 nlb: req.nlb,
-                block_size: sh.block_size,
+                block_size,
                 need,
                 have,
             });
@@ -416,8 +456,8 @@ impl FileQueue {
             if used == 0 {
                 continue;
             }
-            if sh.direct {
-                if s.vaddr % sh.mem_align as usize != 0 {
+            if direct {
+                if s.vaddr % mem_align != 0 {
                     return Err(InvalidRequest::Misaligned {
                         index,
                         iova: s.iova,
@@ -621,8 +661,21 @@ impl FileQueue {
         self.stats.commands += 1;
     }
 
+    /// Enables a ring made disabled, making the calling thread its single issuer. Called
+    /// before every `io_uring_enter`; a flag test once enabled.
+    #[inline]
+    fn enable(&mut self) {
+        if self.disabled {
+            if let Err(e) = self.ring.submitter().register_enable_rings() {
+                tracing::error!(path = %self.shared.path.display(), "cannot enable the io_uring: {e}");
+            }
+            self.disabled = false;
+        }
+    }
+
     /// One `io_uring_enter` for every SQE pushed since the last one.
     fn enter_submit(&mut self) {
+        self.enable();
         if self.shared.sqpoll {
             // The poller thread sees the new tail; a syscall is needed only to wake it.
             if self.ring.submission().need_wakeup() {
@@ -642,6 +695,13 @@ impl FileQueue {
     }
 
     fn enter_failed(&self, e: &std::io::Error) {
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            tracing::error!(
+                path = %self.shared.path.display(),
+                "file queue used from a thread other than the one that first used it; a queue belongs to one thread"
+            );
+            return;
+        }
         // EINTR, EAGAIN and EBUSY leave the SQEs in the ring; the next flush or poll
         // submits them again.
         if !matches!(
@@ -826,6 +886,27 @@ impl FileQueue {
         (self.slots.len() - self.free.len()) as u32
     }
 
+    /// Blocks in the kernel until at least `min` operations have completed (capped at the
+    /// operations in the ring), submitting pending SQEs on the way: one `io_uring_enter`.
+    /// For callers that would rather sleep than spin when idle; the completions are then
+    /// delivered by [`TargetQueue::poll`]. Returns at once when nothing is in the ring.
+    pub fn wait(&mut self, min: u32) {
+        let min = min.min(self.in_ring);
+        if min == 0 && self.unsubmitted == 0 {
+            return;
+        }
+        let ready = self.ring.completion().len() as u32;
+        if ready >= min && self.unsubmitted == 0 {
+            return;
+        }
+        self.enable();
+        self.stats.sq_doorbell_writes += 1;
+        match self.ring.submitter().submit_and_wait(min as usize) {
+            Ok(_) => self.unsubmitted = 0,
+            Err(e) => self.enter_failed(&e),
+        }
+    }
+
     /// Counters particular to file queues.
     pub fn counters(&self) -> FileQueueCounters {
         self.counters
@@ -910,9 +991,15 @@ impl TargetQueue for FileQueue {
                 }
             }
             if got == 0 {
-                // An IOPOLL ring without a poller thread completes only when asked to.
-                if self.shared.iopoll && !self.shared.sqpoll && self.in_ring > 0 && !polled {
+                // An IOPOLL ring without a poller thread completes only when asked to, and
+                // with COOP_TASKRUN completions wait for us to enter when the kernel flags
+                // pending task work.
+                let need_enter = self.in_ring > 0
+                    && ((self.shared.iopoll && !self.shared.sqpoll)
+                        || self.ring.submission().taskrun());
+                if need_enter && !polled {
                     polled = true;
+                    self.enable();
                     self.stats.sq_doorbell_writes += 1;
                     if let Err(e) = self.ring.submitter().submit() {
                         self.enter_failed(&e);
@@ -967,6 +1054,9 @@ impl Drop for FileQueue {
         // them. `submit_and_wait` also submits SQEs not yet submitted, so each slot in the
         // ring yields exactly one more CQE. Completions are dropped, not delivered.
         let mut failures = 0;
+        if self.in_ring > 0 {
+            self.enable();
+        }
         while self.in_ring > 0 {
             match self.ring.submitter().submit_and_wait(1) {
                 Ok(_) => {}
@@ -977,7 +1067,9 @@ impl Drop for FileQueue {
                     ) => {}
                 Err(e) => {
                     failures += 1;
-                    if failures > 100 {
+                    // EEXIST: dropped on a thread that is not the ring's issuer, which
+                    // alone may reap (DEFER_TASKRUN).
+                    if failures > 100 || e.raw_os_error() == Some(libc::EEXIST) {
                         // The kernel may still write our memory: never unmap it.
                         tracing::error!(
                             path = %self.shared.path.display(),

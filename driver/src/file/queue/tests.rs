@@ -171,6 +171,7 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
     q.flush();
     let mut real = Vec::new();
     while real.is_empty() {
+        q.wait(1);
         let cq = q.ring.completion();
         real.extend(cq.map(|c| (c.user_data(), c.result())));
     }
@@ -202,6 +203,7 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
     q.flush();
     let mut real = Vec::new();
     while real.is_empty() {
+        q.wait(1);
         let cq = q.ring.completion();
         real.extend(cq.map(|c| c.user_data()));
     }
