@@ -33,24 +33,27 @@ import json, sys
 r = json.loads(sys.stdin.read())
 t, tr, c = r["total"], r["transport"], r["config"]
 busy = " / ".join("%.0f" % p["busy_pct"] for p in r["per_core"])
-print("| %s | %d | %s | %s | %.0f | %.1f | %.3f | %.3f | %.3f | %.2f | %.2f | %s |" % (
+desched = " / ".join("%.0f" % ((p["descheduled_ns"] or 0) / 1e6) for p in r["per_core"])
+print("| %s | %d | %s | %s | %.0f | %.0f | %.0f | %.3f | %.3f | %.3f | %.2f | %.2f | %s | %s |" % (
     sys.argv[1], c["queue_depth"], c["doorbell"], "on" if c["shadow_doorbells"] else "off",
-    t["iops"], t["ns_per_io_cpu"], tr["doorbell_writes_per_io"],
+    t["iops"], t["ns_per_io_cpu"], t["ns_per_io_cpu_p50"], tr["doorbell_writes_per_io"],
     tr["sq_doorbell_writes_per_io"], tr["cq_doorbell_writes_per_io"],
-    t["latency_us"]["avg"], t["latency_us"]["p99"], busy))
+    t["latency_us"]["avg"], t["latency_us"]["p99"], busy, desched))
 ' "$label" <<<"$out"
 }
 
 echo "kestrel perf, ${secs} s per row after 1 s warmup, $(date -u +%Y-%m-%dT%H:%MZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| pollers | QD | doorbell | shadow | IOPS | ns CPU/I/O | doorbell writes/I/O | SQ/I/O | CQ/I/O | avg µs | p99 µs | busy % |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| pollers | QD | doorbell | shadow | IOPS | ns CPU/I/O | median ns CPU/I/O | doorbell writes/I/O | SQ/I/O | CQ/I/O | avg µs | p99 µs | busy % | descheduled ms |"
+echo "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for qd in 1 32 128; do
     for db in batched immediate; do
         row "1 (core 0; emu core 1)" -q "$qd" --doorbell "$db" -c 0 --target emu:core=1
     done
 done
-row "1 (core 0; emu core 1)" -q 32 --doorbell batched --shadow-doorbells off -c 0 --target emu:core=1
+for db in batched immediate; do
+    row "1 (core 0; emu core 1)" -q 32 --doorbell "$db" --shadow-doorbells off -c 0 --target emu:core=1
+done
 if ((ncpu >= 2)); then
     for qd in 1 32 128; do
         for db in batched immediate; do

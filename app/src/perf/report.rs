@@ -130,6 +130,9 @@ pub struct CoreJson {
     pub busy_ns: u64,
     /// Busy time / I/Os.
     pub ns_per_io_cpu: f64,
+    /// Median over I/Os of the busy time per I/O of the iteration that reaped it (robust
+    /// to descheduling, which only stretches a few iterations).
+    pub ns_per_io_cpu_p50: f64,
     /// Poll loop iterations.
     pub iterations: u64,
     /// Iterations that found nothing.
@@ -166,6 +169,8 @@ pub struct TotalJson {
     pub latency_us: LatencyJson,
     /// Sum of the cores' busy time / ios.
     pub ns_per_io_cpu: f64,
+    /// Median over all I/Os of the busy time per I/O of the iteration that reaped it.
+    pub ns_per_io_cpu_p50: f64,
     /// Sum of the cores' busy time, ns.
     pub busy_ns: u64,
     /// Mean busy % over the cores.
@@ -333,6 +338,8 @@ pub fn build(
     let mut total = Acc::new();
     let mut per_core = Vec::new();
     let mut busy_total = 0u64;
+    let mut busy_hist = Histogram::<u64>::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+        .expect("valid histogram bounds");
     let mut seconds = 0f64;
     let mut verify = VerifyJson::default();
     let mut io_errors = 0;
@@ -373,6 +380,7 @@ pub fn build(
             });
         }
         busy_total += c.busy_ns;
+        let _ = busy_hist.add(&c.busy_per_io);
         per_core.push(CoreJson {
             core: c.core,
             ios: core_acc.ios,
@@ -391,6 +399,7 @@ pub fn build(
             } else {
                 0.0
             },
+            ns_per_io_cpu_p50: median(&c.busy_per_io),
             iterations: c.iterations,
             idle_iterations: c.idle_iterations,
             descheduled_ns: c.descheduled_ns,
@@ -421,6 +430,7 @@ pub fn build(
             } else {
                 0.0
             },
+            ns_per_io_cpu_p50: median(&busy_hist),
             busy_ns: busy_total,
             busy_pct,
         },
@@ -435,6 +445,14 @@ pub fn build(
         report.verify = Some(verify);
     }
     (report, total.hist)
+}
+
+fn median(h: &Histogram<u64>) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(0.5) as f64
+    }
 }
 
 fn config_verify(c: &serde_json::Value) -> bool {
@@ -560,12 +578,13 @@ pub fn render_text(r: &Report) -> String {
         };
         let _ = writeln!(
             s,
-            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {:.1} ns of CPU per I/O, {} iterations ({:.1} % idle){desched}",
+            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {:.1} ns of CPU per I/O (median {:.0}), {} iterations ({:.1} % idle){desched}",
             c.core,
             c.busy_pct,
             c.busy_ns as f64 / 1e9,
             c.seconds,
             c.ns_per_io_cpu,
+            c.ns_per_io_cpu_p50,
             c.iterations,
             if c.iterations > 0 {
                 c.idle_iterations as f64 * 100.0 / c.iterations as f64
@@ -576,8 +595,8 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "Total: {} I/Os in {:.3} s, {:.1} ns of CPU per I/O",
-        r.total.ios, r.total.seconds, r.total.ns_per_io_cpu
+        "Total: {} I/Os in {:.3} s, {:.1} ns of CPU per I/O (median {:.0})",
+        r.total.ios, r.total.seconds, r.total.ns_per_io_cpu, r.total.ns_per_io_cpu_p50
     );
     if let Some(v) = &r.verify {
         let _ = writeln!(
@@ -633,6 +652,12 @@ mod tests {
         }
     }
 
+    fn busy(ios: u64, ns: u64) -> Histogram<u64> {
+        let mut h = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG).unwrap();
+        h.record_n(ns, ios).unwrap();
+        h
+    }
+
     #[test]
     fn totals_add_up() {
         let cores = vec![
@@ -641,6 +666,7 @@ mod tests {
                 targets: vec![result(1000, 10_000)],
                 window_ns: 2_000_000_000,
                 busy_ns: 1_000_000,
+                busy_per_io: busy(1000, 1000),
                 iterations: 10,
                 idle_iterations: 2,
                 undrained: 0,
@@ -651,6 +677,7 @@ mod tests {
                 targets: vec![result(3000, 30_000)],
                 window_ns: 2_000_000_000,
                 busy_ns: 3_000_000,
+                busy_per_io: busy(3000, 1000),
                 iterations: 10,
                 idle_iterations: 2,
                 undrained: 0,
@@ -667,6 +694,7 @@ mod tests {
         assert_eq!(r.total.seconds, 2.0);
         assert_eq!(r.total.iops, 2000.0);
         assert_eq!(r.total.ns_per_io_cpu, 1000.0);
+        assert_eq!(r.total.ns_per_io_cpu_p50, 1000.0);
         assert_eq!(r.total.latency_us.min, 10.0);
         assert_eq!(r.total.latency_us.max, 30.0);
         assert_eq!(r.total.latency_us.avg, 25.0);

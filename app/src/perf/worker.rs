@@ -164,6 +164,9 @@ pub struct CoreResult {
     pub window_ns: u64,
     /// Busy time in the window, ns (iterations that found work).
     pub busy_ns: u64,
+    /// Per I/O: the busy time per completion of the iteration that reaped it, ns (a
+    /// histogram weighted by completions; its median is robust to descheduling).
+    pub busy_per_io: Histogram<u64>,
     /// Loop iterations in the window.
     pub iterations: u64,
     /// Of which found nothing.
@@ -573,6 +576,8 @@ impl Worker<'_> {
         let window_end;
         let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
         let mut completed_total = 0u64;
+        let mut busy_per_io = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+            .map_err(|e| format!("busy histogram: {e}"))?;
         let mut t0 = clock.raw();
         loop {
             let elapsed = clock.delta_as_nanos(start, t0);
@@ -617,7 +622,9 @@ impl Worker<'_> {
                 completed_total += work as u64;
                 let t1 = clock.raw();
                 if measuring {
-                    busy += clock.delta_as_nanos(t0, t1);
+                    let d = clock.delta_as_nanos(t0, t1);
+                    busy += d;
+                    busy_per_io.saturating_record_n((d / work as u64).max(1), work as u64);
                 }
                 shared.progress[idx].store(completed_total, Ordering::Relaxed);
                 t0 = t1;
@@ -649,6 +656,7 @@ impl Worker<'_> {
             targets: self.targets.iter().map(|t| t.res.clone()).collect(),
             window_ns: clock.delta_as_nanos(window_start, window_end),
             busy_ns: busy,
+            busy_per_io,
             iterations: iters,
             idle_iterations: idle,
             undrained,
