@@ -269,7 +269,7 @@ pub fn render_text(r: &SmartReport) -> String {
     row(&mut s, "Error log entries", m.error_log_entries.to_string());
     row(
         &mut s,
-        "Warning / critical temperature time",
+        "Warning / critical temp. time",
         format!(
             "{} / {} min",
             m.warning_temp_time_min, m.critical_temp_time_min
