@@ -1,4 +1,4 @@
 //! The `kestrel` command.
-fn main() {
-    println!("kestrel {}", env!("CARGO_PKG_VERSION"));
+fn main() -> std::process::ExitCode {
+    kestrel_app::main_with_args(std::env::args_os())
 }

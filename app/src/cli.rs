@@ -1,0 +1,381 @@
+//! The command line (clap derive).
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+use crate::parse::{self, TargetSpec};
+
+const MAIN_AFTER_HELP: &str = "\
+With no --target, every subcommand runs on the built-in emulated NVMe controller (one 1 GiB
+namespace of 4 KiB blocks), so it works on a machine without NVMe hardware.
+
+Examples:
+  kestrel identify --json
+  kestrel perf -t 5
+  kestrel perf -q 128 -o 4k -w randread -c 0-1 --json
+  kestrel identify --target pci:0000:01:00.0
+  kestrel smart --target 0000:01:00.0
+  kestrel list
+
+Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG (e.g. RUST_LOG=kestrel=debug).
+Exit status: 0 success, 1 runtime failure (device, I/O or verification), 2 usage error.";
+
+const TARGET_HELP_LONG: &str = "\
+Target to use; repeat for several. Forms:
+  pci:0000:01:00.0 (or a bare BDF): an NVMe controller bound to vfio-pci
+  file:PATH[,size=SIZE][,direct=on|off]: a file or block device through io_uring
+      (direct: on = O_DIRECT or fail, off = page cache, unset = O_DIRECT where possible)
+  emu[:OPTS]: the emulated controller; OPTS are comma-separated key=value:
+      size=SIZE (1G), lba=512|4096 (4096), namespaces=N (1), latency=DURATION (0),
+      store=memory|null|PATH, mdts=N (5: 128 KiB), queues=N, core=N|none,
+      faults=SPEC (fault injection, items joined by +, e.g. status/read/read-error/dnr/1%
+      or delay/write/2ms/10%+seed/7; grammar in the emulator's documentation)
+Sizes: 512, 4k, 4K, 128KiB, 1M, 1G, 1GiB (binary units). Durations: 10us, 1ms, 1.5ms, 2s.
+Default: emu.";
+
+/// kestrel: a polled-mode userspace NVMe driver's tool: benchmark, identify, inspect.
+#[derive(Parser, Debug)]
+#[command(name = "kestrel", version, about, after_help = MAIN_AFTER_HELP)]
+pub struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Identify controllers and namespaces (or a file target's geometry).
+    #[command(after_help = IDENTIFY_AFTER_HELP)]
+    Identify(IdentifyArgs),
+    /// The SMART / Health log and the error log of NVMe controllers.
+    #[command(after_help = SMART_AFTER_HELP)]
+    Smart(SmartArgs),
+    /// NVMe controllers on the PCI bus, their drivers, IOMMU groups, and hugepages.
+    #[command(after_help = LIST_AFTER_HELP)]
+    List(ListArgs),
+    /// Measure IOPS, bandwidth and latency with pinned per-core pollers.
+    #[command(after_help = PERF_AFTER_HELP)]
+    Perf(Box<PerfArgs>),
+}
+
+const IDENTIFY_AFTER_HELP: &str = "\
+Prints the controller (model, serial, firmware, NVMe version, MQES, MDTS, I/O queues granted,
+shadow doorbells, volatile write cache, optional NVM commands) and each active namespace
+(NSID, size, LBA size, what deallocated blocks read as). For a file target: path, block size,
+capacity, direct or buffered I/O.
+
+--json prints one object per target (a single object for one target, an array for several)
+with at least: vs, model, serial, firmware, mqes, mdts_bytes, io_queues,
+namespaces: [{nsid, lba_size, size_lbas, size_bytes}].
+
+Examples:
+  kestrel identify
+  kestrel identify --json
+  kestrel identify --target emu:namespaces=2,lba=512,size=64M
+  kestrel identify --target pci:0000:01:00.0
+  kestrel identify --target file:/tmp/disk.img,size=1G";
+
+const SMART_AFTER_HELP: &str = "\
+Decodes the SMART / Health Information log (critical warnings by name, temperature, spare,
+wear, data units and commands, busy time, power cycles and hours, unsafe shutdowns, media
+errors) and lists the valid entries of the Error Information log. NVMe targets only.
+
+Examples:
+  kestrel smart
+  kestrel smart --json --target 0000:01:00.0";
+
+const LIST_AFTER_HELP: &str = "\
+Reads sysfs (no device is opened): each NVMe controller (PCI class 0x010802) with its
+vendor:device, NUMA node, IOMMU group, bound driver and block devices (and whether they are
+mounted or otherwise in use), and the hugepage pools per NUMA node. To hand a controller to
+kestrel: PCI_ALLOWED=<BDF> scripts/setup.sh config.
+
+Examples:
+  kestrel list";
+
+const PERF_AFTER_HELP: &str = "\
+Each core in --cores runs one pinned poller thread with its own queue pairs on every target
+(--qpairs-per-core of them), keeping --queue-depth I/Os outstanding on each. The report
+has one row per core per target and a Total row (IOPS, MiB/s, latency), latency
+percentiles from an HDR histogram, transport counters (doorbell writes per I/O) and the
+pollers' CPU busy time; --json prints all of it (schema in docs/perf.md).
+
+Note: -q is --queue-depth, as in spdk_nvme_perf; --quiet has no short form.
+
+On the default emulator the namespace is backed by the null store (reads return zeroes,
+writes are dropped: the figures measure the driver, not memcpy), or by memory with
+--verify. The emulator thread is pinned to a core not in --cores when there is one.
+
+Examples:
+  kestrel perf -t 5
+  kestrel perf -q 1 -o 4k -w randread -t 10
+  kestrel perf -q 128 -w randrw -M 70 -c 0-1 --json
+  kestrel perf -w randwrite --verify --target emu:store=memory
+  kestrel perf --doorbell immediate --shadow-doorbells off
+  kestrel perf --latency-plot lat.svg
+  kestrel perf --target pci:0000:01:00.0 -c 0x3 -q 64";
+
+/// Options every subcommand that opens a device takes.
+#[derive(Args, Debug, Clone)]
+pub struct TargetArgs {
+    #[arg(long = "target", value_name = "SPEC", value_parser = target_parser, long_help = TARGET_HELP_LONG, help = "Target: pci:BDF, file:PATH[,...] or emu[:...] (repeatable; default emu)")]
+    /// Targets (empty: the default emulator).
+    pub targets: Vec<TargetSpec>,
+    /// Allow VFIO's unsafe noiommu mode for pci targets (DMA is then unconfined).
+    #[arg(long)]
+    pub noiommu: bool,
+}
+
+/// `kestrel identify`.
+#[derive(Args, Debug)]
+pub struct IdentifyArgs {
+    /// Targets.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `kestrel smart`.
+#[derive(Args, Debug)]
+pub struct SmartArgs {
+    /// Targets.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `kestrel list`.
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The I/O pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    Randread,
+    /// Random writes.
+    Randwrite,
+    /// Sequential mixed reads and writes (--rwmixread).
+    Rw,
+    /// Random mixed reads and writes (--rwmixread).
+    Randrw,
+}
+
+impl Workload {
+    /// Random offsets.
+    pub fn random(self) -> bool {
+        matches!(
+            self,
+            Workload::Randread | Workload::Randwrite | Workload::Randrw
+        )
+    }
+    /// Percentage of reads, given the mix for mixed workloads.
+    pub fn read_pct(self, mix: u8) -> u8 {
+        match self {
+            Workload::Read | Workload::Randread => 100,
+            Workload::Write | Workload::Randwrite => 0,
+            Workload::Rw | Workload::Randrw => mix,
+        }
+    }
+    /// Whether any writes are issued.
+    pub fn writes(self, mix: u8) -> bool {
+        self.read_pct(mix) < 100
+    }
+    /// The name as given on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Read => "read",
+            Workload::Write => "write",
+            Workload::Randread => "randread",
+            Workload::Randwrite => "randwrite",
+            Workload::Rw => "rw",
+            Workload::Randrw => "randrw",
+        }
+    }
+}
+
+/// `--doorbell`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DoorbellArg {
+    /// One SQ doorbell write per batch of submissions.
+    Batched,
+    /// One SQ doorbell write per command.
+    Immediate,
+}
+
+/// `kestrel perf`.
+#[derive(Args, Debug)]
+pub struct PerfArgs {
+    /// Targets.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// I/Os kept outstanding on each queue pair.
+    #[arg(short = 'q', long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=4095))]
+    pub queue_depth: u32,
+    /// Bytes per I/O, a multiple of the target's block size (4k, 128KiB, 512, ...).
+    #[arg(short = 'o', long, value_name = "SIZE", default_value = "4k", value_parser = size_parser)]
+    pub io_size: u64,
+    /// I/O pattern.
+    #[arg(short = 'w', long, value_enum, default_value_t = Workload::Randread)]
+    pub workload: Workload,
+    /// Percentage of reads in rw and randrw.
+    #[arg(short = 'M', long, value_name = "PCT", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmixread: u8,
+    /// Seconds to measure (after the warmup).
+    #[arg(short = 't', long = "time", value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    pub time: u32,
+    /// Seconds of I/O before measuring starts (not counted).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub warmup: u32,
+    /// Cores to run pollers on: a list like 0,2-3 or a hex mask like 0x5.
+    #[arg(short = 'c', long, value_name = "CORES", default_value = "0", value_parser = cores_parser)]
+    pub cores: CoreList,
+    /// Queue pairs per core per target.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub qpairs_per_core: u32,
+    /// When the SQ tail doorbell is written.
+    #[arg(long, value_enum, default_value_t = DoorbellArg::Batched)]
+    pub doorbell: DoorbellArg,
+    /// Use shadow doorbells (Doorbell Buffer Config) when the controller offers them.
+    #[arg(long, value_name = "on|off", default_value = "on", action = ArgAction::Set, value_parser = switch_parser)]
+    pub shadow_doorbells: bool,
+    /// Completions reaped per poll of a queue pair (0: all that are ready, up to 128).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
+    pub max_completions: u32,
+    /// Write blocks carrying their LBA, a generation and a checksum, and check them on read.
+    #[arg(long)]
+    pub verify: bool,
+    /// Seed of the per-core random generators.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG of the latency distribution (histogram and CDF).
+    #[arg(long, value_name = "FILE.svg")]
+    pub latency_plot: Option<PathBuf>,
+    /// No progress line and no notes on stderr (no short form: -q is --queue-depth).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// A parsed core list (newtype so clap does not treat `Vec` as a repeated argument).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoreList(pub Vec<usize>);
+
+fn target_parser(s: &str) -> Result<TargetSpec, parse::ParseError> {
+    parse::parse_target(s)
+}
+fn size_parser(s: &str) -> Result<u64, String> {
+    match parse::parse_size(s) {
+        Ok(0) => Err("the size must be at least one block".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(e.to_string()),
+    }
+}
+fn cores_parser(s: &str) -> Result<CoreList, parse::ParseError> {
+    parse::parse_cores(s).map(CoreList)
+}
+fn switch_parser(s: &str) -> Result<bool, parse::ParseError> {
+    parse::parse_switch(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn perf_defaults() {
+        let cli = Cli::try_parse_from(["kestrel", "perf"]).unwrap();
+        let Command::Perf(p) = cli.command else {
+            panic!("not perf")
+        };
+        assert_eq!(p.queue_depth, 32);
+        assert_eq!(p.io_size, 4096);
+        assert_eq!(p.workload, Workload::Randread);
+        assert_eq!(p.rwmixread, 50);
+        assert_eq!(p.time, 10);
+        assert_eq!(p.warmup, 1);
+        assert_eq!(p.cores, CoreList(vec![0]));
+        assert_eq!(p.qpairs_per_core, 1);
+        assert_eq!(p.doorbell, DoorbellArg::Batched);
+        assert!(p.shadow_doorbells);
+        assert!(p.targets.targets.is_empty());
+    }
+
+    #[test]
+    fn perf_options() {
+        let cli = Cli::try_parse_from([
+            "kestrel",
+            "perf",
+            "-q",
+            "128",
+            "-o",
+            "128KiB",
+            "-w",
+            "randrw",
+            "-M",
+            "70",
+            "-c",
+            "0x3",
+            "--shadow-doorbells",
+            "off",
+            "--target",
+            "emu:size=64M",
+            "--target",
+            "file:/tmp/x",
+            "--quiet",
+        ])
+        .unwrap();
+        let Command::Perf(p) = cli.command else {
+            panic!("not perf")
+        };
+        assert_eq!(p.queue_depth, 128);
+        assert_eq!(p.io_size, 128 << 10);
+        assert_eq!(p.cores, CoreList(vec![0, 1]));
+        assert!(!p.shadow_doorbells);
+        assert_eq!(p.targets.targets.len(), 2);
+        assert!(p.quiet);
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for args in [
+            &["kestrel", "perf", "-o", "4q"][..],
+            &["kestrel", "perf", "-o", "0"],
+            &["kestrel", "perf", "-c", "3-1"],
+            &["kestrel", "perf", "-q", "0"],
+            &["kestrel", "perf", "-M", "101"],
+            &["kestrel", "perf", "-w", "sideways"],
+            &["kestrel", "identify", "--target", "nvme0"],
+        ] {
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The app's errors: one enum, each variant knowing its exit status.
+
+/// Exit status of a usage error (bad option, value or combination), as clap uses.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status of a runtime failure (device, I/O, verification).
+pub const EXIT_RUNTIME: u8 = 1;
+
+/// Why `kestrel` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// The command line asks for something impossible (exit status 2).
+    #[error("{0}")]
+    Usage(String),
+    /// The library failed.
+    #[error(transparent)]
+    Driver(#[from] kestrel::Error),
+    /// Controller bring-up or an admin command failed.
+    #[error(transparent)]
+    Ctrlr(#[from] kestrel::ctrlr::CtrlrError),
+    /// An operating system call failed.
+    #[error("{context}: {source}")]
+    Os {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Anything else at run time, with its message.
+    #[error("{0}")]
+    Runtime(String),
+}
+
+impl AppError {
+    /// The process exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AppError::Usage(_) => EXIT_USAGE,
+            _ => EXIT_RUNTIME,
+        }
+    }
+    /// A usage error.
+    pub fn usage(msg: impl Into<String>) -> Self {
+        AppError::Usage(msg.into())
+    }
+    /// A runtime error.
+    pub fn runtime(msg: impl Into<String>) -> Self {
+        AppError::Runtime(msg.into())
+    }
+}
+
+/// Result with [`AppError`].
+pub type Result<T, E = AppError> = std::result::Result<T, E>;

@@ -1,0 +1,408 @@
+//! `kestrel identify`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::cli::IdentifyArgs;
+use crate::error::Result;
+use crate::targets::{self, OpenOptions, Opened};
+use crate::units::{human_bytes, print_json};
+
+/// Optional NVM commands (Identify Controller ONCS), by bit.
+pub const ONCS_NAMES: [(u16, &str); 9] = [
+    (1 << 0, "compare"),
+    (1 << 1, "write_uncorrectable"),
+    (1 << 2, "dataset_management"),
+    (1 << 3, "write_zeroes"),
+    (1 << 4, "save_select_features"),
+    (1 << 5, "reservations"),
+    (1 << 6, "timestamp"),
+    (1 << 7, "verify"),
+    (1 << 8, "copy"),
+];
+
+/// One namespace.
+#[derive(Serialize, Debug)]
+pub struct NamespaceJson {
+    /// Namespace ID.
+    pub nsid: u32,
+    /// Logical block size.
+    pub lba_size: u32,
+    /// NSZE.
+    pub size_lbas: u64,
+    /// NSZE × LBA size.
+    pub size_bytes: u64,
+    /// NCAP.
+    pub capacity_lbas: u64,
+    /// NUSE.
+    pub utilization_lbas: u64,
+    /// DLFEAT, raw.
+    pub dlfeat: u8,
+    /// What deallocated blocks read as: `zeroes`, `ones` or `unreported`.
+    pub deallocated_reads: &'static str,
+    /// DLFEAT bit 3.
+    pub write_zeroes_deallocates: bool,
+}
+
+/// A controller.
+#[derive(Serialize, Debug)]
+pub struct ControllerJson {
+    /// `nvme`.
+    pub kind: &'static str,
+    /// The `--target` spec.
+    pub target: String,
+    /// The transport's description.
+    pub transport: String,
+    /// NVMe version (VS register), `1.4.0`.
+    pub vs: String,
+    /// MN.
+    pub model: String,
+    /// SN.
+    pub serial: String,
+    /// FR.
+    pub firmware: String,
+    /// PCI vendor ID.
+    pub vid: u16,
+    /// PCI subsystem vendor ID.
+    pub ssvid: u16,
+    /// Controller ID.
+    pub cntlid: u16,
+    /// CAP.MQES (zero-based).
+    pub mqes: u16,
+    /// Largest I/O queue, entries (MQES + 1).
+    pub max_queue_entries: u32,
+    /// Identify MDTS (raw).
+    pub mdts: u8,
+    /// MDTS in bytes, null when unlimited.
+    pub mdts_bytes: Option<u64>,
+    /// I/O queues granted by Set Features (Number of Queues).
+    pub io_queues: u16,
+    /// Doorbell Buffer Config offered (OACS bit 8).
+    pub shadow_doorbells_supported: bool,
+    /// And configured by the driver.
+    pub shadow_doorbells_enabled: bool,
+    /// A volatile write cache is present.
+    pub volatile_write_cache: bool,
+    /// ONCS raw.
+    pub oncs: u16,
+    /// ONCS decoded: the names of the optional NVM commands supported.
+    pub oncs_features: Vec<&'static str>,
+    /// NN.
+    pub nn: u32,
+    /// Error log entries (ELPE + 1).
+    pub error_log_entries: u16,
+    /// Active namespaces.
+    pub namespaces: Vec<NamespaceJson>,
+    /// The emulator's configuration, when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulator: Option<targets::EmuSummary>,
+}
+
+/// A file target.
+#[derive(Serialize, Debug)]
+pub struct FileJson {
+    /// `file`.
+    pub kind: &'static str,
+    /// The `--target` spec.
+    pub target: String,
+    /// The path.
+    pub path: String,
+    /// `regular` or `block_device`.
+    pub file_kind: &'static str,
+    /// Block size presented.
+    pub block_size: u32,
+    /// Capacity in blocks.
+    pub size_lbas: u64,
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// O_DIRECT in use.
+    pub direct: bool,
+    /// Buffer alignment direct I/O needs.
+    pub mem_align: u32,
+    /// Copies of the driver's view (same as the NVMe namespace list for uniformity).
+    pub namespaces: Vec<NamespaceJson>,
+}
+
+/// The JSON of one target.
+#[derive(Serialize, Debug)]
+#[serde(untagged)]
+pub enum TargetJson {
+    /// A controller.
+    Nvme(Box<ControllerJson>),
+    /// A file.
+    File(FileJson),
+}
+
+fn dealloc_reads(dlfeat: u8) -> &'static str {
+    match dlfeat & 7 {
+        1 => "zeroes",
+        2 => "ones",
+        _ => "unreported",
+    }
+}
+
+/// Describes an opened target.
+pub fn describe(o: &Opened) -> TargetJson {
+    match o {
+        Opened::Nvme(n) => {
+            let c = &n.ctrlr;
+            let id = c.identify();
+            let namespaces = c
+                .namespaces()
+                .iter()
+                .map(|ns| NamespaceJson {
+                    nsid: ns.nsid,
+                    lba_size: ns.block_size,
+                    size_lbas: ns.num_blocks,
+                    size_bytes: ns.size_bytes(),
+                    capacity_lbas: ns.identify.ncap,
+                    utilization_lbas: ns.identify.nuse,
+                    dlfeat: ns.identify.dlfeat,
+                    deallocated_reads: dealloc_reads(ns.identify.dlfeat),
+                    write_zeroes_deallocates: ns.identify.write_zeroes_deallocates(),
+                })
+                .collect();
+            TargetJson::Nvme(Box::new(ControllerJson {
+                kind: "nvme",
+                target: n.spec.to_string(),
+                transport: c.describe().to_string(),
+                vs: c.version().to_string(),
+                model: id.mn.clone(),
+                serial: id.sn.clone(),
+                firmware: id.fr.clone(),
+                vid: id.vid,
+                ssvid: id.ssvid,
+                cntlid: id.cntlid,
+                mqes: c.cap().mqes(),
+                max_queue_entries: c.cap().max_queue_entries(),
+                mdts: id.mdts,
+                mdts_bytes: (c.max_transfer_bytes() != u64::MAX).then_some(c.max_transfer_bytes()),
+                io_queues: c.io_queues_granted(),
+                shadow_doorbells_supported: id.supports_shadow_doorbells(),
+                shadow_doorbells_enabled: c.shadow_doorbells(),
+                volatile_write_cache: id.has_volatile_write_cache(),
+                oncs: id.oncs,
+                oncs_features: ONCS_NAMES
+                    .iter()
+                    .filter(|(bit, _)| id.oncs & bit != 0)
+                    .map(|(_, n)| *n)
+                    .collect(),
+                nn: id.nn,
+                error_log_entries: id.elpe as u16 + 1,
+                namespaces,
+                emulator: n.emu.clone(),
+            }))
+        }
+        Opened::File(f) => {
+            let t = &f.target;
+            let info = kestrel::Target::info(t.as_ref());
+            let capacity = info.num_blocks * info.block_size as u64;
+            TargetJson::File(FileJson {
+                kind: "file",
+                target: f.spec.to_string(),
+                path: t.path().display().to_string(),
+                file_kind: match t.kind() {
+                    kestrel::file::FileKind::Regular => "regular",
+                    kestrel::file::FileKind::BlockDevice => "block_device",
+                },
+                block_size: info.block_size,
+                size_lbas: info.num_blocks,
+                capacity_bytes: capacity,
+                direct: t.is_direct(),
+                mem_align: t.mem_align(),
+                namespaces: vec![NamespaceJson {
+                    nsid: info.nsid,
+                    lba_size: info.block_size,
+                    size_lbas: info.num_blocks,
+                    size_bytes: capacity,
+                    capacity_lbas: info.num_blocks,
+                    utilization_lbas: info.num_blocks,
+                    dlfeat: 0,
+                    deallocated_reads: if info.deallocate_reads_zeroes {
+                        "zeroes"
+                    } else {
+                        "unreported"
+                    },
+                    write_zeroes_deallocates: false,
+                }],
+            })
+        }
+    }
+}
+
+/// The text form.
+pub fn render_text(t: &TargetJson) -> String {
+    let mut s = String::new();
+    match t {
+        TargetJson::Nvme(c) => {
+            let _ = writeln!(s, "NVMe controller: {} ({})", c.transport, c.target);
+            let row = |s: &mut String, k: &str, v: String| {
+                let _ = writeln!(s, "  {k:<26} {v}");
+            };
+            row(&mut s, "Model (MN)", c.model.clone());
+            row(&mut s, "Serial (SN)", c.serial.clone());
+            row(&mut s, "Firmware (FR)", c.firmware.clone());
+            row(
+                &mut s,
+                "PCI vendor / subsystem",
+                format!("{:#06x} / {:#06x}", c.vid, c.ssvid),
+            );
+            row(&mut s, "NVMe version (VS)", c.vs.clone());
+            row(
+                &mut s,
+                "Max queue entries",
+                format!("{} (CAP.MQES {})", c.max_queue_entries, c.mqes),
+            );
+            row(
+                &mut s,
+                "Max data transfer (MDTS)",
+                match c.mdts_bytes {
+                    Some(b) => format!("{b} bytes ({}; MDTS {})", human_bytes(b), c.mdts),
+                    None => "no limit (MDTS 0)".into(),
+                },
+            );
+            row(&mut s, "I/O queues granted", c.io_queues.to_string());
+            row(
+                &mut s,
+                "Shadow doorbells",
+                match (c.shadow_doorbells_supported, c.shadow_doorbells_enabled) {
+                    (true, true) => "supported, in use".into(),
+                    (true, false) => "supported, not in use".into(),
+                    _ => "not supported".to_string(),
+                },
+            );
+            row(
+                &mut s,
+                "Volatile write cache",
+                if c.volatile_write_cache {
+                    "present"
+                } else {
+                    "none"
+                }
+                .into(),
+            );
+            row(
+                &mut s,
+                "Optional NVM cmds (ONCS)",
+                format!(
+                    "{:#06x}: {}",
+                    c.oncs,
+                    if c.oncs_features.is_empty() {
+                        "none".to_string()
+                    } else {
+                        c.oncs_features.join(", ").replace('_', " ")
+                    }
+                ),
+            );
+            row(
+                &mut s,
+                "Namespaces",
+                format!("{} active of {} (NN)", c.namespaces.len(), c.nn),
+            );
+            if let Some(e) = &c.emulator {
+                row(
+                    &mut s,
+                    "Emulator",
+                    format!(
+                        "store {}, thread {}, latency {} ns{}",
+                        e.store,
+                        e.core
+                            .map_or("unpinned".to_string(), |c| format!("on core {c}")),
+                        e.latency_ns,
+                        e.faults
+                            .as_deref()
+                            .map_or(String::new(), |f| format!(", faults {f}"))
+                    ),
+                );
+            }
+            for ns in &c.namespaces {
+                render_ns(&mut s, ns);
+            }
+        }
+        TargetJson::File(f) => {
+            let _ = writeln!(s, "File target: {} ({})", f.path, f.target);
+            let _ = writeln!(s, "  {:<26} {}", "Kind", f.file_kind.replace('_', " "));
+            let _ = writeln!(s, "  {:<26} {} bytes", "Block size", f.block_size);
+            let _ = writeln!(
+                s,
+                "  {:<26} {} blocks, {} bytes ({})",
+                "Capacity",
+                f.size_lbas,
+                f.capacity_bytes,
+                human_bytes(f.capacity_bytes)
+            );
+            let _ = writeln!(
+                s,
+                "  {:<26} {}",
+                "I/O",
+                if f.direct {
+                    format!(
+                        "direct (O_DIRECT, buffers aligned to {} bytes)",
+                        f.mem_align
+                    )
+                } else {
+                    "buffered (page cache)".to_string()
+                }
+            );
+        }
+    }
+    s
+}
+
+fn render_ns(s: &mut String, ns: &NamespaceJson) {
+    let _ = writeln!(s, "  Namespace {}:", ns.nsid);
+    let _ = writeln!(
+        s,
+        "    {:<24} {} LBAs x {} bytes = {} bytes ({})",
+        "Size (NSZE)",
+        ns.size_lbas,
+        ns.lba_size,
+        ns.size_bytes,
+        human_bytes(ns.size_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "    {:<24} {} / {} LBAs",
+        "Capacity / utilization", ns.capacity_lbas, ns.utilization_lbas
+    );
+    let _ = writeln!(
+        s,
+        "    {:<24} {} (DLFEAT {:#04x}{})",
+        "Deallocated blocks read",
+        ns.deallocated_reads,
+        ns.dlfeat,
+        if ns.write_zeroes_deallocates {
+            ", write zeroes can deallocate"
+        } else {
+            ""
+        }
+    );
+}
+
+/// Runs `kestrel identify`.
+pub fn run(args: &IdentifyArgs) -> Result<()> {
+    let opts = OpenOptions {
+        // Ask for as many as there are, so identify shows what the controller grants.
+        io_queues: 0xFFFE,
+        noiommu: args.targets.noiommu,
+        ..OpenOptions::default()
+    };
+    let opened = targets::open_all(&args.targets.targets, &opts)?;
+    let described: Vec<TargetJson> = opened.iter().map(describe).collect();
+    if args.json {
+        if described.len() == 1 {
+            print_json(&described[0])?;
+        } else {
+            print_json(&described)?;
+        }
+    } else {
+        for (i, d) in described.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print!("{}", render_text(d));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The `kestrel` command as a library: the binary is a thin `main` over [`main_with_args`],
+//! and the value parsers in [`parse`] are reachable by tests and fuzz targets.
+
+pub mod cli;
+pub mod error;
+pub mod identify;
+pub mod list;
+pub mod parse;
+pub mod perf;
+pub mod smart;
+pub mod targets;
+pub mod units;
+
+use std::process::ExitCode;
+
+use clap::Parser as _;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Command};
+use error::{AppError, EXIT_USAGE};
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(v).unwrap_or_else(|e| {
+            eprintln!("kestrel: warning: ignoring RUST_LOG: {e}");
+            EnvFilter::new(default)
+        }),
+        _ => EnvFilter::new(default),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: &Cli) -> Result<(), AppError> {
+    match &cli.command {
+        Command::Identify(a) => identify::run(a),
+        Command::Smart(a) => smart::run(a),
+        Command::List(a) => list::run(a),
+        Command::Perf(a) => perf::run(a),
+    }
+}
+
+/// The whole program: parses `args`, runs, and turns every error into a one-line message
+/// on stderr and an exit status (2: usage, 1: runtime).
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    ExitCode::from(EXIT_USAGE)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+            // clap's message is "error: ...\n\nUsage: ...\n\nFor more information...":
+            // keep its first line, in our form, and point at --help.
+            let text = e.to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid command line");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            let cmd = match args
+                .iter()
+                .skip(1)
+                .filter_map(|a| a.to_str())
+                .find(|a| ["identify", "smart", "list", "perf"].contains(a))
+            {
+                Some(sub) => format!("kestrel {sub}"),
+                None => "kestrel".to_string(),
+            };
+            eprintln!("kestrel: error: {first} (see '{cmd} --help')");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    init_logging(cli.verbose);
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let msg = e.to_string();
+            eprintln!(
+                "kestrel: error: {}",
+                msg.lines().collect::<Vec<_>>().join("; ")
+            );
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,459 @@
+//! `kestrel perf`: pinned per-core pollers keeping a queue depth outstanding on every
+//! target, modelled on `spdk_nvme_perf` and fio. See `docs/perf.md`.
+
+pub mod plot;
+pub mod report;
+pub mod verify;
+pub mod worker;
+
+use std::io::IsTerminal as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kestrel::{QueueOptions, Target};
+use serde_json::json;
+
+use crate::cli::{DoorbellArg, PerfArgs};
+use crate::error::{AppError, Result};
+use crate::parse::{StoreSpec, TargetSpec};
+use crate::targets::{self, OpenOptions, Opened};
+use crate::units::{human_bytes, print_json};
+
+use worker::{Shared, WorkerConfig};
+
+/// Upper bound on the I/O buffer memory of one run (all pollers, queues and slots).
+pub const MAX_BUFFER_BYTES: u64 = 4 << 30;
+
+fn core_list_text(cores: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cores.len() {
+        let mut j = i;
+        while j + 1 < cores.len() && cores[j + 1] == cores[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cores[i].to_string()
+        } else {
+            format!("{}-{}", cores[i], cores[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// Checks the requested cores exist for this process; returns the available ones.
+fn check_cores(cores: &[usize]) -> Result<Vec<usize>> {
+    let mut avail: Vec<usize> = core_affinity::get_core_ids()
+        .ok_or_else(|| AppError::runtime("could not read this process's CPU affinity"))?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    avail.sort_unstable();
+    for c in cores {
+        if !avail.contains(c) {
+            return Err(AppError::usage(format!(
+                "invalid value for '--cores': core {c} is not available to kestrel (available cores: {})",
+                core_list_text(&avail)
+            )));
+        }
+    }
+    Ok(avail)
+}
+
+struct Progress {
+    enabled: bool,
+    last_total: u64,
+    last_t: std::time::Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn tick(&mut self, shared: &Shared, elapsed: Duration, io_size: u64) {
+        let total: u64 = shared
+            .progress
+            .iter()
+            .map(|p| p.load(Ordering::Relaxed))
+            .sum();
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(self.last_t).as_secs_f64();
+        if !self.enabled || dt <= 0.0 {
+            return;
+        }
+        let iops = (total - self.last_total) as f64 / dt;
+        let phase = match shared.phase.iter().map(|p| p.load(Ordering::Relaxed)).min() {
+            Some(0) => "warmup",
+            Some(1) => "running",
+            _ => "finishing",
+        };
+        eprint!(
+            "\r\x1b[K[{:>4} s {phase}] {:>12.0} IOPS {:>10.2} MiB/s",
+            elapsed.as_secs(),
+            iops,
+            iops * io_size as f64 / (1u64 << 20) as f64
+        );
+        self.shown = true;
+        self.last_total = total;
+        self.last_t = now;
+    }
+    fn finish(&self) {
+        if self.shown {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+/// Runs `kestrel perf`.
+pub fn run(args: &PerfArgs) -> Result<()> {
+    let cores = args.cores.0.clone();
+    let avail = check_cores(&cores)?;
+    let note = |msg: String| {
+        if !args.quiet {
+            eprintln!("kestrel perf: {msg}");
+        }
+    };
+    let specs = targets::specs_or_default(&args.targets.targets);
+    let spare_core = avail.iter().copied().find(|c| !cores.contains(c));
+    let per_ctrlr_queues = cores.len() as u32 * args.qpairs_per_core;
+    let max_ns = specs
+        .iter()
+        .map(|s| match s {
+            TargetSpec::Emu(e) => e.namespaces.unwrap_or(1),
+            _ => 1,
+        })
+        .max()
+        .unwrap_or(1);
+    let opts = OpenOptions {
+        io_queues: (per_ctrlr_queues * max_ns).clamp(1, 1024) as u16,
+        emu_queues: (per_ctrlr_queues * max_ns).clamp(64, 1024) as u16,
+        shadow_doorbells: args.shadow_doorbells,
+        default_store: if args.verify {
+            StoreSpec::Memory
+        } else {
+            StoreSpec::Null
+        },
+        default_emu_core: spare_core,
+        noiommu: args.targets.noiommu,
+    };
+    if args.verify {
+        for s in &specs {
+            if let TargetSpec::Emu(e) = s {
+                if e.store == Some(StoreSpec::Null) {
+                    return Err(AppError::usage(
+                        "--verify needs a store that keeps data: the null store drops writes (use store=memory or store=PATH)",
+                    ));
+                }
+            }
+        }
+    }
+    let opened = targets::open_all(&specs, &opts)?;
+
+    // The block targets, with their descriptions.
+    let mut blocks: Vec<Arc<dyn Target>> = Vec::new();
+    let mut names = Vec::new();
+    let mut target_json = Vec::new();
+    for o in &opened {
+        let ts = o.block_targets()?;
+        if let Opened::Nvme(n) = o {
+            let need = ts.len() as u32 * per_ctrlr_queues;
+            if (n.ctrlr.io_queues_granted() as u32) < need {
+                return Err(AppError::usage(format!(
+                    "{}: the controller granted {} i/o queues; this run needs {need} ({} cores x {} qpairs per core x {} namespaces): use fewer cores or --qpairs-per-core",
+                    n.ctrlr.describe(),
+                    n.ctrlr.io_queues_granted(),
+                    cores.len(),
+                    args.qpairs_per_core,
+                    ts.len()
+                )));
+            }
+        }
+        for t in ts {
+            let info = t.info().clone();
+            let idx = blocks.len();
+            let bs = info.block_size as u64;
+            if args.io_size % bs != 0 {
+                return Err(AppError::usage(format!(
+                    "invalid value for '--io-size': {} bytes is not a multiple of the {bs}-byte blocks of {}",
+                    args.io_size, info.name
+                )));
+            }
+            if args.io_size / bs > u32::MAX as u64 {
+                return Err(AppError::usage(format!(
+                    "invalid value for '--io-size': {} bytes is too large",
+                    args.io_size
+                )));
+            }
+            let units = info.num_blocks / (args.io_size / bs);
+            let per_core = units / cores.len() as u64;
+            if per_core == 0 {
+                return Err(AppError::usage(format!(
+                    "{} ({}) is too small for {} cores with {} I/Os",
+                    info.name,
+                    human_bytes(info.num_blocks * bs),
+                    cores.len(),
+                    human_bytes(args.io_size)
+                )));
+            }
+            let inflight = args.queue_depth as u64 * args.qpairs_per_core as u64;
+            if args.verify && per_core.min(worker::VERIFY_MAX_UNITS) < 2 * inflight {
+                return Err(AppError::usage(format!(
+                    "--verify on {}: each core's share has {per_core} I/O units of {}, fewer than twice the {inflight} I/Os it keeps in flight; use a larger target, a smaller --io-size or --queue-depth, or fewer cores",
+                    info.name,
+                    human_bytes(args.io_size)
+                )));
+            }
+            if info.read_only && args.workload.writes(args.rwmixread) {
+                return Err(AppError::usage(format!(
+                    "{} is read-only; use a read workload",
+                    info.name
+                )));
+            }
+            let mut tj = json!({
+                "index": idx,
+                "spec": o.spec().to_string(),
+                "name": info.name,
+                "block_size": info.block_size,
+                "num_blocks": info.num_blocks,
+                "size_bytes": info.num_blocks * bs,
+                "max_transfer_bytes": info.max_transfer_bytes,
+            });
+            let mut desc = format!(
+                "target [{idx}] {}: {} LBAs of {} bytes ({})",
+                info.name,
+                info.num_blocks,
+                info.block_size,
+                human_bytes(info.num_blocks * bs)
+            );
+            match o {
+                Opened::Nvme(n) => {
+                    let entries = n.ctrlr.cap().max_queue_entries();
+                    if args.queue_depth + 1 > entries {
+                        note(format!(
+                            "warning: queue depth {} is more than {}'s queues hold ({} entries, {} commands in flight): the rest wait in the software queue (transport.software_queued)",
+                            args.queue_depth, n.ctrlr.describe(), entries, entries - 1
+                        ));
+                    }
+                    tj["kind"] = json!("nvme");
+                    tj["shadow_doorbells"] = json!(n.ctrlr.shadow_doorbells());
+                    if let Some(e) = &n.emu {
+                        tj["emulator"] = serde_json::to_value(e).unwrap_or_default();
+                        let store = match e.store.as_str() {
+                            "null" => "null store (reads move no data, writes are dropped: the figures measure the driver, not memcpy)".to_string(),
+                            "memory" => "memory store".to_string(),
+                            p => format!("file store {p}"),
+                        };
+                        let thread = match e.core {
+                            Some(c) if cores.contains(&c) => format!(
+                                "emulator thread pinned to core {c}, which it shares with a poller"
+                            ),
+                            Some(c) => format!("emulator thread pinned to core {c}"),
+                            None => {
+                                "emulator thread not pinned (it shares the cores with the pollers)"
+                                    .to_string()
+                            }
+                        };
+                        desc.push_str(&format!(", {store}, {thread}"));
+                        if let Some(f) = &e.faults {
+                            desc.push_str(&format!(", faults {f}"));
+                        }
+                    }
+                }
+                Opened::File(f) => {
+                    tj["kind"] = json!("file");
+                    tj["direct"] = json!(f.target.is_direct());
+                    desc.push_str(if f.target.is_direct() {
+                        ", direct I/O"
+                    } else {
+                        ", buffered I/O (page cache)"
+                    });
+                }
+            }
+            note(desc);
+            names.push(info.name.clone());
+            target_json.push(tj);
+            blocks.push(t);
+        }
+    }
+    let stride = args.io_size.next_multiple_of(4096);
+    let buffer_bytes = stride
+        * args.queue_depth as u64
+        * args.qpairs_per_core as u64
+        * cores.len() as u64
+        * blocks.len() as u64;
+    if buffer_bytes > MAX_BUFFER_BYTES {
+        return Err(AppError::usage(format!(
+            "this run needs {} of I/O buffers (io size x queue depth x qpairs x cores x targets), more than the {} limit",
+            human_bytes(buffer_bytes),
+            human_bytes(MAX_BUFFER_BYTES)
+        )));
+    }
+
+    let config = json!({
+        "targets": specs.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "queue_depth": args.queue_depth,
+        "io_size": args.io_size,
+        "workload": args.workload.name(),
+        "rwmixread": args.workload.read_pct(args.rwmixread),
+        "time_s": args.time,
+        "warmup_s": args.warmup,
+        "cores": cores,
+        "qpairs_per_core": args.qpairs_per_core,
+        "doorbell": match args.doorbell { DoorbellArg::Batched => "batched", DoorbellArg::Immediate => "immediate" },
+        "shadow_doorbells": args.shadow_doorbells,
+        "max_completions": args.max_completions,
+        "verify": args.verify,
+        "seed": args.seed,
+        "clock": "quanta: the TSC where invariant, else CLOCK_MONOTONIC",
+    });
+    note(format!(
+        "{} {} I/Os, queue depth {}, {} poller{} on core{} {}, {} qpair{} per core per target, {} s after {} s warmup, {} doorbells, shadow doorbells {}{}",
+        args.workload.name(),
+        human_bytes(args.io_size),
+        args.queue_depth,
+        cores.len(),
+        if cores.len() == 1 { "" } else { "s" },
+        if cores.len() == 1 { "" } else { "s" },
+        core_list_text(&cores),
+        args.qpairs_per_core,
+        if args.qpairs_per_core == 1 { "" } else { "s" },
+        args.time,
+        args.warmup,
+        match args.doorbell { DoorbellArg::Batched => "batched", DoorbellArg::Immediate => "immediate" },
+        if args.shadow_doorbells { "on" } else { "off" },
+        if args.verify { ", verifying data" } else { "" },
+    ));
+
+    let shared = Arc::new(Shared::new(cores.len()));
+    let queue = QueueOptions {
+        depth: args.queue_depth + 1,
+        sw_queue_depth: args.queue_depth,
+        immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
+        shadow_doorbells: args.shadow_doorbells,
+    };
+    let mut handles = Vec::new();
+    for (index, &core) in cores.iter().enumerate() {
+        let cfg = WorkerConfig {
+            core,
+            index,
+            pollers: cores.len(),
+            targets: blocks.clone(),
+            queue_depth: args.queue_depth,
+            io_size: args.io_size,
+            read_pct: args.workload.read_pct(args.rwmixread),
+            random: args.workload.random(),
+            qpairs: args.qpairs_per_core,
+            queue: queue.clone(),
+            max_completions: args.max_completions,
+            verify: args.verify,
+            seed: args.seed,
+            warmup_ns: args.warmup as u64 * 1_000_000_000,
+            time_ns: args.time as u64 * 1_000_000_000,
+        };
+        let sh = Arc::clone(&shared);
+        let h = std::thread::Builder::new()
+            .name(format!("kestrel-poller-{core}"))
+            .spawn(move || worker::run(cfg, sh))
+            .map_err(|e| AppError::Os {
+                context: format!("starting the poller thread for core {core}"),
+                source: e,
+            })?;
+        handles.push(h);
+    }
+    shared.setup.wait();
+    shared
+        .start_raw
+        .store(shared.clock.raw(), Ordering::Release);
+    let started = std::time::Instant::now();
+    shared.go.wait();
+
+    let mut progress = Progress {
+        enabled: !args.quiet && std::io::stderr().is_terminal(),
+        last_total: 0,
+        last_t: started,
+        shown: false,
+    };
+    let mut next_tick = Duration::from_secs(1);
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(50));
+        let el = started.elapsed();
+        if el >= next_tick {
+            progress.tick(&shared, el, args.io_size);
+            next_tick += Duration::from_secs(1);
+        }
+    }
+    progress.finish();
+    let mut results = Vec::new();
+    let mut failures = Vec::new();
+    for h in handles {
+        match h.join() {
+            Ok(Ok(r)) => results.push(r),
+            Ok(Err(e)) => failures.push(e),
+            Err(_) => failures.push("a poller thread panicked".to_string()),
+        }
+    }
+    if let Some(first) = failures.first() {
+        for f in &failures[1..] {
+            tracing::error!("{f}");
+        }
+        return Err(AppError::runtime(first.clone()));
+    }
+    let undrained: u32 = results.iter().map(|r| r.undrained).sum();
+
+    let (report, hist) = report::build(&results, &names, config, target_json);
+    for c in &report.per_core {
+        if let Some(d) = c.descheduled_ns {
+            if d as f64 > c.seconds * 1e9 * 0.01 {
+                note(format!(
+                    "warning: the poller on core {} waited {:.1} ms for the CPU ({:.1} % of the run): other load shares the core, and busy time and ns per I/O include some of that wait",
+                    c.core,
+                    d as f64 / 1e6,
+                    d as f64 / (c.seconds * 1e7)
+                ));
+            }
+        }
+    }
+    if args.json {
+        print_json(&report)?;
+    } else {
+        print!("{}", report::render_text(&report));
+    }
+    if let Some(p) = &args.latency_plot {
+        let title = format!(
+            "kestrel perf: {} {} QD {} on {} core(s): {:.0} IOPS, avg {:.2} µs",
+            args.workload.name(),
+            human_bytes(args.io_size),
+            args.queue_depth,
+            cores.len(),
+            report.total.iops,
+            report.total.latency_us.avg
+        );
+        plot::write_svg(p, &hist, &title)?;
+        note(format!("latency plot written to {}", p.display()));
+    }
+    if let Some(v) = &report.verify {
+        if v.mismatches > 0 {
+            let first = v
+                .first_mismatches
+                .first()
+                .map_or(String::new(), |m| format!(" (first: {m})"));
+            return Err(AppError::runtime(format!(
+                "verify: {} of {} blocks read back wrong{first}",
+                v.mismatches, v.blocks_checked
+            )));
+        }
+    }
+    if report.io_errors > 0 {
+        return Err(AppError::runtime(format!(
+            "{} I/Os failed (first: {})",
+            report.io_errors,
+            report.errors.first().map_or("?", |s| s.as_str())
+        )));
+    }
+    if undrained > 0 {
+        return Err(AppError::runtime(format!(
+            "{undrained} I/Os never completed after the run ended"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,717 @@
+//! The results of `kestrel perf`: aggregation, the JSON schema (documented in
+//! `docs/perf.md`) and the text tables.
+
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+use kestrel::QueueStats;
+use serde::Serialize;
+
+use super::verify::Mismatch;
+use super::worker::{CoreResult, TargetResult, LATENCY_MAX_NS, LATENCY_SIGFIG};
+
+/// The percentiles reported, with their JSON keys.
+pub const PERCENTILES: [(f64, &str); 17] = [
+    (1.0, "p1"),
+    (5.0, "p5"),
+    (10.0, "p10"),
+    (20.0, "p20"),
+    (30.0, "p30"),
+    (40.0, "p40"),
+    (50.0, "p50"),
+    (60.0, "p60"),
+    (70.0, "p70"),
+    (80.0, "p80"),
+    (90.0, "p90"),
+    (95.0, "p95"),
+    (99.0, "p99"),
+    (99.5, "p99_5"),
+    (99.9, "p99_9"),
+    (99.95, "p99_95"),
+    (99.99, "p99_99"),
+];
+
+/// Latency summary, µs.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct LatencyJson {
+    /// Mean.
+    pub avg: f64,
+    /// Minimum.
+    pub min: f64,
+    /// Maximum.
+    pub max: f64,
+    /// Percentiles by key (`p1` ... `p99_99`), in [`PERCENTILES`] order.
+    #[serde(flatten)]
+    pub percentiles: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Queue counters over the measured window.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct TransportJson {
+    /// Requests accepted by submit.
+    pub submitted: u64,
+    /// Completions delivered.
+    pub completed: u64,
+    /// Commands placed in submission rings (split children counted).
+    pub commands: u64,
+    /// SQ tail doorbell MMIO writes (io_uring_enter calls on a file target).
+    pub sq_doorbell_writes: u64,
+    /// CQ head doorbell MMIO writes.
+    pub cq_doorbell_writes: u64,
+    /// (SQ + CQ doorbell writes) / completed.
+    pub doorbell_writes_per_io: f64,
+    /// SQ doorbell writes / completed.
+    pub sq_doorbell_writes_per_io: f64,
+    /// CQ doorbell writes / completed.
+    pub cq_doorbell_writes_per_io: f64,
+    /// Shadow doorbell updates that needed no MMIO write.
+    pub shadow_doorbell_updates: u64,
+    /// Calls to poll.
+    pub polls: u64,
+    /// Polls that found nothing.
+    pub idle_polls: u64,
+    /// Requests that waited in the software queue.
+    pub software_queued: u64,
+    /// Requests split into several commands.
+    pub split: u64,
+    /// Commands retried.
+    pub retries: u64,
+    /// Commands that timed out.
+    pub timeouts: u64,
+    /// Completion entries ignored because their CID was not outstanding.
+    pub bogus_completions: u64,
+}
+
+/// One core's results on one target.
+#[derive(Serialize, Debug, Clone)]
+pub struct CoreTargetJson {
+    /// Target index (into `targets`).
+    pub target: usize,
+    /// Target name.
+    pub name: String,
+    /// I/Os completed in the window.
+    pub ios: u64,
+    /// Reads.
+    pub reads: u64,
+    /// Writes.
+    pub writes: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_per_s: f64,
+    /// Latency, µs.
+    pub latency_us: LatencyJson,
+    /// Counters.
+    pub transport: TransportJson,
+    /// First LBA of this core's range.
+    pub lba_first: u64,
+    /// LBAs in the range.
+    pub lba_count: u64,
+    /// Failed I/Os.
+    pub io_errors: u64,
+}
+
+/// One core.
+#[derive(Serialize, Debug, Clone)]
+pub struct CoreJson {
+    /// Core number.
+    pub core: usize,
+    /// I/Os in the window, all targets.
+    pub ios: u64,
+    /// Measured window, s.
+    pub seconds: f64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_per_s: f64,
+    /// Latency, µs.
+    pub latency_us: LatencyJson,
+    /// Busy time / window, %.
+    pub busy_pct: f64,
+    /// Busy time, ns.
+    pub busy_ns: u64,
+    /// Busy time / I/Os.
+    pub ns_per_io_cpu: f64,
+    /// Median over I/Os of the busy time per I/O of the iteration that reaped it (robust
+    /// to descheduling, which only stretches a few iterations).
+    pub ns_per_io_cpu_p50: f64,
+    /// Poll loop iterations.
+    pub iterations: u64,
+    /// Iterations that found nothing.
+    pub idle_iterations: u64,
+    /// Time the poller waited for a CPU in the window (other load on its core), ns; null
+    /// when the kernel does not report it. Busy time includes any of it that fell inside
+    /// busy iterations.
+    pub descheduled_ns: Option<u64>,
+    /// Counters, all targets.
+    pub transport: TransportJson,
+    /// Per target.
+    pub targets: Vec<CoreTargetJson>,
+}
+
+/// The Total row.
+#[derive(Serialize, Debug, Clone)]
+pub struct TotalJson {
+    /// I/Os completed in the window.
+    pub ios: u64,
+    /// Reads.
+    pub reads: u64,
+    /// Writes.
+    pub writes: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// The measured window, s (the longest of the cores' windows, which all span
+    /// `--time` from a common start).
+    pub seconds: f64,
+    /// ios / seconds.
+    pub iops: f64,
+    /// bytes / 2^20 / seconds.
+    pub mib_per_s: f64,
+    /// Latency over all I/Os, µs.
+    pub latency_us: LatencyJson,
+    /// Sum of the cores' busy time / ios.
+    pub ns_per_io_cpu: f64,
+    /// Median over all I/Os of the busy time per I/O of the iteration that reaped it.
+    pub ns_per_io_cpu_p50: f64,
+    /// Sum of the cores' busy time, ns.
+    pub busy_ns: u64,
+    /// Mean busy % over the cores.
+    pub busy_pct: f64,
+}
+
+/// `--verify` results.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct VerifyJson {
+    /// Blocks checked.
+    pub blocks_checked: u64,
+    /// Blocks that failed.
+    pub mismatches: u64,
+    /// The first few failures.
+    pub first_mismatches: Vec<Mismatch>,
+    /// Reads of the read-back pass after the run (workloads that write).
+    pub readback_reads: u64,
+}
+
+/// The whole report.
+#[derive(Serialize, Debug, Clone)]
+pub struct Report {
+    /// The options, echoed.
+    pub config: serde_json::Value,
+    /// The targets.
+    pub targets: Vec<serde_json::Value>,
+    /// Totals.
+    pub total: TotalJson,
+    /// Counters over every queue.
+    pub transport: TransportJson,
+    /// Per core, with per-target rows.
+    pub per_core: Vec<CoreJson>,
+    /// Verification (null without `--verify`).
+    pub verify: Option<VerifyJson>,
+    /// Failed I/Os.
+    pub io_errors: u64,
+    /// Messages of the first failures.
+    pub errors: Vec<String>,
+}
+
+fn us(ns: f64) -> f64 {
+    // Three decimals (ns resolution) keep the JSON readable.
+    (ns / 10.0).round() / 100.0
+}
+
+fn latency(hist: &Histogram<u64>, sum_ns: u128, min_ns: u64, max_ns: u64, n: u64) -> LatencyJson {
+    let mut percentiles = serde_json::Map::new();
+    for (p, key) in PERCENTILES {
+        let v = if n == 0 {
+            0.0
+        } else {
+            us(hist.value_at_percentile(p) as f64)
+        };
+        percentiles.insert(key.to_string(), serde_json::json!(v));
+    }
+    if n == 0 {
+        return LatencyJson {
+            percentiles,
+            ..Default::default()
+        };
+    }
+    LatencyJson {
+        avg: us(sum_ns as f64 / n as f64),
+        min: us(min_ns as f64),
+        max: us(max_ns as f64),
+        percentiles,
+    }
+}
+
+fn transport(s: &QueueStats) -> TransportJson {
+    let per = |v: u64| {
+        if s.completed == 0 {
+            0.0
+        } else {
+            ((v as f64 / s.completed as f64) * 10_000.0).round() / 10_000.0
+        }
+    };
+    TransportJson {
+        submitted: s.submitted,
+        completed: s.completed,
+        commands: s.commands,
+        sq_doorbell_writes: s.sq_doorbell_writes,
+        cq_doorbell_writes: s.cq_doorbell_writes,
+        doorbell_writes_per_io: per(s.sq_doorbell_writes + s.cq_doorbell_writes),
+        sq_doorbell_writes_per_io: per(s.sq_doorbell_writes),
+        cq_doorbell_writes_per_io: per(s.cq_doorbell_writes),
+        shadow_doorbell_updates: s.shadow_doorbell_updates,
+        polls: s.polls,
+        idle_polls: s.idle_polls,
+        software_queued: s.sw_queued,
+        split: s.split,
+        retries: s.retries,
+        timeouts: s.timeouts,
+        bogus_completions: s.bogus_completions,
+    }
+}
+
+fn rate(v: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        (v as f64 / secs * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+fn mib(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        (bytes as f64 / (1u64 << 20) as f64 / secs * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+/// A latency accumulator over several [`TargetResult`]s.
+struct Acc {
+    hist: Histogram<u64>,
+    sum: u128,
+    min: u64,
+    max: u64,
+    ios: u64,
+    reads: u64,
+    writes: u64,
+    bytes: u64,
+    stats: QueueStats,
+}
+
+impl Acc {
+    fn new() -> Self {
+        Acc {
+            hist: Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+                .expect("valid histogram bounds"),
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+            ios: 0,
+            reads: 0,
+            writes: 0,
+            bytes: 0,
+            stats: QueueStats::default(),
+        }
+    }
+    fn add(&mut self, t: &TargetResult) {
+        // Same bounds everywhere: adding cannot fail.
+        let _ = self.hist.add(&t.hist);
+        self.sum += t.lat_sum_ns;
+        self.min = self.min.min(t.lat_min_ns);
+        self.max = self.max.max(t.lat_max_ns);
+        self.ios += t.ios;
+        self.reads += t.reads;
+        self.writes += t.writes;
+        self.bytes += t.bytes;
+        self.stats.accumulate(&t.stats);
+    }
+    fn latency(&self) -> LatencyJson {
+        latency(&self.hist, self.sum, self.min, self.max, self.ios)
+    }
+}
+
+/// Builds the report. `names[i]` is target `i`'s name.
+pub fn build(
+    cores: &[CoreResult],
+    names: &[String],
+    config: serde_json::Value,
+    targets: Vec<serde_json::Value>,
+) -> (Report, Histogram<u64>) {
+    let mut total = Acc::new();
+    let mut per_core = Vec::new();
+    let mut busy_total = 0u64;
+    let mut busy_hist = Histogram::<u64>::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+        .expect("valid histogram bounds");
+    let mut seconds = 0f64;
+    let mut verify = VerifyJson::default();
+    let mut io_errors = 0;
+    let mut errors = Vec::new();
+    for c in cores {
+        let secs = c.window_ns as f64 / 1e9;
+        seconds = seconds.max(secs);
+        let mut core_acc = Acc::new();
+        let mut rows = Vec::new();
+        for (ti, t) in c.targets.iter().enumerate() {
+            core_acc.add(t);
+            total.add(t);
+            verify.blocks_checked += t.blocks_verified;
+            verify.mismatches += t.mismatches;
+            verify.readback_reads += t.readback_ios;
+            for m in &t.mismatch_list {
+                if verify.first_mismatches.len() < 16 {
+                    verify.first_mismatches.push(*m);
+                }
+            }
+            io_errors += t.io_errors;
+            if let Some(e) = &t.first_error {
+                errors.push(e.clone());
+            }
+            rows.push(CoreTargetJson {
+                target: ti,
+                name: names.get(ti).cloned().unwrap_or_default(),
+                ios: t.ios,
+                reads: t.reads,
+                writes: t.writes,
+                iops: rate(t.ios, secs),
+                mib_per_s: mib(t.bytes, secs),
+                latency_us: latency(&t.hist, t.lat_sum_ns, t.lat_min_ns, t.lat_max_ns, t.ios),
+                transport: transport(&t.stats),
+                lba_first: t.lba_range.0,
+                lba_count: t.lba_range.1,
+                io_errors: t.io_errors,
+            });
+        }
+        busy_total += c.busy_ns;
+        let _ = busy_hist.add(&c.busy_per_io);
+        per_core.push(CoreJson {
+            core: c.core,
+            ios: core_acc.ios,
+            seconds: secs,
+            iops: rate(core_acc.ios, secs),
+            mib_per_s: mib(core_acc.bytes, secs),
+            latency_us: core_acc.latency(),
+            busy_pct: if c.window_ns > 0 {
+                (c.busy_ns as f64 * 1000.0 / c.window_ns as f64).round() / 10.0
+            } else {
+                0.0
+            },
+            busy_ns: c.busy_ns,
+            ns_per_io_cpu: if core_acc.ios > 0 {
+                (c.busy_ns as f64 / core_acc.ios as f64 * 10.0).round() / 10.0
+            } else {
+                0.0
+            },
+            ns_per_io_cpu_p50: median(&c.busy_per_io),
+            iterations: c.iterations,
+            idle_iterations: c.idle_iterations,
+            descheduled_ns: c.descheduled_ns,
+            transport: transport(&core_acc.stats),
+            targets: rows,
+        });
+    }
+    let busy_pct = if per_core.is_empty() {
+        0.0
+    } else {
+        (per_core.iter().map(|c| c.busy_pct).sum::<f64>() / per_core.len() as f64 * 10.0).round()
+            / 10.0
+    };
+    let report = Report {
+        config,
+        targets,
+        total: TotalJson {
+            ios: total.ios,
+            reads: total.reads,
+            writes: total.writes,
+            bytes: total.bytes,
+            seconds,
+            iops: rate(total.ios, seconds),
+            mib_per_s: mib(total.bytes, seconds),
+            latency_us: total.latency(),
+            ns_per_io_cpu: if total.ios > 0 {
+                (busy_total as f64 / total.ios as f64 * 10.0).round() / 10.0
+            } else {
+                0.0
+            },
+            ns_per_io_cpu_p50: median(&busy_hist),
+            busy_ns: busy_total,
+            busy_pct,
+        },
+        transport: transport(&total.stats),
+        per_core,
+        verify: None,
+        io_errors,
+        errors,
+    };
+    let mut report = report;
+    if config_verify(&report.config) {
+        report.verify = Some(verify);
+    }
+    (report, total.hist)
+}
+
+fn median(h: &Histogram<u64>) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(0.5) as f64
+    }
+}
+
+fn config_verify(c: &serde_json::Value) -> bool {
+    c.get("verify").and_then(|v| v.as_bool()).unwrap_or(false)
+}
+
+fn short(name: &str, n: usize) -> String {
+    if name.chars().count() <= n {
+        name.to_string()
+    } else {
+        let s: String = name.chars().take(n - 1).collect();
+        format!("{s}…")
+    }
+}
+
+/// The text tables.
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    let label = |core: usize, t: &CoreTargetJson| {
+        short(&format!("core {core} [{}] {}", t.target, t.name), 34)
+    };
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12} {:>10} {:>12} {:>10} {:>10}",
+        "", "IOPS", "MiB/s", "Average(us)", "min(us)", "max(us)"
+    );
+    for c in &r.per_core {
+        for t in &c.targets {
+            let _ = writeln!(
+                s,
+                "{:<34} {:>12.2} {:>10.2} {:>12.2} {:>10.2} {:>10.2}",
+                label(c.core, t),
+                t.iops,
+                t.mib_per_s,
+                t.latency_us.avg,
+                t.latency_us.min,
+                t.latency_us.max
+            );
+        }
+    }
+    let tl = &r.total.latency_us;
+    let _ = writeln!(
+        s,
+        "{:<34} {:>12.2} {:>10.2} {:>12.2} {:>10.2} {:>10.2}",
+        "Total", r.total.iops, r.total.mib_per_s, tl.avg, tl.min, tl.max
+    );
+
+    // Percentiles: one column per core/target row and the total.
+    let mut cols: Vec<(String, &LatencyJson)> = Vec::new();
+    if r.per_core.len() * r.per_core.first().map_or(0, |c| c.targets.len()) > 1 {
+        for c in &r.per_core {
+            for t in &c.targets {
+                cols.push((format!("c{}/t{}", c.core, t.target), &t.latency_us));
+            }
+        }
+    }
+    cols.push(("Total".into(), tl));
+    let _ = writeln!(s, "\nLatency percentiles (us):");
+    let _ = write!(s, "{:>10}", "");
+    for (h, _) in &cols {
+        let _ = write!(s, " {h:>11}");
+    }
+    s.push('\n');
+    for (p, key) in PERCENTILES {
+        let _ = write!(s, "{:>9}%", format!("{p:.2}"));
+        for (_, l) in &cols {
+            let v = l
+                .percentiles
+                .get(key)
+                .and_then(|v| v.as_f64())
+                .unwrap_or(0.0);
+            let _ = write!(s, " {v:>11.3}");
+        }
+        s.push('\n');
+    }
+
+    let _ = writeln!(s, "\nTransport:");
+    let _ = writeln!(
+        s,
+        "{:<34} {:>11} {:>11} {:>10} {:>10} {:>6} {:>10} {:>11} {:>11} {:>8}",
+        "",
+        "submitted",
+        "completed",
+        "SQ db",
+        "CQ db",
+        "db/io",
+        "shadow",
+        "polls",
+        "idle polls",
+        "sw-queued"
+    );
+    let trow = |s: &mut String, name: &str, t: &TransportJson| {
+        let _ = writeln!(
+            s,
+            "{:<34} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>10} {:>11} {:>11} {:>8}",
+            name,
+            t.submitted,
+            t.completed,
+            t.sq_doorbell_writes,
+            t.cq_doorbell_writes,
+            t.doorbell_writes_per_io,
+            t.shadow_doorbell_updates,
+            t.polls,
+            t.idle_polls,
+            t.software_queued
+        );
+    };
+    for c in &r.per_core {
+        for t in &c.targets {
+            trow(&mut s, &label(c.core, t), &t.transport);
+        }
+    }
+    trow(&mut s, "Total", &r.transport);
+
+    let _ = writeln!(
+        s,
+        "\nCPU (busy = iterations of the poll loop that completed I/O):"
+    );
+    for c in &r.per_core {
+        let desched = match c.descheduled_ns {
+            Some(d) => format!(", descheduled {:.1} ms", d as f64 / 1e6),
+            None => String::new(),
+        };
+        let _ = writeln!(
+            s,
+            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {:.1} ns of CPU per I/O (median {:.0}), {} iterations ({:.1} % idle){desched}",
+            c.core,
+            c.busy_pct,
+            c.busy_ns as f64 / 1e9,
+            c.seconds,
+            c.ns_per_io_cpu,
+            c.ns_per_io_cpu_p50,
+            c.iterations,
+            if c.iterations > 0 {
+                c.idle_iterations as f64 * 100.0 / c.iterations as f64
+            } else {
+                0.0
+            }
+        );
+    }
+    let _ = writeln!(
+        s,
+        "Total: {} I/Os in {:.3} s, {:.1} ns of CPU per I/O (median {:.0})",
+        r.total.ios, r.total.seconds, r.total.ns_per_io_cpu, r.total.ns_per_io_cpu_p50
+    );
+    if let Some(v) = &r.verify {
+        let _ = writeln!(
+            s,
+            "\nVerify: {} blocks checked ({} reads in the read-back after the run), {} mismatches",
+            v.blocks_checked, v.readback_reads, v.mismatches
+        );
+        for m in &v.first_mismatches {
+            let _ = writeln!(s, "  {m}");
+        }
+    }
+    if r.io_errors > 0 {
+        let _ = writeln!(s, "\nI/O errors: {}", r.io_errors);
+        for e in &r.errors {
+            let _ = writeln!(s, "  {e}");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(ios: u64, lat: u64) -> TargetResult {
+        let mut hist = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG).unwrap();
+        for _ in 0..ios {
+            hist.record(lat).unwrap();
+        }
+        TargetResult {
+            ios,
+            reads: ios,
+            writes: 0,
+            bytes: ios * 4096,
+            hist,
+            lat_sum_ns: ios as u128 * lat as u128,
+            lat_min_ns: lat,
+            lat_max_ns: lat,
+            stats: QueueStats {
+                submitted: ios,
+                completed: ios,
+                sq_doorbell_writes: ios / 2,
+                cq_doorbell_writes: ios / 4,
+                ..Default::default()
+            },
+            io_errors: 0,
+            first_error: None,
+            blocks_verified: 0,
+            mismatches: 0,
+            mismatch_list: vec![],
+            readback_ios: 0,
+            lba_range: (0, 100),
+        }
+    }
+
+    fn busy(ios: u64, ns: u64) -> Histogram<u64> {
+        let mut h = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG).unwrap();
+        h.record_n(ns, ios).unwrap();
+        h
+    }
+
+    #[test]
+    fn totals_add_up() {
+        let cores = vec![
+            CoreResult {
+                core: 0,
+                targets: vec![result(1000, 10_000)],
+                window_ns: 2_000_000_000,
+                busy_ns: 1_000_000,
+                busy_per_io: busy(1000, 1000),
+                iterations: 10,
+                idle_iterations: 2,
+                undrained: 0,
+                descheduled_ns: Some(0),
+            },
+            CoreResult {
+                core: 1,
+                targets: vec![result(3000, 30_000)],
+                window_ns: 2_000_000_000,
+                busy_ns: 3_000_000,
+                busy_per_io: busy(3000, 1000),
+                iterations: 10,
+                idle_iterations: 2,
+                undrained: 0,
+                descheduled_ns: Some(0),
+            },
+        ];
+        let (r, hist) = build(
+            &cores,
+            &["t".into()],
+            serde_json::json!({"verify": false}),
+            vec![],
+        );
+        assert_eq!(r.total.ios, 4000);
+        assert_eq!(r.total.seconds, 2.0);
+        assert_eq!(r.total.iops, 2000.0);
+        assert_eq!(r.total.ns_per_io_cpu, 1000.0);
+        assert_eq!(r.total.ns_per_io_cpu_p50, 1000.0);
+        assert_eq!(r.total.latency_us.min, 10.0);
+        assert_eq!(r.total.latency_us.max, 30.0);
+        assert_eq!(r.total.latency_us.avg, 25.0);
+        assert_eq!(r.transport.doorbell_writes_per_io, 0.75);
+        assert_eq!(r.per_core[1].iops, 1500.0);
+        assert_eq!(r.per_core[0].busy_pct, 0.1);
+        assert_eq!(hist.len(), 4000);
+        let p50 = r.total.latency_us.percentiles["p50"].as_f64().unwrap();
+        assert!((29.9..=30.1).contains(&p50), "{p50}");
+        assert!(r.verify.is_none());
+        let text = render_text(&r);
+        assert!(text.contains("Total"));
+        assert!(text.contains("99.99%"));
+        let j = serde_json::to_value(&r).unwrap();
+        assert!(j["total"]["latency_us"]["p99_9"].is_number());
+    }
+}

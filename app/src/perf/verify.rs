@@ -1,0 +1,219 @@
+//! The block format of `kestrel perf --verify`.
+//!
+//! Every logical block written starts with a 24-byte header, little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 0..8 | the block's LBA |
+//! | 8..16 | the generation: how many times this run has written the block's I/O unit |
+//! | 16..24 | XXH3-64 of bytes 24.. of the block |
+//!
+//! and the rest of the block is a pattern derived from LBA and generation (so two versions
+//! of a block never look alike). A read checks the LBA, the generation the writer recorded,
+//! and the checksum. A block this run never wrote must read as zeroes, or as a complete,
+//! self-consistent block for its LBA (left by an earlier run on a persistent store).
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Bytes of the header.
+pub const HEADER_BYTES: usize = 24;
+
+/// What the reader expects of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// This generation (≥ 1).
+    Generation(u64),
+    /// Never written by this run: zeroes, or an intact block of an earlier run.
+    Unwritten,
+    /// A write to it failed: any intact block for this LBA, or zeroes.
+    Unknown,
+}
+
+/// A block that does not hold what it should.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Mismatch {
+    /// The LBA read.
+    pub lba: u64,
+    /// Which check failed: `lba`, `generation` or `checksum`.
+    pub field: &'static str,
+    /// What it should be.
+    pub expected: u64,
+    /// What it is.
+    pub actual: u64,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "lba {}: {} mismatch: expected {:#x}, found {:#x}",
+            self.lba, self.field, self.expected, self.actual
+        )
+    }
+}
+
+/// How a checked block turned out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    /// It holds the expected generation.
+    Ok,
+    /// All zeroes (never written).
+    Zero,
+    /// An intact block of another generation, accepted (unwritten or unknown).
+    Earlier,
+}
+
+fn mix(mut z: u64) -> u64 {
+    // splitmix64's finaliser.
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn rd(b: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[off..off + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Fills `block` (at least [`HEADER_BYTES`] + 8 bytes, a multiple of 8) as generation `gen`
+/// of `lba`.
+pub fn fill_block(block: &mut [u8], lba: u64, gen: u64) {
+    debug_assert!(block.len() >= HEADER_BYTES + 8 && block.len() % 8 == 0);
+    let seed = mix(lba ^ gen.rotate_left(40) ^ 0x6b65_7374_7265_6c00);
+    for (i, w) in block[HEADER_BYTES..].chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(
+            &seed
+                .wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .to_le_bytes(),
+        );
+    }
+    let sum = xxh3_64(&block[HEADER_BYTES..]);
+    block[0..8].copy_from_slice(&lba.to_le_bytes());
+    block[8..16].copy_from_slice(&gen.to_le_bytes());
+    block[16..24].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// Checks one block read from `lba`.
+pub fn check_block(block: &[u8], lba: u64, expect: Expect) -> Result<Checked, Mismatch> {
+    let (got_lba, got_gen, got_sum) = (rd(block, 0), rd(block, 8), rd(block, 16));
+    let intact = |block: &[u8]| xxh3_64(&block[HEADER_BYTES..]);
+    match expect {
+        Expect::Generation(gen) => {
+            if got_lba != lba {
+                return Err(Mismatch {
+                    lba,
+                    field: "lba",
+                    expected: lba,
+                    actual: got_lba,
+                });
+            }
+            if got_gen != gen {
+                return Err(Mismatch {
+                    lba,
+                    field: "generation",
+                    expected: gen,
+                    actual: got_gen,
+                });
+            }
+            let sum = intact(block);
+            if sum != got_sum {
+                return Err(Mismatch {
+                    lba,
+                    field: "checksum",
+                    expected: got_sum,
+                    actual: sum,
+                });
+            }
+            Ok(Checked::Ok)
+        }
+        Expect::Unwritten | Expect::Unknown => {
+            if block.iter().all(|&b| b == 0) {
+                return Ok(Checked::Zero);
+            }
+            if got_lba != lba {
+                return Err(Mismatch {
+                    lba,
+                    field: "lba",
+                    expected: lba,
+                    actual: got_lba,
+                });
+            }
+            let sum = intact(block);
+            if sum != got_sum {
+                return Err(Mismatch {
+                    lba,
+                    field: "checksum",
+                    expected: got_sum,
+                    actual: sum,
+                });
+            }
+            Ok(Checked::Earlier)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_blocks_check() {
+        let mut b = vec![0u8; 4096];
+        fill_block(&mut b, 77, 3);
+        assert_eq!(check_block(&b, 77, Expect::Generation(3)), Ok(Checked::Ok));
+        assert_eq!(check_block(&b, 77, Expect::Unwritten), Ok(Checked::Earlier));
+        assert_eq!(
+            check_block(&b, 77, Expect::Generation(4)),
+            Err(Mismatch {
+                lba: 77,
+                field: "generation",
+                expected: 4,
+                actual: 3
+            })
+        );
+        assert_eq!(
+            check_block(&b, 78, Expect::Generation(3))
+                .unwrap_err()
+                .field,
+            "lba"
+        );
+        assert_eq!(
+            check_block(&b, 78, Expect::Unknown).unwrap_err().field,
+            "lba"
+        );
+    }
+
+    #[test]
+    fn zeroes_only_when_unwritten() {
+        let b = vec![0u8; 512];
+        assert_eq!(check_block(&b, 5, Expect::Unwritten), Ok(Checked::Zero));
+        assert_eq!(check_block(&b, 5, Expect::Unknown), Ok(Checked::Zero));
+        assert!(check_block(&b, 5, Expect::Generation(1)).is_err());
+    }
+
+    #[test]
+    fn every_flipped_byte_is_caught() {
+        let mut b = vec![0u8; 512];
+        fill_block(&mut b, 1234, 9);
+        for i in 0..b.len() {
+            let mut c = b.clone();
+            c[i] ^= 0x10;
+            assert!(
+                check_block(&c, 1234, Expect::Generation(9)).is_err(),
+                "flip at {i} not caught"
+            );
+        }
+    }
+
+    #[test]
+    fn generations_differ() {
+        let mut a = vec![0u8; 512];
+        let mut b = vec![0u8; 512];
+        fill_block(&mut a, 1, 1);
+        fill_block(&mut b, 1, 2);
+        assert_ne!(a[HEADER_BYTES..], b[HEADER_BYTES..]);
+        fill_block(&mut b, 2, 1);
+        assert_ne!(a[HEADER_BYTES..], b[HEADER_BYTES..]);
+    }
+}

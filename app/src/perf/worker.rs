@@ -1,0 +1,813 @@
+//! One pinned poller of `kestrel perf`: its queues, its I/O slots, its hot loop.
+//!
+//! Everything a poller touches while running is allocated before the run starts: queue
+//! pairs, DMA buffers (one per I/O slot), the completion list, the HDR histograms (fixed
+//! bounds, no auto-resize) and, with `--verify`, the generation table. The loop:
+//!
+//! ```text
+//! loop:
+//!   t0 = clock
+//!   for each queue: poll (up to --max-completions); if something completed:
+//!       t = clock; for each completion: latency = t - submit time; verify; resubmit
+//!       flush (one doorbell write for the batch)
+//!   if something completed: busy += clock - t0      (idle iterations are not busy)
+//! ```
+//!
+//! Timestamps come from `quanta` (the TSC, calibrated once against the monotonic clock,
+//! where it is invariant; the monotonic clock otherwise). Random offsets come from a
+//! per-core wyrand generator (`fastrand`), mapped onto the I/O unit range by a widening
+//! multiply and shift, not a division.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+
+use crossbeam_utils::CachePadded;
+use hdrhistogram::Histogram;
+use kestrel::io::{Completion, IoError, IoRequest, QueueStats, SubmitError};
+use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
+
+use super::verify::{self, Expect, Mismatch};
+
+/// Highest latency the histograms track, in ns (60 s); longer ones are recorded as this.
+pub const LATENCY_MAX_NS: u64 = 60_000_000_000;
+/// Significant figures of the histograms.
+pub const LATENCY_SIGFIG: u8 = 3;
+/// Mismatches kept in detail per core (all are counted).
+pub const MISMATCHES_KEPT: usize = 16;
+/// The most I/O units one core tracks generations for under `--verify` (64 MiB of table).
+pub const VERIFY_MAX_UNITS: u64 = 16 << 20;
+/// How long a poller waits for its outstanding I/O once the run ends.
+pub const DRAIN_TIMEOUT_NS: u64 = 30_000_000_000;
+/// How long the `--verify` read-back after a run may take.
+pub const READBACK_TIMEOUT_NS: u64 = 600_000_000_000;
+
+const BUSY: u32 = 1 << 31;
+const UNKNOWN: u32 = BUSY - 1;
+
+/// What one poller runs.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// The core it is pinned to.
+    pub core: usize,
+    /// Its position among the pollers (for partitioning the LBA space).
+    pub index: usize,
+    /// Number of pollers.
+    pub pollers: usize,
+    /// The targets (one queue set each).
+    pub targets: Vec<Arc<dyn Target>>,
+    /// I/Os outstanding per queue.
+    pub queue_depth: u32,
+    /// Bytes per I/O.
+    pub io_size: u64,
+    /// Percentage of reads.
+    pub read_pct: u8,
+    /// Random offsets (else sequential).
+    pub random: bool,
+    /// Queues per target.
+    pub qpairs: u32,
+    /// Queue options.
+    pub queue: QueueOptions,
+    /// Completions per poll.
+    pub max_completions: u32,
+    /// Check data.
+    pub verify: bool,
+    /// Random seed (the poller mixes in its index).
+    pub seed: u64,
+    /// Warmup length.
+    pub warmup_ns: u64,
+    /// Measured length.
+    pub time_ns: u64,
+}
+
+/// What the pollers and the main thread share.
+pub struct Shared {
+    /// The clock (all pollers read the same source).
+    pub clock: quanta::Clock,
+    /// Setup done (pollers + main).
+    pub setup: Barrier,
+    /// Start (pollers + main).
+    pub go: Barrier,
+    /// The raw clock value at which the run starts (set by main between the barriers).
+    pub start_raw: AtomicU64,
+    /// A poller failed: everyone stops.
+    pub abort: AtomicBool,
+    /// Completions so far per poller (all phases), for the progress line.
+    pub progress: Box<[CachePadded<AtomicU64>]>,
+    /// Phase per poller: 0 setup/warmup, 1 measuring, 2 done.
+    pub phase: Box<[CachePadded<AtomicU64>]>,
+}
+
+impl Shared {
+    /// For `pollers` pollers.
+    pub fn new(pollers: usize) -> Self {
+        Shared {
+            clock: quanta::Clock::new(),
+            setup: Barrier::new(pollers + 1),
+            go: Barrier::new(pollers + 1),
+            start_raw: AtomicU64::new(0),
+            abort: AtomicBool::new(false),
+            progress: (0..pollers)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+            phase: (0..pollers)
+                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+}
+
+/// Results of one poller for one target.
+#[derive(Clone, Debug)]
+pub struct TargetResult {
+    /// I/Os completed in the measured window.
+    pub ios: u64,
+    /// Of which reads.
+    pub reads: u64,
+    /// Of which writes.
+    pub writes: u64,
+    /// Bytes moved in the window.
+    pub bytes: u64,
+    /// Latency histogram, ns.
+    pub hist: Histogram<u64>,
+    /// Exact latency sum, min and max, ns.
+    pub lat_sum_ns: u128,
+    /// Minimum latency.
+    pub lat_min_ns: u64,
+    /// Maximum latency.
+    pub lat_max_ns: u64,
+    /// Queue counters over the window, summed over this poller's queues on the target.
+    pub stats: QueueStats,
+    /// I/Os that failed (any phase).
+    pub io_errors: u64,
+    /// The first failure.
+    pub first_error: Option<String>,
+    /// Blocks checked by `--verify` (any phase).
+    pub blocks_verified: u64,
+    /// Blocks that failed the check.
+    pub mismatches: u64,
+    /// The first few of them.
+    pub mismatch_list: Vec<Mismatch>,
+    /// Reads of the `--verify` read-back after the run (not in `ios`).
+    pub readback_ios: u64,
+    /// The LBA range this poller used: first LBA and number of LBAs.
+    pub lba_range: (u64, u64),
+}
+
+/// Results of one poller.
+#[derive(Clone, Debug)]
+pub struct CoreResult {
+    /// The core.
+    pub core: usize,
+    /// Per target, in target order.
+    pub targets: Vec<TargetResult>,
+    /// Length of the measured window, ns.
+    pub window_ns: u64,
+    /// Busy time in the window, ns (iterations that found work).
+    pub busy_ns: u64,
+    /// Per I/O: the busy time per completion of the iteration that reaped it, ns (a
+    /// histogram weighted by completions; its median is robust to descheduling).
+    pub busy_per_io: Histogram<u64>,
+    /// Loop iterations in the window.
+    pub iterations: u64,
+    /// Of which found nothing.
+    pub idle_iterations: u64,
+    /// I/Os that had not completed when the drain gave up.
+    pub undrained: u32,
+    /// Time the poller waited for a CPU during the window (run-queue wait from
+    /// `/proc/thread-self/schedstat`), when the kernel reports it.
+    pub descheduled_ns: Option<u64>,
+}
+
+/// The calling thread's run-queue wait so far, ns (`/proc/thread-self/schedstat`, second
+/// field), or `None` without schedstats.
+pub fn thread_wait_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    submit_raw: u64,
+    unit: u64,
+    gen: u32,
+    write: bool,
+}
+
+struct TargetState {
+    nsid: u32,
+    io_blocks: u32,
+    block_size: usize,
+    first_unit: u64,
+    units: u64,
+    seq_next: u64,
+    gens: Vec<u32>,
+    res: TargetResult,
+}
+
+struct QueueState {
+    q: Box<dyn TargetQueue>,
+    target: usize,
+    slices: Box<[DmaSlice]>,
+    stride: usize,
+    buf: DmaBuf,
+    slots: Box<[Slot]>,
+    done: Vec<Completion>,
+    base: QueueStats,
+}
+
+fn stats_diff(a: &QueueStats, b: &QueueStats) -> QueueStats {
+    QueueStats {
+        submitted: a.submitted - b.submitted,
+        completed: a.completed - b.completed,
+        commands: a.commands - b.commands,
+        sq_doorbell_writes: a.sq_doorbell_writes - b.sq_doorbell_writes,
+        cq_doorbell_writes: a.cq_doorbell_writes - b.cq_doorbell_writes,
+        shadow_doorbell_updates: a.shadow_doorbell_updates - b.shadow_doorbell_updates,
+        polls: a.polls - b.polls,
+        idle_polls: a.idle_polls - b.idle_polls,
+        sw_queued: a.sw_queued - b.sw_queued,
+        split: a.split - b.split,
+        retries: a.retries - b.retries,
+        bogus_completions: a.bogus_completions - b.bogus_completions,
+        timeouts: a.timeouts - b.timeouts,
+    }
+}
+
+/// The I/O units (of `io_size`) a poller covers on a target: `pollers` equal slices.
+pub fn partition(total_units: u64, pollers: usize, index: usize) -> (u64, u64) {
+    let n = pollers as u64;
+    let i = index as u64;
+    let first = total_units * i / n;
+    let end = total_units * (i + 1) / n;
+    (first, end - first)
+}
+
+/// A worker's fatal error, as text (it crosses threads into the app's error).
+pub type WorkerError = String;
+
+struct Worker<'a> {
+    cfg: &'a WorkerConfig,
+    shared: &'a Shared,
+    rng: fastrand::Rng,
+    targets: Vec<TargetState>,
+    queues: Vec<QueueState>,
+    scratch: Vec<u8>,
+    max: u32,
+}
+
+impl Worker<'_> {
+    fn setup(
+        cfg: &WorkerConfig,
+        shared: &Shared,
+    ) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
+        let io_size = cfg.io_size as usize;
+        let stride = io_size.next_multiple_of(4096);
+        let mut targets = Vec::new();
+        let mut queues = Vec::new();
+        for (ti, t) in cfg.targets.iter().enumerate() {
+            let info = t.info();
+            let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
+            let total_units = info.num_blocks / io_blocks as u64;
+            let (first_unit, mut units) = partition(total_units, cfg.pollers, cfg.index);
+            if cfg.verify {
+                units = units.min(VERIFY_MAX_UNITS);
+            }
+            let hist = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+                .map_err(|e| format!("latency histogram: {e}"))?;
+            targets.push(TargetState {
+                nsid: info.nsid,
+                io_blocks,
+                block_size: info.block_size as usize,
+                first_unit,
+                units,
+                seq_next: 0,
+                gens: if cfg.verify {
+                    vec![0; units as usize]
+                } else {
+                    Vec::new()
+                },
+                res: TargetResult {
+                    ios: 0,
+                    reads: 0,
+                    writes: 0,
+                    bytes: 0,
+                    hist,
+                    lat_sum_ns: 0,
+                    lat_min_ns: u64::MAX,
+                    lat_max_ns: 0,
+                    stats: QueueStats::default(),
+                    io_errors: 0,
+                    first_error: None,
+                    blocks_verified: 0,
+                    mismatches: 0,
+                    mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
+                    readback_ios: 0,
+                    lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
+                },
+            });
+            for _ in 0..cfg.qpairs {
+                let q = t.create_queue(&cfg.queue).map_err(|e| {
+                    format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
+                })?;
+                let qd = cfg.queue_depth as usize;
+                let buf = t.dma_pool().alloc(qd * stride).map_err(|e| {
+                    format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
+                })?;
+                let slices = (0..qd)
+                    .map(|i| buf.slice(i * stride, io_size))
+                    .collect::<Result<Box<[_]>, _>>()
+                    .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
+                queues.push(QueueState {
+                    q,
+                    target: ti,
+                    slices,
+                    stride,
+                    buf,
+                    slots: vec![
+                        Slot {
+                            submit_raw: 0,
+                            unit: 0,
+                            gen: 0,
+                            write: false
+                        };
+                        qd
+                    ]
+                    .into_boxed_slice(),
+                    done: Vec::with_capacity(
+                        qd.max(kestrel::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
+                    ),
+                    base: QueueStats::default(),
+                });
+            }
+        }
+        let _ = shared;
+        Ok((targets, queues))
+    }
+
+    /// Picks the next I/O's unit and direction and submits it in `slot`.
+    fn submit(&mut self, qi: usize, slot: usize, now: u64) -> Result<(), WorkerError> {
+        let cfg = self.cfg;
+        let ts = &mut self.targets[self.queues[qi].target];
+        let write = cfg.read_pct < 100 && (cfg.read_pct == 0 || self.rng.u8(..100) >= cfg.read_pct);
+        let mut unit = if cfg.random {
+            self.rng.u64(..ts.units)
+        } else {
+            let u = ts.seq_next;
+            ts.seq_next = if u + 1 == ts.units { 0 } else { u + 1 };
+            u
+        };
+        if cfg.verify {
+            // One I/O per unit at a time: probe forward to a free one (there are at
+            // least twice as many units as I/Os in flight on this poller).
+            while ts.gens[unit as usize] & BUSY != 0 {
+                unit = if unit + 1 == ts.units { 0 } else { unit + 1 };
+            }
+        }
+        self.issue(qi, slot, unit, write, now)
+    }
+
+    /// Submits an I/O of `unit` in `slot` (marking the unit busy and filling the buffer
+    /// under `--verify`).
+    fn issue(
+        &mut self,
+        qi: usize,
+        slot: usize,
+        unit: u64,
+        write: bool,
+        now: u64,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let lba = (ts.first_unit + unit) * ts.io_blocks as u64;
+        let mut gen = 0;
+        if cfg.verify {
+            let g = ts.gens[unit as usize];
+            debug_assert!(g & BUSY == 0, "unit {unit} already in flight");
+            ts.gens[unit as usize] = g | BUSY;
+            if write {
+                gen = if g == UNKNOWN || g + 1 >= UNKNOWN {
+                    1
+                } else {
+                    g + 1
+                };
+                for (i, b) in self.scratch.chunks_exact_mut(ts.block_size).enumerate() {
+                    verify::fill_block(b, lba + i as u64, gen as u64);
+                }
+                q.buf
+                    .write_at(slot * q.stride, &self.scratch)
+                    .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
+            }
+        }
+        let req = if write {
+            IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
+        } else {
+            IoRequest::read(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
+        };
+        q.slots[slot] = Slot {
+            submit_raw: now,
+            unit,
+            gen,
+            write,
+        };
+        match q.q.submit(req) {
+            Ok(()) => Ok(()),
+            Err(SubmitError::Busy(b)) => Err(format!(
+                "core {}: queue refused an i/o with {} in flight and {} queued (queue depth {} is more than the queue holds)",
+                cfg.core, b.in_flight, b.queued, cfg.queue_depth
+            )),
+            Err(e) => Err(format!(
+                "core {}: submitting {} at lba {lba}: {e}",
+                cfg.core,
+                if write { "a write" } else { "a read" }
+            )),
+        }
+    }
+
+    /// Accounts for one completion at raw time `now`.
+    fn complete(
+        &mut self,
+        qi: usize,
+        c: Completion,
+        now: u64,
+        measuring: bool,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg;
+        let clock = &self.shared.clock;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let slot_i = c.token as usize;
+        let Some(slot) = q.slots.get(slot_i).copied() else {
+            return Err(format!(
+                "core {}: completion with unknown token {}",
+                cfg.core, c.token
+            ));
+        };
+        let r = &mut ts.res;
+        if measuring {
+            let lat = clock.delta_as_nanos(slot.submit_raw, now).max(1);
+            r.hist.saturating_record(lat);
+            r.lat_sum_ns += lat as u128;
+            r.lat_min_ns = r.lat_min_ns.min(lat);
+            r.lat_max_ns = r.lat_max_ns.max(lat);
+            r.ios += 1;
+            r.bytes += cfg.io_size;
+            if slot.write {
+                r.writes += 1;
+            } else {
+                r.reads += 1;
+            }
+        }
+        let lba0 = (ts.first_unit + slot.unit) * ts.io_blocks as u64;
+        if let Err(e) = c.result {
+            record_error(r, cfg.core, slot.write, lba0, e);
+            if cfg.verify {
+                ts.gens[slot.unit as usize] = if slot.write {
+                    UNKNOWN
+                } else {
+                    ts.gens[slot.unit as usize] & !BUSY
+                };
+            }
+            return Ok(());
+        }
+        if !cfg.verify {
+            return Ok(());
+        }
+        let g = ts.gens[slot.unit as usize] & !BUSY;
+        if slot.write {
+            ts.gens[slot.unit as usize] = slot.gen;
+            return Ok(());
+        }
+        ts.gens[slot.unit as usize] = g;
+        let expect = match g {
+            0 => Expect::Unwritten,
+            UNKNOWN => Expect::Unknown,
+            g => Expect::Generation(g as u64),
+        };
+        let off = slot_i * q.stride;
+        q.buf
+            .read_at(off, &mut self.scratch)
+            .map_err(|e| format!("verify: reading the read buffer: {e}"))?;
+        for (i, b) in self.scratch.chunks_exact(ts.block_size).enumerate() {
+            r.blocks_verified += 1;
+            if let Err(m) = verify::check_block(b, lba0 + i as u64, expect) {
+                r.mismatches += 1;
+                if r.mismatch_list.len() < MISMATCHES_KEPT {
+                    tracing::error!("core {}: verify: {m}", cfg.core);
+                    r.mismatch_list.push(m);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn record_error(r: &mut TargetResult, core: usize, write: bool, lba: u64, e: IoError) {
+    r.io_errors += 1;
+    if r.first_error.is_none() {
+        let what = if write { "write" } else { "read" };
+        let msg = format!("core {core}: {what} at lba {lba} failed: {e}");
+        tracing::error!("{msg}");
+        r.first_error = Some(msg);
+    }
+}
+
+/// Runs one poller: pins the thread, sets up, waits for the start, runs, drains.
+pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerError> {
+    let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cfg.core });
+    let setup = if pinned {
+        Worker::setup(&cfg, &shared)
+    } else {
+        Err(format!(
+            "could not pin the poller thread to core {} (is it in this process's CPU affinity mask? see taskset -p $$)",
+            cfg.core
+        ))
+    };
+    if setup.is_err() {
+        shared.abort.store(true, Ordering::Relaxed);
+    }
+    shared.setup.wait();
+    shared.go.wait();
+    let (targets, queues) = setup?;
+    let mut w = Worker {
+        rng: fastrand::Rng::with_seed(
+            cfg.seed ^ (cfg.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ),
+        scratch: vec![0u8; cfg.io_size as usize],
+        max: if cfg.max_completions == 0 {
+            kestrel::qpair::MAX_COMPLETIONS_PER_POLL
+        } else {
+            cfg.max_completions
+        },
+        cfg: &cfg,
+        shared: &shared,
+        targets,
+        queues,
+    };
+    let r = w.run_loop();
+    if r.is_err() {
+        shared.abort.store(true, Ordering::Relaxed);
+    }
+    shared.phase[cfg.index].store(2, Ordering::Relaxed);
+    r
+}
+
+impl Worker<'_> {
+    fn run_loop(&mut self) -> Result<CoreResult, WorkerError> {
+        let cfg = self.cfg;
+        let shared = self.shared;
+        let clock = &shared.clock;
+        let start = shared.start_raw.load(Ordering::Acquire);
+        let idx = cfg.index;
+        // Fill every queue to its depth.
+        let now = clock.raw();
+        for qi in 0..self.queues.len() {
+            for s in 0..cfg.queue_depth as usize {
+                self.submit(qi, s, now)?;
+            }
+            self.queues[qi].q.flush();
+        }
+        let warm_end = cfg.warmup_ns;
+        let end = cfg.warmup_ns + cfg.time_ns;
+        let mut measuring = false;
+        let mut window_start = 0u64;
+        let mut wait_start = None;
+        let wait_end;
+        let window_end;
+        let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
+        let mut completed_total = 0u64;
+        let mut busy_per_io = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+            .map_err(|e| format!("busy histogram: {e}"))?;
+        let mut t0 = clock.raw();
+        loop {
+            let elapsed = clock.delta_as_nanos(start, t0);
+            if !measuring && elapsed >= warm_end {
+                measuring = true;
+                // Read outside the window's busy time: the iteration restarts its clock.
+                wait_start = thread_wait_ns();
+                t0 = clock.raw();
+                window_start = t0;
+                for q in &mut self.queues {
+                    q.base = q.q.stats();
+                }
+                shared.phase[idx].store(1, Ordering::Relaxed);
+            }
+            if elapsed >= end || shared.abort.load(Ordering::Relaxed) {
+                window_end = t0;
+                wait_end = thread_wait_ns();
+                break;
+            }
+            let mut work = 0u32;
+            for qi in 0..self.queues.len() {
+                let q = &mut self.queues[qi];
+                q.done.clear();
+                let done = &mut q.done;
+                let n = q.q.poll(self.max, &mut |c| done.push(c));
+                if n == 0 && q.done.is_empty() {
+                    continue;
+                }
+                let t = clock.raw();
+                for i in 0..self.queues[qi].done.len() {
+                    let c = self.queues[qi].done[i];
+                    self.complete(qi, c, t, measuring)?;
+                    self.submit(qi, c.token as usize, t)?;
+                }
+                work += self.queues[qi].done.len() as u32;
+                self.queues[qi].q.flush();
+            }
+            if measuring {
+                iters += 1;
+            }
+            if work > 0 {
+                completed_total += work as u64;
+                let t1 = clock.raw();
+                if measuring {
+                    let d = clock.delta_as_nanos(t0, t1);
+                    busy += d;
+                    busy_per_io.saturating_record_n((d / work as u64).max(1), work as u64);
+                }
+                shared.progress[idx].store(completed_total, Ordering::Relaxed);
+                t0 = t1;
+            } else {
+                if measuring {
+                    idle += 1;
+                }
+                t0 = clock.raw();
+            }
+        }
+        if !measuring {
+            // Aborted before measuring began.
+            window_start = window_end;
+            for q in &mut self.queues {
+                q.base = q.q.stats();
+            }
+        }
+        for q in &self.queues {
+            let d = stats_diff(&q.q.stats(), &q.base);
+            self.targets[q.target].res.stats.accumulate(&d);
+        }
+        shared.phase[idx].store(2, Ordering::Relaxed);
+        let mut undrained = self.drain()?;
+        if cfg.verify && cfg.read_pct < 100 && undrained == 0 {
+            undrained = self.readback()?;
+        }
+        Ok(CoreResult {
+            core: cfg.core,
+            targets: self.targets.iter().map(|t| t.res.clone()).collect(),
+            window_ns: clock.delta_as_nanos(window_start, window_end),
+            busy_ns: busy,
+            busy_per_io,
+            iterations: iters,
+            idle_iterations: idle,
+            undrained,
+            descheduled_ns: match (wait_start, wait_end) {
+                (Some(a), Some(b)) if measuring => Some(b.saturating_sub(a)),
+                _ => None,
+            },
+        })
+    }
+
+    /// `--verify` with writes: reads back every unit this poller wrote, sequentially at
+    /// the queue depth, and checks it. Returns the I/Os that did not complete in time.
+    fn readback(&mut self) -> Result<u32, WorkerError> {
+        let clock = &self.shared.clock;
+        let mut cursor = vec![0u64; self.targets.len()];
+        let next = |ts: &TargetState, cur: &mut u64| -> Option<u64> {
+            while *cur < ts.units {
+                let u = *cur;
+                *cur += 1;
+                let g = ts.gens[u as usize];
+                if g != 0 && g != UNKNOWN {
+                    return Some(u);
+                }
+            }
+            None
+        };
+        let now = clock.raw();
+        for qi in 0..self.queues.len() {
+            let ti = self.queues[qi].target;
+            for s in 0..self.cfg.queue_depth as usize {
+                let Some(u) = next(&self.targets[ti], &mut cursor[ti]) else {
+                    break;
+                };
+                self.issue(qi, s, u, false, now)?;
+            }
+            self.queues[qi].q.flush();
+        }
+        let t_start = clock.raw();
+        loop {
+            let mut left = 0u32;
+            for qi in 0..self.queues.len() {
+                let q = &mut self.queues[qi];
+                if q.q.outstanding() == 0 {
+                    continue;
+                }
+                q.done.clear();
+                let done = &mut q.done;
+                q.q.poll(self.max, &mut |c| done.push(c));
+                let t = clock.raw();
+                let ti = self.queues[qi].target;
+                for i in 0..self.queues[qi].done.len() {
+                    let c = self.queues[qi].done[i];
+                    self.complete(qi, c, t, false)?;
+                    self.targets[ti].res.readback_ios += 1;
+                    if let Some(u) = next(&self.targets[ti], &mut cursor[ti]) {
+                        self.issue(qi, c.token as usize, u, false, t)?;
+                    }
+                }
+                self.queues[qi].q.flush();
+                left += self.queues[qi].q.outstanding();
+            }
+            if left == 0 {
+                return Ok(0);
+            }
+            if clock.delta_as_nanos(t_start, clock.raw()) > READBACK_TIMEOUT_NS {
+                tracing::error!(
+                    "core {}: read-back after the run did not finish within {} s",
+                    self.cfg.core,
+                    READBACK_TIMEOUT_NS / 1_000_000_000
+                );
+                return Ok(left);
+            }
+        }
+    }
+
+    /// Reaps what is still outstanding (checking data, not counting it). Returns how many
+    /// I/Os did not complete within [`DRAIN_TIMEOUT_NS`].
+    fn drain(&mut self) -> Result<u32, WorkerError> {
+        let clock = &self.shared.clock;
+        let t_start = clock.raw();
+        loop {
+            let mut left = 0u32;
+            for qi in 0..self.queues.len() {
+                let q = &mut self.queues[qi];
+                if q.q.outstanding() == 0 {
+                    continue;
+                }
+                q.done.clear();
+                let done = &mut q.done;
+                q.q.poll(self.max, &mut |c| done.push(c));
+                let t = clock.raw();
+                for i in 0..self.queues[qi].done.len() {
+                    let c = self.queues[qi].done[i];
+                    self.complete(qi, c, t, false)?;
+                }
+                left += self.queues[qi].q.outstanding();
+            }
+            if left == 0 {
+                return Ok(0);
+            }
+            if clock.delta_as_nanos(t_start, clock.raw()) > DRAIN_TIMEOUT_NS {
+                tracing::error!(
+                    "core {}: {left} i/os still outstanding {} s after the run ended",
+                    self.cfg.core,
+                    DRAIN_TIMEOUT_NS / 1_000_000_000
+                );
+                return Ok(left);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_cover_everything_once() {
+        for total in [1u64, 7, 262_144, 1_000_003] {
+            for n in 1..=5usize {
+                let mut next = 0;
+                for i in 0..n {
+                    let (first, len) = partition(total, n, i);
+                    assert_eq!(first, next);
+                    next = first + len;
+                }
+                assert_eq!(next, total);
+            }
+        }
+    }
+
+    #[test]
+    fn stats_diff_subtracts() {
+        let a = QueueStats {
+            submitted: 10,
+            completed: 9,
+            sq_doorbell_writes: 5,
+            polls: 100,
+            ..Default::default()
+        };
+        let b = QueueStats {
+            submitted: 4,
+            completed: 4,
+            sq_doorbell_writes: 2,
+            polls: 1,
+            ..Default::default()
+        };
+        let d = stats_diff(&a, &b);
+        assert_eq!(
+            (d.submitted, d.completed, d.sq_doorbell_writes, d.polls),
+            (6, 5, 3, 99)
+        );
+    }
+}

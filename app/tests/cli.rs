@@ -1,0 +1,581 @@
+//! The `kestrel` binary, run as a user runs it: on the built-in emulator (no hardware).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn kestrel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run kestrel")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(
+        o.status.success(),
+        "kestrel failed ({:?}): {}",
+        o.status,
+        stderr(o)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("not json ({e}): {}", stdout(o)))
+}
+
+/// A usage error: exit status 2 and exactly one line `kestrel: error: ...` on stderr.
+fn assert_usage_error(o: &Output, needles: &[&str]) {
+    assert_eq!(o.status.code(), Some(2), "stderr: {}", stderr(o));
+    let err = stderr(o);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "want one line, got: {err}");
+    assert!(lines[0].starts_with("kestrel: error: "), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "{n:?} not in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn help_for_every_subcommand() {
+    for sub in [&[][..], &["identify"], &["smart"], &["list"], &["perf"]] {
+        let mut args = sub.to_vec();
+        args.push("--help");
+        let o = kestrel(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains("Usage: kestrel"), "{args:?}: {out}");
+        assert!(out.contains("Examples:"), "{args:?} has no examples: {out}");
+    }
+    let perf = stdout(&kestrel(&["perf", "--help"]));
+    for opt in [
+        "--queue-depth",
+        "--io-size",
+        "--workload",
+        "--rwmixread",
+        "--time",
+        "--warmup",
+        "--cores",
+        "--qpairs-per-core",
+        "--doorbell",
+        "--shadow-doorbells",
+        "--max-completions",
+        "--verify",
+        "--seed",
+        "--json",
+        "--latency-plot",
+        "--quiet",
+        "--target",
+    ] {
+        assert!(perf.contains(opt), "perf --help lacks {opt}");
+    }
+    assert!(perf.contains("-q is --queue-depth"));
+}
+
+#[test]
+fn no_subcommand_and_unknown_ones_are_usage_errors() {
+    let o = kestrel(&["frobnicate"]);
+    assert_usage_error(&o, &["frobnicate"]);
+    let o = kestrel(&[]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn identify_json_on_the_default_emulator() {
+    let j = json(&kestrel(&["identify", "--json"]));
+    assert_eq!(j["vs"], "1.4.0");
+    assert!(!j["model"].as_str().unwrap().is_empty());
+    assert!(!j["serial"].as_str().unwrap().is_empty());
+    assert!(j["firmware"].is_string());
+    assert_eq!(
+        j["mqes"].as_u64().unwrap() + 1,
+        j["max_queue_entries"].as_u64().unwrap()
+    );
+    assert!(j["mdts_bytes"].as_u64().unwrap() >= 4096);
+    assert!(j["io_queues"].as_u64().unwrap() >= 1);
+    let ns = j["namespaces"].as_array().unwrap();
+    assert_eq!(ns.len(), 1);
+    assert_eq!(ns[0]["nsid"], 1);
+    assert_eq!(ns[0]["lba_size"], 4096);
+    assert_eq!(ns[0]["size_bytes"], 1u64 << 30);
+    assert_eq!(ns[0]["size_lbas"], (1u64 << 30) / 4096);
+}
+
+#[test]
+fn identify_text_with_emulator_options() {
+    let o = kestrel(&[
+        "identify",
+        "--target",
+        "emu:namespaces=2,lba=512,size=64M,mdts=3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("NVMe version (VS)          1.4.0"), "{out}");
+    assert!(out.contains("Namespace 2:"), "{out}");
+    assert!(
+        out.contains("131072 LBAs x 512 bytes = 67108864 bytes"),
+        "{out}"
+    );
+    assert!(out.contains("32768 bytes"), "mdts=3 is 32 KiB: {out}");
+}
+
+#[test]
+fn identify_a_file_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("disk.img");
+    let spec = format!("file:{},size=16M", path.display());
+    let j = json(&kestrel(&["identify", "--json", "--target", &spec]));
+    assert_eq!(j["kind"], "file");
+    assert_eq!(j["capacity_bytes"], 16u64 << 20);
+    assert!(j["direct"].is_boolean());
+    assert_eq!(
+        j["size_lbas"].as_u64().unwrap() * j["block_size"].as_u64().unwrap(),
+        16u64 << 20
+    );
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 16 << 20);
+}
+
+#[test]
+fn smart_and_error_log() {
+    let o = kestrel(&["smart"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for field in [
+        "Critical warning",
+        "Temperature",
+        "Available spare",
+        "Percentage used",
+        "Data units read",
+        "Power-on hours",
+        "Unsafe shutdowns",
+        "Media and data integrity errors",
+        "Error Information log",
+    ] {
+        assert!(out.contains(field), "{field} missing: {out}");
+    }
+    let j = json(&kestrel(&["smart", "--json"]));
+    assert!(j["smart"]["available_spare_pct"].is_u64());
+    assert!(j["smart"]["critical_warnings"].is_array());
+    assert!(j["error_log"].is_array());
+}
+
+#[test]
+fn smart_on_a_file_target_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("file:{},size=1M", dir.path().join("f").display());
+    let o = kestrel(&["smart", "--target", &spec]);
+    assert_usage_error(&o, &["only on NVMe targets"]);
+}
+
+#[test]
+fn list_reads_sysfs() {
+    let o = kestrel(&["list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let has_none = out.contains("no NVMe controllers");
+    let has_table = out.contains("BDF") && out.contains("DRIVER");
+    assert!(has_none || has_table, "{out}");
+    let j = json(&kestrel(&["list", "--json"]));
+    assert!(j["controllers"].is_array());
+    assert_eq!(
+        j["controllers"].as_array().unwrap().is_empty(),
+        has_none,
+        "text and json disagree"
+    );
+}
+
+#[test]
+fn perf_json_is_consistent() {
+    let j = json(&kestrel(&[
+        "perf", "-t", "1", "--warmup", "0", "-q", "16", "--json", "--quiet",
+    ]));
+    let t = &j["total"];
+    let ios = t["ios"].as_u64().unwrap();
+    let secs = t["seconds"].as_f64().unwrap();
+    let iops = t["iops"].as_f64().unwrap();
+    assert!(ios > 0);
+    // The window spans -t from the pollers' first and last loop iterations past the
+    // marks; a descheduled poller can stretch or shrink it, so only a loose bound.
+    assert!((0.5..10.0).contains(&secs), "window {secs} s for -t 1");
+    assert!(
+        (iops - ios as f64 / secs).abs() <= 0.01,
+        "iops {iops} != {ios} / {secs}"
+    );
+    let mib = t["mib_per_s"].as_f64().unwrap();
+    assert!((mib - iops * 4096.0 / 1048576.0).abs() <= 0.01 + mib * 1e-9);
+    let l = &t["latency_us"];
+    for k in ["avg", "min", "max", "p50", "p99", "p99_9", "p1", "p99_99"] {
+        assert!(l[k].is_number(), "latency_us.{k}");
+    }
+    let (min, avg, max) = (
+        l["min"].as_f64().unwrap(),
+        l["avg"].as_f64().unwrap(),
+        l["max"].as_f64().unwrap(),
+    );
+    assert!(min > 0.0 && min <= avg && avg <= max, "{min} {avg} {max}");
+    assert!(l["p50"].as_f64().unwrap() <= l["p99"].as_f64().unwrap());
+    assert!(t["ns_per_io_cpu"].as_f64().unwrap() > 0.0);
+    let tr = &j["transport"];
+    // Completions counted by the transport over the window are the I/Os measured.
+    assert_eq!(tr["completed"].as_u64().unwrap(), ios);
+    let sq = tr["sq_doorbell_writes"].as_u64().unwrap();
+    let cq = tr["cq_doorbell_writes"].as_u64().unwrap();
+    let per = tr["doorbell_writes_per_io"].as_f64().unwrap();
+    assert!((per - (sq + cq) as f64 / ios as f64).abs() < 1e-3);
+    let per_core = j["per_core"].as_array().unwrap();
+    assert_eq!(per_core.len(), 1);
+    assert_eq!(per_core[0]["core"], 0);
+    assert_eq!(per_core[0]["ios"].as_u64().unwrap(), ios);
+    assert_eq!(per_core[0]["targets"].as_array().unwrap().len(), 1);
+    assert_eq!(j["config"]["queue_depth"], 16);
+    assert_eq!(j["config"]["io_size"], 4096);
+    assert_eq!(j["config"]["workload"], "randread");
+    assert_eq!(j["targets"][0]["emulator"]["store"], "null");
+    assert!(j["verify"].is_null());
+}
+
+#[test]
+fn perf_text_table() {
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-w",
+        "randwrite",
+        "-o",
+        "8k",
+        "-q",
+        "4",
+        "--doorbell",
+        "immediate",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for s in [
+        "IOPS",
+        "MiB/s",
+        "core 0 [0] emulator ns1",
+        "Total",
+        "Latency percentiles (us):",
+        "99.99%",
+        "SQ db",
+        "CPU",
+    ] {
+        assert!(out.contains(s), "{s:?} missing: {out}");
+    }
+    let err = stderr(&o);
+    assert!(err.contains("null store"), "the store is announced: {err}");
+    assert!(err.contains("immediate doorbells"), "{err}");
+}
+
+#[test]
+fn bad_io_size_is_a_usage_error() {
+    let o = kestrel(&["perf", "-o", "4q"]);
+    assert_usage_error(&o, &["--io-size", "invalid size '4q'", "4k", "128KiB"]);
+    let o = kestrel(&["perf", "-o", "0"]);
+    assert_usage_error(&o, &["--io-size"]);
+    let o = kestrel(&["perf", "-t", "1", "-o", "1000"]);
+    assert_usage_error(&o, &["--io-size", "not a multiple of the 4096-byte blocks"]);
+}
+
+#[test]
+fn bad_cores_are_a_usage_error() {
+    let o = kestrel(&["perf", "-c", "3-1"]);
+    assert_usage_error(
+        &o,
+        &[
+            "--cores",
+            "runs backwards",
+            "0,2-3",
+            "0x5",
+            "see 'kestrel perf --help'",
+        ],
+    );
+    let o = kestrel(&["perf", "-c", "0xzz"]);
+    assert_usage_error(&o, &["--cores", "not hexadecimal"]);
+    let o = kestrel(&["perf", "-t", "1", "-c", "4000"]);
+    assert_usage_error(&o, &["core 4000 is not available"]);
+}
+
+#[test]
+fn bad_targets_are_usage_errors() {
+    let o = kestrel(&["identify", "--target", "emu:lba=1024"]);
+    assert_usage_error(&o, &["--target", "512 and 4096"]);
+    let o = kestrel(&["perf", "--verify", "--target", "emu:store=null"]);
+    assert_usage_error(&o, &["--verify needs a store that keeps data"]);
+}
+
+#[test]
+fn verify_passes_on_an_honest_store() {
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-w",
+        "randrw",
+        "-q",
+        "8",
+        "--verify",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:size=16M",
+    ]));
+    let v = &j["verify"];
+    assert_eq!(v["mismatches"], 0);
+    assert!(v["blocks_checked"].as_u64().unwrap() > 0);
+    assert_eq!(j["targets"][0]["emulator"]["store"], "memory");
+    assert_eq!(j["io_errors"], 0);
+}
+
+#[test]
+fn verify_reads_back_what_a_write_workload_wrote() {
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-w",
+        "write",
+        "-q",
+        "8",
+        "--verify",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:size=4M,lba=512",
+    ]));
+    let v = &j["verify"];
+    assert_eq!(v["mismatches"], 0);
+    // Sequential 4 KiB writes cover all 1024 units of 4 MiB many times over in a second;
+    // each unit is read back once, 8 blocks of 512 bytes each.
+    assert_eq!(v["readback_reads"], 1024, "{v}");
+    assert_eq!(v["blocks_checked"], 1024 * 8, "{v}");
+}
+
+#[test]
+fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
+    // Unrecovered Read Error with DNR on 1% of reads: final, reported, exit status 1.
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "8",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:faults=status/read/read-error/dnr/1%",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let n = j["io_errors"].as_u64().unwrap();
+    assert!(n > 0);
+    assert!(
+        j["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("Unrecovered Read Error"),
+        "{}",
+        j["errors"]
+    );
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("kestrel: error: {n} I/Os failed")),
+        "{err}"
+    );
+    // Without DNR the driver retries: no failure, retries counted.
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "8",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:faults=status/read/read-error/1%",
+    ]));
+    assert_eq!(j["io_errors"], 0);
+    assert!(
+        j["transport"]["retries"].as_u64().unwrap() > 0,
+        "{}",
+        j["transport"]
+    );
+    // A malformed spec is a usage error naming the item.
+    let o = kestrel(&["identify", "--target", "emu:faults=explode/read"]);
+    assert_usage_error(&o, &["faults=explode/read"]);
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    b[0] ^= 0x5a;
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&b).unwrap();
+}
+
+/// Writes every block with `--verify`, corrupts one in the emulator's backing file, and
+/// reads everything back with `--verify`: the corrupted block is reported with its LBA and
+/// the exit status is 1.
+#[test]
+fn verify_catches_a_corrupted_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("ns.img");
+    let spec = format!("emu:size=4M,store={}", store.display());
+    let o = kestrel(&[
+        "perf", "-t", "1", "--warmup", "0", "-w", "write", "-q", "4", "--verify", "--quiet",
+        "--target", &spec,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A clean read-back passes (blocks of the earlier run are accepted when intact).
+    let j = json(&kestrel(&[
+        "perf", "-t", "1", "--warmup", "0", "-w", "read", "-q", "4", "--verify", "--json",
+        "--quiet", "--target", &spec,
+    ]));
+    assert_eq!(j["verify"]["mismatches"], 0, "{}", j["verify"]);
+    assert!(j["verify"]["blocks_checked"].as_u64().unwrap() >= 1024);
+
+    // One byte in the payload of LBA 100.
+    flip_byte(&store, 100 * 4096 + 1000);
+    let o = kestrel(&[
+        "perf", "-t", "1", "--warmup", "0", "-w", "read", "-q", "4", "--verify", "--json",
+        "--quiet", "--target", &spec,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &j["verify"]["first_mismatches"][0];
+    assert_eq!(m["lba"], 100, "{}", j["verify"]);
+    assert_eq!(m["field"], "checksum");
+    let err = stderr(&o);
+    assert!(err.contains("kestrel: error: verify:"), "{err}");
+    assert!(err.contains("lba 100"), "{err}");
+
+    // A block whose header names another LBA (a misdirected write).
+    flip_byte(&store, 100 * 4096 + 1000);
+    flip_byte(&store, 200 * 4096);
+    let o = kestrel(&[
+        "perf", "-t", "1", "--warmup", "0", "-w", "read", "-q", "4", "--verify", "--json",
+        "--quiet", "--target", &spec,
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = &j["verify"]["first_mismatches"][0];
+    assert_eq!(m["lba"], 200);
+    assert_eq!(m["field"], "lba");
+    assert_eq!(m["expected"], 200);
+    assert_eq!(m["actual"], 200 ^ 0x5a);
+}
+
+#[test]
+fn latency_plot_is_an_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("lat.svg");
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "8",
+        "--quiet",
+        "--latency-plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg"), "{}", &s[..80.min(s.len())]);
+    assert!(s.contains("Latency CDF") && s.contains("<rect") && s.contains("<polyline"));
+}
+
+#[test]
+fn perf_on_a_file_target_and_two_namespaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = format!("file:{},size=8M", dir.path().join("f.img").display());
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "4",
+        "-w",
+        "randrw",
+        "--json",
+        "--quiet",
+        "--target",
+        &file,
+        "--target",
+        "emu:namespaces=2,size=16M",
+    ]));
+    let targets = j["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 3);
+    assert_eq!(targets[0]["kind"], "file");
+    assert_eq!(targets[2]["name"], "emulator ns2");
+    let rows = j["per_core"][0]["targets"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    let sum: u64 = rows.iter().map(|r| r["ios"].as_u64().unwrap()).sum();
+    assert_eq!(sum, j["total"]["ios"].as_u64().unwrap());
+    for r in rows {
+        assert!(r["ios"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["reads"].as_u64().unwrap() > 0 && r["writes"].as_u64().unwrap() > 0);
+    }
+}
+
+/// The short verify soak of the reliability promise: random reads and writes, verified,
+/// while the emulator injects retryable errors, delays, duplicate and spurious completions.
+/// Nothing may fail, nothing may mismatch, every I/O must complete (the long run and its
+/// figures are in docs/reliability.md).
+#[test]
+fn verify_soak_with_random_faults() {
+    let faults = "status/io/internal/2%+delay/io/2ms/1%+duplicate/io/1%+spurious/io/1%+seed/11";
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "3",
+        "--warmup",
+        "0",
+        "-w",
+        "randrw",
+        "-M",
+        "50",
+        "-q",
+        "32",
+        "--verify",
+        "--json",
+        "--quiet",
+        "--target",
+        &format!("emu:size=64M,faults={faults}"),
+    ]));
+    assert_eq!(j["io_errors"], 0, "{}", j["errors"]);
+    let v = &j["verify"];
+    assert_eq!(v["mismatches"], 0, "{v}");
+    assert!(v["blocks_checked"].as_u64().unwrap() > 1000, "{v}");
+    let t = &j["transport"];
+    assert!(t["retries"].as_u64().unwrap() > 0, "{t}");
+    assert!(t["bogus_completions"].as_u64().unwrap() > 0, "{t}");
+}
