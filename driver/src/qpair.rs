@@ -14,7 +14,12 @@
 //!   `delay_cmd_submit`. [`DoorbellMode::Immediate`] rings per command, for comparison.
 //!   The CQ head doorbell is written once per reaping pass, only if something was reaped.
 //! - **Shadow doorbells.** With Doorbell Buffer Config the new value goes to the shadow
-//!   page, and the MMIO write happens only when the controller's EventIdx asks for it.
+//!   page, and the MMIO write happens only when the controller's EventIdx asks for it. A
+//!   qpair that opts out ([`QpairOptions::shadow_doorbells`] false) on such a controller
+//!   still stores every value in the shadow page and always writes MMIO too: once the
+//!   buffer is configured the controller takes doorbell values from the shadow page
+//!   (QEMU and the emulator do), so a value written only to MMIO would be ignored, or
+//!   overridden by the stale shadow value.
 //! - **Non-blocking submission.** With no tracker free, a request waits in a bounded
 //!   software queue and is submitted, in order, as completions free trackers. With that
 //!   queue full too, submit returns [`Busy`] with the request.
@@ -71,7 +76,9 @@ pub struct QpairOptions {
     pub sw_queue_depth: u32,
     /// Doorbell mode.
     pub doorbell: DoorbellMode,
-    /// Use shadow doorbells when the controller was set up with them.
+    /// Let the controller's EventIdx spare MMIO doorbell writes when it was set up with
+    /// shadow doorbells. When false, every update is an MMIO write (and is still stored
+    /// in the shadow page, which such a controller reads as the doorbell value).
     pub shadow_doorbells: bool,
     /// Default cap on completions reaped per pass by [`crate::target::TargetQueue::poll`]
     /// (0: a quarter of the depth, at most 128).
@@ -164,7 +171,11 @@ pub struct IoQpair {
     mode: DoorbellMode,
     sq_db: Doorbell,
     cq_db: Doorbell,
+    /// The shadow doorbell slots (SQ, CQ) when the controller was set up with them: kept
+    /// current even when `event_idx` is off.
     shadow: Option<(ShadowSlot, ShadowSlot)>,
+    /// Skip MMIO writes the controller's EventIdx does not ask for.
+    event_idx: bool,
     trackers: Box<[Tracker]>,
     free: VecDeque<u16>,
     in_flight: u32,
@@ -268,11 +279,8 @@ impl IoQpair {
             mode: opts.doorbell,
             sq_db: parts.sq_db,
             cq_db: parts.cq_db,
-            shadow: if opts.shadow_doorbells {
-                parts.shadow
-            } else {
-                None
-            },
+            event_idx: opts.shadow_doorbells && parts.shadow.is_some(),
+            shadow: parts.shadow,
             trackers,
             free,
             in_flight: 0,
@@ -331,16 +339,31 @@ impl IoQpair {
     pub fn stats(&self) -> QueueStats {
         self.stats
     }
-    /// Whether shadow doorbells are in use.
+    /// Whether shadow doorbells are in use: EventIdx decides which updates also need an
+    /// MMIO write.
     pub fn uses_shadow_doorbells(&self) -> bool {
-        self.shadow.is_some()
+        self.event_idx
     }
-    /// Diagnostics: the SQ tail and CQ head as the driver last published them, and, with
-    /// shadow doorbells, the (shadow value, EventIdx) pairs of the SQ and CQ.
+    /// Diagnostics: the SQ tail and CQ head as the driver last published them, dword 3
+    /// (CID and phase) of the CQ entries at and before the head, and, with shadow
+    /// doorbells, the (shadow value, EventIdx) pairs of the SQ and CQ.
     pub fn doorbell_state(&self) -> String {
         let mut s = format!(
             "sq_tail {} (rung {}), cq_head {} phase {}",
             self.sq_tail, self.sq_tail_rung, self.cq_head, self.cq_phase as u8
+        );
+        let here = self.cq.dw3(self.cq_head);
+        let prev = self.cq.dw3(if self.cq_head == 0 {
+            self.depth - 1
+        } else {
+            self.cq_head - 1
+        });
+        s += &format!(
+            ", cqe at head: cid {} phase {}, before head: cid {} phase {}",
+            here as u16,
+            (here >> 16) & 1,
+            prev as u16,
+            (prev >> 16) & 1
         );
         if let Some((sq, cq)) = &self.shadow {
             let (sd, se) = sq.peek();
@@ -683,10 +706,16 @@ impl IoQpair {
         let (new, old) = (self.sq_tail, self.sq_tail_rung);
         self.sq_tail_rung = new;
         if let Some((sq_shadow, _)) = &self.shadow {
-            let event = sq_shadow.publish(new as u32);
-            if !need_event(event, new, old, self.depth) {
-                self.stats.shadow_doorbell_updates += 1;
-                return;
+            // The shadow value first, always: with the buffer configured it is the value
+            // the controller uses, and the MMIO write below only tells it to look.
+            if self.event_idx {
+                let event = sq_shadow.publish(new as u32);
+                if !need_event(event, new, old, self.depth) {
+                    self.stats.shadow_doorbell_updates += 1;
+                    return;
+                }
+            } else {
+                sq_shadow.store(new as u32);
             }
         }
         self.sq_db.ring(new as u32);
@@ -696,10 +725,15 @@ impl IoQpair {
     fn ring_cq(&mut self, old: u16) {
         let new = self.cq_head;
         if let Some((_, cq_shadow)) = &self.shadow {
-            let event = cq_shadow.publish(new as u32);
-            if !need_event(event, new, old, self.depth) {
-                self.stats.shadow_doorbell_updates += 1;
-                return;
+            // As in `ring_sq`: shadow first, MMIO as the notification.
+            if self.event_idx {
+                let event = cq_shadow.publish(new as u32);
+                if !need_event(event, new, old, self.depth) {
+                    self.stats.shadow_doorbell_updates += 1;
+                    return;
+                }
+            } else {
+                cq_shadow.store(new as u32);
             }
         }
         self.cq_db.ring(new as u32);
