@@ -221,6 +221,12 @@ fn perf_json_is_consistent() {
     assert!(min > 0.0 && min <= avg && avg <= max, "{min} {avg} {max}");
     assert!(l["p50"].as_f64().unwrap() <= l["p99"].as_f64().unwrap());
     assert!(t["ns_per_io_cpu"].as_f64().unwrap() > 0.0);
+    assert!(t["ns_per_io_cpu_p50"].as_f64().unwrap() > 0.0);
+    let busy = t["busy_ns"].as_u64().unwrap();
+    assert!(
+        (t["ns_per_io_cpu"].as_f64().unwrap() - busy as f64 / ios as f64).abs() <= 0.06,
+        "ns_per_io_cpu is busy_ns / ios"
+    );
     let tr = &j["transport"];
     // Completions counted by the transport over the window are the I/Os measured.
     assert_eq!(tr["completed"].as_u64().unwrap(), ios);

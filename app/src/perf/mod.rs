@@ -457,3 +457,15 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::core_list_text;
+
+    #[test]
+    fn core_lists_print_as_ranges() {
+        assert_eq!(core_list_text(&[0]), "0");
+        assert_eq!(core_list_text(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(core_list_text(&[]), "");
+    }
+}
