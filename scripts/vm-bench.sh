@@ -65,14 +65,13 @@ done
 ((${#cmds[@]} || shell)) || vm_die "no commands: give --cmd CMD or --cmds FILE (e.g. scripts/vm/bench-fio.cmds)"
 timeout_s=${KESTREL_VM_TIMEOUT:-900}
 ((shell)) && timeout_s=0
+# shellcheck disable=SC2034 # read by vm_initramfs_payload (scripts/vm/lib.sh)
 VM_NVME_PARAMS=${KESTREL_VM_NVME_PARAMS-poll_queues=2}
 
 t_start=$SECONDS
 step() { vm_log "[$((SECONDS - t_start))s] $*"; }
 
-mkdir -p "$VM_CACHE"
-exec 9>"$VM_CACHE/.lock"
-flock -w 1800 9 || vm_die "another VM run holds $VM_CACHE/.lock"
+vm_lock_cache
 
 step "packages"
 vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils fio ||

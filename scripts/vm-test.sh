@@ -26,8 +26,9 @@
 # KESTREL_VM_STRICT=1 (a skipped mode fails the run).
 #
 # Exit status: the payload's (the first failing mode's), 0 when every mode
-# that ran passed. One summary line per mode:
+# that ran passed. One summary line per mode, then a count of modes:
 #   vm-test: mode=iommu result=pass|fail|skip (reason) time=NNs
+#   vm-test: 1 passed, 0 failed, 1 skipped
 set -euo pipefail
 
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
@@ -77,10 +78,7 @@ timeout_s=${KESTREL_VM_TIMEOUT:-300}
 t_start=$SECONDS
 step() { vm_log "[$((SECONDS - t_start))s] $*"; }
 
-mkdir -p "$VM_CACHE"
-# One run at a time per cache: the cache is filled in place.
-exec 9>"$VM_CACHE/.lock"
-flock -w 1800 9 || vm_die "another vm-test holds $VM_CACHE/.lock"
+vm_lock_cache
 
 step "packages"
 vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
@@ -147,11 +145,16 @@ run_mode() {
     result[$m]=$VM_RESULT why[$m]=$VM_WHY rcs[$m]=$VM_RC took[$m]=$((SECONDS - t0))
 }
 
-overall=0
+overall=0 npass=0 nfail=0 nskip=0
 for m in "${modes[@]}"; do
     run_mode "$m"
 done
 for m in "${modes[@]}"; do
+    case ${result[$m]} in
+    pass) npass=$((npass + 1)) ;;
+    fail) nfail=$((nfail + 1)) ;;
+    skip) nskip=$((nskip + 1)) ;;
+    esac
     line="vm-test: mode=$m result=${result[$m]}"
     [[ -n ${why[$m]} ]] && line+=" (${why[$m]})"
     echo "$line time=${took[$m]}s"
@@ -164,4 +167,6 @@ for m in "${modes[@]}"; do
     fi
 done
 vm_log "total $((SECONDS - t_start))s"
+# Modes as test counts, in the plain form CI logs are read for.
+echo "vm-test: $npass passed, $nfail failed, $nskip skipped"
 exit "$overall"

@@ -13,27 +13,45 @@
 //! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 //! - [`file`](mod@file): a file or block device as a target, through io_uring.
+//! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
+//!   cross-thread.
+//! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
+//!   lock-free rings ([`spsc`], [`notify`]).
+//! - [`target_spec`]: target strings (`emu:...`, `file:...`, `pci:...`).
+//! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`reactor`].
 #![deny(missing_docs)]
+// `SubmitError::Busy` hands the refused request back by value, so back-pressure costs no
+// allocation; the success path returns `Ok(())`, so the large error variant is only
+// copied when a queue is full.
+#![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
+pub mod aio;
+pub mod capi;
 pub mod ctrlr;
 pub mod dma;
 pub mod emu;
 pub mod file;
 pub mod io;
 pub mod mmio;
+pub mod notify;
 pub mod pci;
 pub mod prp;
 pub mod qpair;
+pub mod reactor;
 pub mod ring;
 pub mod spec;
+pub mod spsc;
 pub mod target;
+pub mod target_spec;
 pub mod transport;
 pub mod vfio;
 
+pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
 pub use qpair::{DoorbellMode, IoQpair, QpairOptions};
+pub use reactor::{IdlePolicy, Reactor, ReactorBuilder, ReactorError};
 pub use target::{QueueOptions, Target, TargetInfo, TargetQueue};
 
 /// Any error of the library, by layer.
@@ -60,6 +78,18 @@ pub enum Error {
     /// File target.
     #[error(transparent)]
     File(#[from] file::FileError),
+    /// The aio layer.
+    #[error(transparent)]
+    Aio(#[from] aio::AioError),
+    /// The reactor.
+    #[error(transparent)]
+    Reactor(#[from] reactor::ReactorError),
+    /// Target strings.
+    #[error(transparent)]
+    TargetSpec(#[from] target_spec::TargetSpecError),
+    /// The C ABI.
+    #[error(transparent)]
+    Capi(#[from] capi::CapiError),
     /// An I/O error reported synchronously.
     #[error(transparent)]
     Io(#[from] io::IoError),

@@ -6,7 +6,7 @@
 //!
 //! - **Inline command slots.** One [`Tracker`] per command identifier, allocated with
 //!   the qpair, each with its own PRP list pages in DMA memory and the caller's token
-//!   copied in. Free trackers are an index stack. There are `depth - 1` trackers, so the
+//!   copied in. Free trackers are an index queue, reused FIFO. There are `depth - 1` trackers, so the
 //!   submission ring and the completion ring can never overflow.
 //! - **Doorbell batching.** [`IoQpair::submit`] writes the SQE and moves the local
 //!   `sq_tail`; the SQ tail doorbell is written once when the batch ends
@@ -134,6 +134,8 @@ struct Tracker {
     active: bool,
     timed_out: bool,
     inject: Option<Status>,
+    /// A cancel sent an Abort for this command: its error completion is final (no retry).
+    abort_requested: bool,
     submit_tick: u32,
     prp: PrpListMem,
     sqe: Sqe,
@@ -164,7 +166,7 @@ pub struct IoQpair {
     cq_db: Doorbell,
     shadow: Option<(ShadowSlot, ShadowSlot)>,
     trackers: Box<[Tracker]>,
-    free: Vec<u16>,
+    free: VecDeque<u16>,
     in_flight: u32,
     pending: VecDeque<IoRequest>,
     splitting: Option<u16>,
@@ -221,6 +223,7 @@ impl IoQpair {
                     active: false,
                     timed_out: false,
                     inject: None,
+                    abort_requested: false,
                     submit_tick: 0,
                     prp: PrpListMem {
                         // The tracker's list pages inside the qpair's PRP buffer.
@@ -233,7 +236,10 @@ impl IoQpair {
             })
             .collect();
         // Pop order: CID 0 first.
-        let free: Vec<u16> = (0..ntrk as u16).rev().collect();
+        // FIFO reuse: a freed CID goes to the back and is the last to be taken again, so
+        // a late duplicate completion for it (a controller bug) almost always finds it
+        // idle and is counted as bogus instead of completing a new command.
+        let free: VecDeque<u16> = (0..ntrk as u16).collect();
         let parents: Box<[Parent]> = (0..ntrk)
             .map(|_| Parent {
                 req: IoRequest::flush(0, 0),
@@ -526,7 +532,7 @@ impl IoQpair {
             self.continue_split(block_size);
             return Ok(());
         }
-        let Some(cid) = self.free.pop() else {
+        let Some(cid) = self.free.pop_front() else {
             return Err(req);
         };
         self.issue(cid, &req, 0, req.nlb, NO_PARENT, block_size);
@@ -541,7 +547,9 @@ impl IoQpair {
                 self.splitting = None;
                 break;
             }
-            let Some(cid) = self.free.pop() else { break };
+            let Some(cid) = self.free.pop_front() else {
+                break;
+            };
             let nlb = p.chunk_blocks.min(p.req.nlb - p.issued_blocks);
             let par = &mut self.parents[pi as usize];
             par.issued_blocks += nlb;
@@ -594,6 +602,7 @@ impl IoQpair {
         t.active = true;
         t.timed_out = false;
         t.inject = None;
+        t.abort_requested = false;
         t.submit_tick = self.tick;
         t.sqe = sqe;
         self.in_flight += 1;
@@ -796,7 +805,7 @@ impl IoQpair {
         } else if status.is_success() {
             Ok(())
         } else {
-            if status.is_retryable() && t.retries < max_retries {
+            if status.is_retryable() && t.retries < max_retries && !t.abort_requested {
                 t.retries += 1;
                 self.stats.retries += 1;
                 let delay = self.ctrlr.retry_delay(status.crd);
@@ -804,7 +813,9 @@ impl IoQpair {
                     let sqe = t.sqe;
                     self.push_sqe(&sqe);
                 } else {
-                    let ticks = (delay.as_millis() / TICK.as_millis()).max(1) as u32;
+                    // One tick more than the delay: the current tick may be about to end,
+                    // and the retry must not go out before the delay has passed.
+                    let ticks = (delay.as_millis().div_ceil(TICK.as_millis())) as u32 + 1;
                     self.delayed.push_back((cid, self.tick.wrapping_add(ticks)));
                 }
                 return 0;
@@ -832,7 +843,7 @@ impl IoQpair {
         t.inject = None;
         let (token, parent) = (t.token, t.parent);
         self.in_flight -= 1;
-        self.free.push(cid);
+        self.free.push_back(cid);
         if parent == NO_PARENT {
             return Some(Completion { token, result });
         }
@@ -1103,6 +1114,55 @@ impl IoQpair {
         }
     }
 
+    /// The command identifier of the (first) command at the device carrying `token`, if
+    /// any: what an NVMe Abort names together with [`IoQpair::qid`].
+    pub fn cid_of(&self, token: u64) -> Option<u16> {
+        self.trackers
+            .iter()
+            .position(|t| t.active && t.token == token)
+            .map(|i| i as u16)
+    }
+
+    /// Sends an NVMe Abort for every command at the device carrying `token` (the children
+    /// of a split request share it), after ringing the SQ doorbell so the controller knows
+    /// of them. Each such command then completes normally or with Command Abort Requested,
+    /// and is not retried. A synchronous admin command per CID, bounded by the qpair's
+    /// abort timeout: a rare recovery action, not an I/O path operation.
+    pub fn abort(&mut self, token: u64) -> crate::target::AbortOutcome {
+        use crate::target::AbortOutcome;
+        self.flush();
+        let mut outcome = AbortOutcome::NotFound;
+        for cid in 0..self.trackers.len() {
+            let t = &mut self.trackers[cid];
+            if !(t.active && t.token == token) {
+                continue;
+            }
+            t.abort_requested = true;
+            let r = self
+                .ctrlr
+                .abort_with_timeout(self.qid, cid as u16, self.abort_timeout);
+            outcome = match (r, outcome) {
+                (Ok(true), _) => AbortOutcome::Aborted,
+                (Ok(false), AbortOutcome::Aborted) => AbortOutcome::Aborted,
+                (Ok(false), _) => AbortOutcome::NotAborted,
+                (Err(e), prev) => {
+                    tracing::warn!(
+                        qid = self.qid,
+                        cid,
+                        "abort of cid {cid} on qid {} failed: {e}",
+                        self.qid
+                    );
+                    if prev == AbortOutcome::NotFound {
+                        AbortOutcome::Failed
+                    } else {
+                        prev
+                    }
+                }
+            };
+        }
+        outcome
+    }
+
     /// Submits a raw command (passthrough): the caller's SQE with CID and data pointer
     /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
     /// validation beyond the PRP rules: the device judges it. Used by conformance tests
@@ -1113,7 +1173,7 @@ impl IoQpair {
         data: Option<DmaSlice>,
         token: u64,
     ) -> Result<(), SubmitError> {
-        let Some(cid) = self.free.pop() else {
+        let Some(cid) = self.free.pop_front() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),
                 in_flight: self.in_flight,
@@ -1128,7 +1188,7 @@ impl IoQpair {
                     sqe.prp2 = p2;
                 }
                 Err(reason) => {
-                    self.free.push(cid);
+                    self.free.push_back(cid);
                     return Err(SubmitError::Invalid { token, reason });
                 }
             }
@@ -1138,6 +1198,7 @@ impl IoQpair {
         t.parent = NO_PARENT;
         t.retries = self.max_retries; // raw commands are never retried
         t.active = true;
+        t.abort_requested = false;
         t.submit_tick = self.tick;
         t.sqe = sqe;
         self.in_flight += 1;
@@ -1196,5 +1257,8 @@ impl crate::target::TargetQueue for IoQpair {
     }
     fn cancel_queued(&mut self, token: u64) -> bool {
         IoQpair::cancel_queued(self, token)
+    }
+    fn abort(&mut self, token: u64) -> crate::target::AbortOutcome {
+        IoQpair::abort(self, token)
     }
 }

@@ -82,4 +82,29 @@ pub trait TargetQueue: Send {
     /// Cancels a request still waiting in the software queue; true if found (its
     /// completion is delivered by the next poll with `IoError::Cancelled`).
     fn cancel_queued(&mut self, token: u64) -> bool;
+    /// Asks the device to abort a request it holds (NVMe Abort). The request still
+    /// completes through [`TargetQueue::poll`]: with Command Abort Requested if the abort
+    /// won, normally if it lost the race. Targets that cannot abort return
+    /// [`AbortOutcome::Unsupported`] (the default).
+    fn abort(&mut self, token: u64) -> AbortOutcome {
+        let _ = token;
+        AbortOutcome::Unsupported
+    }
+}
+
+/// What [`TargetQueue::abort`] came to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AbortOutcome {
+    /// The controller reports the command aborted; its completion carries Command Abort
+    /// Requested.
+    Aborted,
+    /// The controller did not abort it (already done, or past the point of no return); it
+    /// completes with its own status.
+    NotAborted,
+    /// No command with that token is at the device (it completed, or is not submitted).
+    NotFound,
+    /// This target cannot abort a request at the device.
+    Unsupported,
+    /// The Abort command itself failed (logged); the request completes as it will.
+    Failed,
 }

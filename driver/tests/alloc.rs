@@ -58,7 +58,7 @@ fn no_allocation_across_100k_ios() {
     let mut buf = c.dma_pool().alloc(128 * 4096).unwrap();
     buf.fill(7);
     let big = c.dma_pool().alloc(4 << 20).unwrap();
-    let mut run = |qp: &mut kestrel::IoQpair, n: u64| {
+    let run = |qp: &mut kestrel::IoQpair, n: u64| {
         let mut done = 0u64;
         let mut issued = 0u64;
         while done < n {

@@ -3,6 +3,8 @@
 //! controller. Every case uses only the library's public API, opens its own controller
 //! (so each is independent), and reports pass, fail or skip (with the reason).
 
+pub mod targets;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;

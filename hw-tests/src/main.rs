@@ -8,6 +8,7 @@
 //! ```
 //! Exit status: 0 when no case failed, 1 when one did, 2 for usage errors.
 
+use kestrel_hw_tests::targets::{run_targets, TargetKind};
 use kestrel_hw_tests::{format_report, run, summary_json, tally, Device};
 
 const USAGE: &str =
@@ -19,6 +20,8 @@ Runs Kestrel's NVMe conformance suite.
                     destructive: overwrites the first 64 MiB of namespace 1, so it also
                     needs --destructive (or KESTREL_TEST_DESTRUCTIVE=1)
   --noiommu         use the VFIO noiommu path (or KESTREL_NOIOMMU=1)
+  --file PATH       also run the target cases on a file target at PATH (created
+                    sparse at 64 MiB if missing; direct I/O where the file system allows)
   --filter SUBSTR   only cases whose name contains SUBSTR
   --list            list the cases and exit";
 
@@ -37,6 +40,7 @@ fn main() {
     let mut destructive = std::env::var("KESTREL_TEST_DESTRUCTIVE").is_ok_and(|v| v == "1");
     let mut noiommu = std::env::var("KESTREL_NOIOMMU").is_ok_and(|v| v == "1");
     let mut filter = String::new();
+    let mut files: Vec<std::path::PathBuf> = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--device" => {
@@ -52,9 +56,17 @@ fn main() {
                     .next()
                     .unwrap_or_else(|| usage("--filter needs a value"))
             }
+            "--file" => files.push(
+                args.next()
+                    .unwrap_or_else(|| usage("--file needs a path"))
+                    .into(),
+            ),
             "--list" => {
                 for c in kestrel_hw_tests::cases() {
                     println!("{:<28} {}", c.name, c.about);
+                }
+                for (name, _) in kestrel_hw_tests::targets::target_cases() {
+                    println!("{name:<28} (through the Target trait: nvme namespace and file)");
                 }
                 return;
             }
@@ -75,7 +87,17 @@ fn main() {
         }
         None => Device::Emulator,
     };
-    let reports = run(&device, &filter);
+    let mut reports = run(&device, &filter);
+    reports.extend(run_targets(&TargetKind::Nvme(device.clone()), &filter));
+    for path in files {
+        reports.extend(run_targets(
+            &TargetKind::File {
+                path,
+                direct: false,
+            },
+            &filter,
+        ));
+    }
     print!("{}", format_report(&reports));
     println!("{}", summary_json(&reports));
     let (p, f, s) = tally(&reports);

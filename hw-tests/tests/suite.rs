@@ -1,7 +1,58 @@
 //! The conformance suite as part of `cargo test`: every case against the emulator, and the
 //! hardware run when a device is named (skipped, saying how to enable it, otherwise).
 
-use kestrel_hw_tests::{cases, format_report, run, tally, Device, Outcome};
+use kestrel_hw_tests::targets::{run_targets, TargetKind};
+use kestrel_hw_tests::{cases, format_report, run, tally, CaseReport, Device, Outcome};
+
+fn assert_all_pass(reports: &[CaseReport], allow_skip: bool) {
+    println!("{}", format_report(reports));
+    let bad: Vec<_> = reports
+        .iter()
+        .filter(|r| match &r.outcome {
+            Outcome::Fail(_) => true,
+            Outcome::Skip(_) => !allow_skip,
+            Outcome::Pass => false,
+        })
+        .map(|r| (r.name, r.target.clone(), r.outcome.clone()))
+        .collect();
+    assert!(bad.is_empty(), "{bad:#?}");
+}
+
+#[test]
+fn target_cases_on_the_emulated_namespace() {
+    assert_all_pass(&run_targets(&TargetKind::Nvme(Device::Emulator), ""), false);
+}
+
+#[test]
+fn target_cases_on_a_file_on_disk_with_direct_io() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("target.img");
+    assert_all_pass(
+        &run_targets(&TargetKind::File { path, direct: true }, ""),
+        false,
+    );
+}
+
+#[test]
+fn target_cases_on_a_file_on_tmpfs_buffered() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        println!("skipped: /dev/shm is not there to test the buffered fallback on tmpfs");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let path = dir.path().join("target.img");
+    assert_all_pass(
+        &run_targets(
+            &TargetKind::File {
+                path,
+                direct: false,
+            },
+            "",
+        ),
+        false,
+    );
+}
 
 #[test]
 fn suite_has_at_least_25_independent_cases() {

@@ -10,7 +10,8 @@
 #   bind_vfio     give it back to vfio-pci (as it is when the list starts)
 #
 # The binding persists from one command to the next. Prints a header per
-# command and a closing table; exits with the number of failed commands.
+# command and a closing table (status, time, the first IOPS figure the
+# command printed); exits with the number of failed commands.
 set -u
 list=${1:?usage: guest-bench.sh COMMAND-LIST}
 sysdev=/sys/bus/pci/devices/${BDF:?}
@@ -65,18 +66,22 @@ while IFS= read -r line || [ -n "$line" ]; do
     n=$((n + 1))
     echo "=== vm-bench command $n: $line"
     start=$EPOCHREALTIME
-    # Not a subshell: bind_kernel's NVME_BLK and the binding carry over.
-    eval "$line" </dev/null
+    # Not a subshell (the output goes through a process substitution, not a
+    # pipe): bind_kernel's NVME_BLK and the binding carry over.
+    eval "$line" </dev/null > >(tee "/tmp/bench-$n.out") 2>&1
     rc=$?
     end=$EPOCHREALTIME
+    wait "$!" 2>/dev/null
+    # The first IOPS figure the command printed (fio: "IOPS=22.4k").
+    iops=$(grep -oiE 'iops[=: ]+[0-9.]+[kKmM]?' "/tmp/bench-$n.out" | head -n 1 | grep -oE '[0-9.]+[kKmM]?$')
     secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.2f", b - a }')
     echo "=== vm-bench command $n: status $rc in ${secs}s"
     [ "$rc" = 0 ] || failed=$((failed + 1))
-    summary+=("$(printf '%3d  %6s  %8ss  %s' "$n" "$rc" "$secs" "$line")")
+    summary+=("$(printf '%3d  %6s  %8ss  %7s  %s' "$n" "$rc" "$secs" "${iops:--}" "$line")")
 done <"$list"
 
 echo "=== vm-bench summary (driver now $(driver_of))"
-printf '%3s  %6s  %9s  %s\n' "#" status time command
+printf '%3s  %6s  %9s  %7s  %s\n' "#" status time IOPS command
 printf '%s\n' "${summary[@]}"
 echo "vm-bench: $n commands, $failed failed"
 [ "$failed" -le 100 ] || failed=100

@@ -55,6 +55,11 @@ mkdir -p /dev/pts /dev/shm /dev/hugepages /tmp /run /root /host
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /dev/shm
+# What udev would add: bash's process substitution needs /dev/fd.
+ln -sf /proc/self/fd /dev/fd
+ln -sf /proc/self/fd/0 /dev/stdin
+ln -sf /proc/self/fd/1 /dev/stdout
+ln -sf /proc/self/fd/2 /dev/stderr
 # On demand module loads (the crypto providers of crc-t10dif and crc64)
 # come through this helper.
 echo /sbin/modprobe >/proc/sys/kernel/modprobe
@@ -154,7 +159,10 @@ if [ "$KESTREL_SHELL" = 1 ]; then
     finish $?
 fi
 
-say "running: $KESTREL_GUEST_CMD"
+case $KESTREL_GUEST_CMD in
+*$'\n'*) say "running: ${KESTREL_GUEST_CMD%%$'\n'*} ... ($(printf '%s\n' "$KESTREL_GUEST_CMD" | wc -l) lines)" ;;
+*) say "running: $KESTREL_GUEST_CMD" ;;
+esac
 echo "=== kestrel-guest-output-begin ==="
 cd / || fail "cannot cd /"
 if [ "$have_share" = 1 ]; then

@@ -80,15 +80,32 @@ vm_apt_install() {
 }
 
 # Removes what matches glob $3 (default: everything) in directory $1, but
-# $2: older kernels and initramfs images.
+# $2 and the $4 (default 0) most recently made others: older kernels and
+# initramfs images. (Checkouts sharing a cache each keep their initramfs.)
 vm_prune() {
-    local dir=$1 keep=$2 glob=${3:-*} e
+    local dir=$1 keep=$2 glob=${3:-*} spare=${4:-0} e
     [[ -d $dir ]] || return 0
-    for e in "$dir"/$glob; do
+    while read -r e; do
         [[ -e $e && $e != "$keep" ]] || continue
+        if ((spare > 0)); then
+            spare=$((spare - 1))
+            continue
+        fi
         vm_log "removing the stale $e"
         rm -rf "$e"
-    done
+    done < <(find "$dir" -mindepth 1 -maxdepth 1 -name "$glob" -printf '%T@ %p\n' | sort -rn | cut -d' ' -f2-)
+}
+
+# Takes the cache's lock for the rest of the run (one run at a time per
+# cache: it is filled in place, and two TCG guests on two cores would only
+# slow each other into their timeouts).
+vm_lock_cache() {
+    mkdir -p "$VM_CACHE"
+    exec 9>"$VM_CACHE/.lock"
+    if ! flock -n 9; then
+        vm_log "waiting for another run that holds $VM_CACHE/.lock"
+        flock -w 1800 9 || vm_die "another run has held $VM_CACHE/.lock for 30 minutes"
+    fi
 }
 
 # ------------------------------------------------------------ guest kernel
@@ -366,7 +383,7 @@ vm_initramfs_base() {
         cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$VM_INITRD_BASE.tmp"
     mv "$VM_INITRD_BASE.tmp" "$VM_INITRD_BASE"
     rm -rf "$stage"
-    vm_prune "$VM_CACHE/initramfs" "$VM_INITRD_BASE" 'base-*'
+    vm_prune "$VM_CACHE/initramfs" "$VM_INITRD_BASE" 'base-*' 2
 }
 
 # A cached initramfs segment named $1 holding host files $2... at the same
@@ -392,7 +409,7 @@ vm_initramfs_segment() {
             cpio -o -H newc -R 0:0 --reproducible --quiet | gzip -1 -n) >"$out.tmp"
         mv "$out.tmp" "$out"
         rm -rf "$stage"
-        vm_prune "$VM_CACHE/initramfs" "$out" "$name-*"
+        vm_prune "$VM_CACHE/initramfs" "$out" "$name-*" 1
     fi
     VM_INITRD_EXTRA+=("$out")
 }
@@ -451,6 +468,10 @@ vm_qemu_cmdline() {
     if [[ $backend == null ]]; then
         drive="driver=null-co,read-zeroes=on,size=1G,if=none,id=nvm"
     else
+        # discard=unmap: QEMU's model reports DLFEAT "deallocated blocks read
+        # as zeroes" whatever the backend does, and the default discard=ignore
+        # drops Deallocate, leaving the old data; unmap punches holes in the
+        # sparse file, so the claim holds.
         drive="file=$backend,format=raw,if=none,id=nvm,cache=writeback,aio=threads,discard=unmap"
     fi
     VM_QEMU=(qemu-system-x86_64 -accel "tcg,thread=multi" -machine "$machine" -smp "$VM_SMP"
@@ -499,7 +520,9 @@ vm_run_guest() {
     status=
     [[ -f $share/status ]] && status=$(<"$share/status")
     [[ -f $share/output.txt ]] && cp "$share/output.txt" "$logs_dir/output-$m.txt"
-    # isa-debug-exit makes QEMU exit with (status << 1) | 1; timeout says
+    # isa-debug-exit makes QEMU exit with (status << 1) | 1, so a guest's 0
+    # and QEMU's own error exit are both 1: the guest's word (the share, or
+    # its console line) tells them apart. timeout says
     # 124 (137 after its SIGKILL); a panic or power-off without a status
     # leaves QEMU's own 0.
     if ((qrc == 124 || qrc == 137)); then
@@ -511,7 +534,11 @@ vm_run_guest() {
         if [[ -n $status && $status != "$rc" ]]; then
             vm_log "warning: the exit port says $rc, the share says $status"
         fi
-        if ((rc == 0)); then
+        if ((rc == 0)) && [[ $status != 0 ]] && ! grep -q '^kestrel-init: reporting exit status 0$' "$log"; then
+            # QEMU's own failures exit 1 too, which reads as a guest's 0.
+            VM_WHY="QEMU exited with status 1 and the guest reported nothing: QEMU failed ($(grep -m1 'qemu-system' "$log" || tail -n 1 "$log"))"
+            VM_RC=1
+        elif ((rc == 0)); then
             VM_RESULT=pass
         elif ((rc == 125)) && grep -q '^kestrel-init: error:' "$log"; then
             VM_WHY="guest setup failed: $(grep -m1 '^kestrel-init: error:' "$log" | sed 's/^kestrel-init: error: //')"

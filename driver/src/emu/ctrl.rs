@@ -875,7 +875,7 @@ impl Ctrl {
                 self.events.pop_front();
                 continue;
             }
-            if self.cqs[0].as_ref().map_or(true, |cq| cq.room() == 0) {
+            if self.cqs[0].as_ref().is_none_or(|cq| cq.room() == 0) {
                 break;
             }
             self.events.pop_front();

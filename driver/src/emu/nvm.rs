@@ -347,10 +347,7 @@ impl Nvm {
         // Check every range before acting on any.
         for k in 0..nr {
             let r = parse(k);
-            if r.slba
-                .checked_add(r.nlb as u64)
-                .map_or(true, |e| e > ns.nsze)
-            {
+            if r.slba.checked_add(r.nlb as u64).is_none_or(|e| e > ns.nsze) {
                 return IoDone::err(Status::LBA_OUT_OF_RANGE.with_dnr(true), r.slba);
             }
         }

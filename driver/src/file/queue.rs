@@ -423,7 +423,7 @@ impl FileQueue {
         if req
             .lba
             .checked_add(u64::from(req.nlb))
-            .map_or(true, |end| end > capacity)
+            .is_none_or(|end| end > capacity)
         {
             return Err(InvalidRequest::OutOfRange {
                 nsid,

@@ -1,0 +1,202 @@
+/*
+ * kestrel.h - C ABI of Kestrel, a polled-mode userspace NVMe driver.
+ *
+ * An aio-style API (after Linux aio and io_uring): open a target, allocate DMA
+ * buffers from it, set up a context, submit iocbs, collect events. Two modes, with
+ * the same kestrel_io_* calls:
+ *   - run-to-completion (kestrel_io_setup): the context owns a queue on the target
+ *     and the thread using it polls it;
+ *   - cross-thread (kestrel_reactor_start + kestrel_reactor_io_setup): pinned
+ *     poller threads own the queues; contexts hand them requests through lock-free
+ *     rings and kestrel_io_getevents waits for their completions.
+ *
+ * Conventions
+ *   - Functions returning int return 0 (or a count) on success and a negative
+ *     errno on failure; kestrel_last_error() has the full message of the calling
+ *     thread's last failure, kestrel_strerror() a short one for a code.
+ *   - Every pointer and length is checked: NULL, zero, overflow, handles of the
+ *     wrong kind and buffers not from kestrel_dma_alloc() are -EINVAL.
+ *   - Offsets and lengths are bytes and must be multiples of the block size.
+ *   - A kestrel_t may be shared between threads; a kestrel_ctx_t is used by one
+ *     thread at a time.
+ *   - kestrel_io_submit() never sleeps: it takes as many iocbs as fit, in order,
+ *     and returns how many (-EAGAIN when none fit).
+ *   - Every accepted iocb produces exactly one event.
+ *
+ * Link with -lkestrel (libkestrel.so or libkestrel.a; the static library also
+ * needs -lpthread -ldl -lm -lgcc_s).
+ */
+#ifndef KESTREL_H
+#define KESTREL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KESTREL_ABI_VERSION 1
+
+/* Opcodes (struct kestrel_iocb.opcode). */
+#define KESTREL_OP_READ 0         /* len bytes at offset into buf */
+#define KESTREL_OP_WRITE 1        /* len bytes at offset from buf */
+#define KESTREL_OP_FLUSH 2        /* offset, len ignored; buf, iov NULL */
+#define KESTREL_OP_WRITE_ZEROES 3 /* buf, iov NULL */
+#define KESTREL_OP_DISCARD 4      /* buf, iov NULL */
+#define KESTREL_OP_READV 5        /* into iov[0..iovcnt) */
+#define KESTREL_OP_WRITEV 6       /* from iov[0..iovcnt) */
+
+/* What a cancel did (struct kestrel_event.cancel). */
+#define KESTREL_CANCEL_NONE 0      /* no cancel was asked for */
+#define KESTREL_CANCEL_CANCELLED 1 /* never reached the device; res = -ECANCELED */
+#define KESTREL_CANCEL_ABORTED 2   /* aborted at the device; res = -ECANCELED, sct/sc 0/7 */
+#define KESTREL_CANCEL_TOO_LATE 3  /* completed anyway; res is its own result */
+
+/* kestrel_io_cancel() results (the event still comes and has the final word). */
+#define KESTREL_CANCEL_STATUS_CANCELLED 0   /* not at the device */
+#define KESTREL_CANCEL_STATUS_ABORTED 1     /* NVMe Abort sent; the controller aborted it */
+#define KESTREL_CANCEL_STATUS_NOT_ABORTED 2 /* NVMe Abort sent; the controller did not */
+#define KESTREL_CANCEL_STATUS_TOO_LATE 3    /* already complete, or cannot be aborted */
+#define KESTREL_CANCEL_STATUS_REQUESTED 4   /* handed to a poller thread */
+
+/* struct kestrel_io_params.flags */
+#define KESTREL_IO_BOUNCE 1u /* accept ordinary memory, copied through bounce buffers */
+
+/* kestrel_reactor_start() flags */
+#define KESTREL_REACTOR_BACKOFF 1u /* idle pollers pause, yield, then sleep */
+
+/* struct kestrel_info.flags */
+#define KESTREL_INFO_WRITE_ZEROES (1u << 0)
+#define KESTREL_INFO_DISCARD (1u << 1)
+#define KESTREL_INFO_DISCARD_ZEROES (1u << 2)
+#define KESTREL_INFO_FLUSH (1u << 3)
+#define KESTREL_INFO_READ_ONLY (1u << 4)
+
+#define KESTREL_MAX_IOV 8
+#define KESTREL_NAME_LEN 64
+#define KESTREL_DEFAULT_BOUNCE_BUFFERS 64
+#define KESTREL_DEFAULT_BOUNCE_BUF_SIZE (128 * 1024)
+
+typedef struct kestrel kestrel_t;         /* an open target */
+typedef struct kestrel_ctx kestrel_ctx_t; /* an I/O context */
+typedef struct kestrel_reactor kestrel_reactor_t; /* pinned poller threads */
+
+struct kestrel_info {
+    uint64_t num_blocks;
+    uint64_t capacity_bytes;
+    uint64_t max_transfer_bytes;
+    uint32_t block_size;
+    uint32_t nsid;
+    uint32_t flags; /* KESTREL_INFO_* */
+    uint32_t reserved;
+    char name[KESTREL_NAME_LEN]; /* NUL-terminated */
+};
+
+struct kestrel_iovec {
+    void *base; /* inside a buffer from kestrel_dma_alloc() */
+    size_t len;
+};
+
+struct kestrel_iocb {
+    uint64_t user_data; /* returned in the event */
+    uint64_t offset;    /* bytes, a multiple of the block size */
+    uint64_t len;       /* bytes, a multiple of the block size */
+    void *buf;          /* READ/WRITE: from kestrel_dma_alloc(), or (with
+                           KESTREL_IO_BOUNCE) ordinary memory that stays valid and
+                           untouched until the event; NULL otherwise */
+    const struct kestrel_iovec *iov; /* READV/WRITEV; NULL otherwise */
+    uint32_t iovcnt;    /* 1..KESTREL_MAX_IOV for READV/WRITEV */
+    uint32_t nsid;      /* 0: the target's namespace */
+    uint16_t opcode;    /* KESTREL_OP_* */
+    uint16_t flags;     /* 0 */
+    uint32_t reserved;  /* 0 */
+};
+
+struct kestrel_event {
+    uint64_t user_data;
+    int64_t res;        /* bytes transferred (0 for flush), or -errno */
+    uint8_t has_status; /* 1: sct/sc/dnr/more hold the NVMe status the device gave */
+    uint8_t sct;
+    uint8_t sc;
+    uint8_t dnr;
+    uint8_t more;
+    uint8_t cancel;     /* KESTREL_CANCEL_* */
+    uint8_t reserved[2];
+};
+
+struct kestrel_io_params {
+    uint32_t nr_events;       /* requests outstanding at once, 1..65536 */
+    uint32_t flags;           /* KESTREL_IO_* */
+    uint32_t bounce_buffers;  /* 0: min(nr_events, KESTREL_DEFAULT_BOUNCE_BUFFERS) */
+    uint32_t bounce_buf_size; /* 0: KESTREL_DEFAULT_BOUNCE_BUF_SIZE */
+};
+
+/* The ABI version of the library (KESTREL_ABI_VERSION it was built with). */
+uint32_t kestrel_abi_version(void);
+
+/*
+ * Opens a target:
+ *   emu[:size=SIZE,lba=512|4096,namespaces=N,latency=DURATION,
+ *        store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC]
+ *   file:PATH[,size=SIZE][,direct=on|off]
+ *   pci:DDDD:BB:DD.F
+ */
+int kestrel_open(const char *target, kestrel_t **out);
+/* Closes the handle; open contexts keep the target alive until destroyed. */
+int kestrel_close(kestrel_t *k);
+int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out);
+uint32_t kestrel_block_size(const kestrel_t *k); /* 0 for a bad handle */
+uint64_t kestrel_capacity(const kestrel_t *k);   /* bytes; 0 for a bad handle */
+
+/* Zeroed, page-aligned DMA memory of the target. Allocate at setup, not per I/O. */
+int kestrel_dma_alloc(kestrel_t *k, size_t len, void **out);
+int kestrel_dma_free(kestrel_t *k, void *buf);
+
+int kestrel_io_setup(kestrel_t *k, unsigned nr_events, kestrel_ctx_t **out);
+int kestrel_io_setup_params(kestrel_t *k, const struct kestrel_io_params *params,
+                            kestrel_ctx_t **out);
+/* Returns the number accepted (1..nr), or -errno if none was. */
+int kestrel_io_submit(kestrel_ctx_t *ctx, size_t nr, const struct kestrel_iocb *iocbs);
+/*
+ * Polls until at least min_nr events are ready (at most nr are returned) or the
+ * timeout passes (NULL: no limit; zero: just look). Returns the number written
+ * to events. Waiting with no timeout for more than is outstanding is -EDEADLK.
+ */
+int kestrel_io_getevents(kestrel_ctx_t *ctx, size_t min_nr, size_t nr,
+                         struct kestrel_event *events, const struct timespec *timeout);
+/* A KESTREL_CANCEL_STATUS_*, or -ENOENT if nothing outstanding has user_data. */
+int kestrel_io_cancel(kestrel_ctx_t *ctx, uint64_t user_data);
+/* Waits for outstanding requests (their events are dropped), then frees. */
+int kestrel_io_destroy(kestrel_ctx_t *ctx);
+
+/*
+ * Cross-thread mode. Starts one poller thread per core of `cores` ("0,2-3" or a
+ * mask "0x5"), each pinned (a core that cannot be pinned is -EINVAL) and owning a
+ * queue on the target. Contexts made with kestrel_reactor_io_setup() (which may be
+ * called from several threads at once) are used with the kestrel_io_* calls above,
+ * each context by one thread at a time.
+ */
+int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
+                          kestrel_reactor_t **out);
+int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_params *params,
+                             kestrel_ctx_t **out);
+/*
+ * Stops accepting requests (later submits are -ESHUTDOWN), drains those in flight
+ * (their events stay collectable), deletes the queues, joins the threads, frees r.
+ * Contexts are still destroyed with kestrel_io_destroy(). No other call on r may
+ * run concurrently with this one.
+ */
+int kestrel_reactor_stop(kestrel_reactor_t *r);
+
+/* A static description of an errno (either sign); never NULL. */
+const char *kestrel_strerror(int err);
+/* The calling thread's last error message ("" if none). */
+const char *kestrel_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KESTREL_H */

@@ -1,0 +1,415 @@
+//! The C ABI from C: the checked-in header is compiled and its sizes, offsets and
+//! constants compared with the Rust definitions; the example program in
+//! `driver/examples/c/` is built with gcc against the shared and the static library and
+//! run against the emulator and a file target.
+
+use std::collections::HashMap;
+use std::mem::{offset_of, size_of};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kestrel::capi::*;
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// gcc, or `None` (the test then says why it is skipped).
+fn gcc() -> Option<PathBuf> {
+    let ok = Command::new("gcc")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(PathBuf::from("gcc"))
+    } else {
+        eprintln!("SKIPPED: gcc is not installed (scripts/test.sh installs it)");
+        None
+    }
+}
+
+/// The directory holding the libkestrel.so / libkestrel.a cargo built for this test run.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let deps = exe.parent().unwrap().to_path_buf();
+    for d in [deps.clone(), deps.parent().unwrap().to_path_buf()] {
+        if d.join("libkestrel.so").exists() && d.join("libkestrel.a").exists() {
+            return d;
+        }
+    }
+    panic!(
+        "libkestrel.so / libkestrel.a not found next to {}: the library's crate-type must include cdylib and staticlib",
+        exe.display()
+    );
+}
+
+fn run(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{cmd:?} failed with {}:\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+fn compile(gcc: &Path, src: &Path, out: &Path, link: &[String]) {
+    let mut c = Command::new(gcc);
+    c.args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(manifest_dir().join("include"))
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .args(link);
+    run(&mut c);
+}
+
+fn dynamic_link() -> Vec<String> {
+    let d = lib_dir();
+    vec![
+        format!("-L{}", d.display()),
+        "-lkestrel".into(),
+        format!("-Wl,-rpath,{}", d.display()),
+    ]
+}
+
+fn static_link() -> Vec<String> {
+    vec![
+        lib_dir().join("libkestrel.a").display().to_string(),
+        "-lpthread".into(),
+        "-ldl".into(),
+        "-lm".into(),
+        "-lgcc_s".into(),
+    ]
+}
+
+#[test]
+fn header_matches_the_rust_definitions() {
+    let Some(gcc) = gcc() else { return };
+    let mut want: Vec<(&str, u64)> = vec![
+        (
+            "sizeof(struct kestrel_info)",
+            size_of::<KestrelInfo>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, num_blocks)",
+            offset_of!(KestrelInfo, num_blocks) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, capacity_bytes)",
+            offset_of!(KestrelInfo, capacity_bytes) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, max_transfer_bytes)",
+            offset_of!(KestrelInfo, max_transfer_bytes) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, block_size)",
+            offset_of!(KestrelInfo, block_size) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, nsid)",
+            offset_of!(KestrelInfo, nsid) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, flags)",
+            offset_of!(KestrelInfo, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, reserved)",
+            offset_of!(KestrelInfo, reserved) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, name)",
+            offset_of!(KestrelInfo, name) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_iovec)",
+            size_of::<KestrelIovec>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iovec, base)",
+            offset_of!(KestrelIovec, base) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iovec, len)",
+            offset_of!(KestrelIovec, len) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_iocb)",
+            size_of::<KestrelIocb>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, user_data)",
+            offset_of!(KestrelIocb, user_data) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, offset)",
+            offset_of!(KestrelIocb, offset) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, len)",
+            offset_of!(KestrelIocb, len) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, buf)",
+            offset_of!(KestrelIocb, buf) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, iov)",
+            offset_of!(KestrelIocb, iov) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, iovcnt)",
+            offset_of!(KestrelIocb, iovcnt) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, nsid)",
+            offset_of!(KestrelIocb, nsid) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, opcode)",
+            offset_of!(KestrelIocb, opcode) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, flags)",
+            offset_of!(KestrelIocb, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, reserved)",
+            offset_of!(KestrelIocb, reserved) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_event)",
+            size_of::<KestrelEvent>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, user_data)",
+            offset_of!(KestrelEvent, user_data) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, res)",
+            offset_of!(KestrelEvent, res) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, has_status)",
+            offset_of!(KestrelEvent, has_status) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, sct)",
+            offset_of!(KestrelEvent, sct) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, sc)",
+            offset_of!(KestrelEvent, sc) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, dnr)",
+            offset_of!(KestrelEvent, dnr) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, more)",
+            offset_of!(KestrelEvent, more) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, cancel)",
+            offset_of!(KestrelEvent, cancel) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, reserved)",
+            offset_of!(KestrelEvent, reserved) as u64,
+        ),
+        (
+            "sizeof(struct kestrel_io_params)",
+            size_of::<KestrelIoParams>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, nr_events)",
+            offset_of!(KestrelIoParams, nr_events) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, flags)",
+            offset_of!(KestrelIoParams, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, bounce_buffers)",
+            offset_of!(KestrelIoParams, bounce_buffers) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_io_params, bounce_buf_size)",
+            offset_of!(KestrelIoParams, bounce_buf_size) as u64,
+        ),
+        ("KESTREL_ABI_VERSION", KESTREL_ABI_VERSION as u64),
+        ("KESTREL_OP_READ", KESTREL_OP_READ as u64),
+        ("KESTREL_OP_WRITE", KESTREL_OP_WRITE as u64),
+        ("KESTREL_OP_FLUSH", KESTREL_OP_FLUSH as u64),
+        ("KESTREL_OP_WRITE_ZEROES", KESTREL_OP_WRITE_ZEROES as u64),
+        ("KESTREL_OP_DISCARD", KESTREL_OP_DISCARD as u64),
+        ("KESTREL_OP_READV", KESTREL_OP_READV as u64),
+        ("KESTREL_OP_WRITEV", KESTREL_OP_WRITEV as u64),
+        ("KESTREL_CANCEL_NONE", KESTREL_CANCEL_NONE as u64),
+        ("KESTREL_CANCEL_CANCELLED", KESTREL_CANCEL_CANCELLED as u64),
+        ("KESTREL_CANCEL_ABORTED", KESTREL_CANCEL_ABORTED as u64),
+        ("KESTREL_CANCEL_TOO_LATE", KESTREL_CANCEL_TOO_LATE as u64),
+        (
+            "KESTREL_CANCEL_STATUS_CANCELLED",
+            KESTREL_CANCEL_STATUS_CANCELLED as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_ABORTED",
+            KESTREL_CANCEL_STATUS_ABORTED as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_NOT_ABORTED",
+            KESTREL_CANCEL_STATUS_NOT_ABORTED as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_TOO_LATE",
+            KESTREL_CANCEL_STATUS_TOO_LATE as u64,
+        ),
+        (
+            "KESTREL_CANCEL_STATUS_REQUESTED",
+            KESTREL_CANCEL_STATUS_REQUESTED as u64,
+        ),
+        ("KESTREL_IO_BOUNCE", KESTREL_IO_BOUNCE as u64),
+        ("KESTREL_REACTOR_BACKOFF", KESTREL_REACTOR_BACKOFF as u64),
+        (
+            "KESTREL_INFO_WRITE_ZEROES",
+            KESTREL_INFO_WRITE_ZEROES as u64,
+        ),
+        ("KESTREL_INFO_DISCARD", KESTREL_INFO_DISCARD as u64),
+        (
+            "KESTREL_INFO_DISCARD_ZEROES",
+            KESTREL_INFO_DISCARD_ZEROES as u64,
+        ),
+        ("KESTREL_INFO_FLUSH", KESTREL_INFO_FLUSH as u64),
+        ("KESTREL_INFO_READ_ONLY", KESTREL_INFO_READ_ONLY as u64),
+        ("KESTREL_MAX_IOV", KESTREL_MAX_IOV as u64),
+        ("KESTREL_NAME_LEN", KESTREL_NAME_LEN as u64),
+        (
+            "KESTREL_DEFAULT_BOUNCE_BUFFERS",
+            KESTREL_DEFAULT_BOUNCE_BUFFERS as u64,
+        ),
+        (
+            "KESTREL_DEFAULT_BOUNCE_BUF_SIZE",
+            KESTREL_DEFAULT_BOUNCE_BUF_SIZE as u64,
+        ),
+    ];
+    // Alignments too: a C compiler may pad where Rust does not.
+    for (ty, a) in [
+        ("struct kestrel_info", std::mem::align_of::<KestrelInfo>()),
+        ("struct kestrel_iocb", std::mem::align_of::<KestrelIocb>()),
+        ("struct kestrel_event", std::mem::align_of::<KestrelEvent>()),
+        ("struct kestrel_iovec", std::mem::align_of::<KestrelIovec>()),
+        (
+            "struct kestrel_io_params",
+            std::mem::align_of::<KestrelIoParams>(),
+        ),
+    ] {
+        want.push((
+            Box::leak(format!("_Alignof({ty})").into_boxed_str()),
+            a as u64,
+        ));
+    }
+    let mut src = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"kestrel.h\"\nint main(void) {\n",
+    );
+    for (expr, _) in &want {
+        src.push_str(&format!(
+            "    printf(\"%s=%llu\\n\", \"{expr}\", (unsigned long long)({expr}));\n"
+        ));
+    }
+    src.push_str("    return 0;\n}\n");
+    let dir = tempfile::tempdir().unwrap();
+    let c = dir.path().join("layout.c");
+    std::fs::write(&c, src).unwrap();
+    let exe = dir.path().join("layout");
+    compile(&gcc, &c, &exe, &[]);
+    let out = run(&mut Command::new(&exe));
+    let got: HashMap<String, u64> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.rsplit_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+        .collect();
+    assert_eq!(got.len(), want.len());
+    let mismatches: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k}: header says {:?}, Rust says {v}", got.get(*k)))
+        .collect();
+    assert!(mismatches.is_empty(), "{mismatches:#?}");
+}
+
+fn example(gcc: &Path, link: &[String], name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join(name);
+    compile(
+        gcc,
+        &manifest_dir().join("examples/c/kestrel_example.c"),
+        &exe,
+        link,
+    );
+    (dir, exe)
+}
+
+fn run_example(exe: &Path, target: &str) {
+    run_example_on(exe, target, "0");
+}
+
+fn run_example_on(exe: &Path, target: &str, cores: &str) {
+    let out = run(Command::new(exe).arg(target).arg(cores));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("all checks passed"),
+        "unexpected output: {stdout}"
+    );
+}
+
+#[test]
+fn c_example_against_the_emulator() {
+    let Some(gcc) = gcc() else { return };
+    let (_d, exe) = example(&gcc, &dynamic_link(), "kestrel_example");
+    run_example(&exe, "emu:size=64M");
+    // Cross-thread part on two pinned pollers where there are two cores.
+    let ids: Vec<String> = core_affinity::get_core_ids()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|c| c.id.to_string())
+        .collect();
+    run_example_on(&exe, "emu:size=16M,lba=512", &ids.join(","));
+}
+
+#[test]
+fn c_example_against_a_file_target() {
+    let Some(gcc) = gcc() else { return };
+    let (d, exe) = example(&gcc, &dynamic_link(), "kestrel_example");
+    let img = d.path().join("disk.img");
+    run_example(&exe, &format!("file:{},size=16M", img.display()));
+    // The data is in the file: blocks 0.. hold the example's pattern (not all zeroes).
+    let data = std::fs::read(&img).unwrap();
+    assert_eq!(data.len(), 16 << 20);
+    assert!(data[4096..8192].iter().any(|&b| b != 0));
+}
+
+#[test]
+fn c_example_linked_statically() {
+    let Some(gcc) = gcc() else { return };
+    let (_d, exe) = example(&gcc, &static_link(), "kestrel_example_static");
+    run_example(&exe, "emu:size=64M");
+}
+
+#[test]
+fn c_example_reports_a_bad_target() {
+    let Some(gcc) = gcc() else { return };
+    let (_d, exe) = example(&gcc, &dynamic_link(), "kestrel_example");
+    let out = Command::new(&exe).arg("bogus:thing").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid target"), "{err}");
+}

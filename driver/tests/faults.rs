@@ -1,0 +1,473 @@
+//! The fault matrix: each fault the emulated controller can inject, for reads and writes,
+//! at queue depth 1 and 128, checking the promise: every submitted I/O completes exactly
+//! once, with the right outcome; no tracker is leaked; completed writes read back; and
+//! failed I/Os wrote nowhere else (the whole region is verified against a shadow copy).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
+use kestrel::emu::{FaultAction, FaultPlan, FaultRule, FaultTarget};
+use kestrel::io::{IoError, IoRequest};
+use kestrel::spec::{nvm_opc, Status};
+use kestrel::{Controller, ControllerOptions, DmaBuf, IoQpair, QpairOptions};
+
+const BS: usize = 4096;
+const BLOCKS: u64 = 2048;
+const IOS: u64 = 400;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    RetryableStatus,
+    DnrStatus,
+    Delay,
+    Drop,
+    Duplicate,
+    Spurious,
+    ControllerFatal,
+    SurpriseRemoval,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    Read,
+    Write,
+}
+
+fn block_pattern(lba: u64, gen: u64) -> Vec<u8> {
+    let mut v = vec![0u8; BS];
+    v[..8].copy_from_slice(&lba.to_le_bytes());
+    v[8..16].copy_from_slice(&gen.to_le_bytes());
+    let mut x =
+        lba.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ gen.wrapping_mul(0xD6E8_FEB8_6659_FD93) | 1;
+    for b in v[16..].iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    v
+}
+
+struct Rig {
+    emu: Arc<EmuController>,
+    _ctrlr: Controller,
+    qp: IoQpair,
+    bufs: Vec<DmaBuf>,
+}
+
+fn rig(qd: u32) -> Rig {
+    let emu = EmuController::start(EmuConfig {
+        namespaces: vec![EmuNamespace {
+            size_bytes: BLOCKS * BS as u64,
+            lba_size: BS as u32,
+            store: EmuStore::Memory,
+        }],
+        ..Default::default()
+    })
+    .unwrap();
+    let ctrlr = Controller::new(
+        emu.clone(),
+        ControllerOptions {
+            admin_timeout: Duration::from_secs(5),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let qp = ctrlr
+        .create_io_qpair(&QpairOptions {
+            depth: 256,
+            sw_queue_depth: 256,
+            timeout: Duration::from_millis(300),
+            abort_timeout: Duration::from_millis(300),
+            ..Default::default()
+        })
+        .unwrap();
+    let bufs = (0..qd)
+        .map(|_| ctrlr.dma_pool().alloc(BS).unwrap())
+        .collect();
+    Rig {
+        emu,
+        _ctrlr: ctrlr,
+        qp,
+        bufs,
+    }
+}
+
+/// Writes generation 0 everywhere, with no faults.
+fn prefill(r: &mut Rig) -> Vec<Vec<u8>> {
+    let mut shadow = Vec::new();
+    let mut buf = r._ctrlr.dma_pool().alloc(64 * BS).unwrap();
+    for chunk in 0..BLOCKS / 64 {
+        for i in 0..64 {
+            let lba = chunk * 64 + i;
+            let p = block_pattern(lba, 0);
+            buf.write_at(i as usize * BS, &p).unwrap();
+            shadow.push(p);
+        }
+        r.qp.submit(IoRequest::write_buf(1, chunk * 64, 64, &buf, chunk))
+            .unwrap();
+        r.qp.flush();
+        let c = common::reap(&mut r.qp, 1);
+        assert_eq!(c[0].result, Ok(()));
+    }
+    shadow
+}
+
+fn plan(fault: Fault, op: Op) -> FaultPlan {
+    let opc = match op {
+        Op::Read => nvm_opc::READ,
+        Op::Write => nvm_opc::WRITE,
+    };
+    let rule = |action, rate: f64| FaultRule::new(FaultTarget::Io(opc), action).rate(rate);
+    let mut p = FaultPlan {
+        seed: 42,
+        ..Default::default()
+    };
+    match fault {
+        Fault::RetryableStatus => p
+            .rules
+            .push(rule(FaultAction::Status(Status::INTERNAL_ERROR), 0.3)),
+        Fault::DnrStatus => {
+            let s = match op {
+                Op::Read => Status::UNRECOVERED_READ_ERROR,
+                Op::Write => Status::WRITE_FAULT,
+            };
+            p.rules
+                .push(rule(FaultAction::Status(s.with_dnr(true)), 0.2));
+        }
+        Fault::Delay => p
+            .rules
+            .push(rule(FaultAction::Delay(Duration::from_millis(2)), 0.3)),
+        Fault::Drop => p.rules.push(rule(FaultAction::Drop, 0.02).max(2)),
+        Fault::Duplicate => p.rules.push(rule(FaultAction::Duplicate, 0.1)),
+        Fault::Spurious => p.rules.push(rule(FaultAction::Spurious, 0.1)),
+        Fault::ControllerFatal => p.fatal_after = Some(IOS / 4),
+        Fault::SurpriseRemoval => p.remove_after = Some(IOS / 4),
+    }
+    p
+}
+
+fn run_case(fault: Fault, op: Op, qd: u32) {
+    let mut r = rig(qd);
+    let mut shadow = prefill(&mut r);
+    // Blocks a failed write may or may not have reached: old or new contents allowed.
+    let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
+    r.emu.faults().set(plan(fault, op));
+
+    let mut free_bufs: Vec<usize> = (0..qd as usize).collect();
+    let mut inflight: HashMap<u64, (usize, u64)> = HashMap::new(); // token -> (buf, lba)
+    let mut seen: HashMap<u64, u32> = HashMap::new();
+    let mut results: Vec<(u64, Result<(), IoError>)> = Vec::new();
+    let mut next = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut removed_at: Option<Instant> = None;
+    let mut last_done = Instant::now();
+    while (results.len() as u64) < IOS {
+        while next < IOS && !free_bufs.is_empty() {
+            let b = free_bufs.pop().unwrap();
+            // Distinct blocks for every I/O, spread over the region.
+            let lba = (next * 5) % BLOCKS;
+            let req = match op {
+                Op::Read => IoRequest::read_buf(1, lba, 1, &r.bufs[b], next),
+                Op::Write => {
+                    r.bufs[b]
+                        .write_at(0, &block_pattern(lba, next + 1))
+                        .unwrap();
+                    IoRequest::write_buf(1, lba, 1, &r.bufs[b], next)
+                }
+            };
+            r.qp.submit(req)
+                .unwrap_or_else(|e| panic!("submit {next}: {e}"));
+            inflight.insert(next, (b, lba));
+            next += 1;
+        }
+        r.qp.flush();
+        let mut done = Vec::new();
+        r.qp.process_completions(128, &mut |c| done.push(c));
+        for c in done {
+            *seen.entry(c.token).or_insert(0) += 1;
+            let (b, lba) = inflight.remove(&c.token).unwrap_or_else(|| {
+                panic!(
+                    "completion for token {} that is not in flight ({fault:?} {op:?} qd {qd})",
+                    c.token
+                )
+            });
+            match (op, &c.result) {
+                (Op::Read, Ok(())) => {
+                    let got = r.bufs[b].to_vec();
+                    assert!(
+                        got == shadow[lba as usize],
+                        "read of lba {lba} returned wrong data ({fault:?} qd {qd})"
+                    );
+                }
+                (Op::Write, Ok(())) => shadow[lba as usize] = block_pattern(lba, c.token + 1),
+                (Op::Write, Err(_)) => {
+                    maybe.insert(lba, block_pattern(lba, c.token + 1));
+                }
+                (Op::Read, Err(_)) => {}
+            }
+            if c.result == Err(IoError::DeviceRemoved) && removed_at.is_none() {
+                removed_at = Some(Instant::now());
+            }
+            results.push((c.token, c.result));
+            free_bufs.push(b);
+            last_done = Instant::now();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{fault:?} {op:?} qd {qd}: {} of {IOS} completed; stuck: {:?}; stats {:?}",
+            results.len(),
+            inflight.keys().collect::<Vec<_>>(),
+            r.qp.stats()
+        );
+    }
+    r.emu.faults().clear();
+
+    // Exactly once, every one.
+    assert_eq!(seen.len() as u64, IOS);
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "a completion was delivered twice"
+    );
+    common::assert_quiet(&mut r.qp);
+    assert_eq!(r.qp.outstanding(), 0, "outstanding after quiesce");
+    assert_eq!(r.qp.free_slots(), r.qp.slots(), "trackers leaked");
+
+    let st = r.qp.stats();
+    let errs: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
+    let injected = r.emu.faults().injected();
+    match fault {
+        Fault::RetryableStatus => {
+            assert!(injected > 0 && st.retries > 0, "{st:?}");
+            for (t, e) in &errs {
+                assert!(
+                    matches!(e, Err(IoError::Nvme(s)) if s.same_code(Status::INTERNAL_ERROR)),
+                    "token {t}: {e:?}"
+                );
+            }
+        }
+        Fault::DnrStatus => {
+            assert_eq!(st.retries, 0, "dnr statuses must not be retried");
+            assert_eq!(
+                errs.len() as u64,
+                injected,
+                "each injected error fails exactly its i/o"
+            );
+            assert!(injected > 0);
+        }
+        Fault::Delay
+        | Fault::Duplicate
+        | Fault::Spurious
+        | Fault::Drop
+        | Fault::ControllerFatal => {
+            assert!(errs.is_empty(), "{fault:?}: errors {errs:?}");
+            match fault {
+                Fault::Duplicate | Fault::Spurious => assert!(st.bogus_completions > 0, "{st:?}"),
+                Fault::Drop => assert!(st.timeouts > 0, "{st:?}"),
+                _ => {}
+            }
+        }
+        Fault::SurpriseRemoval => {
+            for (t, e) in &errs {
+                assert_eq!(*e, Err(IoError::DeviceRemoved), "token {t}");
+            }
+            let at = removed_at.expect("some i/o saw the removal");
+            assert!(
+                last_done.duration_since(at) < Duration::from_secs(1),
+                "all i/o completed within 1 s of detection"
+            );
+            // Later submissions complete with DeviceRemoved too, and the poller lives on.
+            r.qp.submit(IoRequest::read_buf(1, 0, 1, &r.bufs[0], 9999))
+                .unwrap();
+            let c = common::reap(&mut r.qp, 1);
+            assert_eq!(c[0].result, Err(IoError::DeviceRemoved));
+            return;
+        }
+    }
+
+    // The whole region against the shadow copy: completed writes read back, failed ones
+    // left their block old or new, and nothing else changed.
+    let mut buf = r._ctrlr.dma_pool().alloc(64 * BS).unwrap();
+    let mut mismatches = HashSet::new();
+    for chunk in 0..BLOCKS / 64 {
+        buf.fill(0xEE);
+        r.qp.submit(IoRequest::read_buf(
+            1,
+            chunk * 64,
+            64,
+            &buf,
+            1_000_000 + chunk,
+        ))
+        .unwrap();
+        r.qp.flush();
+        let c = common::reap(&mut r.qp, 1);
+        assert_eq!(c[0].result, Ok(()), "verify read");
+        let v = buf.to_vec();
+        for i in 0..64u64 {
+            let lba = chunk * 64 + i;
+            let got = &v[i as usize * BS..(i as usize + 1) * BS];
+            let ok = got == shadow[lba as usize].as_slice()
+                || maybe.get(&lba).is_some_and(|m| got == m.as_slice());
+            if !ok {
+                mismatches.insert(lba);
+            }
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{fault:?} {op:?} qd {qd}: blocks differ from the shadow copy: {mismatches:?}"
+    );
+}
+
+macro_rules! matrix {
+    ($($name:ident: $fault:ident, $op:ident, $qd:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                run_case(Fault::$fault, Op::$op, $qd);
+            }
+        )*
+    };
+}
+
+matrix! {
+    retryable_status_read_qd1: RetryableStatus, Read, 1;
+    retryable_status_read_qd128: RetryableStatus, Read, 128;
+    retryable_status_write_qd1: RetryableStatus, Write, 1;
+    retryable_status_write_qd128: RetryableStatus, Write, 128;
+    dnr_status_read_qd1: DnrStatus, Read, 1;
+    dnr_status_read_qd128: DnrStatus, Read, 128;
+    dnr_status_write_qd1: DnrStatus, Write, 1;
+    dnr_status_write_qd128: DnrStatus, Write, 128;
+    delay_read_qd1: Delay, Read, 1;
+    delay_read_qd128: Delay, Read, 128;
+    delay_write_qd1: Delay, Write, 1;
+    delay_write_qd128: Delay, Write, 128;
+    drop_read_qd1: Drop, Read, 1;
+    drop_read_qd128: Drop, Read, 128;
+    drop_write_qd1: Drop, Write, 1;
+    drop_write_qd128: Drop, Write, 128;
+    duplicate_read_qd1: Duplicate, Read, 1;
+    duplicate_read_qd128: Duplicate, Read, 128;
+    duplicate_write_qd1: Duplicate, Write, 1;
+    duplicate_write_qd128: Duplicate, Write, 128;
+    spurious_read_qd1: Spurious, Read, 1;
+    spurious_read_qd128: Spurious, Read, 128;
+    spurious_write_qd1: Spurious, Write, 1;
+    spurious_write_qd128: Spurious, Write, 128;
+    controller_fatal_read_qd1: ControllerFatal, Read, 1;
+    controller_fatal_read_qd128: ControllerFatal, Read, 128;
+    controller_fatal_write_qd1: ControllerFatal, Write, 1;
+    controller_fatal_write_qd128: ControllerFatal, Write, 128;
+    surprise_removal_read_qd1: SurpriseRemoval, Read, 1;
+    surprise_removal_read_qd128: SurpriseRemoval, Read, 128;
+    surprise_removal_write_qd1: SurpriseRemoval, Write, 1;
+    surprise_removal_write_qd128: SurpriseRemoval, Write, 128;
+}
+
+#[test]
+fn qpair_error_injection_without_the_device() {
+    let (_emu, c) = common::emu();
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    // Complete two reads without submitting them, and rewrite one write's status.
+    assert!(qp.inject_error(kestrel::qpair::ErrorInjection {
+        opcode: Some(nvm_opc::READ),
+        status: Status::UNRECOVERED_READ_ERROR.with_dnr(true),
+        count: 2,
+        submit: false,
+    }));
+    assert!(qp.inject_error(kestrel::qpair::ErrorInjection {
+        opcode: Some(nvm_opc::WRITE),
+        status: Status::WRITE_FAULT.with_dnr(true),
+        count: 1,
+        submit: true,
+    }));
+    for i in 0..3 {
+        qp.submit(IoRequest::read_buf(1, i, 1, &buf, i)).unwrap();
+    }
+    qp.submit(IoRequest::write_buf(1, 9, 1, &buf, 10)).unwrap();
+    qp.submit(IoRequest::write_buf(1, 9, 1, &buf, 11)).unwrap();
+    qp.flush();
+    let mut done = common::reap(&mut qp, 5);
+    done.sort_by_key(|c| c.token);
+    let err = |s: Status| Err(IoError::Nvme(s.with_dnr(true)));
+    assert_eq!(done[0].result, err(Status::UNRECOVERED_READ_ERROR));
+    assert_eq!(done[1].result, err(Status::UNRECOVERED_READ_ERROR));
+    assert_eq!(done[2].result, Ok(()));
+    assert_eq!(done[3].result, err(Status::WRITE_FAULT));
+    assert_eq!(done[4].result, Ok(()));
+    // Only three commands reached the device: the third read and the two writes.
+    assert_eq!(qp.stats().commands, 3);
+    assert_eq!(qp.stats().sq_doorbell_writes, 1);
+    assert_eq!(qp.free_slots(), qp.slots());
+}
+
+#[test]
+fn explicit_reset_with_io_in_flight() {
+    let (_emu, c) = common::emu();
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let mut buf = c.dma_pool().alloc(64 * BS).unwrap();
+    buf.write_at(0, &common::pattern(64 * BS, 3)).unwrap();
+    for i in 0..64u64 {
+        qp.submit(IoRequest::write(
+            1,
+            i,
+            1,
+            buf.slice(i as usize * BS, BS).unwrap(),
+            i,
+        ))
+        .unwrap();
+    }
+    qp.flush();
+    c.reset().unwrap();
+    assert_eq!(c.state(), kestrel::ctrlr::CtrlrState::Ready);
+    // Submissions after the reset queue until the qpair has recreated its queues.
+    qp.submit(IoRequest::flush(1, 100)).unwrap();
+    let done = common::reap(&mut qp, 65);
+    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    let r = c.dma_pool().alloc(64 * BS).unwrap();
+    qp.submit(IoRequest::read_buf(1, 0, 64, &r, 200)).unwrap();
+    qp.flush();
+    assert_eq!(common::reap(&mut qp, 1)[0].result, Ok(()));
+    assert!(
+        r.to_vec() == buf.to_vec(),
+        "data written around the reset reads back"
+    );
+    assert_eq!(qp.free_slots(), qp.slots());
+}
+
+#[test]
+fn retry_waits_for_the_command_retry_delay() {
+    // CRD 1 selects CRDT1, which the emulator reports as 100 ms.
+    let (emu, c) = common::emu();
+    assert_eq!(c.identify().crdt[0], 1);
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    emu.faults().add(
+        FaultRule::new(
+            FaultTarget::Io(nvm_opc::READ),
+            FaultAction::Status(Status::NAMESPACE_NOT_READY.with_crd(1)),
+        )
+        .max(1),
+    );
+    let start = Instant::now();
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.flush();
+    let done = common::reap(&mut qp, 1);
+    let took = start.elapsed();
+    assert_eq!(
+        done[0].result,
+        Ok(()),
+        "retried after the delay and succeeded"
+    );
+    assert_eq!(qp.stats().retries, 1);
+    assert!(
+        took >= Duration::from_millis(100),
+        "retried before CRDT1 passed: {took:?}"
+    );
+}
