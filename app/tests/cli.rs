@@ -551,3 +551,29 @@ fn perf_on_a_file_target_and_two_namespaces() {
         assert!(r["reads"].as_u64().unwrap() > 0 && r["writes"].as_u64().unwrap() > 0);
     }
 }
+
+#[test]
+fn ctrl_c_stops_the_run_and_still_reports() {
+    let child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args([
+            "perf", "-t", "60", "--warmup", "0", "-q", "4", "--json", "--quiet",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    let st = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(st.success());
+    let start = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    // Bound: the run stops at the next loop iteration and drains; 30 s is generous.
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let secs = j["total"]["seconds"].as_f64().unwrap();
+    assert!(secs > 0.0 && secs < 60.0, "{secs}");
+    assert!(j["total"]["ios"].as_u64().unwrap() > 0);
+    assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
+}
