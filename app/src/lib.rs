@@ -101,10 +101,12 @@ where
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let msg = e.to_string();
-            eprintln!(
-                "kestrel: error: {}",
-                msg.lines().collect::<Vec<_>>().join("; ")
-            );
+            let msg = msg.lines().collect::<Vec<_>>().join("; ");
+            if matches!(e, AppError::Interrupted(_)) {
+                eprintln!("kestrel: {msg}");
+            } else {
+                eprintln!("kestrel: error: {msg}");
+            }
             ExitCode::from(e.exit_code())
         }
     }
