@@ -577,3 +577,51 @@ fn ctrl_c_stops_the_run_and_still_reports() {
     assert!(j["total"]["ios"].as_u64().unwrap() > 0);
     assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
 }
+
+#[test]
+fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        eprintln!("skipped: needs 2 cores, this machine has {cores}");
+        return;
+    }
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "4",
+        "-c",
+        "0-1",
+        "--qpairs-per-core",
+        "2",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:size=64M",
+    ]));
+    let pc = j["per_core"].as_array().unwrap();
+    assert_eq!(pc.len(), 2);
+    assert_eq!(pc[0]["core"], 0);
+    assert_eq!(pc[1]["core"], 1);
+    let r0 = &pc[0]["targets"][0];
+    let r1 = &pc[1]["targets"][0];
+    let (f0, n0) = (
+        r0["lba_first"].as_u64().unwrap(),
+        r0["lba_count"].as_u64().unwrap(),
+    );
+    let (f1, n1) = (
+        r1["lba_first"].as_u64().unwrap(),
+        r1["lba_count"].as_u64().unwrap(),
+    );
+    assert_eq!((f0, f0 + n0), (0, f1), "disjoint and adjacent");
+    assert_eq!(f1 + n1, (64 << 20) / 4096, "together the whole namespace");
+    let total: u64 = pc.iter().map(|c| c["ios"].as_u64().unwrap()).sum();
+    assert_eq!(total, j["total"]["ios"].as_u64().unwrap());
+    // Two queue pairs per core, each filled to the queue depth at the start.
+    for c in pc {
+        assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
+    }
+}
