@@ -552,7 +552,6 @@ fn perf_on_a_file_target_and_two_namespaces() {
     }
 }
 
-<<<<<<< HEAD
 /// The short verify soak of the reliability promise: random reads and writes, verified,
 /// while the emulator injects retryable errors, delays, duplicate and spurious completions.
 /// Nothing may fail, nothing may mismatch, every I/O must complete (the long run and its
@@ -585,7 +584,7 @@ fn verify_soak_with_random_faults() {
     let t = &j["transport"];
     assert!(t["retries"].as_u64().unwrap() > 0, "{t}");
     assert!(t["bogus_completions"].as_u64().unwrap() > 0, "{t}");
-=======
+
 #[test]
 fn ctrl_c_stops_the_run_and_still_reports() {
     let child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
@@ -658,5 +657,4 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
     for c in pc {
         assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
     }
->>>>>>> app
 }
