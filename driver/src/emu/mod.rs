@@ -118,7 +118,9 @@
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
-//! one cannot (Abort says "not aborted").
+//! one cannot (Abort says "not aborted"). [`EmuFaults::post_raw_cqe`] posts a completion
+//! entry entirely described by the caller (any CID and status, phase tag set by the
+//! controller) on a given CQ, for fuzzing a driver's completion path.
 //!
 //! The spec-string grammar (for `kestrel perf --target emu:faults=...`) avoids `,`, `=`
 //! and `:` so it nests in a comma-separated target string. Items are joined by `+`,
@@ -155,6 +157,8 @@ mod faults;
 mod mem;
 mod nvm;
 mod store;
+#[doc(hidden)]
+pub mod testkit;
 #[cfg(test)]
 mod tests;
 
@@ -164,7 +168,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget};
+pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, MAX_RAW_CQES};
 pub use mem::{EmuIommu, IOVA_BASE};
 
 use crate::dma::{DmaMapper, PageKind};
@@ -393,6 +397,10 @@ emu_stats! {
     idle_sleeps,
     /// Commands affected by fault rules.
     faults_injected,
+    /// Raw completion queue entries posted ([`EmuFaults::post_raw_cqe`]).
+    raw_cqes,
+    /// Raw completion queue entries dropped: their CQ did not exist, or a reset came first.
+    raw_cqes_dropped,
 }
 
 /// State shared between the controller thread and its handle.
@@ -404,6 +412,10 @@ struct Shared {
     /// The newest request the controller thread has answered.
     stats_done: AtomicU64,
     faults: EmuFaults,
+    /// Asks the controller thread to stop and hand its state to `stepper`.
+    pause: AtomicBool,
+    /// The paused controller's state ([`EmuController::pause`]).
+    stepper: Mutex<Option<(ctrl::Ctrl, mem::Snapshot)>>,
 }
 
 /// A running emulated NVMe controller. Dropping it stops and joins the controller thread.
@@ -506,6 +518,8 @@ impl EmuController {
             stats_req: AtomicU64::new(0),
             stats_done: AtomicU64::new(0),
             faults: EmuFaults::new(cfg.faults.clone()),
+            pause: AtomicBool::new(false),
+            stepper: Mutex::new(None),
         });
         let ctrl = ctrl::Ctrl::new(&cfg, Arc::clone(&bar), Arc::clone(&shared))?;
         let snap = mem::Snapshot::new(Arc::clone(&iommu));
@@ -530,7 +544,12 @@ impl EmuController {
                         only.id
                     );
                 }
-                ctrl::run(ctrl, snap, &shared2, &bar2);
+                if let Some(parts) = ctrl::run(ctrl, snap, &shared2, &bar2) {
+                    // Before the state is reachable by step(): unmap must then take the
+                    // step lock (mem module doc).
+                    iommu2.set_stepping();
+                    *shared2.stepper.lock().unwrap_or_else(|e| e.into_inner()) = Some(parts);
+                }
                 iommu2.set_running(false);
             })
             .map_err(|e| {
@@ -563,6 +582,48 @@ impl EmuController {
             std::thread::sleep(Duration::from_micros(20));
         }
         self.shared.stats.load()
+    }
+
+    /// Test support (the fuzz targets), not part of the API: stops the controller thread
+    /// between two passes; from then on the controller advances only in
+    /// [`EmuController::step`] calls, so a test drives it deterministically from one
+    /// thread. There is no way back. Returns false when the thread had already ended (a
+    /// panic) and the controller cannot be stepped.
+    #[doc(hidden)]
+    pub fn pause(&self) -> bool {
+        self.shared.pause.store(true, Ordering::Release);
+        let h = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = h {
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("the emulated controller thread panicked");
+            }
+        }
+        self.shared
+            .stepper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Test support: one pass of a paused controller ([`EmuController::pause`]): adopts
+    /// IOMMU changes, checks CC and the doorbells of existing queues (with `scan`, also
+    /// every other doorbell register, which the thread does every 1024 busy passes and
+    /// before it sleeps), posts due completions, fetches and executes commands (as many
+    /// per queue as one pass of the thread does), delivers events, and publishes the
+    /// counters. Returns whether the pass did anything. Panics if the controller is not
+    /// paused.
+    #[doc(hidden)]
+    pub fn step(&self, scan: bool) -> bool {
+        let mut g = self
+            .shared
+            .stepper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (ctrl, snap) = g
+            .as_mut()
+            .expect("EmuController::step needs a paused controller (pause() first)");
+        ctrl::step(ctrl, snap, &self.iommu, &self.shared, scan)
     }
 
     /// Fault injection controls (usable while the controller runs).

@@ -2208,6 +2208,138 @@ fn fault_surprise_removal() {
     wait_until("removal", || h.csts().is_all_ones());
 }
 
+#[test]
+fn fault_raw_cqes_are_posted_as_given_when_there_is_room() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 8);
+    let raw = |cid: u16, status: Status, dw0: u32| Cqe {
+        dw0,
+        dw1: 0xD1,
+        sqhd: 3,
+        sqid: 1,
+        cid,
+        // The phase bit given is ignored: the controller sets the CQ's own.
+        status: status.to_cqe_status() | 1,
+    };
+    let emu = Arc::clone(&h.emu);
+    let f = emu.faults();
+    assert!(f.post_raw_cqe(1, raw(0xBEEF, Status::INVALID_FIELD.with_dnr(true), 7)));
+    let c = q.reap(&h.bar);
+    assert_eq!(
+        (c.cid, c.dw0, c.dw1, c.sqhd, c.sqid),
+        (0xBEEF, 7, 0xD1, 3, 1)
+    );
+    assert_eq!(c.status(), Status::INVALID_FIELD.with_dnr(true));
+
+    // More than the CQ holds: seven fit (one slot always stays empty); the rest wait for
+    // the host to consume, in order, and none overwrites an unconsumed entry.
+    for i in 0..20u16 {
+        assert!(f.post_raw_cqe(1, raw(i, Status::SUCCESS, i as u32)));
+    }
+    wait_until("the CQ to fill", || f.raw_cqes_waiting() == 13);
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(f.raw_cqes_waiting(), 13, "posted past a full CQ");
+    for i in 0..20u16 {
+        let c = q.reap(&h.bar);
+        assert_eq!((c.cid, c.dw0), (i, i as u32));
+    }
+    assert!(q.idle());
+    // Real commands still complete, with their own CIDs.
+    assert_ok(&h.io(&mut q, Sqe::flush(1)));
+
+    // A CQ that does not exist drops the entry; so does a reset.
+    assert!(f.post_raw_cqe(5, raw(1, Status::SUCCESS, 0)));
+    wait_until("the drop", || h.emu.stats().raw_cqes_dropped == 1);
+    let st = h.emu.stats();
+    assert_eq!(st.raw_cqes, 21);
+    // Entries waiting behind a full CQ at a reset.
+    for _ in 0..10 {
+        assert!(f.post_raw_cqe(1, raw(2, Status::SUCCESS, 0)));
+    }
+    wait_until("the CQ to fill again", || f.raw_cqes_waiting() == 3);
+    h.disable();
+    assert_eq!(f.raw_cqes_waiting(), 0, "the reset dropped them");
+    h.enable();
+    h.wait_csts(|c| c.rdy());
+    let mut q = h.pair(1, 8);
+    assert_ok(&h.io(&mut q, Sqe::flush(1)));
+    assert!(
+        q.idle(),
+        "raw entries from before the reset were not posted"
+    );
+    let st = h.emu.stats();
+    assert_eq!((st.raw_cqes, st.raw_cqes_dropped), (28, 4));
+
+    // While the controller is disabled entries wait, up to the bound.
+    h.disable();
+    for _ in 0..MAX_RAW_CQES {
+        assert!(f.post_raw_cqe(1, raw(0, Status::SUCCESS, 0)));
+    }
+    assert!(
+        !f.post_raw_cqe(1, raw(0, Status::SUCCESS, 0)),
+        "past the bound"
+    );
+    assert_eq!(f.raw_cqes_waiting(), MAX_RAW_CQES);
+    h.enable();
+    h.wait_csts(|c| c.rdy());
+    wait_until("the waiting entries to go", || f.raw_cqes_waiting() == 0);
+    assert_eq!(
+        h.emu.stats().raw_cqes_dropped,
+        4 + MAX_RAW_CQES as u64,
+        "no CQ 1 after the reset"
+    );
+}
+
+#[test]
+fn paused_controller_advances_only_in_steps() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 16);
+    let r = h.buf(4096);
+    assert!(h.emu.pause());
+    let before = h.emu.stats();
+    let mut s = Sqe::read(1, 0, 1, r.iova(), 0);
+    s.set_cid(77);
+    q.submit(&h.bar, &s);
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(q.idle(), "no thread: nothing happens between steps");
+    assert!(h.emu.step(true), "the step fetched and completed the read");
+    let c = q.try_reap(&h.bar).expect("completed in that step");
+    assert_eq!(c.cid, 77);
+    assert_ok(&c);
+    assert_eq!(h.emu.stats().reads, before.reads + 1, "counters published");
+    // The CQ head doorbell the reap wrote is work for the next pass; then nothing is.
+    h.emu.step(true);
+    assert!(!h.emu.step(true));
+    // Memory can be unmapped while paused (no thread to acknowledge), and a new buffer
+    // mapped afterwards is usable at once.
+    drop(r);
+    let p2 = DmaPool::new(
+        h.emu.mapper(),
+        DmaPoolOptions {
+            region_len: 4096,
+            ..Default::default()
+        },
+    );
+    let b = p2.alloc(4096).unwrap();
+    let mut s = Sqe::write(1, 0, 1, b.iova(), 0);
+    s.set_cid(78);
+    q.submit(&h.bar, &s);
+    h.emu.step(true);
+    assert_ok(&q.try_reap(&h.bar).expect("completed"));
+    drop(b);
+    drop(p2);
+    // A reset and an enable, stepped.
+    h.bar.set_cc(h.cc().with_en(false));
+    h.emu.step(true);
+    assert!(!h.csts().rdy());
+    h.admin = Queue::new(&h.pool, 0, ADMIN_ENTRIES, 0);
+    h.bar.set_asq(h.admin.sq.iova());
+    h.bar.set_acq(h.admin.cq.iova());
+    h.bar.set_cc(h.cc().with_en(true));
+    h.emu.step(true);
+    assert!(h.csts().rdy());
+}
+
 /// Microbenchmark: ns per command with the Null store, one queue, batches of 32.
 /// `cargo test -p kestrel --release emu::tests::bench_null -- --ignored --nocapture`
 #[test]
