@@ -584,6 +584,7 @@ fn verify_soak_with_random_faults() {
     let t = &j["transport"];
     assert!(t["retries"].as_u64().unwrap() > 0, "{t}");
     assert!(t["bogus_completions"].as_u64().unwrap() > 0, "{t}");
+}
 
 #[test]
 fn ctrl_c_stops_the_run_and_still_reports() {
