@@ -144,6 +144,9 @@ struct Tracker {
     /// A cancel sent an Abort for this command: its error completion is final (no retry).
     abort_requested: bool,
     submit_tick: u32,
+    /// Position of the command's SQ entry in the count of entries pushed since the queue
+    /// was created (see `sq_seq`).
+    sq_seq: u64,
     prp: PrpListMem,
     sqe: Sqe,
 }
@@ -187,6 +190,10 @@ pub struct IoQpair {
     max_completions: u32,
     epoch: u64,
     injecting: bool,
+    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
+    sq_seq: u64,
+    /// The controller's SQ head as a count like `sq_seq`, from the SQ Head of completions.
+    head_seq: u64,
     stats: QueueStats,
     // ---- fields below this point are not touched on the I/O path ----
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
@@ -236,6 +243,7 @@ impl IoQpair {
                     inject: None,
                     abort_requested: false,
                     submit_tick: 0,
+                    sq_seq: 0,
                     prp: PrpListMem {
                         // The tracker's list pages inside the qpair's PRP buffer.
                         vaddr: parts.prp_mem.as_ptr().wrapping_add(off).cast::<u64>(),
@@ -292,6 +300,8 @@ impl IoQpair {
             max_completions,
             epoch: ctrlr.epoch(),
             injecting: false,
+            sq_seq: 0,
+            head_seq: 0,
             stats: QueueStats::default(),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
@@ -681,6 +691,9 @@ impl IoQpair {
     #[inline]
     fn push_sqe(&mut self, sqe: &Sqe) {
         self.sq.write(self.sq_tail, sqe);
+        // Every SQE comes from the tracker its CID names.
+        self.trackers[sqe.cid() as usize].sq_seq = self.sq_seq;
+        self.sq_seq += 1;
         self.sq_tail = if self.sq_tail + 1 == self.depth {
             0
         } else {
@@ -781,7 +794,8 @@ impl IoQpair {
             if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
                 break;
             }
-            let (dw0, _dw2) = self.cq.dw0_dw2(self.cq_head);
+            let (dw0, dw2) = self.cq.dw0_dw2(self.cq_head);
+            let fetched = self.unwrap_sq_head(dw2 as u16);
             self.cq_head += 1;
             if self.cq_head == self.depth {
                 self.cq_head = 0;
@@ -790,7 +804,7 @@ impl IoQpair {
             reaped += 1;
             let cid = dw3 as u16;
             let status = Status::from_cqe_status((dw3 >> 16) as u16);
-            delivered += self.complete(cid, status, dw0, done);
+            delivered += self.complete(cid, status, dw0, fetched, done);
         }
         if reaped > 0 {
             self.ring_cq(old_head);
@@ -815,10 +829,18 @@ impl IoQpair {
         cid: u16,
         status: Status,
         _dw0: u32,
+        fetched: Option<u64>,
         done: &mut dyn FnMut(Completion),
     ) -> u32 {
         let max_retries = self.max_retries;
-        let Some(t) = self.trackers.get_mut(cid as usize).filter(|t| t.active) else {
+        // A completion whose SQ Head says the controller had not yet fetched this CID's
+        // command cannot be that command's: it is a duplicate of an earlier command that
+        // used the CID (with every tracker busy, a freed CID is reused at once).
+        let Some(t) = self
+            .trackers
+            .get_mut(cid as usize)
+            .filter(|t| t.active && fetched.is_some_and(|f| f > t.sq_seq))
+        else {
             self.stats.bogus_completions += 1;
             if !self.bogus_logged {
                 self.bogus_logged = true;
@@ -864,6 +886,24 @@ impl IoQpair {
             }
             None => 0,
         }
+    }
+
+    /// Turns a completion's SQ Head (a ring index) into a count like `sq_seq`: the one
+    /// value congruent to it modulo the depth in `(sq_seq - depth, sq_seq]` (at most
+    /// `depth - 1` entries are ever pushed and not yet fetched, so it is unique).
+    /// Completions may carry an older head than one seen before (a controller that
+    /// completes out of order); `head_seq` only moves forward. `None` for an index
+    /// outside the ring.
+    fn unwrap_sq_head(&mut self, sqhd: u16) -> Option<u64> {
+        if sqhd >= self.depth {
+            return None;
+        }
+        let d = self.depth as u64;
+        let top = self.sq_seq;
+        let back = (top % d + d - sqhd as u64) % d;
+        let x = top.checked_sub(back)?;
+        self.head_seq = self.head_seq.max(x);
+        Some(x)
     }
 
     /// Frees tracker `cid` with `result`; returns the completion to deliver, if the
@@ -961,6 +1001,8 @@ impl IoQpair {
     /// what was in flight (each resubmission counts as a retry).
     fn recreate_after_reset(&mut self, e: u64) {
         self.cq.clear();
+        self.sq_seq = 0;
+        self.head_seq = 0;
         self.sq_tail = 0;
         self.sq_tail_rung = 0;
         self.cq_head = 0;
