@@ -1,4 +1,4 @@
-//! The `kestrel` app's value parsers (`kestrel_app::parse`) and the emulator's fault-spec
+//! The `kestrel` app's value parsers (`kestrel_app::parse`, app/src/parse.rs) and the emulator's fault-spec
 //! parser (`kestrel::emu::FaultPlan::parse`, reached through `--target emu:faults=...`)
 //! on arbitrary strings, and round trips through formatters written here.
 //!
@@ -14,11 +14,19 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use kestrel::emu::FaultPlan;
-use kestrel_app::parse::{
+use libfuzzer_sys::fuzz_target;
+use parse::{
     parse_bdf, parse_cores, parse_duration, parse_size, parse_switch, parse_target, TargetSpec,
     MAX_CORE, MAX_DURATION,
 };
-use libfuzzer_sys::fuzz_target;
+
+/// `kestrel_app::parse`, compiled from its source file: the app crate's other
+/// dependencies (clap, plotters, tracing-subscriber, ...) would more than double the build
+/// of the fuzz smoke run, and the module uses only std and thiserror by design (pure
+/// functions over `&str`).
+#[path = "../../app/src/parse.rs"]
+#[allow(dead_code)]
+mod parse;
 
 #[derive(Arbitrary, Debug)]
 struct Input {

@@ -61,7 +61,11 @@ struct Io {
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
 enum Cid {
-    /// A small CID, likely a tracker in use (modulo 64: also the unused 63).
+    /// The CID of the n-th real I/O submitted so far (modulo their number): in flight, or
+    /// completed already (then the CQE is a duplicate). Found with `IoQpair::cid_of`, so
+    /// an input targets the same commands wherever the qpair's CID rotation stands.
+    Io(u8),
+    /// A small CID (modulo 64: also 63, which no tracker of a depth-64 qpair has).
     Low(u8),
     /// Any CID.
     Any(u16),
@@ -130,9 +134,10 @@ impl State {
         }
     }
 
-    fn inject(&self, r: &Raw) {
+    fn inject(&self, r: &Raw, cids: &[u16]) {
         let cid = match r.cid {
-            Cid::Low(c) => (c % 64) as u16,
+            Cid::Io(n) if !cids.is_empty() => cids[n as usize % cids.len()],
+            Cid::Io(n) | Cid::Low(n) => (n % 64) as u16,
             Cid::Any(c) => c,
         };
         let cqe = Cqe {
@@ -176,7 +181,7 @@ fuzz_target!(|input: Input| {
     let quiet = &input.quiet[..input.quiet.len().min(MAX_INJECT)];
     let before = s.qp.stats();
     for r in quiet {
-        s.inject(r);
+        s.inject(r, &[]);
     }
     let mut none: [u32; 0] = [];
     for _ in 0..4 {
@@ -201,8 +206,9 @@ fuzz_target!(|input: Input| {
     let before = s.qp.stats();
     let raw_before = s.emu.stats().raw_cqes;
     let mut seen = vec![0u32; ios.len()];
+    let mut cids: Vec<u16> = Vec::with_capacity(ios.len());
     let (mut next_io, mut next_inject) = (0usize, 0usize);
-    let submit = |s: &mut State, i: usize| {
+    let submit = |s: &mut State, cids: &mut Vec<u16>, i: usize| {
         let io = &ios[i];
         let lba = (io.lba % 64) as u64;
         let nlb = (io.nlb % SLOT_BLOCKS as u8) as u32 + 1;
@@ -216,15 +222,16 @@ fuzz_target!(|input: Input| {
             IoRequest::read(1, lba, nlb, slice, i as u64)
         };
         s.qp.submit(req).expect("63 trackers hold 16 requests");
+        cids.push(s.qp.cid_of(i as u64).expect("at the device"));
     };
     for step in input.schedule.iter().take(MAX_SCHEDULE) {
         match step {
             Step::Submit if next_io < ios.len() => {
-                submit(&mut s, next_io);
+                submit(&mut s, &mut cids, next_io);
                 next_io += 1;
             }
             Step::Inject if next_inject < injects.len() => {
-                s.inject(&injects[next_inject]);
+                s.inject(&injects[next_inject], &cids);
                 next_inject += 1;
             }
             Step::Pass => {
@@ -238,11 +245,11 @@ fuzz_target!(|input: Input| {
         }
     }
     while next_io < ios.len() {
-        submit(&mut s, next_io);
+        submit(&mut s, &mut cids, next_io);
         next_io += 1;
     }
     while next_inject < injects.len() {
-        s.inject(&injects[next_inject]);
+        s.inject(&injects[next_inject], &cids);
         next_inject += 1;
     }
     s.qp.flush();
