@@ -22,12 +22,34 @@ cargo build --release -q -p kestrel-app
 bin=${CARGO_TARGET_DIR:-target}/release/kestrel
 ncpu=$(nproc)
 
+# On a shared machine other work preempts the pollers; kestrel reports each poller's
+# run-queue wait (descheduled_ns). A row is run up to $tries times and the attempt with the
+# least waiting is kept (the first with under 1 % of the window).
+tries=${BENCH_TRIES:-3}
+
+desched_ms() {
+    python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+print(int(sum((p["descheduled_ns"] or 0) for p in r["per_core"]) / 1e6))
+' <<<"$1"
+}
+
 row() {
-    # row LABEL ARGS...: one perf run, one table row.
+    # row LABEL ARGS...: one perf run (best of $tries), one table row.
     local label=$1
     shift
-    local out
-    out=$("$bin" perf -t "$secs" --warmup 1 --json --quiet "$@")
+    local out best="" best_ms=-1 ms i
+    for ((i = 0; i < tries; i++)); do
+        out=$("$bin" perf -t "$secs" --warmup 1 --json --quiet "$@")
+        ms=$(desched_ms "$out")
+        if ((best_ms < 0 || ms < best_ms)); then
+            best=$out
+            best_ms=$ms
+        fi
+        ((best_ms * 100 < secs * 1000)) && break
+    done
+    out=$best
     python3 -c '
 import json, sys
 r = json.loads(sys.stdin.read())

@@ -107,6 +107,8 @@ pollers' CPU busy time; --json prints all of it (schema in docs/perf.md).
 
 Note: -q is --queue-depth, as in spdk_nvme_perf; --quiet has no short form.
 
+Ctrl-C ends the run early and still prints the report (exit status 130).
+
 On the default emulator the namespace is backed by the null store (reads return zeroes,
 writes are dropped: the figures measure the driver, not memcpy), or by memory with
 --verify. The emulator thread is pinned to a core not in --cores when there is one.

@@ -4,6 +4,8 @@
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status of a runtime failure (device, I/O, verification).
 pub const EXIT_RUNTIME: u8 = 1;
+/// Exit status after Ctrl-C (128 + SIGINT, as shells report it).
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 /// Why `kestrel` failed.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,9 @@ pub enum AppError {
     /// Anything else at run time, with its message.
     #[error("{0}")]
     Runtime(String),
+    /// Stopped by Ctrl-C (after reporting what was measured).
+    #[error("{0}")]
+    Interrupted(String),
 }
 
 impl AppError {
@@ -35,6 +40,7 @@ impl AppError {
     pub fn exit_code(&self) -> u8 {
         match self {
             AppError::Usage(_) => EXIT_USAGE,
+            AppError::Interrupted(_) => EXIT_INTERRUPTED,
             _ => EXIT_RUNTIME,
         }
     }

@@ -36,6 +36,7 @@ fn init_logging(verbose: u8) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -101,10 +102,12 @@ where
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let msg = e.to_string();
-            eprintln!(
-                "kestrel: error: {}",
-                msg.lines().collect::<Vec<_>>().join("; ")
-            );
+            let msg = msg.lines().collect::<Vec<_>>().join("; ");
+            if matches!(e, AppError::Interrupted(_)) {
+                eprintln!("kestrel: {msg}");
+            } else {
+                eprintln!("kestrel: error: {msg}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

@@ -221,6 +221,12 @@ fn perf_json_is_consistent() {
     assert!(min > 0.0 && min <= avg && avg <= max, "{min} {avg} {max}");
     assert!(l["p50"].as_f64().unwrap() <= l["p99"].as_f64().unwrap());
     assert!(t["ns_per_io_cpu"].as_f64().unwrap() > 0.0);
+    assert!(t["ns_per_io_cpu_p50"].as_f64().unwrap() > 0.0);
+    let busy = t["busy_ns"].as_u64().unwrap();
+    assert!(
+        (t["ns_per_io_cpu"].as_f64().unwrap() - busy as f64 / ios as f64).abs() <= 0.06,
+        "ns_per_io_cpu is busy_ns / ios"
+    );
     let tr = &j["transport"];
     // Completions counted by the transport over the window are the I/Os measured.
     assert_eq!(tr["completed"].as_u64().unwrap(), ios);
@@ -578,4 +584,78 @@ fn verify_soak_with_random_faults() {
     let t = &j["transport"];
     assert!(t["retries"].as_u64().unwrap() > 0, "{t}");
     assert!(t["bogus_completions"].as_u64().unwrap() > 0, "{t}");
+}
+
+#[test]
+fn ctrl_c_stops_the_run_and_still_reports() {
+    let child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args([
+            "perf", "-t", "60", "--warmup", "0", "-q", "4", "--json", "--quiet",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    let st = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(st.success());
+    let start = std::time::Instant::now();
+    let o = child.wait_with_output().unwrap();
+    // Bound: the run stops at the next loop iteration and drains; 30 s is generous.
+    assert!(start.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let secs = j["total"]["seconds"].as_f64().unwrap();
+    assert!(secs > 0.0 && secs < 60.0, "{secs}");
+    assert!(j["total"]["ios"].as_u64().unwrap() > 0);
+    assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
+}
+
+#[test]
+fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 2 {
+        eprintln!("skipped: needs 2 cores, this machine has {cores}");
+        return;
+    }
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "1",
+        "--warmup",
+        "0",
+        "-q",
+        "4",
+        "-c",
+        "0-1",
+        "--qpairs-per-core",
+        "2",
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:size=64M",
+    ]));
+    let pc = j["per_core"].as_array().unwrap();
+    assert_eq!(pc.len(), 2);
+    assert_eq!(pc[0]["core"], 0);
+    assert_eq!(pc[1]["core"], 1);
+    let r0 = &pc[0]["targets"][0];
+    let r1 = &pc[1]["targets"][0];
+    let (f0, n0) = (
+        r0["lba_first"].as_u64().unwrap(),
+        r0["lba_count"].as_u64().unwrap(),
+    );
+    let (f1, n1) = (
+        r1["lba_first"].as_u64().unwrap(),
+        r1["lba_count"].as_u64().unwrap(),
+    );
+    assert_eq!((f0, f0 + n0), (0, f1), "disjoint and adjacent");
+    assert_eq!(f1 + n1, (64 << 20) / 4096, "together the whole namespace");
+    let total: u64 = pc.iter().map(|c| c["ios"].as_u64().unwrap()).sum();
+    assert_eq!(total, j["total"]["ios"].as_u64().unwrap());
+    // Two queue pairs per core, each filled to the queue depth at the start.
+    for c in pc {
+        assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
+    }
 }

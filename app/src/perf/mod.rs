@@ -7,7 +7,7 @@ pub mod verify;
 pub mod worker;
 
 use std::io::IsTerminal as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -331,6 +331,20 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
     };
+    // Ctrl-C stops the run early and still reports what was measured (a second one exits
+    // at once), as spdk_nvme_perf does.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (sh, intr) = (Arc::clone(&shared), Arc::clone(&interrupted));
+        if let Err(e) = ctrlc::set_handler(move || {
+            if intr.swap(true, Ordering::SeqCst) {
+                std::process::exit(crate::error::EXIT_INTERRUPTED.into());
+            }
+            sh.abort.store(true, Ordering::Relaxed);
+        }) {
+            tracing::warn!("could not install the Ctrl-C handler: {e}");
+        }
+    }
     let mut handles = Vec::new();
     for (index, &core) in cores.iter().enumerate() {
         let cfg = WorkerConfig {
@@ -392,7 +406,11 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             Err(_) => failures.push("a poller thread panicked".to_string()),
         }
     }
-    if let Some(first) = failures.first() {
+    let interrupted = interrupted.load(Ordering::SeqCst);
+    if let Some(first) = failures
+        .first()
+        .filter(|_| !interrupted || results.is_empty())
+    {
         for f in &failures[1..] {
             tracing::error!("{f}");
         }
@@ -450,10 +468,28 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             report.errors.first().map_or("?", |s| s.as_str())
         )));
     }
+    if interrupted {
+        return Err(AppError::Interrupted(format!(
+            "interrupted: the report covers the {:.3} s measured before Ctrl-C",
+            report.total.seconds
+        )));
+    }
     if undrained > 0 {
         return Err(AppError::runtime(format!(
             "{undrained} I/Os never completed after the run ended"
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::core_list_text;
+
+    #[test]
+    fn core_lists_print_as_ranges() {
+        assert_eq!(core_list_text(&[0]), "0");
+        assert_eq!(core_list_text(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(core_list_text(&[]), "");
+    }
 }

@@ -648,7 +648,11 @@ impl Worker<'_> {
         }
         shared.phase[idx].store(2, Ordering::Relaxed);
         let mut undrained = self.drain()?;
-        if cfg.verify && cfg.read_pct < 100 && undrained == 0 {
+        if cfg.verify
+            && cfg.read_pct < 100
+            && undrained == 0
+            && !shared.abort.load(Ordering::Relaxed)
+        {
             undrained = self.readback()?;
         }
         Ok(CoreResult {

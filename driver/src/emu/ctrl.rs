@@ -743,8 +743,16 @@ impl Ctrl {
         (off + 4 <= page.len()).then_some(off)
     }
 
-    /// Reads the newest doorbell value of `slot`: an MMIO write, or a shadow update (which
-    /// wins when both moved).
+    /// Reads the newest doorbell value of `slot`. Without shadow doorbells that is the MMIO
+    /// register. With them (I/O queues only), the shadow page holds the value and an MMIO
+    /// write is only a notification, as QEMU treats it. Taking the MMIO value moved
+    /// doorbells backwards: the host stores shadow X, writes MMIO X (EventIdx asked), then
+    /// stores shadow Y without MMIO; a pass that loads the register before the MMIO write
+    /// and the shadow after Y takes Y, and the next pass sees the register change to X
+    /// while the shadow stays at Y. An SQ tail set back to X makes the controller run the
+    /// entries from Y round to X again (stale commands, duplicate CIDs); a CQ head set back
+    /// is rejected as a doorbell error. The window is two loads wide, so it takes a
+    /// preemption of this thread between them (a loaded machine) to hit.
     fn read_doorbell(&mut self, slot: usize, db: Option<DbView<'_>>) -> Option<u32> {
         let mut new = None;
         let v = self.bar.read32(self.db_off(slot));
@@ -762,8 +770,11 @@ impl Ctrl {
                     if s != self.shadow_seen[slot] {
                         self.shadow_seen[slot] = s;
                         self.st.shadow_doorbell_reads += 1;
-                        new = Some(s);
+                        return Some(s);
                     }
+                    // The shadow did not move: an MMIO write alone changes nothing
+                    // (see above; `db_seen` was updated, so it is not seen again).
+                    return None;
                 }
             }
         }
@@ -1341,6 +1352,14 @@ impl Ctrl {
                 d.eventidx.store_u32(off, cq.head, Ordering::Release);
             }
         }
+        // SeqCst fence: the EventIdx stores above must be visible before the next pass
+        // loads the shadow doorbells (a store-load order, which release/acquire do not
+        // give). It pairs with the driver's fence between its shadow store and its EventIdx
+        // load (`ring::ShadowSlot::publish`): either that pass sees the driver's new value,
+        // or the driver sees the armed EventIdx and writes MMIO. Without it both can miss,
+        // and the update waits for a later pass (this controller polls the shadow page on
+        // every pass, so that costs up to one sleep interval, never the update).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     // ---------------------------------------------------------------- admin commands

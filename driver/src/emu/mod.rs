@@ -69,9 +69,15 @@
 //! # Shadow doorbells (Doorbell Buffer Config)
 //! After Doorbell Buffer Config (PRP1: shadow doorbell page, PRP2: EventIdx page, both
 //! page aligned), the I/O queues (not the admin queue, as Linux uses it) are driven by the
-//! shadow page: the controller reads SQ tails and CQ heads from it every pass, and still
-//! notices MMIO doorbell writes (a shadow value that moved wins, being the newer by
-//! protocol). EventIdx policy for a polling controller: while it is actively polling, each
+//! shadow page: the controller reads SQ tails and CQ heads from it every pass, and the
+//! shadow value is the doorbell value (as in QEMU). An MMIO doorbell write of an I/O queue
+//! is only a notification: the host stores the shadow value first and then writes the same
+//! value to MMIO when EventIdx asks, and may store newer shadow values without MMIO, so a
+//! pass that read the register before that write and the shadow after a newer value sees
+//! the MMIO write only in its next pass, older than what it already took. Honouring it would
+//! move the SQ tail (or CQ head) backwards and run a lap of stale entries again; a host
+//! must therefore keep the shadow page current for every I/O queue once it configured it.
+//! EventIdx policy for a polling controller: while it is actively polling, each
 //! queue's EventIdx is kept at (consumed value − 1) modulo the queue size (always a valid
 //! index), so the driver's `need_event` check
 //! says no MMIO write is needed; before the controller backs off to sleep (see below) it
@@ -205,7 +211,10 @@ pub struct EmuConfig {
     pub volatile_write_cache: bool,
     /// Extra delay from fetching an I/O command to posting its completion.
     pub latency: Duration,
-    /// Pin the controller thread to this core.
+    /// Pin the controller thread to this core. `None` leaves it the CPU affinity of the
+    /// thread that calls [`EmuController::start`]: start the controller before pinning a
+    /// polling thread to a core, or the two share that one core and progress only at
+    /// scheduler time slices (the thread warns when it finds itself confined to one core).
     pub pin_core: Option<usize>,
     /// Identify Controller MN (up to 40 ASCII characters).
     pub model: String,
@@ -533,6 +542,14 @@ impl EmuController {
                     if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                         tracing::warn!(core, "could not pin the emulated controller thread");
                     }
+                } else if let Some([only]) = core_affinity::get_core_ids().as_deref() {
+                    // The affinity inherited from the starting thread (get_core_ids reads
+                    // this thread's mask).
+                    tracing::warn!(
+                        core = only.id,
+                        "the emulated controller thread may only run on core {} (CPU affinity inherited from the thread that started it): a driver thread busy-polling on that core leaves it only scheduler time slices; start the controller before pinning that thread, or set pin_core",
+                        only.id
+                    );
                 }
                 if let Some(parts) = ctrl::run(ctrl, snap, &shared2, &bar2) {
                     // Before the state is reachable by step(): unmap must then take the
