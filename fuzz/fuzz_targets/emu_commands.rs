@@ -73,6 +73,9 @@ const SERIAL: &str = "FUZZ-EMU-0001";
 enum Ptr {
     /// This byte offset (modulo its length) into the scratch region.
     Scratch(u32),
+    /// The start of this page (modulo its pages) of the scratch region: queues and PRP
+    /// lists need page-aligned pointers, which a byte offset rarely is.
+    ScratchPage(u8),
     /// This value, flipped out of the harness's mapping if it falls in it.
     Raw(u64),
     /// Zero.
@@ -96,8 +99,21 @@ enum Op {
     Io(Cmd),
     /// Several I/O commands on queue 1, one doorbell write.
     IoBatch(Vec<Cmd>),
+    /// Create I/O SQ or CQ with fields in useful ranges (raw admin commands rarely name
+    /// an existing CQ or an aligned ring): QID 0..=9, 2..=257 entries, CQID 0..=9.
+    CreateQueue {
+        sq: bool,
+        qid: u8,
+        entries: u8,
+        cqid: u8,
+        pc: bool,
+        ien: bool,
+        ring: Ptr,
+    },
     /// A doorbell write: register `slot` (SQ tail of QID slot/2 when even, CQ head when odd).
     Doorbell { slot: u16, value: u32 },
+    /// A doorbell write to QID 0..=9 (where the input's queues are), a small value.
+    QueueDoorbell { qid: u8, cq: bool, value: u16 },
     /// A write to a controller register other than CAP, VS, CC and CSTS.
     Register { off: u16, value: u32 },
     /// Reset, then enable with these CC fields; CSTS.CFS must follow the documented rules.
@@ -283,6 +299,9 @@ impl Host {
     fn ptr(&self, p: Ptr) -> u64 {
         match p {
             Ptr::Scratch(off) => self.scratch.iova() + (off as usize % SCRATCH_LEN) as u64,
+            Ptr::ScratchPage(p) => {
+                self.scratch.iova() + (p as usize % (SCRATCH_LEN / 4096) * 4096) as u64
+            }
             Ptr::Raw(v) => self.sanitize(v),
             Ptr::Zero | Ptr::Shadow => 0,
         }
@@ -599,6 +618,33 @@ impl Host {
                     }
                 }
             }
+            Op::CreateQueue {
+                sq,
+                qid,
+                entries,
+                cqid,
+                pc,
+                ien,
+                ring,
+            } => {
+                let mut dw = [0u32; 16];
+                dw[0] = if *sq {
+                    admin_opc::CREATE_IO_SQ
+                } else {
+                    admin_opc::CREATE_IO_CQ
+                } as u32;
+                dw[10] = (*qid % 10) as u32 | ((*entries as u32 + 1) << 16);
+                dw[11] = *pc as u32 | ((*ien as u32) << 1);
+                if *sq {
+                    dw[11] |= ((*cqid % 10) as u32) << 16;
+                }
+                let cmd = Cmd {
+                    dw,
+                    prp1: *ring,
+                    prp2: Ptr::Zero,
+                };
+                self.run(&Op::Admin(cmd));
+            }
             Op::Io(cmd) => {
                 let s = self.sqe(cmd, false);
                 self.io_cmds(vec![s]);
@@ -629,6 +675,13 @@ impl Host {
                 self.bar.write32(offset::DOORBELLS + slot * 4, v);
                 // A pass that also looks at the doorbells of queues that do not exist.
                 self.emu.step(true);
+            }
+            Op::QueueDoorbell { qid, cq, value } => {
+                let slot = 2 * (*qid % 10) as u16 + *cq as u16;
+                self.run(&Op::Doorbell {
+                    slot,
+                    value: *value as u32,
+                });
             }
             Op::Register { off, value } => {
                 let off = (*off as usize % offset::DOORBELLS) & !3;
