@@ -78,6 +78,8 @@ pub struct TransportJson {
     pub retries: u64,
     /// Commands that timed out.
     pub timeouts: u64,
+    /// Completion entries ignored because their CID was not outstanding.
+    pub bogus_completions: u64,
 }
 
 /// One core's results on one target.
@@ -264,6 +266,7 @@ fn transport(s: &QueueStats) -> TransportJson {
         split: s.split,
         retries: s.retries,
         timeouts: s.timeouts,
+        bogus_completions: s.bogus_completions,
     }
 }
 
