@@ -118,6 +118,16 @@ impl Progress {
 pub fn run(args: &PerfArgs) -> Result<()> {
     let cores = args.cores.0.clone();
     let avail = check_cores(&cores)?;
+    let ring = match args.io_queue_size {
+        Some(n) if n < args.queue_depth + 1 => {
+            return Err(AppError::usage(format!(
+                "invalid value for '--io-queue-size': {n} entries cannot hold queue depth {} (a ring of N entries holds N - 1 commands)",
+                args.queue_depth
+            )))
+        }
+        Some(n) => n,
+        None => ring_entries(args.queue_depth),
+    };
     let note = |msg: String| {
         if !args.quiet {
             eprintln!("kestrel perf: {msg}");
@@ -309,6 +319,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "warmup_s": args.warmup,
         "cores": cores,
         "qpairs_per_core": args.qpairs_per_core,
+        "io_queue_size": ring,
         "doorbell": match args.doorbell { DoorbellArg::Batched => "batched", DoorbellArg::Immediate => "immediate" },
         "shadow_doorbells": args.shadow_doorbells,
         "max_completions": args.max_completions,
@@ -336,7 +347,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
 
     let shared = Arc::new(Shared::new(cores.len()));
     let queue = QueueOptions {
-        depth: ring_entries(args.queue_depth),
+        depth: ring,
         sw_queue_depth: args.queue_depth,
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
