@@ -48,4 +48,7 @@ shellcheck -x scripts/*.sh scripts/vm/*.sh
 log "cargo test --workspace --release"
 cargo test --workspace --release
 
+log "fuzz smoke: every fuzz target for a few seconds"
+scripts/fuzz-smoke.sh
+
 log "all passed"

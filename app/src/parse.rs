@@ -159,7 +159,9 @@ pub fn parse_duration(input: &str) -> Result<Duration, ParseError> {
             }
             continue;
         }
-        ns += (d - b'0') as u64 * scale;
+        ns = ns
+            .checked_add((d - b'0') as u64 * scale)
+            .ok_or_else(|| err("it is longer than a day"))?;
     }
     let d = Duration::from_nanos(ns);
     if d > MAX_DURATION {
@@ -571,6 +573,9 @@ mod tests {
             let e = parse_duration(s).unwrap_err().to_string();
             assert!(e.contains("expected a number with a unit"), "{s}: {e}");
         }
+        // The fraction overflows u64 nanoseconds (2^64 ns is 18446744073.709551616 s).
+        let e = parse_duration("18446744073.9s").unwrap_err().to_string();
+        assert!(e.contains("longer than a day"), "{e}");
     }
 
     #[test]

@@ -556,6 +556,40 @@ fn perf_on_a_file_target_and_two_namespaces() {
     }
 }
 
+/// The short verify soak of the reliability promise: random reads and writes, verified,
+/// while the emulator injects retryable errors, delays, duplicate and spurious completions.
+/// Nothing may fail, nothing may mismatch, every I/O must complete (the long run and its
+/// figures are in docs/reliability.md).
+#[test]
+fn verify_soak_with_random_faults() {
+    let faults = "status/io/internal/2%+delay/io/2ms/1%+duplicate/io/1%+spurious/io/1%+seed/11";
+    let j = json(&kestrel(&[
+        "perf",
+        "-t",
+        "3",
+        "--warmup",
+        "0",
+        "-w",
+        "randrw",
+        "-M",
+        "50",
+        "-q",
+        "32",
+        "--verify",
+        "--json",
+        "--quiet",
+        "--target",
+        &format!("emu:size=64M,faults={faults}"),
+    ]));
+    assert_eq!(j["io_errors"], 0, "{}", j["errors"]);
+    let v = &j["verify"];
+    assert_eq!(v["mismatches"], 0, "{v}");
+    assert!(v["blocks_checked"].as_u64().unwrap() > 1000, "{v}");
+    let t = &j["transport"];
+    assert!(t["retries"].as_u64().unwrap() > 0, "{t}");
+    assert!(t["bogus_completions"].as_u64().unwrap() > 0, "{t}");
+}
+
 #[test]
 fn ctrl_c_stops_the_run_and_still_reports() {
     let child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
@@ -628,38 +662,4 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
     for c in pc {
         assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
     }
-}
-
-/// The short verify soak of the reliability promise: random reads and writes, verified,
-/// while the emulator injects retryable errors, delays, duplicate and spurious completions.
-/// Nothing may fail, nothing may mismatch, every I/O must complete (the long run and its
-/// figures are in docs/reliability.md).
-#[test]
-fn verify_soak_with_random_faults() {
-    let faults = "status/io/internal/2%+delay/io/2ms/1%+duplicate/io/1%+spurious/io/1%+seed/11";
-    let j = json(&kestrel(&[
-        "perf",
-        "-t",
-        "3",
-        "--warmup",
-        "0",
-        "-w",
-        "randrw",
-        "-M",
-        "50",
-        "-q",
-        "32",
-        "--verify",
-        "--json",
-        "--quiet",
-        "--target",
-        &format!("emu:size=64M,faults={faults}"),
-    ]));
-    assert_eq!(j["io_errors"], 0, "{}", j["errors"]);
-    let v = &j["verify"];
-    assert_eq!(v["mismatches"], 0, "{v}");
-    assert!(v["blocks_checked"].as_u64().unwrap() > 1000, "{v}");
-    let t = &j["transport"];
-    assert!(t["retries"].as_u64().unwrap() > 0, "{t}");
-    assert!(t["bogus_completions"].as_u64().unwrap() > 0, "{t}");
 }

@@ -14,7 +14,12 @@
 //!   `delay_cmd_submit`. [`DoorbellMode::Immediate`] rings per command, for comparison.
 //!   The CQ head doorbell is written once per reaping pass, only if something was reaped.
 //! - **Shadow doorbells.** With Doorbell Buffer Config the new value goes to the shadow
-//!   page, and the MMIO write happens only when the controller's EventIdx asks for it.
+//!   page, and the MMIO write happens only when the controller's EventIdx asks for it. A
+//!   qpair that opts out ([`QpairOptions::shadow_doorbells`] false) on such a controller
+//!   still stores every value in the shadow page and always writes MMIO too: once the
+//!   buffer is configured the controller takes doorbell values from the shadow page
+//!   (QEMU and the emulator do), so a value written only to MMIO would be ignored, or
+//!   overridden by the stale shadow value.
 //! - **Non-blocking submission.** With no tracker free, a request waits in a bounded
 //!   software queue and is submitted, in order, as completions free trackers. With that
 //!   queue full too, submit returns [`Busy`] with the request.
@@ -71,7 +76,9 @@ pub struct QpairOptions {
     pub sw_queue_depth: u32,
     /// Doorbell mode.
     pub doorbell: DoorbellMode,
-    /// Use shadow doorbells when the controller was set up with them.
+    /// Let the controller's EventIdx spare MMIO doorbell writes when it was set up with
+    /// shadow doorbells. When false, every update is an MMIO write (and is still stored
+    /// in the shadow page, which such a controller reads as the doorbell value).
     pub shadow_doorbells: bool,
     /// Default cap on completions reaped per pass by [`crate::target::TargetQueue::poll`]
     /// (0: a quarter of the depth, at most 128).
@@ -137,6 +144,9 @@ struct Tracker {
     /// A cancel sent an Abort for this command: its error completion is final (no retry).
     abort_requested: bool,
     submit_tick: u32,
+    /// Position of the command's SQ entry in the count of entries pushed since the queue
+    /// was created (see `sq_seq`).
+    sq_seq: u64,
     prp: PrpListMem,
     sqe: Sqe,
 }
@@ -164,7 +174,11 @@ pub struct IoQpair {
     mode: DoorbellMode,
     sq_db: Doorbell,
     cq_db: Doorbell,
+    /// The shadow doorbell slots (SQ, CQ) when the controller was set up with them: kept
+    /// current even when `event_idx` is off.
     shadow: Option<(ShadowSlot, ShadowSlot)>,
+    /// Skip MMIO writes the controller's EventIdx does not ask for.
+    event_idx: bool,
     trackers: Box<[Tracker]>,
     free: VecDeque<u16>,
     in_flight: u32,
@@ -176,6 +190,10 @@ pub struct IoQpair {
     max_completions: u32,
     epoch: u64,
     injecting: bool,
+    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
+    sq_seq: u64,
+    /// The controller's SQ head as a count like `sq_seq`, from the SQ Head of completions.
+    head_seq: u64,
     stats: QueueStats,
     // ---- fields below this point are not touched on the I/O path ----
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
@@ -225,6 +243,7 @@ impl IoQpair {
                     inject: None,
                     abort_requested: false,
                     submit_tick: 0,
+                    sq_seq: 0,
                     prp: PrpListMem {
                         // The tracker's list pages inside the qpair's PRP buffer.
                         vaddr: parts.prp_mem.as_ptr().wrapping_add(off).cast::<u64>(),
@@ -268,11 +287,8 @@ impl IoQpair {
             mode: opts.doorbell,
             sq_db: parts.sq_db,
             cq_db: parts.cq_db,
-            shadow: if opts.shadow_doorbells {
-                parts.shadow
-            } else {
-                None
-            },
+            event_idx: opts.shadow_doorbells && parts.shadow.is_some(),
+            shadow: parts.shadow,
             trackers,
             free,
             in_flight: 0,
@@ -284,6 +300,8 @@ impl IoQpair {
             max_completions,
             epoch: ctrlr.epoch(),
             injecting: false,
+            sq_seq: 0,
+            head_seq: 0,
             stats: QueueStats::default(),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
@@ -331,16 +349,31 @@ impl IoQpair {
     pub fn stats(&self) -> QueueStats {
         self.stats
     }
-    /// Whether shadow doorbells are in use.
+    /// Whether shadow doorbells are in use: EventIdx decides which updates also need an
+    /// MMIO write.
     pub fn uses_shadow_doorbells(&self) -> bool {
-        self.shadow.is_some()
+        self.event_idx
     }
-    /// Diagnostics: the SQ tail and CQ head as the driver last published them, and, with
-    /// shadow doorbells, the (shadow value, EventIdx) pairs of the SQ and CQ.
+    /// Diagnostics: the SQ tail and CQ head as the driver last published them, dword 3
+    /// (CID and phase) of the CQ entries at and before the head, and, with shadow
+    /// doorbells, the (shadow value, EventIdx) pairs of the SQ and CQ.
     pub fn doorbell_state(&self) -> String {
         let mut s = format!(
             "sq_tail {} (rung {}), cq_head {} phase {}",
             self.sq_tail, self.sq_tail_rung, self.cq_head, self.cq_phase as u8
+        );
+        let here = self.cq.dw3(self.cq_head);
+        let prev = self.cq.dw3(if self.cq_head == 0 {
+            self.depth - 1
+        } else {
+            self.cq_head - 1
+        });
+        s += &format!(
+            ", cqe at head: cid {} phase {}, before head: cid {} phase {}",
+            here as u16,
+            (here >> 16) & 1,
+            prev as u16,
+            (prev >> 16) & 1
         );
         if let Some((sq, cq)) = &self.shadow {
             let (sd, se) = sq.peek();
@@ -658,6 +691,9 @@ impl IoQpair {
     #[inline]
     fn push_sqe(&mut self, sqe: &Sqe) {
         self.sq.write(self.sq_tail, sqe);
+        // Every SQE comes from the tracker its CID names.
+        self.trackers[sqe.cid() as usize].sq_seq = self.sq_seq;
+        self.sq_seq += 1;
         self.sq_tail = if self.sq_tail + 1 == self.depth {
             0
         } else {
@@ -683,10 +719,16 @@ impl IoQpair {
         let (new, old) = (self.sq_tail, self.sq_tail_rung);
         self.sq_tail_rung = new;
         if let Some((sq_shadow, _)) = &self.shadow {
-            let event = sq_shadow.publish(new as u32);
-            if !need_event(event, new, old, self.depth) {
-                self.stats.shadow_doorbell_updates += 1;
-                return;
+            // The shadow value first, always: with the buffer configured it is the value
+            // the controller uses, and the MMIO write below only tells it to look.
+            if self.event_idx {
+                let event = sq_shadow.publish(new as u32);
+                if !need_event(event, new, old, self.depth) {
+                    self.stats.shadow_doorbell_updates += 1;
+                    return;
+                }
+            } else {
+                sq_shadow.store(new as u32);
             }
         }
         self.sq_db.ring(new as u32);
@@ -696,10 +738,15 @@ impl IoQpair {
     fn ring_cq(&mut self, old: u16) {
         let new = self.cq_head;
         if let Some((_, cq_shadow)) = &self.shadow {
-            let event = cq_shadow.publish(new as u32);
-            if !need_event(event, new, old, self.depth) {
-                self.stats.shadow_doorbell_updates += 1;
-                return;
+            // As in `ring_sq`: shadow first, MMIO as the notification.
+            if self.event_idx {
+                let event = cq_shadow.publish(new as u32);
+                if !need_event(event, new, old, self.depth) {
+                    self.stats.shadow_doorbell_updates += 1;
+                    return;
+                }
+            } else {
+                cq_shadow.store(new as u32);
             }
         }
         self.cq_db.ring(new as u32);
@@ -747,7 +794,8 @@ impl IoQpair {
             if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
                 break;
             }
-            let (dw0, _dw2) = self.cq.dw0_dw2(self.cq_head);
+            let (dw0, dw2) = self.cq.dw0_dw2(self.cq_head);
+            let fetched = self.unwrap_sq_head(dw2 as u16);
             self.cq_head += 1;
             if self.cq_head == self.depth {
                 self.cq_head = 0;
@@ -756,7 +804,7 @@ impl IoQpair {
             reaped += 1;
             let cid = dw3 as u16;
             let status = Status::from_cqe_status((dw3 >> 16) as u16);
-            delivered += self.complete(cid, status, dw0, done);
+            delivered += self.complete(cid, status, dw0, fetched, done);
         }
         if reaped > 0 {
             self.ring_cq(old_head);
@@ -781,10 +829,18 @@ impl IoQpair {
         cid: u16,
         status: Status,
         _dw0: u32,
+        fetched: Option<u64>,
         done: &mut dyn FnMut(Completion),
     ) -> u32 {
         let max_retries = self.max_retries;
-        let Some(t) = self.trackers.get_mut(cid as usize).filter(|t| t.active) else {
+        // A completion whose SQ Head says the controller had not yet fetched this CID's
+        // command cannot be that command's: it is a duplicate of an earlier command that
+        // used the CID (with every tracker busy, a freed CID is reused at once).
+        let Some(t) = self
+            .trackers
+            .get_mut(cid as usize)
+            .filter(|t| t.active && fetched.is_some_and(|f| f > t.sq_seq))
+        else {
             self.stats.bogus_completions += 1;
             if !self.bogus_logged {
                 self.bogus_logged = true;
@@ -830,6 +886,24 @@ impl IoQpair {
             }
             None => 0,
         }
+    }
+
+    /// Turns a completion's SQ Head (a ring index) into a count like `sq_seq`: the one
+    /// value congruent to it modulo the depth in `(sq_seq - depth, sq_seq]` (at most
+    /// `depth - 1` entries are ever pushed and not yet fetched, so it is unique).
+    /// Completions may carry an older head than one seen before (a controller that
+    /// completes out of order); `head_seq` only moves forward. `None` for an index
+    /// outside the ring.
+    fn unwrap_sq_head(&mut self, sqhd: u16) -> Option<u64> {
+        if sqhd >= self.depth {
+            return None;
+        }
+        let d = self.depth as u64;
+        let top = self.sq_seq;
+        let back = (top % d + d - sqhd as u64) % d;
+        let x = top.checked_sub(back)?;
+        self.head_seq = self.head_seq.max(x);
+        Some(x)
     }
 
     /// Frees tracker `cid` with `result`; returns the completion to deliver, if the
@@ -927,6 +1001,8 @@ impl IoQpair {
     /// what was in flight (each resubmission counts as a retry).
     fn recreate_after_reset(&mut self, e: u64) {
         self.cq.clear();
+        self.sq_seq = 0;
+        self.head_seq = 0;
         self.sq_tail = 0;
         self.sq_tail_rung = 0;
         self.cq_head = 0;

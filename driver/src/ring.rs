@@ -240,6 +240,19 @@ impl ShadowSlot {
         (db.load(Ordering::Acquire), ei.load(Ordering::Acquire))
     }
 
+    /// Stores a new doorbell value in the shadow page, for a queue that writes every
+    /// update to MMIO as well (and so does not consult EventIdx).
+    #[inline]
+    pub fn store(&self, value: u32) {
+        // SAFETY: as in `publish`.
+        let db = unsafe { AtomicU32::from_ptr(self.db.as_ptr()) };
+        // Release: the queue entries (SQEs written, CQEs read) are ordered before the
+        // value, as for an MMIO doorbell. The MMIO write that follows is a later store, so
+        // the controller cannot see it before this one (TSO; and a controller that reads
+        // the shadow page on every pass does not depend on it).
+        db.store(value, Ordering::Release);
+    }
+
     /// Publishes a new doorbell value in the shadow page and returns the controller's
     /// EventIdx for this queue, read after the store is globally visible.
     #[inline]

@@ -59,7 +59,7 @@ struct Rig {
     bufs: Vec<DmaBuf>,
 }
 
-fn rig(qd: u32) -> Rig {
+fn rig(qd: u32, depth: u32) -> Rig {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace {
             size_bytes: BLOCKS * BS as u64,
@@ -79,7 +79,7 @@ fn rig(qd: u32) -> Rig {
     .unwrap();
     let qp = ctrlr
         .create_io_qpair(&QpairOptions {
-            depth: 256,
+            depth,
             sw_queue_depth: 256,
             timeout: Duration::from_millis(300),
             abort_timeout: Duration::from_millis(300),
@@ -152,7 +152,11 @@ fn plan(fault: Fault, op: Op) -> FaultPlan {
 }
 
 fn run_case(fault: Fault, op: Op, qd: u32) {
-    let mut r = rig(qd);
+    run_case_depth(fault, op, qd, 256, 128)
+}
+
+fn run_case_depth(fault: Fault, op: Op, qd: u32, depth: u32, per_poll: u32) {
+    let mut r = rig(qd, depth);
     let mut shadow = prefill(&mut r);
     // Blocks a failed write may or may not have reached: old or new contents allowed.
     let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -187,7 +191,7 @@ fn run_case(fault: Fault, op: Op, qd: u32) {
         }
         r.qp.flush();
         let mut done = Vec::new();
-        r.qp.process_completions(128, &mut |c| done.push(c));
+        r.qp.process_completions(per_poll, &mut |c| done.push(c));
         for c in done {
             *seen.entry(c.token).or_insert(0) += 1;
             let (b, lba) = inflight.remove(&c.token).unwrap_or_else(|| {
@@ -367,6 +371,18 @@ matrix! {
     surprise_removal_read_qd128: SurpriseRemoval, Read, 128;
     surprise_removal_write_qd1: SurpriseRemoval, Write, 1;
     surprise_removal_write_qd128: SurpriseRemoval, Write, 128;
+}
+
+/// With every tracker busy (depth 33, 32 in flight) a freed CID is reused at once, so a
+/// duplicate completion would complete its successor early (a read seeing stale data, a
+/// write's buffer reused while the device still reads it) unless the SQ Head check
+/// rejects it.
+#[test]
+fn duplicate_completions_with_every_tracker_busy() {
+    // Few completions per pass, so a pass often ends between a completion and its
+    // duplicate and the CID is reused before the duplicate is seen.
+    run_case_depth(Fault::Duplicate, Op::Write, 32, 33, 4);
+    run_case_depth(Fault::Duplicate, Op::Read, 32, 33, 4);
 }
 
 #[test]

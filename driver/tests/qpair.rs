@@ -4,6 +4,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use common::*;
 use kestrel::emu::{EmuConfig, EmuNamespace, EmuStore};
@@ -389,6 +390,97 @@ fn shadow_doorbells_account_for_every_update() {
     // some updates need no MMIO at all (how many depends on when it backs off to sleep;
     // the benchmark reports the ratio).
     assert!(st.shadow_doorbell_updates > 0, "{st:?}");
+}
+
+/// A ring of 33 entries with 32 commands in flight, reaped at most 8 per pass, on a
+/// controller with shadow doorbells configured: the CQ wraps at a different point of each
+/// pass, and SQ tail and CQ head updates land at every position relative to the
+/// controller's passes (busy, polling, armed before sleeping). Every request completes
+/// exactly once, the controller runs each command exactly once, and progress never stops
+/// for long. `event_idx` false is a qpair that opts out of shadow doorbells on that
+/// controller: it must keep the shadow page current too (the controller takes doorbell
+/// values from there), and before it did, not a single I/O completed.
+///
+/// The test thread is deliberately not pinned: the emulator thread inherits the CPU
+/// affinity of the thread that starts it, and sharing one core with this busy-polling
+/// loop would let the two make progress only at scheduler time slices (a few thousand
+/// I/Os per second, which looks like a hang).
+fn small_ring_soak(store: EmuStore, event_idx: bool, ios: u64) {
+    let (emu, c) = emu_with(EmuConfig {
+        namespaces: vec![EmuNamespace::new(16 << 20, 4096, store)],
+        ..Default::default()
+    });
+    assert!(c.shadow_doorbells(), "the emulator offers shadow doorbells");
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 33,
+            shadow_doorbells: event_idx,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(qp.uses_shadow_doorbells(), event_idx);
+    assert_eq!(qp.slots(), 32);
+    let buf = c.dma_pool().alloc(4096).unwrap();
+    let blocks = c.namespaces()[0].num_blocks;
+    let mut seen = vec![false; ios as usize];
+    let (mut issued, mut done) = (0u64, 0u64);
+    let mut last_progress = Instant::now();
+    let stall = Duration::from_secs(10);
+    while done < ios {
+        while issued < ios && issued - done < 32 {
+            qp.submit(IoRequest::read_buf(1, issued % blocks, 1, &buf, issued))
+                .unwrap();
+            issued += 1;
+        }
+        qp.flush();
+        let n = qp.process_completions(8, &mut |c| {
+            assert_eq!(c.result, Ok(()), "token {}", c.token);
+            let s = &mut seen[c.token as usize];
+            assert!(!*s, "token {} completed twice", c.token);
+            *s = true;
+            done += 1;
+        });
+        if n > 0 {
+            last_progress = Instant::now();
+        } else {
+            assert!(
+                last_progress.elapsed() < stall,
+                "no completion for {stall:?} after {done} of {ios} ({issued} issued): {}; {:?}; {:?}",
+                qp.doorbell_state(),
+                qp.stats(),
+                emu.stats()
+            );
+        }
+    }
+    let st = qp.stats();
+    assert_eq!((st.submitted, st.completed, st.commands), (ios, ios, ios));
+    assert_eq!((st.bogus_completions, st.retries, st.timeouts), (0, 0, 0));
+    if !event_idx {
+        assert_eq!(
+            st.shadow_doorbell_updates, 0,
+            "every update rings MMIO: {st:?}"
+        );
+    }
+    let es = emu.stats();
+    assert_eq!(es.reads, ios, "each command run once: {es:?}");
+    assert_eq!((es.doorbell_errors, es.error_completions), (0, 0), "{es:?}");
+    assert_quiet(&mut qp);
+}
+
+#[test]
+fn small_ring_with_shadow_doorbells_null_store() {
+    small_ring_soak(EmuStore::Null, true, 300_000);
+}
+
+#[test]
+fn small_ring_with_shadow_doorbells_memory_store() {
+    small_ring_soak(EmuStore::Memory, true, 200_000);
+}
+
+#[test]
+fn small_ring_opting_out_of_shadow_doorbells() {
+    small_ring_soak(EmuStore::Null, false, 100_000);
+    small_ring_soak(EmuStore::Memory, false, 100_000);
 }
 
 #[test]

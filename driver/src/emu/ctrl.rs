@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::faults::{CtrlEvent, FaultAction, Injector};
-use super::mem::{GuestSlice, Mem, Snapshot};
+use super::mem::{EmuIommu, GuestSlice, Mem, Snapshot};
 use super::nvm::{self, Ns, Nvm};
 use super::store::Store;
 use super::{EmuConfig, EmuError, EmuStats, EmuStore, Shared};
@@ -562,6 +562,12 @@ impl Ctrl {
     /// Controller reset (CC.EN 1→0).
     fn reset(&mut self) {
         self.st.resets += 1;
+        // Raw CQEs waiting for queues that no longer exist go with them.
+        if self.shared.faults.raw_pending() {
+            let shared = Arc::clone(&self.shared);
+            let (_, dropped) = shared.faults.drain_raw(|_, _| Some(false));
+            self.st.raw_cqes_dropped += dropped;
+        }
         for q in 0..self.sqs.len() {
             self.sqs[q] = None;
             self.cqs[q] = None;
@@ -663,6 +669,9 @@ impl Ctrl {
         if !self.held.is_empty() {
             work |= self.release_held(mem);
         }
+        if self.shared.faults.raw_pending() {
+            work |= self.post_raw_cqes(mem);
+        }
         work |= self.run_admin(mem);
         work |= self.run_io(mem, db);
         // (An injected fatal error or removal during the I/O phase stops the pass.)
@@ -734,8 +743,16 @@ impl Ctrl {
         (off + 4 <= page.len()).then_some(off)
     }
 
-    /// Reads the newest doorbell value of `slot`: an MMIO write, or a shadow update (which
-    /// wins when both moved).
+    /// Reads the newest doorbell value of `slot`. Without shadow doorbells that is the MMIO
+    /// register. With them (I/O queues only), the shadow page holds the value and an MMIO
+    /// write is only a notification, as QEMU treats it. Taking the MMIO value moved
+    /// doorbells backwards: the host stores shadow X, writes MMIO X (EventIdx asked), then
+    /// stores shadow Y without MMIO; a pass that loads the register before the MMIO write
+    /// and the shadow after Y takes Y, and the next pass sees the register change to X
+    /// while the shadow stays at Y. An SQ tail set back to X makes the controller run the
+    /// entries from Y round to X again (stale commands, duplicate CIDs); a CQ head set back
+    /// is rejected as a doorbell error. The window is two loads wide, so it takes a
+    /// preemption of this thread between them (a loaded machine) to hit.
     fn read_doorbell(&mut self, slot: usize, db: Option<DbView<'_>>) -> Option<u32> {
         let mut new = None;
         let v = self.bar.read32(self.db_off(slot));
@@ -753,8 +770,11 @@ impl Ctrl {
                     if s != self.shadow_seen[slot] {
                         self.shadow_seen[slot] = s;
                         self.st.shadow_doorbell_reads += 1;
-                        new = Some(s);
+                        return Some(s);
                     }
+                    // The shadow did not move: an MMIO write alone changes nothing
+                    // (see above; `db_seen` was updated, so it is not seen again).
+                    return None;
                 }
             }
         }
@@ -945,6 +965,21 @@ impl Ctrl {
         }
         self.st.completions += 1;
         true
+    }
+
+    /// Posts the raw CQEs queued by [`super::EmuFaults::post_raw_cqe`] that fit.
+    fn post_raw_cqes(&mut self, mem: &Mem<'_>) -> bool {
+        let shared = Arc::clone(&self.shared);
+        let (posted, dropped) = shared.faults.drain_raw(|cqid, cqe| {
+            match self.cqs.get(cqid as usize).and_then(|c| c.as_ref()) {
+                None => Some(false),
+                Some(cq) if cq.room() == 0 => None,
+                Some(_) => Some(self.post(mem, cqid, cqe)),
+            }
+        });
+        self.st.raw_cqes += posted;
+        self.st.raw_cqes_dropped += dropped;
+        posted + dropped > 0
     }
 
     fn unreserve(&mut self, cqid: u16) {
@@ -1317,6 +1352,14 @@ impl Ctrl {
                 d.eventidx.store_u32(off, cq.head, Ordering::Release);
             }
         }
+        // SeqCst fence: the EventIdx stores above must be visible before the next pass
+        // loads the shadow doorbells (a store-load order, which release/acquire do not
+        // give). It pairs with the driver's fence between its shadow store and its EventIdx
+        // load (`ring::ShadowSlot::publish`): either that pass sees the driver's new value,
+        // or the driver sees the armed EventIdx and writes MMIO. Without it both can miss,
+        // and the update waits for a later pass (this controller polls the shadow page on
+        // every pass, so that costs up to one sleep interval, never the update).
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 
     // ---------------------------------------------------------------- admin commands
@@ -1845,8 +1888,15 @@ impl Ctrl {
     }
 }
 
-/// The controller thread's main loop, with the idle policy of the module doc.
-pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar) {
+/// The controller thread's main loop, with the idle policy of the module doc. Returns the
+/// controller's state when [`super::EmuController::pause`] asked it to stop (between
+/// passes), for [`super::EmuController::step`] to carry on from.
+pub(super) fn run(
+    mut ctrl: Ctrl,
+    mut snap: Snapshot,
+    shared: &Shared,
+    bar: &Bar,
+) -> Option<(Ctrl, Snapshot)> {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut idle_since: Option<Instant> = None;
         let mut sleep = SLEEP_MIN;
@@ -1854,6 +1904,9 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
         let mut scan = false;
         let mut stats_seen = 0u64;
         while !shared.stop.load(Ordering::Acquire) {
+            if shared.pause.load(Ordering::Acquire) {
+                return true;
+            }
             // Between passes: adopt IOMMU changes and acknowledge them (mem module doc).
             snap.refresh();
             // A request for counters: everything posted so far is counted in them.
@@ -1901,12 +1954,41 @@ pub(super) fn run(mut ctrl: Ctrl, mut snap: Snapshot, shared: &Shared, bar: &Bar
                 scan = true;
             }
         }
+        false
     }));
-    if r.is_err() {
-        tracing::error!(
-            "the emulated controller thread panicked; reporting controller fatal status"
-        );
-        let csts = Csts(bar.read32(offset::CSTS)).with_cfs(true);
-        bar.device_write32(offset::CSTS, csts.0);
+    match r {
+        Ok(true) => Some((ctrl, snap)),
+        Ok(false) => None,
+        Err(_) => {
+            tracing::error!(
+                "the emulated controller thread panicked; reporting controller fatal status"
+            );
+            let csts = Csts(bar.read32(offset::CSTS)).with_cfs(true);
+            bar.device_write32(offset::CSTS, csts.0);
+            None
+        }
     }
+}
+
+/// One pass of a paused controller (see [`super::EmuController::step`]), under the IOMMU's
+/// step lock; publishes the counters and answers any request for them.
+pub(super) fn step(
+    ctrl: &mut Ctrl,
+    snap: &mut Snapshot,
+    iommu: &EmuIommu,
+    shared: &Shared,
+    scan: bool,
+) -> bool {
+    let _pass = iommu.step_guard();
+    snap.refresh();
+    let work = {
+        let mem = snap.view();
+        ctrl.pass(&mem, scan).work
+    };
+    ctrl.publish();
+    // Release: a stats() caller that sees this sees the counters just published.
+    shared
+        .stats_done
+        .store(shared.stats_req.load(Ordering::Acquire), Ordering::Release);
+    work
 }

@@ -7,13 +7,21 @@
 //! number of I/O commands. A plan is installed at start ([`super::EmuConfig::faults`]) or
 //! at any time through [`EmuFaults`]; the controller thread notices a new plan at the top
 //! of its next pass (one atomic load per pass), copies it, and evaluates it without locks.
+//!
+//! Besides rules, [`EmuFaults::post_raw_cqe`] posts a completion queue entry the host
+//! describes completely (any CID, status and dwords): the device-side half of fuzzing a
+//! driver's completion path.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use super::EmuError;
-use crate::spec::{nvm_opc, Sct, Status};
+use crate::spec::{nvm_opc, Cqe, Sct, Status};
+
+/// The most raw completion queue entries ([`EmuFaults::post_raw_cqe`]) waiting to be posted.
+pub const MAX_RAW_CQES: usize = 1024;
 
 /// Which commands a rule applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,6 +303,10 @@ pub struct EmuFaults {
     fatal: AtomicBool,
     remove: AtomicBool,
     injected: AtomicU64,
+    /// Raw CQEs waiting for the controller thread: (CQ identifier, entry).
+    raw: Mutex<VecDeque<(u16, Cqe)>>,
+    /// Whether `raw` may be non-empty (so the controller thread locks it only then).
+    raw_pending: AtomicBool,
 }
 
 impl EmuFaults {
@@ -305,6 +317,8 @@ impl EmuFaults {
             fatal: AtomicBool::new(false),
             remove: AtomicBool::new(false),
             injected: AtomicU64::new(0),
+            raw: Mutex::new(VecDeque::new()),
+            raw_pending: AtomicBool::new(false),
         }
     }
 
@@ -352,6 +366,36 @@ impl EmuFaults {
         self.remove.store(true, Ordering::Release);
     }
 
+    /// Posts `cqe` on completion queue `cqid` as if the controller had completed a command:
+    /// its CID, status, dwords 0 and 1, SQ head and SQ identifier as given, whether or not
+    /// they match anything outstanding; the controller sets the phase tag (bit 0 of
+    /// `cqe.status` is ignored). Unrelated to the fault rules, for testing a driver's
+    /// completion path against a buggy or hostile device.
+    ///
+    /// The controller thread posts queued entries in order at its next pass in which it is
+    /// ready, each only when the CQ has room (it never overwrites an entry the host has not
+    /// consumed, nor the room reserved for commands already fetched), so an entry may wait
+    /// for the host to free CQ space. An entry for a CQ that does not exist is dropped, and
+    /// so is every waiting entry at a controller reset. [`super::EmuStats::raw_cqes`] and
+    /// [`super::EmuStats::raw_cqes_dropped`] count them (raw entries also count in
+    /// `completions`). Returns false, queueing nothing, when [`MAX_RAW_CQES`] entries are
+    /// already waiting.
+    pub fn post_raw_cqe(&self, cqid: u16, cqe: Cqe) -> bool {
+        let mut q = self.raw.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() >= MAX_RAW_CQES {
+            return false;
+        }
+        q.push_back((cqid, cqe));
+        // Release (and the lock): the controller thread that sees the flag finds the entry.
+        self.raw_pending.store(true, Ordering::Release);
+        true
+    }
+
+    /// Raw CQEs queued by [`EmuFaults::post_raw_cqe`] and not yet posted or dropped.
+    pub fn raw_cqes_waiting(&self) -> usize {
+        self.raw.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     /// Commands affected by rules, as of the controller's latest publication of its
     /// counters (call [`super::EmuController::stats`] first for an exact figure).
     pub fn injected(&self) -> u64 {
@@ -376,6 +420,30 @@ impl EmuFaults {
 
     pub(super) fn count_injected(&self, n: u64) {
         self.injected.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether raw CQEs may be waiting: one load per pass on the controller thread.
+    #[inline]
+    pub(super) fn raw_pending(&self) -> bool {
+        self.raw_pending.load(Ordering::Acquire)
+    }
+
+    /// Hands waiting raw CQEs, oldest first, to `post`, which returns `Some(true)` when it
+    /// posted the entry, `Some(false)` when it dropped it, and `None` when the entry must
+    /// wait (its CQ is full; later entries wait behind it). Returns (posted, dropped).
+    pub(super) fn drain_raw(&self, mut post: impl FnMut(u16, Cqe) -> Option<bool>) -> (u64, u64) {
+        let mut q = self.raw.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut posted, mut dropped) = (0, 0);
+        while let Some(&(cqid, cqe)) = q.front() {
+            match post(cqid, cqe) {
+                Some(true) => posted += 1,
+                Some(false) => dropped += 1,
+                None => break,
+            }
+            q.pop_front();
+        }
+        self.raw_pending.store(!q.is_empty(), Ordering::Relaxed);
+        (posted, dropped)
     }
 }
 

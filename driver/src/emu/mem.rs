@@ -23,6 +23,12 @@
 //! since the removal of such a region also waits for an acknowledgement that can only
 //! come after the pass.
 //!
+//! A paused controller ([`super::EmuController::pause`]) has no thread: its passes run in
+//! [`super::EmuController::step`] calls, each holding the IOMMU's step lock from the
+//! snapshot refresh to the end of the pass. There `unmap`, having removed the mapping,
+//! takes and releases the step lock: a pass in progress ends first, and every later pass
+//! refreshes its snapshot (without the mapping) before making a view.
+//!
 //! # Access rules
 //! Host memory is never reached through a `&`/`&mut` reference: every access is an atomic
 //! load or store through a raw pointer (queue entries as 32- or 64-bit words, data as
@@ -92,6 +98,10 @@ pub struct EmuIommu {
     /// The controller thread, to wake it when an unmap waits.
     thread: OnceLock<Thread>,
     translations_slow: AtomicU64,
+    /// Set (for good) when the controller is paused and runs its passes in `step` calls.
+    stepping: AtomicBool,
+    /// Held by a pass run from `step`, from the snapshot refresh to its end.
+    step_lock: Mutex<()>,
 }
 
 impl core::fmt::Debug for EmuIommu {
@@ -117,7 +127,23 @@ impl EmuIommu {
             running: AtomicBool::new(false),
             thread: OnceLock::new(),
             translations_slow: AtomicU64::new(0),
+            stepping: AtomicBool::new(false),
+            step_lock: Mutex::new(()),
         }
+    }
+
+    /// Marks the controller as paused: from now on its passes run under [`Self::step_guard`].
+    /// Called by the controller thread before it hands its state over, so any pass that
+    /// can run after it is seen by `unmap`.
+    pub(super) fn set_stepping(&self) {
+        // Release: an unmap that sees the flag also sees the thread's last accesses done.
+        self.stepping.store(true, Ordering::Release);
+    }
+
+    /// The step lock, held by a pass run from `step`.
+    pub(super) fn step_guard(&self) -> std::sync::MutexGuard<'_, ()> {
+        // The lock protects no data, only the extent of a pass: poisoning is irrelevant.
+        self.step_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -230,6 +256,11 @@ impl DmaMapper for EmuIommu {
             self.gen.store(t.gen, Ordering::Release);
             t.gen
         };
+        // A paused controller: a pass in progress (holding the step lock) ends before the
+        // lock is ours; later passes refresh their snapshot first, and see the removal.
+        if self.stepping.load(Ordering::Acquire) {
+            drop(self.step_guard());
+        }
         // Wait for the controller thread to adopt a table without the mapping; it can only
         // do so between passes, when it holds no view of host memory.
         let start = Instant::now();
@@ -542,8 +573,8 @@ pub(super) fn fallocate(
 }
 
 /// Test helpers: atomic access to a [`crate::DmaBuf`] the device writes (the test plays
-/// the driver and must not read completion queues with plain copies).
-#[cfg(test)]
+/// the driver and must not read completion queues with plain copies). Used by the tests
+/// and by [`super::testkit`].
 pub(super) mod host {
     use super::*;
     use crate::DmaBuf;

@@ -69,9 +69,15 @@
 //! # Shadow doorbells (Doorbell Buffer Config)
 //! After Doorbell Buffer Config (PRP1: shadow doorbell page, PRP2: EventIdx page, both
 //! page aligned), the I/O queues (not the admin queue, as Linux uses it) are driven by the
-//! shadow page: the controller reads SQ tails and CQ heads from it every pass, and still
-//! notices MMIO doorbell writes (a shadow value that moved wins, being the newer by
-//! protocol). EventIdx policy for a polling controller: while it is actively polling, each
+//! shadow page: the controller reads SQ tails and CQ heads from it every pass, and the
+//! shadow value is the doorbell value (as in QEMU). An MMIO doorbell write of an I/O queue
+//! is only a notification: the host stores the shadow value first and then writes the same
+//! value to MMIO when EventIdx asks, and may store newer shadow values without MMIO, so a
+//! pass that read the register before that write and the shadow after a newer value sees
+//! the MMIO write only in its next pass, older than what it already took. Honouring it would
+//! move the SQ tail (or CQ head) backwards and run a lap of stale entries again; a host
+//! must therefore keep the shadow page current for every I/O queue once it configured it.
+//! EventIdx policy for a polling controller: while it is actively polling, each
 //! queue's EventIdx is kept at (consumed value − 1) modulo the queue size (always a valid
 //! index), so the driver's `need_event` check
 //! says no MMIO write is needed; before the controller backs off to sleep (see below) it
@@ -112,7 +118,9 @@
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
-//! one cannot (Abort says "not aborted").
+//! one cannot (Abort says "not aborted"). [`EmuFaults::post_raw_cqe`] posts a completion
+//! entry entirely described by the caller (any CID and status, phase tag set by the
+//! controller) on a given CQ, for fuzzing a driver's completion path.
 //!
 //! The spec-string grammar (for `kestrel perf --target emu:faults=...`) avoids `,`, `=`
 //! and `:` so it nests in a comma-separated target string. Items are joined by `+`,
@@ -149,6 +157,8 @@ mod faults;
 mod mem;
 mod nvm;
 mod store;
+#[doc(hidden)]
+pub mod testkit;
 #[cfg(test)]
 mod tests;
 
@@ -158,7 +168,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget};
+pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, MAX_RAW_CQES};
 pub use mem::{EmuIommu, IOVA_BASE};
 
 use crate::dma::{DmaMapper, PageKind};
@@ -194,7 +204,10 @@ pub struct EmuConfig {
     pub volatile_write_cache: bool,
     /// Extra delay from fetching an I/O command to posting its completion.
     pub latency: Duration,
-    /// Pin the controller thread to this core.
+    /// Pin the controller thread to this core. `None` leaves it the CPU affinity of the
+    /// thread that calls [`EmuController::start`]: start the controller before pinning a
+    /// polling thread to a core, or the two share that one core and progress only at
+    /// scheduler time slices (the thread warns when it finds itself confined to one core).
     pub pin_core: Option<usize>,
     /// Identify Controller MN (up to 40 ASCII characters).
     pub model: String,
@@ -384,6 +397,10 @@ emu_stats! {
     idle_sleeps,
     /// Commands affected by fault rules.
     faults_injected,
+    /// Raw completion queue entries posted ([`EmuFaults::post_raw_cqe`]).
+    raw_cqes,
+    /// Raw completion queue entries dropped: their CQ did not exist, or a reset came first.
+    raw_cqes_dropped,
 }
 
 /// State shared between the controller thread and its handle.
@@ -395,6 +412,10 @@ struct Shared {
     /// The newest request the controller thread has answered.
     stats_done: AtomicU64,
     faults: EmuFaults,
+    /// Asks the controller thread to stop and hand its state to `stepper`.
+    pause: AtomicBool,
+    /// The paused controller's state ([`EmuController::pause`]).
+    stepper: Mutex<Option<(ctrl::Ctrl, mem::Snapshot)>>,
 }
 
 /// A running emulated NVMe controller. Dropping it stops and joins the controller thread.
@@ -497,6 +518,8 @@ impl EmuController {
             stats_req: AtomicU64::new(0),
             stats_done: AtomicU64::new(0),
             faults: EmuFaults::new(cfg.faults.clone()),
+            pause: AtomicBool::new(false),
+            stepper: Mutex::new(None),
         });
         let ctrl = ctrl::Ctrl::new(&cfg, Arc::clone(&bar), Arc::clone(&shared))?;
         let snap = mem::Snapshot::new(Arc::clone(&iommu));
@@ -512,8 +535,21 @@ impl EmuController {
                     if !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
                         tracing::warn!(core, "could not pin the emulated controller thread");
                     }
+                } else if let Some([only]) = core_affinity::get_core_ids().as_deref() {
+                    // The affinity inherited from the starting thread (get_core_ids reads
+                    // this thread's mask).
+                    tracing::warn!(
+                        core = only.id,
+                        "the emulated controller thread may only run on core {} (CPU affinity inherited from the thread that started it): a driver thread busy-polling on that core leaves it only scheduler time slices; start the controller before pinning that thread, or set pin_core",
+                        only.id
+                    );
                 }
-                ctrl::run(ctrl, snap, &shared2, &bar2);
+                if let Some(parts) = ctrl::run(ctrl, snap, &shared2, &bar2) {
+                    // Before the state is reachable by step(): unmap must then take the
+                    // step lock (mem module doc).
+                    iommu2.set_stepping();
+                    *shared2.stepper.lock().unwrap_or_else(|e| e.into_inner()) = Some(parts);
+                }
                 iommu2.set_running(false);
             })
             .map_err(|e| {
@@ -546,6 +582,48 @@ impl EmuController {
             std::thread::sleep(Duration::from_micros(20));
         }
         self.shared.stats.load()
+    }
+
+    /// Test support (the fuzz targets), not part of the API: stops the controller thread
+    /// between two passes; from then on the controller advances only in
+    /// [`EmuController::step`] calls, so a test drives it deterministically from one
+    /// thread. There is no way back. Returns false when the thread had already ended (a
+    /// panic) and the controller cannot be stepped.
+    #[doc(hidden)]
+    pub fn pause(&self) -> bool {
+        self.shared.pause.store(true, Ordering::Release);
+        let h = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(h) = h {
+            h.thread().unpark();
+            if h.join().is_err() {
+                tracing::error!("the emulated controller thread panicked");
+            }
+        }
+        self.shared
+            .stepper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Test support: one pass of a paused controller ([`EmuController::pause`]): adopts
+    /// IOMMU changes, checks CC and the doorbells of existing queues (with `scan`, also
+    /// every other doorbell register, which the thread does every 1024 busy passes and
+    /// before it sleeps), posts due completions, fetches and executes commands (as many
+    /// per queue as one pass of the thread does), delivers events, and publishes the
+    /// counters. Returns whether the pass did anything. Panics if the controller is not
+    /// paused.
+    #[doc(hidden)]
+    pub fn step(&self, scan: bool) -> bool {
+        let mut g = self
+            .shared
+            .stepper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let (ctrl, snap) = g
+            .as_mut()
+            .expect("EmuController::step needs a paused controller (pause() first)");
+        ctrl::step(ctrl, snap, &self.iommu, &self.shared, scan)
     }
 
     /// Fault injection controls (usable while the controller runs).

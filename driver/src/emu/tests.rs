@@ -1794,9 +1794,17 @@ fn shadow_doorbells() {
         "EventIdx always a valid index: {seen_eventidx:?}"
     );
 
-    // The MMIO doorbell still works alongside.
-    let c = h.io(&mut q, Sqe::read(1, 0, 1, data.iova(), 0));
+    // A driver that writes MMIO (because EventIdx asked) stores the value in the shadow
+    // page first; the MMIO write then only notifies.
+    let mut s = Sqe::read(1, 0, 1, data.iova(), 0);
+    s.set_cid(1000);
+    q.push(&s);
+    host::store_u32(&shadow, sq_off, q.tail);
+    q.ring(&h.bar);
+    let c = q.reap(&h.bar);
+    assert_eq!(c.cid, 1000);
     assert_ok(&c);
+    host::store_u32(&shadow, cq_off, q.head);
     // The admin queue keeps using MMIO (as Linux does).
     assert_ok(&h.admin(Sqe::new(admin_opc::KEEP_ALIVE)));
 
@@ -1814,6 +1822,80 @@ fn shadow_doorbells() {
     host::store_u32(&shadow, sq_off, 0);
     let c = h.io(&mut q, Sqe::read(1, 0, 1, data.iova(), 0));
     assert_ok(&c);
+}
+
+/// The order of observations that moved doorbells backwards when the controller took an
+/// MMIO doorbell value over the shadow one: the driver stores shadow X, writes MMIO X
+/// (EventIdx asked for it), stores shadow Y without MMIO; a pass that loads the register
+/// before the MMIO write and the shadow after Y takes Y, and the next pass finds the
+/// register changed to X with the shadow unchanged. Replayed here by writing the older
+/// values to MMIO after the controller took the newer shadow ones: it must ignore them
+/// (no stale lap of the SQ run again, no CQ head moved back).
+#[test]
+fn shadow_doorbells_ignore_an_older_mmio_value() {
+    let mut h = H::new(small_cfg());
+    let shadow = h.buf(4096);
+    let eventidx = h.buf(4096);
+    assert_ok(&h.admin(Sqe::doorbell_buffer_config(shadow.iova(), eventidx.iova())));
+    let mut q = h.pair(1, 8);
+    let data = h.buf(4096);
+    let sq_off = shadow_off(1, DoorbellKind::SqTail);
+    let cq_off = shadow_off(1, DoorbellKind::CqHead);
+    let mut cid = 0u16;
+    let mut round = |q: &mut Queue, n: u16| {
+        for _ in 0..n {
+            let mut s = Sqe::read(1, 0, 1, data.iova(), 0);
+            s.set_cid(cid);
+            q.push(&s);
+            cid += 1;
+        }
+        host::store_u32(&shadow, sq_off, q.tail);
+        for _ in 0..n {
+            let start = Instant::now();
+            loop {
+                let off = q.head as usize * 16;
+                let dw3 = host::load_u32(&q.cq, off + 12);
+                if (dw3 >> 16) & 1 == q.phase as u32 {
+                    assert_eq!(Status::from_cqe_status((dw3 >> 16) as u16), Status::SUCCESS);
+                    break;
+                }
+                assert!(start.elapsed() < WAIT, "shadow tail {} not noticed", q.tail);
+            }
+            q.head = (q.head + 1) % q.size;
+            if q.head == 0 {
+                q.phase = !q.phase;
+            }
+        }
+        host::store_u32(&shadow, cq_off, q.head);
+        // The controller took both values once it armed EventIdx with them.
+        wait_until("EventIdx armed", || {
+            host::load_u32(&eventidx, sq_off) == q.tail
+                && host::load_u32(&eventidx, cq_off) == q.head
+        });
+    };
+    // X = 1, then Y = 3, through the shadow page.
+    round(&mut q, 1);
+    round(&mut q, 2);
+    let before = h.emu.stats();
+    assert_eq!(before.reads, 3, "{before:?}");
+    // The MMIO writes of X arrive late.
+    h.bar
+        .write32(doorbell_offset(0, 1, DoorbellKind::SqTail), 1);
+    h.bar
+        .write32(doorbell_offset(0, 1, DoorbellKind::CqHead), 1);
+    // Each idle sleep follows a pass with a full doorbell scan: a few of them and the
+    // controller has certainly looked at the registers.
+    wait_until("controller passes", || {
+        h.emu.stats().idle_sleeps >= before.idle_sleeps + 4
+    });
+    let after = h.emu.stats();
+    assert_eq!(after.reads, 3, "stale SQ entries were run again: {after:?}");
+    assert_eq!(after.completions, before.completions, "{after:?}");
+    assert_eq!(after.doorbell_errors, 0, "CQ head moved back: {after:?}");
+    assert!(q.idle(), "no completion is due");
+    // The queue goes on from Y, through the shadow page.
+    round(&mut q, 7);
+    assert_eq!(h.emu.stats().reads, 10);
 }
 
 #[test]
@@ -2124,6 +2206,138 @@ fn fault_surprise_removal() {
     }
     q.submit(&h.bar, &Sqe::read(1, 0, 1, r.iova(), 0));
     wait_until("removal", || h.csts().is_all_ones());
+}
+
+#[test]
+fn fault_raw_cqes_are_posted_as_given_when_there_is_room() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 8);
+    let raw = |cid: u16, status: Status, dw0: u32| Cqe {
+        dw0,
+        dw1: 0xD1,
+        sqhd: 3,
+        sqid: 1,
+        cid,
+        // The phase bit given is ignored: the controller sets the CQ's own.
+        status: status.to_cqe_status() | 1,
+    };
+    let emu = Arc::clone(&h.emu);
+    let f = emu.faults();
+    assert!(f.post_raw_cqe(1, raw(0xBEEF, Status::INVALID_FIELD.with_dnr(true), 7)));
+    let c = q.reap(&h.bar);
+    assert_eq!(
+        (c.cid, c.dw0, c.dw1, c.sqhd, c.sqid),
+        (0xBEEF, 7, 0xD1, 3, 1)
+    );
+    assert_eq!(c.status(), Status::INVALID_FIELD.with_dnr(true));
+
+    // More than the CQ holds: seven fit (one slot always stays empty); the rest wait for
+    // the host to consume, in order, and none overwrites an unconsumed entry.
+    for i in 0..20u16 {
+        assert!(f.post_raw_cqe(1, raw(i, Status::SUCCESS, i as u32)));
+    }
+    wait_until("the CQ to fill", || f.raw_cqes_waiting() == 13);
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(f.raw_cqes_waiting(), 13, "posted past a full CQ");
+    for i in 0..20u16 {
+        let c = q.reap(&h.bar);
+        assert_eq!((c.cid, c.dw0), (i, i as u32));
+    }
+    assert!(q.idle());
+    // Real commands still complete, with their own CIDs.
+    assert_ok(&h.io(&mut q, Sqe::flush(1)));
+
+    // A CQ that does not exist drops the entry; so does a reset.
+    assert!(f.post_raw_cqe(5, raw(1, Status::SUCCESS, 0)));
+    wait_until("the drop", || h.emu.stats().raw_cqes_dropped == 1);
+    let st = h.emu.stats();
+    assert_eq!(st.raw_cqes, 21);
+    // Entries waiting behind a full CQ at a reset.
+    for _ in 0..10 {
+        assert!(f.post_raw_cqe(1, raw(2, Status::SUCCESS, 0)));
+    }
+    wait_until("the CQ to fill again", || f.raw_cqes_waiting() == 3);
+    h.disable();
+    assert_eq!(f.raw_cqes_waiting(), 0, "the reset dropped them");
+    h.enable();
+    h.wait_csts(|c| c.rdy());
+    let mut q = h.pair(1, 8);
+    assert_ok(&h.io(&mut q, Sqe::flush(1)));
+    assert!(
+        q.idle(),
+        "raw entries from before the reset were not posted"
+    );
+    let st = h.emu.stats();
+    assert_eq!((st.raw_cqes, st.raw_cqes_dropped), (28, 4));
+
+    // While the controller is disabled entries wait, up to the bound.
+    h.disable();
+    for _ in 0..MAX_RAW_CQES {
+        assert!(f.post_raw_cqe(1, raw(0, Status::SUCCESS, 0)));
+    }
+    assert!(
+        !f.post_raw_cqe(1, raw(0, Status::SUCCESS, 0)),
+        "past the bound"
+    );
+    assert_eq!(f.raw_cqes_waiting(), MAX_RAW_CQES);
+    h.enable();
+    h.wait_csts(|c| c.rdy());
+    wait_until("the waiting entries to go", || f.raw_cqes_waiting() == 0);
+    assert_eq!(
+        h.emu.stats().raw_cqes_dropped,
+        4 + MAX_RAW_CQES as u64,
+        "no CQ 1 after the reset"
+    );
+}
+
+#[test]
+fn paused_controller_advances_only_in_steps() {
+    let mut h = H::new(small_cfg());
+    let mut q = h.pair(1, 16);
+    let r = h.buf(4096);
+    assert!(h.emu.pause());
+    let before = h.emu.stats();
+    let mut s = Sqe::read(1, 0, 1, r.iova(), 0);
+    s.set_cid(77);
+    q.submit(&h.bar, &s);
+    std::thread::sleep(Duration::from_millis(5));
+    assert!(q.idle(), "no thread: nothing happens between steps");
+    assert!(h.emu.step(true), "the step fetched and completed the read");
+    let c = q.try_reap(&h.bar).expect("completed in that step");
+    assert_eq!(c.cid, 77);
+    assert_ok(&c);
+    assert_eq!(h.emu.stats().reads, before.reads + 1, "counters published");
+    // The CQ head doorbell the reap wrote is work for the next pass; then nothing is.
+    h.emu.step(true);
+    assert!(!h.emu.step(true));
+    // Memory can be unmapped while paused (no thread to acknowledge), and a new buffer
+    // mapped afterwards is usable at once.
+    drop(r);
+    let p2 = DmaPool::new(
+        h.emu.mapper(),
+        DmaPoolOptions {
+            region_len: 4096,
+            ..Default::default()
+        },
+    );
+    let b = p2.alloc(4096).unwrap();
+    let mut s = Sqe::write(1, 0, 1, b.iova(), 0);
+    s.set_cid(78);
+    q.submit(&h.bar, &s);
+    h.emu.step(true);
+    assert_ok(&q.try_reap(&h.bar).expect("completed"));
+    drop(b);
+    drop(p2);
+    // A reset and an enable, stepped.
+    h.bar.set_cc(h.cc().with_en(false));
+    h.emu.step(true);
+    assert!(!h.csts().rdy());
+    h.admin = Queue::new(&h.pool, 0, ADMIN_ENTRIES, 0);
+    h.bar.set_asq(h.admin.sq.iova());
+    h.bar.set_acq(h.admin.cq.iova());
+    h.bar.set_cc(h.cc().with_en(true));
+    h.emu.step(true);
+    assert!(h.csts().rdy());
 }
 
 /// Microbenchmark: ns per command with the Null store, one queue, batches of 32.
