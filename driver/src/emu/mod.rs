@@ -149,6 +149,13 @@
 //! rule that matches a command and wins its roll applies; rules without a rate apply to
 //! every matching command.
 //!
+//! # Test support (hidden from the documentation)
+//! [`EmuController::pause`] stops the controller thread between two passes; from then on
+//! [`EmuController::step`] runs one pass on the caller's thread, so a test or fuzz target
+//! drives the controller deterministically without thread hand-offs. `testkit` has a
+//! hand-driven queue pair (`RawQueue`) for playing the host through raw rings, as the
+//! emulator's own tests do; the fuzz targets in `fuzz/` use both.
+//!
 //! # `unsafe`
 //! Only in `emu/mem.rs`: the IOMMU and its host-memory views (and one `fallocate` call).
 
