@@ -251,6 +251,10 @@ pub struct PerfArgs {
     /// Cores to run pollers on: a list like 0,2-3 or a hex mask like 0x5.
     #[arg(short = 'c', long, value_name = "CORES", default_value = "0", value_parser = cores_parser)]
     pub cores: CoreList,
+    /// Ring entries of each queue pair (default: 2 x queue depth + 1, at least 64); at least
+    /// queue depth + 1, and clamped to what the controller allows.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..=4096))]
+    pub io_queue_size: Option<u32>,
     /// Queue pairs per core per target.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub qpairs_per_core: u32,

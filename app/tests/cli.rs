@@ -63,6 +63,7 @@ fn help_for_every_subcommand() {
         "--warmup",
         "--cores",
         "--qpairs-per-core",
+        "--io-queue-size",
         "--doorbell",
         "--shadow-doorbells",
         "--max-completions",
@@ -240,6 +241,7 @@ fn perf_json_is_consistent() {
     assert_eq!(per_core[0]["ios"].as_u64().unwrap(), ios);
     assert_eq!(per_core[0]["targets"].as_array().unwrap().len(), 1);
     assert_eq!(j["config"]["queue_depth"], 16);
+    assert_eq!(j["config"]["io_queue_size"], 64);
     assert_eq!(j["config"]["io_size"], 4096);
     assert_eq!(j["config"]["workload"], "randread");
     assert_eq!(j["targets"][0]["emulator"]["store"], "null");
@@ -305,6 +307,8 @@ fn bad_cores_are_a_usage_error() {
             "see 'kestrel perf --help'",
         ],
     );
+    let o = kestrel(&["perf", "-q", "32", "--io-queue-size", "32"]);
+    assert_usage_error(&o, &["--io-queue-size", "cannot hold queue depth 32"]);
     let o = kestrel(&["perf", "-c", "0xzz"]);
     assert_usage_error(&o, &["--cores", "not hexadecimal"]);
     let o = kestrel(&["perf", "-t", "1", "-c", "4000"]);

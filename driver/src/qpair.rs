@@ -4,7 +4,7 @@
 //! thread (its poller): `Send`, not `Sync`, every method `&mut self`, no locks and no
 //! atomics beyond the MMIO and ring accesses themselves.
 //!
-//! - **Inline command slots.** One [`Tracker`] per command identifier, allocated with
+//! - **Inline command slots.** One `Tracker` per command identifier, allocated with
 //!   the qpair, each with its own PRP list pages in DMA memory and the caller's token
 //!   copied in. Free trackers are an index queue, reused FIFO. There are `depth - 1` trackers, so the
 //!   submission ring and the completion ring can never overflow.

@@ -43,6 +43,16 @@ fn core_list_text(cores: &[usize]) -> String {
     out.join(",")
 }
 
+/// Ring entries for a queue kept at `qd` I/Os: twice the depth plus one (at least 64, at
+/// most 4096), as SPDK sizes its I/O queues above the queue depth. The spare command slots
+/// matter: the queue pair reuses a freed CID only after the other free ones (FIFO), so with
+/// about `qd` spare slots a CID stays idle for about `qd` completions, and a late duplicate
+/// completion from a buggy controller finds it idle (counted as bogus) instead of completing
+/// the next command that would otherwise reuse it at once.
+pub fn ring_entries(qd: u32) -> u32 {
+    (2 * qd + 1).clamp(64, 4096)
+}
+
 /// Checks the requested cores exist for this process; returns the available ones.
 fn check_cores(cores: &[usize]) -> Result<Vec<usize>> {
     let mut avail: Vec<usize> = core_affinity::get_core_ids()
@@ -108,6 +118,16 @@ impl Progress {
 pub fn run(args: &PerfArgs) -> Result<()> {
     let cores = args.cores.0.clone();
     let avail = check_cores(&cores)?;
+    let ring = match args.io_queue_size {
+        Some(n) if n < args.queue_depth + 1 => {
+            return Err(AppError::usage(format!(
+                "invalid value for '--io-queue-size': {n} entries cannot hold queue depth {} (a ring of N entries holds N - 1 commands)",
+                args.queue_depth
+            )))
+        }
+        Some(n) => n,
+        None => ring_entries(args.queue_depth),
+    };
     let note = |msg: String| {
         if !args.quiet {
             eprintln!("kestrel perf: {msg}");
@@ -299,6 +319,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "warmup_s": args.warmup,
         "cores": cores,
         "qpairs_per_core": args.qpairs_per_core,
+        "io_queue_size": ring,
         "doorbell": match args.doorbell { DoorbellArg::Batched => "batched", DoorbellArg::Immediate => "immediate" },
         "shadow_doorbells": args.shadow_doorbells,
         "max_completions": args.max_completions,
@@ -326,7 +347,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
 
     let shared = Arc::new(Shared::new(cores.len()));
     let queue = QueueOptions {
-        depth: args.queue_depth + 1,
+        depth: ring,
         sw_queue_depth: args.queue_depth,
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
@@ -485,6 +506,14 @@ pub fn run(args: &PerfArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::core_list_text;
+
+    #[test]
+    fn rings_have_spare_slots() {
+        assert_eq!(super::ring_entries(1), 64);
+        assert_eq!(super::ring_entries(32), 65);
+        assert_eq!(super::ring_entries(128), 257);
+        assert_eq!(super::ring_entries(4095), 4096);
+    }
 
     #[test]
     fn core_lists_print_as_ranges() {

@@ -256,10 +256,7 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    fn setup(
-        cfg: &WorkerConfig,
-        shared: &Shared,
-    ) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
+    fn setup(cfg: &WorkerConfig) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
         let io_size = cfg.io_size as usize;
         let stride = io_size.next_multiple_of(4096);
         let mut targets = Vec::new();
@@ -340,7 +337,6 @@ impl Worker<'_> {
                 });
             }
         }
-        let _ = shared;
         Ok((targets, queues))
     }
 
@@ -516,7 +512,7 @@ fn record_error(r: &mut TargetResult, core: usize, write: bool, lba: u64, e: IoE
 pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerError> {
     let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cfg.core });
     let setup = if pinned {
-        Worker::setup(&cfg, &shared)
+        Worker::setup(&cfg)
     } else {
         Err(format!(
             "could not pin the poller thread to core {} (is it in this process's CPU affinity mask? see taskset -p $$)",
