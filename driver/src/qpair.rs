@@ -226,6 +226,30 @@ pub(crate) struct QpairParts {
     pub max_command_bytes: u64,
 }
 
+/// Publishes a queue's new doorbell value in its shadow slot, when shadow doorbells are in
+/// use, and says whether the MMIO write may be skipped. The shadow value goes first,
+/// always: with the buffer configured it is the value the controller uses, and the MMIO
+/// write only tells it to look. Skipping is allowed only with EventIdx in use and the
+/// controller's EventIdx not crossed by the move from `old` to `new`.
+#[inline]
+fn publish_shadow(
+    slot: Option<&ShadowSlot>,
+    event_idx: bool,
+    new: u16,
+    old: u16,
+    depth: u16,
+) -> bool {
+    let Some(slot) = slot else {
+        return false;
+    };
+    if event_idx {
+        !need_event(slot.publish(new as u32), new, old, depth)
+    } else {
+        slot.store(new as u32);
+        false
+    }
+}
+
 impl IoQpair {
     pub(crate) fn new(ctrlr: Arc<CtrlrShared>, parts: QpairParts, opts: &QpairOptions) -> Self {
         let depth = parts.sq.entries();
@@ -718,18 +742,10 @@ impl IoQpair {
         }
         let (new, old) = (self.sq_tail, self.sq_tail_rung);
         self.sq_tail_rung = new;
-        if let Some((sq_shadow, _)) = &self.shadow {
-            // The shadow value first, always: with the buffer configured it is the value
-            // the controller uses, and the MMIO write below only tells it to look.
-            if self.event_idx {
-                let event = sq_shadow.publish(new as u32);
-                if !need_event(event, new, old, self.depth) {
-                    self.stats.shadow_doorbell_updates += 1;
-                    return;
-                }
-            } else {
-                sq_shadow.store(new as u32);
-            }
+        let sq_shadow = self.shadow.as_ref().map(|(sq, _)| sq);
+        if publish_shadow(sq_shadow, self.event_idx, new, old, self.depth) {
+            self.stats.shadow_doorbell_updates += 1;
+            return;
         }
         self.sq_db.ring(new as u32);
         self.stats.sq_doorbell_writes += 1;
@@ -737,17 +753,10 @@ impl IoQpair {
 
     fn ring_cq(&mut self, old: u16) {
         let new = self.cq_head;
-        if let Some((_, cq_shadow)) = &self.shadow {
-            // As in `ring_sq`: shadow first, MMIO as the notification.
-            if self.event_idx {
-                let event = cq_shadow.publish(new as u32);
-                if !need_event(event, new, old, self.depth) {
-                    self.stats.shadow_doorbell_updates += 1;
-                    return;
-                }
-            } else {
-                cq_shadow.store(new as u32);
-            }
+        let cq_shadow = self.shadow.as_ref().map(|(_, cq)| cq);
+        if publish_shadow(cq_shadow, self.event_idx, new, old, self.depth) {
+            self.stats.shadow_doorbell_updates += 1;
+            return;
         }
         self.cq_db.ring(new as u32);
         self.stats.cq_doorbell_writes += 1;
