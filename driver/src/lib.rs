@@ -32,6 +32,7 @@ pub mod dma;
 pub mod emu;
 pub mod file;
 pub mod io;
+pub mod limits;
 pub mod mmio;
 pub mod notify;
 pub mod pci;
