@@ -139,6 +139,26 @@ impl FakeSys {
         fs::write(p, s).unwrap();
         self
     }
+    /// A mount known only by device number (a `self/mountinfo` line), as the root
+    /// filesystem mounted from `/dev/root` is.
+    pub fn mount_devno(&self, devno: &str, source: &str, mountpoint: &str) -> &Self {
+        let p = self.proc().join("self/mountinfo");
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let mut s = fs::read_to_string(&p).unwrap_or_default();
+        let id = 20 + s.lines().count();
+        s.push_str(&format!(
+            "{id} 1 {devno} / {mountpoint} rw,relatime shared:1 - ext4 {source} rw\n"
+        ));
+        fs::write(p, s).unwrap();
+        self
+    }
+    /// Gives a partition (below the device dir's `nvme/`, like `nvme0/nvme0n1/nvme0n1p2`)
+    /// its device number.
+    pub fn devno(&self, bdf: &str, rel: &str, devno: &str) -> &Self {
+        let d = self.real_dir(bdf).join("nvme").join(rel);
+        fs::write(d.join("dev"), format!("{devno}\n")).unwrap();
+        self
+    }
     pub fn swap(&self, source: &str) -> &Self {
         let p = self.proc().join("swaps");
         let mut s = fs::read_to_string(&p).unwrap();
