@@ -187,7 +187,8 @@ impl Identity {
                 let f: Vec<&str> = l.split(':').collect();
                 (f.len() > 2 && f[2].parse() == Ok(id.uid)).then(|| f[0].to_string())
             })
-            .unwrap_or_else(|| id.uid.to_string());
+            // limits.conf wants a name; say where it goes when there is none.
+            .unwrap_or_else(|| format!("<user of uid {}>", id.uid));
         id
     }
     fn has_cap(&self, bit: u32) -> bool {
@@ -260,7 +261,7 @@ fn cmdline_param<'a>(cmdline: &'a str, name: &str) -> Option<&'a str> {
         .filter_map(|w| w.split_once('='))
         .filter(|(k, _)| *k == name)
         .map(|(_, v)| v)
-        .last()
+        .next_back()
 }
 
 /// A PCI class code in words, for the members of an IOMMU group.
@@ -413,7 +414,7 @@ fn check_iommu(f: &Facts) -> Check {
             "iommu",
             Mark::Ok,
             format!(
-                "on ({}; {} IOMMU groups)",
+                "on ({}; IOMMU groups: {})",
                 f.iommu_units.join(", "),
                 f.iommu_groups.len()
             ),
