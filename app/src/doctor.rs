@@ -23,10 +23,11 @@ use crate::cli::DoctorArgs;
 use crate::error::{AppError, Result};
 use crate::units::{human_bytes, print_json};
 
-/// Hugepage bytes (2 MiB pages, free) and locked-memory bytes `kestrel perf` needs on one
-/// controller with its defaults (one core, `-q 32`, `-o 4k`): the admin queue, one I/O
-/// queue pair and the I/O buffers each take a 2 MiB region of the DMA pool; the rest is
-/// headroom. More cores, deeper queues or larger I/Os need more (docs/doctor.md).
+/// Hugepage bytes (2 MiB pages, free) and locked-memory bytes doctor asks for, for
+/// `kestrel perf` on one controller. With perf's defaults (one core, `-q 32`, `-o 4k`) the
+/// DMA pool maps one 2 MiB region (measured on the emulator: bring-up, one queue pair and
+/// the buffers); 16 MiB leaves room for a few cores or deeper queues. It grows by about
+/// queue depth × I/O size per queue pair (`-q 128 -o 128k` maps 18 MiB); docs/doctor.md.
 pub const PERF_DMA_BYTES: u64 = 16 << 20;
 
 /// Capability bits of `CapEff` (linux/capability.h).
