@@ -846,7 +846,8 @@ fn busybox_path() -> Option<(tempfile::TempDir, String)> {
 }
 
 /// A `bash` for the busybox test that runs in a private mount namespace whose `/dev` is
-/// a bare tmpfs holding only `null`, as in the guest (no `/dev/fd`, no `/dev/stdin`).
+/// a bare tmpfs holding only `null`, as in the guest (no `/dev/fd`, no `/dev/stdin`). The
+/// script gets the PATH it was given (the stubs and the busybox applets).
 /// `None` when that cannot be arranged (not root, no `unshare`).
 fn guest_dev_bash(bb_dir: &str) -> Option<String> {
     let unshare = ["/usr/bin/unshare", "/bin/unshare"]
@@ -863,7 +864,7 @@ fn guest_dev_bash(bb_dir: &str) -> Option<String> {
     fs::write(
         &w,
         format!(
-            "#!/bin/sh\nexec {unshare} -m /bin/sh -c 'PATH=/usr/sbin:/usr/bin:/sbin:/bin; mount -t tmpfs -o mode=755 tmpfs /dev && mknod -m 666 /dev/null c 1 3 && exec \"$@\"' sh {bb_dir}/bash \"$@\"\n"
+            "#!/bin/sh\nexec {unshare} -m /bin/sh -c 'P=$PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin; mount -t tmpfs -o mode=755 tmpfs /dev && mknod -m 666 /dev/null c 1 3 && PATH=$P exec \"$@\"' sh {bb_dir}/bash \"$@\"\n"
         ),
     )
     .ok()?;
@@ -936,6 +937,30 @@ fn runs_with_busybox_tools_only() {
         r.stderr()
     );
     assert!(r.calls.is_empty(), "{}", r.calls);
+
+    // config, then reset back to the same tree, with the busybox tools.
+    let g = fresh_tree();
+    let before = snapshot(&g);
+    let _k = FakeKernel::start(&g);
+    let env = [
+        ("HUGEMEM", "64"),
+        ("BIND_WAIT_S", "5"),
+        ("TARGET_USER", "root"),
+    ];
+    let r = run_full(&g, &["config"], &env, &bb, &bash, true);
+    assert_eq!(r.code(), 0, "{}{}", r.stdout(), r.stderr());
+    assert!(r
+        .stdout()
+        .contains("0000:01:00.0: bound to vfio-pci (was nvme)"));
+    assert!(
+        r.stdout().contains("now belongs to root (uid 0, gid 0)"),
+        "{}",
+        r.stdout()
+    );
+    let r = run_full(&g, &["reset"], &env, &bb, &bash, true);
+    assert_eq!(r.code(), 0, "{}{}", r.stdout(), r.stderr());
+    assert_eq!(state_file(&g), None);
+    assert_eq!(without_overrides(snapshot(&g)), without_overrides(before));
 }
 
 /// A tree with one NVMe controller on nvme (group 1, a namespace, nothing mounted), a
