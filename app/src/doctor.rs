@@ -521,8 +521,49 @@ fn check_noiommu(f: &Facts) -> Check {
     }
 }
 
-/// The vfio container node, and whether this user can open it.
+/// Every node in `/dev/vfio` but the container: owner, group, mode, and whether this user
+/// can open it.
+fn vfio_nodes(m: &Machine, f: &Facts) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(m.dev.join("vfio"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "vfio")
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .filter_map(|n| {
+            let md = fs::metadata(m.dev.join("vfio").join(n)).ok()?;
+            let open = if n.starts_with("noiommu-") {
+                f.id.has_cap(CAP_SYS_RAWIO) && f.id.can_rw(&md)
+            } else {
+                f.id.can_rw(&md)
+            };
+            Some(format!(
+                "/dev/vfio/{n}: owner {}, group {}, mode {:o}, {}",
+                md.uid(),
+                md.gid(),
+                md.mode() & 0o7777,
+                if open {
+                    "opens for this user"
+                } else {
+                    "does not open for this user"
+                }
+            ))
+        })
+        .collect()
+}
+
+/// The vfio container node, and whether this user can open it; the group nodes as details.
 fn check_container(m: &Machine, f: &Facts) -> Check {
+    let mut c = container(m, f);
+    c.details.extend(vfio_nodes(m, f));
+    c
+}
+
+fn container(m: &Machine, f: &Facts) -> Check {
     let p = m.dev.join("vfio/vfio");
     match fs::metadata(&p) {
         Err(_) => Check::new(

@@ -187,6 +187,12 @@ fn ready() {
         .as_str()
         .unwrap()
         .contains("CAP_IPC_LOCK"));
+    let node = one(&v, "vfio_container")["details"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(node.starts_with("/dev/vfio/3: owner "), "{node}");
+    assert!(node.ends_with(", mode 666, opens for this user"), "{node}");
     // The text form: a ✓ line per check, the verdict last; no error on stderr.
     let o = doctor(&f, &[]);
     assert_eq!(o.status.code(), Some(0));
@@ -405,6 +411,10 @@ fn non_root_without_memlock() {
         .as_str()
         .unwrap()
         .contains("cannot be opened by uid 1000"));
+    assert!(one(&v, "vfio_container")["details"][0]
+        .as_str()
+        .unwrap()
+        .ends_with(", mode 600, does not open for this user"));
     assert!(c["fix"]
         .as_str()
         .unwrap()
