@@ -14,7 +14,7 @@
 //! clock is slow.
 //!
 //! # `unsafe`
-//! Only here: the `cpuid` and `rdtsc` instructions, through `core::arch` intrinsics.
+//! Only here: the `rdtsc` instruction, through its `core::arch` intrinsic.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -150,14 +150,13 @@ mod tsc {
 
     /// Whether the CPU reports an invariant TSC (CPUID 0x8000_0007 EDX bit 8).
     pub(super) fn invariant() -> bool {
-        // SAFETY: CPUID is available on every x86-64 CPU; leaf 0x8000_0000 returns the
-        // highest extended leaf, so the next call asks only for a leaf that exists.
-        let max_ext = unsafe { __cpuid(0x8000_0000) }.eax;
+        // Leaf 0x8000_0000 returns the highest extended leaf, so the next call asks only
+        // for a leaf that exists (`__cpuid` is safe: CPUID exists on every x86-64 CPU).
+        let max_ext = __cpuid(0x8000_0000).eax;
         if max_ext < 0x8000_0007 {
             return false;
         }
-        // SAFETY: as above; the leaf is within the range the CPU reported.
-        let edx = unsafe { __cpuid(0x8000_0007) }.edx;
+        let edx = __cpuid(0x8000_0007).edx;
         edx & (1 << 8) != 0
     }
 
