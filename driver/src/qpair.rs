@@ -556,13 +556,11 @@ impl IoQpair {
         }
         let ready = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready;
         if ready && self.pending.is_empty() && self.splitting.is_none() {
-            match self.try_start(req) {
-                Ok(()) => {
-                    self.stats.submitted += 1;
-                    return Ok(());
-                }
-                Err(req) => return self.enqueue(req),
+            if self.try_start(&req) {
+                self.stats.submitted += 1;
+                return Ok(());
             }
+            return self.enqueue(req);
         }
         self.enqueue(req)
     }
@@ -599,8 +597,9 @@ impl IoQpair {
         Ok(())
     }
 
-    /// Starts a validated request, or hands it back if no tracker (or parent slot) is free.
-    fn try_start(&mut self, req: IoRequest) -> Result<(), IoRequest> {
+    /// Starts a validated request; false if no tracker (or parent slot) is free. Takes the
+    /// request by reference: it is several hundred bytes, and only a split copies it.
+    fn try_start(&mut self, req: &IoRequest) -> bool {
         let Some(block_size) = self.ns(req.nsid).map(|n| n.block_size) else {
             // The namespace went away between validation and now (a reset shrank the
             // list): complete with the status a controller would give.
@@ -608,15 +607,15 @@ impl IoQpair {
                 req.token,
                 Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)),
             );
-            return Ok(());
+            return true;
         };
         let chunk = self.chunk_blocks(block_size);
         if matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) && req.nlb > chunk {
             let Some(pi) = self.parent_free.pop() else {
-                return Err(req);
+                return false;
             };
             self.parents[pi as usize] = Parent {
-                req,
+                req: *req,
                 chunk_blocks: chunk,
                 issued_blocks: 0,
                 outstanding: 0,
@@ -625,13 +624,13 @@ impl IoQpair {
             self.stats.split += 1;
             self.splitting = Some(pi);
             self.continue_split(block_size);
-            return Ok(());
+            return true;
         }
         let Some(cid) = self.free.pop_front() else {
-            return Err(req);
+            return false;
         };
-        self.issue(cid, &req, 0, req.nlb, NO_PARENT, block_size);
-        Ok(())
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size);
+        true
     }
 
     /// Issues children of the parent being split while trackers are free.
@@ -1109,7 +1108,7 @@ impl IoQpair {
             let Some(req) = self.pending.pop_front() else {
                 break;
             };
-            if let Err(req) = self.try_start(req) {
+            if !self.try_start(&req) {
                 self.pending.push_front(req);
                 break;
             }
