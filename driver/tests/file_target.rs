@@ -1070,8 +1070,23 @@ fn short_write_child() {
     let nlb = ((256 << 10) / bs) as u32;
     let r = run1(&mut *q, IoRequest::write_buf(1, 0, nlb, &b, 1));
     // The kernel writes up to the limit (a short write), the rest is resubmitted and
-    // fails with EFBIG: the request fails rather than reporting success.
-    assert_eq!(r, Err(IoError::Os(libc::EFBIG)));
+    // fails with EFBIG: the request fails rather than reporting success, with an error
+    // naming the offset and the limit.
+    assert_eq!(
+        r,
+        Err(IoError::FileTooLarge {
+            offset: limit,
+            rlimit: Some(limit)
+        })
+    );
+    let msg = r.unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!("byte offset {limit}"))
+            && msg.contains(&format!("file size limit of {limit} bytes"))
+            && msg.contains("ulimit -f"),
+        "{msg}"
+    );
+    assert_eq!(r.unwrap_err().errno(), libc::EFBIG);
     assert_eq!(q.stats().retries, 1, "the short write was resubmitted once");
     println!("short write ok");
 }
