@@ -1538,11 +1538,15 @@ fn an_aio_context_used_on_one_thread_then_another() {
     .join()
     .unwrap();
     match r {
-        Err(AioError::Rejected {
-            user_data: 4,
-            reason: InvalidRequest::WrongThread { in_flight: 1 },
-            ..
-        }) => {
+        Err(
+            ref e @ AioError::Rejected {
+                user_data: 4,
+                reason: InvalidRequest::WrongThread { in_flight: 1 },
+                ..
+            },
+        ) => {
+            // C callers see -EBUSY, not the -EINVAL of a malformed request.
+            assert_eq!(e.errno(), libc::EBUSY);
             assert!(took < Duration::from_secs(1), "refused after {took:?}");
             assert!(
                 drop_took < Duration::from_secs(3),

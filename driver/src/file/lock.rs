@@ -18,10 +18,9 @@ use super::sys;
 const MAX_FDINFO_READS: usize = 200_000;
 /// The most holders named in a message.
 const MAX_HOLDERS: usize = 8;
-/// How long a conflict with no visible holder is retried: a ring that registered the file
-/// keeps the lock until the kernel finishes tearing it down, which can be a moment after
-/// its process exits.
-const ORPHAN_RETRY: Duration = Duration::from_secs(2);
+/// How long a conflict with no visible holder is retried: a description can outlive its
+/// process for a moment (a child between `fork` and `exec` has a copy of the descriptor).
+const ORPHAN_RETRY: Duration = Duration::from_millis(200);
 
 /// A process holding a lock on the file.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -317,7 +317,13 @@ enum DiscardKind {
 /// What queues share.
 pub(crate) struct Shared {
     path: PathBuf,
+    /// The open that holds the lock. Only this process's descriptor table refers to it, so
+    /// the lock goes as soon as the process does, however it ends.
     file: File,
+    /// A second open of the same file, unlocked, that the rings register and do I/O
+    /// through. A ring keeps its registered files open until the kernel has torn it down,
+    /// which after a crash can take seconds; the lock must not wait for that.
+    io: File,
     kind: FileKind,
     direct: bool,
     block_size: u32,
@@ -334,8 +340,8 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // Released here rather than by the close: a ring that registered the file holds a
-        // reference to it until the kernel has torn the ring down, possibly later.
+        // Released here rather than by the close, which releases it only with the last
+        // reference to the description (a child between fork and exec may have one).
         sys::ofd_unlock(&self.file);
     }
 }
@@ -644,6 +650,17 @@ impl FileTarget {
             capacity,
             "file target opened"
         );
+        let io = sys::reopen(&file, !opts.read_only, direct).map_err(|e| {
+            if let Some(why) = open_files_text(e.raw_os_error()) {
+                FileError::TooManyOpenFiles {
+                    path: path.clone(),
+                    what: "opening the file a second time for i/o",
+                    why,
+                }
+            } else {
+                io_err("opening the file a second time for i/o", e)
+            }
+        })?;
         let pool = opts
             .pool
             .clone()
@@ -652,6 +669,7 @@ impl FileTarget {
             shared: Arc::new(Shared {
                 path,
                 file,
+                io,
                 kind,
                 direct,
                 block_size,

@@ -281,7 +281,7 @@ fn build_ring(shared: &Shared, sq_entries: u32, max_level: u8) -> Result<(IoUrin
     }
     .map_err(|e| ring_err("setup", e))?;
     ring.submitter()
-        .register_files(&[shared.file.as_raw_fd()])
+        .register_files(&[shared.io.as_raw_fd()])
         .map_err(|e| ring_err("file registration", e))?;
     Ok((ring, level))
 }
@@ -1013,7 +1013,7 @@ impl FileQueue {
     /// Runs a synchronous operation; true when it completed the request.
     fn run_sync(&mut self, idx: usize, done: &mut dyn FnMut(Completion)) -> bool {
         let s = self.slots[idx];
-        let f = &self.shared.file;
+        let f = &self.shared.io;
         self.stats.commands += 1;
         self.counters.sync_ops += 1;
         let r = match s.op {

@@ -73,6 +73,37 @@ pub(crate) fn set_direct(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Opens the file `file` has open a second time: a new open file description of the same
+/// inode (through `/proc/self/fd`, so a rename or replacement of the path in between does
+/// not matter), read-write or read-only, with `O_DIRECT` when `direct`. Without `/proc`,
+/// a duplicate of `file` (the same description) does.
+pub(crate) fn reopen(file: &File, write: bool, direct: bool) -> std::io::Result<File> {
+    let again = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let f = match again {
+        Ok(f) => {
+            let (a, b) = (f.metadata()?, file.metadata()?);
+            if a.dev() != b.dev() || a.ino() != b.ino() {
+                file.try_clone()?
+            } else {
+                f
+            }
+        }
+        Err(e)
+            if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) =>
+        {
+            return Err(e)
+        }
+        Err(_) => file.try_clone()?,
+    };
+    if direct {
+        set_direct(&f)?;
+    }
+    Ok(f)
+}
+
 /// Logical block size of a block device (`BLKSSZGET`).
 pub(crate) fn logical_block_size(file: &File) -> std::io::Result<u32> {
     Ok(rustix::fs::ioctl_blksszget(file)?)
