@@ -879,7 +879,7 @@ impl FileQueue {
         let e = IoError::FileTooLarge { offset, rlimit };
         if !self.warned_efbig {
             self.warned_efbig = true;
-            tracing::error!(path = %self.shared.path.display(), "{}: {e}", self.shared.path.display());
+            tracing::error!(path = %self.shared.path.display(), "{e}");
         }
         e
     }
@@ -1073,6 +1073,13 @@ impl FileQueue {
             Ok(_) => self.unsubmitted = 0,
             Err(e) => self.enter_failed(&e),
         }
+    }
+
+    /// Whether the ring is single-issuer (`SINGLE_ISSUER` + `DEFER_TASKRUN`): it belongs to
+    /// the first thread that enters it, and moves (becoming usable from any thread) when
+    /// another thread uses it while idle. See `docs/file-target.md`, "Threads".
+    pub fn is_single_issuer(&self) -> bool {
+        self.single_issuer
     }
 
     /// Counters particular to file queues.
