@@ -751,8 +751,8 @@ impl FileQueue {
     }
 
     /// Moves the queue to the calling thread: the ring is rebuilt here without
-    /// `SINGLE_ISSUER`/`DEFER_TASKRUN`, so that from then on any thread may use it (a queue
-    /// that moved once may move again), and its file and buffers are registered again.
+    /// `SINGLE_ISSUER`/`DEFER_TASKRUN`, so that from then on any thread may use it without
+    /// moving again, and its file and buffers are registered again.
     /// Operations pushed but never submitted are pushed again into the new ring. Refused
     /// (`Err` with their count) while operations are in the kernel.
     #[cold]
