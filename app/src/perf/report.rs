@@ -641,12 +641,14 @@ pub fn render_text(r: &Report) -> String {
         r.total.mib_per_s,
         &r.total.latency_us,
     );
-    let _ = writeln!(
-        s,
-        "(successful I/Os only: {} of {} I/Os of the run failed, see Outcomes)",
-        r.outcomes.failed(),
-        r.outcomes.submitted
-    );
+    if r.outcomes.failed() > 0 {
+        let _ = writeln!(
+            s,
+            "(successful I/Os only: {} of {} I/Os of the run did not succeed, see Outcomes)",
+            r.outcomes.failed(),
+            r.outcomes.submitted
+        );
+    }
 
     // Percentiles: one column per core/target row that has latencies, and the total.
     let mut cols: Vec<(String, &LatencyJson)> = Vec::new();
