@@ -276,6 +276,8 @@ struct Worker<'a> {
     queues: Vec<QueueState>,
     scratch: Vec<u8>,
     max: u32,
+    /// Queues whose device is gone.
+    dead: usize,
 }
 
 impl Worker<'_> {
@@ -445,6 +447,7 @@ impl Worker<'_> {
             }
             Err(SubmitError::DeviceRemoved) => {
                 // Gone before it took the request: nothing was submitted.
+                self.dead += usize::from(!q.dead);
                 q.dead = true;
                 ts.res.removed = true;
                 if cfg.verify {
@@ -503,6 +506,7 @@ impl Worker<'_> {
         let lba0 = (ts.first_unit + slot.unit) * ts.io_blocks as u64;
         if let Err(e) = c.result {
             if e == IoError::DeviceRemoved {
+                self.dead += usize::from(!q.dead);
                 q.dead = true;
                 r.removed = true;
             }
@@ -588,6 +592,7 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         shared: &shared,
         targets,
         queues,
+        dead: 0,
     };
     let r = w.run_loop();
     if r.is_err() {
@@ -664,7 +669,8 @@ impl Worker<'_> {
             }
             // Every device of this poller gone and nothing left to reap: the run is over
             // for it (a removed device is not measured at zero for the rest of -t).
-            if work > 0 && self.queues.iter().all(|q| q.dead && q.q.outstanding() == 0) {
+            if self.dead == self.queues.len() && self.queues.iter().all(|q| q.q.outstanding() == 0)
+            {
                 window_end = clock.raw();
                 wait_end = thread_wait_ns();
                 break;
