@@ -149,6 +149,14 @@ pub enum CtrlrError {
         /// The active ones.
         active: Vec<u32>,
     },
+    /// A namespace whose format the driver does not implement (nothing was sent to it).
+    #[error("{transport}: {source}")]
+    UnsupportedFormat {
+        /// The controller.
+        transport: String,
+        /// The namespace and its format.
+        source: UnsupportedFormat,
+    },
     /// An option outside the range the driver accepts.
     #[error("{option} = {value}: {why}")]
     BadOption {
@@ -158,14 +166,6 @@ pub enum CtrlrError {
         value: String,
         /// What is accepted.
         why: String,
-    },
-    /// A namespace whose format the driver does not implement (nothing was sent to it).
-    #[error("{transport}: {source}")]
-    UnsupportedFormat {
-        /// The controller.
-        transport: String,
-        /// The namespace and its format.
-        source: UnsupportedFormat,
     },
     /// DMA memory.
     #[error(transparent)]
