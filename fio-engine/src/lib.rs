@@ -97,7 +97,8 @@ fn release(spec: &str) {
     drop(last);
 }
 
-/// Jobs of this process currently holding `spec` (for tests).
+/// Jobs of this process currently holding `spec`.
+#[cfg(test)]
 fn users_of(spec: &str) -> usize {
     targets()
         .iter()
@@ -461,8 +462,9 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Runs `f`, turning a panic into `on_panic` (and a message on stderr).
-fn guard<T>(what: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+/// Runs `f`, turning a panic into `on_panic()` (and a message on stderr). `on_panic` is
+/// a closure so that the I/O path builds no error value unless one is needed.
+fn guard<T>(what: &str, on_panic: impl FnOnce() -> T, f: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(v) => v,
         Err(p) => {
@@ -470,7 +472,7 @@ fn guard<T>(what: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
                 "kestrel: internal error in {what}: {}; the job fails",
                 panic_text(&*p)
             );
-            on_panic
+            on_panic()
         }
     }
 }
@@ -507,18 +509,22 @@ pub unsafe extern "C" fn kfio_job_open(
     msg: *mut c_char,
     msglen: usize,
 ) -> *mut Job {
-    let r = guard("kfio_job_open", Err((libc::EIO, "panic".into())), || {
-        init_logging();
-        if target.is_null() {
-            return Err((libc::EINVAL, "no target string".into()));
-        }
-        // SAFETY: the caller passes a NUL-terminated string.
-        let spec = unsafe { CStr::from_ptr(target) };
-        let spec = spec
-            .to_str()
-            .map_err(|_| (libc::EINVAL, "the target string is not UTF-8".to_string()))?;
-        Job::open(spec)
-    });
+    let r = guard(
+        "kfio_job_open",
+        || Err((libc::EIO, "panic".into())),
+        || {
+            init_logging();
+            if target.is_null() {
+                return Err((libc::EINVAL, "no target string".into()));
+            }
+            // SAFETY: the caller passes a NUL-terminated string.
+            let spec = unsafe { CStr::from_ptr(target) };
+            let spec = spec
+                .to_str()
+                .map_err(|_| (libc::EINVAL, "the target string is not UTF-8".to_string()))?;
+            Job::open(spec)
+        },
+    );
     match r {
         Ok(job) => Box::into_raw(Box::new(job)),
         Err((e, m)) => {
@@ -580,9 +586,11 @@ pub unsafe extern "C" fn kfio_job_start(
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
-    let r = guard("kfio_job_start", Err("panic".into()), || {
-        j.start(iodepth, queue_size)
-    });
+    let r = guard(
+        "kfio_job_start",
+        || Err("panic".into()),
+        || j.start(iodepth, queue_size),
+    );
     match r {
         Ok(()) => 0,
         Err(m) => {
@@ -609,9 +617,11 @@ pub unsafe extern "C" fn kfio_job_iomem_alloc(
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
-    match guard("kfio_job_iomem_alloc", Err("panic".into()), || {
-        j.iomem_alloc(len)
-    }) {
+    match guard(
+        "kfio_job_iomem_alloc",
+        || Err("panic".into()),
+        || j.iomem_alloc(len),
+    ) {
         Ok(p) => {
             // SAFETY: the caller passes a writable pointer.
             unsafe { *ptr = p.cast() };
@@ -633,7 +643,7 @@ pub unsafe extern "C" fn kfio_job_iomem_alloc(
 pub unsafe extern "C" fn kfio_job_iomem_free(job: *mut Job) {
     // SAFETY: the caller's contract.
     if let Some(j) = unsafe { job_mut(job) } {
-        guard("kfio_job_iomem_free", (), || j.iomem_free());
+        guard("kfio_job_iomem_free", || (), || j.iomem_free());
     }
 }
 
@@ -660,7 +670,7 @@ pub unsafe extern "C" fn kfio_job_queue(
     };
     let r = guard(
         "kfio_job_queue",
-        Err((libc::EIO, Some("panic".into()))),
+        || Err((libc::EIO, Some("panic".into()))),
         || j.queue(op, offset, len, buf as usize, index, io_u as usize),
     );
     match r {
@@ -683,7 +693,7 @@ pub unsafe extern "C" fn kfio_job_queue(
 pub unsafe extern "C" fn kfio_job_commit(job: *mut Job) {
     // SAFETY: the caller's contract.
     if let Some(j) = unsafe { job_mut(job) } {
-        guard("kfio_job_commit", (), || j.commit());
+        guard("kfio_job_commit", || (), || j.commit());
     }
 }
 
@@ -702,9 +712,11 @@ pub unsafe extern "C" fn kfio_job_getevents(
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
-    guard("kfio_job_getevents", -libc::EIO, || {
-        j.getevents(min, max, timeout_ns)
-    })
+    guard(
+        "kfio_job_getevents",
+        || -libc::EIO,
+        || j.getevents(min, max, timeout_ns),
+    )
 }
 
 /// The i-th completion of the last getevents: its io_u and errno.
@@ -717,7 +729,7 @@ pub unsafe extern "C" fn kfio_job_event(job: *mut Job, i: u32, err: *mut c_int) 
     let Some(j) = (unsafe { job_mut(job) }) else {
         return std::ptr::null_mut();
     };
-    let (io_u, e) = guard("kfio_job_event", (0, libc::EIO), || j.event(i));
+    let (io_u, e) = guard("kfio_job_event", || (0, libc::EIO), || j.event(i));
     if !err.is_null() {
         // SAFETY: the caller passes a writable pointer.
         unsafe { *err = e };
@@ -735,7 +747,7 @@ pub unsafe extern "C" fn kfio_job_errdetails(job: *mut Job, index: u32) -> *mut 
     let Some(j) = (unsafe { job_mut(job) }) else {
         return std::ptr::null_mut();
     };
-    let s = guard("kfio_job_errdetails", String::new(), || j.errdetails(index));
+    let s = guard("kfio_job_errdetails", String::new, || j.errdetails(index));
     // SAFETY: malloc of the string's length plus the NUL; a null result is returned as is.
     unsafe {
         let p = libc::malloc(s.len() + 1).cast::<c_char>();
@@ -755,7 +767,7 @@ pub unsafe extern "C" fn kfio_job_close(job: *mut Job) {
     }
     // SAFETY: the pointer came from Box::into_raw in kfio_job_open and is closed once.
     let b = unsafe { Box::from_raw(job) };
-    guard("kfio_job_close", (), || drop(b));
+    guard("kfio_job_close", || (), || drop(b));
 }
 
 /// What fio calls to find the engine (`dlsym(handle, "get_ioengine")`): the
