@@ -14,9 +14,11 @@
 //! 3. The source's version (`FIO-VERSION-GEN`, what fio's own build uses) must equal the
 //!    binary's, or the build fails naming both.
 //!
-//! Without any fio (no binary, no `$FIO_SRC`) the crate builds without the shim, so the
-//! workspace builds on machines without fio; the library then has no `get_ioengine` and a
-//! warning says so. `KESTREL_FIO_REQUIRE=1` turns that into an error (CI sets it).
+//! Without any fio (no binary, no `$FIO_SRC`), or when fio is merely found on `PATH` but its
+//! source cannot be had, the crate builds without the shim, so the workspace builds on
+//! any machine; the library then has no `get_ioengine` (fio cannot load it) and a warning
+//! says why. When the build is asked for explicitly (`$FIO`, `$FIO_SRC` or
+//! `KESTREL_FIO_REQUIRE=1`, which `scripts/fio-test.sh` sets) every problem is an error.
 
 use std::env;
 use std::fs;
@@ -56,9 +58,22 @@ fn run() -> Result<(), String> {
         }
         None => None,
     };
+    let explicit =
+        require || env::var_os("FIO").is_some_and(|v| !v.is_empty()) || src_env.is_some();
     let src = match (&installed, src_env) {
         (_, Some(s)) => s,
-        (Some((bin, ver)), None) => cached_source(bin, ver)?,
+        (Some((bin, ver)), None) => match cached_source(bin, ver) {
+            Ok(s) => s,
+            Err(e) if !explicit => {
+                println!(
+                    "cargo:warning=libkestrel_fio.so is built without its fio glue (fio cannot \
+                     load it): {}; rebuild with KESTREL_FIO_REQUIRE=1 to retry",
+                    e.replace('\n', " ")
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        },
         (None, None) => {
             // Install fio and this reruns (a directory in PATH changes).
             for dir in env::split_paths(&env::var_os("PATH").unwrap_or_default()) {
