@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::dma::{DmaBuf, DmaPool, DmaPoolOptions};
+use crate::format::UnsupportedFormat;
 use crate::mmio::{Bar, Doorbell};
 use crate::prp;
 use crate::qpair::{IoQpair, QpairOptions, QpairParts};
@@ -23,8 +24,8 @@ use crate::ring::{CqRing, ShadowPages, ShadowSlot, SqRing};
 use crate::spec::identify::{parse_active_ns_list, IDENTIFY_SIZE, SMART_LOG_SIZE};
 use crate::spec::regs::{shadow_doorbell_index, shutdown};
 use crate::spec::{
-    admin_opc, cns, lid, Aqa, Cap, Cc, Cqe, DoorbellKind, ErrorLogEntry, IdentifyController,
-    IdentifyNamespace, SmartLog, Sqe, Status, Vs, NSID_ALL, PAGE_SIZE,
+    admin_opc, cns, csi, lid, Aqa, Cap, Cc, Cqe, DoorbellKind, ErrorLogEntry, IdentifyController,
+    IdentifyNamespace, NsFormat, NsIdDescriptors, SmartLog, Sqe, Status, Vs, NSID_ALL, PAGE_SIZE,
 };
 use crate::transport::Transport;
 
@@ -148,6 +149,14 @@ pub enum CtrlrError {
         /// The active ones.
         active: Vec<u32>,
     },
+    /// A namespace whose format the driver does not implement (nothing was sent to it).
+    #[error("{transport}: {source}")]
+    UnsupportedFormat {
+        /// The controller.
+        transport: String,
+        /// The namespace and its format.
+        source: UnsupportedFormat,
+    },
     /// DMA memory.
     #[error(transparent)]
     Dma(#[from] crate::dma::DmaError),
@@ -191,7 +200,8 @@ impl Default for ControllerOptions {
 pub struct NsInfo {
     /// Namespace ID.
     pub nsid: u32,
-    /// Logical block size in bytes.
+    /// Logical block size in bytes (the LBA data size; 0 when the format in use is
+    /// invalid).
     pub block_size: u32,
     /// Capacity in blocks (NSZE).
     pub num_blocks: u64,
@@ -201,12 +211,21 @@ pub struct NsInfo {
     pub deallocate: bool,
     /// Identify Namespace as reported.
     pub identify: IdentifyNamespace,
+    /// The format in use: LBA format, metadata, protection, command set.
+    pub format: NsFormat,
+    /// Why the driver does no I/O to this namespace, when it does not implement its
+    /// format (see [`crate::format`]); `None` for a namespace it serves.
+    pub unsupported: Option<UnsupportedFormat>,
 }
 
 impl NsInfo {
     /// Capacity in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.num_blocks * self.block_size as u64
+    }
+    /// Whether the driver does I/O to this namespace.
+    pub fn supported(&self) -> bool {
+        self.unsupported.is_none()
     }
 }
 
@@ -828,27 +847,34 @@ impl Controller {
         for nsid in ids {
             shared.admin_read(Sqe::identify(cns::NAMESPACE, nsid, 0), &mut buf)?;
             let ns = IdentifyNamespace::parse(buf.as_slice().try_into().expect("4096 bytes"));
-            let Some(block_size) = ns.lba_size() else {
-                tracing::warn!(
-                    "{describe}: nsid {nsid} has an invalid lba format (flbas {:#x}); skipping it",
-                    ns.flbas
-                );
-                continue;
-            };
             if ns.nsze == 0 {
                 continue;
             }
-            if ns.lba_format().ms != 0 && ns.flbas & 0x10 != 0 {
-                tracing::warn!("{describe}: nsid {nsid} uses extended-lba metadata, which the driver does not support; skipping it");
-                continue;
+            // The command set: from the Namespace Identification Descriptor list (NVMe
+            // 1.3+; the CSI descriptor since 2.0). A controller that has no such list, or
+            // lists no CSI, predates other command sets: NVM.
+            let csi =
+                match shared.admin_read(Sqe::identify(cns::NS_ID_DESCRIPTORS, nsid, 0), &mut buf) {
+                    Ok(_) => NsIdDescriptors::parse(buf.as_slice().try_into().expect("4096 bytes"))
+                        .csi
+                        .unwrap_or(csi::NVM),
+                    Err(CtrlrError::AdminCommand { .. }) => csi::NVM,
+                    Err(e) => return Err(e),
+                };
+            let format = NsFormat::of(&ns, csi);
+            let unsupported = crate::format::check(nsid, &format).err();
+            if let Some(u) = &unsupported {
+                tracing::warn!("{describe}: no i/o to {u}");
             }
             namespaces.push(NsInfo {
                 nsid,
-                block_size,
+                block_size: format.data_size().unwrap_or(0),
                 num_blocks: ns.nsze,
                 write_zeroes: ident.supports_write_zeroes(),
                 deallocate: ident.supports_dsm(),
                 identify: ns,
+                format,
+                unsupported,
             });
         }
 
@@ -897,9 +923,14 @@ impl Controller {
     pub fn identify(&self) -> &IdentifyController {
         &self.shared.identify
     }
-    /// Active namespaces, by NSID.
+    /// Active namespaces, by NSID, including those whose format the driver does not
+    /// implement ([`NsInfo::unsupported`] says why; no I/O is sent to them).
     pub fn namespaces(&self) -> &[NsInfo] {
         &self.shared.namespaces
+    }
+    /// The active namespaces the driver does I/O to.
+    pub fn io_namespaces(&self) -> impl Iterator<Item = &NsInfo> + '_ {
+        self.shared.namespaces.iter().filter(|n| n.supported())
     }
     /// One namespace.
     pub fn namespace(&self, nsid: u32) -> Result<&NsInfo, CtrlrError> {
@@ -1098,8 +1129,16 @@ pub struct NvmeNamespace {
 
 impl NvmeNamespace {
     /// The namespace `nsid` of `ctrlr`.
+    /// Fails with [`CtrlrError::UnsupportedFormat`] when the driver does not implement the
+    /// namespace's format.
     pub fn new(ctrlr: Controller, nsid: u32) -> Result<Self, CtrlrError> {
         let ns = ctrlr.namespace(nsid)?.clone();
+        if let Some(u) = ns.unsupported {
+            return Err(CtrlrError::UnsupportedFormat {
+                transport: ctrlr.describe().to_string(),
+                source: u,
+            });
+        }
         let id = ctrlr.identify();
         let info = crate::target::TargetInfo {
             name: format!("{} ns{nsid}", ctrlr.describe()),

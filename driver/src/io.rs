@@ -328,6 +328,12 @@ pub enum InvalidRequest {
         /// Namespace.
         nsid: u32,
     },
+    /// The namespace's format is one the driver does not implement: nothing is sent to it.
+    #[error("nsid {nsid} has a format kestrel does not implement; no i/o is sent to it (its format and the reason are in Controller::namespaces and `kestrel identify`)")]
+    UnsupportedFormat {
+        /// Namespace.
+        nsid: u32,
+    },
     /// The target does not support this operation.
     #[error("{op} is not supported by this target")]
     Unsupported {

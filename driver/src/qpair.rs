@@ -441,6 +441,9 @@ impl IoQpair {
         let ns = self
             .ns(req.nsid)
             .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
+        if ns.unsupported.is_some() {
+            return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
+        }
         let op = req.op.name();
         if !req.op.has_data() && !req.data.is_empty() {
             return Err(InvalidRequest::BadSegments {
@@ -1250,14 +1253,21 @@ impl IoQpair {
 
     /// Submits a raw command (passthrough): the caller's SQE with CID and data pointer
     /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
-    /// validation beyond the PRP rules: the device judges it. Used by conformance tests
-    /// to check device-reported errors.
+    /// validation beyond the PRP rules and the format rule (nothing goes to a namespace
+    /// whose format the driver does not implement): the device judges the rest. Used by
+    /// conformance tests to check device-reported errors.
     pub fn submit_raw(
         &mut self,
         mut sqe: Sqe,
         data: Option<DmaSlice>,
         token: u64,
     ) -> Result<(), SubmitError> {
+        if self.ns(sqe.nsid).is_some_and(|n| n.unsupported.is_some()) {
+            return Err(SubmitError::Invalid {
+                token,
+                reason: InvalidRequest::UnsupportedFormat { nsid: sqe.nsid },
+            });
+        }
         let Some(cid) = self.free.pop_front() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),

@@ -379,6 +379,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                     Some(StoreSpec::Null) => EmuStore::Null,
                     Some(StoreSpec::File(p)) => EmuStore::File(p.clone()),
                 },
+                format: base.format,
             };
             let n = e.namespaces.unwrap_or(1) as usize;
             cfg.namespaces = (0..n)

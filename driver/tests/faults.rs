@@ -59,13 +59,25 @@ struct Rig {
     bufs: Vec<DmaBuf>,
 }
 
-fn rig(qd: u32, depth: u32) -> Rig {
+/// The I/O timeout of a case. Only a dropped completion should ever time out; every other
+/// fault gets a bound far above any scheduling delay, so a loaded machine (the emulator
+/// thread descheduled for a while) cannot turn a late completion into a timeout.
+fn io_timeout(fault: Fault) -> Duration {
+    match fault {
+        // Long enough that a retried command is not late on a loaded machine; each of
+        // the (at most two) dropped completions costs a timeout and an abort timeout.
+        Fault::Drop => Duration::from_millis(1500),
+        _ => Duration::from_secs(20),
+    }
+}
+
+fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
     let emu = EmuController::start(EmuConfig {
-        namespaces: vec![EmuNamespace {
-            size_bytes: BLOCKS * BS as u64,
-            lba_size: BS as u32,
-            store: EmuStore::Memory,
-        }],
+        namespaces: vec![EmuNamespace::new(
+            BLOCKS * BS as u64,
+            BS as u32,
+            EmuStore::Memory,
+        )],
         ..Default::default()
     })
     .unwrap();
@@ -81,8 +93,8 @@ fn rig(qd: u32, depth: u32) -> Rig {
         .create_io_qpair(&QpairOptions {
             depth,
             sw_queue_depth: 256,
-            timeout: Duration::from_millis(300),
-            abort_timeout: Duration::from_millis(300),
+            timeout,
+            abort_timeout: timeout,
             ..Default::default()
         })
         .unwrap();
@@ -156,7 +168,7 @@ fn run_case(fault: Fault, op: Op, qd: u32) {
 }
 
 fn run_case_depth(fault: Fault, op: Op, qd: u32, depth: u32, per_poll: u32) {
-    let mut r = rig(qd, depth);
+    let mut r = rig(qd, depth, io_timeout(fault));
     let mut shadow = prefill(&mut r);
     // Blocks a failed write may or may not have reached: old or new contents allowed.
     let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
