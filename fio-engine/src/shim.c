@@ -321,7 +321,9 @@ static void kfio_iomem_free(struct thread_data *td)
 static struct ioengine_ops ioengine = {
 	.name = "kestrel",
 	.version = FIO_IOOPS_VERSION,
-	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN,
+	/* FIO_NO_OFFLOAD: a queue pair belongs to its job's thread, so fio must not queue from
+	 * its io_submit_mode=offload worker threads. */
+	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_NO_OFFLOAD,
 	.setup = kfio_setup,
 	.init = kfio_init,
 	.queue = kfio_queue,
