@@ -2,6 +2,7 @@
 # The fio ioengine end to end: installs fio and what building against its source needs,
 # builds libkestrel_fio.so against the installed fio, and runs fio jobs through it:
 #   - a build for a fio whose version differs from the source tree fails, naming both;
+#   - an engine built for another fio version fails its job when this fio loads it;
 #   - the engine refuses thread=0 and a bad target string with messages naming the option;
 #   - examples/fio/emu.fio: randwrite, randread, randrw with verify=crc32c on the emulator
 #     (numjobs=2, thread=1);
@@ -98,9 +99,18 @@ if ! grep -q "fio version mismatch: the fio that will load the engine is fio-3.9
     die "the mismatch message does not name both versions: $(tail -5 "$TMP/mismatch.log")"
 fi
 
+# An engine built for another fio (a copy of the source claiming fio-3.99, and the fake
+# fio-3.99) builds, but the real fio refuses to run it with a message, not a crash.
+log "an engine built for another fio fails the job when loaded"
+cp -r "$SRC" "$TMP/src-3.99"
+sed -i 's/^DEF_VER=.*/DEF_VER=fio-3.99/' "$TMP/src-3.99/FIO-VERSION-GEN"
+rm -f "$TMP/src-3.99/FIO-VERSION-FILE"
+FIO=$TMP/fake/fio FIO_SRC=$TMP/src-3.99 cargo build --release -p kestrel-fio
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+cp "$TARGET_DIR/release/libkestrel_fio.so" "$TMP/engine-3.99.so"
+
 log "building libkestrel_fio.so against $FIO_VER ($FIO_BIN)"
 KESTREL_FIO_REQUIRE=1 cargo build --release -p kestrel-fio
-TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 SO=$TARGET_DIR/release/libkestrel_fio.so
 [[ -f $SO ]] || die "no $SO after the build"
 
@@ -140,6 +150,8 @@ run thread0 1 --name=t --ioengine="external:$SO" --kestrel_target=emu --rw=read 
 expect thread0 'thread=1 is required'
 run badtarget 1 --name=t --ioengine="external:$SO" --thread --kestrel_target=emu:bogus=1 --rw=read --size=1M
 expect badtarget 'kestrel_target=emu:bogus=1: invalid target'
+run wrongfio 1 --name=t --ioengine="external:$TMP/engine-3.99.so" --thread --kestrel_target=emu --rw=read --size=1M
+expect wrongfio "the engine was built for fio-3.99 but is loaded by $FIO_VER"
 run badbs 1 --name=t --ioengine="external:$SO" --thread --kestrel_target=emu --rw=read --bs=512 --size=1M
 expect badbs 'func=bs'
 
