@@ -422,6 +422,22 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
+        if let Some(q) = self.queue.as_ref() {
+            let s = q.stats();
+            tracing::info!(
+                "{}: queue pair: {} requests, {} completions, {} commands, {} sq doorbell writes, \
+                 {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle)",
+                self.name.to_string_lossy(),
+                s.submitted,
+                s.completed,
+                s.commands,
+                s.sq_doorbell_writes,
+                s.cq_doorbell_writes,
+                s.shadow_doorbell_updates,
+                s.polls,
+                s.idle_polls
+            );
+        }
         self.iomem_free();
         if !self.drain() {
             eprintln!(
