@@ -35,6 +35,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::clock::Clock;
 use crate::ctrlr::{CtrlrShared, CtrlrState, NsInfo};
 use crate::dma::{DmaBuf, DmaSlice};
 use crate::io::{
@@ -219,7 +220,10 @@ pub struct IoQpair {
     max_command_bytes: u64,
     max_retries: u8,
     timeout_ticks: u32,
-    clock_origin: Instant,
+    /// The coarse clock's source (the calibrated TSC where there is one: no system call)
+    /// and its reading when the qpair was created.
+    clock: Clock,
+    clock_origin_ns: u64,
     bogus_logged: bool,
     removed: bool,
     qid: u16,
@@ -313,6 +317,7 @@ impl IoQpair {
             n => n.min(MAX_COMPLETIONS_PER_POLL),
         };
         let timeout = opts.timeout.max(MIN_TIMEOUT);
+        let clock = Clock::get();
         let tick_ms = (timeout.as_millis() / 4).clamp(TICK_MIN_MS as u128, TICK_MAX_MS as u128);
         // Late once more than this many whole ticks have passed since the submission tick:
         // never before `timeout`, at most one tick after it.
@@ -357,7 +362,8 @@ impl IoQpair {
             max_command_bytes: parts.max_command_bytes,
             max_retries: opts.max_retries,
             timeout_ticks,
-            clock_origin: Instant::now(),
+            clock,
+            clock_origin_ns: clock.now_ns(),
             bogus_logged: false,
             removed: false,
             qid: parts.qid,
@@ -1139,7 +1145,9 @@ impl IoQpair {
     /// Timeouts, delayed retries and device health, every few dozen polls on a coarse
     /// clock.
     fn housekeeping(&mut self) {
-        let now_tick = (self.clock_origin.elapsed().as_millis() / self.tick_ms as u128) as u32;
+        // One clock read per housekeeping pass (every HOUSEKEEPING_EVERY polls).
+        let elapsed_ms = self.clock.now_ns().saturating_sub(self.clock_origin_ns) / 1_000_000;
+        let now_tick = (elapsed_ms / self.tick_ms as u64) as u32;
         if now_tick == self.tick {
             return;
         }
