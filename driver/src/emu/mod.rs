@@ -162,7 +162,9 @@
 mod ctrl;
 mod faults;
 mod mem;
+mod ns;
 mod nvm;
+mod prp;
 mod store;
 #[doc(hidden)]
 pub mod testkit;

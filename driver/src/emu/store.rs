@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::mem::{GuestSlice, Mem};
-use super::nvm::Seg;
+use super::prp::Seg;
 
 /// Bytes per chunk of the memory store.
 pub(super) const CHUNK: usize = 64 << 10;
