@@ -159,6 +159,7 @@
 //! # `unsafe`
 //! Only in `emu/mem.rs`: the IOMMU and its host-memory views (and one `fallocate` call).
 
+mod blocks;
 mod ctrl;
 mod faults;
 mod mem;
@@ -170,6 +171,7 @@ mod store;
 pub mod testkit;
 #[cfg(test)]
 mod tests;
+mod zns;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -177,7 +179,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, MAX_RAW_CQES};
+pub use faults::{
+    EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, PiField, MAX_RAW_CQES,
+};
 pub use mem::{EmuIommu, IOVA_BASE};
 
 use crate::dma::{DmaMapper, PageKind};
@@ -265,35 +269,55 @@ pub struct EmuNamespace {
     pub format: EmuFormat,
 }
 
-/// What an emulated namespace reports beyond its block size: metadata, end-to-end
-/// protection and its command set. The default is a plain NVM namespace.
+/// An emulated namespace's format beyond its block size: metadata, end-to-end protection,
+/// its command set and, for a zoned namespace, its zones. The default is a plain NVM
+/// namespace.
 ///
 /// A namespace with metadata (`ms` ≠ 0) is reported with a third LBA format (LBAF2:
-/// `lba_size` data + `ms` bytes) in use; `pi_type`/`pi_first` set DPS (and DPC, MC say
-/// what the controller could do). The controller does not execute I/O on a namespace
-/// with metadata, protection or a command set other than NVM: every I/O command to it
-/// completes with Invalid Namespace or Format. It exists so the host's refusal of such
-/// formats is tested: a host that sends I/O there is caught by the status and the
-/// counters.
+/// `lba_size` data + `ms` bytes) in use; `pi_type`/`pi_first` set DPS (DPC and MC say what
+/// the controller could do). The controller executes I/O on every format it reports for
+/// the NVM (CSI 00h) and Zoned Namespace (CSI 02h) command sets (module doc: "Namespace
+/// formats"); a namespace of any other command set is reported as such and every I/O
+/// command to it completes with Invalid Namespace or Format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EmuFormat {
-    /// MS: metadata bytes per block (0: none).
+    /// MS: metadata bytes per block (0: none; at most [`MAX_METADATA`]).
     pub ms: u16,
     /// FLBAS bit 4: metadata inline at the end of each block (an extended LBA).
     pub extended: bool,
-    /// DPS bits 2:0: protection information type (0: none, 1..=3).
+    /// DPS bits 2:0: protection information type (0: none, 1..=3; needs `ms` ≥ 8).
     pub pi_type: u8,
     /// DPS bit 3: protection information in the first bytes of the metadata.
     pub pi_first: bool,
     /// The Command Set Identifier reported in the Namespace Identification Descriptor
-    /// list (0: NVM, 2: zoned, anything else: reported as is).
+    /// list (0: NVM, 2: zoned, anything else: reported as is, no I/O).
     pub csi: u8,
+    /// Zone geometry and limits, used when `csi` is 2 (zoned).
+    pub zones: EmuZones,
 }
 
-impl EmuFormat {
-    /// Whether the controller executes I/O on a namespace of this format.
-    pub fn executes_io(&self) -> bool {
-        *self == EmuFormat::default()
+/// The most metadata bytes per block an emulated namespace may have.
+pub const MAX_METADATA: u16 = 256;
+
+/// The zones of an emulated zoned namespace: every zone is Sequential Write Required with
+/// a capacity equal to its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmuZones {
+    /// Zone size in bytes (a multiple of the block size that divides the namespace size).
+    pub zone_size: u64,
+    /// Maximum open zones (MOR + 1); 0: no limit.
+    pub max_open: u32,
+    /// Maximum active zones (MAR + 1); 0: no limit.
+    pub max_active: u32,
+}
+
+impl Default for EmuZones {
+    fn default() -> Self {
+        EmuZones {
+            zone_size: 1 << 20,
+            max_open: 0,
+            max_active: 0,
+        }
     }
 }
 
@@ -410,8 +434,17 @@ emu_stats! {
     write_zeroes,
     /// Dataset Management commands fetched.
     dsm,
+    /// Zone Append commands fetched.
+    zone_appends,
+    /// Zone Management Send commands fetched.
+    zone_mgmt_sends,
+    /// Zone Management Receive commands fetched.
+    zone_mgmt_receives,
     /// I/O commands with an opcode the controller does not implement.
     io_invalid,
+    /// Commands failed by an end-to-end protection check (guard, application or
+    /// reference tag).
+    pi_errors,
     /// Completion queue entries posted.
     completions,
     /// Completions with a status other than success.
@@ -532,6 +565,7 @@ fn check_config(cfg: &EmuConfig) -> Result<(), EmuError> {
                 "must be at most 1 PiB",
             );
         }
+        check_format(ns)?;
     }
     for (field, s, max) in [
         ("model", &cfg.model, 40),
@@ -543,6 +577,50 @@ fn check_config(cfg: &EmuConfig) -> Result<(), EmuError> {
                 field,
                 s.clone(),
                 "must be ASCII and fit its Identify field (MN 40, SN 20, FR 8)",
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_format(ns: &EmuNamespace) -> Result<(), EmuError> {
+    let bad = |field, value: String, why| Err(EmuError::Config { field, value, why });
+    let f = &ns.format;
+    if f.ms > MAX_METADATA {
+        return bad("ms", f.ms.to_string(), "must be at most 256 bytes");
+    }
+    if f.extended && f.ms == 0 {
+        return bad(
+            "extended",
+            "true".into(),
+            "an extended lba needs metadata (ms > 0)",
+        );
+    }
+    if f.pi_type > 3 {
+        return bad("pi_type", f.pi_type.to_string(), "must be 0..=3");
+    }
+    if f.pi_type != 0 && (f.ms as usize) < crate::spec::pi::PI_SIZE {
+        return bad(
+            "ms",
+            f.ms.to_string(),
+            "protection information needs at least 8 bytes of metadata",
+        );
+    }
+    if f.csi == crate::spec::csi::ZONED {
+        let z = &f.zones;
+        let lba = ns.lba_size as u64;
+        if z.zone_size < lba || z.zone_size % lba != 0 || ns.size_bytes % z.zone_size != 0 {
+            return bad(
+                "zone_size",
+                z.zone_size.to_string(),
+                "must be a whole number of blocks that divides the namespace size",
+            );
+        }
+        if z.max_open != 0 && z.max_active != 0 && z.max_open > z.max_active {
+            return bad(
+                "max_open",
+                z.max_open.to_string(),
+                "must not exceed max_active",
             );
         }
     }

@@ -144,3 +144,54 @@ pub(super) fn from_host(
     }
     Ok(())
 }
+
+/// A position in the segments of a transfer, for moving it piece by piece (the blocks and
+/// metadata of an extended-LBA transfer, one after the other).
+pub(super) struct SegCursor<'s> {
+    segs: &'s [Seg],
+    i: usize,
+    off: usize,
+}
+
+impl<'s> SegCursor<'s> {
+    /// A cursor at the start of `segs`.
+    pub(super) fn new(segs: &'s [Seg]) -> Self {
+        SegCursor { segs, i: 0, off: 0 }
+    }
+
+    /// Calls `f(host slice, offset in the piece)` for the next `n` bytes, segment by
+    /// segment.
+    fn step(
+        &mut self,
+        mem: &Mem<'_>,
+        n: usize,
+        mut f: impl FnMut(&super::mem::GuestSlice<'_>, usize),
+    ) -> Result<(), Status> {
+        let dte = Status::DATA_TRANSFER_ERROR.with_dnr(true);
+        let mut done = 0;
+        while done < n {
+            let s = self.segs.get(self.i).ok_or(dte)?;
+            let k = (s.len as usize - self.off).min(n - done);
+            let g = mem.translate(s.iova + self.off as u64, k).ok_or(dte)?;
+            f(&g, done);
+            done += k;
+            self.off += k;
+            if self.off == s.len as usize {
+                self.i += 1;
+                self.off = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the next `dst.len()` bytes of the transfer from the host into `dst`.
+    pub(super) fn read(&mut self, mem: &Mem<'_>, dst: &mut [u8]) -> Result<(), Status> {
+        let n = dst.len();
+        self.step(mem, n, |g, at| g.copy_out(0, &mut dst[at..at + g.len()]))
+    }
+
+    /// Copies `src` to the next `src.len()` bytes of the transfer in the host.
+    pub(super) fn write(&mut self, mem: &Mem<'_>, src: &[u8]) -> Result<(), Status> {
+        self.step(mem, src.len(), |g, at| g.copy_in(0, &src[at..at + g.len()]))
+    }
+}

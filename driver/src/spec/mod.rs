@@ -10,6 +10,7 @@ pub mod identify;
 pub mod pi;
 pub mod regs;
 pub mod status;
+pub mod zns;
 
 pub use cmd::{admin_opc, cns, csi, fid, lid, nvm_opc, Cqe, DsmRange, Sqe, NSID_ALL};
 pub use identify::{

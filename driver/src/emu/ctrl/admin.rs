@@ -168,6 +168,13 @@ impl Ctrl {
                 self.ncq_granted = (ncqr + 1).min(max) as u16;
                 Outcome::Done(Status::SUCCESS, self.nq_dw0())
             }
+            // I/O Command Set Profile: index 0 is the only combination (CNS 1Ch).
+            fid::IO_COMMAND_SET_PROFILE => {
+                if sqe.cdw11 & 0x1FF != 0 {
+                    return fail(Status::IO_COMMAND_SET_COMBINATION_REJECTED);
+                }
+                done(Status::SUCCESS)
+            }
             fid::VOLATILE_WRITE_CACHE => {
                 if !self.p.vwc_present {
                     return fail(Status::INVALID_FIELD);
@@ -200,6 +207,7 @@ impl Ctrl {
         let default_nq = ((max - 1) << 16) | (max - 1);
         let (current, default) = match f {
             fid::NUMBER_OF_QUEUES => (self.nq_dw0(), default_nq),
+            fid::IO_COMMAND_SET_PROFILE => (0, 0),
             fid::VOLATILE_WRITE_CACHE => {
                 if !self.p.vwc_present {
                     return fail(Status::INVALID_FIELD);

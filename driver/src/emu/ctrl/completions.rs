@@ -77,7 +77,8 @@ impl Ctrl {
         }
     }
 
-    /// Completes a fetched command: posts now, or holds it until `due`.
+    /// Completes a fetched command with command specific dwords 0 (low half of `dw`) and 1
+    /// (high half): posts now, or holds it until `due`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn finish(
         &mut self,
@@ -87,15 +88,15 @@ impl Ctrl {
         sqhd: u32,
         cid: u16,
         status: Status,
-        dw0: u32,
+        dw: u64,
         due: Option<Instant>,
     ) {
         if !status.is_success() {
             self.st.error_completions += 1;
         }
         let cqe = Cqe {
-            dw0,
-            dw1: 0,
+            dw0: dw as u32,
+            dw1: (dw >> 32) as u32,
             sqhd: sqhd as u16,
             sqid,
             cid,
@@ -152,7 +153,7 @@ impl Ctrl {
         sqhd: u32,
         cid: u16,
         status: Status,
-        dw0: u32,
+        dw: u64,
         due: Option<Instant>,
         fault: Option<(FaultAction, u16)>,
     ) {
@@ -161,18 +162,18 @@ impl Ctrl {
             Some((FaultAction::Delay(d), _)) => {
                 let t = Instant::now() + d;
                 let due = Some(due.map_or(t, |x| x.max(t)));
-                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw, due);
             }
             Some((FaultAction::Duplicate, _)) => {
-                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
-                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw, due);
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw, due);
             }
             Some((FaultAction::Spurious, bad_cid)) => {
-                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due);
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw, due);
                 self.finish(mem, sqid, cqid, sqhd, bad_cid, Status::SUCCESS, 0, due);
             }
-            Some((FaultAction::Status(_), _)) | None => {
-                self.finish(mem, sqid, cqid, sqhd, cid, status, dw0, due)
+            Some((FaultAction::Status(_) | FaultAction::CorruptPi(_), _)) | None => {
+                self.finish(mem, sqid, cqid, sqhd, cid, status, dw, due)
             }
         }
     }

@@ -3,11 +3,13 @@
 use super::{fail, Ctrl, Outcome};
 use crate::emu::mem::Mem;
 use crate::emu::ns::Ns;
+use crate::emu::zns::Zones;
 use crate::emu::EmuConfig;
 use crate::spec::identify::{
-    encode_active_ns_list, oacs, oncs, IdentifyController, IdentifyNamespace, LbaFormat,
+    ctrl_off, encode_active_ns_list, oacs, oncs, IdentifyController, IdentifyNamespace, LbaFormat,
     NsIdDescriptors, IDENTIFY_SIZE,
 };
+use crate::spec::zns::{IdentifyNsZoned, ID_CTRL_ZONED_ZASL, OZCS_RAZB};
 use crate::spec::{cns, Sqe, Status, Vs, NSID_ALL};
 
 /// The Identify Controller data structure of a controller configured by `cfg`.
@@ -76,7 +78,9 @@ impl Ctrl {
                 .map_or(ns.nsze, |b| (b >> ns.lba_shift).min(ns.nsze)),
             nsfeat: ns.store.thin() as u8,
             nlbaf: 1,
-            flbas: if ns.lba_shift == 9 { 0 } else { 1 },
+            flbas: ns.lbaf_index(),
+            // Deallocated blocks read as zeroes (001b), Write Zeroes may deallocate (bit
+            // 3); bit 4 clear: their guard reads FFFFh (with all-ones tags, ns module doc).
             dlfeat: 0x09,
             ..Default::default()
         };
@@ -99,7 +103,7 @@ impl Ctrl {
                 lbads: ns.lba_shift as u8,
                 rp: 0,
             };
-            id.flbas = 2 | if f.extended { 0x10 } else { 0 };
+            id.flbas |= if f.extended { 0x10 } else { 0 };
             // MC: extended and separate metadata both possible.
             id.mc = 0x3;
             // DPC: types 1, 2 and 3, PI first or last.
@@ -125,6 +129,9 @@ impl Ctrl {
             cns::CONTROLLER => Ok(self.id_ctrl.clone()),
             cns::ACTIVE_NAMESPACES => self.cns_active_namespaces(sqe.nsid),
             cns::NS_ID_DESCRIPTORS => self.cns_ns_id_descriptors(sqe.nsid),
+            cns::NAMESPACE_CSI => self.cns_namespace_csi(sqe.nsid, csi_of(sqe)),
+            cns::CONTROLLER_CSI => self.cns_controller_csi(csi_of(sqe)),
+            cns::IO_COMMAND_SETS => Ok(io_command_sets()),
             _ => Err(Status::INVALID_FIELD),
         };
         match bytes {
@@ -173,4 +180,53 @@ impl Ctrl {
         }
         .to_bytes())
     }
+
+    /// CNS 05h: the I/O Command Set specific Identify Namespace data structure. For the
+    /// NVM Command Set it is all zeroes (16-bit guard formats only); for a zoned
+    /// namespace, the zoned one (zone size, MAR/MOR, no descriptor extensions).
+    fn cns_namespace_csi(&self, nsid: u32, csi: u8) -> Result<Box<[u8; IDENTIFY_SIZE]>, Status> {
+        let ns = self.named_ns(nsid)?;
+        match (csi, &ns.zones) {
+            (crate::spec::csi::NVM, _) => Ok(Box::new([0u8; IDENTIFY_SIZE])),
+            (crate::spec::csi::ZONED, Some(z)) => Ok(IdentifyNsZoned {
+                zoc: 0,
+                ozcs: OZCS_RAZB,
+                mar: Zones::limit_field(z.max_active),
+                mor: Zones::limit_field(z.max_open),
+                zsze: z.zsze,
+                zdes: 0,
+            }
+            .to_bytes(ns.lbaf_index() as usize)),
+            _ => Err(Status::INVALID_FIELD),
+        }
+    }
+
+    /// CNS 06h: the I/O Command Set specific Identify Controller data structure: zeroes
+    /// for NVM; for zoned namespaces, ZASL = MDTS (Zone Append is limited as writes are).
+    fn cns_controller_csi(&self, csi: u8) -> Result<Box<[u8; IDENTIFY_SIZE]>, Status> {
+        let mut b = Box::new([0u8; IDENTIFY_SIZE]);
+        match csi {
+            crate::spec::csi::NVM => {}
+            crate::spec::csi::ZONED => b[ID_CTRL_ZONED_ZASL] = self.id_ctrl[ctrl_off::MDTS],
+            _ => return Err(Status::INVALID_FIELD),
+        }
+        Ok(b)
+    }
 }
+
+/// CSI of an Identify command (CDW11 bits 31:24).
+fn csi_of(sqe: &Sqe) -> u8 {
+    (sqe.cdw11 >> 24) as u8
+}
+
+/// CNS 1Ch: the I/O Command Set combinations; index 0 (the only one): NVM and Zoned
+/// Namespace (bits 0 and 2).
+fn io_command_sets() -> Box<[u8; IDENTIFY_SIZE]> {
+    let mut b = Box::new([0u8; IDENTIFY_SIZE]);
+    b[..8].copy_from_slice(&IO_COMMAND_SET_VECTOR.to_le_bytes());
+    b
+}
+
+/// The one I/O Command Set combination: NVM (bit 0) and Zoned Namespace (bit 2).
+pub(super) const IO_COMMAND_SET_VECTOR: u64 =
+    1 << crate::spec::csi::NVM | 1 << crate::spec::csi::ZONED;

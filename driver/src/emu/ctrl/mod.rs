@@ -32,7 +32,7 @@ use super::ns::Ns;
 use super::nvm::Nvm;
 use super::{EmuConfig, EmuError, EmuStats, Shared};
 use crate::mmio::Bar;
-use crate::spec::regs::offset;
+use crate::spec::regs::{css, offset};
 use crate::spec::{Cap, Cc, Csts, Status, Vs, IDENTIFY_SIZE};
 
 const SQE_SIZE: usize = 64;
@@ -223,7 +223,7 @@ impl Ctrl {
             .with_cqr(cfg.cqr)
             .with_to(cfg.timeout_500ms)
             .with_dstrd(cfg.dstrd)
-            .with_css(1)
+            .with_css(css::CAP_NVM | css::CAP_IO_COMMAND_SETS)
             .with_mpsmin(0)
             .with_mpsmax(4);
         bar.device_write32(offset::CAP, cap.0 as u32);

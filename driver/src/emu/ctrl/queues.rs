@@ -144,7 +144,8 @@ impl Ctrl {
                     {
                         status = self.log_error(0, cid, status, 0, sqe.nsid);
                     }
-                    self.complete_with_fault(mem, 0, 0, sq.head, cid, status, dw0, None, fault);
+                    let dw = dw0 as u64;
+                    self.complete_with_fault(mem, 0, 0, sq.head, cid, status, dw, None, fault);
                 }
                 Outcome::Parked => self.unreserve(0),
             }
@@ -216,8 +217,8 @@ impl Ctrl {
                 }
                 fault = self.decide_fault(false, opc, cqid);
             }
-            let status = self.exec_io(mem, qid, slot, &sqe, fault);
-            self.complete_with_fault(mem, qid, cqid, sq.head, cid, status, 0, due, fault);
+            let (status, dw) = self.exec_io(mem, qid, slot, &sqe, fault);
+            self.complete_with_fault(mem, qid, cqid, sq.head, cid, status, dw, due, fault);
         }
         if let Some(d) = db {
             self.polling_sq_event_idx(d, qid, &sq);
@@ -238,7 +239,8 @@ impl Ctrl {
     }
 
     /// Executes one fetched I/O command (unless it was marked for abort or an injected
-    /// status replaces it); returns its status, logged when it is an error.
+    /// status replaces it); returns its status, logged when it is an error, and its
+    /// command specific dwords 0 and 1.
     fn exec_io(
         &mut self,
         mem: &Mem<'_>,
@@ -246,19 +248,22 @@ impl Ctrl {
         slot: u32,
         sqe: &Sqe,
         fault: Option<(FaultAction, u16)>,
-    ) -> Status {
+    ) -> (Status, u64) {
         if !self.aborts.is_empty() && self.take_abort_mark(qid, slot) {
             self.st.aborted += 1;
-            return Status::ABORT_REQUESTED;
+            return (Status::ABORT_REQUESTED, 0);
         }
-        if let Some((FaultAction::Status(s), _)) = fault {
-            return s;
-        }
-        let d = self.nvm.exec(mem, sqe, &mut self.st);
+        let corrupt = match fault {
+            Some((FaultAction::Status(s), _)) => return (s, 0),
+            Some((FaultAction::CorruptPi(f), _)) => Some(f),
+            _ => None,
+        };
+        let d = self.nvm.exec(mem, sqe, &mut self.st, corrupt);
         if d.status.is_success() {
-            d.status
+            (d.status, d.dw)
         } else {
-            self.log_error(qid, sqe.cid(), d.status, d.lba, sqe.nsid)
+            let s = self.log_error(qid, sqe.cid(), d.status, d.lba, sqe.nsid);
+            (s, 0)
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::queues::{Cq, Ring, Sq};
 use super::{Ctrl, State, CQE_SIZE, MAX_ADMIN_ENTRIES, SQE_SIZE};
 use crate::emu::mem::Mem;
-use crate::spec::regs::{offset, shutdown};
+use crate::spec::regs::{css, offset, shutdown};
 use crate::spec::{Aqa, Cc, Csts};
 
 impl Ctrl {
@@ -73,8 +73,10 @@ impl Ctrl {
         if cc.mps() < cap.mpsmin() || cc.mps() > cap.mpsmax() {
             return Err("CC.MPS outside CAP.MPSMIN..=MPSMAX");
         }
-        if cc.css() != 0 {
-            return Err("CC.CSS is not the NVM command set");
+        if cc.css() != css::CC_NVM && cc.css() != css::CC_ALL_IO {
+            return Err(
+                "CC.CSS is neither the NVM command set (000b) nor all I/O command sets (110b)",
+            );
         }
         if cc.ams() != 0 {
             return Err("CC.AMS is not round robin");
@@ -104,6 +106,7 @@ impl Ctrl {
         }
         let page = 4096usize << cc.mps();
         self.nvm.page = page;
+        self.nvm.all_io_sets = cc.css() == css::CC_ALL_IO;
         let shift = page.trailing_zeros();
         self.sqs[0] = Some(Sq {
             size: sq_entries,

@@ -9,6 +9,7 @@ mod iommu;
 mod nvm;
 mod registers;
 mod shadow;
+mod zoned;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -185,6 +186,18 @@ impl H {
     fn new(cfg: EmuConfig) -> H {
         let mut h = H::start(cfg);
         h.enable();
+        let c = h.wait_csts(|c| c.rdy() || c.cfs());
+        assert!(
+            c.rdy() && !c.cfs(),
+            "controller did not become ready: {c:?}"
+        );
+        h
+    }
+
+    /// Starts the controller and enables it with CC.CSS = 110b (all I/O command sets).
+    fn new_all_io(cfg: EmuConfig) -> H {
+        let mut h = H::start(cfg);
+        h.enable_with(h.cc().with_css(crate::spec::regs::css::CC_ALL_IO));
         let c = h.wait_csts(|c| c.rdy() || c.cfs());
         assert!(
             c.rdy() && !c.cfs(),
