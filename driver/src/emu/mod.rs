@@ -11,11 +11,12 @@
 //! [`Bar::device_write32`]).
 //!
 //! # Registers
-//! CAP: MQES, CQR, DSTRD and TO from [`EmuConfig`]; AMS round robin only; CSS = NVM;
-//! MPSMIN 0 (4 KiB), MPSMAX 4 (64 KiB). VS 1.4.0. CC.EN 0→1 validates AQA, ASQ, ACQ
-//! (4 KiB aligned, admin queues of 2..=4096 entries inside registered memory), CC.IOSQES
-//! = 6, CC.IOCQES = 4, CC.MPS within MPSMIN..=MPSMAX, CC.CSS = NVM and CC.AMS = round
-//! robin; an invalid configuration sets CSTS.CFS, a valid one sets CSTS.RDY after
+//! CAP: MQES, CQR, DSTRD and TO from [`EmuConfig`]; AMS round robin only; CSS bits 0
+//! (NVM) and 6 (I/O Command Sets); MPSMIN 0 (4 KiB), MPSMAX 4 (64 KiB). VS 1.4.0. CC.EN
+//! 0→1 validates AQA, ASQ, ACQ (4 KiB aligned, admin queues of 2..=4096 entries inside
+//! registered memory), CC.IOSQES = 6, CC.IOCQES = 4, CC.MPS within MPSMIN..=MPSMAX, CC.CSS
+//! = NVM (000b) or All Supported I/O Command Sets (110b, as QEMU accepts it; only then
+//! are the zoned commands available) and CC.AMS = round robin; an invalid configuration sets CSTS.CFS, a valid one sets CSTS.RDY after
 //! [`EmuConfig::ready_delay`] (never, with [`EmuConfig::never_ready`]). CC.EN 1→0 is a
 //! controller reset: every I/O queue is deleted, outstanding commands (including held
 //! completions and Asynchronous Event Requests) are dropped, shadow doorbells are turned
@@ -34,10 +35,12 @@
 //!   carry it.
 //!
 //! # Admin commands
-//! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor), Get Log Page (01h Error Information: a ring of the 64
-//! newest entries, newest first; 02h SMART / Health with live counters), Set/Get Features
-//! (07h Number of Queues, 06h Volatile Write Cache, and 01h/05h/08h/0Bh kept as plain
-//! values), Create/Delete I/O SQ and CQ with the spec's checks, Abort, Asynchronous
+//! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor; 05h and 06h for CSI 00h, all
+//! zeroes, and 02h, the zoned structures; 1Ch, one I/O Command Set combination: NVM and
+//! zoned), Get Log Page (01h Error Information: a ring of the 64 newest entries, newest
+//! first; 02h SMART / Health with live counters), Set/Get Features (07h Number of Queues,
+//! 06h Volatile Write Cache, 19h I/O Command Set Profile (index 0 only), and
+//! 01h/05h/08h/0Bh kept as plain values), Create/Delete I/O SQ and CQ with the spec's checks, Abort, Asynchronous
 //! Event Request (up to AERL + 1 = 4 outstanding), Doorbell Buffer Config (when
 //! [`EmuConfig::shadow_doorbells`]) and Keep Alive. Anything else is Invalid Command
 //! Opcode. Errors the controller detects carry DNR; each is also entered in the Error
@@ -54,7 +57,51 @@
 //! offset rules of spec 4.3 (PRP Offset Invalid otherwise). Every IOVA is translated
 //! through the IOMMU; one outside the registered mappings fails the command with Data
 //! Transfer Error before any data moves. MDTS, NSID and LBA range are checked; SGLs are
-//! not supported (PSDT ≠ 0 is Invalid Field); the metadata pointer is ignored.
+//! not supported (PSDT ≠ 0 is Invalid Field). The metadata pointer is used only by
+//! namespaces with separate metadata (below).
+//!
+//! # Namespace formats
+//! Each namespace has its own [`EmuFormat`], so one controller can hold namespaces of
+//! different formats. Identify Namespace reports LBAF0 (512 B), LBAF1 (4 KiB) and, with
+//! metadata, LBAF2 (the namespace's data size + MS bytes) in use, with FLBAS bit 4 for
+//! extended LBAs, DPS as configured, DPC = 1Fh and MC = 3h.
+//!
+//! - **Separate metadata** (FLBAS bit 4 = 0): MPTR points to one contiguous buffer of NLB
+//!   × MS bytes, dword aligned (else Invalid Field), translated through the IOMMU like
+//!   data (outside registered memory: Data Transfer Error). SGL metadata is not offered.
+//! - **Extended LBAs**: each block's MS bytes follow its data; the PRPs describe NLB ×
+//!   (LBA size + MS) bytes, and MDTS counts the metadata.
+//! - **Protection information** (types 1–3, 8 bytes first or last in the metadata, 16-bit
+//!   T10-DIF guard over the data and the metadata before the PI, [`crate::spec::pi`]):
+//!   PRCHK (CDW12 bits 28:26) selects the guard, application tag (CDW15 ELBAT under
+//!   ELBATM) and reference tag (CDW14 EILBRT, + 1 per block; type 3: never checked)
+//!   checks, made on writes with PRACT = 0 and on every read; an application tag FFFFh
+//!   (type 3: and a reference tag FFFFFFFFh) disables a block's checks. Failures are
+//!   End-to-end Guard / Application Tag / Reference Tag Check Error (SCT 2h, SC 82h–84h,
+//!   DNR), and the whole command moves nothing: it is checked before anything is stored
+//!   or copied to the host. Type 1 with the reference tag checked needs EILBRT = the
+//!   SLBA's low 32 bits (else Invalid Protection Information). PRACT = 1 on a write
+//!   generates the PI (guard, ELBAT, EILBRT + i); with MS = 8 no metadata crosses the
+//!   wire at all, and a read with PRACT = 1 checks and then strips it. With MS > 8 the
+//!   rest of the metadata is the host's. Write Zeroes with PRACT generates the zeroed
+//!   blocks' PI; without, their PI reads as all ones, like a block never written.
+//! - **Zoned namespaces** (CSI 02h, [`EmuZones`]): zones of a fixed size, every one
+//!   Sequential Write Required with its capacity equal to its size, MAR/MOR limits. The
+//!   write-pointer rule applies to Write, Write Zeroes and Zone Append: Zone Boundary
+//!   Error past the zone, Zone Is Full, Zone Invalid Write off the write pointer; an
+//!   Empty or Closed zone opens implicitly (Too Many Active Zones past MAR; past MOR an
+//!   implicitly opened zone is closed to make room, else Too Many Open Zones); a zone
+//!   whose write pointer reaches its end is Full. Zone Append (7Dh) writes at the write
+//!   pointer of the zone its SLBA starts and returns the LBA in CQE DW0/DW1. Zone
+//!   Management Send (79h): Open, Close, Finish, Reset (deallocates), with Select All;
+//!   invalid transitions are Invalid Zone State Transition; Offline and Set Zone
+//!   Descriptor Extension are refused. Zone Management Receive (7Ah): Report Zones with
+//!   the reporting options and the Partial Report bit (no descriptor extensions: ZDES
+//!   0). Reads may cross zones (OZCS RAZB). Read Only and Offline zones never occur. The
+//!   zoned commands need CC.CSS = 110b; with CC.CSS = NVM they are Invalid Command
+//!   Opcode, while writes still obey the write pointer.
+//! - A namespace of any other command set (Key Value, unknown) is reported with its CSI,
+//!   and every I/O command to it completes with Invalid Namespace or Format.
 //!
 //! # Doorbell errors
 //! A doorbell value out of range (SQ tail ≥ size; CQ head ≥ size or past the last posted
@@ -107,14 +154,21 @@
 //! sparse at the namespace size (it persists across runs; deallocation punches holes).
 //! [`EmuStore::Null`]: no data movement at all — writes are dropped and reads leave the
 //! host buffer untouched (not even zeroed), like QEMU's null-co, so benchmarks measure the
-//! driver; the PRPs are still walked and translated.
+//! driver; the PRPs (and MPTR) are still walked and translated, but no PI is checked.
+//! Metadata is kept in the same store after the data (a memory store's chunks, or the
+//! file's bytes past the data); the PI bytes are stored inverted, so blocks never written
+//! or deallocated read back with all-ones PI (DLFEAT bit 4 = 0: guard FFFFh).
 //!
 //! # Fault injection
 //! [`EmuFaults`] (from [`EmuController::faults`], or [`EmuConfig::faults`] at start)
 //! selects commands by queue kind and opcode, at a rate rolled by a seeded,
 //! deterministic RNG, and: completes them with a chosen status without executing them;
 //! delays their completion; drops it (a lost command: it executes, nothing is posted);
-//! posts it twice; or posts an extra CQE with a CID that is not outstanding. It can also
+//! posts it twice; or posts an extra CQE with a CID that is not outstanding; or, for a
+//! Read of a namespace with protection information, flips one bit of the guard,
+//! application tag or reference tag of its first block on the way from the media (the
+//! stored copy stays intact), before the controller's PRCHK checks and before the host
+//! sees it, so both the controller's and a driver's own PI error paths can be exercised. It can also
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
@@ -133,6 +187,9 @@
 //!         | "drop/"   cmd *( "/" opt )              ; never post the completion
 //!         | "dup/"    cmd *( "/" opt )              ; post the completion twice
 //!         | "spurious/" cmd *( "/" opt )            ; extra CQE with an unknown CID
+//!         | "pi-guard/" cmd *( "/" opt )            ; a Read's PI guard corrupted
+//!         | "pi-app/"   cmd *( "/" opt )            ; ... its application tag
+//!         | "pi-ref/"   cmd *( "/" opt )            ; ... its reference tag
 //!         | "fatal/after/" N                        ; CSTS.CFS after N I/O commands
 //!         | "remove/after/" N                       ; surprise removal after N I/O commands
 //!         | "seed/" N                               ; RNG seed (default 1)
