@@ -10,6 +10,10 @@
 //! reaches its end becomes Full. Read Only and Offline zones are never produced. Reads are
 //! not restricted (OZCS bit 0, Read Across Zone Boundaries, is set).
 //!
+//! A controller shutdown closes every open zone (or empties it when nothing was written).
+//! Zone states are not kept in a file store: a file-backed zoned namespace starts with
+//! every zone Empty, whatever its data.
+//!
 //! Checks and changes are separate ([`Zones::check_write`], then [`Zones::commit_write`]
 //! once the data is stored), so a command that fails after the check changes no zone.
 
@@ -287,6 +291,24 @@ impl Zones {
         out[..8].copy_from_slice(&nz.to_le_bytes());
         out.truncate(len);
         Ok(out)
+    }
+
+    /// A controller shutdown (CC.SHN): every open zone becomes Closed, or Empty when
+    /// nothing was written to it.
+    pub(super) fn shutdown(&mut self) {
+        for z in 0..self.count() {
+            if self.zones[z].state.is_open() {
+                let empty = self.zones[z].wp == self.start(z);
+                self.set_state(
+                    z,
+                    if empty {
+                        ZoneState::Empty
+                    } else {
+                        ZoneState::Closed
+                    },
+                );
+            }
+        }
     }
 
     /// MAR or MOR as Identify reports them: zero-based, FFFFFFFFh for no limit.

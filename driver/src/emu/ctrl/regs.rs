@@ -182,6 +182,9 @@ impl Ctrl {
 
     pub(super) fn shutdown(&mut self) {
         for ns in &mut self.nvm.ns {
+            if let Some(z) = ns.zones.as_mut() {
+                z.shutdown();
+            }
             if ns.store.flush().is_err() {
                 tracing::warn!(
                     nsid = ns.nsid,

@@ -341,3 +341,79 @@ fn zoned_namespace_with_protection_information() {
     assert_ok(&h.io(&mut q, r));
     assert_eq!(zone_of(&mut h, &mut q, 0).1, 1);
 }
+
+#[test]
+fn shutdown_closes_open_zones() {
+    let mut h = H::new_all_io(zoned_cfg(0, 0));
+    let mut q = h.pair(1, 16);
+    let b = h.buf(4096);
+    assert_ok(&write(&mut h, &mut q, 0, 1, &b));
+    assert_ok(&send(&mut h, &mut q, ZONE, zsa::OPEN, false));
+    h.bar.set_cc(
+        h.cc()
+            .with_en(true)
+            .with_shn(crate::spec::regs::shutdown::SHN_NORMAL),
+    );
+    h.wait_csts(|c| c.shst() == crate::spec::regs::shutdown::SHST_COMPLETE);
+    h.disable();
+    h.enable_with(h.cc().with_css(crate::spec::regs::css::CC_ALL_IO));
+    assert!(h.wait_csts(|c| c.rdy() || c.cfs()).rdy());
+    let mut q = h.pair(1, 16);
+    assert_eq!(zone_of(&mut h, &mut q, 0), (ZoneState::Closed, 1));
+    assert_eq!(zone_of(&mut h, &mut q, 1), (ZoneState::Empty, ZONE));
+}
+
+#[test]
+fn garbage_io_on_every_format_never_panics() {
+    let mut cfg = zoned_cfg(2, 3);
+    cfg.namespaces[1].format.ms = 8;
+    cfg.namespaces[1].format.pi_type = 2;
+    for (lba, ms, ext, pi, first) in [(512, 8, true, 1, false), (4096, 16, false, 3, true)] {
+        cfg.namespaces.push(EmuNamespace {
+            format: EmuFormat {
+                ms,
+                extended: ext,
+                pi_type: pi,
+                pi_first: first,
+                ..Default::default()
+            },
+            ..EmuNamespace::new(8 << 20, lba, EmuStore::Memory)
+        });
+    }
+    let mut h = H::new_all_io(cfg);
+    let mut q = h.pair(1, 64);
+    let b = h.buf(64 << 10);
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let opcodes = [0x00, 0x01, 0x02, 0x08, 0x09, 0x79, 0x7A, 0x7D, 0x7E];
+    for _ in 0..2000 {
+        let mut raw = [0u8; 64];
+        for c in raw.chunks_mut(8) {
+            c.copy_from_slice(&next().to_le_bytes());
+        }
+        let mut s = Sqe::from_bytes(&raw);
+        let r = next();
+        s.cdw0 = opcodes[(r % 9) as usize] as u32;
+        s.nsid = 1 + (r >> 8) as u32 % 4;
+        s.prp1 = (b.iova() + (next() % (64 << 10))) & !3;
+        s.prp2 = (b.iova() + (next() % (64 << 10))) & !0xFFF;
+        s.mptr = b.iova() + (next() % (64 << 10));
+        // Small transfers at small LBAs, so most commands get past the range checks.
+        s.cdw10 = (next() % 4096) as u32 & !(r as u32 & 0xFF);
+        s.cdw11 = 0;
+        s.cdw12 = (s.cdw12 & 0xFFFF_0000) | (next() % 8) as u32;
+        let _ = h.io(&mut q, s);
+    }
+    assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, b.iova(), 0)));
+    assert!(!h.csts().cfs());
+    let st = h.emu.stats();
+    assert!(
+        st.zone_mgmt_sends > 0 && st.zone_appends > 0 && st.pi_errors > 0,
+        "{st:?}"
+    );
+}
