@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::EmuError;
+use super::error::EmuError;
 use crate::spec::{nvm_opc, Cqe, Sct, Status};
 
 /// The most raw completion queue entries ([`EmuFaults::post_raw_cqe`]) waiting to be posted.

@@ -216,9 +216,9 @@
 //! # `unsafe`
 //! Only in `emu/mem.rs`: the IOMMU and its host-memory views (and one `fallocate` call).
 
-mod blocks;
 mod config;
 mod ctrl;
+mod error;
 mod faults;
 mod mem;
 mod ns;
@@ -236,7 +236,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use config::{EmuConfig, EmuError, EmuFormat, EmuNamespace, EmuStore, EmuZones, MAX_METADATA};
+pub use config::{EmuConfig, EmuFormat, EmuNamespace, EmuStore, EmuZones, MAX_METADATA};
+pub use error::EmuError;
 pub use faults::{
     EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, PiField, MAX_RAW_CQES,
 };

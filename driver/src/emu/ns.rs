@@ -8,9 +8,10 @@
 //! back with all-ones PI: application tag FFFFh and reference tag FFFFFFFFh, which disable
 //! checking (and a guard of FFFFh, as DLFEAT bit 4 cleared says).
 
+use super::config::{EmuFormat, EmuNamespace, EmuStore};
+use super::error::EmuError;
 use super::store::{Store, StoreError};
 use super::zns::Zones;
-use super::{EmuError, EmuFormat, EmuNamespace, EmuStore};
 use crate::spec::csi;
 use crate::spec::pi::{pi_offset, PiType, PI_SIZE};
 

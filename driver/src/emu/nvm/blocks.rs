@@ -1,18 +1,18 @@
 //! Reads and writes of namespaces with metadata: separate metadata (MPTR) or extended
 //! LBAs, and end-to-end protection information checked, generated and stripped as PRINFO
-//! asks (module doc of [`super`], "Namespace formats").
+//! asks (module doc of [`crate::emu`], "Namespace formats").
 //!
 //! A formatted transfer goes through the controller's own scratch buffers: a write
 //! gathers the data and metadata from the host, checks (or generates) every block's PI,
 //! and only then stores anything; a read loads data and metadata, checks the PI, and only
 //! then copies to the host. So a command that fails a check moves nothing.
 
-use super::faults::PiField;
-use super::mem::{GuestSlice, Mem};
-use super::nvm::{store_error, Dir, IoDone, Nvm};
-use super::prp::{walk_prps, SegCursor};
-use super::store::StoreError;
-use super::EmuStats;
+use super::{store_error, Dir, IoDone, Nvm};
+use crate::emu::faults::PiField;
+use crate::emu::mem::{GuestSlice, Mem};
+use crate::emu::prp::{walk_prps, SegCursor};
+use crate::emu::store::StoreError;
+use crate::emu::EmuStats;
 use crate::spec::pi::{GuardDigest, PiCommand, PiTuple, PI_SIZE};
 use crate::spec::{Sqe, Status};
 

@@ -1,8 +1,11 @@
 //! The I/O commands of the emulated controller: Read, Write, Flush, Write Zeroes and
 //! Dataset Management of the NVM Command Set, and Zone Append, Zone Management Send and
 //! Receive of the Zoned Namespace Command Set. Transfers of formats with metadata and
-//! protection information go through [`super::blocks`]; zone rules through
-//! [`super::zns`].
+//! protection information go through `blocks`; the zone commands are in `zones`, over the
+//! zone state of [`super::zns`].
+
+mod blocks;
+mod zones;
 
 use super::faults::PiField;
 use super::mem::Mem;
