@@ -118,9 +118,12 @@ impl Nvm {
             _ => return IoDone::err(Status::INVALID_OPCODE.with_dnr(true), 0),
         };
         if let Err(e) = &r {
-            if e.status.sct == crate::spec::Sct::MediaDataIntegrity
-                && (0x82..=0x84).contains(&e.status.sc)
-            {
+            let pi = [
+                Status::E2E_GUARD_CHECK_ERROR,
+                Status::E2E_APPLICATION_TAG_CHECK_ERROR,
+                Status::E2E_REFERENCE_TAG_CHECK_ERROR,
+            ];
+            if pi.iter().any(|&s| e.status.same_code(s)) {
                 st.pi_errors += 1;
             }
         }
