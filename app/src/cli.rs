@@ -7,7 +7,7 @@ use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 use crate::parse::{self, TargetSpec};
 
 const MAIN_AFTER_HELP: &str = "\
-With no --target, every subcommand runs on the built-in emulated NVMe controller (one 1 GiB
+With no --target, every subcommand but serve runs on the built-in emulated NVMe controller (one 1 GiB
 namespace of 4 KiB blocks), so it works on a machine without NVMe hardware.
 
 Examples:
@@ -17,6 +17,7 @@ Examples:
   kestrel identify --target pci:0000:01:00.0
   kestrel smart --target 0000:01:00.0
   kestrel list
+  kestrel serve --target emu --allow-any-host   (NVMe/TCP on 127.0.0.1:4420)
 
 Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG (e.g. RUST_LOG=kestrel=debug).
 Exit status: 0 success, 1 runtime failure (device, I/O or verification), 2 usage error.";
@@ -61,6 +62,9 @@ pub enum Command {
     /// Measure IOPS, bandwidth and latency with pinned per-core pollers.
     #[command(after_help = PERF_AFTER_HELP)]
     Perf(Box<PerfArgs>),
+    /// Export targets over NVMe/TCP to stock initiators (Linux nvme-tcp).
+    #[command(after_help = kestrel_nvmf::cli::SERVE_AFTER_HELP)]
+    Serve(Box<kestrel_nvmf::cli::ServeArgs>),
 }
 
 const IDENTIFY_AFTER_HELP: &str = "\

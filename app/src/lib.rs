@@ -48,6 +48,10 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
         Command::Smart(a) => smart::run(a),
         Command::List(a) => list::run(a),
         Command::Perf(a) => perf::run(a),
+        Command::Serve(a) => kestrel_nvmf::cli::run(a).map_err(|e| match e {
+            kestrel_nvmf::cli::CliError::Usage(m) => AppError::Usage(m),
+            e => AppError::Runtime(e.to_string()),
+        }),
     }
 }
 
@@ -88,7 +92,7 @@ where
                 .iter()
                 .skip(1)
                 .filter_map(|a| a.to_str())
-                .find(|a| ["identify", "smart", "list", "perf"].contains(a))
+                .find(|a| ["identify", "smart", "list", "perf", "serve"].contains(a))
             {
                 Some(sub) => format!("kestrel {sub}"),
                 None => "kestrel".to_string(),
