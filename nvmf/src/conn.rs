@@ -1450,7 +1450,15 @@ impl Conn {
         let slot = &self.slots[s as usize];
         let qid = match &self.role {
             Role::Io { qid, .. } => *qid,
-            _ => 0,
+            Role::Admin(_) => 0,
+            // A Connect answers on the queue it names.
+            Role::Unbound => {
+                if slot.sqe[0] == FABRICS_OPC && fabrics::fctype_of(&slot.sqe) == fctype::CONNECT {
+                    ConnectCmd::parse(&slot.sqe).qid
+                } else {
+                    0
+                }
+            }
         };
         let sqhd = if self.sqflow_disabled {
             0xffff
