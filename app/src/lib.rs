@@ -2,6 +2,7 @@
 //! and the value parsers in [`parse`] are reachable by tests and fuzz targets.
 
 pub mod cli;
+pub mod doctor;
 pub mod error;
 pub mod identify;
 pub mod list;
@@ -52,6 +53,7 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
             kestrel_nvmf::cli::CliError::Usage(m) => AppError::Usage(m),
             e => AppError::Runtime(e.to_string()),
         }),
+        Command::Doctor(a) => doctor::run(a),
     }
 }
 
@@ -63,44 +65,43 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    let cli = match Cli::try_parse_from(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
-                let _ = e.print();
-                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                    ExitCode::from(EXIT_USAGE)
-                } else {
-                    ExitCode::SUCCESS
-                };
+    let cli =
+        match Cli::try_parse_from(&args) {
+            Ok(c) => c,
+            Err(e) => {
+                use clap::error::ErrorKind;
+                if matches!(
+                    e.kind(),
+                    ErrorKind::DisplayHelp
+                        | ErrorKind::DisplayVersion
+                        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+                ) {
+                    let _ = e.print();
+                    return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                        ExitCode::from(EXIT_USAGE)
+                    } else {
+                        ExitCode::SUCCESS
+                    };
+                }
+                // clap's message is "error: ...\n\nUsage: ...\n\nFor more information...":
+                // keep its first line, in our form, and point at --help.
+                let text = e.to_string();
+                let first = text
+                    .lines()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("invalid command line");
+                let first = first.strip_prefix("error: ").unwrap_or(first);
+                let cmd =
+                    match args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| {
+                        ["identify", "smart", "list", "perf", "serve", "doctor"].contains(a)
+                    }) {
+                        Some(sub) => format!("kestrel {sub}"),
+                        None => "kestrel".to_string(),
+                    };
+                eprintln!("kestrel: error: {first} (see '{cmd} --help')");
+                return ExitCode::from(EXIT_USAGE);
             }
-            // clap's message is "error: ...\n\nUsage: ...\n\nFor more information...":
-            // keep its first line, in our form, and point at --help.
-            let text = e.to_string();
-            let first = text
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid command line");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            let cmd = match args
-                .iter()
-                .skip(1)
-                .filter_map(|a| a.to_str())
-                .find(|a| ["identify", "smart", "list", "perf", "serve"].contains(a))
-            {
-                Some(sub) => format!("kestrel {sub}"),
-                None => "kestrel".to_string(),
-            };
-            eprintln!("kestrel: error: {first} (see '{cmd} --help')");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
+        };
     init_logging(cli.verbose);
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -34,6 +34,7 @@ pub mod emu;
 pub mod file;
 pub mod format;
 pub mod io;
+pub mod limits;
 pub mod mmio;
 pub mod notify;
 pub mod pci;
