@@ -8,6 +8,7 @@ pub mod identify;
 pub mod list;
 pub mod parse;
 pub mod perf;
+pub mod read;
 pub mod smart;
 pub mod targets;
 pub mod units;
@@ -49,6 +50,7 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
         Command::Smart(a) => smart::run(a),
         Command::List(a) => list::run(a),
         Command::Perf(a) => perf::run(a),
+        Command::Read(a) => read::run(a),
         Command::Serve(a) => kestrel_nvmf::cli::run(a).map_err(|e| match e {
             kestrel_nvmf::cli::CliError::Usage(m) => AppError::Usage(m),
             e => AppError::Runtime(e.to_string()),
@@ -65,43 +67,44 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    let cli =
-        match Cli::try_parse_from(&args) {
-            Ok(c) => c,
-            Err(e) => {
-                use clap::error::ErrorKind;
-                if matches!(
-                    e.kind(),
-                    ErrorKind::DisplayHelp
-                        | ErrorKind::DisplayVersion
-                        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-                ) {
-                    let _ = e.print();
-                    return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                        ExitCode::from(EXIT_USAGE)
-                    } else {
-                        ExitCode::SUCCESS
-                    };
-                }
-                // clap's message is "error: ...\n\nUsage: ...\n\nFor more information...":
-                // keep its first line, in our form, and point at --help.
-                let text = e.to_string();
-                let first = text
-                    .lines()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("invalid command line");
-                let first = first.strip_prefix("error: ").unwrap_or(first);
-                let cmd =
-                    match args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| {
-                        ["identify", "smart", "list", "perf", "serve", "doctor"].contains(a)
-                    }) {
-                        Some(sub) => format!("kestrel {sub}"),
-                        None => "kestrel".to_string(),
-                    };
-                eprintln!("kestrel: error: {first} (see '{cmd} --help')");
-                return ExitCode::from(EXIT_USAGE);
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    ExitCode::from(EXIT_USAGE)
+                } else {
+                    ExitCode::SUCCESS
+                };
             }
-        };
+            // clap's message is "error: ...\n\nUsage: ...\n\nFor more information...":
+            // keep its first line, in our form, and point at --help.
+            let text = e.to_string();
+            let first = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid command line");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            let cmd = match args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| {
+                [
+                    "identify", "smart", "list", "perf", "read", "serve", "doctor",
+                ]
+                .contains(a)
+            }) {
+                Some(sub) => format!("kestrel {sub}"),
+                None => "kestrel".to_string(),
+            };
+            eprintln!("kestrel: error: {first} (see '{cmd} --help')");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     init_logging(cli.verbose);
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
