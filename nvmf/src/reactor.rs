@@ -138,7 +138,12 @@ impl Reactor {
                     }
                 }
             }
-            self.pass();
+            let completed = self.pass();
+            if completed == 0 && self.events.is_empty() && timeout == 0 {
+                // Polling with nothing done: let other threads of this core (the host's
+                // side of a loopback connection, a device emulator) run.
+                std::thread::yield_now();
+            }
             if last_check.elapsed() >= Duration::from_millis(100) {
                 last_check = Instant::now();
                 self.check_controllers();
@@ -156,7 +161,8 @@ impl Reactor {
             })
     }
 
-    fn pass(&mut self) {
+    /// One pass; returns the completions handled.
+    fn pass(&mut self) -> usize {
         let Reactor {
             shared,
             conns,
@@ -206,6 +212,7 @@ impl Reactor {
             q.poll(room as u32, &mut |c| completions.push(c));
             let _ = sub;
         }
+        let completed = completions.len();
         for c in completions.drain(..) {
             let (idx, gen, slot) = split_token(c.token);
             if let Some(Some(e)) = conns.get_mut(idx) {
@@ -270,6 +277,7 @@ impl Reactor {
                 }
             }
         }
+        completed
     }
 
     fn check_controllers(&mut self) {
