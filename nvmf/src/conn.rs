@@ -239,6 +239,7 @@ pub fn io_status(e: IoError, write: bool) -> Status {
         IoError::DeviceRemoved => Status::INTERNAL_ERROR.with_dnr(true),
         IoError::Resetting => Status::NAMESPACE_NOT_READY,
         IoError::ShortTransfer { .. } => Status::DATA_TRANSFER_ERROR,
+        IoError::FileTooLarge { .. } => Status::CAPACITY_EXCEEDED.with_dnr(true),
     }
 }
 
