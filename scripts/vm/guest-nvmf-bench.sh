@@ -92,7 +92,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 [ -n "$blk" ] || die "the controller did not come up on the kernel's nvme driver"
-mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config
+grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config
 T=/sys/kernel/config/nvmet
 KNQN=nqn.2026-12.io.kestrel:nvmet
 mkdir "$T/subsystems/$KNQN" || die "configfs subsystem"
