@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::EmuError;
+use super::error::EmuError;
 use crate::spec::{nvm_opc, Cqe, Sct, Status};
 
 /// The most raw completion queue entries ([`EmuFaults::post_raw_cqe`]) waiting to be posted.
@@ -70,6 +70,22 @@ pub enum FaultAction {
     /// The command executes and completes; then a CQE with [`FaultRule::spurious_cid`],
     /// a CID that is not outstanding, is posted on the same CQ.
     Spurious,
+    /// A Read of a namespace with protection information: one field of the first block's
+    /// PI is corrupted on its way from the media (the stored copy stays intact), before
+    /// the controller checks it (PRCHK) and before it reaches the host. Other commands
+    /// execute unchanged.
+    CorruptPi(PiField),
+}
+
+/// A field of a protection information tuple ([`FaultAction::CorruptPi`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PiField {
+    /// The guard (its low bit is flipped).
+    Guard,
+    /// The application tag (its low bit is flipped).
+    AppTag,
+    /// The reference tag (its low bit is flipped).
+    RefTag,
 }
 
 /// One fault rule.
@@ -330,11 +346,14 @@ fn parse_item(item: &str, plan: &mut FaultPlan) -> Result<(), String> {
             FaultRule::new(target, FaultAction::Delay(d))
         }
         "drop" => FaultRule::new(target, FaultAction::Drop),
+        "pi-guard" => FaultRule::new(target, FaultAction::CorruptPi(PiField::Guard)),
+        "pi-app" => FaultRule::new(target, FaultAction::CorruptPi(PiField::AppTag)),
+        "pi-ref" => FaultRule::new(target, FaultAction::CorruptPi(PiField::RefTag)),
         "dup" | "duplicate" => FaultRule::new(target, FaultAction::Duplicate),
         "spurious" => FaultRule::new(target, FaultAction::Spurious),
         _ => {
             return Err(format!(
-                "unknown fault `{action}`: use status, delay, drop, dup, spurious, fatal, remove or seed"
+                "unknown fault `{action}`: use status, delay, drop, dup, spurious, pi-guard, pi-app, pi-ref, fatal, remove or seed"
             ))
         }
     };
@@ -633,13 +652,17 @@ mod tests {
     #[test]
     fn parse_full_spec() {
         let p = FaultPlan::parse(
-            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42",
+            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42+pi-guard/read/1%+pi-ref/read/max1+pi-app/io",
         )
         .unwrap();
         assert_eq!(p.seed, 42);
         assert_eq!(p.fatal_after, Some(1000));
         assert_eq!(p.remove_after, Some(5000));
-        assert_eq!(p.rules.len(), 6);
+        assert_eq!(p.rules.len(), 9);
+        assert_eq!(p.rules[6].action, FaultAction::CorruptPi(PiField::Guard));
+        assert_eq!(p.rules[7].action, FaultAction::CorruptPi(PiField::RefTag));
+        assert_eq!(p.rules[7].max, Some(1));
+        assert_eq!(p.rules[8].action, FaultAction::CorruptPi(PiField::AppTag));
         let r = &p.rules[0];
         assert_eq!(r.target, FaultTarget::Io(nvm_opc::READ));
         assert_eq!(
