@@ -8,9 +8,14 @@
 # the device directly through VFIO (scripts/vm/guest-nvmf.sh).
 #
 # Usage: scripts/vm-nvmf-test.sh [--mode iommu|noiommu|both] [--binary PATH]
-#                                [--keep] [--shell]
+#                                [--bench] [--keep] [--shell]
 #
-#   --mode    as in scripts/vm-test.sh (default: both).
+#   --mode    as in scripts/vm-test.sh (default: both; iommu with --bench).
+#   --bench   instead of the checks: 4 KiB random reads at QD 32 with fio
+#             through the initiator, against kestrel serve (VFIO, one
+#             reactor) and against the kernel's nvmet-tcp on the same
+#             controller, on QEMU's null-co backend
+#             (scripts/vm/guest-nvmf-bench.sh; BENCH_SECONDS per run).
 #   --binary  the static kestrel executable (default: built here).
 #   --keep, --shell  as in scripts/vm-test.sh.
 #
@@ -30,7 +35,7 @@ usage() {
     exit "${1:-0}"
 }
 
-mode=both binary='' keep=0 shell=0
+mode='' binary='' keep=0 shell=0 bench=0
 while (($#)); do
     case $1 in
     --mode)
@@ -42,6 +47,7 @@ while (($#)); do
         binary=${2:?--binary needs a path}
         shift 2
         ;;
+    --bench) bench=1 && shift ;;
     --keep) keep=1 && shift ;;
     --shell) shell=1 && shift ;;
     -h | --help) usage 0 ;;
@@ -51,6 +57,10 @@ while (($#)); do
         ;;
     esac
 done
+if [[ -z $mode ]]; then
+    mode=both
+    ((bench)) && mode=iommu
+fi
 case $mode in
 iommu) modes=(iommu) ;;
 noiommu) modes=(noiommu) ;;
@@ -72,6 +82,9 @@ step "packages"
 vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
     vm_die "cannot install the packages the VM needs"
 vm_apt_install nvme-cli || vm_log "nvme-cli is not available: discovery is checked through the kernel only"
+if ((bench)); then
+    vm_apt_install fio || vm_die "cannot install fio"
+fi
 
 step "guest kernel"
 vm_kernel_pick
@@ -107,6 +120,14 @@ if nvme_bin=$(command -v nvme); then
     } | sort -u)
     vm_initramfs_segment nvme-cli "${nvme_files[@]}"
 fi
+if ((bench)); then
+    fio_bin=$(command -v fio)
+    mapfile -t fio_files < <({
+        echo "$fio_bin"
+        ldd "$fio_bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+    } | sort -u)
+    vm_initramfs_segment fio "${fio_files[@]}"
+fi
 
 run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
 # The payload lands at /<its name> in the guest, and /kestrel is the
@@ -133,9 +154,16 @@ for m in "${modes[@]}"; do
         continue
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
+    backend=$run_dir/nvme-$m.img
+    guest=/kestrel/scripts/vm/guest-nvmf.sh
+    if ((bench)); then
+        backend=null
+        guest="BENCH_SECONDS=${BENCH_SECONDS:-10} bash /kestrel/scripts/vm/guest-nvmf-bench.sh"
+    else
+        guest="bash $guest"
+    fi
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
-    vm_run_guest "$m" "$binary" "bash /kestrel/scripts/vm/guest-nvmf.sh" "$shell" \
-        "$run_dir/nvme-$m.img" "$run_dir" "$timeout_s"
+    vm_run_guest "$m" "$binary" "$guest" "$shell" "$backend" "$run_dir" "$timeout_s"
     line="vm-nvmf-test: mode=$m result=$VM_RESULT"
     [[ -n $VM_WHY ]] && line+=" ($VM_WHY)"
     echo "$line time=$((SECONDS - t0))s"

@@ -854,6 +854,12 @@ impl Conn {
                 Some(Status::INVALID_FIELD.with_dnr(true))
             }
             Sgl::Transport { .. } => None,
+            // No data at all (a zero length): the descriptor's type does not matter.
+            Sgl::Keyed { .. } | Sgl::Other(_)
+                if icd == 0 && u32::from_le_bytes([sqe[32], sqe[33], sqe[34], sqe[35]]) == 0 =>
+            {
+                None
+            }
             Sgl::Keyed { .. } | Sgl::Other(_) => {
                 Some(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(true))
             }

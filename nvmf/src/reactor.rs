@@ -23,6 +23,9 @@ use crate::ctrl::Shared;
 use crate::sys::{Epoll, EventFd, EV_ERR, EV_IN, EV_OUT};
 
 const KEY_WAKE: u64 = u64::MAX;
+/// Passes without progress polled back to back before the reactor waits on its sockets
+/// (for at most 1 ms) between polls.
+const IDLE_SPIN_PASSES: u32 = 256;
 const KEY_LISTENER: u64 = u64::MAX - 16;
 
 /// Where other threads hand a reactor new connections.
@@ -105,12 +108,22 @@ impl Reactor {
     /// Runs until the server stops.
     pub fn run(mut self) {
         let mut last_check = Instant::now();
+        let mut empty_passes = 0u32;
         loop {
             if self.shared.stop.load(Ordering::Acquire) {
                 self.shutdown();
                 return;
             }
-            let timeout = if self.busy() { 0 } else { 50 };
+            // Poll while work is in flight; after a run of passes that found nothing, wait
+            // on the sockets for up to a millisecond between polls of the targets, so a
+            // core shared with the host's side (or a device model) is not starved.
+            let timeout = if !self.busy() {
+                50
+            } else if empty_passes >= IDLE_SPIN_PASSES {
+                1
+            } else {
+                0
+            };
             self.events.clear();
             let evs = &mut self.events;
             if let Err(e) = self.epoll.wait(timeout, |ev, key| evs.push((ev, key))) {
@@ -139,10 +152,14 @@ impl Reactor {
                 }
             }
             let completed = self.pass();
-            if completed == 0 && self.events.is_empty() && timeout == 0 {
-                // Polling with nothing done: let other threads of this core (the host's
-                // side of a loopback connection, a device emulator) run.
-                std::thread::yield_now();
+            if completed == 0 && self.events.is_empty() {
+                empty_passes = empty_passes.saturating_add(1);
+                if timeout == 0 {
+                    // Let other threads of this core run.
+                    std::thread::yield_now();
+                }
+            } else {
+                empty_passes = 0;
             }
             if last_check.elapsed() >= Duration::from_millis(100) {
                 last_check = Instant::now();
