@@ -43,6 +43,64 @@ pub struct NamespaceJson {
     pub deallocated_reads: &'static str,
     /// DLFEAT bit 3.
     pub write_zeroes_deallocates: bool,
+    /// The format in use.
+    pub format: FormatJson,
+    /// Whether kestrel does I/O to this namespace.
+    pub io_supported: bool,
+    /// Why not, when it does not (the format it does not implement).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unsupported_reason: Option<String>,
+}
+
+/// A namespace's format: LBA format, metadata, end-to-end protection, command set.
+#[derive(Serialize, Debug, Default)]
+pub struct FormatJson {
+    /// Index of the LBA format in use (FLBAS).
+    pub lbaf: u8,
+    /// LBA data size in bytes (0 when the format in use is invalid).
+    pub lba_data_size: u32,
+    /// MS: metadata bytes per block.
+    pub metadata_size: u16,
+    /// `none`, `separate` (MPTR) or `extended` (inline at the end of each block).
+    pub metadata: &'static str,
+    /// DPS bits 2:0: 0 none, 1..=3 the protection information type.
+    pub pi_type: u8,
+    /// Where the protection information sits in the metadata: `first`, `last`, or
+    /// `none`.
+    pub pi_location: &'static str,
+    /// FLBAS, raw.
+    pub flbas: u8,
+    /// DPS, raw.
+    pub dps: u8,
+    /// Command Set Identifier.
+    pub csi: u8,
+    /// The command set's name.
+    pub command_set: &'static str,
+}
+
+impl FormatJson {
+    fn of(f: &kestrel::spec::NsFormat) -> Self {
+        FormatJson {
+            lbaf: f.lbaf_index,
+            lba_data_size: f.data_size().unwrap_or(0),
+            metadata_size: f.ms,
+            metadata: match (f.ms, f.extended) {
+                (0, _) => "none",
+                (_, true) => "extended",
+                (_, false) => "separate",
+            },
+            pi_type: f.pi_type,
+            pi_location: match (f.pi_type, f.pi_first) {
+                (0, _) => "none",
+                (_, true) => "first",
+                (_, false) => "last",
+            },
+            flbas: f.flbas,
+            dps: f.dps,
+            csi: f.csi,
+            command_set: kestrel::spec::csi::name(f.csi),
+        }
+    }
 }
 
 /// A controller.
@@ -161,6 +219,9 @@ pub fn describe(o: &Opened) -> TargetJson {
                     dlfeat: ns.identify.dlfeat,
                     deallocated_reads: dealloc_reads(ns.identify.dlfeat),
                     write_zeroes_deallocates: ns.identify.write_zeroes_deallocates(),
+                    format: FormatJson::of(&ns.format),
+                    io_supported: ns.supported(),
+                    unsupported_reason: ns.unsupported.as_ref().map(|u| u.why.clone()),
                 })
                 .collect();
             TargetJson::Nvme(Box::new(ControllerJson {
@@ -225,6 +286,15 @@ pub fn describe(o: &Opened) -> TargetJson {
                         "unreported"
                     },
                     write_zeroes_deallocates: false,
+                    format: FormatJson {
+                        lba_data_size: info.block_size,
+                        metadata: "none",
+                        pi_location: "none",
+                        command_set: "file",
+                        ..Default::default()
+                    },
+                    io_supported: true,
+                    unsupported_reason: None,
                 }],
             })
         }
@@ -298,7 +368,12 @@ pub fn render_text(t: &TargetJson) -> String {
             row(
                 &mut s,
                 "Namespaces",
-                format!("{} active of {} (NN)", c.namespaces.len(), c.nn),
+                format!(
+                    "{} active of {} (NN), kestrel does i/o to {}",
+                    c.namespaces.len(),
+                    c.nn,
+                    c.namespaces.iter().filter(|n| n.io_supported).count()
+                ),
             );
             if let Some(e) = &c.emulator {
                 row(
@@ -352,6 +427,35 @@ pub fn render_text(t: &TargetJson) -> String {
 
 fn render_ns(s: &mut String, ns: &NamespaceJson) {
     let _ = writeln!(s, "  Namespace {}:", ns.nsid);
+    let f = &ns.format;
+    let _ = writeln!(
+        s,
+        "    {:<24} LBAF{} {} B data, {}, {}, {} (FLBAS {:#04x}, DPS {:#04x}, CSI {:#04x})",
+        "Format",
+        f.lbaf,
+        f.lba_data_size,
+        match f.metadata {
+            "none" => "no metadata".to_string(),
+            m => format!("{} B metadata {m}", f.metadata_size),
+        },
+        match f.pi_type {
+            0 => "no protection information".to_string(),
+            t => format!("PI type {t} ({} bytes)", f.pi_location),
+        },
+        f.command_set,
+        f.flbas,
+        f.dps,
+        f.csi
+    );
+    let _ = writeln!(
+        s,
+        "    {:<24} {}",
+        "Kestrel I/O",
+        match &ns.unsupported_reason {
+            None => "supported".to_string(),
+            Some(why) => format!("refused: {why} (see docs/formats.md)"),
+        }
+    );
     let _ = writeln!(
         s,
         "    {:<24} {} LBAs x {} bytes = {} bytes ({})",

@@ -43,11 +43,7 @@ fn run(
     cores: &[core_affinity::CoreId],
 ) -> Row {
     let emu = EmuController::start(EmuConfig {
-        namespaces: vec![EmuNamespace {
-            size_bytes: 1 << 30,
-            lba_size: 4096,
-            store: EmuStore::Null,
-        }],
+        namespaces: vec![EmuNamespace::new(1 << 30, 4096, EmuStore::Null)],
         shadow_doorbells: shadow,
         mqes: 1023,
         pin_core: cores.get(1).map(|c| c.id),

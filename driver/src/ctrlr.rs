@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::dma::{DmaBuf, DmaPool, DmaPoolOptions};
+use crate::format::UnsupportedFormat;
 use crate::mmio::{Bar, Doorbell};
 use crate::prp;
 use crate::qpair::{IoQpair, QpairOptions, QpairParts};
@@ -23,8 +24,8 @@ use crate::ring::{CqRing, ShadowPages, ShadowSlot, SqRing};
 use crate::spec::identify::{parse_active_ns_list, IDENTIFY_SIZE, SMART_LOG_SIZE};
 use crate::spec::regs::{shadow_doorbell_index, shutdown};
 use crate::spec::{
-    admin_opc, cns, lid, Aqa, Cap, Cc, Cqe, DoorbellKind, ErrorLogEntry, IdentifyController,
-    IdentifyNamespace, SmartLog, Sqe, Status, Vs, NSID_ALL, PAGE_SIZE,
+    admin_opc, cns, csi, lid, Aqa, Cap, Cc, Cqe, DoorbellKind, ErrorLogEntry, IdentifyController,
+    IdentifyNamespace, NsFormat, NsIdDescriptors, SmartLog, Sqe, Status, Vs, NSID_ALL, PAGE_SIZE,
 };
 use crate::transport::Transport;
 
@@ -148,6 +149,24 @@ pub enum CtrlrError {
         /// The active ones.
         active: Vec<u32>,
     },
+    /// A namespace whose format the driver does not implement (nothing was sent to it).
+    #[error("{transport}: {source}")]
+    UnsupportedFormat {
+        /// The controller.
+        transport: String,
+        /// The namespace and its format.
+        source: UnsupportedFormat,
+    },
+    /// An option outside the range the driver accepts.
+    #[error("{option} = {value}: {why}")]
+    BadOption {
+        /// The option, as `ControllerOptions::admin_timeout`.
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        why: String,
+    },
     /// DMA memory.
     #[error(transparent)]
     Dma(#[from] crate::dma::DmaError),
@@ -165,8 +184,14 @@ pub struct ControllerOptions {
     pub io_queues: u16,
     /// Configure shadow doorbells when the controller offers Doorbell Buffer Config.
     pub shadow_doorbells: bool,
-    /// Timeout of an admin command.
+    /// Timeout of an admin command (bring-up, queue creation, reset), at least
+    /// [`crate::qpair::MIN_TIMEOUT`].
     pub admin_timeout: Duration,
+    /// The I/O command timeout of queue pairs made through [`NvmeNamespace`]'s
+    /// [`crate::target::Target::create_queue`] when [`crate::target::QueueOptions::timeout`]
+    /// does not say (see [`QpairOptions::timeout`]); at least
+    /// [`crate::qpair::MIN_TIMEOUT`].
+    pub io_timeout: Duration,
     /// Upper bound on DMA memory the controller's pool maps.
     pub dma_max_bytes: usize,
     /// Override of the CAP.TO bound for the ready waits (testing).
@@ -180,6 +205,7 @@ impl Default for ControllerOptions {
             io_queues: 64,
             shadow_doorbells: true,
             admin_timeout: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(30),
             dma_max_bytes: 8 << 30,
             ready_timeout: None,
         }
@@ -191,7 +217,8 @@ impl Default for ControllerOptions {
 pub struct NsInfo {
     /// Namespace ID.
     pub nsid: u32,
-    /// Logical block size in bytes.
+    /// Logical block size in bytes (the LBA data size; 0 when the format in use is
+    /// invalid).
     pub block_size: u32,
     /// Capacity in blocks (NSZE).
     pub num_blocks: u64,
@@ -201,12 +228,21 @@ pub struct NsInfo {
     pub deallocate: bool,
     /// Identify Namespace as reported.
     pub identify: IdentifyNamespace,
+    /// The format in use: LBA format, metadata, protection, command set.
+    pub format: NsFormat,
+    /// Why the driver does no I/O to this namespace, when it does not implement its
+    /// format (see [`crate::format`]); `None` for a namespace it serves.
+    pub unsupported: Option<UnsupportedFormat>,
 }
 
 impl NsInfo {
     /// Capacity in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.num_blocks * self.block_size as u64
+    }
+    /// Whether the driver does I/O to this namespace.
+    pub fn supported(&self) -> bool {
+        self.unsupported.is_none()
     }
 }
 
@@ -239,6 +275,18 @@ fn opcode_name(opc: u8) -> &'static str {
         admin_opc::FORMAT_NVM => "format nvm",
         _ => "admin command",
     }
+}
+
+/// Refuses a timeout shorter than [`crate::qpair::MIN_TIMEOUT`].
+fn check_timeout(option: &'static str, d: Duration) -> Result<(), CtrlrError> {
+    if d < crate::qpair::MIN_TIMEOUT {
+        return Err(CtrlrError::BadOption {
+            option,
+            value: format!("{d:?}"),
+            why: format!("a timeout must be at least {:?}", crate::qpair::MIN_TIMEOUT),
+        });
+    }
+    Ok(())
 }
 
 /// Waits with a bounded backoff: spin, then yield, then sleep up to 1 ms.
@@ -326,6 +374,8 @@ pub struct CtrlrShared {
     /// poll and per doorbell batch.
     epoch: AtomicU64,
     reset_lock: Mutex<()>,
+    /// Resets started (see [`Controller::resets`]).
+    resets: AtomicU64,
     ready_limit: Duration,
     opts: ControllerOptions,
     describe: String,
@@ -473,12 +523,13 @@ impl CtrlrShared {
     /// (Number of Queues) and Doorbell Buffer Config again. I/O queues are recreated by
     /// each qpair on its own thread when it sees the new epoch. `seen_epoch` is the epoch
     /// the caller saw: if another thread reset the controller since, this returns at once.
-    pub(crate) fn reset_from(&self, seen_epoch: Option<u64>) -> Result<(), CtrlrError> {
+    /// Returns whether this call reset the controller (false: another thread had).
+    pub(crate) fn reset_from(&self, seen_epoch: Option<u64>) -> Result<bool, CtrlrError> {
         let _g = self.reset_lock.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(seen) = seen_epoch {
             let now = self.epoch();
             if now >> 8 != seen >> 8 && CtrlrState::from_epoch(now) == CtrlrState::Ready {
-                return Ok(());
+                return Ok(false);
             }
         }
         if self.removed.load(Ordering::Relaxed) || self.bar.csts().is_all_ones() {
@@ -489,10 +540,11 @@ impl CtrlrShared {
             });
         }
         tracing::warn!("{}: resetting the controller", self.describe);
+        self.resets.fetch_add(1, Ordering::Relaxed);
         self.set_state(CtrlrState::Resetting, true);
-        let r = self.reinit();
+        let r = self.reinit().map(|()| true);
         match &r {
-            Ok(()) => {
+            Ok(_) => {
                 self.set_state(CtrlrState::Ready, false);
                 tracing::info!("{}: reset complete", self.describe);
             }
@@ -706,6 +758,8 @@ impl Init<'_> {
 impl Controller {
     /// Brings up the controller behind `transport`.
     pub fn new(transport: Arc<dyn Transport>, opts: ControllerOptions) -> Result<Self, CtrlrError> {
+        check_timeout("ControllerOptions::admin_timeout", opts.admin_timeout)?;
+        check_timeout("ControllerOptions::io_timeout", opts.io_timeout)?;
         let describe = transport.describe();
         let bar = transport.bar();
         let mut state = InitState::ReadCapabilities;
@@ -786,6 +840,7 @@ impl Controller {
             removed: AtomicBool::new(false),
             epoch: AtomicU64::new(CtrlrState::Ready as u64),
             reset_lock: Mutex::new(()),
+            resets: AtomicU64::new(0),
             ready_limit,
             opts: opts.clone(),
             describe: describe.clone(),
@@ -828,27 +883,34 @@ impl Controller {
         for nsid in ids {
             shared.admin_read(Sqe::identify(cns::NAMESPACE, nsid, 0), &mut buf)?;
             let ns = IdentifyNamespace::parse(buf.as_slice().try_into().expect("4096 bytes"));
-            let Some(block_size) = ns.lba_size() else {
-                tracing::warn!(
-                    "{describe}: nsid {nsid} has an invalid lba format (flbas {:#x}); skipping it",
-                    ns.flbas
-                );
-                continue;
-            };
             if ns.nsze == 0 {
                 continue;
             }
-            if ns.lba_format().ms != 0 && ns.flbas & 0x10 != 0 {
-                tracing::warn!("{describe}: nsid {nsid} uses extended-lba metadata, which the driver does not support; skipping it");
-                continue;
+            // The command set: from the Namespace Identification Descriptor list (NVMe
+            // 1.3+; the CSI descriptor since 2.0). A controller that has no such list, or
+            // lists no CSI, predates other command sets: NVM.
+            let csi =
+                match shared.admin_read(Sqe::identify(cns::NS_ID_DESCRIPTORS, nsid, 0), &mut buf) {
+                    Ok(_) => NsIdDescriptors::parse(buf.as_slice().try_into().expect("4096 bytes"))
+                        .csi
+                        .unwrap_or(csi::NVM),
+                    Err(CtrlrError::AdminCommand { .. }) => csi::NVM,
+                    Err(e) => return Err(e),
+                };
+            let format = NsFormat::of(&ns, csi);
+            let unsupported = crate::format::check(nsid, &format).err();
+            if let Some(u) = &unsupported {
+                tracing::warn!("{describe}: no i/o to {u}");
             }
             namespaces.push(NsInfo {
                 nsid,
-                block_size,
+                block_size: format.data_size().unwrap_or(0),
                 num_blocks: ns.nsze,
                 write_zeroes: ident.supports_write_zeroes(),
                 deallocate: ident.supports_dsm(),
                 identify: ns,
+                format,
+                unsupported,
             });
         }
 
@@ -897,9 +959,14 @@ impl Controller {
     pub fn identify(&self) -> &IdentifyController {
         &self.shared.identify
     }
-    /// Active namespaces, by NSID.
+    /// Active namespaces, by NSID, including those whose format the driver does not
+    /// implement ([`NsInfo::unsupported`] says why; no I/O is sent to them).
     pub fn namespaces(&self) -> &[NsInfo] {
         &self.shared.namespaces
+    }
+    /// The active namespaces the driver does I/O to.
+    pub fn io_namespaces(&self) -> impl Iterator<Item = &NsInfo> + '_ {
+        self.shared.namespaces.iter().filter(|n| n.supported())
     }
     /// One namespace.
     pub fn namespace(&self, nsid: u32) -> Result<&NsInfo, CtrlrError> {
@@ -994,7 +1061,24 @@ impl Controller {
     /// that were in flight, under its retry policy; requests submitted meanwhile wait in
     /// its software queue.
     pub fn reset(&self) -> Result<(), CtrlrError> {
-        self.shared.reset_from(None)
+        self.shared.reset_from(None).map(drop)
+    }
+
+    /// Resets started since bring-up, by [`Controller::reset`] or by a qpair recovering
+    /// from a timeout or a controller fatal status (failed ones included).
+    pub fn resets(&self) -> u64 {
+        self.shared.resets.load(Ordering::Relaxed)
+    }
+
+    /// The admin command timeout ([`ControllerOptions::admin_timeout`]).
+    pub fn admin_timeout(&self) -> Duration {
+        self.shared.opts.admin_timeout
+    }
+
+    /// The default I/O command timeout of its namespaces' queues
+    /// ([`ControllerOptions::io_timeout`]).
+    pub fn io_timeout(&self) -> Duration {
+        self.shared.opts.io_timeout
     }
 
     /// Where the controller is: ready, resetting, failed or removed.
@@ -1005,6 +1089,7 @@ impl Controller {
     /// Creates an I/O queue pair: a CQ and an SQ with the same QID, their rings and the
     /// trackers with their PRP lists, all allocated now.
     pub fn create_io_qpair(&self, opts: &QpairOptions) -> Result<IoQpair, CtrlrError> {
+        check_timeout("QpairOptions::timeout", opts.timeout)?;
         let sh = &self.shared;
         let qid = sh
             .free_qids
@@ -1098,8 +1183,16 @@ pub struct NvmeNamespace {
 
 impl NvmeNamespace {
     /// The namespace `nsid` of `ctrlr`.
+    /// Fails with [`CtrlrError::UnsupportedFormat`] when the driver does not implement the
+    /// namespace's format.
     pub fn new(ctrlr: Controller, nsid: u32) -> Result<Self, CtrlrError> {
         let ns = ctrlr.namespace(nsid)?.clone();
+        if let Some(u) = ns.unsupported {
+            return Err(CtrlrError::UnsupportedFormat {
+                transport: ctrlr.describe().to_string(),
+                source: u,
+            });
+        }
         let id = ctrlr.identify();
         let info = crate::target::TargetInfo {
             name: format!("{} ns{nsid}", ctrlr.describe()),
@@ -1113,10 +1206,14 @@ impl NvmeNamespace {
             flush: id.has_volatile_write_cache(),
             read_only: false,
         };
+        let qpair_defaults = QpairOptions {
+            timeout: ctrlr.io_timeout(),
+            ..QpairOptions::default()
+        };
         Ok(NvmeNamespace {
             ctrlr,
             info,
-            qpair_defaults: QpairOptions::default(),
+            qpair_defaults,
         })
     }
     /// The controller.
@@ -1150,6 +1247,7 @@ impl crate::target::Target for NvmeNamespace {
                 crate::qpair::DoorbellMode::Batched
             },
             shadow_doorbells: opts.shadow_doorbells,
+            timeout: opts.timeout.unwrap_or(self.qpair_defaults.timeout),
             ..self.qpair_defaults.clone()
         };
         Ok(Box::new(self.ctrlr.create_io_qpair(&q)?))

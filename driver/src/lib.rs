@@ -9,6 +9,7 @@
 //! - [`emu`]: a software NVMe controller behind that seam, for tests without hardware.
 //! - [`vfio`]: the transport to a controller bound to vfio-pci.
 //! - [`io`]: request and completion types shared by all targets.
+//! - [`format`]: which namespace formats the driver implements; every other is refused.
 //! - [`ctrlr`]: controller bring-up, admin queue, qpair creation.
 //! - [`qpair`]: I/O queue pairs, the hot path.
 //! - [`target`]: the trait over NVMe namespaces and file targets.
@@ -31,7 +32,9 @@ pub mod ctrlr;
 pub mod dma;
 pub mod emu;
 pub mod file;
+pub mod format;
 pub mod io;
+pub mod limits;
 pub mod mmio;
 pub mod notify;
 pub mod pci;

@@ -366,6 +366,16 @@ pub fn parse(input: &str) -> Result<TargetSpec, TargetSpecError> {
 
 /// Opens a parsed target.
 pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> {
+    open_spec_with(spec, &crate::ctrlr::ControllerOptions::default())
+}
+
+/// Opens a parsed target; an NVMe controller (`emu`, `pci`) is brought up with `ctrlr`
+/// (its admin and I/O timeouts among them). A file target ignores `ctrlr`.
+pub fn open_spec_with(
+    spec: &TargetSpec,
+    ctrlr: &crate::ctrlr::ControllerOptions,
+) -> Result<Arc<dyn Target>, TargetSpecError> {
+    let copts = ctrlr;
     match spec {
         TargetSpec::Emu(e) => {
             use crate::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore, FaultPlan};
@@ -379,6 +389,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                     Some(StoreSpec::Null) => EmuStore::Null,
                     Some(StoreSpec::File(p)) => EmuStore::File(p.clone()),
                 },
+                format: base.format,
             };
             let n = e.namespaces.unwrap_or(1) as usize;
             cfg.namespaces = (0..n)
@@ -407,8 +418,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                 cfg.faults = FaultPlan::parse(f)?;
             }
             let emu = EmuController::start(cfg)?;
-            let ctrlr =
-                crate::ctrlr::Controller::new(emu, crate::ctrlr::ControllerOptions::default())?;
+            let ctrlr = crate::ctrlr::Controller::new(emu, copts.clone())?;
             Ok(Arc::new(crate::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
         }
         TargetSpec::File(f) => {
@@ -426,8 +436,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
         }
         TargetSpec::Pci { bdf } => {
             let t = crate::vfio::VfioTransport::open(bdf, &crate::vfio::VfioOptions::default())?;
-            let ctrlr =
-                crate::ctrlr::Controller::new(t, crate::ctrlr::ControllerOptions::default())?;
+            let ctrlr = crate::ctrlr::Controller::new(t, copts.clone())?;
             Ok(Arc::new(crate::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
         }
     }

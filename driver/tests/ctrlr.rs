@@ -58,16 +58,8 @@ fn grants_queues_as_configured() {
 fn multiple_namespaces_and_512_byte_blocks() {
     let (_emu, c) = emu_with(EmuConfig {
         namespaces: vec![
-            EmuNamespace {
-                size_bytes: 64 << 20,
-                lba_size: 512,
-                store: EmuStore::Memory,
-            },
-            EmuNamespace {
-                size_bytes: 32 << 20,
-                lba_size: 4096,
-                store: EmuStore::Memory,
-            },
+            EmuNamespace::new(64 << 20, 512, EmuStore::Memory),
+            EmuNamespace::new(32 << 20, 4096, EmuStore::Memory),
         ],
         ..Default::default()
     });

@@ -79,11 +79,7 @@ fn sizes_from_one_block_to_four_times_mdts() {
 fn prp1_offsets_within_a_page() {
     write_read_verify(
         EmuConfig {
-            namespaces: vec![EmuNamespace {
-                size_bytes: 64 << 20,
-                lba_size: 512,
-                store: EmuStore::Memory,
-            }],
+            namespaces: vec![EmuNamespace::new(64 << 20, 512, EmuStore::Memory)],
             ..Default::default()
         },
         &[1, 7, 8, 9, 16, 300],

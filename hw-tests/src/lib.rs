@@ -87,7 +87,27 @@ pub enum Outcome {
     Skip(String),
 }
 
-type CaseResult = Result<Outcome, String>;
+/// Why a case did not pass: a failed check, or a device the case does not apply to found
+/// only once the case was under way (e.g. a namespace whose format the driver refuses).
+#[derive(Debug)]
+enum CaseError {
+    Fail(String),
+    Skip(String),
+}
+
+impl From<String> for CaseError {
+    fn from(s: String) -> Self {
+        CaseError::Fail(s)
+    }
+}
+
+impl From<&str> for CaseError {
+    fn from(s: &str) -> Self {
+        CaseError::Fail(s.to_string())
+    }
+}
+
+type CaseResult = Result<Outcome, CaseError>;
 
 /// One conformance case.
 pub struct Case {
@@ -114,7 +134,7 @@ pub struct CaseReport {
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
         if !$cond {
-            return Err(format!($($fmt)+));
+            return Err(format!($($fmt)+).into());
         }
     };
 }
@@ -197,14 +217,23 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 struct Ns {
     bs: usize,
     blocks: u64,
+    nsze: u64,
+    deallocated_reads_zeroes: bool,
 }
 
-fn ns1(c: &Controller) -> Result<Ns, String> {
+/// Namespace 1, where the I/O cases write: a case on a device whose nsid 1 has a format
+/// the driver refuses is skipped with the refusal as the reason.
+fn ns1(c: &Controller) -> Result<Ns, CaseError> {
     let ns = c.namespaces().first().ok_or("no active namespace")?;
     ensure!(ns.nsid == 1, "first namespace is nsid {}", ns.nsid);
+    if let Some(u) = &ns.unsupported {
+        return Err(CaseError::Skip(u.to_string()));
+    }
     Ok(Ns {
         bs: ns.block_size as usize,
         blocks: ns.num_blocks.min(SCRATCH_BYTES / ns.block_size as u64),
+        nsze: ns.num_blocks,
+        deallocated_reads_zeroes: ns.identify.deallocated_reads_zeroes(),
     })
 }
 
@@ -367,13 +396,14 @@ fn max_qpairs(d: &Device) -> CaseResult {
     ensure!(qids.len() == n, "qids not distinct: {qids:?}");
     match c.create_io_qpair(&QpairOptions::default()) {
         Err(CtrlrError::NoFreeQueue { .. }) => {}
-        Err(e) => return Err(format!("qpair {} failed with the wrong error: {e}", n + 1)),
+        Err(e) => return Err(format!("qpair {} failed with the wrong error: {e}", n + 1).into()),
         Ok(q) => {
             return Err(format!(
                 "qpair {} created (qid {}) beyond the {n} granted",
                 n + 1,
                 q.qid()
-            ))
+            )
+            .into())
         }
     }
     // Every one of them does I/O.
@@ -575,7 +605,7 @@ fn deallocate(d: &Device) -> CaseResult {
         ));
     }
     let ns = ns1(&c)?;
-    let zeroes = c.namespaces()[0].identify.deallocated_reads_zeroes();
+    let zeroes = ns.deallocated_reads_zeroes;
     let mut qp = qpair(&c, 16)?;
     let mut buf = alloc(&c, 8 * ns.bs)?;
     buf.fill(0xC3);
@@ -634,7 +664,7 @@ fn overflow_beyond_depth(d: &Device) -> CaseResult {
         Err(SubmitError::Busy(b)) => {
             ensure!(b.request == extra, "busy did not hand the request back")
         }
-        other => return Err(format!("expected Busy with everything full, got {other:?}")),
+        other => return Err(format!("expected Busy with everything full, got {other:?}").into()),
     }
     qp.flush();
     let done = reap(&mut qp, total as usize)?;
@@ -817,14 +847,14 @@ fn error_invalid_nsid(d: &Device) -> CaseResult {
             reason: InvalidRequest::InactiveNamespace { .. },
             ..
         }) => {}
-        other => return Err(format!("driver accepted an inactive nsid: {other:?}")),
+        other => return Err(format!("driver accepted an inactive nsid: {other:?}").into()),
     }
     Ok(Outcome::Pass)
 }
 
 fn error_lba_range(d: &Device) -> CaseResult {
     let c = d.open()?;
-    let nsze = c.namespaces()[0].num_blocks;
+    let nsze = ns1(&c)?.nsze;
     let buf = alloc(&c, 8192)?;
     expect_nvme(
         raw_status(&c, Sqe::read(1, nsze - 1, 2, 0, 0), Some(buf.slice_all()))?,
@@ -846,7 +876,7 @@ fn error_lba_range(d: &Device) -> CaseResult {
             reason: InvalidRequest::OutOfRange { .. },
             ..
         }) => {}
-        other => return Err(format!("driver accepted an out-of-range lba: {other:?}")),
+        other => return Err(format!("driver accepted an out-of-range lba: {other:?}").into()),
     }
     Ok(Outcome::Pass)
 }
@@ -864,9 +894,9 @@ fn error_invalid_opcode(d: &Device) -> CaseResult {
         Err(CtrlrError::AdminCommand { status, .. })
             if status.same_code(Status::INVALID_OPCODE) => {}
         other => {
-            return Err(format!(
-                "admin opcode 7Fh: expected Invalid Command Opcode, got {other:?}"
-            ))
+            return Err(
+                format!("admin opcode 7Fh: expected Invalid Command Opcode, got {other:?}").into(),
+            )
         }
     }
     Ok(Outcome::Pass)
@@ -1014,7 +1044,7 @@ fn smart_log(d: &Device) -> CaseResult {
 fn error_log(d: &Device) -> CaseResult {
     let c = d.open()?;
     let buf = alloc(&c, 4096)?;
-    let nsze = c.namespaces()[0].num_blocks;
+    let nsze = ns1(&c)?.nsze;
     let _ = raw_status(&c, Sqe::read(1, nsze + 10, 1, 0, 0), Some(buf.slice_all()))?;
     let log = c.error_log().map_err(|e| e.to_string())?;
     // Controllers may or may not log command errors; the page must parse either way.
@@ -1044,7 +1074,7 @@ fn abort_unknown_command(d: &Device) -> CaseResult {
         Err(CtrlrError::AdminCommand { status, .. }) => {
             Ok(Outcome::Skip(format!("abort refused with {status}")))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.to_string().into()),
     }
 }
 
@@ -1233,7 +1263,8 @@ pub fn run(device: &Device, filter: &str) -> Vec<CaseReport> {
             let start = Instant::now();
             let outcome = match std::panic::catch_unwind(|| (c.run)(device)) {
                 Ok(Ok(o)) => o,
-                Ok(Err(why)) => Outcome::Fail(why),
+                Ok(Err(CaseError::Fail(why))) => Outcome::Fail(why),
+                Ok(Err(CaseError::Skip(why))) => Outcome::Skip(why),
                 Err(p) => Outcome::Fail(format!(
                     "panicked: {}",
                     p.downcast_ref::<String>()

@@ -47,8 +47,21 @@ impl TargetKind {
             TargetKind::Nvme(d) => {
                 let c: Controller = Controller::new(d.transport()?, ControllerOptions::default())
                     .map_err(|e| e.to_string())?;
+                // The first namespace whose format the driver implements (the others are
+                // listed by the identify cases, and refused for I/O).
+                let nsid = c.io_namespaces().next().map(|n| n.nsid).ok_or_else(|| {
+                    match c.namespaces().first() {
+                        Some(n) => format!(
+                            "no namespace kestrel can do i/o to: {}",
+                            n.unsupported
+                                .as_ref()
+                                .map_or(String::new(), |u| u.to_string())
+                        ),
+                        None => "no active namespace".to_string(),
+                    }
+                })?;
                 Ok(Arc::new(
-                    NvmeNamespace::new(c, 1).map_err(|e| e.to_string())?,
+                    NvmeNamespace::new(c, nsid).map_err(|e| e.to_string())?,
                 ))
             }
             TargetKind::File { path, direct } => {

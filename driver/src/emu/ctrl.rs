@@ -14,7 +14,7 @@ use super::{EmuConfig, EmuError, EmuStats, EmuStore, Shared};
 use crate::mmio::Bar;
 use crate::spec::identify::{
     encode_active_ns_list, oacs, oncs, ErrorLogEntry, IdentifyController, IdentifyNamespace,
-    LbaFormat, SmartLog, ERROR_LOG_ENTRY_SIZE, IDENTIFY_SIZE,
+    LbaFormat, NsIdDescriptors, SmartLog, ERROR_LOG_ENTRY_SIZE, IDENTIFY_SIZE,
 };
 use crate::spec::regs::{offset, shutdown};
 use crate::spec::{
@@ -302,6 +302,7 @@ impl Ctrl {
                 lba_shift: n.lba_size.trailing_zeros(),
                 nsze: n.size_bytes / n.lba_size as u64,
                 store,
+                format: n.format,
             });
         }
         let mdts_bytes = (cfg.mdts != 0).then(|| 4096u64 << cfg.mdts);
@@ -1427,6 +1428,22 @@ impl Ctrl {
             lbads: 12,
             rp: 0,
         };
+        let f = ns.format;
+        if f.ms != 0 {
+            // LBAF2: the namespace's data size with its metadata, in use.
+            id.nlbaf = 2;
+            id.lbaf[2] = LbaFormat {
+                ms: f.ms,
+                lbads: ns.lba_shift as u8,
+                rp: 0,
+            };
+            id.flbas = 2 | if f.extended { 0x10 } else { 0 };
+            // MC: extended and separate metadata both possible.
+            id.mc = 0x3;
+            // DPC: types 1, 2 and 3, PI first or last.
+            id.dpc = 0x1F;
+            id.dps = (f.pi_type & 0x7) | if f.pi_first { 0x8 } else { 0 };
+        }
         // NGUID/EUI64: stable per (serial, nsid).
         let sn = &self.id_ctrl[4..24];
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -1452,6 +1469,22 @@ impl Ctrl {
                 }
             }
             cns::CONTROLLER => self.id_ctrl.clone(),
+            cns::NS_ID_DESCRIPTORS => {
+                let i = (sqe.nsid as usize).wrapping_sub(1);
+                match self.nvm.ns.get(i) {
+                    Some(ns) if sqe.nsid != 0 && sqe.nsid != NSID_ALL => {
+                        let id = IdentifyNamespace::parse(&self.identify_namespace(ns));
+                        NsIdDescriptors {
+                            eui64: Some(id.eui64),
+                            nguid: Some(id.nguid),
+                            uuid: None,
+                            csi: Some(ns.format.csi),
+                        }
+                        .to_bytes()
+                    }
+                    _ => return fail(Status::INVALID_NAMESPACE_OR_FORMAT),
+                }
+            }
             cns::ACTIVE_NAMESPACES => {
                 if sqe.nsid >= NSID_ALL - 1 {
                     return fail(Status::INVALID_NAMESPACE_OR_FORMAT);

@@ -34,7 +34,7 @@
 //!   carry it.
 //!
 //! # Admin commands
-//! Identify (CNS 00h, 01h, 02h), Get Log Page (01h Error Information: a ring of the 64
+//! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor), Get Log Page (01h Error Information: a ring of the 64
 //! newest entries, newest first; 02h SMART / Health with live counters), Set/Get Features
 //! (07h Number of Queues, 06h Volatile Write Cache, and 01h/05h/08h/0Bh kept as plain
 //! values), Create/Delete I/O SQ and CQ with the spec's checks, Abort, Asynchronous
@@ -259,6 +259,40 @@ pub struct EmuNamespace {
     pub lba_size: u32,
     /// Where the data lives.
     pub store: EmuStore,
+    /// Metadata, protection and command set the namespace reports.
+    pub format: EmuFormat,
+}
+
+/// What an emulated namespace reports beyond its block size: metadata, end-to-end
+/// protection and its command set. The default is a plain NVM namespace.
+///
+/// A namespace with metadata (`ms` ≠ 0) is reported with a third LBA format (LBAF2:
+/// `lba_size` data + `ms` bytes) in use; `pi_type`/`pi_first` set DPS (and DPC, MC say
+/// what the controller could do). The controller does not execute I/O on a namespace
+/// with metadata, protection or a command set other than NVM: every I/O command to it
+/// completes with Invalid Namespace or Format. It exists so the host's refusal of such
+/// formats is tested: a host that sends I/O there is caught by the status and the
+/// counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct EmuFormat {
+    /// MS: metadata bytes per block (0: none).
+    pub ms: u16,
+    /// FLBAS bit 4: metadata inline at the end of each block (an extended LBA).
+    pub extended: bool,
+    /// DPS bits 2:0: protection information type (0: none, 1..=3).
+    pub pi_type: u8,
+    /// DPS bit 3: protection information in the first bytes of the metadata.
+    pub pi_first: bool,
+    /// The Command Set Identifier reported in the Namespace Identification Descriptor
+    /// list (0: NVM, 2: zoned, anything else: reported as is).
+    pub csi: u8,
+}
+
+impl EmuFormat {
+    /// Whether the controller executes I/O on a namespace of this format.
+    pub fn executes_io(&self) -> bool {
+        *self == EmuFormat::default()
+    }
 }
 
 impl Default for EmuNamespace {
@@ -267,6 +301,7 @@ impl Default for EmuNamespace {
             size_bytes: 1 << 30,
             lba_size: 4096,
             store: EmuStore::Memory,
+            format: EmuFormat::default(),
         }
     }
 }
@@ -278,6 +313,7 @@ impl EmuNamespace {
             size_bytes,
             lba_size,
             store,
+            format: EmuFormat::default(),
         }
     }
 }

@@ -154,6 +154,8 @@ pub(super) struct Ns {
     /// NSZE in blocks.
     pub nsze: u64,
     pub store: Store,
+    /// Metadata, protection and command set as reported.
+    pub format: super::EmuFormat,
 }
 
 /// The result of an NVM command: its status and, for the error log, the LBA involved.
@@ -194,31 +196,29 @@ impl Nvm {
     /// Executes one command from an I/O submission queue.
     pub(super) fn exec(&mut self, mem: &Mem<'_>, sqe: &Sqe, st: &mut EmuStats) -> IoDone {
         let opc = sqe.opc();
+        let counter = match opc {
+            nvm_opc::READ => &mut st.reads,
+            nvm_opc::WRITE => &mut st.writes,
+            nvm_opc::FLUSH => &mut st.flushes,
+            nvm_opc::WRITE_ZEROES => &mut st.write_zeroes,
+            nvm_opc::DATASET_MANAGEMENT => &mut st.dsm,
+            _ => &mut st.io_invalid,
+        };
+        *counter += 1;
+        // A namespace whose format the controller reports but does not model (metadata,
+        // protection, another command set) takes no I/O: see `EmuFormat`.
+        if self
+            .ns_index(sqe.nsid)
+            .is_some_and(|i| !self.ns[i].format.executes_io())
+        {
+            return IoDone::err(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true), 0);
+        }
         match opc {
-            nvm_opc::READ | nvm_opc::WRITE => {
-                if opc == nvm_opc::READ {
-                    st.reads += 1;
-                } else {
-                    st.writes += 1;
-                }
-                self.read_write(mem, sqe, opc == nvm_opc::WRITE, st)
-            }
-            nvm_opc::FLUSH => {
-                st.flushes += 1;
-                self.flush(sqe)
-            }
-            nvm_opc::WRITE_ZEROES => {
-                st.write_zeroes += 1;
-                self.write_zeroes(sqe)
-            }
-            nvm_opc::DATASET_MANAGEMENT => {
-                st.dsm += 1;
-                self.dsm(mem, sqe)
-            }
-            _ => {
-                st.io_invalid += 1;
-                IoDone::err(Status::INVALID_OPCODE.with_dnr(true), 0)
-            }
+            nvm_opc::READ | nvm_opc::WRITE => self.read_write(mem, sqe, opc == nvm_opc::WRITE, st),
+            nvm_opc::FLUSH => self.flush(sqe),
+            nvm_opc::WRITE_ZEROES => self.write_zeroes(sqe),
+            nvm_opc::DATASET_MANAGEMENT => self.dsm(mem, sqe),
+            _ => IoDone::err(Status::INVALID_OPCODE.with_dnr(true), 0),
         }
     }
 

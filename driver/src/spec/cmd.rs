@@ -58,6 +58,30 @@ pub mod cns {
     pub const CONTROLLER: u8 = 0x01;
     /// Active Namespace ID list.
     pub const ACTIVE_NAMESPACES: u8 = 0x02;
+    /// Namespace Identification Descriptor list (NVMe 1.3): EUI64, NGUID, UUID and, since
+    /// 2.0, the namespace's Command Set Identifier.
+    pub const NS_ID_DESCRIPTORS: u8 = 0x03;
+}
+
+/// Command Set Identifiers (CSI), as in the Namespace Identification Descriptor of type
+/// 04h and CDW11 of Identify.
+pub mod csi {
+    /// NVM Command Set.
+    pub const NVM: u8 = 0x00;
+    /// Key Value Command Set.
+    pub const KEY_VALUE: u8 = 0x01;
+    /// Zoned Namespace Command Set.
+    pub const ZONED: u8 = 0x02;
+
+    /// The command set's name as the specifications write it.
+    pub fn name(csi: u8) -> &'static str {
+        match csi {
+            NVM => "NVM Command Set",
+            KEY_VALUE => "Key Value Command Set",
+            ZONED => "Zoned Namespace Command Set",
+            _ => "unknown command set",
+        }
+    }
 }
 
 /// Feature identifiers.

@@ -568,6 +568,175 @@ impl IdentifyNamespace {
     }
 }
 
+/// How the blocks of a namespace look on the wire: the LBA format in use, its metadata and
+/// its end-to-end protection settings, and the command set the namespace belongs to.
+/// Decoded from Identify Namespace (FLBAS, LBAF, DPS) and the Command Set Identifier.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct NsFormat {
+    /// Index of the LBA format in use (FLBAS bits 3:0, and 6:5 above 16 formats).
+    pub lbaf_index: u8,
+    /// NLBAF: the highest valid format index.
+    pub nlbaf: u8,
+    /// LBADS of the format in use (the data size is `1 << lbads` bytes).
+    pub lbads: u8,
+    /// MS: metadata bytes per logical block.
+    pub ms: u16,
+    /// FLBAS bit 4: metadata is transferred at the end of each block's data (an extended
+    /// LBA) rather than in a separate buffer.
+    pub extended: bool,
+    /// DPS bits 2:0: the protection information type (0: none, 1..=3).
+    pub pi_type: u8,
+    /// DPS bit 3: the protection information is the first bytes of the metadata (else the
+    /// last).
+    pub pi_first: bool,
+    /// FLBAS as reported.
+    pub flbas: u8,
+    /// DPS as reported.
+    pub dps: u8,
+    /// The Command Set Identifier ([`crate::spec::csi`]).
+    pub csi: u8,
+}
+
+impl NsFormat {
+    /// The format of `ns`, which belongs to command set `csi`.
+    pub fn of(ns: &IdentifyNamespace, csi: u8) -> Self {
+        let f = ns.lba_format();
+        NsFormat {
+            lbaf_index: ns.lba_format_index() as u8,
+            nlbaf: ns.nlbaf,
+            lbads: f.lbads,
+            ms: f.ms,
+            extended: ns.flbas & 0x10 != 0,
+            pi_type: ns.dps & 0x7,
+            pi_first: ns.dps & 0x8 != 0,
+            flbas: ns.flbas,
+            dps: ns.dps,
+            csi,
+        }
+    }
+    /// The LBA data size in bytes, or `None` when the format index is past NLBAF or LBADS
+    /// is outside 9..=31.
+    pub fn data_size(&self) -> Option<u32> {
+        if self.lbaf_index > self.nlbaf {
+            return None;
+        }
+        (9..32).contains(&self.lbads).then(|| 1u32 << self.lbads)
+    }
+}
+
+impl std::fmt::Display for NsFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "lba format {}", self.lbaf_index)?;
+        match self.data_size() {
+            Some(d) => write!(f, " (lba data size {d} B")?,
+            None if self.lbaf_index > self.nlbaf => write!(f, " (past nlbaf {}", self.nlbaf)?,
+            None => write!(f, " (invalid lbads {}", self.lbads)?,
+        }
+        if self.ms == 0 {
+            write!(f, ", no metadata")?;
+        } else {
+            let how = if self.extended {
+                "extended lba, inline with the data"
+            } else {
+                "in a separate buffer"
+            };
+            write!(f, ", ms {} B {how}", self.ms)?;
+        }
+        write!(f, ", flbas {:#04x}, dps {:#04x}: ", self.flbas, self.dps)?;
+        match self.pi_type {
+            0 => write!(f, "no protection information")?,
+            t @ 1..=3 => write!(
+                f,
+                "protection information type {t} in the {} bytes of the metadata",
+                if self.pi_first { "first" } else { "last" }
+            )?,
+            t => write!(f, "reserved protection type {t}")?,
+        }
+        write!(
+            f,
+            "; csi {:#04x}, {})",
+            self.csi,
+            super::cmd::csi::name(self.csi)
+        )
+    }
+}
+
+/// The Namespace Identification Descriptor list (CNS 03h), as parsed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct NsIdDescriptors {
+    /// NIDT 01h: IEEE Extended Unique Identifier.
+    pub eui64: Option<[u8; 8]>,
+    /// NIDT 02h: Namespace Globally Unique Identifier.
+    pub nguid: Option<[u8; 16]>,
+    /// NIDT 03h: Namespace UUID.
+    pub uuid: Option<[u8; 16]>,
+    /// NIDT 04h: Command Set Identifier.
+    pub csi: Option<u8>,
+}
+
+/// Namespace Identification Descriptor types (NIDT).
+pub mod nidt {
+    /// IEEE Extended Unique Identifier (NIDL 8).
+    pub const EUI64: u8 = 0x01;
+    /// Namespace Globally Unique Identifier (NIDL 16).
+    pub const NGUID: u8 = 0x02;
+    /// Namespace UUID (NIDL 16).
+    pub const UUID: u8 = 0x03;
+    /// Command Set Identifier (NIDL 1).
+    pub const CSI: u8 = 0x04;
+}
+
+impl NsIdDescriptors {
+    /// Parses the list: descriptors of 4 header bytes (NIDT, NIDL, 2 reserved) then NIDL
+    /// bytes, until a descriptor of NIDL 0 or the end of the page. A descriptor whose NIDL
+    /// does not match its type's is skipped; unknown types are skipped. Never panics.
+    pub fn parse(b: &[u8; IDENTIFY_SIZE]) -> Self {
+        let mut out = NsIdDescriptors::default();
+        let mut o = 0usize;
+        while o + 4 <= IDENTIFY_SIZE {
+            let (t, l) = (b[o], b[o + 1] as usize);
+            if l == 0 || o + 4 + l > IDENTIFY_SIZE {
+                break;
+            }
+            let v = &b[o + 4..o + 4 + l];
+            match (t, l) {
+                (nidt::EUI64, 8) => out.eui64 = v.try_into().ok(),
+                (nidt::NGUID, 16) => out.nguid = v.try_into().ok(),
+                (nidt::UUID, 16) => out.uuid = v.try_into().ok(),
+                (nidt::CSI, 1) => out.csi = Some(v[0]),
+                _ => {}
+            }
+            o += 4 + l;
+        }
+        out
+    }
+
+    /// Encodes the descriptors present, in type order.
+    pub fn to_bytes(&self) -> Box<[u8; IDENTIFY_SIZE]> {
+        let mut b = Box::new([0u8; IDENTIFY_SIZE]);
+        let mut o = 0usize;
+        let mut put = |t: u8, v: &[u8]| {
+            b[o] = t;
+            b[o + 1] = v.len() as u8;
+            b[o + 4..o + 4 + v.len()].copy_from_slice(v);
+            o += 4 + v.len();
+        };
+        if let Some(v) = &self.eui64 {
+            put(nidt::EUI64, v);
+        }
+        if let Some(v) = &self.nguid {
+            put(nidt::NGUID, v);
+        }
+        if let Some(v) = &self.uuid {
+            put(nidt::UUID, v);
+        }
+        if let Some(v) = self.csi {
+            put(nidt::CSI, &[v]);
+        }
+        b
+    }
+}
+
 /// Parses the Active Namespace ID list (CNS 02h): increasing NSIDs, terminated by 0.
 /// Entries that are not strictly increasing end the list (a malformed list is cut there).
 pub fn parse_active_ns_list(b: &[u8; IDENTIFY_SIZE]) -> Vec<u32> {
@@ -838,6 +1007,67 @@ mod tests {
     }
 
     #[test]
+    fn ns_id_descriptors_round_trip_and_hostile_input() {
+        let d = NsIdDescriptors {
+            eui64: Some([1, 2, 3, 4, 5, 6, 7, 8]),
+            nguid: Some([9; 16]),
+            uuid: None,
+            csi: Some(crate::spec::csi::ZONED),
+        };
+        assert_eq!(NsIdDescriptors::parse(&d.to_bytes()), d);
+        // A wrong length for a known type is skipped, the walk goes on.
+        let mut b = [0u8; IDENTIFY_SIZE];
+        b[0] = nidt::CSI;
+        b[1] = 2;
+        b[6] = nidt::CSI;
+        b[7] = 1;
+        b[10] = 2;
+        assert_eq!(NsIdDescriptors::parse(&b).csi, Some(2));
+        // A descriptor running past the page ends the list.
+        let mut b = [0u8; IDENTIFY_SIZE];
+        b[IDENTIFY_SIZE - 4] = nidt::NGUID;
+        b[IDENTIFY_SIZE - 3] = 16;
+        assert_eq!(NsIdDescriptors::parse(&b), NsIdDescriptors::default());
+    }
+
+    #[test]
+    fn ns_format_decodes_flbas_and_dps() {
+        let mut ns = IdentifyNamespace {
+            nsze: 8,
+            nlbaf: 2,
+            flbas: 0x12,
+            dps: 0x09,
+            ..Default::default()
+        };
+        ns.lbaf[2] = LbaFormat {
+            ms: 8,
+            lbads: 12,
+            rp: 0,
+        };
+        let f = NsFormat::of(&ns, 0);
+        assert_eq!((f.lbaf_index, f.ms, f.extended), (2, 8, true));
+        assert_eq!(
+            (f.pi_type, f.pi_first, f.data_size()),
+            (1, true, Some(4096))
+        );
+        let s = f.to_string();
+        for want in [
+            "lba format 2",
+            "4096 B",
+            "ms 8 B extended",
+            "flbas 0x12",
+            "dps 0x09",
+            "type 1 in the first",
+            "NVM Command Set",
+        ] {
+            assert!(s.contains(want), "{s:?} lacks {want:?}");
+        }
+        ns.flbas = 3; // past NLBAF
+        assert_eq!(NsFormat::of(&ns, 0).data_size(), None);
+        assert!(NsFormat::of(&ns, 0).to_string().contains("past nlbaf 2"));
+    }
+
+    #[test]
     fn parsers_take_any_bytes() {
         let mut b = [0u8; IDENTIFY_SIZE];
         for seed in 0..64u32 {
@@ -851,6 +1081,8 @@ mod tests {
             let _ = IdentifyController::parse(&b);
             let ns = IdentifyNamespace::parse(&b);
             let _ = ns.lba_size();
+            let _ = NsFormat::of(&ns, b[0]).to_string();
+            let _ = NsIdDescriptors::parse(&b);
             let list = parse_active_ns_list(&b);
             assert!(list.windows(2).all(|w| w[0] < w[1]));
             let mut s = [0u8; SMART_LOG_SIZE];

@@ -9,9 +9,10 @@ pub mod identify;
 pub mod regs;
 pub mod status;
 
-pub use cmd::{admin_opc, cns, fid, lid, nvm_opc, Cqe, DsmRange, Sqe, NSID_ALL};
+pub use cmd::{admin_opc, cns, csi, fid, lid, nvm_opc, Cqe, DsmRange, Sqe, NSID_ALL};
 pub use identify::{
-    ErrorLogEntry, IdentifyController, IdentifyNamespace, LbaFormat, SmartLog, IDENTIFY_SIZE,
+    ErrorLogEntry, IdentifyController, IdentifyNamespace, LbaFormat, NsFormat, NsIdDescriptors,
+    SmartLog, IDENTIFY_SIZE,
 };
 pub use regs::{doorbell_offset, Aqa, Cap, Cc, Csts, DoorbellKind, Vs, PAGE_SIZE};
 pub use status::{Sct, Status};
