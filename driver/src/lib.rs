@@ -15,9 +15,9 @@
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 //! - [`file`](mod@file): a file or block device as a target, through io_uring.
 //! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
-//!   cross-thread.
-//! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
-//!   lock-free rings ([`spsc`], [`notify`]).
+//!   cross-thread, and [`reactor`] (also [`aio::reactor`]): pinned per-core pollers
+//!   serving cross-thread contexts through lock-free rings ([`aio::spsc`],
+//!   [`aio::notify`]).
 //! - [`target_spec`]: target strings (`emu:...`, `file:...`, `pci:...`).
 //! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`reactor`].
 #![deny(missing_docs)]
@@ -36,19 +36,18 @@ pub mod format;
 pub mod io;
 pub mod limits;
 pub mod mmio;
-pub mod notify;
 pub mod pci;
 pub mod prp;
 pub mod qpair;
-pub mod reactor;
 pub mod ring;
 pub mod spec;
-pub mod spsc;
 pub mod target;
 pub mod target_spec;
 pub mod transport;
 pub mod vfio;
 
+/// The reactor, at the top level as well: `kestrel::reactor::Reactor`.
+pub use aio::reactor;
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
