@@ -278,11 +278,12 @@ pub struct PerfArgs {
     /// Percentage of reads in rw and randrw.
     #[arg(short = 'M', long, value_name = "PCT", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub rwmixread: u8,
-    /// Seconds to measure (after the warmup).
-    #[arg(short = 't', long = "time", value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=86400))]
+    /// Seconds to measure (after the warmup): 10, 10s, 2000ms (whole seconds, 1 to 86400).
+    #[arg(short = 't', long = "time", value_name = "SECONDS", default_value_t = 10, value_parser = time_parser)]
     pub time: u32,
-    /// Seconds of I/O before measuring starts (not counted).
-    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=3600))]
+    /// Seconds of I/O before measuring starts, not counted: 1, 1s, 0 (whole seconds, up to
+    /// 3600).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = warmup_parser)]
     pub warmup: u32,
     /// Cores to run pollers on: a list like 0,2-3 or a hex mask like 0x5.
     #[arg(short = 'c', long, value_name = "CORES", default_value = "0", value_parser = cores_parser)]
@@ -333,6 +334,24 @@ fn size_parser(s: &str) -> Result<u64, String> {
         Ok(v) => Ok(v),
         Err(e) => Err(e.to_string()),
     }
+}
+/// Whole seconds from `lo` to `hi`, in the duration grammar where a plain number counts
+/// seconds (`5`, `5s`, `5000ms`).
+fn seconds(s: &str, lo: u32, hi: u32) -> Result<u32, String> {
+    let d = parse::parse_duration_or(s, parse::TimeUnit::Secs).map_err(|e| e.to_string())?;
+    if d.subsec_nanos() != 0 {
+        return Err(format!("'{s}' is not a whole number of seconds"));
+    }
+    match u32::try_from(d.as_secs()) {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not from {lo} to {hi} seconds")),
+    }
+}
+fn time_parser(s: &str) -> Result<u32, String> {
+    seconds(s, 1, 86_400)
+}
+fn warmup_parser(s: &str) -> Result<u32, String> {
+    seconds(s, 0, 3600)
 }
 fn cores_parser(s: &str) -> Result<CoreList, parse::ParseError> {
     parse::parse_cores(s).map(CoreList)
@@ -403,6 +422,27 @@ mod tests {
         assert!(!p.shadow_doorbells);
         assert_eq!(p.targets.targets.len(), 2);
         assert!(p.quiet);
+    }
+
+    #[test]
+    fn durations_in_the_one_grammar() {
+        for (t, want) in [("2s", 2), ("2", 2), ("3000ms", 3), ("1.0s", 1)] {
+            let cli = Cli::try_parse_from(["kestrel", "perf", "-t", t, "--warmup", "0s"]).unwrap();
+            let Command::Perf(p) = cli.command else {
+                panic!("not perf")
+            };
+            assert_eq!((p.time, p.warmup), (want, 0), "{t}");
+        }
+        for (t, why) in [
+            ("1.5s", "whole number of seconds"),
+            ("0", "from 1 to 86400"),
+            ("2x", "unknown unit"),
+            ("90000s", "longer than a day"),
+        ] {
+            let e = Cli::try_parse_from(["kestrel", "perf", "-t", t]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{t}");
+            assert!(e.to_string().contains(why), "{t}: {e}");
+        }
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //!
 //! Layers, bottom up (see `docs/architecture.md`):
 //! - [`spec`]: NVMe definitions, pure data.
+//! - [`parse`]: the grammars of values people type (sizes, durations, core lists, PCI
+//!   addresses, target strings), pure functions every layer may use.
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
 //! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
@@ -18,7 +20,8 @@
 //!   cross-thread, and [`reactor`] (also [`aio::reactor`]): pinned per-core pollers
 //!   serving cross-thread contexts through lock-free rings ([`aio::spsc`],
 //!   [`aio::notify`]).
-//! - [`target_spec`]: target strings (`emu:...`, `file:...`, `pci:...`).
+//! - [`target_spec`]: opening what a target string (`emu:...`, `file:...`, `pci:...`)
+//!   names.
 //! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`reactor`].
 #![deny(missing_docs)]
 // `SubmitError::Busy` hands the refused request back by value, so back-pressure costs no
@@ -36,6 +39,7 @@ pub mod format;
 pub mod io;
 pub mod limits;
 pub mod mmio;
+pub mod parse;
 pub mod pci;
 pub mod prp;
 pub mod qpair;

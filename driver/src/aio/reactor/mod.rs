@@ -86,14 +86,9 @@ pub const MAX_TARGETS: usize = 64;
 /// Errors of the reactor layer.
 #[derive(Debug, thiserror::Error)]
 pub enum ReactorError {
-    /// A core list or mask that does not parse.
-    #[error("invalid core list {input:?}: {why}; use a list like \"0,2-3\" or a mask like 0x5")]
-    BadCoreList {
-        /// What was given.
-        input: String,
-        /// What is wrong.
-        why: String,
-    },
+    /// A core list or mask that does not parse ([`crate::parse::parse_cores`]).
+    #[error(transparent)]
+    BadCoreList(#[from] crate::parse::ParseError),
     /// No cores were given.
     #[error("no cores given to the reactor; pass at least one core (e.g. cores(vec![0]))")]
     NoCores,
@@ -185,7 +180,7 @@ impl ReactorError {
     /// The errno a C caller sees (positive).
     pub fn errno(&self) -> i32 {
         match self {
-            ReactorError::BadCoreList { .. }
+            ReactorError::BadCoreList(_)
             | ReactorError::NoCores
             | ReactorError::NoTargets
             | ReactorError::TooMany { .. }
@@ -200,62 +195,6 @@ impl ReactorError {
             ReactorError::PollerPanicked { .. } => libc::ENOTRECOVERABLE,
         }
     }
-}
-
-/// Parses a core list: decimal cores and ranges separated by commas (`"0,2-3"`), or a hex
-/// mask (`"0x5"` = cores 0 and 2). Returns the cores in ascending order, without repeats.
-pub fn parse_core_list(s: &str) -> Result<Vec<usize>, ReactorError> {
-    let bad = |why: String| ReactorError::BadCoreList {
-        input: s.to_string(),
-        why,
-    };
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(bad("it is empty".into()));
-    }
-    let mut cores = Vec::new();
-    if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        let hex = hex.replace('_', "");
-        if hex.is_empty() || hex.len() > 64 {
-            return Err(bad("a mask needs 1 to 64 hex digits".into()));
-        }
-        for (i, ch) in hex.chars().rev().enumerate() {
-            let d = ch
-                .to_digit(16)
-                .ok_or_else(|| bad(format!("{ch:?} is not a hex digit")))?;
-            for b in 0..4 {
-                if d & (1 << b) != 0 {
-                    cores.push(i * 4 + b);
-                }
-            }
-        }
-        if cores.is_empty() {
-            return Err(bad("the mask selects no core".into()));
-        }
-        return Ok(cores);
-    }
-    let num = |p: &str| -> Result<usize, ReactorError> {
-        let p = p.trim();
-        p.parse::<usize>()
-            .ok()
-            .filter(|&c| c < 1 << 16)
-            .ok_or_else(|| bad(format!("{p:?} is not a core number")))
-    };
-    for part in t.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b) = (num(a)?, num(b)?);
-                if a > b {
-                    return Err(bad(format!("range {a}-{b} runs backwards")));
-                }
-                cores.extend(a..=b);
-            }
-            None => cores.push(num(part)?),
-        }
-    }
-    cores.sort_unstable();
-    cores.dedup();
-    Ok(cores)
 }
 
 /// What a poller does when it finds nothing to do.
@@ -411,9 +350,10 @@ impl ReactorBuilder {
         self.cores = (0..128).filter(|b| mask & (1u128 << b) != 0).collect();
         self
     }
-    /// The cores as a list or mask string ([`parse_core_list`]).
+    /// The cores as a list or mask string ([`crate::parse::parse_cores`]: `0,2-3`,
+    /// `[0,2-3]`, `0x5`).
     pub fn core_list(self, s: &str) -> Result<Self, ReactorError> {
-        Ok(self.cores(parse_core_list(s)?))
+        Ok(self.cores(crate::parse::parse_cores(s)?))
     }
     /// Adds a target; every poller makes a queue on it. Iocbs name targets by the order
     /// they were added (0, 1, ...).
@@ -684,17 +624,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn core_lists_and_masks() {
-        assert_eq!(parse_core_list("0").unwrap(), vec![0]);
-        assert_eq!(parse_core_list("0,2-3").unwrap(), vec![0, 2, 3]);
-        assert_eq!(parse_core_list(" 3 , 1-2,2").unwrap(), vec![1, 2, 3]);
-        assert_eq!(parse_core_list("0x5").unwrap(), vec![0, 2]);
-        assert_eq!(parse_core_list("0X30").unwrap(), vec![4, 5]);
+    fn core_lists_use_the_one_grammar() {
+        let b = ReactorBuilder::default();
+        assert_eq!(b.clone().core_list("[0,2-3]").unwrap().cores, vec![0, 2, 3]);
+        assert_eq!(b.clone().core_list("0x5").unwrap().cores, vec![0, 2]);
         for bad in ["", "a", "3-1", "0x", "0x0", "0xg", "1,,2", "-1", "99999999"] {
-            assert!(
-                matches!(parse_core_list(bad), Err(ReactorError::BadCoreList { .. })),
-                "{bad:?} should be refused"
-            );
+            let e = b.clone().core_list(bad).err().unwrap();
+            assert!(matches!(e, ReactorError::BadCoreList(_)), "{bad:?}: {e}");
+            assert_eq!(e.errno(), libc::EINVAL);
+            assert!(e.to_string().contains("expected a list of cores"), "{e}");
         }
     }
 }
