@@ -1,6 +1,7 @@
 //! The command line (clap derive).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
@@ -13,14 +14,16 @@ namespace of 4 KiB blocks), so it works on a machine without NVMe hardware.
 Examples:
   kestrel identify --json
   kestrel perf -t 5
-  kestrel perf -q 128 -o 4k -w randread -c 0-1 --json
+  kestrel perf -q 128 -o 4k -w randread --json
   kestrel identify --target pci:0000:01:00.0
   kestrel smart --target 0000:01:00.0
   kestrel list
   kestrel doctor
 
 Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG (e.g. RUST_LOG=kestrel=debug).
-Exit status: 0 success, 1 runtime failure (device, I/O or verification), 2 usage error.";
+Exit status: 0 success; 1 setup failure (the target could not be opened or the run could
+not start); 2 usage error; 3 perf ran but I/O failed (errors, timeouts, lost I/O, controller
+resets, or no I/O succeeded); 4 perf --verify found data that does not match; 130 Ctrl-C.";
 
 const TARGET_HELP_LONG: &str = "\
 Target to use; repeat for several. Forms:
@@ -143,20 +146,33 @@ pollers' CPU busy time; --json prints all of it (schema in docs/perf.md).
 
 Note: -q is --queue-depth, as in spdk_nvme_perf; --quiet has no short form.
 
+Only successful I/Os count in IOPS, MiB/s and latency. Every I/O of the run ends in exactly
+one outcome (succeeded, error with its NVMe status or errno, timed out, cancelled, or lost),
+reported per target and in total, with the timeouts, Aborts and controller resets the driver
+went through. Exit status: 0 when every I/O succeeded (and, with --verify, every block
+matched); 3 when I/O failed, timed out, was lost, the controller had to be reset, or no I/O
+succeeded; 4 when --verify found wrong data; 2 for a usage error; 1 when the run could not
+be set up. What the run used where it differs from what was asked (a ring clamped to the
+controller's queue size, shadow doorbells not offered, the emulator sharing the pollers'
+cores) is printed as a warning on stderr and listed in the report (warnings in JSON).
+
 Ctrl-C ends the run early and still prints the report (exit status 130).
 
 On the default emulator the namespace is backed by the null store (reads return zeroes,
 writes are dropped: the figures measure the driver, not memcpy), or by memory with
---verify. The emulator thread is pinned to a core not in --cores when there is one.
+--verify. The emulator thread is pinned to a core not in --cores when there is one; it needs
+a core of its own, so on the emulator use at most one poller fewer than the machine has
+cores (with none left it shares the pollers' cores, and the report says so).
 
 Examples:
   kestrel perf -t 5
   kestrel perf -q 1 -o 4k -w randread -t 10
-  kestrel perf -q 128 -w randrw -M 70 -c 0-1 --json
+  kestrel perf -q 128 -w randrw -M 70 --json
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
   kestrel perf --latency-plot lat.svg
-  kestrel perf --target pci:0000:01:00.0 -c 0x3 -q 64";
+  kestrel perf -t 1 --io-timeout 200ms --target emu:faults=drop/read/max1
+  kestrel perf --target pci:0000:01:00.0 -c 0-1 -q 64";
 
 /// Options every subcommand that opens a device takes.
 #[derive(Args, Debug, Clone)]
@@ -278,13 +294,21 @@ pub struct PerfArgs {
     /// Percentage of reads in rw and randrw.
     #[arg(short = 'M', long, value_name = "PCT", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub rwmixread: u8,
-    /// Seconds to measure (after the warmup): 10, 10s, 2000ms (whole seconds, 1 to 86400).
-    #[arg(short = 't', long = "time", value_name = "SECONDS", default_value_t = 10, value_parser = time_parser)]
-    pub time: u32,
-    /// Seconds of I/O before measuring starts, not counted: 1, 1s, 0 (whole seconds, up to
-    /// 3600).
-    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = warmup_parser)]
-    pub warmup: u32,
+    /// Length of the measured window, after the warmup: seconds (10) or a duration (500ms,
+    /// 1.5s).
+    #[arg(short = 't', long = "time", value_name = "DURATION", default_value = "10", value_parser = time_parser)]
+    pub time: Duration,
+    /// I/O before measuring starts (not counted): seconds or a duration; at most an hour.
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = warmup_parser)]
+    pub warmup: Duration,
+    /// Per-command I/O timeout: a command not completed within it is aborted, and if the
+    /// Abort fails the controller is reset (NVMe targets; at least 1ms).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = timeout_parser)]
+    pub io_timeout: Duration,
+    /// Timeout of admin commands (bring-up, queue creation, Abort, reset; NVMe targets; at
+    /// least 1ms).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = timeout_parser)]
+    pub admin_timeout: Duration,
     /// Cores to run pollers on: a list like 0,2-3 or a hex mask like 0x5.
     #[arg(short = 'c', long, value_name = "CORES", default_value = "0", value_parser = cores_parser)]
     pub cores: CoreList,
@@ -335,23 +359,34 @@ fn size_parser(s: &str) -> Result<u64, String> {
         Err(e) => Err(e.to_string()),
     }
 }
-/// Whole seconds from `lo` to `hi`, in the duration grammar where a plain number counts
-/// seconds (`5`, `5s`, `5000ms`).
-fn seconds(s: &str, lo: u32, hi: u32) -> Result<u32, String> {
-    let d = parse::parse_duration_or(s, parse::TimeUnit::Secs).map_err(|e| e.to_string())?;
-    if d.subsec_nanos() != 0 {
-        return Err(format!("'{s}' is not a whole number of seconds"));
-    }
-    match u32::try_from(d.as_secs()) {
-        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
-        _ => Err(format!("'{s}' is not from {lo} to {hi} seconds")),
+/// A length of time in the one duration grammar, where a plain number counts seconds
+/// (`5`, `1.5`, `5s`, `500ms`).
+fn seconds_or_duration(s: &str) -> Result<Duration, String> {
+    parse::parse_duration_or(s, parse::TimeUnit::Secs).map_err(|e| e.to_string())
+}
+fn time_parser(s: &str) -> Result<Duration, String> {
+    match seconds_or_duration(s)? {
+        d if d < Duration::from_millis(1) => {
+            Err(format!("{s:?}: the measured window must be at least 1ms"))
+        }
+        d => Ok(d),
     }
 }
-fn time_parser(s: &str) -> Result<u32, String> {
-    seconds(s, 1, 86_400)
+fn warmup_parser(s: &str) -> Result<Duration, String> {
+    match seconds_or_duration(s)? {
+        d if d > Duration::from_secs(3600) => Err(format!("{s:?}: the warmup is at most an hour")),
+        d => Ok(d),
+    }
 }
-fn warmup_parser(s: &str) -> Result<u32, String> {
-    seconds(s, 0, 3600)
+fn timeout_parser(s: &str) -> Result<Duration, String> {
+    let d = parse::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < kestrel::qpair::MIN_TIMEOUT {
+        return Err(format!(
+            "{s:?}: a timeout must be at least {:?}",
+            kestrel::qpair::MIN_TIMEOUT
+        ));
+    }
+    Ok(d)
 }
 fn cores_parser(s: &str) -> Result<CoreList, parse::ParseError> {
     parse::parse_cores(s).map(CoreList)
@@ -380,8 +415,10 @@ mod tests {
         assert_eq!(p.io_size, 4096);
         assert_eq!(p.workload, Workload::Randread);
         assert_eq!(p.rwmixread, 50);
-        assert_eq!(p.time, 10);
-        assert_eq!(p.warmup, 1);
+        assert_eq!(p.time, Duration::from_secs(10));
+        assert_eq!(p.warmup, Duration::from_secs(1));
+        assert_eq!(p.io_timeout, Duration::from_secs(30));
+        assert_eq!(p.admin_timeout, Duration::from_secs(60));
         assert_eq!(p.cores, CoreList(vec![0]));
         assert_eq!(p.qpairs_per_core, 1);
         assert_eq!(p.doorbell, DoorbellArg::Batched);
@@ -425,24 +462,32 @@ mod tests {
     }
 
     #[test]
-    fn durations_in_the_one_grammar() {
-        for (t, want) in [("2s", 2), ("2", 2), ("3000ms", 3), ("1.0s", 1)] {
-            let cli = Cli::try_parse_from(["kestrel", "perf", "-t", t, "--warmup", "0s"]).unwrap();
-            let Command::Perf(p) = cli.command else {
-                panic!("not perf")
-            };
-            assert_eq!((p.time, p.warmup), (want, 0), "{t}");
-        }
+    fn times_take_seconds_or_durations() {
+        let p = |args: &[&str]| {
+            let mut v = vec!["kestrel", "perf"];
+            v.extend_from_slice(args);
+            match Cli::try_parse_from(v).unwrap().command {
+                Command::Perf(p) => p,
+                _ => panic!("not perf"),
+            }
+        };
+        assert_eq!(p(&["-t", "2"]).time, Duration::from_secs(2));
+        assert_eq!(p(&["-t", "2s"]).time, Duration::from_secs(2));
+        assert_eq!(p(&["-t", "500ms"]).time, Duration::from_millis(500));
+        assert_eq!(p(&["-t", "1.5"]).time, Duration::from_millis(1500));
         for (t, why) in [
-            ("1.5s", "whole number of seconds"),
-            ("0", "from 1 to 86400"),
             ("2x", "unknown unit"),
             ("90000s", "longer than a day"),
+            ("86401", "longer than a day"),
         ] {
             let e = Cli::try_parse_from(["kestrel", "perf", "-t", t]).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{t}");
             assert!(e.to_string().contains(why), "{t}: {e}");
         }
+        assert_eq!(p(&["--warmup", "0"]).warmup, Duration::ZERO);
+        let q = p(&["--io-timeout", "200ms", "--admin-timeout", "1.5s"]);
+        assert_eq!(q.io_timeout, Duration::from_millis(200));
+        assert_eq!(q.admin_timeout, Duration::from_millis(1500));
     }
 
     #[test]
@@ -454,6 +499,12 @@ mod tests {
             &["kestrel", "perf", "-q", "0"],
             &["kestrel", "perf", "-M", "101"],
             &["kestrel", "perf", "-w", "sideways"],
+            &["kestrel", "perf", "-t", "0"],
+            &["kestrel", "perf", "-t", "2x"],
+            &["kestrel", "perf", "--io-timeout", "0"],
+            &["kestrel", "perf", "--io-timeout", "500"],
+            &["kestrel", "perf", "--admin-timeout", "10us"],
+            &["kestrel", "perf", "--warmup", "2h"],
             &["kestrel", "identify", "--target", "nvme0"],
         ] {
             let e = Cli::try_parse_from(args).unwrap_err();

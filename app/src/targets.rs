@@ -29,6 +29,8 @@ pub struct OpenOptions {
     pub default_emu_core: Option<usize>,
     /// Allow VFIO noiommu mode.
     pub noiommu: bool,
+    /// NVMe controllers' admin and I/O timeouts (ControllerOptions).
+    pub timeouts: Option<(std::time::Duration, std::time::Duration)>,
 }
 
 impl Default for OpenOptions {
@@ -40,6 +42,7 @@ impl Default for OpenOptions {
             default_store: StoreSpec::Memory,
             default_emu_core: None,
             noiommu: false,
+            timeouts: None,
         }
     }
 }
@@ -51,7 +54,14 @@ impl OpenOptions {
             controller: ControllerOptions {
                 io_queues: self.io_queues.max(1),
                 shadow_doorbells: self.shadow_doorbells,
-                ..ControllerOptions::default()
+                ..self.timeouts.map_or_else(
+                    ControllerOptions::default,
+                    |(admin_timeout, io_timeout)| ControllerOptions {
+                        admin_timeout,
+                        io_timeout,
+                        ..ControllerOptions::default()
+                    },
+                )
             },
             emu_queues: self.emu_queues,
             default_store: self.default_store.clone(),

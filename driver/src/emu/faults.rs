@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::EmuError;
+use super::error::EmuError;
 use crate::spec::{nvm_opc, Cqe, Sct, Status};
 
 /// The most raw completion queue entries ([`EmuFaults::post_raw_cqe`]) waiting to be posted.
@@ -37,6 +37,15 @@ pub enum FaultTarget {
 }
 
 impl FaultTarget {
+    /// Whether every command `other` selects is selected by `self`.
+    fn covers(self, other: FaultTarget) -> bool {
+        match (self, other) {
+            (FaultTarget::AnyIo, FaultTarget::AnyIo | FaultTarget::Io(_)) => true,
+            (FaultTarget::AnyAdmin, FaultTarget::AnyAdmin | FaultTarget::Admin(_)) => true,
+            (a, b) => a == b,
+        }
+    }
+
     fn matches(self, admin: bool, opc: u8) -> bool {
         match self {
             FaultTarget::AnyIo => !admin,
@@ -61,6 +70,22 @@ pub enum FaultAction {
     /// The command executes and completes; then a CQE with [`FaultRule::spurious_cid`],
     /// a CID that is not outstanding, is posted on the same CQ.
     Spurious,
+    /// A Read of a namespace with protection information: one field of the first block's
+    /// PI is corrupted on its way from the media (the stored copy stays intact), before
+    /// the controller checks it (PRCHK) and before it reaches the host. Other commands
+    /// execute unchanged.
+    CorruptPi(PiField),
+}
+
+/// A field of a protection information tuple ([`FaultAction::CorruptPi`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PiField {
+    /// The guard (its low bit is flipped).
+    Guard,
+    /// The application tag (its low bit is flipped).
+    AppTag,
+    /// The reference tag (its low bit is flipped).
+    RefTag,
 }
 
 /// One fault rule.
@@ -99,6 +124,11 @@ impl FaultRule {
         self.max = Some(n);
         self
     }
+
+    /// Whether the rule takes every command it selects, forever.
+    fn always(&self) -> bool {
+        self.rate >= 1.0 && self.max.is_none()
+    }
 }
 
 /// A set of faults for an emulated controller.
@@ -131,14 +161,51 @@ impl FaultPlan {
         self.rules.is_empty() && self.fatal_after.is_none() && self.remove_after.is_none()
     }
 
-    /// Parses a fault spec (grammar in the module doc of [`crate::emu`]).
+    /// Parses a fault spec (grammar in the module doc of [`crate::emu`]). A spec that asks
+    /// for something that can never happen is refused, naming the item: a rate of 0, `max0`,
+    /// `after/0`, a delay of 0, a success status, a rule that an earlier rule always takes
+    /// first, a controller fatal status planned after the removal, an item given twice.
     pub fn parse(spec: &str) -> Result<FaultPlan, EmuError> {
         let mut plan = FaultPlan::default();
+        let mut seen: Vec<&str> = Vec::new();
+        let mut items: Vec<&str> = Vec::new();
         for item in spec.split('+').map(str::trim).filter(|s| !s.is_empty()) {
-            parse_item(item, &mut plan).map_err(|why| EmuError::FaultSpec {
+            let err = |why: String| EmuError::FaultSpec {
                 item: item.to_string(),
                 why,
-            })?;
+            };
+            let action = item.split('/').next().unwrap_or_default();
+            if matches!(action, "seed" | "fatal" | "remove") {
+                if seen.contains(&action) {
+                    return Err(err(format!("{action} is given twice")));
+                }
+                seen.push(action);
+            }
+            let rules_before = plan.rules.len();
+            parse_item(item, &mut plan).map_err(err)?;
+            if plan.rules.len() > rules_before {
+                let new = &plan.rules[rules_before];
+                if let Some(i) = plan.rules[..rules_before]
+                    .iter()
+                    .position(|r| r.always() && r.target.covers(new.target))
+                {
+                    return Err(err(format!(
+                        "never fires: the earlier item `{}` takes every command it selects (rules apply in order, the first that matches wins; give the earlier one a rate or a max)",
+                        items[i]
+                    )));
+                }
+                items.push(item);
+            }
+        }
+        if let (Some(f), Some(r)) = (plan.fatal_after, plan.remove_after) {
+            if f >= r {
+                return Err(EmuError::FaultSpec {
+                    item: format!("fatal/after/{f}"),
+                    why: format!(
+                        "never fires: the controller is removed after {r} I/O commands, before {f}"
+                    ),
+                });
+            }
         }
         Ok(plan)
     }
@@ -230,6 +297,14 @@ fn parse_item(item: &str, plan: &mut FaultPlan) -> Result<(), String> {
                 return Err(format!("use {action}/after/<I/O commands>"));
             }
             let n = num(f.next(), action)?;
+            if n == 0 {
+                return Err(format!(
+                    "{action}/after/0 never fires: I/O commands are counted from 1 (use {action}/after/1 for the first)"
+                ));
+            }
+            if let Some(extra) = f.next() {
+                return Err(format!("unexpected `{extra}` after the count"));
+            }
             if action == "fatal" {
                 plan.fatal_after = Some(n);
             } else {
@@ -246,35 +321,67 @@ fn parse_item(item: &str, plan: &mut FaultPlan) -> Result<(), String> {
     let mut rule = match action {
         "status" => {
             let st = parse_status(f.next().ok_or("missing the status")?)?;
+            if st.is_success() {
+                return Err(
+                    "0-0 is Successful Completion, not a fault (use another status)".into(),
+                );
+            }
             FaultRule::new(target, FaultAction::Status(st))
         }
         "delay" => {
             let d = parse_duration(f.next().ok_or("missing the delay")?)?;
+            if d.is_zero() {
+                return Err("a delay of 0 changes nothing (give a duration such as 2ms)".into());
+            }
             FaultRule::new(target, FaultAction::Delay(d))
         }
         "drop" => FaultRule::new(target, FaultAction::Drop),
+        "pi-guard" => FaultRule::new(target, FaultAction::CorruptPi(PiField::Guard)),
+        "pi-app" => FaultRule::new(target, FaultAction::CorruptPi(PiField::AppTag)),
+        "pi-ref" => FaultRule::new(target, FaultAction::CorruptPi(PiField::RefTag)),
         "dup" | "duplicate" => FaultRule::new(target, FaultAction::Duplicate),
         "spurious" => FaultRule::new(target, FaultAction::Spurious),
         _ => {
             return Err(format!(
-                "unknown fault `{action}`: use status, delay, drop, dup, spurious, fatal, remove or seed"
+                "unknown fault `{action}`: use status, delay, drop, dup, spurious, pi-guard, pi-app, pi-ref, fatal, remove or seed"
             ))
         }
     };
+    let mut opts_seen: Vec<&str> = Vec::new();
     for opt in f {
+        let kind = if opt == "dnr" {
+            "dnr"
+        } else if opt.starts_with("max") {
+            "max"
+        } else if opt.starts_with("cid") {
+            "cid"
+        } else {
+            "rate"
+        };
+        if opts_seen.contains(&kind) {
+            return Err(format!("{kind} is given twice"));
+        }
+        opts_seen.push(kind);
         if opt == "dnr" {
             match &mut rule.action {
                 FaultAction::Status(s) => *s = s.with_dnr(true),
                 _ => return Err("dnr applies to status faults only".into()),
             }
         } else if let Some(n) = opt.strip_prefix("max") {
-            rule.max = Some(n.parse().map_err(|_| format!("bad limit `{opt}`"))?);
+            let n: u64 = n.parse().map_err(|_| format!("bad limit `{opt}`"))?;
+            if n == 0 {
+                return Err("max0 never fires (give at least max1)".into());
+            }
+            rule.max = Some(n);
         } else if let Some(c) = opt.strip_prefix("cid") {
             rule.spurious_cid = c
                 .parse()
                 .map_err(|_| format!("bad cid `{opt}` (decimal)"))?;
         } else if let Some(r) = parse_rate(opt) {
             rule.rate = r?;
+            if rule.rate == 0.0 {
+                return Err(format!("a rate of `{opt}` never fires"));
+            }
         } else {
             return Err(format!(
                 "unknown option `{opt}` (dnr, <rate>%, max<N>, cid<N>)"
@@ -535,13 +642,17 @@ mod tests {
     #[test]
     fn parse_full_spec() {
         let p = FaultPlan::parse(
-            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42",
+            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42+pi-guard/read/1%+pi-ref/read/max1+pi-app/io",
         )
         .unwrap();
         assert_eq!(p.seed, 42);
         assert_eq!(p.fatal_after, Some(1000));
         assert_eq!(p.remove_after, Some(5000));
-        assert_eq!(p.rules.len(), 6);
+        assert_eq!(p.rules.len(), 9);
+        assert_eq!(p.rules[6].action, FaultAction::CorruptPi(PiField::Guard));
+        assert_eq!(p.rules[7].action, FaultAction::CorruptPi(PiField::RefTag));
+        assert_eq!(p.rules[7].max, Some(1));
+        assert_eq!(p.rules[8].action, FaultAction::CorruptPi(PiField::AppTag));
         let r = &p.rules[0];
         assert_eq!(r.target, FaultTarget::Io(nvm_opc::READ));
         assert_eq!(
@@ -583,10 +694,57 @@ mod tests {
             "drop/io/whatever",
             "fatal/1000",
             "seed/x",
+            // Faults that could never fire, and items given twice.
+            "fatal/after/0",
+            "remove/after/0",
+            "drop/read/0%",
+            "drop/read/0",
+            "drop/read/max0",
+            "delay/read/0ms",
+            "status/read/0-0",
+            "drop/read/1%/2%",
+            "drop/read/max1/max2",
+            "fatal/after/5/7",
         ] {
             let e = FaultPlan::parse(bad).unwrap_err();
             let msg = e.to_string();
             assert!(msg.contains(bad.split('+').next().unwrap()), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn faults_that_can_never_fire_are_refused() {
+        for (spec, item, why) in [
+            (
+                "drop/io+status/read/internal",
+                "status/read/internal",
+                "drop/io",
+            ),
+            (
+                "status/admin/internal+status/admin0x06/internal",
+                "admin0x06",
+                "status/admin/internal",
+            ),
+            ("dup/read+dup/read/1%", "dup/read/1%", "dup/read"),
+            ("seed/1+seed/2", "seed/2", "twice"),
+            ("fatal/after/5+fatal/after/6", "fatal/after/6", "twice"),
+            (
+                "fatal/after/10+remove/after/10",
+                "fatal/after/10",
+                "removed after 10",
+            ),
+        ] {
+            let msg = FaultPlan::parse(spec).unwrap_err().to_string();
+            assert!(msg.contains(item) && msg.contains(why), "{spec}: {msg}");
+        }
+        // An earlier rule with a rate or a limit leaves room for later ones.
+        for ok in [
+            "drop/io/1%+status/read/internal",
+            "drop/io/max3+status/io/internal",
+            "drop/read+status/write/internal",
+            "fatal/after/10+remove/after/20",
+        ] {
+            FaultPlan::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
     }
 
