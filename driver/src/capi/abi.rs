@@ -154,6 +154,23 @@ pub struct KestrelEvent {
     pub reserved: [u8; 2],
 }
 
+/// `struct kestrel_open_params`: how [`super::kestrel_open_params`] opens a target.
+/// Zero-initialised, it means what `kestrel_open` does.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KestrelOpenParams {
+    /// Per-command I/O timeout of an NVMe target's queues, in nanoseconds (a command not
+    /// completed within it is aborted, then the controller reset); 0: 30 s.
+    pub io_timeout_ns: u64,
+    /// Admin command timeout of an NVMe target (bring-up, queue creation, Abort, reset),
+    /// in nanoseconds; 0: 60 s.
+    pub admin_timeout_ns: u64,
+    /// Zero.
+    pub flags: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
 /// `struct kestrel_io_params`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -201,4 +218,9 @@ const _: () = assert!(offset_of!(KestrelEvent, more) == 20);
 const _: () = assert!(offset_of!(KestrelEvent, cancel) == 21);
 const _: () = assert!(offset_of!(KestrelEvent, reserved) == 22);
 const _: () = assert!(size_of::<KestrelIoParams>() == 16);
+const _: () = assert!(size_of::<KestrelOpenParams>() == 24);
+const _: () = assert!(offset_of!(KestrelOpenParams, io_timeout_ns) == 0);
+const _: () = assert!(offset_of!(KestrelOpenParams, admin_timeout_ns) == 8);
+const _: () = assert!(offset_of!(KestrelOpenParams, flags) == 16);
+const _: () = assert!(offset_of!(KestrelOpenParams, reserved) == 20);
 const _: () = assert!(offset_of!(KestrelIoParams, bounce_buf_size) == 12);

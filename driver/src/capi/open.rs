@@ -1,13 +1,17 @@
 //! `kestrel_t`: opening a target string, closing it, and what C can ask about it.
 
 use std::ffi::{c_char, c_int};
+use std::time::Duration;
 
+use crate::ctrlr::ControllerOptions;
+use crate::parse::MAX_DURATION;
+use crate::qpair::MIN_TIMEOUT;
 use crate::target::Target;
 use crate::target_spec::MAX_SPEC_LEN;
 
 use super::abi::*;
-use super::error::guard;
-use super::handle::{c_str, out_ptr, release, shared, Inner, KestrelHandle};
+use super::error::{guard, CapiError};
+use super::handle::{aligned, c_str, out_ptr, release, shared, Inner, KestrelHandle};
 
 /// `int kestrel_abi_version(void)`.
 #[no_mangle]
@@ -38,6 +42,75 @@ pub unsafe extern "C" fn kestrel_open(
         },
         || {},
     )
+}
+
+/// `int kestrel_open_params(const char *target, const struct kestrel_open_params *p,
+/// kestrel_t **out)`: [`kestrel_open`] with options: the I/O and admin timeouts of an NVMe
+/// target (`emu`, `pci`; a file target has none and ignores them).
+///
+/// # Safety
+/// `target` is a NUL-terminated string; `p` is readable; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_open_params(
+    target: *const c_char,
+    p: *const KestrelOpenParams,
+    out: *mut *mut KestrelHandle,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let spec = unsafe { c_str(target, "target", MAX_SPEC_LEN + 1) }?;
+            // SAFETY: the caller's contract.
+            let ctrlr = unsafe { read_open_params(p) }?;
+            let spec = crate::target_spec::parse(spec)?;
+            let t = crate::target_spec::open_spec_with(&spec, &ctrlr)?;
+            *out = KestrelHandle::boxed(Inner::new(t));
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// Reads and checks `struct kestrel_open_params` into controller options.
+///
+/// # Safety
+/// `p` is NULL or readable.
+unsafe fn read_open_params(p: *const KestrelOpenParams) -> Result<ControllerOptions, CapiError> {
+    aligned(p, "params")?;
+    // SAFETY: non-null, aligned, readable by contract; plain integers.
+    let p = unsafe { p.read() };
+    if p.flags != 0 || p.reserved != 0 {
+        return Err(CapiError::MustBeZero {
+            what: "params.flags and params.reserved",
+            want: "0",
+        });
+    }
+    let mut o = ControllerOptions::default();
+    for (what, ns, field) in [
+        ("params.io_timeout_ns", p.io_timeout_ns, &mut o.io_timeout),
+        (
+            "params.admin_timeout_ns",
+            p.admin_timeout_ns,
+            &mut o.admin_timeout,
+        ),
+    ] {
+        if ns == 0 {
+            continue;
+        }
+        let d = Duration::from_nanos(ns);
+        if d < MIN_TIMEOUT || d > MAX_DURATION {
+            return Err(CapiError::Range {
+                what,
+                value: ns,
+                why: "a timeout is from 1 ms (1000000) to a day, or 0 for the default",
+            });
+        }
+        *field = d;
+    }
+    Ok(o)
 }
 
 /// `int kestrel_close(kestrel_t *k)`: closes the handle. Contexts still open keep the
