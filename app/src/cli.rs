@@ -19,6 +19,7 @@ Examples:
   kestrel smart --target 0000:01:00.0
   kestrel list
   kestrel doctor
+  kestrel serve --target emu --allow-any-host   (NVMe/TCP on 127.0.0.1:4420)
 
 Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG (e.g. RUST_LOG=kestrel=debug).
 Exit status: 0 success; 1 setup failure (the target could not be opened or the run could
@@ -65,6 +66,12 @@ pub enum Command {
     /// Measure IOPS, bandwidth and latency with pinned per-core pollers.
     #[command(after_help = PERF_AFTER_HELP)]
     Perf(Box<PerfArgs>),
+    /// Copy a byte range of a target to a file or stdout.
+    #[command(after_help = READ_AFTER_HELP)]
+    Read(ReadArgs),
+    /// Export targets over NVMe/TCP to stock initiators (Linux nvme-tcp).
+    #[command(after_help = kestrel_nvmf::cli::SERVE_AFTER_HELP)]
+    Serve(Box<kestrel_nvmf::cli::ServeArgs>),
     /// Check this machine for running on an NVMe device, with the fix for each problem.
     #[command(after_help = DOCTOR_AFTER_HELP)]
     Doctor(DoctorArgs),
@@ -100,6 +107,32 @@ pub struct DoctorArgs {
     /// KESTREL_SYSROOT).
     #[arg(long, value_name = "DIR", hide = true)]
     pub root: Option<PathBuf>,
+}
+
+const READ_AFTER_HELP: &str = "\
+Reads namespace 1 (or the file) through a queue of the library, one 128 KiB command at a
+time, and writes the bytes out: a way to check what another path (a kernel, a host over
+NVMe/TCP) wrote. Offset and length are multiples of the block size.
+
+Examples:
+  kestrel read --target pci:0000:01:00.0 --offset 0 --length 1M --output /tmp/head.bin
+  kestrel read --target file:/tmp/disk.img --length 4k | od -A d -t x1 | head";
+
+/// `kestrel read`.
+#[derive(Args, Debug)]
+pub struct ReadArgs {
+    /// Target (one).
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// First byte.
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = offset_parser)]
+    pub offset: u64,
+    /// Bytes to read.
+    #[arg(long, value_name = "SIZE", value_parser = size_parser)]
+    pub length: u64,
+    /// Write here instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 const IDENTIFY_AFTER_HELP: &str = "\
@@ -358,6 +391,9 @@ fn size_parser(s: &str) -> Result<u64, String> {
         Ok(v) => Ok(v),
         Err(e) => Err(e.to_string()),
     }
+}
+fn offset_parser(s: &str) -> Result<u64, String> {
+    parse::parse_size(s).map_err(|e| e.to_string())
 }
 /// A length of time in the one duration grammar, where a plain number counts seconds
 /// (`5`, `1.5`, `5s`, `500ms`).

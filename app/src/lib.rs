@@ -8,6 +8,7 @@ pub mod identify;
 pub mod list;
 pub mod parse;
 pub mod perf;
+pub mod read;
 pub mod smart;
 pub mod targets;
 pub mod units;
@@ -49,6 +50,11 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
         Command::Smart(a) => smart::run(a),
         Command::List(a) => list::run(a),
         Command::Perf(a) => perf::run(a),
+        Command::Read(a) => read::run(a),
+        Command::Serve(a) => kestrel_nvmf::cli::run(a).map_err(|e| match e {
+            kestrel_nvmf::cli::CliError::Usage(m) => AppError::Usage(m),
+            e => AppError::Runtime(e.to_string()),
+        }),
         Command::Doctor(a) => doctor::run(a),
     }
 }
@@ -97,12 +103,12 @@ where
                 Some(v) => format!("{first}; valid values: {v}"),
                 None => first.to_string(),
             };
-            let cmd = match args
-                .iter()
-                .skip(1)
-                .filter_map(|a| a.to_str())
-                .find(|a| ["identify", "smart", "list", "perf", "doctor"].contains(a))
-            {
+            let cmd = match args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| {
+                [
+                    "identify", "smart", "list", "perf", "read", "serve", "doctor",
+                ]
+                .contains(a)
+            }) {
                 Some(sub) => format!("kestrel {sub}"),
                 None => "kestrel".to_string(),
             };

@@ -44,7 +44,15 @@ fn assert_usage_error(o: &Output, needles: &[&str]) {
 
 #[test]
 fn help_for_every_subcommand() {
-    for sub in [&[][..], &["identify"], &["smart"], &["list"], &["perf"]] {
+    for sub in [
+        &[][..],
+        &["identify"],
+        &["smart"],
+        &["list"],
+        &["perf"],
+        &["read"],
+        &["serve"],
+    ] {
         let mut args = sub.to_vec();
         args.push("--help");
         let o = kestrel(&args);
@@ -798,6 +806,54 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
     for c in pc {
         assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
     }
+}
+
+#[test]
+fn read_copies_a_range_of_a_file_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("t.img");
+    let data: Vec<u8> = (0..(256u32 << 10))
+        .map(|i| (i * 7 + (i >> 12)) as u8)
+        .collect();
+    std::fs::write(&img, &data).unwrap();
+    let out = dir.path().join("out.bin");
+    let o = kestrel(&[
+        "read",
+        "--target",
+        &format!("file:{},direct=off", img.display()),
+        "--offset",
+        "8k",
+        "--length",
+        "200k",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = std::fs::read(&out).unwrap();
+    assert!(got == data[8192..8192 + 200 * 1024], "the range read back");
+    let o = kestrel(&[
+        "read",
+        "--target",
+        &format!("file:{},direct=off", img.display()),
+        "--offset",
+        "100",
+        "--length",
+        "4k",
+    ]);
+    assert_usage_error(&o, &["multiples of the block size"]);
+}
+
+#[test]
+fn serve_refuses_open_access_off_loopback() {
+    let o = kestrel(&[
+        "serve",
+        "--target",
+        "emu:size=16M",
+        "--listen",
+        "192.0.2.1:4420",
+        "--allow-any-host",
+    ]);
+    assert_usage_error(&o, &["only on loopback"]);
 }
 
 /// A run in which no I/O succeeds is a failure that says why, with no latency figures.
