@@ -31,6 +31,7 @@
 
 pub mod aio;
 pub mod capi;
+pub mod clock;
 pub mod ctrlr;
 pub mod dma;
 pub mod emu;
