@@ -2,6 +2,8 @@
 //!
 //! Layers, bottom up (see `docs/architecture.md`):
 //! - [`spec`]: NVMe definitions, pure data.
+//! - [`parse`]: the grammars of values people type (sizes, durations, core lists, PCI
+//!   addresses, target strings), pure functions every layer may use.
 //! - [`mmio`]: register and doorbell access over a mapped BAR.
 //! - [`dma`]: device-visible memory with IOVAs.
 //! - [`pci`]: sysfs discovery of NVMe controllers, IOMMU groups and hugepages.
@@ -15,10 +17,11 @@
 //! - [`target`]: the trait over NVMe namespaces and file targets.
 //! - [`file`](mod@file): a file or block device as a target, through io_uring.
 //! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
-//!   cross-thread.
-//! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
-//!   lock-free rings ([`spsc`], [`notify`]).
-//! - [`target_spec`]: target strings (`emu:...`, `file:...`, `pci:...`).
+//!   cross-thread, and [`reactor`] (also [`aio::reactor`]): pinned per-core pollers
+//!   serving cross-thread contexts through lock-free rings ([`aio::spsc`],
+//!   [`aio::notify`]).
+//! - [`target_spec`]: opening what a target string (`emu:...`, `file:...`, `pci:...`)
+//!   names.
 //! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`reactor`].
 #![deny(missing_docs)]
 // `SubmitError::Busy` hands the refused request back by value, so back-pressure costs no
@@ -37,19 +40,19 @@ pub mod format;
 pub mod io;
 pub mod limits;
 pub mod mmio;
-pub mod notify;
+pub mod parse;
 pub mod pci;
 pub mod prp;
 pub mod qpair;
-pub mod reactor;
 pub mod ring;
 pub mod spec;
-pub mod spsc;
 pub mod target;
 pub mod target_spec;
 pub mod transport;
 pub mod vfio;
 
+/// The reactor, at the top level as well: `kestrel::reactor::Reactor`.
+pub use aio::reactor;
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 pub use dma::{DmaBuf, DmaPool, DmaSlice};
