@@ -1530,7 +1530,6 @@ fn an_aio_context_used_on_one_thread_then_another() {
     // With a request in flight from the first thread: refused at once on the other,
     // getevents there fails at once instead of waiting (forever, with no timeout), and
     // dropping there does not wait for what it cannot complete.
-    let mut opts_ctx = opts_ctx;
     opts_ctx.drain_timeout = Duration::from_secs(20);
     let mut ctx = IoContext::setup_with(Arc::clone(&target), opts_ctx).unwrap();
     ctx.submit(&[Iocb::write(0, buf.slice(0, bs).unwrap(), 3)])
