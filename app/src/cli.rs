@@ -77,6 +77,9 @@ pub enum Command {
     /// Copy a byte range of a target to a file or stdout.
     #[command(after_help = READ_AFTER_HELP)]
     Read(ReadArgs),
+    /// Copy a file onto a byte range of a target.
+    #[command(after_help = WRITE_AFTER_HELP)]
+    Write(WriteArgs),
     /// Export targets over NVMe/TCP to stock initiators (Linux nvme-tcp).
     #[command(after_help = kestrel_nvmf::cli::SERVE_AFTER_HELP)]
     Serve(Box<kestrel_nvmf::cli::ServeArgs>),
@@ -141,6 +144,31 @@ pub struct ReadArgs {
     /// Write here instead of stdout.
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
+}
+
+const WRITE_AFTER_HELP: &str = "\
+Writes the bytes of --input to the target from --offset on, through a queue of the library,
+one 128 KiB command at a time, then flushes: the counterpart of kestrel read, to hand data
+to another path (a kernel driver) to read back. The target is the namespace /ns=N names,
+else the first one kestrel serves, or the file; the offset and the input's size are
+multiples of the block size. Overwrites what is there.
+
+Examples:
+  kestrel write --target pci:0000:01:00.0/ns=2 --offset 1M --input /tmp/pattern.bin
+  kestrel write --target file:/tmp/disk.img,size=16M --input /tmp/pattern.bin";
+
+/// `kestrel write`.
+#[derive(Args, Debug)]
+pub struct WriteArgs {
+    /// Target (one).
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// First byte written.
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = offset_parser)]
+    pub offset: u64,
+    /// The data: all of this file.
+    #[arg(long, value_name = "FILE")]
+    pub input: PathBuf,
 }
 
 const IDENTIFY_AFTER_HELP: &str = "\

@@ -216,3 +216,55 @@ fn identify_shows_every_namespace_with_its_format() {
     }
     assert_eq!(out.matches("refused").count(), 4, "{out}");
 }
+
+#[test]
+fn write_then_read_one_selected_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let data: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, &data).unwrap();
+    let target = format!("emu:ns=8M+512,ns=8M+4096,store={d}/s.img/ns=2");
+    let o = kestrel(&[
+        "write",
+        "--target",
+        &target,
+        "--offset",
+        "1M",
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Namespace 2 has its own file (s.img.ns2) and got the data at 1 MiB; namespace 1's
+    // file is untouched.
+    let ns2 = std::fs::read(dir.path().join("s.img.ns2")).unwrap();
+    assert_eq!(&ns2[1 << 20..(1 << 20) + data.len()], &data[..]);
+    let ns1 = std::fs::read(dir.path().join("s.img")).unwrap();
+    assert!(ns1.iter().all(|&b| b == 0));
+    let out = dir.path().join("out.bin");
+    let o = kestrel(&[
+        "read",
+        "--target",
+        &target,
+        "--offset",
+        "1M",
+        "--length",
+        "64K",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&out).unwrap(), data);
+    // A namespace of a refused format cannot be written.
+    let o = kestrel(&[
+        "write",
+        "--target",
+        "emu:ns=8M+512+md8+ext/ns=1",
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("extended lba"), "{}", stderr(&o));
+}
