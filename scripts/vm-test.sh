@@ -23,7 +23,8 @@
 # The controller has one namespace per format (QEMU nvme-ns): nsid 1 512 B,
 # 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
 # extended LBA, 5 zoned (4 KiB, 8 MiB zones), 6 4 KiB + 16 B metadata with
-# 64-bit guard PI type 1. Kestrel serves 1 and 2 and refuses the others.
+# 64-bit guard PI type 1. Kestrel serves 1, 2 and 3 (8-byte PI metadata, with
+# PRACT) and refuses the others.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
@@ -127,7 +128,7 @@ VM_NVME_NAMESPACES=(
     "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M"
     "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1,pif=2"
 )
-ns_supported='1 2' ns_refused='3 4 5 6'
+ns_supported='1 2 3' ns_refused='4 5 6'
 vm_check_payload "$binary"
 binary=$(realpath "$binary")
 
