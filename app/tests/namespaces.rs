@@ -32,13 +32,28 @@ fn json(o: &Output) -> serde_json::Value {
 }
 
 /// Two namespaces the driver serves (4 KiB and 512 B blocks) and one of every format it
-/// refuses: separate metadata with PI type 1, extended LBAs, zoned, Key Value.
-const MIXED: &str = "emu:ns=16M+4096,ns=8M+512,ns=16M+4096+md8+pi1,ns=8M+512+md8+ext,ns=16M+4096+zoned+zone4M,ns=4M+csi1";
+/// refuses: separate metadata beyond PI type 1, extended LBAs, zoned, Key Value.
+const MIXED: &str = "emu:ns=16M+4096,ns=8M+512,ns=16M+4096+md16+pi1,ns=8M+512+md8+ext,ns=16M+4096+zoned+zone4M,ns=4M+csi1";
 
 fn perf(target: &str) -> Output {
     kestrel(&[
-        "perf", "--target", target, "-t", "200ms", "--warmup", "0", "-w", "randrw", "-q", "8",
-        "--cores", "0", "--verify", "--json",
+        "perf",
+        "--target",
+        target,
+        "-t",
+        "60",
+        "--number-ios",
+        "400",
+        "--warmup",
+        "0",
+        "-w",
+        "randrw",
+        "-q",
+        "8",
+        "--cores",
+        "0",
+        "--verify",
+        "--json",
     ])
 }
 
@@ -77,7 +92,7 @@ fn perf_runs_on_every_supported_namespace_and_skips_the_others() {
         .collect();
     assert_eq!(nsids, [3, 4, 5, 6]);
     for (s, want) in skipped.iter().zip([
-        "ms 8 B in a separate buffer",
+        "ms 16 B in a separate buffer",
         "extended lba",
         "Zoned Namespace Command Set",
         "Key Value Command Set",
@@ -119,7 +134,7 @@ fn perf_refuses_a_selected_namespace_of_a_refused_format() {
     );
     assert!(!err.contains("panicked"), "{err}");
     // A controller kestrel can do no I/O to at all: every reason, no run.
-    let o = perf("emu:ns=8M+md8+pi1,ns=8M+zoned+zone1M");
+    let o = perf("emu:ns=8M+md16+pi1,ns=8M+zoned+zone1M");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -137,7 +152,7 @@ fn perf_asks_for_queues_for_every_namespace() {
     let o = kestrel(&[
         "perf",
         "--target",
-        "emu:ns=8M,ns=8M+512,ns=8M+md8+pi2,ns=8M,ns=8M+512,ns=8M+zoned+zone1M",
+        "emu:ns=8M,ns=8M+512,ns=8M+md16+pi2,ns=8M,ns=8M+512,ns=8M+zoned+zone1M",
         "-t",
         "100ms",
         "--warmup",
@@ -188,7 +203,7 @@ fn identify_shows_every_namespace_with_its_format() {
     };
     assert_eq!(row(0), (1, 4096, 0, "none", 0, 0, true));
     assert_eq!(row(1), (2, 512, 0, "none", 0, 0, true));
-    assert_eq!(row(2), (3, 4096, 8, "separate", 1, 0, false));
+    assert_eq!(row(2), (3, 4096, 16, "separate", 1, 0, false));
     assert_eq!(row(3), (4, 512, 8, "extended", 0, 0, false));
     assert_eq!(row(4), (5, 4096, 0, "none", 0, 2, false));
     assert_eq!(row(5), (6, 4096, 0, "none", 0, 1, false));
@@ -267,4 +282,25 @@ fn write_then_read_one_selected_namespace() {
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("extended lba"), "{}", stderr(&o));
+}
+
+#[test]
+fn perf_verifies_a_pi_namespace_the_controller_protects() {
+    // 8 bytes of metadata that are the PI, type 1 separate and type 3 extended: served,
+    // every block written and read back with the controller inserting and checking the PI.
+    let o = perf("emu:ns=8M+512+md8+pi1,ns=8M+4096+md8+ext+pi3+pifirst");
+    let v = json(&o);
+    let t = v["targets"].as_array().unwrap();
+    assert_eq!(t.len(), 2, "{v}");
+    assert_eq!(v["verify"]["mismatches"], 0);
+    assert!(v["verify"]["blocks_checked"].as_u64().unwrap() > 0);
+    assert_eq!(v["io_errors"], 0);
+    let o = kestrel(&["identify", "--target", "emu:ns=8M+512+md8+pi1", "--json"]);
+    let v = json(&o);
+    let ns = &v["namespaces"][0];
+    assert_eq!(ns["io_supported"], true, "{ns}");
+    assert!(
+        ns["io_protection"].as_str().unwrap().contains("pi type 1"),
+        "{ns}"
+    );
 }
