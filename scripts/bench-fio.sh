@@ -23,7 +23,8 @@
 # CHECK=1 is the short report scripts/fio-test.sh prints: one round of 1 s at QD 32, the
 # batched fio configuration only, one line with the ratio. It reports, it never judges:
 # the exit status is 0 whatever the ratio (a figure on a loaded 2-core machine is not a
-# verdict); only a run that produced no figure fails it.
+# verdict); only a run that produced no figure fails it. It builds nothing: it runs the
+# engine and the kestrel binary already in the target directory.
 #
 #   scripts/bench-fio.sh                  # QDS="1 32 128" ROUNDS=3 TIME=5 CORE=0 EMU_CORE=1 RT=0
 #   ROUNDS=5 TIME=5 RT=1 scripts/bench-fio.sh
@@ -51,10 +52,22 @@ command -v fio >/dev/null || {
     echo "bench-fio.sh: needs fio (scripts/fio-test.sh setup installs it)" >&2
     exit 1
 }
-KESTREL_FIO_REQUIRE=1 cargo build --release -p kestrel-fio -p kestrel-app >&2
 TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 SO=$TARGET_DIR/release/libkestrel_fio.so
 KESTREL=$TARGET_DIR/release/kestrel
+if ((CHECK)); then
+    # The check uses what the test run built (the workspace's tests build the kestrel
+    # binary, scripts/fio-test.sh the engine): building either package alone here would
+    # rebuild the library for it, minutes on a loaded machine.
+    for f in "$SO" "$KESTREL"; do
+        [[ -f $f ]] || {
+            echo "bench-fio.sh: no ratio figure: $f is not built (cargo build --release -p kestrel-fio -p kestrel-app)" >&2
+            exit 1
+        }
+    done
+else
+    KESTREL_FIO_REQUIRE=1 cargo build --release -p kestrel-fio -p kestrel-app >&2
+fi
 
 # perf_iops QD: the total IOPS of kestrel perf's JSON report.
 perf_iops() {
@@ -85,7 +98,8 @@ figure() {
     printf '%s' "$v"
 }
 
-stat3() { sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%s %s %s\n", m, v[1], v[NR] }'; }
+# stat3 < words: the median, lowest and highest of the numbers.
+stat3() { tr -s ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%s %s %s\n", m, v[1], v[NR] }'; }
 
 NAMES=("fio, Kestrel engine, defaults" "fio, Kestrel engine, batched" "fio, null engine, batched (fio alone)")
 ((CHECK)) && NAMES=("fio, Kestrel engine, batched")
@@ -112,9 +126,9 @@ for QD in $QDS; do
         echo "$line" >&2
     done
     if ((CHECK)); then
-        read -r m _ _ <<<"$(printf '%s\n' ${RATIO[${NAMES[0]}]} | stat3)"
-        read -r pm _ _ <<<"$(printf '%s\n' "${P[@]}" | stat3)"
-        read -r fm _ _ <<<"$(printf '%s\n' ${IOPS[${NAMES[0]}]} | stat3)"
+        read -r m _ _ <<<"$(stat3 <<<"${RATIO[${NAMES[0]}]}")"
+        read -r pm _ _ <<<"$(stat3 <<<"${P[*]}")"
+        read -r fm _ _ <<<"$(stat3 <<<"${IOPS[${NAMES[0]}]}")"
         printf 'fio/kestrel perf IOPS ratio, QD %s, %s s, emulator (null store): %.2f (fio batched %.0f, kestrel perf %.0f; the goal is 0.90; a figure, not a test)\n' \
             "$QD" "$TIME" "$m" "$fm" "$pm"
         continue
@@ -122,11 +136,11 @@ for QD in $QDS; do
     echo
     echo "| QD $QD, 4 KiB randread, $ROUNDS x ${TIME} s$( ((RT)) && echo ', SCHED_FIFO') | IOPS, median | ratio to kestrel perf, median of rounds | lowest | highest |"
     echo "|---|---|---|---|---|"
-    read -r pm _ _ <<<"$(printf '%s\n' "${P[@]}" | stat3)"
+    read -r pm _ _ <<<"$(stat3 <<<"${P[*]}")"
     printf '| kestrel perf | %.0f | 1.00 | | |\n' "$pm"
     for name in "${NAMES[@]}"; do
-        read -r im _ _ <<<"$(printf '%s\n' ${IOPS[$name]} | stat3)"
-        read -r rm rl rh <<<"$(printf '%s\n' ${RATIO[$name]} | stat3)"
+        read -r im _ _ <<<"$(stat3 <<<"${IOPS[$name]}")"
+        read -r rm rl rh <<<"$(stat3 <<<"${RATIO[$name]}")"
         printf '| %s | %.0f | %.2f | %.2f | %.2f |\n' "$name" "$im" "$rm" "$rl" "$rh"
     done
     unset IOPS RATIO
