@@ -20,11 +20,15 @@ struct H {
 }
 
 fn open(spec: &str) -> Result<H, (i32, String)> {
+    open_flags(spec, 0)
+}
+
+fn open_flags(spec: &str, flags: u32) -> Result<H, (i32, String)> {
     let c = CString::new(spec).unwrap();
     let mut err = 0;
     let mut msg = [0 as c_char; MSG];
     // SAFETY: a NUL-terminated string, writable err and msg.
-    let job = unsafe { kfio_job_open(c.as_ptr(), &mut err, msg.as_mut_ptr(), MSG) };
+    let job = unsafe { kfio_job_open(c.as_ptr(), flags, &mut err, msg.as_mut_ptr(), MSG) };
     if job.is_null() {
         // SAFETY: write_msg NUL-terminated it.
         let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
@@ -171,6 +175,18 @@ fn jobs_naming_one_target_share_it_until_the_last_closes() {
     let d = open("emu:size=16M,lba=4096").unwrap();
     // SAFETY: live jobs.
     unsafe { assert!(!Arc::ptr_eq(&(*c.job).target, &(*d.job).target)) };
+    // Jobs sharing a target agree on how it is opened; the noiommu flag means nothing to
+    // an emulator, but a second job asking otherwise is told, not silently joined.
+    let e = open_flags("emu:size=16M", OPEN_NOIOMMU).err().unwrap();
+    assert_eq!(e.0, libc::EINVAL);
+    assert!(e.1.contains("kestrel_noiommu=1 differs"), "{}", e.1);
+    assert_eq!(users_of("emu:size=16M"), 1);
+    let f = open_flags("emu:size=24M", OPEN_NOIOMMU).unwrap();
+    let g = open_flags("emu:size=24M", OPEN_NOIOMMU).unwrap();
+    assert_eq!(users_of("emu:size=24M"), 2);
+    drop((f, g));
+    let e = open_flags("emu:size=24M", 1 << 7).err().unwrap();
+    assert!(e.1.contains("unknown open flags 0x80"), "{}", e.1);
 }
 
 #[test]
