@@ -13,6 +13,9 @@
 #                  kestrel perf reads the TSC too, fio's default here is clock_gettime)
 #   fio null       fio's own `null` engine with the batched options: what fio alone costs
 #                  per I/O (no device, no engine), the ceiling of any engine in fio
+#   engine loop    the engine's entry points called in fio's order for the batched job
+#                  (getevents, a queue per completion, a commit), without fio: the
+#                  ignored test engine_loop_rate of the kestrel-fio crate, pinned to CORE
 # Every fio run: ramp_time=1, norandommap, randrepeat=0, time_based runtime=TIME,
 # cpus_allowed=CORE. Every run is bounded by `timeout`.
 #
@@ -67,6 +70,12 @@ if ((CHECK)); then
     done
 else
     KESTREL_FIO_REQUIRE=1 cargo build --release -p kestrel-fio -p kestrel-app >&2
+    LOOP=$(KESTREL_FIO_REQUIRE=1 cargo test --release -p kestrel-fio --no-run --message-format=json |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -1)
+    [[ -x $LOOP ]] || {
+        echo "bench-fio.sh: no test executable of kestrel-fio for the engine loop" >&2
+        exit 1
+    }
 fi
 
 # perf_iops QD: the total IOPS of kestrel perf's JSON report.
@@ -88,6 +97,13 @@ fio_iops() {
         "$@" | awk -F';' 'NR == 1 { print $8 }'
 }
 
+# loop_iops QD: the engine loop's IOPS (the test prints "engine loop: qd N, IOPS X").
+loop_iops() {
+    KFIO_LOOP_QD=$1 KFIO_LOOP_SECS=$TIME KFIO_LOOP_WARMUP=1 KFIO_LOOP_TARGET=$TARGET \
+        timeout $((TIME + 60)) "${PRIO[@]}" taskset -c "$CORE" "$LOOP" engine_loop_rate \
+        --ignored --nocapture --test-threads=1 | sed -n 's/^engine loop: qd [0-9]*, IOPS //p'
+}
+
 # A figure or the end: an empty or zero figure means the run failed.
 figure() {
     local what=$1 v=$2
@@ -101,7 +117,8 @@ figure() {
 # stat3 < words: the median, lowest and highest of the numbers.
 stat3() { tr -s ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%s %s %s\n", m, v[1], v[NR] }'; }
 
-NAMES=("fio, Kestrel engine, defaults" "fio, Kestrel engine, batched" "fio, null engine, batched (fio alone)")
+NAMES=("fio, Kestrel engine, defaults" "fio, Kestrel engine, batched" "fio, null engine, batched (fio alone)"
+    "engine loop: the engine's entry points without fio")
 ((CHECK)) && NAMES=("fio, Kestrel engine, batched")
 
 for QD in $QDS; do
@@ -116,6 +133,7 @@ for QD in $QDS; do
             case $name in
             *defaults*) v=$(fio_iops "$QD" kestrel) ;;
             *null*) v=$(fio_iops "$QD" null "${BATCH[@]}") ;;
+            engine*) v=$(loop_iops "$QD") ;;
             *) v=$(fio_iops "$QD" kestrel "${BATCH[@]}") ;;
             esac
             v=$(figure "$name (QD $QD)" "$v")
