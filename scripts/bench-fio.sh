@@ -101,7 +101,7 @@ fio_iops() {
 loop_iops() {
     KFIO_LOOP_QD=$1 KFIO_LOOP_SECS=$TIME KFIO_LOOP_WARMUP=1 KFIO_LOOP_TARGET=$TARGET \
         timeout $((TIME + 60)) "${PRIO[@]}" taskset -c "$CORE" "$LOOP" engine_loop_rate \
-        --ignored --nocapture --test-threads=1 | sed -n 's/^engine loop: qd [0-9]*, IOPS //p'
+        --ignored --nocapture --test-threads=1 | sed -n 's/.*engine loop: qd [0-9]*, IOPS //p'
 }
 
 # A figure or the end: an empty or zero figure means the run failed.
