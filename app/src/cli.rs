@@ -373,7 +373,19 @@ pub struct PerfArgs {
     /// Write an SVG of the latency distribution (histogram and CDF).
     #[arg(long, value_name = "FILE.svg")]
     pub latency_plot: Option<PathBuf>,
-    /// No progress line and no notes on stderr (no short form: -q is --queue-depth).
+    /// Print the latency histogram (-L: of the total, read and write apart in mixed
+    /// workloads; -LL: also per core and target), as spdk_nvme_perf's -L/-LL.
+    #[arg(short = 'L', long = "latency-histogram", action = ArgAction::Count)]
+    pub latency_histogram: u8,
+    /// Print the transport counters (doorbells, shadow doorbell updates, polls that found
+    /// nothing) per core and target; JSON always has them.
+    #[arg(long)]
+    pub transport_stats: bool,
+    /// Print a progress line each second on stderr even when it is not a terminal (on a
+    /// terminal they are printed unless --quiet).
+    #[arg(long)]
+    pub progress: bool,
+    /// No progress lines and no notes on stderr (no short form: -q is --queue-depth).
     #[arg(long)]
     pub quiet: bool,
 }
