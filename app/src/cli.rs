@@ -201,6 +201,7 @@ Examples:
   kestrel perf -t 5
   kestrel perf -q 1 -o 4k -w randread -t 10
   kestrel perf -q 128 -w randrw -M 70 --json
+  kestrel perf -w randrw -M 70 -L --transport-stats
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
   kestrel perf --latency-plot lat.svg
