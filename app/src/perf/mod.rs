@@ -113,9 +113,11 @@ impl Progress {
         // The phase the middle of the sample falls in, by the run's schedule.
         let t = now.duration_since(self.started).as_secs_f64();
         let mid = t - dt / 2.0;
+        // (A window ended early by --number-ios or Ctrl-C: every poller past it.)
+        let all_done = shared.phase.iter().all(|p| p.load(Ordering::Relaxed) >= 2);
         let phase = if mid < self.warm_end {
             "warmup"
-        } else if mid < self.run_end {
+        } else if mid < self.run_end && !all_done {
             "running"
         } else {
             "finishing"
