@@ -82,7 +82,7 @@ fi
 perf_iops() {
     timeout $((TIME + 60)) "${PRIO[@]}" "$KESTREL" perf -q "$1" -o 4k -w randread -t "$TIME" \
         --target "$TARGET" -c "$CORE" --json --quiet |
-        sed -n '/"total": {/,$p' | sed -n 's/.*"iops": \([0-9.]*\).*/\1/p' | head -1
+        sed -n '/^  "total": {/,$p' | sed -n 's/.*"iops": \([0-9.]*\).*/\1/p' | head -1
 }
 
 # fio_iops QD ENGINE [extra fio options]: the read IOPS (field 8 of fio's terse output).

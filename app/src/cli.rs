@@ -241,6 +241,7 @@ Examples:
   kestrel perf -t 5
   kestrel perf -q 1 -o 4k -w randread -t 10
   kestrel perf -q 128 -w randrw -M 70 --json
+  kestrel perf -w randrw -M 70 -L --transport-stats
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
   kestrel perf --latency-plot lat.svg
@@ -424,7 +425,19 @@ pub struct PerfArgs {
     /// Write an SVG of the latency distribution (histogram and CDF).
     #[arg(long, value_name = "FILE.svg")]
     pub latency_plot: Option<PathBuf>,
-    /// No progress line and no notes on stderr (no short form: -q is --queue-depth).
+    /// Print the latency histogram (-L: of the total, read and write apart in mixed
+    /// workloads; -LL: also per core and target), as spdk_nvme_perf's -L/-LL.
+    #[arg(short = 'L', long = "latency-histogram", action = ArgAction::Count)]
+    pub latency_histogram: u8,
+    /// Print the transport counters (doorbells, shadow doorbell updates, polls that found
+    /// nothing) per core and target; JSON always has them.
+    #[arg(long)]
+    pub transport_stats: bool,
+    /// Print a progress line each second on stderr even when it is not a terminal (on a
+    /// terminal they are printed unless --quiet).
+    #[arg(long)]
+    pub progress: bool,
+    /// No progress lines and no notes on stderr (no short form: -q is --queue-depth).
     #[arg(long)]
     pub quiet: bool,
 }
