@@ -18,7 +18,7 @@ pub enum AppError {
     Driver(#[from] kestrel::Error),
     /// Controller bring-up or an admin command failed.
     #[error(transparent)]
-    Ctrlr(#[from] kestrel::ctrlr::CtrlrError),
+    Ctrlr(#[from] kestrel::nvme::ctrlr::CtrlrError),
     /// An operating system call failed.
     #[error("{context}: {source}")]
     Os {

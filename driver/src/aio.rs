@@ -20,7 +20,7 @@
 //! - `nr_events` bounds the requests outstanding (accepted and not yet returned by
 //!   `getevents`); it is also the size of every ring, so completions never wait for room.
 //! - Offsets and lengths are bytes and must be multiples of the target's block size.
-//! - Buffers are [`DmaSlice`]s of the target's [`crate::dma::DmaPool`] (checked), or, with
+//! - Buffers are [`DmaSlice`]s of the target's [`crate::hw::dma::DmaPool`] (checked), or, with
 //!   the bounce path enabled ([`ContextOptions::bounce`]), ordinary memory that is copied
 //!   through bounce buffers preallocated at setup.
 //! - `cancel(user_data)`: a request that has not reached the device is cancelled
@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::dma::{DmaBuf, DmaError, DmaPool, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaError, DmaPool, DmaSlice};
 use crate::io::{Completion, InvalidRequest, IoError, IoOp, IoRequest, Segments, SubmitError};
 use crate::notify::Notify;
 use crate::reactor::{
@@ -1491,8 +1491,8 @@ impl IoContext {
                 // Each pass delivers at most the room left, so nothing is reaped that
                 // cannot be returned.
                 for _ in 0..4 {
-                    let room =
-                        (events.len() - k).min(crate::qpair::MAX_COMPLETIONS_PER_POLL as usize);
+                    let room = (events.len() - k)
+                        .min(crate::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize);
                     if room == 0 {
                         break;
                     }

@@ -30,7 +30,7 @@ use crate::aio::{
     AioError, BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf, IoContext,
     Iocb, Opcode,
 };
-use crate::dma::{DmaBuf, DmaError, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaError, DmaSlice};
 use crate::io::MAX_SEGMENTS;
 use crate::target::Target;
 use crate::target_spec::{TargetSpecError, MAX_SPEC_LEN};
@@ -1493,9 +1493,9 @@ mod tests {
 
     #[test]
     fn lookup_stays_inside_one_buffer() {
-        let pool = crate::dma::DmaPool::new(
-            Arc::new(crate::dma::IdentityMapper),
-            crate::dma::DmaPoolOptions::default(),
+        let pool = crate::hw::dma::DmaPool::new(
+            Arc::new(crate::hw::dma::IdentityMapper),
+            crate::hw::dma::DmaPoolOptions::default(),
         );
         let a = pool.alloc(8192).unwrap();
         let b = pool.alloc(4096).unwrap();

@@ -1,7 +1,7 @@
 //! The I/O request and completion types shared by every target (NVMe queue pairs and the
 //! file target): plain `Copy` data, so the I/O path never allocates.
 
-use crate::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::spec::Status;
 
 /// The most data segments one request may carry (vectored I/O).

@@ -10,7 +10,7 @@
 //!
 //! [`parse`] is pure (no I/O, no panics on any input); [`open`] parses and opens, giving
 //! the [`Target`] (an emulated controller's namespace 1, a file, or namespace 1 of a PCI
-//! controller bound to vfio-pci, opened with the default [`crate::vfio::VfioOptions`]:
+//! controller bound to vfio-pci, opened with the default [`crate::hw::vfio::VfioOptions`]:
 //! IOMMU, 2 MiB hugepages).
 
 use std::path::PathBuf;
@@ -42,27 +42,29 @@ pub enum TargetSpecError {
     },
     /// Opening a PCI controller through VFIO failed.
     #[error(transparent)]
-    Vfio(#[from] crate::vfio::VfioError),
+    Vfio(#[from] crate::hw::vfio::VfioError),
     /// Starting the emulator failed.
     #[error(transparent)]
     Emu(#[from] crate::emu::EmuError),
     /// Bringing up the controller failed.
     #[error(transparent)]
-    Ctrlr(#[from] crate::ctrlr::CtrlrError),
+    Ctrlr(#[from] crate::nvme::ctrlr::CtrlrError),
     /// Opening the file failed.
     #[error(transparent)]
-    File(#[from] crate::file::FileError),
+    File(#[from] crate::target::file::FileError),
 }
 
 impl TargetSpecError {
     /// The errno a C caller sees (positive).
     pub fn errno(&self) -> i32 {
-        use crate::file::FileError as F;
+        use crate::target::file::FileError as F;
         match self {
             TargetSpecError::Parse { .. } => libc::EINVAL,
-            TargetSpecError::Vfio(crate::vfio::VfioError::PermissionDenied { .. }) => libc::EACCES,
-            TargetSpecError::Vfio(crate::vfio::VfioError::NoSuchDevice { .. }) => libc::ENODEV,
-            TargetSpecError::Vfio(crate::vfio::VfioError::GroupBusy { .. }) => libc::EBUSY,
+            TargetSpecError::Vfio(crate::hw::vfio::VfioError::PermissionDenied { .. }) => {
+                libc::EACCES
+            }
+            TargetSpecError::Vfio(crate::hw::vfio::VfioError::NoSuchDevice { .. }) => libc::ENODEV,
+            TargetSpecError::Vfio(crate::hw::vfio::VfioError::GroupBusy { .. }) => libc::EBUSY,
             TargetSpecError::Vfio(_) => libc::ENODEV,
             TargetSpecError::Emu(crate::emu::EmuError::Config { .. })
             | TargetSpecError::Emu(crate::emu::EmuError::FaultSpec { .. }) => libc::EINVAL,
@@ -408,12 +410,14 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                 cfg.faults = FaultPlan::parse(f)?;
             }
             let emu = EmuController::start(cfg)?;
-            let ctrlr =
-                crate::ctrlr::Controller::new(emu, crate::ctrlr::ControllerOptions::default())?;
-            Ok(Arc::new(crate::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
+            let ctrlr = crate::nvme::ctrlr::Controller::new(
+                emu,
+                crate::nvme::ctrlr::ControllerOptions::default(),
+            )?;
+            Ok(Arc::new(crate::nvme::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
         }
         TargetSpec::File(f) => {
-            use crate::file::{Direct, FileOptions, FileTarget};
+            use crate::target::file::{Direct, FileOptions, FileTarget};
             let opts = FileOptions {
                 size: f.size,
                 direct: match f.direct {
@@ -426,10 +430,15 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
             Ok(FileTarget::open(&f.path, &opts)?)
         }
         TargetSpec::Pci { bdf } => {
-            let t = crate::vfio::VfioTransport::open(bdf, &crate::vfio::VfioOptions::default())?;
-            let ctrlr =
-                crate::ctrlr::Controller::new(t, crate::ctrlr::ControllerOptions::default())?;
-            Ok(Arc::new(crate::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
+            let t = crate::hw::vfio::VfioTransport::open(
+                bdf,
+                &crate::hw::vfio::VfioOptions::default(),
+            )?;
+            let ctrlr = crate::nvme::ctrlr::Controller::new(
+                t,
+                crate::nvme::ctrlr::ControllerOptions::default(),
+            )?;
+            Ok(Arc::new(crate::nvme::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
         }
     }
 }

@@ -7,8 +7,8 @@ use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kestrel::file::{FileOptions, FileTarget};
 use kestrel::io::{IoOp, IoRequest};
+use kestrel::target::file::{FileOptions, FileTarget};
 use kestrel::{QueueOptions, Target, TargetQueue};
 
 struct Counting;

@@ -11,7 +11,7 @@ use super::mem::{EmuIommu, GuestSlice, Mem, Snapshot};
 use super::nvm::{self, Ns, Nvm};
 use super::store::Store;
 use super::{EmuConfig, EmuError, EmuStats, EmuStore, Shared};
-use crate::mmio::Bar;
+use crate::hw::mmio::Bar;
 use crate::spec::identify::{
     encode_active_ns_list, oacs, oncs, ErrorLogEntry, IdentifyController, IdentifyNamespace,
     LbaFormat, NsIdDescriptors, SmartLog, ERROR_LOG_ENTRY_SIZE, IDENTIFY_SIZE,

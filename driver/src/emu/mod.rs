@@ -178,10 +178,10 @@ use std::time::Duration;
 pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, MAX_RAW_CQES};
 pub use mem::{EmuIommu, IOVA_BASE};
 
-use crate::dma::{DmaMapper, PageKind};
-use crate::mmio::{Bar, MmioError};
+use crate::hw::dma::{DmaMapper, PageKind};
+use crate::hw::mmio::{Bar, MmioError};
+use crate::hw::transport::Transport;
 use crate::spec::regs::offset;
-use crate::transport::Transport;
 
 /// Configuration of an emulated controller. `Default` gives a sensible controller with
 /// one 1 GiB namespace of 4096-byte blocks in memory.

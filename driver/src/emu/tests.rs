@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use super::mem::host;
 use super::*;
-use crate::dma::{DmaBuf, DmaPool, DmaPoolOptions};
-use crate::mmio::Bar;
+use crate::hw::dma::{DmaBuf, DmaPool, DmaPoolOptions};
+use crate::hw::mmio::Bar;
 use crate::spec::cmd::DsmRange;
 use crate::spec::identify::{
     parse_active_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog,
@@ -1785,10 +1785,20 @@ fn shadow_doorbells() {
     let (t, next) = (q.tail, (q.tail + 1) % q.size);
     let armed = host::load_u32(&eventidx, sq_off);
     assert!(linux(armed, next, t), "armed: the next update rings MMIO");
-    assert!(crate::ring::need_event(armed, next as u16, t as u16, d));
+    assert!(crate::nvme::ring::need_event(
+        armed,
+        next as u16,
+        t as u16,
+        d
+    ));
     let polling = (t + q.size - 1) % q.size;
     assert!(!linux(polling, next, t), "polling: no MMIO needed");
-    assert!(!crate::ring::need_event(polling, next as u16, t as u16, d));
+    assert!(!crate::nvme::ring::need_event(
+        polling,
+        next as u16,
+        t as u16,
+        d
+    ));
     assert!(
         seen_eventidx.iter().all(|&v| v < q.size),
         "EventIdx always a valid index: {seen_eventidx:?}"

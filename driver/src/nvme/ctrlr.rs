@@ -15,19 +15,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::dma::{DmaBuf, DmaPool, DmaPoolOptions};
-use crate::format::UnsupportedFormat;
-use crate::mmio::{Bar, Doorbell};
-use crate::prp;
-use crate::qpair::{IoQpair, QpairOptions, QpairParts};
-use crate::ring::{CqRing, ShadowPages, ShadowSlot, SqRing};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaPoolOptions};
+use crate::hw::mmio::{Bar, Doorbell};
+use crate::hw::transport::Transport;
+use crate::nvme::format::UnsupportedFormat;
+use crate::nvme::prp;
+use crate::nvme::qpair::{IoQpair, QpairOptions, QpairParts};
+use crate::nvme::ring::{CqRing, ShadowPages, ShadowSlot, SqRing};
 use crate::spec::identify::{parse_active_ns_list, IDENTIFY_SIZE, SMART_LOG_SIZE};
 use crate::spec::regs::{shadow_doorbell_index, shutdown};
 use crate::spec::{
     admin_opc, cns, csi, lid, Aqa, Cap, Cc, Cqe, DoorbellKind, ErrorLogEntry, IdentifyController,
     IdentifyNamespace, NsFormat, NsIdDescriptors, SmartLog, Sqe, Status, Vs, NSID_ALL, PAGE_SIZE,
 };
-use crate::transport::Transport;
 
 /// The states of controller bring-up, in order.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -159,10 +159,10 @@ pub enum CtrlrError {
     },
     /// DMA memory.
     #[error(transparent)]
-    Dma(#[from] crate::dma::DmaError),
+    Dma(#[from] crate::hw::dma::DmaError),
     /// MMIO.
     #[error(transparent)]
-    Mmio(#[from] crate::mmio::MmioError),
+    Mmio(#[from] crate::hw::mmio::MmioError),
 }
 
 /// Options for [`Controller::new`].
@@ -214,7 +214,7 @@ pub struct NsInfo {
     /// The format in use: LBA format, metadata, protection, command set.
     pub format: NsFormat,
     /// Why the driver does no I/O to this namespace, when it does not implement its
-    /// format (see [`crate::format`]); `None` for a namespace it serves.
+    /// format (see [`crate::nvme::format`]); `None` for a namespace it serves.
     pub unsupported: Option<UnsupportedFormat>,
 }
 
@@ -862,7 +862,7 @@ impl Controller {
                     Err(e) => return Err(e),
                 };
             let format = NsFormat::of(&ns, csi);
-            let unsupported = crate::format::check(nsid, &format).err();
+            let unsupported = crate::nvme::format::check(nsid, &format).err();
             if let Some(u) = &unsupported {
                 tracing::warn!("{describe}: no i/o to {u}");
             }
@@ -1065,7 +1065,7 @@ impl Controller {
             2,
             sh.cap
                 .max_queue_entries()
-                .min(crate::qpair::MAX_TRACKERS + 1),
+                .min(crate::nvme::qpair::MAX_TRACKERS + 1),
         ) as u16;
         let max_cmd = opts
             .max_command_bytes
@@ -1184,9 +1184,9 @@ impl crate::target::Target for NvmeNamespace {
             depth: opts.depth,
             sw_queue_depth: opts.sw_queue_depth,
             doorbell: if opts.immediate_doorbell {
-                crate::qpair::DoorbellMode::Immediate
+                crate::nvme::qpair::DoorbellMode::Immediate
             } else {
-                crate::qpair::DoorbellMode::Batched
+                crate::nvme::qpair::DoorbellMode::Batched
             },
             shadow_doorbells: opts.shadow_doorbells,
             ..self.qpair_defaults.clone()

@@ -2,8 +2,10 @@
 //! queue pairs) and a file or block device (through io_uring). The aio API, the pollers,
 //! `kestrel perf` and the conformance suite use only this.
 
-use crate::dma::DmaPool;
+use crate::hw::dma::DmaPool;
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
+
+pub mod file;
 
 /// What a target is.
 #[derive(Clone, Debug, PartialEq, Eq)]

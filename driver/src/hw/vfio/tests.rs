@@ -2,7 +2,7 @@
 //! node, over a fake sysfs and /dev tree, and of every error message.
 
 use super::*;
-use crate::pci::fake::FakeSys;
+use crate::hw::pci::fake::FakeSys;
 
 const B: &str = "0000:01:00.0";
 

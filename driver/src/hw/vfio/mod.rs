@@ -50,10 +50,10 @@ use vfio_bindings::bindings::vfio::{
     VFIO_REGION_INFO_FLAG_MMAP, VFIO_REGION_INFO_FLAG_READ, VFIO_REGION_INFO_FLAG_WRITE,
 };
 
-use crate::dma::{DmaMapper, PageKind};
-use crate::mmio::{Bar, MIN_BAR_LEN};
-use crate::pci::{self, Bdf, GroupMember, PciError, SysRoots};
-use crate::transport::Transport;
+use crate::hw::dma::{DmaMapper, PageKind};
+use crate::hw::mmio::{Bar, MIN_BAR_LEN};
+use crate::hw::pci::{self, Bdf, GroupMember, PciError, SysRoots};
+use crate::hw::transport::Transport;
 
 /// Offset of the PCI command register in configuration space.
 pub const PCI_COMMAND: u64 = 0x04;

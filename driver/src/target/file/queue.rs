@@ -30,7 +30,7 @@ use std::sync::Arc;
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{DiscardKind, FileError, FileKind, Shared};
-use crate::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
     MAX_SEGMENTS,

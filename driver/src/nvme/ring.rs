@@ -16,7 +16,7 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::dma::{DmaBuf, DmaError, DmaPool};
+use crate::hw::dma::{DmaBuf, DmaError, DmaPool};
 use crate::spec::{Cqe, Sqe};
 
 /// A submission queue ring of `entries` 64-byte slots.

@@ -16,7 +16,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
+use crate::hw::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
 use crate::target::{QueueOptions, Target, TargetInfo, TargetQueue};
 
 pub use queue::{FileQueue, FileQueueCounters};
@@ -197,7 +197,7 @@ pub enum FileError {
         /// The path.
         path: PathBuf,
         /// The pool's error.
-        source: crate::dma::DmaError,
+        source: crate::hw::dma::DmaError,
     },
     /// Another OS error.
     #[error("{path}: {what} failed: {source}")]

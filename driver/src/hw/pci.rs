@@ -771,7 +771,7 @@ pub fn status_table(roots: &SysRoots) -> Result<String, PciError> {
 }
 
 #[cfg(test)]
-#[path = "../tests/support/fakesys.rs"]
+#[path = "../../tests/support/fakesys.rs"]
 pub(crate) mod fake;
 
 #[cfg(test)]

@@ -35,14 +35,14 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::ctrlr::{CtrlrShared, CtrlrState, NsInfo};
-use crate::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaSlice};
+use crate::hw::mmio::Doorbell;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
 };
-use crate::mmio::Doorbell;
-use crate::prp::{self, PrpListMem};
-use crate::ring::{need_event, CqRing, ShadowSlot, SqRing};
+use crate::nvme::ctrlr::{CtrlrShared, CtrlrState, NsInfo};
+use crate::nvme::prp::{self, PrpListMem};
+use crate::nvme::ring::{need_event, CqRing, ShadowSlot, SqRing};
 use crate::spec::{DsmRange, Sqe, Status, PAGE_SIZE};
 
 /// How the SQ tail doorbell is rung.
@@ -67,7 +67,7 @@ pub const MAX_SW_QUEUE: u32 = 65536;
 /// page covers it).
 pub const DEFAULT_MAX_COMMAND_BYTES: u64 = 2 << 20;
 
-/// Options for [`crate::ctrlr::Controller::create_io_qpair`].
+/// Options for [`crate::nvme::ctrlr::Controller::create_io_qpair`].
 #[derive(Clone, Debug)]
 pub struct QpairOptions {
     /// Entries in each ring (clamped to 2..=CAP.MQES+1); `depth - 1` commands in flight.
