@@ -423,3 +423,21 @@ impl QueueStats {
         self.timeouts += o.timeouts;
     }
 }
+
+/// What an abort of a request at the device came to (`TargetQueue::abort`,
+/// `IoQpair::abort`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AbortOutcome {
+    /// The controller reports the command aborted; its completion carries Command Abort
+    /// Requested.
+    Aborted,
+    /// The controller did not abort it (already done, or past the point of no return); it
+    /// completes with its own status.
+    NotAborted,
+    /// No command with that token is at the device (it completed, or is not submitted).
+    NotFound,
+    /// This target cannot abort a request at the device.
+    Unsupported,
+    /// The Abort command itself failed (logged); the request completes as it will.
+    Failed,
+}

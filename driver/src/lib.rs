@@ -56,9 +56,10 @@ pub use target::file;
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use hw::dma::{DmaBuf, DmaPool, DmaSlice};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
-pub use nvme::ctrlr::{Controller, ControllerOptions, NvmeNamespace};
+pub use nvme::ctrlr::{Controller, ControllerOptions};
 pub use nvme::qpair::{DoorbellMode, IoQpair, QpairOptions};
 pub use reactor::{IdlePolicy, Reactor, ReactorBuilder, ReactorError};
+pub use target::nvme::NvmeNamespace;
 pub use target::{QueueOptions, Target, TargetInfo, TargetQueue};
 
 /// Any error of the library, by layer.

@@ -414,7 +414,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                 emu,
                 crate::nvme::ctrlr::ControllerOptions::default(),
             )?;
-            Ok(Arc::new(crate::nvme::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
+            Ok(Arc::new(crate::target::nvme::NvmeNamespace::new(ctrlr, 1)?))
         }
         TargetSpec::File(f) => {
             use crate::target::file::{Direct, FileOptions, FileTarget};
@@ -438,7 +438,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                 t,
                 crate::nvme::ctrlr::ControllerOptions::default(),
             )?;
-            Ok(Arc::new(crate::nvme::ctrlr::NvmeNamespace::new(ctrlr, 1)?))
+            Ok(Arc::new(crate::target::nvme::NvmeNamespace::new(ctrlr, 1)?))
         }
     }
 }

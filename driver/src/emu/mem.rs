@@ -577,7 +577,7 @@ pub(super) fn fallocate(
 /// and by [`super::testkit`].
 pub(super) mod host {
     use super::*;
-    use crate::DmaBuf;
+    use crate::hw::dma::DmaBuf;
 
     fn word(buf: &DmaBuf, off: usize) -> &AtomicU32 {
         assert!(

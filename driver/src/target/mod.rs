@@ -5,7 +5,10 @@
 use crate::hw::dma::DmaPool;
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
 
+pub use crate::io::AbortOutcome;
+
 pub mod file;
+pub mod nvme;
 
 /// What a target is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,21 +95,4 @@ pub trait TargetQueue: Send {
         let _ = token;
         AbortOutcome::Unsupported
     }
-}
-
-/// What [`TargetQueue::abort`] came to.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum AbortOutcome {
-    /// The controller reports the command aborted; its completion carries Command Abort
-    /// Requested.
-    Aborted,
-    /// The controller did not abort it (already done, or past the point of no return); it
-    /// completes with its own status.
-    NotAborted,
-    /// No command with that token is at the device (it completed, or is not submitted).
-    NotFound,
-    /// This target cannot abort a request at the device.
-    Unsupported,
-    /// The Abort command itself failed (logged); the request completes as it will.
-    Failed,
 }

@@ -38,11 +38,13 @@ use std::time::{Duration, Instant};
 use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::hw::mmio::Doorbell;
 use crate::io::{
-    Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
+    AbortOutcome, Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats,
+    SubmitError,
 };
-use crate::nvme::ctrlr::{CtrlrShared, CtrlrState, NsInfo};
+use crate::nvme::init::NsInfo;
 use crate::nvme::prp::{self, PrpListMem};
 use crate::nvme::ring::{need_event, CqRing, ShadowSlot, SqRing};
+use crate::nvme::shared::{CtrlrShared, CtrlrState};
 use crate::spec::{DsmRange, Sqe, Status, PAGE_SIZE};
 
 /// How the SQ tail doorbell is rung.
@@ -80,7 +82,7 @@ pub struct QpairOptions {
     /// shadow doorbells. When false, every update is an MMIO write (and is still stored
     /// in the shadow page, which such a controller reads as the doorbell value).
     pub shadow_doorbells: bool,
-    /// Default cap on completions reaped per pass by [`crate::target::TargetQueue::poll`]
+    /// Default cap on completions reaped per pass by `TargetQueue::poll`
     /// (0: a quarter of the depth, at most 128).
     pub max_completions: u32,
     /// Largest bytes per command (further limited by MDTS); bigger requests are split.
@@ -372,6 +374,11 @@ impl IoQpair {
     /// Counters.
     pub fn stats(&self) -> QueueStats {
         self.stats
+    }
+    /// The cap on completions per reaping pass used when the caller gives none
+    /// ([`QpairOptions::max_completions`], resolved).
+    pub fn default_max_completions(&self) -> u32 {
+        self.max_completions
     }
     /// Whether shadow doorbells are in use: EventIdx decides which updates also need an
     /// MMIO write.
@@ -1022,7 +1029,7 @@ impl IoQpair {
         self.delayed.clear();
         if let Err(err) =
             self.ctrlr
-                .recreate_io_queue(self.qid, self.depth, self.sq.iova(), self.cq.iova())
+                .create_io_queue(self.qid, self.depth, self.sq.iova(), self.cq.iova())
         {
             tracing::error!(
                 "qid {}: recreating the queue after reset failed: {err}",
@@ -1216,8 +1223,7 @@ impl IoQpair {
     /// of them. Each such command then completes normally or with Command Abort Requested,
     /// and is not retried. A synchronous admin command per CID, bounded by the qpair's
     /// abort timeout: a rare recovery action, not an I/O path operation.
-    pub fn abort(&mut self, token: u64) -> crate::target::AbortOutcome {
-        use crate::target::AbortOutcome;
+    pub fn abort(&mut self, token: u64) -> AbortOutcome {
         self.flush();
         let mut outcome = AbortOutcome::NotFound;
         for cid in 0..self.trackers.len() {
@@ -1330,30 +1336,5 @@ impl IoQpair {
 impl Drop for IoQpair {
     fn drop(&mut self) {
         self.ctrlr.release_io_queue(self.qid, self.removed);
-    }
-}
-
-impl crate::target::TargetQueue for IoQpair {
-    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        IoQpair::submit(self, req)
-    }
-    fn flush(&mut self) {
-        IoQpair::flush(self)
-    }
-    fn poll(&mut self, max: u32, done: &mut dyn FnMut(Completion)) -> u32 {
-        let max = if max == 0 { self.max_completions } else { max };
-        self.process_completions(max, done)
-    }
-    fn outstanding(&self) -> u32 {
-        IoQpair::outstanding(self)
-    }
-    fn stats(&self) -> QueueStats {
-        self.stats
-    }
-    fn cancel_queued(&mut self, token: u64) -> bool {
-        IoQpair::cancel_queued(self, token)
-    }
-    fn abort(&mut self, token: u64) -> crate::target::AbortOutcome {
-        IoQpair::abort(self, token)
     }
 }
