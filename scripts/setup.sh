@@ -5,27 +5,25 @@
 #
 #   scripts/setup.sh [config|reset|status|help]      (config is the default)
 #
-# Run `scripts/setup.sh help` for the environment variables.
+# Every variable and argument is checked, and every controller to bind is checked for
+# mounts, swap and holders, before the first module load or sysfs write. Run
+# `scripts/setup.sh help` for the variables and exit statuses.
 set -euo pipefail
 shopt -s nullglob
 export LC_ALL=C
 
-SYSFS_ROOT=${SYSFS_ROOT:-/sys}
-PROC_ROOT=${PROC_ROOT:-/proc}
-DEV_ROOT=${DEV_ROOT:-/dev}
-PCI_ALLOWED=${PCI_ALLOWED:-}
-PCI_BLOCKED=${PCI_BLOCKED:-}
-HUGEMEM=${HUGEMEM:-2048}
-TARGET_USER=${TARGET_USER:-}
-NOIOMMU=${NOIOMMU:-0}
-BIND_WAIT_S=${BIND_WAIT_S:-5}
-
-NVME_CLASS=$((0x010802))
 PROG=setup.sh
+EXIT_FAIL=1
+EXIT_USAGE=2
 
 die() {
     printf '%s: error: %s\n' "$PROG" "$*" >&2
-    exit 1
+    exit "$EXIT_FAIL"
+}
+# usage_error MSG: a bad variable or argument; nothing has been done yet.
+usage_error() {
+    printf '%s: error: %s\n' "$PROG" "$*" >&2
+    exit "$EXIT_USAGE"
 }
 warn() { printf '%s: warning: %s\n' "$PROG" "$*" >&2; }
 info() { printf '%s: %s\n' "$PROG" "$*"; }
@@ -35,24 +33,206 @@ usage() {
         'usage: scripts/setup.sh [config|reset|status|help]' \
         '' \
         '  config  (default) bind NVMe controllers to vfio-pci (through driver_override and' \
-        '          drivers_probe), allocate hugepages, mount hugetlbfs, load vfio-pci.' \
-        '          Refuses controllers whose namespaces are mounted, used as swap or held by' \
-        '          another device (LVM, md); when PCI_ALLOWED is unset such controllers are' \
-        '          skipped with a message instead.' \
-        "  reset   rebind NVMe controllers on vfio-pci (or no driver) to the kernel's nvme driver." \
+        '          drivers_probe), allocate hugepages, mount hugetlbfs, load vfio-pci, and' \
+        '          record what it found in STATE_DIR/setup.state for reset.' \
+        '          Refuses controllers whose namespaces are mounted (the root filesystem' \
+        '          included), used as swap or held by another device (LVM, md); when' \
+        '          PCI_ALLOWED is unset such controllers are skipped with a message instead.' \
+        "  reset   undo config: rebind each controller config took to the driver it had" \
+        '          (others on vfio-pci or no driver go to nvme); without PCI_ALLOWED and' \
+        '          PCI_BLOCKED also put the hugepage pool back, unmount the hugetlbfs it' \
+        '          mounted and unload the modules it loaded.' \
         '  status  hugepages per NUMA node (free/total) and a table of NVMe controllers: BDF,' \
         '          vendor:device, NUMA node, IOMMU group, driver, block devices, what uses them.' \
         '  help    this text.' \
         '' \
-        'environment:' \
-        '  PCI_ALLOWED="BDF ..."  only these controllers (space-separated, 0000:01:00.0 or 01:00.0)' \
+        'environment (all checked before anything is done):' \
+        '  PCI_ALLOWED="BDF ..."  only these controllers, space-separated, as 0000:01:00.0 or' \
+        '                         01:00.0; no wildcards' \
         '  PCI_BLOCKED="BDF ..."  never these controllers' \
-        '  HUGEMEM=MiB            MiB of 2 MiB hugepages to have in the pool (default 2048)' \
-        '  TARGET_USER=user       chown /dev/vfio/<group> to this user so it can run kestrel' \
-        '  NOIOMMU=1              enable vfio'"'"'s UNSAFE noiommu mode (no IOMMU: the device can' \
+        '  HUGEMEM=MiB            MiB of hugepages to have in the pool (default 2048), a whole' \
+        '                         number without sign or leading zero, at most the memory size' \
+        '  HUGEPGSZ=kB            hugepage size in kB: 2048 (default) or 1048576' \
+        '  TARGET_USER=user       hand the controllers to this user: chown /dev/vfio/<group>,' \
+        '                         hugetlbfs mounted with its group, memlock advice' \
+        '  NOIOMMU=0|1            1: enable vfio'"'"'s UNSAFE noiommu mode (no IOMMU: the device can' \
         '                         read and write all memory); only on machines without an IOMMU' \
-        '  BIND_WAIT_S=seconds    how long to wait for a driver to bind (default 5)' \
-        '  SYSFS_ROOT, PROC_ROOT, DEV_ROOT   roots of /sys, /proc and /dev (for tests)'
+        '  DRIVER_OVERRIDE=vfio-pci  the only driver Kestrel uses; anything else is refused' \
+        '  BIND_WAIT_S=seconds    how long to wait for a driver to bind (0..600, default 5)' \
+        '  STATE_DIR=dir          where config records what it changed (default /run/kestrel)' \
+        '  SYSFS_ROOT, PROC_ROOT, DEV_ROOT   roots of /sys, /proc and /dev (for tests)' \
+        '' \
+        'exit status: 0 done; 1 refused or failed (the message says what was and was not' \
+        'changed); 2 bad subcommand or variable (nothing was done).'
+}
+
+# --- checking the settings (no side effects) ----------------------------------------
+
+# is_abs_path VALUE: an absolute path without newlines.
+is_abs_path() { [[ $1 == /* && $1 != *$'\n'* ]]; }
+
+# check_root_var NAME VALUE
+check_root_var() {
+    is_abs_path "$2" || usage_error "$1='$2' is not an absolute path"
+}
+
+# SPDK's names for settings this script has under another name or not at all: set, they
+# would be silently ignored.
+check_foreign_vars() {
+    if [[ -n ${PCI_WHITELIST+x} ]]; then usage_error "PCI_WHITELIST is not read here: use PCI_ALLOWED"; fi
+    if [[ -n ${PCI_BLACKLIST+x} ]]; then usage_error "PCI_BLACKLIST is not read here: use PCI_BLOCKED"; fi
+    if [[ -n ${NRHUGE+x} ]]; then usage_error "NRHUGE is not read here: give the pool size in MiB with HUGEMEM"; fi
+    if [[ -n ${HUGENODE+x} ]]; then usage_error "HUGENODE is not supported: the kernel spreads the pool over the NUMA nodes (see 'status')"; fi
+}
+
+# check_decimal NAME VALUE MAX_DIGITS WHAT: a whole decimal number, no sign, no leading
+# zero (bash reads 010 as octal), at most MAX_DIGITS digits (no overflow).
+check_decimal() {
+    local name=$1 v=$2 digits=$3 what=$4
+    if [[ -z $v ]]; then
+        usage_error "$name is empty: give $what"
+    elif [[ $v == -* ]]; then
+        usage_error "$name='$v' is negative: give $what"
+    elif [[ ! $v =~ ^[0-9]+$ ]]; then
+        usage_error "$name='$v' is not a whole decimal number: give $what"
+    elif ((${#v} > digits)); then
+        usage_error "$name='$v' is absurdly large (more than $digits digits): give $what"
+    elif [[ $v =~ ^0[0-9] ]]; then
+        usage_error "$name='$v' has a leading zero (some tools read it as octal): write $((10#$v))"
+    fi
+}
+
+# meminfo_kib KEY: a value of the meminfo file, in kB; fails when absent.
+meminfo_kib() {
+    local k v rest
+    [[ -r $PROC_ROOT/meminfo ]] || return 1
+    while read -r k v rest || [[ -n ${k:-} ]]; do
+        if [[ $k == "$1:" && $v =~ ^[0-9]+$ ]]; then
+            printf '%s' "$v"
+            return 0
+        fi
+        k=''
+    done <"$PROC_ROOT/meminfo"
+    return 1
+}
+
+HUGE_PAGES=0
+check_hugemem() {
+    check_decimal HUGEMEM "$HUGEMEM" 9 "the hugepage pool size in MiB, like 2048"
+    if ((HUGEMEM == 0)); then
+        usage_error "HUGEMEM=0: the pool needs at least one page; give its size in MiB, like 2048"
+    fi
+    check_decimal HUGEPGSZ "$HUGEPGSZ" 8 "the hugepage size in kB: 2048 or 1048576"
+    if ((HUGEPGSZ < 4 || (HUGEPGSZ & (HUGEPGSZ - 1)) != 0)); then
+        usage_error "HUGEPGSZ=$HUGEPGSZ kB is not a hugepage size: give 2048 (2 MiB) or 1048576 (1 GiB)"
+    fi
+    # Rounded up to whole pages.
+    HUGE_PAGES=$(((HUGEMEM * 1024 + HUGEPGSZ - 1) / HUGEPGSZ))
+}
+
+# normalise_bdf ADDR: prints DDDD:BB:DD.F for [DDDD:]BB:DD.F (domain 4 to 8 hex digits,
+# bus and device 2, function 1, either case); fails if it does not parse.
+normalise_bdf() {
+    local b=${1,,} dom=0 bus dev fn
+    if [[ $b =~ ^([0-9a-f]{4,8}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$ ]]; then
+        dom=${BASH_REMATCH[1]} bus=${BASH_REMATCH[2]} dev=${BASH_REMATCH[3]} fn=${BASH_REMATCH[4]}
+    elif [[ $b =~ ^([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$ ]]; then
+        bus=${BASH_REMATCH[1]} dev=${BASH_REMATCH[2]} fn=${BASH_REMATCH[3]}
+    else
+        return 1
+    fi
+    if ((16#$dev > 0x1f)); then
+        return 1
+    fi
+    printf '%04x:%02x:%02x.%x' "$((16#$dom))" "$((16#$bus))" "$((16#$dev))" "$fn"
+}
+
+PARSED=()
+# parse_list NAME VALUE: sets PARSED to the normalised BDFs of a space-separated list.
+# Refuses wildcards and anything that is not an exact address.
+parse_list() {
+    local name=$1 value=$2 b n words=()
+    PARSED=()
+    case $value in
+    *[*?\[\]]*)
+        usage_error "$name='$value': wildcards are refused, name each controller by its address (see 'scripts/setup.sh status')"
+        ;;
+    esac
+    # No glob characters are left; -f anyway, so nothing can expand to file names.
+    set -f
+    # shellcheck disable=SC2206 # splitting on blanks is the point
+    words=($value)
+    set +f
+    for b in "${words[@]}"; do
+        case ${b,,} in
+        all | any | none)
+            usage_error "$name='$value': '$b' is not an address and wildcards are refused; name each controller (see 'scripts/setup.sh status')"
+            ;;
+        esac
+        n=$(normalise_bdf "$b") ||
+            usage_error "$name: '$b' is not a PCI address: give [DDDD:]BB:DD.F in hex, like 0000:01:00.0 or 01:00.0, several separated by spaces"
+        if ! in_list "$n" "${PARSED[@]}"; then
+            PARSED+=("$n")
+        fi
+    done
+}
+
+in_list() {
+    local x
+    for x in "${@:2}"; do
+        if [[ $x == "$1" ]]; then
+            return 0
+        fi
+    done
+    return 1
+}
+
+TARGET_UID=''
+TARGET_GID=''
+check_target_user() {
+    [[ -n $TARGET_USER ]] || return 0
+    if [[ ! $TARGET_USER =~ ^([A-Za-z_][A-Za-z0-9_.-]{0,31}|[0-9]{1,10})$ ]]; then
+        usage_error "TARGET_USER='$TARGET_USER' is not a user name"
+    fi
+    TARGET_UID=$(id -u "$TARGET_USER" 2>/dev/null) || usage_error "TARGET_USER: no user '$TARGET_USER' on this machine"
+    TARGET_GID=$(id -g "$TARGET_USER" 2>/dev/null) || usage_error "TARGET_USER: no group for user '$TARGET_USER'"
+    if [[ $NOIOMMU == 1 ]]; then
+        usage_error "TARGET_USER with NOIOMMU=1: a noiommu group can be opened only with CAP_SYS_RAWIO, so '$TARGET_USER' could not use it; run kestrel as root, or use the IOMMU"
+    fi
+}
+
+ALLOWED=()
+BLOCKED=()
+# check_settings: every variable, before anything is done.
+check_settings() {
+    local b
+    check_foreign_vars
+    check_root_var SYSFS_ROOT "$SYSFS_ROOT"
+    check_root_var PROC_ROOT "$PROC_ROOT"
+    check_root_var DEV_ROOT "$DEV_ROOT"
+    check_root_var STATE_DIR "$STATE_DIR"
+    case $NOIOMMU in
+    0 | 1) ;;
+    *) usage_error "NOIOMMU='$NOIOMMU': give 1 (enable the unsafe noiommu mode) or 0" ;;
+    esac
+    if [[ -n $DRIVER_OVERRIDE && $DRIVER_OVERRIDE != vfio-pci ]]; then
+        usage_error "DRIVER_OVERRIDE='$DRIVER_OVERRIDE': Kestrel drives controllers only through vfio-pci (uio drivers give no IOMMU protection and no IOMMU group); unset it"
+    fi
+    check_decimal BIND_WAIT_S "$BIND_WAIT_S" 3 "seconds to wait for a driver, 0 to 600"
+    if ((BIND_WAIT_S > 600)); then
+        usage_error "BIND_WAIT_S=$BIND_WAIT_S: at most 600 seconds"
+    fi
+    check_hugemem
+    check_target_user
+    parse_list PCI_ALLOWED "$PCI_ALLOWED"
+    ALLOWED=("${PARSED[@]}")
+    parse_list PCI_BLOCKED "$PCI_BLOCKED"
+    BLOCKED=("${PARSED[@]}")
+    for b in "${ALLOWED[@]}"; do
+        if in_list "$b" "${BLOCKED[@]}"; then
+            usage_error "$b is in both PCI_ALLOWED and PCI_BLOCKED"
+        fi
+    done
 }
 
 # LINES=(...) from text, one element per line. Used instead of process substitution,
@@ -92,22 +272,6 @@ link_name() {
     printf '%s' "${t##*/}"
 }
 
-# normalise_bdf ADDR: prints DDDD:BB:DD.F for [DDDD:]BB:DD.F; fails if it does not parse.
-normalise_bdf() {
-    local b=${1,,} dom bus dev fn
-    if [[ $b =~ ^([0-9a-f]{1,8}):([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$ ]]; then
-        dom=${BASH_REMATCH[1]} bus=${BASH_REMATCH[2]} dev=${BASH_REMATCH[3]} fn=${BASH_REMATCH[4]}
-    elif [[ $b =~ ^([0-9a-f]{1,2}):([0-9a-f]{1,2})\.([0-7])$ ]]; then
-        dom=0 bus=${BASH_REMATCH[1]} dev=${BASH_REMATCH[2]} fn=${BASH_REMATCH[3]}
-    else
-        return 1
-    fi
-    if ((16#$dev > 0x1f)); then
-        return 1
-    fi
-    printf '%04x:%02x:%02x.%x' "$((16#$dom))" "$((16#$bus))" "$((16#$dev))" "$fn"
-}
-
 pci_dir() { printf '%s/bus/pci/devices/%s' "$SYSFS_ROOT" "$1"; }
 
 # nvme_bdfs: prints the BDF of every NVMe controller, one a line, sorted.
@@ -139,13 +303,13 @@ dev_basename() {
 
 MOUNT_DEVS=()
 MOUNT_PTS=()
+MI_DEVNOS=()
+MI_PTS=()
 SWAP_DEVS=()
-# collect_usage: reads the mounts and swaps files once.
+# collect_usage: reads the mounts, mountinfo and swaps files once.
 collect_usage() {
-    local src mnt rest n
-    MOUNT_DEVS=()
-    MOUNT_PTS=()
-    SWAP_DEVS=()
+    local src mnt rest n id devno
+    MOUNT_DEVS=() MOUNT_PTS=() MI_DEVNOS=() MI_PTS=() SWAP_DEVS=()
     if [[ -r $PROC_ROOT/mounts ]]; then
         while read -r src mnt rest || [[ -n ${src:-} ]]; do
             if [[ -n ${mnt:-} ]] && n=$(dev_basename "$src"); then
@@ -154,6 +318,17 @@ collect_usage() {
             fi
             src='' mnt=''
         done <"$PROC_ROOT/mounts"
+    fi
+    # "id parent major:minor root mountpoint ...": finds mounts whose source does not
+    # name the device (/dev/root).
+    if [[ -r $PROC_ROOT/self/mountinfo ]]; then
+        while read -r id _ devno _ mnt rest || [[ -n ${id:-} ]]; do
+            if [[ -n ${mnt:-} ]]; then
+                MI_DEVNOS+=("$devno")
+                MI_PTS+=("$mnt")
+            fi
+            id='' mnt=''
+        done <"$PROC_ROOT/self/mountinfo"
     fi
     if [[ -r $PROC_ROOT/swaps ]]; then
         {
@@ -170,14 +345,23 @@ collect_usage() {
 
 USES=()
 # uses_of DEV DIR: appends to USES every mount, swap area and holder of one block
-# device or partition whose sysfs directory is DIR.
+# device or partition whose sysfs directory is DIR (the order of kestrel::pci).
 uses_of() {
-    local dev=$1 dir=$2 i s h dm
+    local dev=$1 dir=$2 i s h dm devno seen=$'\n'
     for i in "${!MOUNT_DEVS[@]}"; do
         if [[ ${MOUNT_DEVS[i]} == "$dev" ]]; then
             USES+=("$dev mounted on ${MOUNT_PTS[i]}")
+            seen+="${MOUNT_PTS[i]}"$'\n'
         fi
     done
+    if devno=$(read_file "$dir/dev"); then
+        for i in "${!MI_DEVNOS[@]}"; do
+            if [[ ${MI_DEVNOS[i]} == "$devno" && $seen != *$'\n'"${MI_PTS[i]}"$'\n'* ]]; then
+                USES+=("$dev mounted on ${MI_PTS[i]}")
+                seen+="${MI_PTS[i]}"$'\n'
+            fi
+        done
+    fi
     for s in "${SWAP_DEVS[@]}"; do
         if [[ $s == "$dev" ]]; then
             USES+=("$dev used as swap")
@@ -324,11 +508,15 @@ controller_row() {
         "${driver:--}" "$blocks" "$inuse"
 }
 
-cmd_status() {
-    local bdfs=() b
+require_sysfs() {
     if [[ ! -d $SYSFS_ROOT/bus/pci/devices ]]; then
         die "$SYSFS_ROOT/bus/pci/devices does not exist: is sysfs mounted (mount -t sysfs sysfs /sys)?"
     fi
+}
+
+cmd_status() {
+    local bdfs=() b
+    require_sysfs
     collect_usage
     print_hugepages
     printf '\n'
@@ -343,6 +531,88 @@ cmd_status() {
     for b in "${bdfs[@]}"; do
         controller_row "$b"
     done
+}
+
+# --- the state config found ----------------------------------------------------------
+#
+# $STATE_DIR/setup.state holds one record a line, written by config the first time it
+# changes something and read by reset:
+#   driver BDF DRIVER|none   the driver a controller had before config bound it
+#   hugepages KB COUNT       nr_hugepages of the KB pool before config grew it
+#   mount PATH               a hugetlbfs config mounted
+#   mkdir PATH               the directory config made for it
+#   module NAME              a module config loaded
+#   noiommu VALUE            enable_unsafe_noiommu_mode before config set it
+# A later config never overwrites a record: reset goes back to what the first one found.
+
+state_file() { printf '%s/setup.state' "$STATE_DIR"; }
+
+STATE=()
+# load_state: STATE=(records); refuses a file it cannot read or parse.
+load_state() {
+    local f line n=0
+    f=$(state_file)
+    STATE=()
+    [[ -e $f ]] || return 0
+    [[ -r $f ]] || die "cannot read $f"
+    while IFS= read -r line || [[ -n $line ]]; do
+        n=$((n + 1))
+        case $line in
+        '' | '#'*) continue ;;
+        esac
+        if [[ ! $line =~ ^(driver\ [0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\ [A-Za-z0-9_-]+|hugepages\ [1-9][0-9]{0,7}\ (0|[1-9][0-9]{0,9})|mount\ /[^[:space:]]*|mkdir\ /[^[:space:]]*|module\ [A-Za-z0-9_-]+|noiommu\ [A-Za-z0-9]+)$ ]]; then
+            die "$f line $n is not a record of this script: '$line'; fix or delete the file (it only tells reset what to restore)"
+        fi
+        STATE+=("$line")
+    done <"$f"
+}
+
+# state_get KEY: prints the value of the first record "KEY value" (empty for a record
+# "KEY"); fails if there is none.
+state_get() {
+    local r v
+    for r in "${STATE[@]}"; do
+        if [[ $r == "$1" || $r == "$1 "* ]]; then
+            v=${r#"$1"}
+            printf '%s' "${v# }"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# record KEY [VALUE]: appends "KEY VALUE" unless a record for KEY exists.
+record() {
+    local f line=$1${2:+ $2}
+    if state_get "$1" >/dev/null; then
+        return 0
+    fi
+    f=$(state_file)
+    if [[ ! -e $f ]]; then
+        mkdir -p "$STATE_DIR" || die "cannot create $STATE_DIR (set STATE_DIR to a writable directory)"
+        printf '# kestrel setup.sh: what config found, for reset to restore\n' >"$f" ||
+            die "cannot write $f"
+    fi
+    printf '%s\n' "$line" >>"$f" || die "cannot write $f"
+    STATE+=("$line")
+}
+
+# forget KEY: removes the record for KEY; deletes the file when no record is left.
+forget() {
+    local r keep=() f
+    f=$(state_file)
+    for r in "${STATE[@]}"; do
+        if [[ $r != "$1" && $r != "$1 "* ]]; then
+            keep+=("$r")
+        fi
+    done
+    STATE=("${keep[@]}")
+    if ((${#STATE[@]} == 0)); then
+        rm -f "$f"
+    else
+        { printf '# kestrel setup.sh: what config found, for reset to restore\n'
+          printf '%s\n' "${STATE[@]}"; } >"$f" || die "cannot write $f"
+    fi
 }
 
 # --- config and reset ----------------------------------------------------------------
@@ -360,48 +630,19 @@ sysfs_write() {
     fi
 }
 
-PARSED=()
-# parse_list NAME VALUE: sets PARSED to the normalised BDFs of a space-separated list.
-parse_list() {
-    local b n
-    PARSED=()
-    for b in $2; do
-        n=$(normalise_bdf "$b") || die "$1: '$b' is not a PCI address (like 0000:01:00.0 or 01:00.0)"
-        PARSED+=("$n")
-    done
-}
-
-in_list() {
-    local x
-    for x in "${@:2}"; do
-        if [[ $x == "$1" ]]; then
-            return 0
-        fi
-    done
-    return 1
-}
-
-ALLOWED=()
-BLOCKED=()
 TARGETS=()
 # select_targets: fills TARGETS from the NVMe controllers, PCI_ALLOWED and PCI_BLOCKED.
 select_targets() {
     local all=() b
-    ALLOWED=()
-    BLOCKED=()
     TARGETS=()
     split_lines "$(nvme_bdfs | sort)"
     all=("${LINES[@]}")
-    parse_list PCI_ALLOWED "$PCI_ALLOWED"
-    ALLOWED=("${PARSED[@]}")
-    parse_list PCI_BLOCKED "$PCI_BLOCKED"
-    BLOCKED=("${PARSED[@]}")
     for b in "${ALLOWED[@]}"; do
         if [[ ! -e $(pci_dir "$b") ]]; then
-            die "PCI_ALLOWED: no PCI device $b (see scripts/setup.sh status)"
+            usage_error "PCI_ALLOWED: no PCI device $b (see scripts/setup.sh status)"
         fi
         if ! in_list "$b" "${all[@]}"; then
-            die "PCI_ALLOWED: $b is not an NVMe controller (class $(read_file "$(pci_dir "$b")/class" || echo unknown))"
+            usage_error "PCI_ALLOWED: $b is not an NVMe controller (class $(read_file "$(pci_dir "$b")/class" || echo unknown))"
         fi
     done
     for b in "${all[@]}"; do
@@ -422,25 +663,86 @@ load_module() {
     if ! modprobe "$mod" "$@"; then
         die "modprobe $mod $* failed; is the module built for this kernel ($(uname -r))?"
     fi
+    record "module $mod"
+}
+
+NOIOMMU_PARAM=''
+HUGE_DIR=''
+TO_BIND=()
+# plan_config: every check config makes before its first action; sets TO_BIND.
+plan_config() {
+    local b drv refused failed=0 sizes=() d total
+    require_sysfs
+    select_targets
+    collect_usage
+    load_state
+    NOIOMMU_PARAM=$SYSFS_ROOT/module/vfio/parameters/enable_unsafe_noiommu_mode
+    if [[ $NOIOMMU == 1 && ! -e $NOIOMMU_PARAM && -d $SYSFS_ROOT/module/vfio ]]; then
+        die "vfio is loaded without noiommu support ($NOIOMMU_PARAM missing): the kernel was built without CONFIG_VFIO_NOIOMMU; use a kernel with it"
+    fi
+    if total=$(meminfo_kib MemTotal) && ((HUGEMEM * 1024 > total)); then
+        usage_error "HUGEMEM=$HUGEMEM MiB is more than this machine's memory ($((total / 1024)) MiB, MemTotal in $PROC_ROOT/meminfo)"
+    fi
+    HUGE_DIR=$SYSFS_ROOT/kernel/mm/hugepages/hugepages-${HUGEPGSZ}kB
+    if [[ ! -e $HUGE_DIR/nr_hugepages ]]; then
+        for d in "$SYSFS_ROOT"/kernel/mm/hugepages/hugepages-*kB; do
+            d=${d##*/hugepages-}
+            sizes+=("${d%kB}")
+        done
+        if ((${#sizes[@]})); then
+            usage_error "HUGEPGSZ=$HUGEPGSZ: this kernel has no $HUGEPGSZ kB hugepages ($HUGE_DIR missing); it has: ${sizes[*]} (kB)"
+        fi
+        die "no hugepage support ($HUGE_DIR missing): the kernel lacks CONFIG_HUGETLBFS"
+    fi
+    TO_BIND=()
+    for b in "${TARGETS[@]}"; do
+        drv=$(driver_of "$b")
+        if [[ $drv == vfio-pci ]]; then
+            TO_BIND+=("$b")
+            continue
+        fi
+        scan_blocks "$b"
+        if ((${#USES[@]})); then
+            refused=$(printf '%s, ' "${USES[@]}")
+            refused=${refused%, }
+            if ((${#ALLOWED[@]})); then
+                printf '%s: error: refusing to unbind %s from %s: %s; unmount / swapoff / remove the holder first\n' \
+                    "$PROG" "$b" "${drv:-no driver}" "$refused" >&2
+                failed=1
+            else
+                info "$b: skipped, in use: $refused (name it in PCI_ALLOWED after freeing it)"
+            fi
+            continue
+        fi
+        if [[ $NOIOMMU != 1 && -z $(group_of "$b") ]]; then
+            printf '%s: error: %s has no IOMMU group: the IOMMU is off; boot with intel_iommu=on or amd_iommu=on, or use NOIOMMU=1 knowingly; left on %s\n' \
+                "$PROG" "$b" "${drv:-no driver}" >&2
+            failed=1
+            continue
+        fi
+        TO_BIND+=("$b")
+    done
+    if ((failed)); then
+        die "nothing was changed"
+    fi
 }
 
 setup_modules() {
-    local param=$SYSFS_ROOT/module/vfio/parameters/enable_unsafe_noiommu_mode
     if [[ $NOIOMMU == 1 ]]; then
         warn "NOIOMMU=1: enabling vfio's UNSAFE noiommu mode. DMA of the devices bound now is"
         warn "NOT confined by an IOMMU: they can read and write ALL memory of this machine."
         warn "Use it only on a machine without an IOMMU, for devices you trust."
-        if [[ ! -e $param ]]; then
-            if [[ -d $SYSFS_ROOT/module/vfio ]]; then
-                die "vfio is loaded without noiommu support ($param missing): the kernel was built without CONFIG_VFIO_NOIOMMU; use a kernel with it"
-            fi
+        if [[ ! -e $NOIOMMU_PARAM ]]; then
             load_module vfio enable_unsafe_noiommu_mode=1
         fi
-        if [[ ! -e $param ]]; then
-            die "this kernel's vfio has no noiommu support ($param missing): it was built without CONFIG_VFIO_NOIOMMU"
+        if [[ ! -e $NOIOMMU_PARAM ]]; then
+            die "this kernel's vfio has no noiommu support ($NOIOMMU_PARAM missing): it was built without CONFIG_VFIO_NOIOMMU"
         fi
-        if [[ $(read_file "$param") != Y && $(read_file "$param") != 1 ]]; then
-            sysfs_write 1 "$param"
+        local cur
+        cur=$(read_file "$NOIOMMU_PARAM" || echo N)
+        if [[ $cur != Y && $cur != 1 ]]; then
+            record noiommu "$cur"
+            sysfs_write 1 "$NOIOMMU_PARAM"
         fi
     fi
     if [[ ! -d $SYSFS_ROOT/bus/pci/drivers/vfio-pci ]]; then
@@ -451,46 +753,77 @@ setup_modules() {
     fi
 }
 
-setup_hugepages() {
-    local dir=$SYSFS_ROOT/kernel/mm/hugepages/hugepages-2048kB pages have got
-    if [[ ! $HUGEMEM =~ ^[0-9]+$ ]] || ((HUGEMEM == 0)); then
-        die "HUGEMEM='$HUGEMEM' is not a positive number of MiB"
+# hugepage_pool: grows the HUGEPGSZ pool to HUGE_PAGES pages. When the kernel grants
+# fewer, puts the pool back as it was, says so and fails.
+hugepage_pool() {
+    local nr=$HUGE_DIR/nr_hugepages have got now size_mib
+    size_mib=$((HUGE_PAGES * HUGEPGSZ / 1024))
+    if ((HUGEMEM * 1024 % HUGEPGSZ)); then
+        info "HUGEMEM=$HUGEMEM MiB rounded up to $HUGE_PAGES pages of $HUGEPGSZ kB ($size_mib MiB)"
     fi
-    pages=$(((HUGEMEM + 1) / 2))
-    if [[ ! -e $dir/nr_hugepages ]]; then
-        die "no 2 MiB hugepage support ($dir missing): the kernel lacks CONFIG_HUGETLBFS"
+    have=$(read_file "$nr") || die "cannot read $nr"
+    [[ $have =~ ^[0-9]+$ ]] || die "$nr holds '$have', not a number"
+    if ((have >= HUGE_PAGES)); then
+        info "hugepages: $have x $HUGEPGSZ kB already (HUGEMEM=$HUGEMEM MiB needs $HUGE_PAGES)"
+        return 0
     fi
-    have=$(read_file "$dir/nr_hugepages")
-    if ((have < pages)); then
-        sysfs_write "$pages" "$dir/nr_hugepages"
-        got=$(read_file "$dir/nr_hugepages")
-        if ((got < pages)); then
-            die "asked for $pages 2 MiB hugepages ($HUGEMEM MiB), the kernel gave $got: memory is short or fragmented; use a smaller HUGEMEM, or try 'echo 1 > /proc/sys/vm/compact_memory' and run again"
+    sysfs_write "$HUGE_PAGES" "$nr"
+    got=$(read_file "$nr") || die "cannot read $nr after writing it"
+    [[ $got =~ ^[0-9]+$ ]] || die "$nr holds '$got' after writing $HUGE_PAGES"
+    if ((got < HUGE_PAGES)); then
+        # Give back what was granted: a half-grown pool only takes memory from others.
+        printf '%s' "$have" >"$nr" 2>/dev/null || true
+        now=$(read_file "$nr" || echo unknown)
+        if [[ $now == "$have" ]]; then
+            now="put back to $have"
+        else
+            now="could not be put back to $have: it holds $now"
         fi
-        info "hugepages: $got x 2 MiB ($HUGEMEM MiB)"
-    else
-        info "hugepages: $have x 2 MiB already (HUGEMEM=$HUGEMEM MiB needs $pages)"
+        die "asked for $HUGE_PAGES hugepages of $HUGEPGSZ kB (HUGEMEM=$HUGEMEM MiB), the kernel granted $got: memory is short or fragmented. The pool $now; no controller was bound. Use a smaller HUGEMEM, or 'echo 1 > /proc/sys/vm/compact_memory' (or reserve at boot: hugepages=$HUGE_PAGES) and run again"
     fi
-    local fstype mnt src rest mounted=0
+    record "hugepages $HUGEPGSZ" "$have"
+    info "hugepages: $got x $HUGEPGSZ kB ($size_mib MiB; there were $have)"
+}
+
+# hugetlbfs_mount: mounts hugetlbfs at DEV_ROOT/hugepages unless one is mounted; with
+# TARGET_USER, with that user's group and mode 1770 so it can create files there.
+hugetlbfs_mount() {
+    local fstype mnt src rest found='' dir=$DEV_ROOT/hugepages opts
     if [[ -r $PROC_ROOT/mounts ]]; then
         while read -r src mnt fstype rest || [[ -n ${src:-} ]]; do
-            if [[ ${fstype:-} == hugetlbfs ]]; then
-                mounted=1
+            if [[ ${fstype:-} == hugetlbfs && -z $found ]]; then
+                found=$mnt
             fi
             src=''
         done <"$PROC_ROOT/mounts"
     fi
-    if ((mounted == 0)); then
-        mkdir -p "$DEV_ROOT/hugepages" || die "cannot create $DEV_ROOT/hugepages"
-        mount -t hugetlbfs nodev "$DEV_ROOT/hugepages" || die "cannot mount hugetlbfs at $DEV_ROOT/hugepages"
-        info "mounted hugetlbfs at $DEV_ROOT/hugepages"
+    if [[ -n $found ]]; then
+        if [[ -n $TARGET_USER ]]; then
+            info "hugetlbfs is mounted at $found already (left as it is; Kestrel maps hugepages with MAP_HUGETLB and does not need it; for tools that do: mount -o remount,gid=$TARGET_GID,mode=1770 $found)"
+        fi
+        return 0
     fi
+    opts=pagesize=${HUGEPGSZ}K
+    if [[ -n $TARGET_USER ]]; then
+        opts+=,gid=$TARGET_GID,mode=1770
+    fi
+    if [[ ! -d $dir ]]; then
+        mkdir -p "$dir" || die "cannot create $dir"
+        record mkdir "$dir"
+    fi
+    mount -t hugetlbfs -o "$opts" nodev "$dir" || die "cannot mount hugetlbfs at $dir"
+    record mount "$dir"
+    info "mounted hugetlbfs at $dir ($opts)"
 }
 
-# wait_driver BDF DRIVER: waits up to BIND_WAIT_S seconds for the device to be bound.
+# wait_driver BDF DRIVER: waits up to BIND_WAIT_S seconds for the device to be bound
+# (DRIVER none: to no driver).
 wait_driver() {
-    local i=0
-    while [[ $(driver_of "$1") != "$2" ]]; do
+    local i=0 want=$2
+    if [[ $want == none ]]; then
+        want=''
+    fi
+    while [[ $(driver_of "$1") != "$want" ]]; do
         if ((i >= BIND_WAIT_S)); then
             return 1
         fi
@@ -499,7 +832,7 @@ wait_driver() {
     done
 }
 
-# bind BDF DRIVER: binds through driver_override and drivers_probe.
+# bind_to BDF DRIVER: binds through driver_override and drivers_probe.
 bind_to() {
     local bdf=$1 drv=$2 d cur
     d=$(pci_dir "$bdf")
@@ -552,53 +885,40 @@ chown_group() {
         i=$((i + 1))
         node=$(vfio_node "$group")
     done
-    if ! chown "$TARGET_USER" "$node"; then
-        warn "$bdf: chown $TARGET_USER $node failed (is '$TARGET_USER' a user here?)"
+    if ! chown "$TARGET_UID:$TARGET_GID" "$node"; then
+        warn "$bdf: chown $TARGET_UID:$TARGET_GID $node failed"
         return 1
     fi
-    info "$bdf: $node now belongs to $TARGET_USER (raise its memlock limit too: ulimit -l, or LimitMEMLOCK=)"
-    if [[ $node == */noiommu-* ]]; then
-        warn "$bdf: noiommu groups can be opened only with CAP_SYS_RAWIO: $TARGET_USER needs root anyway"
-    fi
+    info "$bdf: $node now belongs to $TARGET_USER (uid $TARGET_UID, gid $TARGET_GID)"
+}
+
+# memlock_advice: how much TARGET_USER may lock, and how to give it that.
+memlock_advice() {
+    local kib=$((HUGE_PAGES * HUGEPGSZ))
+    info "$TARGET_USER needs a memlock limit of at least the DMA memory it uses (the whole pool: $kib KiB). Give it one of:"
+    info "  a line '$TARGET_USER - memlock $kib' (or unlimited) in /etc/security/limits.conf, then log in again"
+    info "  LimitMEMLOCK=$((kib * 1024)) (or infinity) in the [Service] section of its systemd unit"
+    info "  'ulimit -l $kib' in a root shell before switching to $TARGET_USER"
+    info "then check with: kestrel doctor (as $TARGET_USER)"
 }
 
 cmd_config() {
+    local b drv failed=0 u
     require_root config
-    local b drv failed=0 refused u
-    if [[ ! -d $SYSFS_ROOT/bus/pci/devices ]]; then
-        die "$SYSFS_ROOT/bus/pci/devices does not exist: is sysfs mounted (mount -t sysfs sysfs /sys)?"
-    fi
-    select_targets
-    collect_usage
+    plan_config
+    # Checks done: from here on, act.
+    hugepage_pool
+    hugetlbfs_mount
     setup_modules
-    setup_hugepages
-    if ((${#TARGETS[@]} == 0)); then
+    if ((${#TO_BIND[@]} == 0)); then
         info "no NVMe controllers to bind"
     fi
-    for b in "${TARGETS[@]}"; do
+    for b in "${TO_BIND[@]}"; do
         drv=$(driver_of "$b")
         if [[ $drv == vfio-pci ]]; then
             info "$b: already bound to vfio-pci"
         else
-            scan_blocks "$b"
-            if ((${#USES[@]})); then
-                refused=$(printf '%s, ' "${USES[@]}")
-                refused=${refused%, }
-                if ((${#ALLOWED[@]})); then
-                    printf '%s: error: refusing to unbind %s from %s: %s; unmount / swapoff / remove the holder first\n' \
-                        "$PROG" "$b" "${drv:-no driver}" "$refused" >&2
-                    failed=1
-                else
-                    info "$b: skipped, in use: $refused (name it in PCI_ALLOWED after freeing it)"
-                fi
-                continue
-            fi
-            if [[ $NOIOMMU != 1 && -z $(group_of "$b") ]]; then
-                printf '%s: error: %s has no IOMMU group: the IOMMU is off; boot with intel_iommu=on or amd_iommu=on, or use NOIOMMU=1 knowingly; left on %s\n' \
-                    "$PROG" "$b" "${drv:-no driver}" >&2
-                failed=1
-                continue
-            fi
+            record "driver $b" "${drv:-none}"
             if ! bind_to "$b" vfio-pci; then
                 printf '%s: error: %s did not bind to vfio-pci within %s s (driver now: %s); see dmesg\n' \
                     "$PROG" "$b" "$BIND_WAIT_S" "$(driver_of "$b" || true)" >&2
@@ -611,27 +931,72 @@ cmd_config() {
             chown_group "$b" || failed=1
         fi
     done
-    if ((failed)); then
-        exit 1
+    if [[ -n $TARGET_USER ]]; then
+        # A user other than root needs the container node too (normally mode 0666).
+        u=$DEV_ROOT/vfio/vfio
+        if [[ -e $u ]]; then
+            local mode
+            mode=$(stat -c %a "$u" 2>/dev/null || echo '?')
+            if [[ $mode != 666 ]]; then
+                warn "$u has mode $mode: $TARGET_USER needs to read and write it (normally 0666)"
+            fi
+        fi
+        memlock_advice
     fi
-    # A user other than root needs the container node too (normally mode 0666).
-    u=$DEV_ROOT/vfio/vfio
-    if [[ -n $TARGET_USER && -e $u && ! -w $u ]]; then
-        warn "$u is not writable; check its mode (normally 0666)"
+    if ((failed)); then
+        exit "$EXIT_FAIL"
     fi
 }
 
-cmd_reset() {
-    require_root reset
-    local b drv failed=0 group node users
-    select_targets
-    if [[ ! -d $SYSFS_ROOT/bus/pci/drivers/nvme ]]; then
-        load_module nvme
+# restore_driver BDF DRIVER: from vfio-pci (or no driver) back to DRIVER (none: none).
+restore_driver() {
+    local b=$1 want=$2 d drv
+    d=$(pci_dir "$b")
+    drv=$(driver_of "$b")
+    if [[ $want != none && ! -d $SYSFS_ROOT/bus/pci/drivers/$want ]]; then
+        if ! modprobe "$want"; then
+            printf '%s: error: %s: modprobe %s failed; left on %s\n' "$PROG" "$b" "$want" "${drv:-no driver}" >&2
+            return 1
+        fi
     fi
+    if [[ $want == nvme || $want == none ]]; then
+        # An empty override lets any driver (nvme) claim the device again.
+        sysfs_write $'\n' "$d/driver_override"
+    else
+        sysfs_write "$want" "$d/driver_override"
+    fi
+    if [[ -n $drv ]]; then
+        sysfs_write "$b" "$d/driver/unbind"
+    fi
+    if [[ $want != none ]]; then
+        sysfs_write "$b" "$SYSFS_ROOT/bus/pci/drivers_probe"
+    fi
+    if [[ $want != nvme && $want != none ]]; then
+        sysfs_write $'\n' "$d/driver_override"
+    fi
+    if ! wait_driver "$b" "$want"; then
+        printf '%s: error: %s did not bind to %s within %s s (driver now: %s); see dmesg\n' \
+            "$PROG" "$b" "$want" "$BIND_WAIT_S" "$(driver_of "$b" || true)" >&2
+        return 1
+    fi
+    info "$b: bound to ${want/#none/no driver} (was ${drv:-no driver})"
+}
+
+RESET_BDFS=()
+RESET_TO=()
+# plan_reset: what reset will do, with every refusal before the first action.
+plan_reset() {
+    local b drv want group node users failed=0
+    require_sysfs
+    select_targets
+    load_state
+    RESET_BDFS=() RESET_TO=()
     for b in "${TARGETS[@]}"; do
         drv=$(driver_of "$b")
-        if [[ $drv == nvme ]]; then
-            info "$b: already bound to nvme"
+        want=$(state_get "driver $b") || want=nvme
+        if [[ $drv == "$want" || ($want == none && -z $drv) ]]; then
+            info "$b: already bound to ${drv:-no driver}"
+            forget "driver $b"
             continue
         fi
         if [[ -n $drv && $drv != vfio-pci ]]; then
@@ -649,22 +1014,106 @@ cmd_reset() {
                 continue
             fi
         fi
-        # An empty override lets any driver (nvme) claim the device again.
-        sysfs_write $'\n' "$(pci_dir "$b")/driver_override"
-        if [[ -n $drv ]]; then
-            sysfs_write "$b" "$(pci_dir "$b")/driver/unbind"
-        fi
-        sysfs_write "$b" "$SYSFS_ROOT/bus/pci/drivers_probe"
-        if ! wait_driver "$b" nvme; then
-            printf '%s: error: %s did not bind to nvme within %s s (driver now: %s); see dmesg\n' \
-                "$PROG" "$b" "$BIND_WAIT_S" "$(driver_of "$b" || true)" >&2
-            failed=1
-            continue
-        fi
-        info "$b: bound to nvme (was ${drv:-no driver})"
+        RESET_BDFS+=("$b")
+        RESET_TO+=("$want")
     done
     if ((failed)); then
-        exit 1
+        die "nothing was changed"
+    fi
+}
+
+# restore_machine: the pool, mount, noiommu mode and modules config recorded.
+restore_machine() {
+    local r key val failed=0 nr got bound m
+    for r in "${STATE[@]}"; do
+        case $r in
+        driver\ *)
+            key=${r% *}
+            if [[ ! -e $(pci_dir "${key#driver }") ]]; then
+                info "${key#driver }: gone from the PCI bus; its record (driver ${r##* }) is dropped"
+                forget "$key"
+            fi
+            ;;
+        hugepages\ *)
+            key=${r% *} val=${r##* }
+            nr=$SYSFS_ROOT/kernel/mm/hugepages/hugepages-${key#hugepages }kB/nr_hugepages
+            if printf '%s' "$val" >"$nr" 2>/dev/null; then
+                got=$(read_file "$nr" || echo unknown)
+                if [[ $got == "$val" ]]; then
+                    info "hugepages: ${key#hugepages } kB pool back to $val"
+                else
+                    warn "hugepages: asked to put the ${key#hugepages } kB pool back to $val, it holds $got (pages still in use stay until freed)"
+                fi
+                forget "$key"
+            else
+                printf '%s: error: cannot write %s to %s\n' "$PROG" "$val" "$nr" >&2
+                failed=1
+            fi
+            ;;
+        mount\ *)
+            val=${r#mount }
+            if umount "$val"; then
+                info "unmounted hugetlbfs at $val"
+                forget mount
+                if [[ $(state_get mkdir || true) == "$val" ]]; then
+                    rmdir "$val" 2>/dev/null || warn "$val is not empty; left in place"
+                    forget mkdir
+                fi
+            else
+                printf '%s: error: cannot unmount %s (in use?); left mounted\n' "$PROG" "$val" >&2
+                failed=1
+            fi
+            ;;
+        esac
+    done
+    if val=$(state_get noiommu); then
+        m=$SYSFS_ROOT/module/vfio/parameters/enable_unsafe_noiommu_mode
+        if [[ ! -e $m ]] || printf '%s' "$val" >"$m" 2>/dev/null; then
+            forget noiommu
+        else
+            printf '%s: error: cannot write %s to %s\n' "$PROG" "$val" "$m" >&2
+            failed=1
+        fi
+    fi
+    # Modules, last loaded first, once no device uses vfio-pci any more.
+    bound=("$SYSFS_ROOT"/bus/pci/drivers/vfio-pci/[0-9a-f]*:*)
+    for m in vfio_iommu_type1 vfio-pci vfio; do
+        state_get "module $m" >/dev/null || continue
+        if ((${#bound[@]})); then
+            info "left $m loaded: devices are still bound to vfio-pci"
+            continue
+        fi
+        if modprobe -r "$m"; then
+            info "unloaded $m"
+            forget "module $m"
+        else
+            printf '%s: error: modprobe -r %s failed; left loaded\n' "$PROG" "$m" >&2
+            failed=1
+        fi
+    done
+    return "$failed"
+}
+
+cmd_reset() {
+    local i failed=0
+    require_root reset
+    plan_reset
+    for i in "${!RESET_BDFS[@]}"; do
+        if restore_driver "${RESET_BDFS[i]}" "${RESET_TO[i]}"; then
+            forget "driver ${RESET_BDFS[i]}"
+        else
+            failed=1
+        fi
+    done
+    if ((${#ALLOWED[@]} || ${#BLOCKED[@]})); then
+        if state_get hugepages >/dev/null || state_get mount >/dev/null || state_get module >/dev/null; then
+            info "hugepages, hugetlbfs and modules config changed stay until a reset without PCI_ALLOWED and PCI_BLOCKED"
+        fi
+    elif ((failed == 0)); then
+        restore_machine || failed=1
+    fi
+    if ((failed)); then
+        exit "$EXIT_FAIL"
     fi
 }
 
@@ -672,18 +1121,39 @@ main() {
     local cmd=${1:-config}
     if (($# > 1)); then
         usage >&2
-        die "one subcommand at most, got: $*"
+        usage_error "one subcommand at most, got: $*"
     fi
+    case $cmd in
+    config | reset | status) ;;
+    help | -h | --help)
+        usage
+        return 0
+        ;;
+    *)
+        usage >&2
+        usage_error "unknown subcommand '$cmd'"
+        ;;
+    esac
+    check_settings
     case $cmd in
     config) cmd_config ;;
     reset) cmd_reset ;;
     status) cmd_status ;;
-    help | -h | --help) usage ;;
-    *)
-        usage >&2
-        die "unknown subcommand '$cmd'"
-        ;;
     esac
 }
+
+SYSFS_ROOT=${SYSFS_ROOT:-/sys}
+PROC_ROOT=${PROC_ROOT:-/proc}
+DEV_ROOT=${DEV_ROOT:-/dev}
+STATE_DIR=${STATE_DIR:-/run/kestrel}
+PCI_ALLOWED=${PCI_ALLOWED:-}
+PCI_BLOCKED=${PCI_BLOCKED:-}
+HUGEMEM=${HUGEMEM:-2048}
+HUGEPGSZ=${HUGEPGSZ:-2048}
+TARGET_USER=${TARGET_USER:-}
+NOIOMMU=${NOIOMMU:-0}
+DRIVER_OVERRIDE=${DRIVER_OVERRIDE:-}
+BIND_WAIT_S=${BIND_WAIT_S:-5}
+NVME_CLASS=$((0x010802))
 
 main "$@"

@@ -17,6 +17,7 @@ Examples:
   kestrel identify --target pci:0000:01:00.0
   kestrel smart --target 0000:01:00.0
   kestrel list
+  kestrel doctor
 
 Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG (e.g. RUST_LOG=kestrel=debug).
 Exit status: 0 success, 1 runtime failure (device, I/O or verification), 2 usage error.";
@@ -61,6 +62,41 @@ pub enum Command {
     /// Measure IOPS, bandwidth and latency with pinned per-core pollers.
     #[command(after_help = PERF_AFTER_HELP)]
     Perf(Box<PerfArgs>),
+    /// Check this machine for running on an NVMe device, with the fix for each problem.
+    #[command(after_help = DOCTOR_AFTER_HELP)]
+    Doctor(DoctorArgs),
+}
+
+const DOCTOR_AFTER_HELP: &str = "\
+Reads sysfs, procfs and /dev (changes nothing, needs no root) and prints one line per check,
+marked ✓ (fine), ✗ (missing: a fix line follows), ⚠ (works, worth knowing) or · (a fact):
+the IOMMU and the kernel command line, the vfio, vfio-pci and vfio_iommu_type1 modules,
+noiommu mode, /dev/vfio/vfio, each NVMe controller (driver, IOMMU group and the other devices
+in it, mounted filesystems or swap, its /dev/vfio node), hugepages per size and NUMA node,
+RLIMIT_MEMLOCK, the user and its capabilities, CPUs and their isolation, TSC invariance,
+and what kestrel perf on a device still needs.
+
+Exit status: 0 ready (a controller kestrel perf --target pci:BDF can open now; with
+--target, that one), 1 something is missing, 2 usage error.
+
+Examples:
+  kestrel doctor
+  kestrel doctor --target 0000:01:00.0
+  kestrel doctor --json";
+
+/// `kestrel doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Judge readiness for this controller only (a BDF, pci: prefix allowed).
+    #[arg(long, value_name = "BDF")]
+    pub target: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Read sys/, proc/, dev/ and etc/passwd below DIR instead of / (for tests; also
+    /// KESTREL_SYSROOT).
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub root: Option<PathBuf>,
 }
 
 const IDENTIFY_AFTER_HELP: &str = "\

@@ -2,6 +2,7 @@
 //! and the value parsers in [`parse`] are reachable by tests and fuzz targets.
 
 pub mod cli;
+pub mod doctor;
 pub mod error;
 pub mod identify;
 pub mod list;
@@ -48,6 +49,7 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
         Command::Smart(a) => smart::run(a),
         Command::List(a) => list::run(a),
         Command::Perf(a) => perf::run(a),
+        Command::Doctor(a) => doctor::run(a),
     }
 }
 
@@ -88,7 +90,7 @@ where
                 .iter()
                 .skip(1)
                 .filter_map(|a| a.to_str())
-                .find(|a| ["identify", "smart", "list", "perf"].contains(a))
+                .find(|a| ["identify", "smart", "list", "perf", "doctor"].contains(a))
             {
                 Some(sub) => format!("kestrel {sub}"),
                 None => "kestrel".to_string(),

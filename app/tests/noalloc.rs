@@ -71,6 +71,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
             sw_queue_depth: 16,
             immediate_doorbell: false,
             shadow_doorbells: true,
+            timeout: None,
         },
         max_completions: 0,
         verify,

@@ -401,8 +401,13 @@ pub struct QueueStats {
     pub retries: u64,
     /// Completion entries ignored because their CID was not outstanding.
     pub bogus_completions: u64,
-    /// Commands that timed out.
+    /// Commands that timed out (each is then aborted, or recovered by a reset).
     pub timeouts: u64,
+    /// NVMe Abort commands this queue sent (for timed-out commands and for cancels).
+    pub aborts: u64,
+    /// Controller resets this queue carried out (after a timeout, a failed Abort or
+    /// CSTS.CFS); a reset another queue of the controller made is not counted here.
+    pub resets: u64,
 }
 
 impl QueueStats {
@@ -421,6 +426,8 @@ impl QueueStats {
         self.retries += o.retries;
         self.bogus_completions += o.bogus_completions;
         self.timeouts += o.timeouts;
+        self.aborts += o.aborts;
+        self.resets += o.resets;
     }
 }
 

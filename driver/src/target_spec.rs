@@ -368,6 +368,16 @@ pub fn parse(input: &str) -> Result<TargetSpec, TargetSpecError> {
 
 /// Opens a parsed target.
 pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> {
+    open_spec_with(spec, &crate::nvme::ctrlr::ControllerOptions::default())
+}
+
+/// Opens a parsed target; an NVMe controller (`emu`, `pci`) is brought up with `ctrlr`
+/// (its admin and I/O timeouts among them). A file target ignores `ctrlr`.
+pub fn open_spec_with(
+    spec: &TargetSpec,
+    ctrlr: &crate::nvme::ctrlr::ControllerOptions,
+) -> Result<Arc<dyn Target>, TargetSpecError> {
+    let copts = ctrlr;
     match spec {
         TargetSpec::Emu(e) => {
             use crate::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore, FaultPlan};
@@ -410,10 +420,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                 cfg.faults = FaultPlan::parse(f)?;
             }
             let emu = EmuController::start(cfg)?;
-            let ctrlr = crate::nvme::ctrlr::Controller::new(
-                emu,
-                crate::nvme::ctrlr::ControllerOptions::default(),
-            )?;
+            let ctrlr = crate::nvme::ctrlr::Controller::new(emu, copts.clone())?;
             Ok(Arc::new(crate::target::nvme::NvmeNamespace::new(ctrlr, 1)?))
         }
         TargetSpec::File(f) => {
@@ -434,10 +441,7 @@ pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> 
                 bdf,
                 &crate::hw::vfio::VfioOptions::default(),
             )?;
-            let ctrlr = crate::nvme::ctrlr::Controller::new(
-                t,
-                crate::nvme::ctrlr::ControllerOptions::default(),
-            )?;
+            let ctrlr = crate::nvme::ctrlr::Controller::new(t, copts.clone())?;
             Ok(Arc::new(crate::target::nvme::NvmeNamespace::new(ctrlr, 1)?))
         }
     }

@@ -59,18 +59,8 @@ struct Rig {
     bufs: Vec<DmaBuf>,
 }
 
-/// The I/O timeout of a case. Only a dropped completion should ever time out; every other
-/// fault gets a bound far above any scheduling delay, so a loaded machine (the emulator
-/// thread descheduled for a while) cannot turn a late completion into a timeout.
-fn io_timeout(fault: Fault) -> Duration {
-    match fault {
-        // Long enough that a retried command is not late on a loaded machine; each of
-        // the (at most two) dropped completions costs a timeout and an abort timeout.
-        Fault::Drop => Duration::from_millis(1500),
-        _ => Duration::from_secs(20),
-    }
-}
-
+/// `timeout`: the I/O timeout (short only where the case needs timeouts to happen: a
+/// short one on a loaded machine times out commands that are merely slow).
 fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace::new(
@@ -94,7 +84,7 @@ fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
             depth,
             sw_queue_depth: 256,
             timeout,
-            abort_timeout: timeout,
+            abort_timeout: Duration::from_secs(1),
             ..Default::default()
         })
         .unwrap();
@@ -168,7 +158,11 @@ fn run_case(fault: Fault, op: Op, qd: u32) {
 }
 
 fn run_case_depth(fault: Fault, op: Op, qd: u32, depth: u32, per_poll: u32) {
-    let mut r = rig(qd, depth, io_timeout(fault));
+    let timeout = match fault {
+        Fault::Drop => Duration::from_millis(1000),
+        _ => Duration::from_secs(10),
+    };
+    let mut r = rig(qd, depth, timeout);
     let mut shadow = prefill(&mut r);
     // Blocks a failed write may or may not have reached: old or new contents allowed.
     let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -498,4 +492,160 @@ fn retry_waits_for_the_command_retry_delay() {
         took >= Duration::from_millis(100),
         "retried before CRDT1 passed: {took:?}"
     );
+}
+
+/// A qpair on the default emulator with an I/O timeout of `timeout`.
+fn timed_qpair(timeout: Duration) -> (Arc<EmuController>, Controller, IoQpair) {
+    let (emu, c) = common::emu();
+    let qp = c
+        .create_io_qpair(&QpairOptions {
+            timeout,
+            ..Default::default()
+        })
+        .unwrap();
+    (emu, c, qp)
+}
+
+/// A lost completion with a 200 ms timeout: found late after 200 ms (never before), the
+/// Abort finds nothing at the device, the controller is reset and the read resubmitted,
+/// all well within a second, not the 30 s default.
+#[test]
+fn a_lost_completion_is_recovered_within_the_timeout_set() {
+    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(200));
+    assert_eq!(qp.timeout(), Duration::from_millis(200));
+    assert_eq!(qp.tick(), Duration::from_millis(50));
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    emu.faults()
+        .add(FaultRule::new(FaultTarget::Io(nvm_opc::READ), FaultAction::Drop).max(1));
+    let start = Instant::now();
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.flush();
+    let done = common::reap(&mut qp, 1);
+    let took = start.elapsed();
+    assert_eq!(done[0].result, Ok(()), "resubmitted after the reset");
+    let st = qp.stats();
+    assert_eq!((st.timeouts, st.aborts, st.resets), (1, 1, 1), "{st:?}");
+    assert_eq!(c.resets(), 1);
+    assert!(
+        took >= Duration::from_millis(200),
+        "timed out before its timeout: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the 200 ms timeout was not honoured: {took:?}"
+    );
+}
+
+/// A command the controller holds past the timeout is aborted, and the Abort wins: the
+/// I/O completes with `Timeout` (not retried), no reset.
+#[test]
+fn a_held_command_is_aborted_and_completes_as_timed_out() {
+    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(100));
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    emu.faults().add(
+        FaultRule::new(
+            FaultTarget::Io(nvm_opc::READ),
+            FaultAction::Delay(Duration::from_secs(20)),
+        )
+        .max(1),
+    );
+    let start = Instant::now();
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.flush();
+    let done = common::reap(&mut qp, 1);
+    assert_eq!(done[0].result, Err(IoError::Timeout));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let st = qp.stats();
+    assert_eq!((st.timeouts, st.aborts, st.resets), (1, 1, 0), "{st:?}");
+    assert_eq!(c.resets(), 0);
+    assert_eq!(qp.free_slots(), qp.slots());
+}
+
+/// The qpair reads its coarse clock only while polling: a command submitted after a long
+/// pause in polling must not be taken as submitted before the pause and time out early.
+#[test]
+fn a_pause_in_polling_does_not_time_out_a_new_command() {
+    let (emu, c, mut qp) = timed_qpair(Duration::from_secs(1));
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    // Poll enough for a clock read, then pause for three timeouts.
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.flush();
+    common::reap(&mut qp, 1);
+    for _ in 0..200 {
+        qp.process_completions(8, &mut |_| {});
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    emu.faults().add(
+        FaultRule::new(
+            FaultTarget::Io(nvm_opc::READ),
+            FaultAction::Delay(Duration::from_millis(100)),
+        )
+        .max(1),
+    );
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 2)).unwrap();
+    qp.flush();
+    let done = common::reap(&mut qp, 1);
+    assert_eq!(done[0].result, Ok(()));
+    assert_eq!(qp.stats().timeouts, 0, "{:?}", qp.stats());
+}
+
+/// Timeouts are options of the controller and of each queue; below the minimum they are
+/// refused with a message naming the option.
+#[test]
+fn timeouts_are_options_and_too_short_ones_are_refused() {
+    use kestrel::target::{QueueOptions, Target};
+    let emu = EmuController::start(EmuConfig::default()).unwrap();
+    let Err(e) = Controller::new(
+        emu.clone(),
+        ControllerOptions {
+            io_timeout: Duration::ZERO,
+            ..Default::default()
+        },
+    ) else {
+        panic!("a zero timeout was accepted");
+    };
+    assert!(e.to_string().contains("io_timeout"), "{e}");
+    let c = Controller::new(
+        emu,
+        ControllerOptions {
+            io_timeout: Duration::from_millis(500),
+            admin_timeout: Duration::from_secs(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.admin_timeout(), Duration::from_secs(2));
+    let Err(e) = c.create_io_qpair(&QpairOptions {
+        timeout: Duration::from_micros(10),
+        ..Default::default()
+    }) else {
+        panic!("a 10 us timeout was accepted");
+    };
+    assert!(e.to_string().contains("QpairOptions::timeout"), "{e}");
+    let ns = kestrel::NvmeNamespace::new(c, 1).unwrap();
+    let q = ns.create_queue(&QueueOptions::default()).unwrap();
+    let used = q.in_use().unwrap();
+    assert_eq!(
+        used.timeout,
+        Some(Duration::from_millis(500)),
+        "controller default"
+    );
+    let q2 = ns
+        .create_queue(&QueueOptions {
+            timeout: Some(Duration::from_millis(250)),
+            depth: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+    let used = q2.in_use().unwrap();
+    assert_eq!(used.timeout, Some(Duration::from_millis(250)), "per queue");
+    assert!(
+        used.depth < 1 << 20,
+        "the ring is clamped and says so: {used:?}"
+    );
+    assert_eq!(used.slots, used.depth - 1);
 }

@@ -351,6 +351,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         sw_queue_depth: args.queue_depth,
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
+        timeout: None,
     };
     // Ctrl-C stops the run early and still reports what was measured (a second one exits
     // at once), as spdk_nvme_perf does.

@@ -230,6 +230,8 @@ fn stats_diff(a: &QueueStats, b: &QueueStats) -> QueueStats {
         retries: a.retries - b.retries,
         bogus_completions: a.bogus_completions - b.bogus_completions,
         timeouts: a.timeouts - b.timeouts,
+        aborts: a.aborts - b.aborts,
+        resets: a.resets - b.resets,
     }
 }
 

@@ -25,7 +25,7 @@ use crate::spec::PAGE_SIZE;
 #[derive(Debug, thiserror::Error)]
 pub enum DmaError {
     /// mmap of hugepages failed: the pool of free hugepages is too small.
-    #[error("no free {page_kib} KiB hugepages for a {len}-byte dma region: it needs {pages}, and {free} of {total} are free; as root, grow the pool with `echo {suggest} > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/nr_hugepages`{}, or make the pool smaller", grow_hint(.page_kib, .suggest))]
+    #[error("no free {page_kib} KiB hugepages for a {len}-byte dma region: it needs {pages}, and {free} of {total} are free; as root, grow the pool with {}{}, or make the pool smaller", grow_cmd(.page_kib, .suggest), grow_hint(.page_kib, .suggest))]
     NoHugepages {
         /// Hugepage size in KiB.
         page_kib: usize,
@@ -41,7 +41,7 @@ pub enum DmaError {
         suggest: u64,
     },
     /// mlock failed: RLIMIT_MEMLOCK too low.
-    #[error("cannot lock {len} bytes of dma memory: the memlock limit (RLIMIT_MEMLOCK) is {limit}; raise it with `ulimit -l unlimited` in the shell that starts kestrel, `LimitMEMLOCK=infinity` in a systemd unit, or a `memlock` line in /etc/security/limits.conf (root with CAP_IPC_LOCK has no limit)")]
+    #[error("cannot lock {len} bytes of dma memory: the memlock limit (RLIMIT_MEMLOCK, `ulimit -l`) is {limit}; {}", crate::hw::limits::Limit::Memlock.how_to_raise())]
     MemlockLimit {
         /// Bytes requested.
         len: usize,
@@ -96,6 +96,18 @@ pub enum DmaError {
         /// Buffer length.
         buf_len: usize,
     },
+}
+
+/// The command that grows a hugepage pool, for the [`DmaError::NoHugepages`] message:
+/// `sysctl vm.nr_hugepages` for the default hugepage size, the size's sysfs file otherwise.
+fn grow_cmd(page_kib: &usize, suggest: &u64) -> String {
+    let sysfs =
+        format!("`echo {suggest} > /sys/kernel/mm/hugepages/hugepages-{page_kib}kB/nr_hugepages`");
+    if crate::hw::limits::default_hugepage_kib() == Some(*page_kib) {
+        format!("`sysctl -w vm.nr_hugepages={suggest}` (persist it in /etc/sysctl.d/) or {sysfs}")
+    } else {
+        sysfs
+    }
 }
 
 /// The second way to grow a hugepage pool, for the [`DmaError::NoHugepages`] message.
@@ -169,22 +181,9 @@ fn read_hugepage_counter(page_kib: usize, name: &str) -> u64 {
     .unwrap_or(0)
 }
 
-/// The RLIMIT_MEMLOCK soft limit, as text for messages.
+/// The RLIMIT_MEMLOCK soft and hard limits, as text for messages.
 pub(crate) fn memlock_limit_text() -> String {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    if r.rlim_cur == libc::RLIM_INFINITY {
-        "unlimited".into()
-    } else {
-        format!("{} bytes", r.rlim_cur)
-    }
+    crate::hw::limits::Limit::Memlock.text()
 }
 
 impl Region {
@@ -729,6 +728,12 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("`HUGEMEM=26 scripts/setup.sh config`"), "{e}");
+        // `vm.nr_hugepages` counts pages of the default size only.
+        assert_eq!(
+            e.contains("`sysctl -w vm.nr_hugepages=13`"),
+            crate::hw::limits::default_hugepage_kib() == Some(2048),
+            "{e}"
+        );
         let e = DmaError::NoHugepages {
             page_kib: 1 << 20,
             len: 1 << 30,
@@ -754,6 +759,44 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("LimitMEMLOCK=infinity"), "{e}");
+        assert!(e.contains("/etc/security/limits.conf"), "{e}");
+        assert_eq!(
+            memlock_limit_text(),
+            crate::hw::limits::Limit::Memlock.text()
+        );
+    }
+
+    #[test]
+    fn exhausted_hugepages_are_an_error_naming_the_pool() {
+        // Only meaningful where no 2 MiB hugepage is free (the usual case without setup).
+        let free = read_hugepage_counter(2048, "free_hugepages");
+        if free > 0 {
+            eprintln!("skipped: {free} 2 MiB hugepages are free, so the mmap would succeed");
+            return;
+        }
+        let p = DmaPool::new(
+            Arc::new(IdentityMapper),
+            DmaPoolOptions {
+                page_kind: PageKind::Huge2M,
+                region_len: 2 << 20,
+                max_bytes: 4 << 20,
+            },
+        );
+        let e = p.alloc(4096).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DmaError::NoHugepages {
+                    page_kib: 2048,
+                    pages: 1,
+                    free: 0,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let m = e.to_string();
+        assert!(m.contains("hugepages-2048kB/nr_hugepages"), "{m}");
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! - `devices/system/node/node*/hugepages/hugepages-*kB/{nr,free}_hugepages`, or
 //!   `kernel/mm/hugepages/` on a kernel without NUMA.
 //!
-//! And relative to the procfs root: `mounts` and `swaps`.
+//! And relative to the procfs root: `mounts`, `self/mountinfo` and `swaps`. A mount is
+//! matched to a block device by its source (`/dev/nvme0n1p1` in `mounts`) and by device
+//! number (`259:1` in `mountinfo` against the block device's sysfs `dev` file), so a root
+//! filesystem mounted from `/dev/root` is found too.
 
 use std::fmt;
 use std::fs;
@@ -394,6 +397,23 @@ pub fn class(roots: &SysRoots, bdf: &Bdf) -> Result<Option<u32>, PciError> {
     read_hex(&roots.pci_device_dir(bdf).join("class"))
 }
 
+/// The IOMMU units the kernel registered (`class/iommu/*`: `dmar0`, `ivhd0`, ...), sorted.
+/// Empty when there is no IOMMU or it is off (`intel_iommu=off`, not enabled in firmware).
+pub fn iommu_units(sysfs_root: &Path) -> Result<Vec<String>, PciError> {
+    dir_names(&sysfs_root.join("class/iommu"))
+}
+
+/// The IOMMU groups there are (`kernel/iommu_groups/*`), sorted. With the IOMMU off only
+/// the groups vfio made in noiommu mode exist.
+pub fn iommu_groups(sysfs_root: &Path) -> Result<Vec<u32>, PciError> {
+    let mut v: Vec<u32> = dir_names(&sysfs_root.join("kernel/iommu_groups"))?
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    v.sort_unstable();
+    Ok(v)
+}
+
 /// The members of IOMMU group `group`, sorted by address.
 pub fn group_members(roots: &SysRoots, group: u32) -> Result<Vec<GroupMember>, PciError> {
     let dir = roots
@@ -443,6 +463,8 @@ fn namespace_block_name(name: &str) -> Option<String> {
 struct Usage {
     /// (device basename, mountpoint), in mounts-file order.
     mounts: Vec<(String, String)>,
+    /// (device number `major:minor`, mountpoint), in mountinfo order.
+    mount_devnos: Vec<(String, String)>,
     /// Device basenames of swap areas.
     swaps: Vec<String>,
 }
@@ -474,6 +496,16 @@ impl Usage {
                 }
             }
         }
+        // mountinfo: "id parent major:minor root mountpoint options ... - type source ...".
+        let mut mount_devnos = Vec::new();
+        if let Some(text) = read_opt(&roots.proc.join("self/mountinfo"))? {
+            for line in text.lines() {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if let (Some(devno), Some(mnt)) = (f.get(2), f.get(4)) {
+                    mount_devnos.push((devno.to_string(), mnt.to_string()));
+                }
+            }
+        }
         let mut swaps = Vec::new();
         let spath = roots.proc.join("swaps");
         if let Some(text) = read_opt(&spath)? {
@@ -483,7 +515,11 @@ impl Usage {
                 }
             }
         }
-        Ok(Usage { mounts, swaps })
+        Ok(Usage {
+            mounts,
+            mount_devnos,
+            swaps,
+        })
     }
 
     /// The uses of one block device or partition whose sysfs directory is `dir`.
@@ -495,6 +531,21 @@ impl Usage {
                     dev: dev.to_string(),
                     mountpoint: m.clone(),
                 });
+            }
+        }
+        // The same mounts by device number, for sources that do not name the device
+        // (`/dev/root`, a `/dev/disk/by-*` link that is gone); each mountpoint once.
+        if let Some(devno) = read_opt(&dir.join("dev"))? {
+            for (n, m) in &self.mount_devnos {
+                let seen = v
+                    .iter()
+                    .any(|u| matches!(u, BlockUse::Mounted { mountpoint, .. } if mountpoint == m));
+                if *n == devno && !seen {
+                    v.push(BlockUse::Mounted {
+                        dev: dev.to_string(),
+                        mountpoint: m.clone(),
+                    });
+                }
             }
         }
         if self.swaps.iter().any(|s| s == dev) {
@@ -872,6 +923,10 @@ mod tests {
             bound_driver(&f.roots(), &b).unwrap().as_deref(),
             Some("vfio-pci")
         );
+        assert_eq!(iommu_groups(&f.sys()).unwrap(), [3, 4]);
+        assert!(iommu_units(&f.sys()).unwrap().is_empty());
+        f.write("class/iommu/dmar0/x", "");
+        assert_eq!(iommu_units(&f.sys()).unwrap(), ["dmar0"]);
         let none: Bdf = "00:06.0".parse().unwrap();
         assert_eq!(iommu_group(&f.roots(), &none).unwrap(), None);
         assert_eq!(bound_driver(&f.roots(), &none).unwrap(), None);
@@ -904,6 +959,31 @@ mod tests {
             ]
         );
         assert!(c[0].in_use());
+    }
+
+    #[test]
+    fn mounts_found_by_device_number() {
+        let f = FakeSys::new();
+        let b = "0000:01:00.0";
+        f.nvme(b)
+            .bind(b, "nvme")
+            .namespace(b, "nvme0", "nvme0n1", "259:0")
+            .partition(b, "nvme0", "nvme0n1", "nvme0n1p1")
+            .partition(b, "nvme0", "nvme0n1", "nvme0n1p2")
+            .devno(b, "nvme0/nvme0n1/nvme0n1p1", "259:1")
+            .devno(b, "nvme0/nvme0n1/nvme0n1p2", "259:2")
+            // The root filesystem as a kernel without initramfs mounts it.
+            .mount_devno("259:2", "/dev/root", "/")
+            // Listed in both files: reported once.
+            .mount("/dev/nvme0n1p1", "/boot")
+            .mount_devno("259:1", "/dev/nvme0n1p1", "/boot")
+            .mount_devno("8:1", "/dev/sda1", "/data");
+        let c = list_nvme_controllers(&f.roots()).unwrap();
+        let uses: Vec<String> = c[0].uses().map(|u| u.to_string()).collect();
+        assert_eq!(
+            uses,
+            ["nvme0n1p1 mounted on /boot", "nvme0n1p2 mounted on /"]
+        );
     }
 
     #[test]

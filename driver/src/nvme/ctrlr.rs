@@ -7,6 +7,7 @@
 //! take and return.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::hw::dma::{DmaPool, DmaPoolOptions};
 use crate::hw::transport::Transport;
@@ -19,13 +20,25 @@ use crate::spec::{
 
 use super::init::Bringup;
 use super::prp;
-use super::qpair::{IoQpair, QpairOptions, QpairParts, MAX_TRACKERS};
+use super::qpair::{IoQpair, QpairOptions, QpairParts, MAX_TRACKERS, MIN_TIMEOUT};
 use super::ring::{CqRing, ShadowSlot, SqRing};
 use super::shared::CtrlrShared;
 
 pub use super::init::{ControllerOptions, NsInfo};
 pub use super::shared::CtrlrState;
 pub use super::{CtrlrError, InitState};
+
+/// Refuses a timeout shorter than [`MIN_TIMEOUT`].
+fn check_timeout(option: &'static str, d: Duration) -> Result<(), CtrlrError> {
+    if d < MIN_TIMEOUT {
+        return Err(CtrlrError::BadOption {
+            option,
+            value: format!("{d:?}"),
+            why: format!("a timeout must be at least {MIN_TIMEOUT:?}"),
+        });
+    }
+    Ok(())
+}
 
 /// An NVMe controller, brought up and ready to create I/O queue pairs. Cheap to clone.
 #[derive(Clone)]
@@ -45,6 +58,8 @@ impl std::fmt::Debug for Controller {
 impl Controller {
     /// Brings up the controller behind `transport` (every [`InitState`] in turn).
     pub fn new(transport: Arc<dyn Transport>, opts: ControllerOptions) -> Result<Self, CtrlrError> {
+        check_timeout("ControllerOptions::admin_timeout", opts.admin_timeout)?;
+        check_timeout("ControllerOptions::io_timeout", opts.io_timeout)?;
         let describe = transport.describe();
         let bar = transport.bar();
         let pool = DmaPool::new(
@@ -187,7 +202,24 @@ impl Controller {
     /// that were in flight, under its retry policy; requests submitted meanwhile wait in
     /// its software queue.
     pub fn reset(&self) -> Result<(), CtrlrError> {
-        self.shared.reset_from(None)
+        self.shared.reset_from(None).map(drop)
+    }
+
+    /// Resets started since bring-up, by [`Controller::reset`] or by a qpair recovering
+    /// from a timeout or a controller fatal status (failed ones included).
+    pub fn resets(&self) -> u64 {
+        self.shared.resets()
+    }
+
+    /// The admin command timeout ([`ControllerOptions::admin_timeout`]).
+    pub fn admin_timeout(&self) -> Duration {
+        self.shared.opts().admin_timeout
+    }
+
+    /// The default I/O command timeout of its namespaces' queues
+    /// ([`ControllerOptions::io_timeout`]).
+    pub fn io_timeout(&self) -> Duration {
+        self.shared.opts().io_timeout
     }
 
     /// Where the controller is: ready, resetting, failed or removed.
@@ -198,6 +230,7 @@ impl Controller {
     /// Creates an I/O queue pair: a CQ and an SQ with the same QID, their rings and the
     /// trackers with their PRP lists, all allocated now.
     pub fn create_io_qpair(&self, opts: &QpairOptions) -> Result<IoQpair, CtrlrError> {
+        check_timeout("QpairOptions::timeout", opts.timeout)?;
         let sh = &self.shared;
         let qid = sh
             .free_qids

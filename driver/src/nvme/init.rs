@@ -37,8 +37,14 @@ pub struct ControllerOptions {
     pub io_queues: u16,
     /// Configure shadow doorbells when the controller offers Doorbell Buffer Config.
     pub shadow_doorbells: bool,
-    /// Timeout of an admin command.
+    /// Timeout of an admin command (bring-up, queue creation, reset), at least
+    /// [`crate::nvme::qpair::MIN_TIMEOUT`].
     pub admin_timeout: Duration,
+    /// The I/O command timeout of queue pairs made through `NvmeNamespace`'s
+    /// `Target::create_queue` when `QueueOptions::timeout` does not say (see
+    /// [`QpairOptions::timeout`](crate::nvme::qpair::QpairOptions::timeout)); at least
+    /// [`crate::nvme::qpair::MIN_TIMEOUT`].
+    pub io_timeout: Duration,
     /// Upper bound on DMA memory the controller's pool maps.
     pub dma_max_bytes: usize,
     /// Override of the CAP.TO bound for the ready waits (testing).
@@ -52,6 +58,7 @@ impl Default for ControllerOptions {
             io_queues: 64,
             shadow_doorbells: true,
             admin_timeout: Duration::from_secs(60),
+            io_timeout: Duration::from_secs(30),
             dma_max_bytes: 8 << 30,
             ready_timeout: None,
         }

@@ -150,6 +150,16 @@ pub enum CtrlrError {
         /// The namespace and its format.
         source: UnsupportedFormat,
     },
+    /// An option outside the range the driver accepts.
+    #[error("{option} = {value}: {why}")]
+    BadOption {
+        /// The option, as `ControllerOptions::admin_timeout`.
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        why: String,
+    },
     /// DMA memory.
     #[error(transparent)]
     Dma(#[from] crate::hw::dma::DmaError),

@@ -60,6 +60,8 @@ pub(crate) struct CtrlrShared {
     /// poll and per doorbell batch.
     epoch: AtomicU64,
     reset_lock: Mutex<()>,
+    /// Resets started (see `Controller::resets`).
+    resets: AtomicU64,
     ready_limit: Duration,
     opts: ControllerOptions,
     pub(super) describe: String,
@@ -94,6 +96,7 @@ impl CtrlrShared {
             removed: AtomicBool::new(false),
             epoch: AtomicU64::new(CtrlrState::Ready as u64),
             reset_lock: Mutex::new(()),
+            resets: AtomicU64::new(0),
             ready_limit: learned.ready_limit,
             opts,
             describe,
@@ -181,6 +184,16 @@ impl CtrlrShared {
         self.set_state(CtrlrState::Removed, false);
     }
 
+    /// Resets started since bring-up.
+    pub(super) fn resets(&self) -> u64 {
+        self.resets.load(Ordering::Relaxed)
+    }
+
+    /// The options the controller was brought up with.
+    pub(super) fn opts(&self) -> &ControllerOptions {
+        &self.opts
+    }
+
     /// Whether the device was found gone.
     pub(super) fn is_removed(&self) -> bool {
         self.removed.load(Ordering::Relaxed)
@@ -190,13 +203,14 @@ impl CtrlrShared {
     /// re-enable with the admin queue, Set Features (Number of Queues) and Doorbell
     /// Buffer Config again). I/O queues are recreated by each qpair on its own thread when
     /// it sees the new epoch. `seen_epoch` is the epoch the caller saw: if another thread
-    /// reset the controller since, this returns at once.
-    pub(crate) fn reset_from(&self, seen_epoch: Option<u64>) -> Result<(), CtrlrError> {
+    /// reset the controller since, this returns at once. Returns whether this call reset
+    /// the controller (false: another thread had).
+    pub(crate) fn reset_from(&self, seen_epoch: Option<u64>) -> Result<bool, CtrlrError> {
         let _g = self.reset_lock.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(seen) = seen_epoch {
             let now = self.epoch();
             if now >> 8 != seen >> 8 && CtrlrState::from_epoch(now) == CtrlrState::Ready {
-                return Ok(());
+                return Ok(false);
             }
         }
         if self.is_removed() || self.bar.csts().is_all_ones() {
@@ -207,10 +221,11 @@ impl CtrlrShared {
             });
         }
         tracing::warn!("{}: resetting the controller", self.describe);
+        self.resets.fetch_add(1, Ordering::Relaxed);
         self.set_state(CtrlrState::Resetting, true);
-        let r = self.reinit();
+        let r = self.reinit().map(|()| true);
         match &r {
-            Ok(()) => {
+            Ok(_) => {
                 self.set_state(CtrlrState::Ready, false);
                 tracing::info!("{}: reset complete", self.describe);
             }

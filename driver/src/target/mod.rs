@@ -2,6 +2,8 @@
 //! queue pairs) and a file or block device (through io_uring). The aio API, the pollers,
 //! `kestrel perf` and the conformance suite use only this.
 
+use std::time::Duration;
+
 use crate::hw::dma::DmaPool;
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
 
@@ -47,6 +49,25 @@ pub struct QueueOptions {
     pub immediate_doorbell: bool,
     /// Use shadow doorbells when the controller offers them (NVMe only).
     pub shadow_doorbells: bool,
+    /// Per-command I/O timeout (NVMe only: abort, then reset; see
+    /// [`crate::nvme::qpair::QpairOptions::timeout`]). `None`: the target's default
+    /// ([`crate::nvme::ctrlr::ControllerOptions::io_timeout`], 30 s unless set).
+    pub timeout: Option<Duration>,
+}
+
+/// What a queue actually uses, which may be less than [`QueueOptions`] asked for: the
+/// ring is clamped to what the device allows, shadow doorbells are used only when the
+/// controller offers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueInUse {
+    /// Entries in the submission ring.
+    pub depth: u32,
+    /// Requests that can be at the device at once (NVMe: `depth - 1`).
+    pub slots: u32,
+    /// Shadow doorbells with EventIdx are in use.
+    pub shadow_doorbells: bool,
+    /// The per-command timeout, when the queue has one.
+    pub timeout: Option<Duration>,
 }
 
 impl Default for QueueOptions {
@@ -56,6 +77,7 @@ impl Default for QueueOptions {
             sw_queue_depth: 1024,
             immediate_doorbell: false,
             shadow_doorbells: true,
+            timeout: None,
         }
     }
 }
@@ -84,6 +106,11 @@ pub trait TargetQueue: Send {
     fn outstanding(&self) -> u32;
     /// Counters.
     fn stats(&self) -> QueueStats;
+    /// What the queue actually uses (ring size, doorbells, timeout), for reports that
+    /// must say when it differs from what was asked. `None` when the target does not say.
+    fn in_use(&self) -> Option<QueueInUse> {
+        None
+    }
     /// Cancels a request still waiting in the software queue; true if found (its
     /// completion is delivered by the next poll with `IoError::Cancelled`).
     fn cancel_queued(&mut self, token: u64) -> bool;

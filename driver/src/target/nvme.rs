@@ -5,7 +5,7 @@ use crate::io::{AbortOutcome, Completion, IoRequest, QueueStats, SubmitError};
 use crate::nvme::ctrlr::{Controller, CtrlrError};
 use crate::nvme::qpair::{DoorbellMode, IoQpair, QpairOptions};
 
-use super::{QueueOptions, Target, TargetInfo, TargetQueue};
+use super::{QueueInUse, QueueOptions, Target, TargetInfo, TargetQueue};
 
 /// An NVMe namespace as a [`Target`].
 pub struct NvmeNamespace {
@@ -39,10 +39,14 @@ impl NvmeNamespace {
             flush: id.has_volatile_write_cache(),
             read_only: false,
         };
+        let qpair_defaults = QpairOptions {
+            timeout: ctrlr.io_timeout(),
+            ..QpairOptions::default()
+        };
         Ok(NvmeNamespace {
             ctrlr,
             info,
-            qpair_defaults: QpairOptions::default(),
+            qpair_defaults,
         })
     }
     /// The controller.
@@ -73,6 +77,7 @@ impl Target for NvmeNamespace {
                 DoorbellMode::Batched
             },
             shadow_doorbells: opts.shadow_doorbells,
+            timeout: opts.timeout.unwrap_or(self.qpair_defaults.timeout),
             ..self.qpair_defaults.clone()
         };
         Ok(Box::new(self.ctrlr.create_io_qpair(&q)?))
@@ -99,6 +104,14 @@ impl TargetQueue for IoQpair {
     }
     fn stats(&self) -> QueueStats {
         IoQpair::stats(self)
+    }
+    fn in_use(&self) -> Option<QueueInUse> {
+        Some(QueueInUse {
+            depth: self.depth() as u32,
+            slots: self.slots() as u32,
+            shadow_doorbells: self.uses_shadow_doorbells(),
+            timeout: Some(self.timeout()),
+        })
     }
     fn cancel_queued(&mut self, token: u64) -> bool {
         IoQpair::cancel_queued(self, token)

@@ -6,6 +6,36 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
+/// What the kernel does when a device at `<sys>/devices/pci0000:00/<bdf>` is bound to
+/// `driver`: the device's `driver` link and `bus/pci/drivers/<driver>/<bdf>`. Unbinds it
+/// from its current driver first.
+pub fn kernel_bind(sys: &Path, bdf: &str, driver: &str) {
+    kernel_unbind(sys, bdf);
+    let drv = sys.join("bus/pci/drivers").join(driver);
+    fs::create_dir_all(&drv).unwrap();
+    symlink(
+        format!("../../../bus/pci/drivers/{driver}"),
+        sys.join("devices/pci0000:00").join(bdf).join("driver"),
+    )
+    .unwrap();
+    let _ = fs::remove_file(drv.join(bdf));
+    symlink(
+        format!("../../../../devices/pci0000:00/{bdf}"),
+        drv.join(bdf),
+    )
+    .unwrap();
+}
+
+/// Undoes [`kernel_bind`]; returns the driver the device had.
+pub fn kernel_unbind(sys: &Path, bdf: &str) -> Option<String> {
+    let link = sys.join("devices/pci0000:00").join(bdf).join("driver");
+    let old = fs::read_link(&link).ok()?;
+    let name = old.file_name()?.to_string_lossy().into_owned();
+    fs::remove_file(&link).unwrap();
+    let _ = fs::remove_file(sys.join("bus/pci/drivers").join(&name).join(bdf));
+    Some(name)
+}
+
 /// A fake `/sys` + `/proc` (+ `/dev`) in a temporary directory.
 pub struct FakeSys {
     /// Holds the directory.
@@ -66,13 +96,10 @@ impl FakeSys {
         fs::write(self.real_dir(bdf).join("numa_node"), format!("{node}\n")).unwrap();
         self
     }
-    /// Binds a device to `driver` (a link into `bus/pci/drivers`).
+    /// Binds a device to `driver`: its `driver` link and the driver's link to it, as
+    /// the kernel makes them.
     pub fn bind(&self, bdf: &str, driver: &str) -> &Self {
-        let drv = self.sys().join("bus/pci/drivers").join(driver);
-        fs::create_dir_all(&drv).unwrap();
-        let link = self.real_dir(bdf).join("driver");
-        let _ = fs::remove_file(&link);
-        symlink(format!("../../../bus/pci/drivers/{driver}"), link).unwrap();
+        kernel_bind(&self.sys(), bdf, driver);
         self
     }
     /// Puts a device into IOMMU group `g`.
@@ -137,6 +164,26 @@ impl FakeSys {
         let mut s = fs::read_to_string(&p).unwrap();
         s.push_str(&format!("{source} {mountpoint} ext4 rw,relatime 0 0\n"));
         fs::write(p, s).unwrap();
+        self
+    }
+    /// A mount known only by device number (a `self/mountinfo` line), as the root
+    /// filesystem mounted from `/dev/root` is.
+    pub fn mount_devno(&self, devno: &str, source: &str, mountpoint: &str) -> &Self {
+        let p = self.proc().join("self/mountinfo");
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let mut s = fs::read_to_string(&p).unwrap_or_default();
+        let id = 20 + s.lines().count();
+        s.push_str(&format!(
+            "{id} 1 {devno} / {mountpoint} rw,relatime shared:1 - ext4 {source} rw\n"
+        ));
+        fs::write(p, s).unwrap();
+        self
+    }
+    /// Gives a partition (below the device dir's `nvme/`, like `nvme0/nvme0n1/nvme0n1p2`)
+    /// its device number.
+    pub fn devno(&self, bdf: &str, rel: &str, devno: &str) -> &Self {
+        let d = self.real_dir(bdf).join("nvme").join(rel);
+        fs::write(d.join("dev"), format!("{devno}\n")).unwrap();
         self
     }
     pub fn swap(&self, source: &str) -> &Self {

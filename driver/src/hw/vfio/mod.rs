@@ -223,6 +223,16 @@ pub enum VfioError {
         /// The node.
         path: PathBuf,
     },
+    /// Opening a VFIO node hit the open-file limit (EMFILE, ENFILE).
+    #[error("cannot open {path} (for {bdf}): {why}")]
+    TooManyOpenFiles {
+        /// The device.
+        bdf: Bdf,
+        /// The node.
+        path: PathBuf,
+        /// Which limit, its value and how to raise it.
+        why: String,
+    },
     /// Another error opening a VFIO node.
     #[error("cannot open {path} (for {bdf}): {source}")]
     Open {
@@ -234,7 +244,7 @@ pub enum VfioError {
         source: io::Error,
     },
     /// A VFIO ioctl failed.
-    #[error("{op} on {path} for {bdf} failed: {source}{}", if .source.raw_os_error() == Some(libc::ENOTTY) { " (not a vfio node?)" } else { "" })]
+    #[error("{op} on {path} for {bdf} failed: {source}{}", ioctl_hint(.source))]
     Ioctl {
         /// The device.
         bdf: Bdf,
@@ -341,6 +351,18 @@ fn user_text() -> String {
     }
 }
 
+/// What to add to a failed ioctl's message: the ioctls that return a new fd
+/// (`VFIO_GROUP_GET_DEVICE_FD`) can hit the open-file limit.
+fn ioctl_hint(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOTTY) => " (not a vfio node?)".into(),
+        errno => match crate::hw::limits::open_files_text(errno) {
+            Some(t) => format!(" ({t})"),
+            None => String::new(),
+        },
+    }
+}
+
 /// Maps an error opening a VFIO node to the message for it.
 fn open_error(bdf: Bdf, path: &Path, e: io::Error, noiommu_group: bool) -> VfioError {
     let errno = e.raw_os_error();
@@ -366,6 +388,11 @@ fn open_error(bdf: Bdf, path: &Path, e: io::Error, noiommu_group: bool) -> VfioE
         Some(libc::EBUSY) => VfioError::GroupBusy {
             bdf,
             path: path.to_path_buf(),
+        },
+        Some(libc::EMFILE) | Some(libc::ENFILE) => VfioError::TooManyOpenFiles {
+            bdf,
+            path: path.to_path_buf(),
+            why: crate::hw::limits::open_files_text(errno).unwrap_or_default(),
         },
         _ => VfioError::Open {
             bdf,

@@ -290,6 +290,20 @@ fn permission_denied_busy_and_rawio_messages() {
     )
     .to_string();
     assert!(e.contains("is already open in another process"), "{e}");
+    let e = open_error(
+        bdf(),
+        &path,
+        io::Error::from_raw_os_error(libc::EMFILE),
+        false,
+    )
+    .to_string();
+    assert!(
+        e.contains("too many open files")
+            && e.contains("RLIMIT_NOFILE")
+            && e.contains(&crate::hw::limits::Limit::Nofile.text())
+            && e.contains("ulimit -n"),
+        "{e}"
+    );
     let e = open_error(bdf(), &path, io::Error::from_raw_os_error(libc::EIO), false).to_string();
     assert!(
         e.contains("cannot open ") && e.contains("(for 0000:01:00.0)"),

@@ -89,10 +89,17 @@ pub struct QpairOptions {
     pub max_command_bytes: u64,
     /// Resubmissions of a command after retryable errors.
     pub max_retries: u8,
-    /// Per-command timeout (checked from the poll loop). On expiry the command is
-    /// aborted; if the abort fails, the controller is reset.
+    /// Per-command timeout, at least [`MIN_TIMEOUT`] (a shorter one is refused by
+    /// [`crate::nvme::ctrlr::Controller::create_io_qpair`]). Checked from the poll loop on a
+    /// coarse clock whose period is a quarter of the timeout, between 10 ms and 100 ms
+    /// ([`IoQpair::tick`]): a command is found late between `timeout` and `timeout` plus
+    /// one period after its submission, at the first poll after that. The late command is
+    /// aborted (NVMe Abort); if the Abort fails or finds nothing, or the command still
+    /// does not complete within a second `timeout`, the controller is reset and the
+    /// command resubmitted under the retry policy.
     pub timeout: Duration,
-    /// How long the Abort of a timed-out command may take before the controller is reset.
+    /// How long the Abort of a timed-out command may take before the controller is reset
+    /// (never longer than `timeout`).
     pub abort_timeout: Duration,
 }
 
@@ -130,8 +137,12 @@ pub struct ErrorInjection {
     /// without submitting it to the device.
     pub submit: bool,
 }
-/// Coarse clock period for timeouts and health checks.
-const TICK: Duration = Duration::from_millis(100);
+/// The shortest [`QpairOptions::timeout`].
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+/// Shortest and longest period of the coarse clock for timeouts, delayed retries and
+/// health checks (a quarter of the timeout, within these bounds).
+const TICK_MIN_MS: u32 = 10;
+const TICK_MAX_MS: u32 = 100;
 /// Polls between coarse clock reads.
 const HOUSEKEEPING_EVERY: u32 = 64;
 
@@ -201,6 +212,9 @@ pub struct IoQpair {
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
     delayed: VecDeque<(u16, u32)>,
     abort_timeout: Duration,
+    timeout: Duration,
+    /// Period of the coarse clock, ms.
+    tick_ms: u32,
     parents: Box<[Parent]>,
     parent_free: Vec<u16>,
     sw_queue_cap: usize,
@@ -300,8 +314,13 @@ impl IoQpair {
             0 => (depth as u32 / 4).clamp(1, MAX_COMPLETIONS_PER_POLL),
             n => n.min(MAX_COMPLETIONS_PER_POLL),
         };
+        let timeout = opts.timeout.max(MIN_TIMEOUT);
+        let tick_ms = (timeout.as_millis() / 4).clamp(TICK_MIN_MS as u128, TICK_MAX_MS as u128);
+        // Late once more than this many whole ticks have passed since the submission tick:
+        // never before `timeout`, at most one tick after it.
         let timeout_ticks =
-            (opts.timeout.as_millis() / TICK.as_millis()).clamp(1, u32::MAX as u128) as u32;
+            (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
+        let tick_ms = tick_ms as u32;
         IoQpair {
             sq: parts.sq,
             cq: parts.cq,
@@ -331,7 +350,9 @@ impl IoQpair {
             stats: QueueStats::default(),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
-            abort_timeout: opts.abort_timeout,
+            abort_timeout: opts.abort_timeout.min(timeout),
+            timeout,
+            tick_ms,
             parents,
             parent_free,
             sw_queue_cap: sw,
@@ -354,6 +375,20 @@ impl IoQpair {
     /// Ring entries.
     pub fn depth(&self) -> u16 {
         self.depth
+    }
+    /// The per-command timeout in use ([`QpairOptions::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// The period of the coarse clock timeouts are checked on: a quarter of the timeout,
+    /// between 10 ms and 100 ms. The clock is read once every 64 polls, and only then.
+    pub fn tick(&self) -> Duration {
+        Duration::from_millis(self.tick_ms as u64)
+    }
+    /// Whether shadow doorbells with EventIdx are in use (asked for and configured on the
+    /// controller).
+    pub fn shadow_doorbells(&self) -> bool {
+        self.event_idx
     }
     /// Commands that can be at the device at once (`depth - 1`).
     pub fn slots(&self) -> usize {
@@ -890,7 +925,7 @@ impl IoQpair {
                 } else {
                     // One tick more than the delay: the current tick may be about to end,
                     // and the retry must not go out before the delay has passed.
-                    let ticks = (delay.as_millis().div_ceil(TICK.as_millis())) as u32 + 1;
+                    let ticks = (delay.as_millis().div_ceil(self.tick_ms as u128)) as u32 + 1;
                     self.delayed.push_back((cid, self.tick.wrapping_add(ticks)));
                 }
                 return 0;
@@ -1091,11 +1126,23 @@ impl IoQpair {
     /// Timeouts, delayed retries and device health, every few dozen polls on a coarse
     /// clock.
     fn housekeeping(&mut self) {
-        let now_tick = (self.clock_origin.elapsed().as_millis() / TICK.as_millis()) as u32;
+        let now_tick = (self.clock_origin.elapsed().as_millis() / self.tick_ms as u128) as u32;
         if now_tick == self.tick {
             return;
         }
+        let last = self.tick;
         self.tick = now_tick;
+        // Commands are stamped with the tick of the latest clock read. After a gap of more
+        // than one tick between reads (the thread did not poll: descheduled, or idle and
+        // then busy again) those stamped with the old tick may be much younger than it
+        // says: take them as submitted just now rather than time them out early.
+        if now_tick.wrapping_sub(last) > 1 && self.in_flight > 0 {
+            for t in self.trackers.iter_mut() {
+                if t.active && !t.timed_out && t.submit_tick == last {
+                    t.submit_tick = now_tick.wrapping_sub(1);
+                }
+            }
+        }
         if self.in_flight == 0 && self.pending.is_empty() {
             return;
         }
@@ -1115,7 +1162,10 @@ impl IoQpair {
                 self.qid
             );
             let seen = self.epoch;
-            let _ = self.ctrlr.reset_from(Some(seen));
+            match self.ctrlr.reset_from(Some(seen)) {
+                Ok(false) => {}
+                Ok(true) | Err(_) => self.stats.resets += 1,
+            }
             self.on_epoch_change();
             return;
         }
@@ -1147,12 +1197,26 @@ impl IoQpair {
             }
             self.trackers[cid as usize].timed_out = true;
             self.stats.timeouts += 1;
+            if need_reset {
+                // A reset is coming anyway (an earlier Abort failed or found nothing):
+                // another Abort would only add its own wait.
+                tracing::warn!(
+                    qid = self.qid,
+                    cid,
+                    "command cid {cid} on qid {} timed out after {} ms; the controller will be reset",
+                    self.qid,
+                    self.timeout.as_millis()
+                );
+                continue;
+            }
             tracing::warn!(
                 qid = self.qid,
                 cid,
-                "command cid {cid} on qid {} timed out: aborting it",
-                self.qid
+                "command cid {cid} on qid {} timed out after {} ms: aborting it",
+                self.qid,
+                self.timeout.as_millis()
             );
+            self.stats.aborts += 1;
             match self
                 .ctrlr
                 .abort_with_timeout(self.qid, cid, self.abort_timeout)
@@ -1189,8 +1253,13 @@ impl IoQpair {
         }
         if need_reset {
             let seen = self.epoch;
-            if let Err(e) = self.ctrlr.reset_from(Some(seen)) {
-                tracing::error!("qid {}: reset after a timeout failed: {e}", self.qid);
+            match self.ctrlr.reset_from(Some(seen)) {
+                Ok(true) => self.stats.resets += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    self.stats.resets += 1;
+                    tracing::error!("qid {}: reset after a timeout failed: {e}", self.qid);
+                }
             }
             self.on_epoch_change();
         }
@@ -1232,6 +1301,7 @@ impl IoQpair {
                 continue;
             }
             t.abort_requested = true;
+            self.stats.aborts += 1;
             let r = self
                 .ctrlr
                 .abort_with_timeout(self.qid, cid as u16, self.abort_timeout);
