@@ -609,7 +609,7 @@ pub enum AioError {
         /// Target name.
         target: String,
         /// Why.
-        source: Box<crate::Error>,
+        source: Box<crate::target::TargetError>,
     },
     /// Allocating bounce buffers failed.
     #[error("allocating {bytes} bytes of bounce buffers: {source}")]

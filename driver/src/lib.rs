@@ -83,6 +83,9 @@ pub enum Error {
     /// PCI discovery.
     #[error(transparent)]
     Pci(#[from] hw::pci::PciError),
+    /// The target layer.
+    #[error(transparent)]
+    Target(#[from] target::TargetError),
     /// File target.
     #[error(transparent)]
     File(#[from] target::file::FileError),

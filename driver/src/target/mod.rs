@@ -1,11 +1,17 @@
 //! One trait over the things Kestrel does block I/O to: an NVMe namespace (through I/O
-//! queue pairs) and a file or block device (through io_uring). The aio API, the pollers,
-//! `kestrel perf` and the conformance suite use only this.
+//! queue pairs, [`nvme`]) and a file or block device (through io_uring, [`file`]). The aio
+//! API, the pollers, `kestrel perf` and the conformance suite use only this.
+//!
+//! Lives here: the [`Target`]/[`TargetQueue`] traits, their options, the layer's error
+//! ([`TargetError`]) and the two targets. May import [`crate::spec`], [`crate::hw`]
+//! (never a concrete transport: targets are handed a controller or a path), [`crate::io`]
+//! and [`crate::nvme`].
 
 use std::time::Duration;
 
 use crate::hw::dma::DmaPool;
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
+use crate::nvme::CtrlrError;
 
 pub use crate::io::AbortOutcome;
 
@@ -89,7 +95,19 @@ pub trait Target: Send + Sync {
     /// The DMA pool buffers for this target must come from.
     fn dma_pool(&self) -> &DmaPool;
     /// Creates a queue, owned by the calling thread from then on.
-    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, crate::Error>;
+    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, TargetError>;
+}
+
+/// Errors of the target layer: why a target could not make a queue. Each variant is the
+/// error of the layer or target below, converted.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// An NVMe namespace: creating its I/O queue pair failed.
+    #[error(transparent)]
+    Nvme(#[from] CtrlrError),
+    /// A file target: setting up its io_uring failed.
+    #[error(transparent)]
+    File(#[from] file::FileError),
 }
 
 /// A queue on a target: one thread submits and reaps (`Send`, not `Sync`).

@@ -5,7 +5,7 @@ use crate::io::{AbortOutcome, Completion, IoRequest, QueueStats, SubmitError};
 use crate::nvme::ctrlr::{Controller, CtrlrError};
 use crate::nvme::qpair::{DoorbellMode, IoQpair, QpairOptions};
 
-use super::{QueueInUse, QueueOptions, Target, TargetInfo, TargetQueue};
+use super::{QueueInUse, QueueOptions, Target, TargetError, TargetInfo, TargetQueue};
 
 /// An NVMe namespace as a [`Target`].
 pub struct NvmeNamespace {
@@ -67,7 +67,7 @@ impl Target for NvmeNamespace {
     fn dma_pool(&self) -> &DmaPool {
         self.ctrlr.dma_pool()
     }
-    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, crate::Error> {
+    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, TargetError> {
         let q = QpairOptions {
             depth: opts.depth,
             sw_queue_depth: opts.sw_queue_depth,

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::hw::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
-use crate::target::{QueueOptions, Target, TargetInfo, TargetQueue};
+use crate::target::{QueueOptions, Target, TargetError, TargetInfo, TargetQueue};
 
 pub use queue::{FileQueue, FileQueueCounters};
 
@@ -581,7 +581,7 @@ impl Target for FileTarget {
     fn dma_pool(&self) -> &DmaPool {
         &self.pool
     }
-    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, crate::Error> {
+    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, TargetError> {
         Ok(Box::new(self.create_file_queue(opts)?))
     }
 }
