@@ -10,19 +10,15 @@ use crate::hw::dma::{DmaBuf, DmaPool};
 use crate::hw::mmio::{Bar, Doorbell};
 use crate::spec::{admin_opc, Cqe, DoorbellKind, Sqe, PAGE_SIZE};
 
-use super::ring::{CqRing, SqRing};
+use super::ring::RingPair;
 use super::{CtrlrError, InitState};
 
 /// The admin submission and completion queues (QID 0), with a scratch page for the data
 /// of commands that return some (Identify, Get Log Page).
 pub(super) struct AdminQueue {
-    sq: SqRing,
-    cq: CqRing,
+    rings: RingPair,
     sq_db: Doorbell,
     cq_db: Doorbell,
-    sq_tail: u16,
-    cq_head: u16,
-    phase: bool,
     next_cid: u16,
     scratch: DmaBuf,
 }
@@ -75,11 +71,7 @@ impl AdminQueue {
         Ok(AdminQueue {
             sq_db: bar.doorbell(0, DoorbellKind::SqTail)?,
             cq_db: bar.doorbell(0, DoorbellKind::CqHead)?,
-            sq: SqRing::new(pool, entries)?,
-            cq: CqRing::new(pool, entries)?,
-            sq_tail: 0,
-            cq_head: 0,
-            phase: true,
+            rings: RingPair::new(pool, entries)?,
             next_cid: 0,
             scratch: pool.alloc(PAGE_SIZE)?,
         })
@@ -87,24 +79,21 @@ impl AdminQueue {
 
     /// Slots in each ring.
     pub(super) fn entries(&self) -> u16 {
-        self.sq.entries()
+        self.rings.depth()
     }
     /// IOVA of the submission ring (ASQ).
     pub(super) fn sq_iova(&self) -> u64 {
-        self.sq.iova()
+        self.rings.sq_iova()
     }
     /// IOVA of the completion ring (ACQ).
     pub(super) fn cq_iova(&self) -> u64 {
-        self.cq.iova()
+        self.rings.cq_iova()
     }
 
     /// Zeroes the completion ring and rewinds both rings to slot 0, as a controller that
     /// was just disabled expects them. Only while the controller is disabled.
     pub(super) fn rewind(&mut self) {
-        self.cq.clear();
-        self.sq_tail = 0;
-        self.cq_head = 0;
-        self.phase = true;
+        self.rings.rewind();
     }
 
     /// Submits `sqe` and waits for its completion, at most `wait.timeout`. A failed status
@@ -120,22 +109,14 @@ impl AdminQueue {
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1) & 0x7FFF;
         sqe.set_cid(cid);
-        self.sq.write(self.sq_tail, &sqe);
-        self.sq_tail = (self.sq_tail + 1) % self.sq.entries();
-        self.sq_db.ring(self.sq_tail as u32);
+        self.rings.push(&sqe);
+        self.sq_db.ring(self.rings.sq_tail() as u32);
         let start = Instant::now();
         let mut round = 0;
         loop {
-            let dw3 = self.cq.dw3(self.cq_head);
-            if ((dw3 >> 16) & 1 != 0) == self.phase {
-                let (dw0, dw2) = self.cq.dw0_dw2(self.cq_head);
-                self.cq_head += 1;
-                if self.cq_head == self.cq.entries() {
-                    self.cq_head = 0;
-                    self.phase = !self.phase;
-                }
-                self.cq_db.ring(self.cq_head as u32);
-                let cqe = Cqe::from_dwords(dw0, 0, dw2, dw3);
+            if let Some(reaped) = self.rings.pop() {
+                self.cq_db.ring(self.rings.cq_head() as u32);
+                let cqe = reaped.to_cqe();
                 if cqe.cid != cid {
                     tracing::warn!(
                         cid = cqe.cid,

@@ -21,7 +21,7 @@ use crate::spec::{
 use super::init::Bringup;
 use super::prp;
 use super::qpair::{IoQpair, QpairOptions, QpairParts, MAX_TRACKERS, MIN_TIMEOUT};
-use super::ring::{CqRing, ShadowSlot, SqRing};
+use super::ring::{RingPair, ShadowSlot};
 use super::shared::CtrlrShared;
 
 pub use super::init::{ControllerOptions, NsInfo};
@@ -268,8 +268,7 @@ impl Controller {
         let ppt = prp::list_pages_for(list_entries);
         let trackers = depth as usize - 1;
         let prp_mem = sh.pool.alloc(trackers.max(1) * ppt * PAGE_SIZE)?;
-        let sq = SqRing::new(&sh.pool, depth)?;
-        let cq = CqRing::new(&sh.pool, depth)?;
+        let rings = RingPair::new(&sh.pool, depth)?;
         let sq_db = sh.bar.doorbell(qid, DoorbellKind::SqTail)?;
         let cq_db = sh.bar.doorbell(qid, DoorbellKind::CqHead)?;
         let dstrd = sh.cap.dstrd();
@@ -289,13 +288,12 @@ impl Controller {
             c.reset();
             Some((s, c))
         });
-        sh.create_io_queue(qid, depth, sq.iova(), cq.iova())?;
+        sh.create_io_queue(qid, depth, rings.sq_iova(), rings.cq_iova())?;
         Ok(IoQpair::new(
             Arc::clone(sh),
             QpairParts {
                 qid,
-                sq,
-                cq,
+                rings,
                 sq_db,
                 cq_db,
                 shadow,

@@ -1,5 +1,6 @@
 //! Submission and completion rings in DMA memory, shared by the admin queue and the I/O
-//! queue pairs.
+//! queue pairs: both place commands and reap completions through one [`RingPair`], so the
+//! ring, phase and reaping logic exists once.
 //!
 //! The controller reads the SQ ring and writes the CQ ring, so neither is ever reached
 //! through a reference:
@@ -17,7 +18,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::hw::dma::{DmaBuf, DmaError, DmaPool};
-use crate::spec::{Cqe, Sqe};
+use crate::spec::{Cqe, Sqe, Status};
 
 /// A submission queue ring of `entries` 64-byte slots.
 pub struct SqRing {
@@ -140,6 +141,141 @@ impl CqRing {
             let p = self.base.as_ptr().add(slot as usize).cast::<u32>();
             (p.read_volatile(), p.add(2).read_volatile())
         }
+    }
+}
+
+/// The dwords of a reaped completion entry that the driver uses (dword 1 is reserved).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Reaped {
+    /// Dword 0: the command-specific result.
+    pub dw0: u32,
+    /// Dword 2: SQ Head Pointer (15:0) and SQ Identifier (31:16).
+    pub dw2: u32,
+    /// Dword 3: CID (15:0), phase (16), status (31:17).
+    pub dw3: u32,
+}
+
+impl Reaped {
+    /// The command identifier.
+    #[inline]
+    pub fn cid(&self) -> u16 {
+        self.dw3 as u16
+    }
+    /// The SQ Head Pointer: the controller has fetched every entry before it.
+    #[inline]
+    pub fn sq_head(&self) -> u16 {
+        self.dw2 as u16
+    }
+    /// The status.
+    #[inline]
+    pub fn status(&self) -> Status {
+        Status::from_cqe_status((self.dw3 >> 16) as u16)
+    }
+    /// The whole entry.
+    pub fn to_cqe(self) -> Cqe {
+        Cqe::from_dwords(self.dw0, 0, self.dw2, self.dw3)
+    }
+}
+
+/// The two rings of one queue pair, admin or I/O, of `depth` slots each, and the driver's
+/// positions in them: the SQ tail it writes, the CQ head and phase it reads. Every SQE is
+/// placed by [`RingPair::push`] and every CQE reaped by [`RingPair::pop`]; the doorbells,
+/// and when to ring them, are the owner's.
+pub struct RingPair {
+    sq: SqRing,
+    cq: CqRing,
+    depth: u16,
+    sq_tail: u16,
+    cq_head: u16,
+    cq_phase: bool,
+}
+
+impl RingPair {
+    /// Allocates both rings (the SQ first), positions at slot 0 looking for phase 1.
+    pub fn new(pool: &DmaPool, depth: u16) -> Result<Self, DmaError> {
+        Ok(RingPair {
+            sq: SqRing::new(pool, depth)?,
+            cq: CqRing::new(pool, depth)?,
+            depth,
+            sq_tail: 0,
+            cq_head: 0,
+            cq_phase: true,
+        })
+    }
+    /// Slots in each ring.
+    #[inline]
+    pub fn depth(&self) -> u16 {
+        self.depth
+    }
+    /// IOVA of the submission ring.
+    pub fn sq_iova(&self) -> u64 {
+        self.sq.iova()
+    }
+    /// IOVA of the completion ring.
+    pub fn cq_iova(&self) -> u64 {
+        self.cq.iova()
+    }
+    /// The slot the next SQE goes to (the value the SQ tail doorbell publishes).
+    #[inline]
+    pub fn sq_tail(&self) -> u16 {
+        self.sq_tail
+    }
+    /// The slot of the next CQE (the value the CQ head doorbell publishes).
+    #[inline]
+    pub fn cq_head(&self) -> u16 {
+        self.cq_head
+    }
+    /// The phase tag a new CQE at the head carries.
+    pub fn cq_phase(&self) -> bool {
+        self.cq_phase
+    }
+
+    /// Places `sqe` at the tail and moves the tail on. The caller knows the slot is free
+    /// (fewer than `depth` entries outstanding).
+    #[inline]
+    pub fn push(&mut self, sqe: &Sqe) {
+        self.sq.write(self.sq_tail, sqe);
+        self.sq_tail = if self.sq_tail + 1 == self.depth {
+            0
+        } else {
+            self.sq_tail + 1
+        };
+    }
+
+    /// Reaps the entry at the CQ head if its phase says it is new, and moves the head on
+    /// (flipping the phase at the end of the ring).
+    #[inline]
+    pub fn pop(&mut self) -> Option<Reaped> {
+        let dw3 = self.cq.dw3(self.cq_head);
+        if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
+            return None;
+        }
+        let (dw0, dw2) = self.cq.dw0_dw2(self.cq_head);
+        self.cq_head += 1;
+        if self.cq_head == self.depth {
+            self.cq_head = 0;
+            self.cq_phase = !self.cq_phase;
+        }
+        Some(Reaped { dw0, dw2, dw3 })
+    }
+
+    /// Zeroes the completion ring and rewinds both rings to slot 0. Only while the
+    /// controller cannot write the CQ (it is disabled, or the queue is not created).
+    pub fn rewind(&mut self) {
+        self.cq.clear();
+        self.sq_tail = 0;
+        self.cq_head = 0;
+        self.cq_phase = true;
+    }
+
+    /// Dword 3 of the CQ entry at the head and of the one before it, for diagnostics.
+    pub fn dw3_at_head(&self) -> (u32, u32) {
+        let before = if self.cq_head == 0 {
+            self.depth - 1
+        } else {
+            self.cq_head - 1
+        };
+        (self.cq.dw3(self.cq_head), self.cq.dw3(before))
     }
 }
 

@@ -43,7 +43,7 @@ use crate::io::{
 };
 use crate::nvme::init::NsInfo;
 use crate::nvme::prp::{self, PrpListMem};
-use crate::nvme::ring::{need_event, CqRing, ShadowSlot, SqRing};
+use crate::nvme::ring::{need_event, RingPair, ShadowSlot};
 use crate::nvme::shared::{CtrlrShared, CtrlrState};
 use crate::spec::{DsmRange, Sqe, Status, PAGE_SIZE};
 
@@ -177,13 +177,8 @@ struct Parent {
 /// An I/O queue pair. See the module documentation.
 pub struct IoQpair {
     // ---- hot: touched on every submission and completion ----
-    sq: SqRing,
-    cq: CqRing,
-    depth: u16,
-    sq_tail: u16,
+    rings: RingPair,
     sq_tail_rung: u16,
-    cq_head: u16,
-    cq_phase: bool,
     mode: DoorbellMode,
     sq_db: Doorbell,
     cq_db: Doorbell,
@@ -232,8 +227,7 @@ pub struct IoQpair {
 /// What the controller layer hands to [`IoQpair::new`].
 pub(crate) struct QpairParts {
     pub qid: u16,
-    pub sq: SqRing,
-    pub cq: CqRing,
+    pub rings: RingPair,
     pub sq_db: Doorbell,
     pub cq_db: Doorbell,
     pub shadow: Option<(ShadowSlot, ShadowSlot)>,
@@ -268,7 +262,7 @@ fn publish_shadow(
 
 impl IoQpair {
     pub(crate) fn new(ctrlr: Arc<CtrlrShared>, parts: QpairParts, opts: &QpairOptions) -> Self {
-        let depth = parts.sq.entries();
+        let depth = parts.rings.depth();
         let ntrk = (depth as u32 - 1).min(MAX_TRACKERS) as usize;
         let ppt = parts.prp_pages_per_tracker;
         let trackers: Box<[Tracker]> = (0..ntrk)
@@ -322,13 +316,8 @@ impl IoQpair {
             (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
         let tick_ms = tick_ms as u32;
         IoQpair {
-            sq: parts.sq,
-            cq: parts.cq,
-            depth,
-            sq_tail: 0,
+            rings: parts.rings,
             sq_tail_rung: 0,
-            cq_head: 0,
-            cq_phase: true,
             mode: opts.doorbell,
             sq_db: parts.sq_db,
             cq_db: parts.cq_db,
@@ -374,7 +363,7 @@ impl IoQpair {
     }
     /// Ring entries.
     pub fn depth(&self) -> u16 {
-        self.depth
+        self.rings.depth()
     }
     /// The per-command timeout in use ([`QpairOptions::timeout`]).
     pub fn timeout(&self) -> Duration {
@@ -426,14 +415,12 @@ impl IoQpair {
     pub fn doorbell_state(&self) -> String {
         let mut s = format!(
             "sq_tail {} (rung {}), cq_head {} phase {}",
-            self.sq_tail, self.sq_tail_rung, self.cq_head, self.cq_phase as u8
+            self.rings.sq_tail(),
+            self.sq_tail_rung,
+            self.rings.cq_head(),
+            self.rings.cq_phase() as u8
         );
-        let here = self.cq.dw3(self.cq_head);
-        let prev = self.cq.dw3(if self.cq_head == 0 {
-            self.depth - 1
-        } else {
-            self.cq_head - 1
-        });
+        let (here, prev) = self.rings.dw3_at_head();
         s += &format!(
             ", cqe at head: cid {} phase {}, before head: cid {} phase {}",
             here as u16,
@@ -460,7 +447,7 @@ impl IoQpair {
     /// Bytes of memory the qpair holds: rings, trackers with their PRP pages, software
     /// queue.
     pub fn memory_bytes(&self) -> usize {
-        self.depth as usize * (64 + 16)
+        self.rings.depth() as usize * (64 + 16)
             + self.trackers.len()
                 * (std::mem::size_of::<Tracker>() + self.trackers[0].prp.pages * PAGE_SIZE)
             + self.parents.len() * std::mem::size_of::<Parent>()
@@ -759,15 +746,10 @@ impl IoQpair {
 
     #[inline]
     fn push_sqe(&mut self, sqe: &Sqe) {
-        self.sq.write(self.sq_tail, sqe);
+        self.rings.push(sqe);
         // Every SQE comes from the tracker its CID names.
         self.trackers[sqe.cid() as usize].sq_seq = self.sq_seq;
         self.sq_seq += 1;
-        self.sq_tail = if self.sq_tail + 1 == self.depth {
-            0
-        } else {
-            self.sq_tail + 1
-        };
         self.stats.commands += 1;
         if self.mode == DoorbellMode::Immediate {
             self.ring_sq();
@@ -777,7 +759,8 @@ impl IoQpair {
     /// Writes the SQ tail doorbell if entries were added since the last write.
     #[inline]
     fn ring_sq(&mut self) {
-        if self.sq_tail == self.sq_tail_rung {
+        let new = self.rings.sq_tail();
+        if new == self.sq_tail_rung {
             return;
         }
         // Relaxed is enough here: a stale Ready only means one more batch goes to the old
@@ -785,10 +768,10 @@ impl IoQpair {
         if self.ctrlr.epoch_relaxed() != self.epoch {
             return;
         }
-        let (new, old) = (self.sq_tail, self.sq_tail_rung);
+        let old = self.sq_tail_rung;
         self.sq_tail_rung = new;
         let sq_shadow = self.shadow.as_ref().map(|(sq, _)| sq);
-        if publish_shadow(sq_shadow, self.event_idx, new, old, self.depth) {
+        if publish_shadow(sq_shadow, self.event_idx, new, old, self.rings.depth()) {
             self.stats.shadow_doorbell_updates += 1;
             return;
         }
@@ -797,9 +780,9 @@ impl IoQpair {
     }
 
     fn ring_cq(&mut self, old: u16) {
-        let new = self.cq_head;
+        let new = self.rings.cq_head();
         let cq_shadow = self.shadow.as_ref().map(|(_, cq)| cq);
-        if publish_shadow(cq_shadow, self.event_idx, new, old, self.depth) {
+        if publish_shadow(cq_shadow, self.event_idx, new, old, self.rings.depth()) {
             self.stats.shadow_doorbell_updates += 1;
             return;
         }
@@ -840,25 +823,16 @@ impl IoQpair {
             done(c);
             delivered += 1;
         }
-        let old_head = self.cq_head;
+        let old_head = self.rings.cq_head();
         let mut reaped = 0u32;
         let usable = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready && !self.removed;
         while usable && delivered < max && reaped < max {
-            let dw3 = self.cq.dw3(self.cq_head);
-            if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
+            let Some(cqe) = self.rings.pop() else {
                 break;
-            }
-            let (dw0, dw2) = self.cq.dw0_dw2(self.cq_head);
-            let fetched = self.unwrap_sq_head(dw2 as u16);
-            self.cq_head += 1;
-            if self.cq_head == self.depth {
-                self.cq_head = 0;
-                self.cq_phase = !self.cq_phase;
-            }
+            };
+            let fetched = self.unwrap_sq_head(cqe.sq_head());
             reaped += 1;
-            let cid = dw3 as u16;
-            let status = Status::from_cqe_status((dw3 >> 16) as u16);
-            delivered += self.complete(cid, status, dw0, fetched, done);
+            delivered += self.complete(cqe.cid(), cqe.status(), cqe.dw0, fetched, done);
         }
         if reaped > 0 {
             self.ring_cq(old_head);
@@ -949,10 +923,11 @@ impl IoQpair {
     /// completes out of order); `head_seq` only moves forward. `None` for an index
     /// outside the ring.
     fn unwrap_sq_head(&mut self, sqhd: u16) -> Option<u64> {
-        if sqhd >= self.depth {
+        let depth = self.rings.depth();
+        if sqhd >= depth {
             return None;
         }
-        let d = self.depth as u64;
+        let d = depth as u64;
         let top = self.sq_seq;
         let back = (top % d + d - sqhd as u64) % d;
         let x = top.checked_sub(back)?;
@@ -1054,18 +1029,17 @@ impl IoQpair {
     /// After a controller reset: rewind the rings, create the queues again, and resubmit
     /// what was in flight (each resubmission counts as a retry).
     fn recreate_after_reset(&mut self, e: u64) {
-        self.cq.clear();
+        self.rings.rewind();
         self.sq_seq = 0;
         self.head_seq = 0;
-        self.sq_tail = 0;
         self.sq_tail_rung = 0;
-        self.cq_head = 0;
-        self.cq_phase = true;
         self.delayed.clear();
-        if let Err(err) =
-            self.ctrlr
-                .create_io_queue(self.qid, self.depth, self.sq.iova(), self.cq.iova())
-        {
+        if let Err(err) = self.ctrlr.create_io_queue(
+            self.qid,
+            self.rings.depth(),
+            self.rings.sq_iova(),
+            self.rings.cq_iova(),
+        ) {
             tracing::error!(
                 "qid {}: recreating the queue after reset failed: {err}",
                 self.qid
