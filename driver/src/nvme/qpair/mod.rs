@@ -29,7 +29,8 @@
 //! - **Retries.** A completion with a retryable status (DNR clear) is resubmitted, with
 //!   the same tracker and SQE, up to a bound.
 //!
-//! Fields are ordered hot first; see the marker comment in [`IoQpair`].
+//! The layouts of [`IoQpair`] (hot part first, five cache lines) and of a tracker (two
+//! lines) are fixed and checked at compile time where they are declared.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -146,23 +147,34 @@ const TICK_MAX_MS: u32 = 100;
 /// Polls between coarse clock reads.
 const HOUSEKEEPING_EVERY: u32 = 64;
 
-/// One inline command slot.
+/// One inline command slot: two cache lines, starting on a line boundary.
+///
+/// - line 0 (bytes 0..64): the command as submitted, kept for retries and resubmission
+///   after a reset; written at submission, read only to resubmit.
+/// - line 1 (bytes 64..128): what a completion reads and writes: the caller's token, the
+///   position in the SQ, the PRP list pages, the state flags and the retry count.
+#[repr(C, align(64))]
 struct Tracker {
+    sqe: Sqe,
     token: u64,
-    parent: u16,
-    retries: u8,
-    active: bool,
-    timed_out: bool,
-    inject: Option<Status>,
-    /// A cancel sent an Abort for this command: its error completion is final (no retry).
-    abort_requested: bool,
-    submit_tick: u32,
     /// Position of the command's SQ entry in the count of entries pushed since the queue
     /// was created (see `sq_seq`).
     sq_seq: u64,
     prp: PrpListMem,
-    sqe: Sqe,
+    submit_tick: u32,
+    parent: u16,
+    retries: u8,
+    active: bool,
+    timed_out: bool,
+    /// A cancel sent an Abort for this command: its error completion is final (no retry).
+    abort_requested: bool,
+    inject: Option<Status>,
 }
+
+const _: () = assert!(std::mem::size_of::<Tracker>() == 128);
+const _: () = assert!(std::mem::offset_of!(Tracker, sqe) == 0);
+const _: () = assert!(std::mem::offset_of!(Tracker, token) == 64);
+const _: () = assert!(std::mem::offset_of!(Tracker, inject) < 128);
 
 /// A request split into several commands.
 #[derive(Clone, Copy)]
@@ -175,34 +187,56 @@ struct Parent {
 }
 
 /// An I/O queue pair. See the module documentation.
+///
+/// The layout is fixed (`repr(C)`, offsets checked below). The hot part, what submission,
+/// doorbells and completion touch, is the first five cache lines:
+/// - line 0: the ring positions ([`RingPair`]) and the free CID queue;
+/// - line 1: the software queue and the completions waiting for delivery;
+/// - line 2: the shadow doorbell slots and the trackers;
+/// - line 3: the SQ and CQ doorbells and the SQ position counters;
+/// - line 4: the controller (epoch, namespaces) and the epoch seen, the commands in
+///   flight, the coarse clock, the completion cap, the request being split, the doorbell
+///   mode and flags.
+///
+/// Then the counters on lines of their own (5 and 6: written by every submission and
+/// completion), then the fields no I/O touches.
+#[repr(C, align(64))]
 pub struct IoQpair {
-    // ---- hot: touched on every submission and completion ----
+    // ---- line 0 ----
     rings: RingPair,
-    sq_tail_rung: u16,
-    mode: DoorbellMode,
-    sq_db: Doorbell,
-    cq_db: Doorbell,
+    free: VecDeque<u16>,
+    // ---- line 1 ----
+    pending: VecDeque<IoRequest>,
+    deferred: VecDeque<Completion>,
+    // ---- line 2 ----
     /// The shadow doorbell slots (SQ, CQ) when the controller was set up with them: kept
     /// current even when `event_idx` is off.
     shadow: Option<(ShadowSlot, ShadowSlot)>,
-    /// Skip MMIO writes the controller's EventIdx does not ask for.
-    event_idx: bool,
     trackers: Box<[Tracker]>,
-    free: VecDeque<u16>,
-    in_flight: u32,
-    pending: VecDeque<IoRequest>,
-    splitting: Option<u16>,
-    deferred: VecDeque<Completion>,
-    tick: u32,
-    polls_since_housekeeping: u32,
-    max_completions: u32,
-    epoch: u64,
-    injecting: bool,
+    // ---- line 3 ----
+    sq_db: Doorbell,
+    cq_db: Doorbell,
     /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
     sq_seq: u64,
     /// The controller's SQ head as a count like `sq_seq`, from the SQ Head of completions.
     head_seq: u64,
-    stats: QueueStats,
+    // ---- line 4 ----
+    ctrlr: Arc<CtrlrShared>,
+    epoch: u64,
+    in_flight: u32,
+    tick: u32,
+    polls_since_housekeeping: u32,
+    max_completions: u32,
+    splitting: Option<u16>,
+    sq_tail_rung: u16,
+    mode: DoorbellMode,
+    /// Skip MMIO writes the controller's EventIdx does not ask for.
+    event_idx: bool,
+    injecting: bool,
+    removed: bool,
+    max_retries: u8,
+    // ---- lines 5 and 6 ----
+    stats: LineAligned<QueueStats>,
     // ---- fields below this point are not touched on the I/O path ----
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
     delayed: VecDeque<(u16, u32)>,
@@ -214,14 +248,43 @@ pub struct IoQpair {
     parent_free: Vec<u16>,
     sw_queue_cap: usize,
     max_command_bytes: u64,
-    max_retries: u8,
     timeout_ticks: u32,
     clock_origin: Instant,
     bogus_logged: bool,
-    removed: bool,
     qid: u16,
-    ctrlr: Arc<CtrlrShared>,
     _prp_mem: DmaBuf,
+}
+
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(IoQpair, rings) == 0);
+    assert!(offset_of!(IoQpair, pending) == 64);
+    assert!(offset_of!(IoQpair, shadow) == 2 * 64);
+    assert!(offset_of!(IoQpair, sq_db) == 3 * 64);
+    assert!(offset_of!(IoQpair, head_seq) + 8 == 4 * 64);
+    assert!(offset_of!(IoQpair, ctrlr) == 4 * 64);
+    assert!(offset_of!(IoQpair, max_retries) < 5 * 64);
+    assert!(offset_of!(IoQpair, stats) == 5 * 64);
+    assert!(std::mem::size_of::<LineAligned<QueueStats>>() == 2 * 64);
+    assert!(offset_of!(IoQpair, injections) <= 7 * 64);
+};
+
+/// A value that starts on a cache line of its own (and fills whole lines), so writes to it
+/// share no line with the fields before it.
+#[repr(C, align(64))]
+struct LineAligned<T>(T);
+
+impl<T> std::ops::Deref for LineAligned<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for LineAligned<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
 }
 
 /// What the controller layer hands to [`IoQpair::new`].
@@ -336,7 +399,7 @@ impl IoQpair {
             injecting: false,
             sq_seq: 0,
             head_seq: 0,
-            stats: QueueStats::default(),
+            stats: LineAligned(QueueStats::default()),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
             abort_timeout: opts.abort_timeout.min(timeout),
@@ -397,7 +460,7 @@ impl IoQpair {
     }
     /// Counters.
     pub fn stats(&self) -> QueueStats {
-        self.stats
+        *self.stats
     }
     /// The cap on completions per reaping pass used when the caller gives none
     /// ([`QpairOptions::max_completions`], resolved).
