@@ -22,7 +22,7 @@
 //!   overridden by the stale shadow value.
 //! - **Non-blocking submission.** With no tracker free, a request waits in a bounded
 //!   software queue and is submitted, in order, as completions free trackers. With that
-//!   queue full too, submit returns [`Busy`] with the request.
+//!   queue full too, submit returns [`Busy`](crate::io::Busy) with the request.
 //! - **Splitting.** A transfer larger than the controller's MDTS (or 65536 blocks) is
 //!   split into child commands; the parent completes once, after all of them, with the
 //!   first error if any.
@@ -32,21 +32,23 @@
 //! The layouts of [`IoQpair`] (hot part first, five cache lines) and of a tracker (two
 //! lines) are fixed and checked at compile time where they are declared.
 
+mod complete;
+mod recovery;
+mod split;
+mod submit;
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::hw::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::DmaBuf;
 use crate::hw::mmio::Doorbell;
-use crate::io::{
-    AbortOutcome, Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats,
-    SubmitError,
-};
+use crate::io::{Completion, IoError, IoRequest, QueueStats};
 use crate::nvme::init::NsInfo;
-use crate::nvme::prp::{self, PrpListMem};
-use crate::nvme::ring::{need_event, RingPair, ShadowSlot};
-use crate::nvme::shared::{CtrlrShared, CtrlrState};
-use crate::spec::{DsmRange, Sqe, Status, PAGE_SIZE};
+use crate::nvme::prp::PrpListMem;
+use crate::nvme::ring::{RingPair, ShadowSlot};
+use crate::nvme::shared::CtrlrShared;
+use crate::spec::{Sqe, Status, PAGE_SIZE};
 
 /// How the SQ tail doorbell is rung.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -176,6 +178,36 @@ const _: () = assert!(std::mem::offset_of!(Tracker, sqe) == 0);
 const _: () = assert!(std::mem::offset_of!(Tracker, token) == 64);
 const _: () = assert!(std::mem::offset_of!(Tracker, inject) < 128);
 
+impl Tracker {
+    /// A free tracker whose PRP list pages are `prp`.
+    fn idle(prp: PrpListMem) -> Self {
+        Tracker {
+            sqe: Sqe::default(),
+            token: 0,
+            sq_seq: 0,
+            prp,
+            submit_tick: 0,
+            parent: NO_PARENT,
+            retries: 0,
+            active: false,
+            timed_out: false,
+            abort_requested: false,
+            inject: None,
+        }
+    }
+}
+
+/// The command timeout (at least [`MIN_TIMEOUT`]), the period of the coarse clock in ms (a
+/// quarter of the timeout, within bounds) and the timeout in ticks.
+fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
+    let timeout = timeout.max(MIN_TIMEOUT);
+    let tick_ms = (timeout.as_millis() / 4).clamp(TICK_MIN_MS as u128, TICK_MAX_MS as u128);
+    // Late once more than this many whole ticks have passed since the submission tick:
+    // never before `timeout`, at most one tick after it.
+    let timeout_ticks = (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
+    (timeout, tick_ms as u32, timeout_ticks)
+}
+
 /// A request split into several commands.
 #[derive(Clone, Copy)]
 struct Parent {
@@ -184,6 +216,24 @@ struct Parent {
     issued_blocks: u32,
     outstanding: u32,
     first_error: Option<IoError>,
+}
+
+impl Parent {
+    /// An unused parent slot.
+    const IDLE: Parent = Parent {
+        req: IoRequest {
+            op: crate::io::IoOp::Flush,
+            nsid: 0,
+            lba: 0,
+            nlb: 0,
+            data: crate::io::Segments::none(),
+            token: 0,
+        },
+        chunk_blocks: 0,
+        issued_blocks: 0,
+        outstanding: 0,
+        first_error: None,
+    };
 }
 
 /// An I/O queue pair. See the module documentation.
@@ -299,30 +349,6 @@ pub(crate) struct QpairParts {
     pub max_command_bytes: u64,
 }
 
-/// Publishes a queue's new doorbell value in its shadow slot, when shadow doorbells are in
-/// use, and says whether the MMIO write may be skipped. The shadow value goes first,
-/// always: with the buffer configured it is the value the controller uses, and the MMIO
-/// write only tells it to look. Skipping is allowed only with EventIdx in use and the
-/// controller's EventIdx not crossed by the move from `old` to `new`.
-#[inline]
-fn publish_shadow(
-    slot: Option<&ShadowSlot>,
-    event_idx: bool,
-    new: u16,
-    old: u16,
-    depth: u16,
-) -> bool {
-    let Some(slot) = slot else {
-        return false;
-    };
-    if event_idx {
-        !need_event(slot.publish(new as u32), new, old, depth)
-    } else {
-        slot.store(new as u32);
-        false
-    }
-}
-
 impl IoQpair {
     pub(crate) fn new(ctrlr: Arc<CtrlrShared>, parts: QpairParts, opts: &QpairOptions) -> Self {
         let depth = parts.rings.depth();
@@ -330,25 +356,13 @@ impl IoQpair {
         let ppt = parts.prp_pages_per_tracker;
         let trackers: Box<[Tracker]> = (0..ntrk)
             .map(|i| {
+                // The tracker's list pages inside the qpair's PRP buffer.
                 let off = i * ppt * PAGE_SIZE;
-                Tracker {
-                    token: 0,
-                    parent: NO_PARENT,
-                    retries: 0,
-                    active: false,
-                    timed_out: false,
-                    inject: None,
-                    abort_requested: false,
-                    submit_tick: 0,
-                    sq_seq: 0,
-                    prp: PrpListMem {
-                        // The tracker's list pages inside the qpair's PRP buffer.
-                        vaddr: parts.prp_mem.as_ptr().wrapping_add(off).cast::<u64>(),
-                        iova: parts.prp_mem.iova() + off as u64,
-                        pages: ppt,
-                    },
-                    sqe: Sqe::default(),
-                }
+                Tracker::idle(PrpListMem {
+                    vaddr: parts.prp_mem.as_ptr().wrapping_add(off).cast::<u64>(),
+                    iova: parts.prp_mem.iova() + off as u64,
+                    pages: ppt,
+                })
             })
             .collect();
         // Pop order: CID 0 first.
@@ -356,28 +370,14 @@ impl IoQpair {
         // a late duplicate completion for it (a controller bug) almost always finds it
         // idle and is counted as bogus instead of completing a new command.
         let free: VecDeque<u16> = (0..ntrk as u16).collect();
-        let parents: Box<[Parent]> = (0..ntrk)
-            .map(|_| Parent {
-                req: IoRequest::flush(0, 0),
-                chunk_blocks: 0,
-                issued_blocks: 0,
-                outstanding: 0,
-                first_error: None,
-            })
-            .collect();
+        let parents: Box<[Parent]> = (0..ntrk).map(|_| Parent::IDLE).collect();
         let parent_free: Vec<u16> = (0..ntrk as u16).rev().collect();
         let sw = opts.sw_queue_depth.min(MAX_SW_QUEUE) as usize;
         let max_completions = match opts.max_completions {
             0 => (depth as u32 / 4).clamp(1, MAX_COMPLETIONS_PER_POLL),
             n => n.min(MAX_COMPLETIONS_PER_POLL),
         };
-        let timeout = opts.timeout.max(MIN_TIMEOUT);
-        let tick_ms = (timeout.as_millis() / 4).clamp(TICK_MIN_MS as u128, TICK_MAX_MS as u128);
-        // Late once more than this many whole ticks have passed since the submission tick:
-        // never before `timeout`, at most one tick after it.
-        let timeout_ticks =
-            (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
-        let tick_ms = tick_ms as u32;
+        let (timeout, tick_ms, timeout_ticks) = clock_for(opts.timeout);
         IoQpair {
             rings: parts.rings,
             sq_tail_rung: 0,
@@ -459,11 +459,13 @@ impl IoQpair {
         self.in_flight
     }
     /// Counters.
+    #[inline]
     pub fn stats(&self) -> QueueStats {
         *self.stats
     }
     /// The cap on completions per reaping pass used when the caller gives none
     /// ([`QpairOptions::max_completions`], resolved).
+    #[inline]
     pub fn default_max_completions(&self) -> u32 {
         self.max_completions
     }
@@ -520,923 +522,6 @@ impl IoQpair {
 
     fn ns(&self, nsid: u32) -> Option<&NsInfo> {
         self.ctrlr.ns_info(nsid)
-    }
-
-    /// Blocks per command for a namespace: MDTS (and our PRP list size) in bytes, and at
-    /// most 65536 blocks (the NLB field is 16 bits, zero-based).
-    fn chunk_blocks(&self, block_size: u32) -> u32 {
-        ((self.max_command_bytes / block_size as u64).min(65536) as u32).max(1)
-    }
-
-    /// Checks a request against the namespace and the PRP rules.
-    pub fn validate(&self, req: &IoRequest) -> Result<(), InvalidRequest> {
-        let ns = self
-            .ns(req.nsid)
-            .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
-        if ns.unsupported.is_some() {
-            return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
-        }
-        let op = req.op.name();
-        if !req.op.has_data() && !req.data.is_empty() {
-            return Err(InvalidRequest::BadSegments {
-                op,
-                n: req.data.len(),
-                why: "this operation takes no data",
-            });
-        }
-        if req.op.has_range() {
-            if req.nlb == 0 {
-                return Err(InvalidRequest::ZeroBlocks { op, lba: req.lba });
-            }
-            if req
-                .lba
-                .checked_add(req.nlb as u64)
-                .is_none_or(|e| e > ns.num_blocks)
-            {
-                return Err(InvalidRequest::OutOfRange {
-                    nsid: req.nsid,
-                    lba: req.lba,
-                    nlb: req.nlb,
-                    capacity: ns.num_blocks,
-                });
-            }
-        }
-        match req.op {
-            IoOp::WriteZeroes if !ns.write_zeroes => {
-                return Err(InvalidRequest::Unsupported { op })
-            }
-            IoOp::Deallocate if !ns.deallocate => return Err(InvalidRequest::Unsupported { op }),
-            IoOp::Read | IoOp::Write => {
-                if req.data.is_empty() {
-                    return Err(InvalidRequest::BadSegments {
-                        op,
-                        n: 0,
-                        why: "reads and writes need a buffer",
-                    });
-                }
-                let need = req.nlb as u64 * ns.block_size as u64;
-                let have = req.data.total_len() as u64;
-                if have < need {
-                    return Err(InvalidRequest::LengthMismatch {
-                        op,
-                        nlb: req.nlb,
-                        block_size: ns.block_size,
-                        need,
-                        have,
-                    });
-                }
-                prp::for_each_page(req.data.as_slice(), 0, need as usize, |_| {})?;
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-
-    /// Submits one request. It reaches the device at the next doorbell write (now in
-    /// immediate mode, else at [`IoQpair::flush`] or the next reaping pass). Never blocks.
-    pub fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        if let Err(reason) = self.validate(&req) {
-            return Err(SubmitError::Invalid {
-                token: req.token,
-                reason,
-            });
-        }
-        if self.removed {
-            // Accepted and completed with DeviceRemoved, like everything before it, while
-            // the deferred queue has room; refused at once past that.
-            if self.deferred.len() >= self.deferred.capacity() {
-                return Err(SubmitError::DeviceRemoved);
-            }
-            self.stats.submitted += 1;
-            self.defer(req.token, Err(IoError::DeviceRemoved));
-            return Ok(());
-        }
-        let ready = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready;
-        if ready && self.pending.is_empty() && self.splitting.is_none() {
-            match self.try_start(req) {
-                Ok(()) => {
-                    self.stats.submitted += 1;
-                    return Ok(());
-                }
-                Err(req) => return self.enqueue(req),
-            }
-        }
-        self.enqueue(req)
-    }
-
-    /// Submits a batch and rings the doorbell once. Returns how many were accepted; stops
-    /// at the first request that is refused and returns its error if none was accepted.
-    pub fn submit_batch(&mut self, reqs: &[IoRequest]) -> Result<usize, SubmitError> {
-        let mut n = 0;
-        for r in reqs {
-            match self.submit(*r) {
-                Ok(()) => n += 1,
-                Err(e) if n == 0 => {
-                    self.flush();
-                    return Err(e);
-                }
-                Err(_) => break,
-            }
-        }
-        self.flush();
-        Ok(n)
-    }
-
-    fn enqueue(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        if self.pending.len() >= self.sw_queue_cap {
-            return Err(SubmitError::Busy(Busy {
-                request: req,
-                in_flight: self.in_flight,
-                queued: self.pending.len() as u32,
-            }));
-        }
-        self.pending.push_back(req);
-        self.stats.submitted += 1;
-        self.stats.sw_queued += 1;
-        Ok(())
-    }
-
-    /// Starts a validated request, or hands it back if no tracker (or parent slot) is free.
-    fn try_start(&mut self, req: IoRequest) -> Result<(), IoRequest> {
-        let Some(block_size) = self.ns(req.nsid).map(|n| n.block_size) else {
-            // The namespace went away between validation and now (a reset shrank the
-            // list): complete with the status a controller would give.
-            self.defer(
-                req.token,
-                Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)),
-            );
-            return Ok(());
-        };
-        let chunk = self.chunk_blocks(block_size);
-        if matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) && req.nlb > chunk {
-            let Some(pi) = self.parent_free.pop() else {
-                return Err(req);
-            };
-            self.parents[pi as usize] = Parent {
-                req,
-                chunk_blocks: chunk,
-                issued_blocks: 0,
-                outstanding: 0,
-                first_error: None,
-            };
-            self.stats.split += 1;
-            self.splitting = Some(pi);
-            self.continue_split(block_size);
-            return Ok(());
-        }
-        let Some(cid) = self.free.pop_front() else {
-            return Err(req);
-        };
-        self.issue(cid, &req, 0, req.nlb, NO_PARENT, block_size);
-        Ok(())
-    }
-
-    /// Issues children of the parent being split while trackers are free.
-    fn continue_split(&mut self, block_size: u32) {
-        while let Some(pi) = self.splitting {
-            let p = self.parents[pi as usize];
-            if p.issued_blocks >= p.req.nlb {
-                self.splitting = None;
-                break;
-            }
-            let Some(cid) = self.free.pop_front() else {
-                break;
-            };
-            let nlb = p.chunk_blocks.min(p.req.nlb - p.issued_blocks);
-            let par = &mut self.parents[pi as usize];
-            par.issued_blocks += nlb;
-            par.outstanding += 1;
-            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, block_size);
-        }
-    }
-
-    /// Builds the command for blocks `[blk_off, blk_off + nlb)` of `req` in tracker `cid`
-    /// and places it in the SQ.
-    fn issue(&mut self, cid: u16, req: &IoRequest, blk_off: u32, nlb: u32, parent: u16, bs: u32) {
-        let t = &mut self.trackers[cid as usize];
-        let lba = req.lba + blk_off as u64;
-        let mut sqe = match req.op {
-            IoOp::Read | IoOp::Write => {
-                let (prp1, prp2) = prp::build(
-                    req.data.as_slice(),
-                    blk_off as usize * bs as usize,
-                    nlb as usize * bs as usize,
-                    &t.prp,
-                )
-                // Validation checked the whole transfer; a piece of it within one command's
-                // size always fits the tracker's list.
-                .expect("validated transfer fits the tracker's prp list");
-                if req.op == IoOp::Read {
-                    Sqe::read(req.nsid, lba, nlb, prp1, prp2)
-                } else {
-                    Sqe::write(req.nsid, lba, nlb, prp1, prp2)
-                }
-            }
-            IoOp::Flush => Sqe::flush(req.nsid),
-            IoOp::WriteZeroes => Sqe::write_zeroes(req.nsid, lba, nlb, false),
-            IoOp::Deallocate => {
-                let range = DsmRange {
-                    cattr: 0,
-                    nlb,
-                    slba: lba,
-                };
-                // SAFETY: the tracker's first PRP page (4 KiB) is ours until its command
-                // completes; the range is 16 bytes at its start; the controller reads it
-                // only after submission.
-                unsafe { t.prp.vaddr.cast::<DsmRange>().write_volatile(range) };
-                Sqe::deallocate(req.nsid, 1, t.prp.iova)
-            }
-        };
-        sqe.set_cid(cid);
-        t.token = req.token;
-        t.parent = parent;
-        t.retries = 0;
-        t.active = true;
-        t.timed_out = false;
-        t.inject = None;
-        t.abort_requested = false;
-        t.submit_tick = self.tick;
-        t.sqe = sqe;
-        self.in_flight += 1;
-        if self.injecting && self.apply_injection(cid, sqe.opc()) {
-            return;
-        }
-        self.push_sqe(&sqe);
-    }
-
-    /// Adds an error injection rule; returns false when all [`MAX_INJECTIONS`] are in use.
-    pub fn inject_error(&mut self, rule: ErrorInjection) -> bool {
-        match self.injections.iter_mut().find(|r| r.is_none()) {
-            Some(slot) => {
-                *slot = Some(rule);
-                self.injecting = true;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Removes every error injection rule.
-    pub fn clear_error_injections(&mut self) {
-        self.injections = [None; MAX_INJECTIONS];
-        self.injecting = false;
-    }
-
-    /// Applies the first matching injection rule to the command in tracker `cid`.
-    /// Returns true when the command must not be submitted (it completes from the
-    /// deferred queue instead).
-    fn apply_injection(&mut self, cid: u16, opc: u8) -> bool {
-        let Some(rule) = self
-            .injections
-            .iter_mut()
-            .flatten()
-            .find(|r| r.count > 0 && r.opcode.is_none_or(|o| o == opc))
-        else {
-            return false;
-        };
-        rule.count -= 1;
-        let (status, submit) = (rule.status, rule.submit);
-        self.injecting = self.injections.iter().flatten().any(|r| r.count > 0);
-        if submit {
-            self.trackers[cid as usize].inject = Some(status);
-            return false;
-        }
-        if let Some(c) = self.retire(cid, Err(IoError::Nvme(status))) {
-            self.deferred.push_back(c);
-        }
-        true
-    }
-
-    #[inline]
-    fn push_sqe(&mut self, sqe: &Sqe) {
-        self.rings.push(sqe);
-        // Every SQE comes from the tracker its CID names.
-        self.trackers[sqe.cid() as usize].sq_seq = self.sq_seq;
-        self.sq_seq += 1;
-        self.stats.commands += 1;
-        if self.mode == DoorbellMode::Immediate {
-            self.ring_sq();
-        }
-    }
-
-    /// Writes the SQ tail doorbell if entries were added since the last write.
-    #[inline]
-    fn ring_sq(&mut self) {
-        let new = self.rings.sq_tail();
-        if new == self.sq_tail_rung {
-            return;
-        }
-        // Relaxed is enough here: a stale Ready only means one more batch goes to the old
-        // queue, which a reset then recovers like any other command in flight.
-        if self.ctrlr.epoch_relaxed() != self.epoch {
-            return;
-        }
-        let old = self.sq_tail_rung;
-        self.sq_tail_rung = new;
-        let sq_shadow = self.shadow.as_ref().map(|(sq, _)| sq);
-        if publish_shadow(sq_shadow, self.event_idx, new, old, self.rings.depth()) {
-            self.stats.shadow_doorbell_updates += 1;
-            return;
-        }
-        self.sq_db.ring(new as u32);
-        self.stats.sq_doorbell_writes += 1;
-    }
-
-    fn ring_cq(&mut self, old: u16) {
-        let new = self.rings.cq_head();
-        let cq_shadow = self.shadow.as_ref().map(|(_, cq)| cq);
-        if publish_shadow(cq_shadow, self.event_idx, new, old, self.rings.depth()) {
-            self.stats.shadow_doorbell_updates += 1;
-            return;
-        }
-        self.cq_db.ring(new as u32);
-        self.stats.cq_doorbell_writes += 1;
-    }
-
-    /// Ends a batch: rings the SQ tail doorbell once for everything submitted since the
-    /// last ring.
-    pub fn flush(&mut self) {
-        self.ring_sq();
-    }
-
-    fn defer(&mut self, token: u64, result: Result<(), IoError>) {
-        // Capacity is trackers + software queue: every request is in one of those places
-        // when it is deferred, so this never grows past the preallocation.
-        self.deferred.push_back(Completion { token, result });
-    }
-
-    /// Reaps at most `max` completions (capped at [`MAX_COMPLETIONS_PER_POLL`]), calling
-    /// `done` for each finished request, then submits waiting requests into the trackers
-    /// freed. Rings the SQ doorbell first (the end of the previous batch), and the CQ head
-    /// doorbell once if anything was reaped. `done` cannot re-enter the qpair: it runs
-    /// while the qpair is mutably borrowed.
-    pub fn process_completions(&mut self, max: u32, done: &mut dyn FnMut(Completion)) -> u32 {
-        if self.ctrlr.epoch_relaxed() != self.epoch {
-            self.on_epoch_change();
-        }
-        self.ring_sq();
-        self.stats.polls += 1;
-        let max = max.clamp(1, MAX_COMPLETIONS_PER_POLL);
-        let mut delivered = 0u32;
-        while delivered < max {
-            let Some(c) = self.deferred.pop_front() else {
-                break;
-            };
-            self.stats.completed += 1;
-            done(c);
-            delivered += 1;
-        }
-        let old_head = self.rings.cq_head();
-        let mut reaped = 0u32;
-        let usable = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready && !self.removed;
-        while usable && delivered < max && reaped < max {
-            let Some(cqe) = self.rings.pop() else {
-                break;
-            };
-            let fetched = self.unwrap_sq_head(cqe.sq_head());
-            reaped += 1;
-            delivered += self.complete(cqe.cid(), cqe.status(), cqe.dw0, fetched, done);
-        }
-        if reaped > 0 {
-            self.ring_cq(old_head);
-            self.drain_pending();
-            // Retried commands and requests started from the software queue form the
-            // next batch: ring for them now rather than a poll later.
-            self.ring_sq();
-        } else if delivered == 0 {
-            self.stats.idle_polls += 1;
-        }
-        self.polls_since_housekeeping += 1;
-        if self.polls_since_housekeeping >= HOUSEKEEPING_EVERY {
-            self.polls_since_housekeeping = 0;
-            self.housekeeping();
-        }
-        delivered
-    }
-
-    /// Handles one CQE; returns 1 if a request completed (delivered to `done`).
-    fn complete(
-        &mut self,
-        cid: u16,
-        status: Status,
-        _dw0: u32,
-        fetched: Option<u64>,
-        done: &mut dyn FnMut(Completion),
-    ) -> u32 {
-        let max_retries = self.max_retries;
-        // A completion whose SQ Head says the controller had not yet fetched this CID's
-        // command cannot be that command's: it is a duplicate of an earlier command that
-        // used the CID (with every tracker busy, a freed CID is reused at once).
-        let Some(t) = self
-            .trackers
-            .get_mut(cid as usize)
-            .filter(|t| t.active && fetched.is_some_and(|f| f > t.sq_seq))
-        else {
-            self.stats.bogus_completions += 1;
-            if !self.bogus_logged {
-                self.bogus_logged = true;
-                tracing::warn!(
-                    qid = self.qid,
-                    cid,
-                    %status,
-                    "ignoring a completion for cid {cid} on qid {}, which is not outstanding (logged once per qpair)",
-                    self.qid
-                );
-            }
-            return 0;
-        };
-        let status = t.inject.take().unwrap_or(status);
-        let result = if t.timed_out {
-            // Aborted after its timeout: whatever the status says, it timed out.
-            Err(IoError::Timeout)
-        } else if status.is_success() {
-            Ok(())
-        } else {
-            if status.is_retryable() && t.retries < max_retries && !t.abort_requested {
-                t.retries += 1;
-                self.stats.retries += 1;
-                let delay = self.ctrlr.retry_delay(status.crd);
-                if delay.is_zero() {
-                    let sqe = t.sqe;
-                    self.push_sqe(&sqe);
-                } else {
-                    // One tick more than the delay: the current tick may be about to end,
-                    // and the retry must not go out before the delay has passed.
-                    let ticks = (delay.as_millis().div_ceil(self.tick_ms as u128)) as u32 + 1;
-                    self.delayed.push_back((cid, self.tick.wrapping_add(ticks)));
-                }
-                return 0;
-            }
-            Err(IoError::Nvme(status))
-        };
-        match self.retire(cid, result) {
-            Some(c) => {
-                self.stats.completed += 1;
-                done(c);
-                1
-            }
-            None => 0,
-        }
-    }
-
-    /// Turns a completion's SQ Head (a ring index) into a count like `sq_seq`: the one
-    /// value congruent to it modulo the depth in `(sq_seq - depth, sq_seq]` (at most
-    /// `depth - 1` entries are ever pushed and not yet fetched, so it is unique).
-    /// Completions may carry an older head than one seen before (a controller that
-    /// completes out of order); `head_seq` only moves forward. `None` for an index
-    /// outside the ring.
-    fn unwrap_sq_head(&mut self, sqhd: u16) -> Option<u64> {
-        let depth = self.rings.depth();
-        if sqhd >= depth {
-            return None;
-        }
-        let d = depth as u64;
-        let top = self.sq_seq;
-        let back = (top % d + d - sqhd as u64) % d;
-        let x = top.checked_sub(back)?;
-        self.head_seq = self.head_seq.max(x);
-        Some(x)
-    }
-
-    /// Frees tracker `cid` with `result`; returns the completion to deliver, if the
-    /// request is finished (a child of a split request finishes its parent only when it
-    /// is the last). The caller delivers it and counts it.
-    fn retire(&mut self, cid: u16, result: Result<(), IoError>) -> Option<Completion> {
-        let t = &mut self.trackers[cid as usize];
-        debug_assert!(t.active);
-        t.active = false;
-        t.timed_out = false;
-        t.inject = None;
-        let (token, parent) = (t.token, t.parent);
-        self.in_flight -= 1;
-        self.free.push_back(cid);
-        if parent == NO_PARENT {
-            return Some(Completion { token, result });
-        }
-        let p = &mut self.parents[parent as usize];
-        p.outstanding -= 1;
-        if let Err(e) = result {
-            p.first_error.get_or_insert(e);
-        }
-        if p.outstanding == 0 && p.issued_blocks >= p.req.nlb && self.splitting != Some(parent) {
-            let c = Completion {
-                token: p.req.token,
-                result: p.first_error.map_or(Ok(()), Err),
-            };
-            self.parent_free.push(parent);
-            return Some(c);
-        }
-        None
-    }
-
-    /// Fails every request the qpair holds (in flight, delayed, queued, being split) with
-    /// `err`; their completions come from the deferred queue.
-    fn fail_all(&mut self, err: IoError) {
-        if let Some(pi) = self.splitting.take() {
-            // The children not yet issued never will be: the parent finishes when the
-            // issued ones do.
-            let p = &mut self.parents[pi as usize];
-            p.issued_blocks = p.req.nlb;
-            p.first_error.get_or_insert(err);
-            if p.outstanding == 0 {
-                let c = Completion {
-                    token: p.req.token,
-                    result: Err(err),
-                };
-                self.parent_free.push(pi);
-                self.deferred.push_back(c);
-            }
-        }
-        self.delayed.clear();
-        for cid in 0..self.trackers.len() as u16 {
-            if self.trackers[cid as usize].active {
-                if let Some(c) = self.retire(cid, Err(err)) {
-                    self.deferred.push_back(c);
-                }
-            }
-        }
-        while let Some(r) = self.pending.pop_front() {
-            self.deferred.push_back(Completion {
-                token: r.token,
-                result: Err(err),
-            });
-        }
-    }
-
-    /// The controller's epoch moved: a reset started, finished or failed, or the device
-    /// went away.
-    fn on_epoch_change(&mut self) {
-        let e = self.ctrlr.epoch();
-        match CtrlrState::from_epoch(e) {
-            // Hold everything; new requests queue in software until the reset ends.
-            CtrlrState::Resetting => self.epoch = e,
-            CtrlrState::Failed => {
-                self.epoch = e;
-                self.fail_all(IoError::Resetting);
-            }
-            CtrlrState::Removed => {
-                self.epoch = e;
-                self.removed = true;
-                self.fail_all(IoError::DeviceRemoved);
-            }
-            CtrlrState::Ready => {
-                if e >> 8 != self.epoch >> 8 {
-                    self.recreate_after_reset(e);
-                } else {
-                    self.epoch = e;
-                }
-            }
-        }
-    }
-
-    /// After a controller reset: rewind the rings, create the queues again, and resubmit
-    /// what was in flight (each resubmission counts as a retry).
-    fn recreate_after_reset(&mut self, e: u64) {
-        self.rings.rewind();
-        self.sq_seq = 0;
-        self.head_seq = 0;
-        self.sq_tail_rung = 0;
-        self.delayed.clear();
-        if let Err(err) = self.ctrlr.create_io_queue(
-            self.qid,
-            self.rings.depth(),
-            self.rings.sq_iova(),
-            self.rings.cq_iova(),
-        ) {
-            tracing::error!(
-                "qid {}: recreating the queue after reset failed: {err}",
-                self.qid
-            );
-            self.epoch = e;
-            self.fail_all(IoError::Resetting);
-            return;
-        }
-        self.epoch = e;
-        let max_retries = self.max_retries;
-        for cid in 0..self.trackers.len() as u16 {
-            let t = &mut self.trackers[cid as usize];
-            if !t.active {
-                continue;
-            }
-            t.timed_out = false;
-            t.submit_tick = self.tick;
-            if t.retries >= max_retries {
-                if let Some(c) = self.retire(cid, Err(IoError::Aborted)) {
-                    self.deferred.push_back(c);
-                }
-                continue;
-            }
-            t.retries += 1;
-            let sqe = t.sqe;
-            self.stats.retries += 1;
-            self.push_sqe(&sqe);
-        }
-        self.drain_pending();
-        self.ring_sq();
-    }
-
-    /// Starts waiting requests while trackers are free, in order.
-    fn drain_pending(&mut self) {
-        if let Some(pi) = self.splitting {
-            let bs = self
-                .ns(self.parents[pi as usize].req.nsid)
-                .map_or(512, |n| n.block_size);
-            self.continue_split(bs);
-            if self.splitting.is_some() {
-                return;
-            }
-        }
-        if CtrlrState::from_epoch(self.epoch) != CtrlrState::Ready || self.removed {
-            return;
-        }
-        while self.splitting.is_none() && !self.free.is_empty() {
-            let Some(req) = self.pending.pop_front() else {
-                break;
-            };
-            if let Err(req) = self.try_start(req) {
-                self.pending.push_front(req);
-                break;
-            }
-        }
-    }
-
-    /// Timeouts, delayed retries and device health, every few dozen polls on a coarse
-    /// clock.
-    fn housekeeping(&mut self) {
-        let now_tick = (self.clock_origin.elapsed().as_millis() / self.tick_ms as u128) as u32;
-        if now_tick == self.tick {
-            return;
-        }
-        let last = self.tick;
-        self.tick = now_tick;
-        // Commands are stamped with the tick of the latest clock read. After a gap of more
-        // than one tick between reads (the thread did not poll: descheduled, or idle and
-        // then busy again) those stamped with the old tick may be much younger than it
-        // says: take them as submitted just now rather than time them out early.
-        if now_tick.wrapping_sub(last) > 1 && self.in_flight > 0 {
-            for t in self.trackers.iter_mut() {
-                if t.active && !t.timed_out && t.submit_tick == last {
-                    t.submit_tick = now_tick.wrapping_sub(1);
-                }
-            }
-        }
-        if self.in_flight == 0 && self.pending.is_empty() {
-            return;
-        }
-        if CtrlrState::from_epoch(self.epoch) != CtrlrState::Ready || self.removed {
-            return;
-        }
-        // Device health: one CSTS read per tick while there is work.
-        let csts = self.ctrlr.csts();
-        if csts.is_all_ones() {
-            self.ctrlr.mark_removed();
-            self.on_epoch_change();
-            return;
-        }
-        if csts.cfs() {
-            tracing::error!(
-                "qid {}: controller fatal status (CSTS.CFS): resetting",
-                self.qid
-            );
-            let seen = self.epoch;
-            match self.ctrlr.reset_from(Some(seen)) {
-                Ok(false) => {}
-                Ok(true) | Err(_) => self.stats.resets += 1,
-            }
-            self.on_epoch_change();
-            return;
-        }
-        // Delayed retries whose time has come.
-        let mut n = self.delayed.len();
-        while n > 0 {
-            n -= 1;
-            let Some((cid, at)) = self.delayed.pop_front() else {
-                break;
-            };
-            if now_tick.wrapping_sub(at) as i32 >= 0 {
-                let sqe = self.trackers[cid as usize].sqe;
-                self.push_sqe(&sqe);
-            } else {
-                self.delayed.push_back((cid, at));
-            }
-        }
-        self.ring_sq();
-        // Timeouts: abort each expired command; if an abort fails, reset the controller.
-        let limit = self.timeout_ticks;
-        let mut need_reset = false;
-        for cid in 0..self.trackers.len() as u16 {
-            let t = &self.trackers[cid as usize];
-            if !t.active || t.timed_out || now_tick.wrapping_sub(t.submit_tick) <= limit {
-                continue;
-            }
-            if self.delayed.iter().any(|&(c, _)| c == cid) {
-                continue;
-            }
-            self.trackers[cid as usize].timed_out = true;
-            self.stats.timeouts += 1;
-            if need_reset {
-                // A reset is coming anyway (an earlier Abort failed or found nothing):
-                // another Abort would only add its own wait.
-                tracing::warn!(
-                    qid = self.qid,
-                    cid,
-                    "command cid {cid} on qid {} timed out after {} ms; the controller will be reset",
-                    self.qid,
-                    self.timeout.as_millis()
-                );
-                continue;
-            }
-            tracing::warn!(
-                qid = self.qid,
-                cid,
-                "command cid {cid} on qid {} timed out after {} ms: aborting it",
-                self.qid,
-                self.timeout.as_millis()
-            );
-            self.stats.aborts += 1;
-            match self
-                .ctrlr
-                .abort_with_timeout(self.qid, cid, self.abort_timeout)
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(
-                        qid = self.qid,
-                        cid,
-                        "abort of cid {cid} on qid {} found nothing to abort",
-                        self.qid
-                    );
-                    need_reset = true;
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        qid = self.qid,
-                        cid,
-                        "abort of cid {cid} on qid {} failed: {e}",
-                        self.qid
-                    );
-                    need_reset = true;
-                }
-            }
-        }
-        // A command whose abort was accepted but whose completion still does not come is
-        // stuck too: after another timeout period, reset.
-        if !need_reset {
-            need_reset = self.trackers.iter().any(|t| {
-                t.active
-                    && t.timed_out
-                    && now_tick.wrapping_sub(t.submit_tick) > limit.saturating_mul(2)
-            });
-        }
-        if need_reset {
-            let seen = self.epoch;
-            match self.ctrlr.reset_from(Some(seen)) {
-                Ok(true) => self.stats.resets += 1,
-                Ok(false) => {}
-                Err(e) => {
-                    self.stats.resets += 1;
-                    tracing::error!("qid {}: reset after a timeout failed: {e}", self.qid);
-                }
-            }
-            self.on_epoch_change();
-        }
-    }
-
-    /// Cancels a request still in the software queue. Its completion, with
-    /// [`IoError::Cancelled`], comes from the next reaping pass. Returns false if the
-    /// request is not queued (it may be at the device).
-    pub fn cancel_queued(&mut self, token: u64) -> bool {
-        if let Some(i) = self.pending.iter().position(|r| r.token == token) {
-            self.pending.remove(i);
-            self.defer(token, Err(IoError::Cancelled));
-            true
-        } else {
-            false
-        }
-    }
-
-    /// The command identifier of the (first) command at the device carrying `token`, if
-    /// any: what an NVMe Abort names together with [`IoQpair::qid`].
-    pub fn cid_of(&self, token: u64) -> Option<u16> {
-        self.trackers
-            .iter()
-            .position(|t| t.active && t.token == token)
-            .map(|i| i as u16)
-    }
-
-    /// Sends an NVMe Abort for every command at the device carrying `token` (the children
-    /// of a split request share it), after ringing the SQ doorbell so the controller knows
-    /// of them. Each such command then completes normally or with Command Abort Requested,
-    /// and is not retried. A synchronous admin command per CID, bounded by the qpair's
-    /// abort timeout: a rare recovery action, not an I/O path operation.
-    pub fn abort(&mut self, token: u64) -> AbortOutcome {
-        self.flush();
-        let mut outcome = AbortOutcome::NotFound;
-        for cid in 0..self.trackers.len() {
-            let t = &mut self.trackers[cid];
-            if !(t.active && t.token == token) {
-                continue;
-            }
-            t.abort_requested = true;
-            self.stats.aborts += 1;
-            let r = self
-                .ctrlr
-                .abort_with_timeout(self.qid, cid as u16, self.abort_timeout);
-            outcome = match (r, outcome) {
-                (Ok(true), _) => AbortOutcome::Aborted,
-                (Ok(false), AbortOutcome::Aborted) => AbortOutcome::Aborted,
-                (Ok(false), _) => AbortOutcome::NotAborted,
-                (Err(e), prev) => {
-                    tracing::warn!(
-                        qid = self.qid,
-                        cid,
-                        "abort of cid {cid} on qid {} failed: {e}",
-                        self.qid
-                    );
-                    if prev == AbortOutcome::NotFound {
-                        AbortOutcome::Failed
-                    } else {
-                        prev
-                    }
-                }
-            };
-        }
-        outcome
-    }
-
-    /// Submits a raw command (passthrough): the caller's SQE with CID and data pointer
-    /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
-    /// validation beyond the PRP rules and the format rule (nothing goes to a namespace
-    /// whose format the driver does not implement): the device judges the rest. Used by
-    /// conformance tests to check device-reported errors.
-    pub fn submit_raw(
-        &mut self,
-        mut sqe: Sqe,
-        data: Option<DmaSlice>,
-        token: u64,
-    ) -> Result<(), SubmitError> {
-        if self.ns(sqe.nsid).is_some_and(|n| n.unsupported.is_some()) {
-            return Err(SubmitError::Invalid {
-                token,
-                reason: InvalidRequest::UnsupportedFormat { nsid: sqe.nsid },
-            });
-        }
-        let Some(cid) = self.free.pop_front() else {
-            return Err(SubmitError::Busy(Busy {
-                request: IoRequest::flush(sqe.nsid, token),
-                in_flight: self.in_flight,
-                queued: self.pending.len() as u32,
-            }));
-        };
-        let t = &mut self.trackers[cid as usize];
-        if let Some(d) = data {
-            match prp::build(&[d], 0, d.len, &t.prp) {
-                Ok((p1, p2)) => {
-                    sqe.prp1 = p1;
-                    sqe.prp2 = p2;
-                }
-                Err(reason) => {
-                    self.free.push_back(cid);
-                    return Err(SubmitError::Invalid { token, reason });
-                }
-            }
-        }
-        sqe.set_cid(cid);
-        t.token = token;
-        t.parent = NO_PARENT;
-        t.retries = self.max_retries; // raw commands are never retried
-        t.active = true;
-        t.abort_requested = false;
-        t.submit_tick = self.tick;
-        t.sqe = sqe;
-        self.in_flight += 1;
-        self.stats.submitted += 1;
-        self.push_sqe(&sqe);
-        Ok(())
-    }
-
-    /// Polls until every outstanding request has completed or `timeout` passes, calling
-    /// `done` for each. Returns the number still outstanding (0 on success).
-    pub fn drain(&mut self, timeout: Duration, done: &mut dyn FnMut(Completion)) -> u32 {
-        let deadline = Instant::now() + timeout;
-        let mut spins = 0u32;
-        while self.outstanding() > 0 && Instant::now() < deadline {
-            if self.process_completions(MAX_COMPLETIONS_PER_POLL, done) == 0 {
-                spins += 1;
-                if spins > 1000 {
-                    std::thread::yield_now();
-                }
-            } else {
-                spins = 0;
-            }
-        }
-        self.outstanding()
-    }
-
-    /// Requests not yet completed: at the device, waiting in software, or completed but
-    /// not yet delivered.
-    pub fn outstanding(&self) -> u32 {
-        (self.stats.submitted - self.stats.completed) as u32
     }
 }
 
