@@ -31,6 +31,11 @@ apt_install() {
 # setup.sh test run it with the tools of the VM guest only.
 apt_install gcc:gcc shellcheck:shellcheck busybox:busybox-static
 
+# fio, dpkg-dev and deb-src entries: the fio engine (fio-engine/) builds against the
+# installed fio's source, in the workspace build below too.
+log "fio and its source for the fio engine"
+scripts/fio-test.sh setup
+
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     log "installing rustfmt and clippy"
     rustup component add rustfmt clippy
@@ -50,6 +55,9 @@ shellcheck -x scripts/*.sh scripts/vm/*.sh
 
 log "cargo test --workspace --release"
 cargo test --workspace --release
+
+log "fio engine: fio jobs through libkestrel_fio.so"
+scripts/fio-test.sh
 
 log "fuzz smoke: every fuzz target for a few seconds"
 scripts/fuzz-smoke.sh

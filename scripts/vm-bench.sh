@@ -13,6 +13,10 @@
 #                  starts. Example list: scripts/vm/bench-fio.cmds.
 #   --binary       static executable put in the guest at /<its name>,
 #                  $KESTREL_PAYLOAD there (default: the kestrel app).
+#   --fio-engine   the fio ioengine (libkestrel_fio.so, built against this
+#                  machine's fio, which is the guest's), with its libraries;
+#                  $KESTREL_FIO_ENGINE in the guest. Example list:
+#                  scripts/vm/bench-fio-engine.cmds.
 #   --mode         iommu (default) or noiommu, as in scripts/vm-test.sh.
 #   --keep, --shell  as in scripts/vm-test.sh.
 #
@@ -32,7 +36,7 @@ usage() {
     exit "${1:-0}"
 }
 
-mode=iommu binary='' keep=0 shell=0 cmds=()
+mode=iommu binary='' engine='' keep=0 shell=0 cmds=()
 while (($#)); do
     case $1 in
     --mode)
@@ -41,6 +45,12 @@ while (($#)); do
         ;;
     --binary)
         binary=${2:?--binary needs a path}
+        shift 2
+        ;;
+    --fio-engine)
+        engine=${2:?--fio-engine needs a path}
+        [[ -r $engine ]] || vm_die "cannot read $engine"
+        engine=$(realpath "$engine")
         shift 2
         ;;
     --cmd)
@@ -92,11 +102,14 @@ binary=$(realpath "$binary")
 
 step "initramfs"
 vm_initramfs_base
-# fio is dynamically linked: it goes in with its loader and libraries.
+# fio is dynamically linked: it goes in with its loader and libraries (and the
+# fio engine with its own, at the same paths as here).
 fio_bin=$(command -v fio)
 mapfile -t fio_files < <({
-    echo "$fio_bin"
-    ldd "$fio_bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+    for f in "$fio_bin" ${engine:+"$engine"}; do
+        echo "$f"
+        ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+    done
 } | sort -u)
 vm_initramfs_segment fio "${fio_files[@]}"
 
@@ -112,7 +125,11 @@ cleanup() {
 trap cleanup EXIT
 
 # The list travels in the guest command itself, one quoted line each.
-list_cmd="cat >/tmp/bench.cmds <<'KESTREL_BENCH_EOF'"$'\n'
+list_cmd=''
+if [[ -n $engine ]]; then
+    list_cmd+="export KESTREL_FIO_ENGINE=$(printf %q "$engine")"$'\n'
+fi
+list_cmd+="cat >/tmp/bench.cmds <<'KESTREL_BENCH_EOF'"$'\n'
 list_cmd+=$(printf '%s\n' "${cmds[@]}")
 list_cmd+=$'\n'"KESTREL_BENCH_EOF"$'\n'"bash /kestrel/scripts/vm/guest-bench.sh /tmp/bench.cmds"
 

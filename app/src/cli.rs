@@ -1,6 +1,7 @@
 //! The command line (clap derive).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
@@ -13,14 +14,17 @@ namespace of 4 KiB blocks), so it works on a machine without NVMe hardware.
 Examples:
   kestrel identify --json
   kestrel perf -t 5
-  kestrel perf -q 128 -o 4k -w randread -c 0-1 --json
+  kestrel perf -q 128 -o 4k -w randread --json
   kestrel identify --target pci:0000:01:00.0
   kestrel smart --target 0000:01:00.0
   kestrel list
   kestrel doctor
+  kestrel serve --target emu --allow-any-host   (NVMe/TCP on 127.0.0.1:4420)
 
 Logging: -v (info), -vv (debug), -vvv (trace), or RUST_LOG (e.g. RUST_LOG=kestrel=debug).
-Exit status: 0 success, 1 runtime failure (device, I/O or verification), 2 usage error.";
+Exit status: 0 success; 1 setup failure (the target could not be opened or the run could
+not start); 2 usage error; 3 perf ran but I/O failed (errors, timeouts, lost I/O, controller
+resets, or no I/O succeeded); 4 perf --verify found data that does not match; 130 Ctrl-C.";
 
 const TARGET_HELP_LONG: &str = "\
 Target to use; repeat for several. Forms:
@@ -62,6 +66,12 @@ pub enum Command {
     /// Measure IOPS, bandwidth and latency with pinned per-core pollers.
     #[command(after_help = PERF_AFTER_HELP)]
     Perf(Box<PerfArgs>),
+    /// Copy a byte range of a target to a file or stdout.
+    #[command(after_help = READ_AFTER_HELP)]
+    Read(ReadArgs),
+    /// Export targets over NVMe/TCP to stock initiators (Linux nvme-tcp).
+    #[command(after_help = kestrel_nvmf::cli::SERVE_AFTER_HELP)]
+    Serve(Box<kestrel_nvmf::cli::ServeArgs>),
     /// Check this machine for running on an NVMe device, with the fix for each problem.
     #[command(after_help = DOCTOR_AFTER_HELP)]
     Doctor(DoctorArgs),
@@ -97,6 +107,32 @@ pub struct DoctorArgs {
     /// KESTREL_SYSROOT).
     #[arg(long, value_name = "DIR", hide = true)]
     pub root: Option<PathBuf>,
+}
+
+const READ_AFTER_HELP: &str = "\
+Reads namespace 1 (or the file) through a queue of the library, one 128 KiB command at a
+time, and writes the bytes out: a way to check what another path (a kernel, a host over
+NVMe/TCP) wrote. Offset and length are multiples of the block size.
+
+Examples:
+  kestrel read --target pci:0000:01:00.0 --offset 0 --length 1M --output /tmp/head.bin
+  kestrel read --target file:/tmp/disk.img --length 4k | od -A d -t x1 | head";
+
+/// `kestrel read`.
+#[derive(Args, Debug)]
+pub struct ReadArgs {
+    /// Target (one).
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// First byte.
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = offset_parser)]
+    pub offset: u64,
+    /// Bytes to read.
+    #[arg(long, value_name = "SIZE", value_parser = size_parser)]
+    pub length: u64,
+    /// Write here instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
 }
 
 const IDENTIFY_AFTER_HELP: &str = "\
@@ -143,20 +179,33 @@ pollers' CPU busy time; --json prints all of it (schema in docs/perf.md).
 
 Note: -q is --queue-depth, as in spdk_nvme_perf; --quiet has no short form.
 
+Only successful I/Os count in IOPS, MiB/s and latency. Every I/O of the run ends in exactly
+one outcome (succeeded, error with its NVMe status or errno, timed out, cancelled, or lost),
+reported per target and in total, with the timeouts, Aborts and controller resets the driver
+went through. Exit status: 0 when every I/O succeeded (and, with --verify, every block
+matched); 3 when I/O failed, timed out, was lost, the controller had to be reset, or no I/O
+succeeded; 4 when --verify found wrong data; 2 for a usage error; 1 when the run could not
+be set up. What the run used where it differs from what was asked (a ring clamped to the
+controller's queue size, shadow doorbells not offered, the emulator sharing the pollers'
+cores) is printed as a warning on stderr and listed in the report (warnings in JSON).
+
 Ctrl-C ends the run early and still prints the report (exit status 130).
 
 On the default emulator the namespace is backed by the null store (reads return zeroes,
 writes are dropped: the figures measure the driver, not memcpy), or by memory with
---verify. The emulator thread is pinned to a core not in --cores when there is one.
+--verify. The emulator thread is pinned to a core not in --cores when there is one; it needs
+a core of its own, so on the emulator use at most one poller fewer than the machine has
+cores (with none left it shares the pollers' cores, and the report says so).
 
 Examples:
   kestrel perf -t 5
   kestrel perf -q 1 -o 4k -w randread -t 10
-  kestrel perf -q 128 -w randrw -M 70 -c 0-1 --json
+  kestrel perf -q 128 -w randrw -M 70 --json
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
   kestrel perf --latency-plot lat.svg
-  kestrel perf --target pci:0000:01:00.0 -c 0x3 -q 64";
+  kestrel perf -t 1 --io-timeout 200ms --target emu:faults=drop/read/max1
+  kestrel perf --target pci:0000:01:00.0 -c 0-1 -q 64";
 
 /// Options every subcommand that opens a device takes.
 #[derive(Args, Debug, Clone)]
@@ -278,12 +327,21 @@ pub struct PerfArgs {
     /// Percentage of reads in rw and randrw.
     #[arg(short = 'M', long, value_name = "PCT", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
     pub rwmixread: u8,
-    /// Seconds to measure (after the warmup).
-    #[arg(short = 't', long = "time", value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=86400))]
-    pub time: u32,
-    /// Seconds of I/O before measuring starts (not counted).
-    #[arg(long, value_name = "SECONDS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=3600))]
-    pub warmup: u32,
+    /// Length of the measured window, after the warmup: seconds (10) or a duration (500ms,
+    /// 1.5s).
+    #[arg(short = 't', long = "time", value_name = "DURATION", default_value = "10", value_parser = time_parser)]
+    pub time: Duration,
+    /// I/O before measuring starts (not counted): seconds or a duration; at most an hour.
+    #[arg(long, value_name = "DURATION", default_value = "1", value_parser = warmup_parser)]
+    pub warmup: Duration,
+    /// Per-command I/O timeout: a command not completed within it is aborted, and if the
+    /// Abort fails the controller is reset (NVMe targets; at least 1ms).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = timeout_parser)]
+    pub io_timeout: Duration,
+    /// Timeout of admin commands (bring-up, queue creation, Abort, reset; NVMe targets; at
+    /// least 1ms).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = timeout_parser)]
+    pub admin_timeout: Duration,
     /// Cores to run pollers on: a list like 0,2-3 or a hex mask like 0x5.
     #[arg(short = 'c', long, value_name = "CORES", default_value = "0", value_parser = cores_parser)]
     pub cores: CoreList,
@@ -334,6 +392,47 @@ fn size_parser(s: &str) -> Result<u64, String> {
         Err(e) => Err(e.to_string()),
     }
 }
+fn offset_parser(s: &str) -> Result<u64, String> {
+    parse::parse_size(s).map_err(|e| e.to_string())
+}
+/// A length of time: a bare number is seconds; otherwise the duration grammar.
+fn seconds_or_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+        let n: u64 = t
+            .parse()
+            .map_err(|_| format!("{s:?} is too large (at most a day)"))?;
+        if n > 86_400 {
+            return Err(format!("{s:?} seconds is longer than a day"));
+        }
+        return Ok(Duration::from_secs(n));
+    }
+    parse::parse_duration(s).map_err(|e| e.to_string())
+}
+fn time_parser(s: &str) -> Result<Duration, String> {
+    match seconds_or_duration(s)? {
+        d if d < Duration::from_millis(1) => {
+            Err(format!("{s:?}: the measured window must be at least 1ms"))
+        }
+        d => Ok(d),
+    }
+}
+fn warmup_parser(s: &str) -> Result<Duration, String> {
+    match seconds_or_duration(s)? {
+        d if d > Duration::from_secs(3600) => Err(format!("{s:?}: the warmup is at most an hour")),
+        d => Ok(d),
+    }
+}
+fn timeout_parser(s: &str) -> Result<Duration, String> {
+    let d = parse::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < kestrel::nvme::qpair::MIN_TIMEOUT {
+        return Err(format!(
+            "{s:?}: a timeout must be at least {:?}",
+            kestrel::nvme::qpair::MIN_TIMEOUT
+        ));
+    }
+    Ok(d)
+}
 fn cores_parser(s: &str) -> Result<CoreList, parse::ParseError> {
     parse::parse_cores(s).map(CoreList)
 }
@@ -361,8 +460,10 @@ mod tests {
         assert_eq!(p.io_size, 4096);
         assert_eq!(p.workload, Workload::Randread);
         assert_eq!(p.rwmixread, 50);
-        assert_eq!(p.time, 10);
-        assert_eq!(p.warmup, 1);
+        assert_eq!(p.time, Duration::from_secs(10));
+        assert_eq!(p.warmup, Duration::from_secs(1));
+        assert_eq!(p.io_timeout, Duration::from_secs(30));
+        assert_eq!(p.admin_timeout, Duration::from_secs(60));
         assert_eq!(p.cores, CoreList(vec![0]));
         assert_eq!(p.qpairs_per_core, 1);
         assert_eq!(p.doorbell, DoorbellArg::Batched);
@@ -406,6 +507,25 @@ mod tests {
     }
 
     #[test]
+    fn times_take_seconds_or_durations() {
+        let p = |args: &[&str]| {
+            let mut v = vec!["kestrel", "perf"];
+            v.extend_from_slice(args);
+            match Cli::try_parse_from(v).unwrap().command {
+                Command::Perf(p) => p,
+                _ => panic!("not perf"),
+            }
+        };
+        assert_eq!(p(&["-t", "2"]).time, Duration::from_secs(2));
+        assert_eq!(p(&["-t", "2s"]).time, Duration::from_secs(2));
+        assert_eq!(p(&["-t", "500ms"]).time, Duration::from_millis(500));
+        assert_eq!(p(&["--warmup", "0"]).warmup, Duration::ZERO);
+        let q = p(&["--io-timeout", "200ms", "--admin-timeout", "1.5s"]);
+        assert_eq!(q.io_timeout, Duration::from_millis(200));
+        assert_eq!(q.admin_timeout, Duration::from_millis(1500));
+    }
+
+    #[test]
     fn bad_values_are_usage_errors() {
         for args in [
             &["kestrel", "perf", "-o", "4q"][..],
@@ -414,6 +534,12 @@ mod tests {
             &["kestrel", "perf", "-q", "0"],
             &["kestrel", "perf", "-M", "101"],
             &["kestrel", "perf", "-w", "sideways"],
+            &["kestrel", "perf", "-t", "0"],
+            &["kestrel", "perf", "-t", "2x"],
+            &["kestrel", "perf", "--io-timeout", "0"],
+            &["kestrel", "perf", "--io-timeout", "500"],
+            &["kestrel", "perf", "--admin-timeout", "10us"],
+            &["kestrel", "perf", "--warmup", "2h"],
             &["kestrel", "identify", "--target", "nvme0"],
         ] {
             let e = Cli::try_parse_from(args).unwrap_err();

@@ -8,6 +8,7 @@ pub mod identify;
 pub mod list;
 pub mod parse;
 pub mod perf;
+pub mod read;
 pub mod smart;
 pub mod targets;
 pub mod units;
@@ -49,12 +50,18 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
         Command::Smart(a) => smart::run(a),
         Command::List(a) => list::run(a),
         Command::Perf(a) => perf::run(a),
+        Command::Read(a) => read::run(a),
+        Command::Serve(a) => kestrel_nvmf::cli::run(a).map_err(|e| match e {
+            kestrel_nvmf::cli::CliError::Usage(m) => AppError::Usage(m),
+            e => AppError::Runtime(e.to_string()),
+        }),
         Command::Doctor(a) => doctor::run(a),
     }
 }
 
 /// The whole program: parses `args`, runs, and turns every error into a one-line message
-/// on stderr and an exit status (2: usage, 1: runtime).
+/// on stderr and an exit status (see [`error`]: 1 setup, 2 usage, 3 I/O failed, 4 verify
+/// mismatch, 130 interrupted).
 pub fn main_with_args<I, T>(args: I) -> ExitCode
 where
     I: IntoIterator<Item = T>,
@@ -78,20 +85,30 @@ where
                     ExitCode::SUCCESS
                 };
             }
-            // clap's message is "error: ...\n\nUsage: ...\n\nFor more information...":
-            // keep its first line, in our form, and point at --help.
+            // clap's message is "error: ...\n\n  [possible values: ...]\n\nUsage: ...":
+            // keep its first line, in our form, with the valid values when clap lists
+            // them, and point at --help.
             let text = e.to_string();
             let first = text
                 .lines()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("invalid command line");
             let first = first.strip_prefix("error: ").unwrap_or(first);
-            let cmd = match args
-                .iter()
-                .skip(1)
-                .filter_map(|a| a.to_str())
-                .find(|a| ["identify", "smart", "list", "perf", "doctor"].contains(a))
-            {
+            let valid = text
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("[possible values: "))
+                .map(|v| v.trim_end_matches(']'))
+                .next();
+            let first = match valid {
+                Some(v) => format!("{first}; valid values: {v}"),
+                None => first.to_string(),
+            };
+            let cmd = match args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| {
+                [
+                    "identify", "smart", "list", "perf", "read", "serve", "doctor",
+                ]
+                .contains(a)
+            }) {
                 Some(sub) => format!("kestrel {sub}"),
                 None => "kestrel".to_string(),
             };

@@ -32,6 +32,8 @@ pub struct OpenOptions {
     pub default_emu_core: Option<usize>,
     /// Allow VFIO noiommu mode.
     pub noiommu: bool,
+    /// NVMe controllers' admin and I/O timeouts (ControllerOptions).
+    pub timeouts: Option<(std::time::Duration, std::time::Duration)>,
 }
 
 impl Default for OpenOptions {
@@ -43,6 +45,7 @@ impl Default for OpenOptions {
             default_store: StoreSpec::Memory,
             default_emu_core: None,
             noiommu: false,
+            timeouts: None,
         }
     }
 }
@@ -202,7 +205,15 @@ pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
     let copts = ControllerOptions {
         io_queues: opts.io_queues.max(1),
         shadow_doorbells: opts.shadow_doorbells,
-        ..ControllerOptions::default()
+        ..opts
+            .timeouts
+            .map_or_else(ControllerOptions::default, |(admin_timeout, io_timeout)| {
+                ControllerOptions {
+                    admin_timeout,
+                    io_timeout,
+                    ..ControllerOptions::default()
+                }
+            })
     };
     match spec {
         TargetSpec::Emu(e) => {

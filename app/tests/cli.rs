@@ -44,7 +44,15 @@ fn assert_usage_error(o: &Output, needles: &[&str]) {
 
 #[test]
 fn help_for_every_subcommand() {
-    for sub in [&[][..], &["identify"], &["smart"], &["list"], &["perf"]] {
+    for sub in [
+        &[][..],
+        &["identify"],
+        &["smart"],
+        &["list"],
+        &["perf"],
+        &["read"],
+        &["serve"],
+    ] {
         let mut args = sub.to_vec();
         args.push("--help");
         let o = kestrel(&args);
@@ -73,10 +81,69 @@ fn help_for_every_subcommand() {
         "--latency-plot",
         "--quiet",
         "--target",
+        "--io-timeout",
+        "--admin-timeout",
     ] {
         assert!(perf.contains(opt), "perf --help lacks {opt}");
     }
     assert!(perf.contains("-q is --queue-depth"));
+    assert!(
+        perf.contains("Exit status"),
+        "perf --help documents its exit statuses"
+    );
+}
+
+/// The examples of `--help` that run on the built-in emulator work on this machine: each
+/// is run for a moment (-t 200ms, no warmup) and must succeed without a warning.
+#[test]
+fn help_examples_run_on_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("lat.svg");
+    for sub in [&["perf"][..], &[]] {
+        let mut args = sub.to_vec();
+        args.push("--help");
+        let help = stdout(&kestrel(&args));
+        for line in help.lines().map(str::trim) {
+            let Some(ex) = line.strip_prefix("kestrel perf") else {
+                continue;
+            };
+            let words: Vec<&str> = ex.split_whitespace().collect();
+            if words
+                .iter()
+                .any(|w| w.contains("pci:") || w.contains("faults="))
+            {
+                continue; // needs hardware, or fails on purpose
+            }
+            let mut run: Vec<String> = vec!["perf".into()];
+            let mut it = words.iter();
+            while let Some(w) = it.next() {
+                match *w {
+                    // The example's own length, replaced by a short one below.
+                    "-t" | "--time" => {
+                        it.next();
+                    }
+                    "--latency-plot" => {
+                        it.next();
+                        run.push((*w).into());
+                        run.push(svg.display().to_string());
+                    }
+                    w => run.push(w.into()),
+                }
+            }
+            run.extend(["-t", "200ms", "--warmup", "0", "--quiet"].map(String::from));
+            let argv: Vec<&str> = run.iter().map(String::as_str).collect();
+            let o = kestrel(&argv);
+            assert!(o.status.success(), "{argv:?}: {}", stderr(&o));
+            // (A poller kept waiting for the CPU by other load on the machine is the
+            // machine's doing, not the example's.)
+            let err = stderr(&o);
+            let warns: Vec<&str> = err
+                .lines()
+                .filter(|l| l.contains("warning") && !l.contains("waited"))
+                .collect();
+            assert!(warns.is_empty(), "{argv:?} warns: {warns:?}");
+        }
+    }
 }
 
 #[test]
@@ -272,7 +339,9 @@ fn perf_text_table() {
         "MiB/s",
         "core 0 [0] emulator ns1",
         "Total",
-        "Latency percentiles (us):",
+        "Latency percentiles (us",
+        "Outcomes",
+        "Result: ok",
         "99.99%",
         "SQ db",
         "CPU",
@@ -313,6 +382,78 @@ fn bad_cores_are_a_usage_error() {
     assert_usage_error(&o, &["--cores", "not hexadecimal"]);
     let o = kestrel(&["perf", "-t", "1", "-c", "4000"]);
     assert_usage_error(&o, &["core 4000 is not available"]);
+    let o = kestrel(&["perf", "-t", "1", "--target", "emu:core=4000"]);
+    assert_usage_error(&o, &["emu core=4000", "not available"]);
+}
+
+/// Every usage error exits 2 with one line, before anything runs (no report on stdout).
+#[test]
+fn usage_errors_are_found_before_the_run() {
+    let o = kestrel(&["perf", "-w", "foo"]);
+    assert_usage_error(
+        &o,
+        &[
+            "'foo'",
+            "--workload",
+            "read, write, randread, randwrite, rw, randrw",
+        ],
+    );
+    let o = kestrel(&["perf", "-t", "2x"]);
+    assert_usage_error(&o, &["--time"]);
+    for t in ["0", "500", "10us"] {
+        let o = kestrel(&["perf", "--io-timeout", t]);
+        assert_usage_error(&o, &["--io-timeout"]);
+    }
+    // A plot that cannot be written fails now, not after the run.
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "30",
+        "--latency-plot",
+        "/nonexistent-dir/lat.svg",
+    ]);
+    assert_usage_error(&o, &["--latency-plot", "/nonexistent-dir/lat.svg"]);
+    assert!(o.stdout.is_empty(), "nothing ran");
+    let dir = tempfile::tempdir().unwrap();
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "30",
+        "--latency-plot",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_usage_error(&o, &["--latency-plot", "is a directory"]);
+    // A file target that does not exist names the way to create it.
+    let missing = dir.path().join("none.img");
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "30",
+        "--target",
+        &format!("file:{}", missing.display()),
+    ]);
+    assert_usage_error(&o, &["does not exist", ",size=1G"]);
+    assert!(!stderr(&o).contains("--size"), "{}", stderr(&o));
+    // The same file twice.
+    let f = format!("file:{},size=1M", dir.path().join("f.img").display());
+    let o = kestrel(&["perf", "-t", "30", "--target", &f, "--target", &f]);
+    assert_usage_error(&o, &["named twice"]);
+    // A fault that can never fire.
+    let o = kestrel(&["perf", "-t", "30", "--target", "emu:faults=fatal/after/0"]);
+    assert_usage_error(&o, &["fatal/after/0", "never fires"]);
+}
+
+/// `-t` and `--warmup` take seconds or durations.
+#[test]
+fn durations_everywhere() {
+    let j = json(&kestrel(&[
+        "perf", "-t", "300ms", "--warmup", "100ms", "-q", "4", "--json", "--quiet",
+    ]));
+    assert_eq!(j["config"]["time_s"], 0.3);
+    assert_eq!(j["config"]["warmup_s"], 0.1);
+    assert_eq!(j["config"]["io_timeout_ms"], 30000.0);
+    let secs = j["total"]["seconds"].as_f64().unwrap();
+    assert!(secs > 0.1 && secs < 5.0, "{secs}");
 }
 
 #[test]
@@ -376,7 +517,7 @@ fn verify_reads_back_what_a_write_workload_wrote() {
 
 #[test]
 fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
-    // Unrecovered Read Error with DNR on 1% of reads: final, reported, exit status 1.
+    // Unrecovered Read Error with DNR on 1% of reads: final, reported, exit status 3.
     let o = kestrel(&[
         "perf",
         "-t",
@@ -390,10 +531,12 @@ fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
         "--target",
         "emu:faults=status/read/read-error/dnr/1%",
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let n = j["io_errors"].as_u64().unwrap();
     assert!(n > 0);
+    assert_eq!(j["outcomes"]["errors"], n);
+    assert_eq!(j["result"]["exit_status"], 3);
     assert!(
         j["errors"][0]
             .as_str()
@@ -404,7 +547,7 @@ fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
     );
     let err = stderr(&o);
     assert!(
-        err.contains(&format!("kestrel: error: {n} I/Os failed")),
+        err.contains(&format!("kestrel: error: {n} of ")) && err.contains("did not succeed"),
         "{err}"
     );
     // Without DNR the driver retries: no failure, retries counted.
@@ -427,6 +570,7 @@ fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
         "{}",
         j["transport"]
     );
+    assert_eq!(j["result"]["ok"], true);
     // A malformed spec is a usage error naming the item.
     let o = kestrel(&["identify", "--target", "emu:faults=explode/read"]);
     assert_usage_error(&o, &["faults=explode/read"]);
@@ -474,7 +618,7 @@ fn verify_catches_a_corrupted_block() {
         "perf", "-t", "1", "--warmup", "0", "-w", "read", "-q", "4", "--verify", "--json",
         "--quiet", "--target", &spec,
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let m = &j["verify"]["first_mismatches"][0];
     assert_eq!(m["lba"], 100, "{}", j["verify"]);
@@ -490,7 +634,7 @@ fn verify_catches_a_corrupted_block() {
         "perf", "-t", "1", "--warmup", "0", "-w", "read", "-q", "4", "--verify", "--json",
         "--quiet", "--target", &spec,
     ]);
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let m = &j["verify"]["first_mismatches"][0];
     assert_eq!(m["lba"], 200);
@@ -662,4 +806,140 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
     for c in pc {
         assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
     }
+}
+
+#[test]
+fn read_copies_a_range_of_a_file_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("t.img");
+    let data: Vec<u8> = (0..(256u32 << 10))
+        .map(|i| (i * 7 + (i >> 12)) as u8)
+        .collect();
+    std::fs::write(&img, &data).unwrap();
+    let out = dir.path().join("out.bin");
+    let o = kestrel(&[
+        "read",
+        "--target",
+        &format!("file:{},direct=off", img.display()),
+        "--offset",
+        "8k",
+        "--length",
+        "200k",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let got = std::fs::read(&out).unwrap();
+    assert!(got == data[8192..8192 + 200 * 1024], "the range read back");
+    let o = kestrel(&[
+        "read",
+        "--target",
+        &format!("file:{},direct=off", img.display()),
+        "--offset",
+        "100",
+        "--length",
+        "4k",
+    ]);
+    assert_usage_error(&o, &["multiples of the block size"]);
+}
+
+#[test]
+fn serve_refuses_open_access_off_loopback() {
+    let o = kestrel(&[
+        "serve",
+        "--target",
+        "emu:size=16M",
+        "--listen",
+        "192.0.2.1:4420",
+        "--allow-any-host",
+    ]);
+    assert_usage_error(&o, &["only on loopback"]);
+}
+
+/// A run in which no I/O succeeds is a failure that says why, with no latency figures.
+#[test]
+fn a_run_where_nothing_succeeds_fails_and_says_why() {
+    let spec = "emu:faults=status/read/read-error/dnr";
+    let o = kestrel(&[
+        "perf", "-t", "300ms", "--warmup", "0", "-q", "4", "--json", "--quiet", "--target", spec,
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["total"]["ios"], 0);
+    assert_eq!(j["total"]["iops"], 0.0);
+    assert_eq!(j["total"]["mib_per_s"], 0.0);
+    assert!(j["total"]["latency_us"].is_null(), "{}", j["total"]);
+    assert!(j["total"]["ns_per_io_cpu"].is_null());
+    let out = &j["outcomes"];
+    assert!(out["errors"].as_u64().unwrap() > 0);
+    assert_eq!(out["succeeded"], 0);
+    assert_eq!(out["errors"], out["submitted"]);
+    assert_eq!(
+        out["errors_by_status"][0]["error"],
+        "Unrecovered Read Error"
+    );
+    assert_eq!(out["errors_by_status"][0]["sct"], 2);
+    assert_eq!(out["errors_by_status"][0]["sc"], 0x81);
+    assert!(
+        j["result"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no I/O succeeded"),
+        "{}",
+        j["result"]
+    );
+    let err = stderr(&o);
+    assert!(err.contains("kestrel: error: no I/O succeeded"), "{err}");
+    assert!(err.contains("Unrecovered Read Error"), "{err}");
+    // The text report has no percentiles of zero.
+    let o = kestrel(&[
+        "perf", "-t", "300ms", "--warmup", "0", "-q", "4", "--quiet", "--target", spec,
+    ]);
+    assert_eq!(o.status.code(), Some(3));
+    let text = stdout(&o);
+    assert!(!text.contains("Latency percentiles"), "{text}");
+    assert!(text.contains("no I/O succeeded"), "{text}");
+    assert!(text.contains("Result: FAILED (exit status 3)"), "{text}");
+}
+
+/// With every core running a poller, the emulator has none of its own: said on stderr and
+/// in the report, not hidden.
+#[test]
+fn an_emulator_without_a_core_of_its_own_is_reported() {
+    let Some(ids) = std::thread::available_parallelism().ok().map(|n| n.get()) else {
+        return;
+    };
+    if ids > 8 {
+        eprintln!("skipped: {ids} cores; the case needs a poller on every one");
+        return;
+    }
+    let cores = format!("0-{}", ids - 1);
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "200ms",
+        "--warmup",
+        "0",
+        "-q",
+        "2",
+        "-c",
+        &cores,
+        "--json",
+        "--quiet",
+        "--target",
+        "emu:size=64M",
+    ]);
+    let j = json(&o);
+    let w = j["warnings"].as_array().unwrap();
+    assert!(
+        w.iter()
+            .any(|w| w.as_str().unwrap().contains("leave a core free")),
+        "{w:?}"
+    );
+    assert_eq!(j["targets"][0]["emulator"]["shares_poller_cores"], true);
+    assert!(
+        stderr(&o).contains("kestrel perf: warning:"),
+        "{}",
+        stderr(&o)
+    );
 }

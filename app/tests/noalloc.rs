@@ -78,6 +78,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
         seed: 7,
         warmup_ns: 0,
         time_ns,
+        io_timeout_ns: 30_000_000_000,
     };
     let shared = Arc::new(Shared::new(1));
     let sh = Arc::clone(&shared);

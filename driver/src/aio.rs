@@ -629,6 +629,11 @@ impl AioError {
     pub fn errno(&self) -> i32 {
         match self {
             AioError::Busy { .. } => libc::EAGAIN,
+            // A file queue whose ring belongs to a thread with requests in flight.
+            AioError::Rejected {
+                reason: InvalidRequest::WrongThread { .. },
+                ..
+            } => libc::EBUSY,
             AioError::Invalid { .. } | AioError::Rejected { .. } => libc::EINVAL,
             AioError::DeviceRemoved => libc::ENODEV,
             AioError::Stopped => libc::ESHUTDOWN,

@@ -233,6 +233,28 @@ pub enum IoError {
         /// Bytes requested.
         want: u32,
     },
+    /// A write past the largest file this process may write (`RLIMIT_FSIZE`) or the
+    /// filesystem allows (file target, `EFBIG`).
+    #[error("{}", file_too_large_text(*.offset, *.rlimit))]
+    FileTooLarge {
+        /// File byte offset the refused write started at.
+        offset: u64,
+        /// The `RLIMIT_FSIZE` soft limit in bytes when it is what stopped the write;
+        /// `None` when the filesystem's own maximum did.
+        rlimit: Option<u64>,
+    },
+}
+
+fn file_too_large_text(offset: u64, rlimit: Option<u64>) -> String {
+    match rlimit {
+        Some(l) => format!(
+            "write at byte offset {offset} is past the file size limit of {l} bytes (RLIMIT_FSIZE, `ulimit -f`, efbig); {}",
+            crate::hw::limits::Limit::Fsize.how_to_raise()
+        ),
+        None => format!(
+            "write at byte offset {offset} is past the largest file the filesystem allows (efbig)"
+        ),
+    }
 }
 
 impl IoError {
@@ -247,6 +269,7 @@ impl IoError {
             IoError::DeviceRemoved => libc::ENODEV,
             IoError::Resetting => libc::EAGAIN,
             IoError::ShortTransfer { .. } => libc::EIO,
+            IoError::FileTooLarge { .. } => libc::EFBIG,
         }
     }
 }
@@ -343,6 +366,13 @@ pub enum InvalidRequest {
     /// A write to a read-only target.
     #[error("write to a read-only target")]
     ReadOnly,
+    /// A file queue used from a thread other than the one that owns its ring while that
+    /// thread's requests are still in flight (they complete only on that thread).
+    #[error("the queue is in use by another thread, which has {in_flight} requests in flight on it that only it can complete; poll them to completion on that thread before using the queue here")]
+    WrongThread {
+        /// Requests in flight on the owning thread.
+        in_flight: u32,
+    },
     /// Data segments given to an operation that takes none, or too many segments.
     #[error("{op} with {n} data segments: {why}")]
     BadSegments {
@@ -361,7 +391,9 @@ pub enum SubmitError {
     /// No room: try again after reaping.
     #[error(transparent)]
     Busy(#[from] Busy),
-    /// The request is malformed for this target; it will never succeed.
+    /// The request is refused as it stands: malformed for this target (it will never
+    /// succeed), or made from a thread that cannot use the queue now
+    /// ([`InvalidRequest::WrongThread`]).
     #[error("invalid request (token {token}): {reason}")]
     Invalid {
         /// The request's token.

@@ -47,7 +47,7 @@ pub mod capi;
 // written against them keeps building. Nothing in `driver/src` uses them (the layer check
 // refuses them there); new code names the layer path.
 #[doc(hidden)]
-pub use hw::{dma, limits, mmio, pci, transport, vfio};
+pub use hw::{clock, dma, limits, mmio, pci, transport, vfio};
 #[doc(hidden)]
 pub use nvme::{ctrlr, format, prp, qpair, ring};
 #[doc(hidden)]

@@ -59,8 +59,18 @@ struct Rig {
     bufs: Vec<DmaBuf>,
 }
 
-/// `timeout`: the I/O timeout (short only where the case needs timeouts to happen: a
-/// short one on a loaded machine times out commands that are merely slow).
+/// The I/O timeout of a case. Only a dropped completion should ever time out; every other
+/// fault gets a bound far above any scheduling delay, so a loaded machine (the emulator
+/// thread descheduled for a while) cannot turn a late completion into a timeout.
+fn io_timeout(fault: Fault) -> Duration {
+    match fault {
+        // Long enough that a retried command is not late on a loaded machine; each of
+        // the (at most two) dropped completions costs a timeout and an abort timeout.
+        Fault::Drop => Duration::from_millis(1500),
+        _ => Duration::from_secs(20),
+    }
+}
+
 fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace::new(
@@ -84,7 +94,7 @@ fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
             depth,
             sw_queue_depth: 256,
             timeout,
-            abort_timeout: Duration::from_secs(1),
+            abort_timeout: timeout,
             ..Default::default()
         })
         .unwrap();
@@ -158,11 +168,7 @@ fn run_case(fault: Fault, op: Op, qd: u32) {
 }
 
 fn run_case_depth(fault: Fault, op: Op, qd: u32, depth: u32, per_poll: u32) {
-    let timeout = match fault {
-        Fault::Drop => Duration::from_millis(1000),
-        _ => Duration::from_secs(10),
-    };
-    let mut r = rig(qd, depth, timeout);
+    let mut r = rig(qd, depth, io_timeout(fault));
     let mut shadow = prefill(&mut r);
     // Blocks a failed write may or may not have reached: old or new contents allowed.
     let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -506,14 +512,14 @@ fn timed_qpair(timeout: Duration) -> (Arc<EmuController>, Controller, IoQpair) {
     (emu, c, qp)
 }
 
-/// A lost completion with a 200 ms timeout: found late after 200 ms (never before), the
-/// Abort finds nothing at the device, the controller is reset and the read resubmitted,
-/// all well within a second, not the 30 s default.
+/// A lost completion with a 500 ms timeout: found late after 500 ms (never before), the
+/// Abort finds nothing at the device, the controller is reset and the read resubmitted;
+/// not after the 30 s default (the upper bound is loose: a loaded machine may stall).
 #[test]
 fn a_lost_completion_is_recovered_within_the_timeout_set() {
-    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(200));
-    assert_eq!(qp.timeout(), Duration::from_millis(200));
-    assert_eq!(qp.tick(), Duration::from_millis(50));
+    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(500));
+    assert_eq!(qp.timeout(), Duration::from_millis(500));
+    assert_eq!(qp.tick(), Duration::from_millis(100));
     let buf = c.dma_pool().alloc(BS).unwrap();
     emu.faults()
         .add(FaultRule::new(FaultTarget::Io(nvm_opc::READ), FaultAction::Drop).max(1));
@@ -527,12 +533,12 @@ fn a_lost_completion_is_recovered_within_the_timeout_set() {
     assert_eq!((st.timeouts, st.aborts, st.resets), (1, 1, 1), "{st:?}");
     assert_eq!(c.resets(), 1);
     assert!(
-        took >= Duration::from_millis(200),
+        took >= Duration::from_millis(500),
         "timed out before its timeout: {took:?}"
     );
     assert!(
-        took < Duration::from_secs(5),
-        "the 200 ms timeout was not honoured: {took:?}"
+        took < Duration::from_secs(15),
+        "the 500 ms timeout was not honoured: {took:?}"
     );
 }
 
@@ -540,25 +546,19 @@ fn a_lost_completion_is_recovered_within_the_timeout_set() {
 /// I/O completes with `Timeout` (not retried), no reset.
 #[test]
 fn a_held_command_is_aborted_and_completes_as_timed_out() {
-    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(100));
+    let (emu, c, mut qp) = timed_qpair(Duration::from_secs(1));
     let buf = c.dma_pool().alloc(BS).unwrap();
     emu.faults().add(
         FaultRule::new(
             FaultTarget::Io(nvm_opc::READ),
-            FaultAction::Delay(Duration::from_secs(20)),
+            FaultAction::Delay(Duration::from_secs(60)),
         )
         .max(1),
     );
-    let start = Instant::now();
     qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
     qp.flush();
     let done = common::reap(&mut qp, 1);
     assert_eq!(done[0].result, Err(IoError::Timeout));
-    assert!(
-        start.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        start.elapsed()
-    );
     let st = qp.stats();
     assert_eq!((st.timeouts, st.aborts, st.resets), (1, 1, 0), "{st:?}");
     assert_eq!(c.resets(), 0);
@@ -569,16 +569,16 @@ fn a_held_command_is_aborted_and_completes_as_timed_out() {
 /// pause in polling must not be taken as submitted before the pause and time out early.
 #[test]
 fn a_pause_in_polling_does_not_time_out_a_new_command() {
-    let (emu, c, mut qp) = timed_qpair(Duration::from_secs(1));
+    let (emu, c, mut qp) = timed_qpair(Duration::from_secs(2));
     let buf = c.dma_pool().alloc(BS).unwrap();
-    // Poll enough for a clock read, then pause for three timeouts.
+    // Poll enough for a clock read, then pause for more than two timeouts.
     qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
     qp.flush();
     common::reap(&mut qp, 1);
     for _ in 0..200 {
         qp.process_completions(8, &mut |_| {});
     }
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(5));
     emu.faults().add(
         FaultRule::new(
             FaultTarget::Io(nvm_opc::READ),

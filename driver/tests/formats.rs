@@ -21,6 +21,7 @@ fn unsupported() -> Vec<(EmuFormat, u32, &'static [&'static str])> {
         pi_type,
         pi_first,
         csi,
+        ..Default::default()
     };
     vec![
         (

@@ -90,10 +90,10 @@ const ALLOWED: &[(&str, &str, &str)] = &[
          the aio restructuring gives it one home",
     ),
     (
-        "emu::store",
-        "emu::nvm",
-        "emu nvm <-> store: segment types used by both; the emulator restructuring gives \
-         them one home",
+        "emu::ctrl::queues",
+        "emu::ctrl::doorbells",
+        "emu ctrl: queues <-> doorbells (Sq, DbView used by both); the emulator's owners \
+         give them one home",
     ),
 ];
 
@@ -455,8 +455,8 @@ fn read_crate(src: &Path) -> Crate {
     for f in &files {
         let rel = f.strip_prefix(src).expect("under src");
         let here = module_of(rel);
-        // Test files may import anything.
-        if here.last().is_some_and(|m| m == "tests") {
+        // Test files (a `tests.rs`, or anything under a `tests/` folder) may import anything.
+        if here.iter().any(|m| m == "tests") {
             continue;
         }
         let text =

@@ -1,25 +1,29 @@
 //! `kestrel perf`: pinned per-core pollers keeping a queue depth outstanding on every
 //! target, modelled on `spdk_nvme_perf` and fio. See `docs/perf.md`.
 
+pub mod outcome;
 pub mod plot;
 pub mod report;
 pub mod verify;
 pub mod worker;
 
 use std::io::IsTerminal as _;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kestrel::emu::EmuController;
 use kestrel::{QueueOptions, Target};
 use serde_json::json;
 
 use crate::cli::{DoorbellArg, PerfArgs};
 use crate::error::{AppError, Result};
-use crate::parse::{StoreSpec, TargetSpec};
+use crate::parse::{CoreSpec, StoreSpec, TargetSpec};
 use crate::targets::{self, OpenOptions, Opened};
 use crate::units::{human_bytes, print_json};
 
+use report::{OutcomesJson, Report, ResultJson};
 use worker::{Shared, WorkerConfig};
 
 /// Upper bound on the I/O buffer memory of one run (all pollers, queues and slots).
@@ -114,6 +118,196 @@ impl Progress {
     }
 }
 
+/// Prints a warning on stderr (even with `--quiet`) and keeps it for the report.
+fn warn(warnings: &mut Vec<String>, msg: String) {
+    eprintln!("kestrel perf: warning: {msg}");
+    warnings.push(msg);
+}
+
+/// `--latency-plot`: fails now, before the run, when the file cannot be written. A file
+/// that did not exist is not left behind.
+fn check_plot_path(p: &Path) -> Result<()> {
+    let bad = |why: String| {
+        AppError::usage(format!(
+            "invalid value for '--latency-plot': {}: {why}",
+            p.display()
+        ))
+    };
+    if p.is_dir() {
+        return Err(bad(
+            "is a directory; give a file name such as lat.svg".into()
+        ));
+    }
+    let existed = p.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .map_err(|e| bad(format!("cannot be written ({e})")))?;
+    if !existed {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+/// Checks of the targets that need no device: an emulator core that does not exist, a
+/// file target that does not exist and has no size to create it, a target named twice.
+fn check_specs(specs: &[TargetSpec], avail: &[usize]) -> Result<()> {
+    let mut seen: Vec<String> = Vec::new();
+    for s in specs {
+        match s {
+            TargetSpec::Emu(e) => {
+                if let Some(CoreSpec::Core(c)) = e.core {
+                    if !avail.contains(&c) {
+                        return Err(AppError::usage(format!(
+                            "invalid value for '--target': emu core={c}: core {c} is not available to kestrel (available cores: {}); use one of them or core=none",
+                            core_list_text(avail)
+                        )));
+                    }
+                }
+            }
+            TargetSpec::File(f) => {
+                if f.size.is_none() && !f.path.exists() {
+                    return Err(AppError::usage(format!(
+                        "invalid value for '--target': {} does not exist; to create it, give its size in the target: --target file:{},size=1G",
+                        f.path.display(),
+                        f.path.display()
+                    )));
+                }
+                let key = std::fs::canonicalize(&f.path).unwrap_or_else(|_| f.path.clone());
+                let key = format!("file:{}", key.display());
+                if seen.contains(&key) {
+                    return Err(AppError::usage(format!(
+                        "invalid value for '--target': {} is named twice; each target may be used once per run",
+                        f.path.display()
+                    )));
+                }
+                seen.push(key);
+            }
+            TargetSpec::Pci { bdf } => {
+                let key = format!("pci:{bdf}");
+                if seen.contains(&key) {
+                    return Err(AppError::usage(format!(
+                        "invalid value for '--target': {key} is named twice; each target may be used once per run"
+                    )));
+                }
+                seen.push(key);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why no I/O succeeded in the window, in words.
+fn why_nothing_succeeded(o: &OutcomesJson, io_timeout: Duration) -> String {
+    if o.submitted == 0 {
+        return if o.removed {
+            "the device was removed before any I/O was accepted".into()
+        } else {
+            "no I/O was accepted by the target".into()
+        };
+    }
+    let mut parts = Vec::new();
+    if o.removed {
+        parts.push("the device was removed".to_string());
+    }
+    if o.errors > 0 {
+        let top = o.errors_by_status.first().map_or(String::new(), |e| {
+            format!(" (most: {} x {})", e.count, e.text())
+        });
+        parts.push(format!("{} of {} I/Os failed{top}", o.errors, o.submitted));
+    }
+    if o.timed_out + o.lost > 0 {
+        parts.push(format!(
+            "{} timed out and {} never completed (--io-timeout {io_timeout:?})",
+            o.timed_out, o.lost
+        ));
+    }
+    if o.cancelled > 0 {
+        parts.push(format!("{} were cancelled", o.cancelled));
+    }
+    if parts.is_empty() {
+        parts.push(format!(
+            "{} I/Os succeeded, but none completed inside the measured window",
+            o.succeeded
+        ));
+    }
+    parts.join("; ")
+}
+
+/// The verdict: `None` when the run is a success.
+fn verdict(r: &Report, interrupted: bool, io_timeout: Duration) -> Option<AppError> {
+    if let Some(v) = &r.verify {
+        if v.mismatches > 0 {
+            let first = v
+                .first_mismatches
+                .first()
+                .map_or(String::new(), |m| format!(" (first: {m})"));
+            return Some(AppError::VerifyFailed(format!(
+                "verify: {} of {} blocks read back wrong{first}",
+                v.mismatches, v.blocks_checked
+            )));
+        }
+    }
+    let o = &r.outcomes;
+    if r.total.ios == 0 && !(interrupted && o.failed() == 0) {
+        return Some(AppError::IoFailed(format!(
+            "no I/O succeeded in the measured window: {}",
+            why_nothing_succeeded(o, io_timeout)
+        )));
+    }
+    if o.failed() > 0 {
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (o.errors, "failed with an error"),
+            (o.timed_out, "timed out"),
+            (o.cancelled, "were cancelled"),
+            (o.lost, "never completed"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        return Some(AppError::IoFailed(format!(
+            "{} of {} I/Os did not succeed: {}{}",
+            o.failed(),
+            o.submitted,
+            parts.join(", "),
+            r.errors
+                .first()
+                .map_or(String::new(), |e| format!(" (first: {e})"))
+        )));
+    }
+    if o.timeouts > 0 || o.resets > 0 {
+        let mut parts = Vec::new();
+        if o.timeouts > 0 {
+            parts.push(format!(
+                "{} commands passed the {io_timeout:?} I/O timeout",
+                o.timeouts
+            ));
+        }
+        if o.resets > 0 {
+            parts.push(format!(
+                "the controller was reset {} time{} (after timeouts or a controller fatal status)",
+                o.resets,
+                if o.resets == 1 { "" } else { "s" }
+            ));
+        }
+        return Some(AppError::IoFailed(format!(
+            "every I/O succeeded in the end, but the device needed recovery: {}",
+            parts.join(" and ")
+        )));
+    }
+    if interrupted {
+        return Some(AppError::Interrupted(format!(
+            "interrupted: the report covers the {:.3} s measured before Ctrl-C",
+            r.total.seconds
+        )));
+    }
+    None
+}
+
 /// Runs `kestrel perf`.
 pub fn run(args: &PerfArgs) -> Result<()> {
     let cores = args.cores.0.clone();
@@ -133,7 +327,12 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             eprintln!("kestrel perf: {msg}");
         }
     };
+    let mut warnings: Vec<String> = Vec::new();
     let specs = targets::specs_or_default(&args.targets.targets);
+    check_specs(&specs, &avail)?;
+    if let Some(p) = &args.latency_plot {
+        check_plot_path(p)?;
+    }
     let spare_core = avail.iter().copied().find(|c| !cores.contains(c));
     let per_ctrlr_queues = cores.len() as u32 * args.qpairs_per_core;
     let max_ns = specs
@@ -155,6 +354,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         },
         default_emu_core: spare_core,
         noiommu: args.targets.noiommu,
+        timeouts: Some((args.admin_timeout, args.io_timeout)),
     };
     if args.verify {
         for s in &specs {
@@ -173,6 +373,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     let mut blocks: Vec<Arc<dyn Target>> = Vec::new();
     let mut names = Vec::new();
     let mut target_json = Vec::new();
+    let mut emus: Vec<Option<Arc<EmuController>>> = Vec::new();
     for o in &opened {
         let ts = o.block_targets()?;
         if let Opened::Nvme(n) = o {
@@ -247,15 +448,38 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             );
             match o {
                 Opened::Nvme(n) => {
-                    let entries = n.ctrlr.cap().max_queue_entries();
-                    if args.queue_depth + 1 > entries {
-                        note(format!(
-                            "warning: queue depth {} is more than {}'s queues hold ({} entries, {} commands in flight): the rest wait in the software queue (transport.software_queued)",
-                            args.queue_depth, n.ctrlr.describe(), entries, entries - 1
-                        ));
+                    let entries = n
+                        .ctrlr
+                        .cap()
+                        .max_queue_entries()
+                        .min(kestrel::nvme::qpair::MAX_TRACKERS + 1);
+                    if ring > entries {
+                        warn(
+                            &mut warnings,
+                            format!(
+                                "{}: queues of {ring} entries asked for, the controller allows {entries} (CAP.MQES + 1): each queue pair uses {entries} entries, {} commands at the device{}",
+                                n.ctrlr.describe(),
+                                entries - 1,
+                                if args.queue_depth + 1 > entries {
+                                    format!("; the rest of queue depth {} waits in the software queue (transport.software_queued)", args.queue_depth)
+                                } else {
+                                    String::new()
+                                }
+                            ),
+                        );
+                    }
+                    if args.shadow_doorbells && !n.ctrlr.shadow_doorbells() {
+                        warn(
+                            &mut warnings,
+                            format!(
+                                "{}: shadow doorbells asked for, but the controller does not offer Doorbell Buffer Config: every doorbell is an MMIO write",
+                                n.ctrlr.describe()
+                            ),
+                        );
                     }
                     tj["kind"] = json!("nvme");
                     tj["shadow_doorbells"] = json!(n.ctrlr.shadow_doorbells());
+                    tj["admin_timeout_ms"] = json!(n.ctrlr.admin_timeout().as_millis() as u64);
                     if let Some(e) = &n.emu {
                         tj["emulator"] = serde_json::to_value(e).unwrap_or_default();
                         let store = match e.store.as_str() {
@@ -263,12 +487,32 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                             "memory" => "memory store".to_string(),
                             p => format!("file store {p}"),
                         };
+                        let shares = match e.core {
+                            Some(c) => cores.contains(&c),
+                            None => true,
+                        };
+                        tj["emulator"]["shares_poller_cores"] = json!(shares);
                         let thread = match e.core {
-                            Some(c) if cores.contains(&c) => format!(
-                                "emulator thread pinned to core {c}, which it shares with a poller"
-                            ),
+                            Some(c) if cores.contains(&c) => {
+                                warn(
+                                    &mut warnings,
+                                    format!("{}: the emulator thread is pinned to core {c}, which also runs a poller: the two compete for the core, so the figures measure that contention, not the driver", info.name),
+                                );
+                                format!("emulator thread pinned to core {c}, shared with a poller")
+                            }
                             Some(c) => format!("emulator thread pinned to core {c}"),
                             None => {
+                                let why = if spare_core.is_none() {
+                                    format!(
+                                        "every core available to kestrel ({}) runs a poller, so the emulator thread is not pinned and competes with the pollers for them: the figures measure that contention, not the driver; leave a core free (at most {} poller core{})",
+                                        core_list_text(&avail),
+                                        avail.len().saturating_sub(1),
+                                        if avail.len() == 2 { "" } else { "s" }
+                                    )
+                                } else {
+                                    "the emulator thread is not pinned (core=none) and shares the cores with the pollers".to_string()
+                                };
+                                warn(&mut warnings, format!("{}: {why}", info.name));
                                 "emulator thread not pinned (it shares the cores with the pollers)"
                                     .to_string()
                             }
@@ -278,6 +522,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                             desc.push_str(&format!(", faults {f}"));
                         }
                     }
+                    emus.push(n.emu_ctrlr.clone());
                 }
                 Opened::File(f) => {
                     tj["kind"] = json!("file");
@@ -287,6 +532,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                     } else {
                         ", buffered I/O (page cache)"
                     });
+                    emus.push(None);
                 }
             }
             note(desc);
@@ -309,14 +555,15 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         )));
     }
 
+    let secs = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e6;
     let config = json!({
         "targets": specs.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
         "queue_depth": args.queue_depth,
         "io_size": args.io_size,
         "workload": args.workload.name(),
         "rwmixread": args.workload.read_pct(args.rwmixread),
-        "time_s": args.time,
-        "warmup_s": args.warmup,
+        "time_s": secs(args.time),
+        "warmup_s": secs(args.warmup),
         "cores": cores,
         "qpairs_per_core": args.qpairs_per_core,
         "io_queue_size": ring,
@@ -325,10 +572,12 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "max_completions": args.max_completions,
         "verify": args.verify,
         "seed": args.seed,
+        "io_timeout_ms": secs(args.io_timeout) * 1e3,
+        "admin_timeout_ms": secs(args.admin_timeout) * 1e3,
         "clock": "quanta: the TSC where invariant, else CLOCK_MONOTONIC",
     });
     note(format!(
-        "{} {} I/Os, queue depth {}, {} poller{} on core{} {}, {} qpair{} per core per target, {} s after {} s warmup, {} doorbells, shadow doorbells {}{}",
+        "{} {} I/Os, queue depth {}, {} poller{} on core{} {}, {} qpair{} per core per target, {:?} after {:?} warmup, {} doorbells, shadow doorbells {}, I/O timeout {:?}{}",
         args.workload.name(),
         human_bytes(args.io_size),
         args.queue_depth,
@@ -342,6 +591,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         args.warmup,
         match args.doorbell { DoorbellArg::Batched => "batched", DoorbellArg::Immediate => "immediate" },
         if args.shadow_doorbells { "on" } else { "off" },
+        args.io_timeout,
         if args.verify { ", verifying data" } else { "" },
     ));
 
@@ -351,7 +601,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         sw_queue_depth: args.queue_depth,
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
-        timeout: None,
+        timeout: Some(args.io_timeout),
     };
     // Ctrl-C stops the run early and still reports what was measured (a second one exits
     // at once), as spdk_nvme_perf does.
@@ -383,8 +633,9 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             max_completions: args.max_completions,
             verify: args.verify,
             seed: args.seed,
-            warmup_ns: args.warmup as u64 * 1_000_000_000,
-            time_ns: args.time as u64 * 1_000_000_000,
+            warmup_ns: args.warmup.as_nanos() as u64,
+            time_ns: args.time.as_nanos() as u64,
+            io_timeout_ns: args.io_timeout.as_nanos() as u64,
         };
         let sh = Arc::clone(&shared);
         let h = std::thread::Builder::new()
@@ -411,7 +662,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     };
     let mut next_tick = Duration::from_secs(1);
     while !handles.iter().all(|h| h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
         let el = started.elapsed();
         if el >= next_tick {
             progress.tick(&shared, el, args.io_size);
@@ -438,70 +689,101 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         }
         return Err(AppError::runtime(first.clone()));
     }
-    let undrained: u32 = results.iter().map(|r| r.undrained).sum();
 
-    let (report, hist) = report::build(&results, &names, config, target_json);
+    // What the queues actually used, and the emulator's own counts of what it injected.
+    for (ti, tj) in target_json.iter_mut().enumerate() {
+        let used = results
+            .iter()
+            .find_map(|r| r.targets.get(ti).and_then(|t| t.in_use));
+        if let Some(u) = used {
+            tj["io_queue_size"] = json!(u.depth);
+            tj["commands_in_flight_max"] = json!(u.slots);
+            tj["io_timeout_ms"] = json!(u.timeout.map(|d| secs(d) * 1e3));
+            if tj["kind"] == "nvme" {
+                tj["shadow_doorbells_used"] = json!(u.shadow_doorbells);
+            }
+            if u.depth != ring && tj["kind"] != "nvme" {
+                warn(
+                    &mut warnings,
+                    format!(
+                        "{}: queues of {ring} entries asked for, {} used",
+                        names[ti], u.depth
+                    ),
+                );
+            }
+        } else {
+            tj["io_timeout_ms"] = json!(null);
+        }
+        if tj["kind"] == "file" {
+            tj["io_timeout_ms"] = json!(null);
+        }
+        if let Some(Some(emu)) = emus.get(ti) {
+            let st = emu.stats();
+            tj["emulator"]["stats"] = json!({
+                "faults_injected": st.faults_injected,
+                "error_completions": st.error_completions,
+                "aborted": st.aborted,
+                "resets": st.resets,
+                "completions": st.completions,
+                "reads": st.reads,
+                "writes": st.writes,
+            });
+        }
+    }
+
+    let (mut report, hist) = report::build(&results, &names, config, target_json);
     for c in &report.per_core {
         if let Some(d) = c.descheduled_ns {
             if d as f64 > c.seconds * 1e9 * 0.01 {
-                note(format!(
-                    "warning: the poller on core {} waited {:.1} ms for the CPU ({:.1} % of the run): other load shares the core, and busy time and ns per I/O include some of that wait",
-                    c.core,
-                    d as f64 / 1e6,
-                    d as f64 / (c.seconds * 1e7)
-                ));
+                warn(
+                    &mut warnings,
+                    format!(
+                        "the poller on core {} waited {:.1} ms for the CPU ({:.1} % of the run): other load shares the core, and busy time and ns per I/O include some of that wait",
+                        c.core,
+                        d as f64 / 1e6,
+                        d as f64 / (c.seconds * 1e7)
+                    ),
+                );
             }
         }
     }
+    report.warnings = warnings;
+    let verdict = verdict(&report, interrupted, args.io_timeout);
+    report.result = ResultJson {
+        ok: verdict.is_none(),
+        exit_status: verdict.as_ref().map_or(0, |e| e.exit_code()),
+        reason: verdict.as_ref().map(|e| e.to_string()),
+    };
     if args.json {
         print_json(&report)?;
     } else {
         print!("{}", report::render_text(&report));
     }
     if let Some(p) = &args.latency_plot {
-        let title = format!(
-            "kestrel perf: {} {} QD {} on {} core(s): {:.0} IOPS, avg {:.2} µs",
-            args.workload.name(),
-            human_bytes(args.io_size),
-            args.queue_depth,
-            cores.len(),
-            report.total.iops,
-            report.total.latency_us.avg
-        );
-        plot::write_svg(p, &hist, &title)?;
-        note(format!("latency plot written to {}", p.display()));
-    }
-    if let Some(v) = &report.verify {
-        if v.mismatches > 0 {
-            let first = v
-                .first_mismatches
-                .first()
-                .map_or(String::new(), |m| format!(" (first: {m})"));
-            return Err(AppError::runtime(format!(
-                "verify: {} of {} blocks read back wrong{first}",
-                v.mismatches, v.blocks_checked
-            )));
+        match &report.total.latency_us {
+            Some(l) => {
+                let title = format!(
+                    "kestrel perf: {} {} QD {} on {} core(s): {:.0} IOPS, avg {:.2} µs",
+                    args.workload.name(),
+                    human_bytes(args.io_size),
+                    args.queue_depth,
+                    cores.len(),
+                    report.total.iops,
+                    l.avg
+                );
+                plot::write_svg(p, &hist, &title)?;
+                note(format!("latency plot written to {}", p.display()));
+            }
+            None => eprintln!(
+                "kestrel perf: warning: no latency plot written to {}: no I/O succeeded",
+                p.display()
+            ),
         }
     }
-    if report.io_errors > 0 {
-        return Err(AppError::runtime(format!(
-            "{} I/Os failed (first: {})",
-            report.io_errors,
-            report.errors.first().map_or("?", |s| s.as_str())
-        )));
+    match verdict {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    if interrupted {
-        return Err(AppError::Interrupted(format!(
-            "interrupted: the report covers the {:.3} s measured before Ctrl-C",
-            report.total.seconds
-        )));
-    }
-    if undrained > 0 {
-        return Err(AppError::runtime(format!(
-            "{undrained} I/Os never completed after the run ended"
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

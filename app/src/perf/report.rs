@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use kestrel::QueueStats;
 use serde::Serialize;
 
+use super::outcome::{error_rows, ErrorCountJson, Outcomes};
 use super::verify::Mismatch;
 use super::worker::{CoreResult, TargetResult, LATENCY_MAX_NS, LATENCY_SIGFIG};
 
@@ -78,8 +79,87 @@ pub struct TransportJson {
     pub retries: u64,
     /// Commands that timed out.
     pub timeouts: u64,
+    /// NVMe Abort commands sent for timed-out commands.
+    pub aborts: u64,
+    /// Controller resets the queues carried out.
+    pub resets: u64,
     /// Completion entries ignored because their CID was not outstanding.
     pub bogus_completions: u64,
+}
+
+/// How the I/Os of the whole run (warmup, window, drain, read-back) ended, and what the
+/// driver did to recover. `submitted = succeeded + errors + timed_out + cancelled + lost`.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct OutcomesJson {
+    /// I/Os the target accepted.
+    pub submitted: u64,
+    /// Completed successfully (the only ones in IOPS, MiB/s and latency).
+    pub succeeded: u64,
+    /// Completed with an error: NVMe status, errno, device removed.
+    pub errors: u64,
+    /// Timed out: aborted after the I/O timeout, or not resubmitted after a reset.
+    pub timed_out: u64,
+    /// Cancelled before reaching the device.
+    pub cancelled: u64,
+    /// Never completed: still outstanding when the drain after the run gave up.
+    pub lost: u64,
+    /// `errors` by kind: NVMe status (with its name in the spec), errno, device removed.
+    pub errors_by_status: Vec<ErrorCountJson>,
+    /// Commands that passed the I/O timeout (each was then aborted or recovered by a
+    /// controller reset and resubmitted, so it may still have succeeded).
+    pub timeouts: u64,
+    /// NVMe Abort commands sent for timed-out commands.
+    pub aborts: u64,
+    /// Controller resets (after a timeout, a failed Abort or CSTS.CFS).
+    pub resets: u64,
+    /// Commands resubmitted after a retryable error or a reset.
+    pub retries: u64,
+    /// Completion entries ignored: duplicates, or CIDs not outstanding.
+    pub ignored_completions: u64,
+    /// The device was removed during the run.
+    pub removed: bool,
+}
+
+impl OutcomesJson {
+    /// I/Os that did not succeed.
+    pub fn failed(&self) -> u64 {
+        self.errors + self.timed_out + self.cancelled + self.lost
+    }
+}
+
+/// Outcome counts being added up.
+#[derive(Default)]
+struct OutcomeAcc {
+    o: Outcomes,
+    lost: u64,
+    run: QueueStats,
+    removed: bool,
+}
+
+impl OutcomeAcc {
+    fn add(&mut self, t: &TargetResult) {
+        self.o.merge(&t.outcomes);
+        self.lost += t.lost;
+        self.run.accumulate(&t.run_stats);
+        self.removed |= t.removed;
+    }
+    fn json(&self) -> OutcomesJson {
+        OutcomesJson {
+            submitted: self.o.submitted,
+            succeeded: self.o.succeeded,
+            errors: self.o.errors,
+            timed_out: self.o.timed_out,
+            cancelled: self.o.cancelled,
+            lost: self.lost,
+            errors_by_status: error_rows(&self.o),
+            timeouts: self.run.timeouts,
+            aborts: self.run.aborts,
+            resets: self.run.resets,
+            retries: self.run.retries,
+            ignored_completions: self.run.bogus_completions,
+            removed: self.removed,
+        }
+    }
 }
 
 /// One core's results on one target.
@@ -99,16 +179,18 @@ pub struct CoreTargetJson {
     pub iops: f64,
     /// MiB per second.
     pub mib_per_s: f64,
-    /// Latency, µs.
-    pub latency_us: LatencyJson,
+    /// Latency of the successful I/Os, µs (null when none succeeded).
+    pub latency_us: Option<LatencyJson>,
     /// Counters.
     pub transport: TransportJson,
     /// First LBA of this core's range.
     pub lba_first: u64,
     /// LBAs in the range.
     pub lba_count: u64,
-    /// Failed I/Os.
+    /// I/Os that did not succeed (`outcomes.failed`), whole run.
     pub io_errors: u64,
+    /// How the I/Os ended, whole run.
+    pub outcomes: OutcomesJson,
 }
 
 /// One core.
@@ -124,17 +206,18 @@ pub struct CoreJson {
     pub iops: f64,
     /// MiB per second.
     pub mib_per_s: f64,
-    /// Latency, µs.
-    pub latency_us: LatencyJson,
+    /// Latency of the successful I/Os, µs (null when none succeeded).
+    pub latency_us: Option<LatencyJson>,
     /// Busy time / window, %.
     pub busy_pct: f64,
     /// Busy time, ns.
     pub busy_ns: u64,
-    /// Busy time / I/Os.
-    pub ns_per_io_cpu: f64,
-    /// Median over I/Os of the busy time per I/O of the iteration that reaped it (robust
-    /// to descheduling, which only stretches a few iterations).
-    pub ns_per_io_cpu_p50: f64,
+    /// Busy time / successful I/Os (null when none succeeded).
+    pub ns_per_io_cpu: Option<f64>,
+    /// Median over completions of the busy time per completion of the iteration that
+    /// reaped it (robust to descheduling, which only stretches a few iterations); null
+    /// when no I/O succeeded.
+    pub ns_per_io_cpu_p50: Option<f64>,
     /// Poll loop iterations.
     pub iterations: u64,
     /// Iterations that found nothing.
@@ -167,12 +250,13 @@ pub struct TotalJson {
     pub iops: f64,
     /// bytes / 2^20 / seconds.
     pub mib_per_s: f64,
-    /// Latency over all I/Os, µs.
-    pub latency_us: LatencyJson,
-    /// Sum of the cores' busy time / ios.
-    pub ns_per_io_cpu: f64,
-    /// Median over all I/Os of the busy time per I/O of the iteration that reaped it.
-    pub ns_per_io_cpu_p50: f64,
+    /// Latency over all successful I/Os, µs (null when none succeeded).
+    pub latency_us: Option<LatencyJson>,
+    /// Sum of the cores' busy time / ios (null when no I/O succeeded).
+    pub ns_per_io_cpu: Option<f64>,
+    /// Median over all completions of the busy time per completion of the iteration that
+    /// reaped it (null when no I/O succeeded).
+    pub ns_per_io_cpu_p50: Option<f64>,
     /// Sum of the cores' busy time, ns.
     pub busy_ns: u64,
     /// Mean busy % over the cores.
@@ -207,10 +291,31 @@ pub struct Report {
     pub per_core: Vec<CoreJson>,
     /// Verification (null without `--verify`).
     pub verify: Option<VerifyJson>,
-    /// Failed I/Os.
+    /// How every I/O of the run ended, all targets.
+    pub outcomes: OutcomesJson,
+    /// I/Os that did not succeed (`outcomes.failed`).
     pub io_errors: u64,
     /// Messages of the first failures.
     pub errors: Vec<String>,
+    /// What differs from what was asked, and conditions that make the figures doubtful
+    /// (also printed on stderr).
+    pub warnings: Vec<String>,
+    /// How the run ended: the exit status and why.
+    pub result: ResultJson,
+    /// Per target (name, outcomes), also in `targets[].outcomes`.
+    #[serde(skip)]
+    pub target_outcomes: Vec<(String, OutcomesJson)>,
+}
+
+/// The verdict of the run.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct ResultJson {
+    /// Every I/O succeeded (and, with `--verify`, every block matched).
+    pub ok: bool,
+    /// The process exit status (docs/reliability.md).
+    pub exit_status: u8,
+    /// Why not ok (null when ok).
+    pub reason: Option<String>,
 }
 
 fn us(ns: f64) -> f64 {
@@ -218,28 +323,28 @@ fn us(ns: f64) -> f64 {
     (ns / 10.0).round() / 100.0
 }
 
-fn latency(hist: &Histogram<u64>, sum_ns: u128, min_ns: u64, max_ns: u64, n: u64) -> LatencyJson {
+/// The latency summary of `n` I/Os; `None` when there are none (no figures of 0.000).
+fn latency(
+    hist: &Histogram<u64>,
+    sum_ns: u128,
+    min_ns: u64,
+    max_ns: u64,
+    n: u64,
+) -> Option<LatencyJson> {
+    if n == 0 {
+        return None;
+    }
     let mut percentiles = serde_json::Map::new();
     for (p, key) in PERCENTILES {
-        let v = if n == 0 {
-            0.0
-        } else {
-            us(hist.value_at_percentile(p) as f64)
-        };
+        let v = us(hist.value_at_percentile(p) as f64);
         percentiles.insert(key.to_string(), serde_json::json!(v));
     }
-    if n == 0 {
-        return LatencyJson {
-            percentiles,
-            ..Default::default()
-        };
-    }
-    LatencyJson {
+    Some(LatencyJson {
         avg: us(sum_ns as f64 / n as f64),
         min: us(min_ns as f64),
         max: us(max_ns as f64),
         percentiles,
-    }
+    })
 }
 
 fn transport(s: &QueueStats) -> TransportJson {
@@ -266,6 +371,8 @@ fn transport(s: &QueueStats) -> TransportJson {
         split: s.split,
         retries: s.retries,
         timeouts: s.timeouts,
+        aborts: s.aborts,
+        resets: s.resets,
         bogus_completions: s.bogus_completions,
     }
 }
@@ -326,7 +433,7 @@ impl Acc {
         self.bytes += t.bytes;
         self.stats.accumulate(&t.stats);
     }
-    fn latency(&self) -> LatencyJson {
+    fn latency(&self) -> Option<LatencyJson> {
         latency(&self.hist, self.sum, self.min, self.max, self.ios)
     }
 }
@@ -336,8 +443,10 @@ pub fn build(
     cores: &[CoreResult],
     names: &[String],
     config: serde_json::Value,
-    targets: Vec<serde_json::Value>,
+    mut targets: Vec<serde_json::Value>,
 ) -> (Report, Histogram<u64>) {
+    let mut per_target: Vec<OutcomeAcc> = names.iter().map(|_| OutcomeAcc::default()).collect();
+    let mut total_outcomes = OutcomeAcc::default();
     let mut total = Acc::new();
     let mut per_core = Vec::new();
     let mut busy_total = 0u64;
@@ -345,7 +454,6 @@ pub fn build(
         .expect("valid histogram bounds");
     let mut seconds = 0f64;
     let mut verify = VerifyJson::default();
-    let mut io_errors = 0;
     let mut errors = Vec::new();
     for c in cores {
         let secs = c.window_ns as f64 / 1e9;
@@ -363,7 +471,13 @@ pub fn build(
                     verify.first_mismatches.push(*m);
                 }
             }
-            io_errors += t.io_errors;
+            let mut row_outcomes = OutcomeAcc::default();
+            row_outcomes.add(t);
+            total_outcomes.add(t);
+            if let Some(acc) = per_target.get_mut(ti) {
+                acc.add(t);
+            }
+            let outcomes = row_outcomes.json();
             if let Some(e) = &t.first_error {
                 errors.push(e.clone());
             }
@@ -379,7 +493,8 @@ pub fn build(
                 transport: transport(&t.stats),
                 lba_first: t.lba_range.0,
                 lba_count: t.lba_range.1,
-                io_errors: t.io_errors,
+                io_errors: outcomes.failed(),
+                outcomes,
             });
         }
         busy_total += c.busy_ns;
@@ -397,12 +512,9 @@ pub fn build(
                 0.0
             },
             busy_ns: c.busy_ns,
-            ns_per_io_cpu: if core_acc.ios > 0 {
-                (c.busy_ns as f64 / core_acc.ios as f64 * 10.0).round() / 10.0
-            } else {
-                0.0
-            },
-            ns_per_io_cpu_p50: median(&c.busy_per_io),
+            ns_per_io_cpu: (core_acc.ios > 0)
+                .then(|| (c.busy_ns as f64 / core_acc.ios as f64 * 10.0).round() / 10.0),
+            ns_per_io_cpu_p50: (core_acc.ios > 0).then(|| median(&c.busy_per_io)),
             iterations: c.iterations,
             idle_iterations: c.idle_iterations,
             descheduled_ns: c.descheduled_ns,
@@ -416,6 +528,20 @@ pub fn build(
         (per_core.iter().map(|c| c.busy_pct).sum::<f64>() / per_core.len() as f64 * 10.0).round()
             / 10.0
     };
+    let target_outcomes: Vec<(String, OutcomesJson)> = names
+        .iter()
+        .zip(&per_target)
+        .map(|(n, acc)| (n.clone(), acc.json()))
+        .collect();
+    for (tj, (_, o)) in targets.iter_mut().zip(&target_outcomes) {
+        if let Some(obj) = tj.as_object_mut() {
+            obj.insert(
+                "outcomes".into(),
+                serde_json::to_value(o).unwrap_or_default(),
+            );
+        }
+    }
+    let outcomes = total_outcomes.json();
     let report = Report {
         config,
         targets,
@@ -428,20 +554,21 @@ pub fn build(
             iops: rate(total.ios, seconds),
             mib_per_s: mib(total.bytes, seconds),
             latency_us: total.latency(),
-            ns_per_io_cpu: if total.ios > 0 {
-                (busy_total as f64 / total.ios as f64 * 10.0).round() / 10.0
-            } else {
-                0.0
-            },
-            ns_per_io_cpu_p50: median(&busy_hist),
+            ns_per_io_cpu: (total.ios > 0)
+                .then(|| (busy_total as f64 / total.ios as f64 * 10.0).round() / 10.0),
+            ns_per_io_cpu_p50: (total.ios > 0).then(|| median(&busy_hist)),
             busy_ns: busy_total,
             busy_pct,
         },
         transport: transport(&total.stats),
         per_core,
         verify: None,
-        io_errors,
+        io_errors: outcomes.failed(),
+        outcomes,
         errors,
+        warnings: Vec::new(),
+        result: ResultJson::default(),
+        target_outcomes,
     };
     let mut report = report;
     if config_verify(&report.config) {
@@ -482,54 +609,86 @@ pub fn render_text(r: &Report) -> String {
         "{:<34} {:>12} {:>10} {:>12} {:>10} {:>10}",
         "", "IOPS", "MiB/s", "Average(us)", "min(us)", "max(us)"
     );
+    let row = |s: &mut String, name: &str, iops: f64, mib: f64, l: &Option<LatencyJson>| {
+        let _ = match l {
+            Some(l) => writeln!(
+                s,
+                "{name:<34} {iops:>12.2} {mib:>10.2} {:>12.2} {:>10.2} {:>10.2}",
+                l.avg, l.min, l.max
+            ),
+            None => writeln!(
+                s,
+                "{name:<34} {iops:>12.2} {mib:>10.2} {:>12} {:>10} {:>10}",
+                "-", "-", "-"
+            ),
+        };
+    };
     for c in &r.per_core {
         for t in &c.targets {
-            let _ = writeln!(
-                s,
-                "{:<34} {:>12.2} {:>10.2} {:>12.2} {:>10.2} {:>10.2}",
-                label(c.core, t),
+            row(
+                &mut s,
+                &label(c.core, t),
                 t.iops,
                 t.mib_per_s,
-                t.latency_us.avg,
-                t.latency_us.min,
-                t.latency_us.max
+                &t.latency_us,
             );
         }
     }
-    let tl = &r.total.latency_us;
-    let _ = writeln!(
-        s,
-        "{:<34} {:>12.2} {:>10.2} {:>12.2} {:>10.2} {:>10.2}",
-        "Total", r.total.iops, r.total.mib_per_s, tl.avg, tl.min, tl.max
+    row(
+        &mut s,
+        "Total",
+        r.total.iops,
+        r.total.mib_per_s,
+        &r.total.latency_us,
     );
+    if r.outcomes.failed() > 0 {
+        let _ = writeln!(
+            s,
+            "(successful I/Os only: {} of {} I/Os of the run did not succeed, see Outcomes)",
+            r.outcomes.failed(),
+            r.outcomes.submitted
+        );
+    }
 
-    // Percentiles: one column per core/target row and the total.
+    // Percentiles: one column per core/target row that has latencies, and the total.
     let mut cols: Vec<(String, &LatencyJson)> = Vec::new();
     if r.per_core.len() * r.per_core.first().map_or(0, |c| c.targets.len()) > 1 {
         for c in &r.per_core {
             for t in &c.targets {
-                cols.push((format!("c{}/t{}", c.core, t.target), &t.latency_us));
+                if let Some(l) = &t.latency_us {
+                    cols.push((format!("c{}/t{}", c.core, t.target), l));
+                }
             }
         }
     }
-    cols.push(("Total".into(), tl));
-    let _ = writeln!(s, "\nLatency percentiles (us):");
-    let _ = write!(s, "{:>10}", "");
-    for (h, _) in &cols {
-        let _ = write!(s, " {h:>11}");
-    }
-    s.push('\n');
-    for (p, key) in PERCENTILES {
-        let _ = write!(s, "{:>9}%", format!("{p:.2}"));
-        for (_, l) in &cols {
-            let v = l
-                .percentiles
-                .get(key)
-                .and_then(|v| v.as_f64())
-                .unwrap_or(0.0);
-            let _ = write!(s, " {v:>11.3}");
+    match &r.total.latency_us {
+        Some(tl) => {
+            cols.push(("Total".into(), tl));
+            let _ = writeln!(s, "\nLatency percentiles (us, successful I/Os):");
+            let _ = write!(s, "{:>10}", "");
+            for (h, _) in &cols {
+                let _ = write!(s, " {h:>11}");
+            }
+            s.push('\n');
+            for (p, key) in PERCENTILES {
+                let _ = write!(s, "{:>9}%", format!("{p:.2}"));
+                for (_, l) in &cols {
+                    let v = l
+                        .percentiles
+                        .get(key)
+                        .and_then(|v| v.as_f64())
+                        .unwrap_or(0.0);
+                    let _ = write!(s, " {v:>11.3}");
+                }
+                s.push('\n');
+            }
         }
-        s.push('\n');
+        None => {
+            let _ = writeln!(
+                s,
+                "\nLatency: no I/O succeeded in the measured window, so there is none to report."
+            );
+        }
     }
 
     let _ = writeln!(s, "\nTransport:");
@@ -581,13 +740,12 @@ pub fn render_text(r: &Report) -> String {
         };
         let _ = writeln!(
             s,
-            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {:.1} ns of CPU per I/O (median {:.0}), {} iterations ({:.1} % idle){desched}",
+            "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {}, {} iterations ({:.1} % idle){desched}",
             c.core,
             c.busy_pct,
             c.busy_ns as f64 / 1e9,
             c.seconds,
-            c.ns_per_io_cpu,
-            c.ns_per_io_cpu_p50,
+            cpu_per_io(c.ns_per_io_cpu, c.ns_per_io_cpu_p50),
             c.iterations,
             if c.iterations > 0 {
                 c.idle_iterations as f64 * 100.0 / c.iterations as f64
@@ -598,8 +756,10 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "Total: {} I/Os in {:.3} s, {:.1} ns of CPU per I/O (median {:.0})",
-        r.total.ios, r.total.seconds, r.total.ns_per_io_cpu, r.total.ns_per_io_cpu_p50
+        "Total: {} successful I/Os in {:.3} s, {}",
+        r.total.ios,
+        r.total.seconds,
+        cpu_per_io(r.total.ns_per_io_cpu, r.total.ns_per_io_cpu_p50)
     );
     if let Some(v) = &r.verify {
         let _ = writeln!(
@@ -611,13 +771,95 @@ pub fn render_text(r: &Report) -> String {
             let _ = writeln!(s, "  {m}");
         }
     }
-    if r.io_errors > 0 {
-        let _ = writeln!(s, "\nI/O errors: {}", r.io_errors);
+    render_outcomes(&mut s, r);
+    if !r.errors.is_empty() {
+        let _ = writeln!(s, "First failures:");
         for e in &r.errors {
             let _ = writeln!(s, "  {e}");
         }
     }
+    if !r.warnings.is_empty() {
+        let _ = writeln!(s, "\nWarnings:");
+        for w in &r.warnings {
+            let _ = writeln!(s, "  {w}");
+        }
+    }
+    if let Some(why) = &r.result.reason {
+        let _ = writeln!(
+            s,
+            "\nResult: FAILED (exit status {}): {why}",
+            r.result.exit_status
+        );
+    } else {
+        let _ = writeln!(s, "\nResult: ok");
+    }
     s
+}
+
+fn cpu_per_io(avg: Option<f64>, p50: Option<f64>) -> String {
+    match (avg, p50) {
+        (Some(a), Some(m)) => format!("{a:.1} ns of CPU per I/O (median {m:.0})"),
+        _ => "no CPU per I/O (no I/O succeeded)".to_string(),
+    }
+}
+
+/// The Outcomes section: every I/O of the run, per target (when several) and in total.
+fn render_outcomes(s: &mut String, r: &Report) {
+    let _ = writeln!(
+        s,
+        "\nOutcomes (every I/O of the run: warmup, window, drain{}):",
+        if r.verify.is_some() {
+            ", read-back"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        s,
+        "{:<34} {:>11} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7}",
+        "",
+        "submitted",
+        "succeeded",
+        "errors",
+        "timed out",
+        "cancelled",
+        "lost",
+        "timeouts",
+        "aborts",
+        "resets",
+        "retries",
+        "ignored"
+    );
+    let orow = |s: &mut String, name: &str, o: &OutcomesJson| {
+        let _ = writeln!(
+            s,
+            "{name:<34} {:>11} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7}{}",
+            o.submitted,
+            o.succeeded,
+            o.errors,
+            o.timed_out,
+            o.cancelled,
+            o.lost,
+            o.timeouts,
+            o.aborts,
+            o.resets,
+            o.retries,
+            o.ignored_completions,
+            if o.removed { "  (device removed)" } else { "" }
+        );
+    };
+    if r.target_outcomes.len() > 1 {
+        for (i, (name, o)) in r.target_outcomes.iter().enumerate() {
+            orow(s, &short(&format!("[{i}] {name}"), 34), o);
+        }
+    }
+    orow(s, "Total", &r.outcomes);
+    if !r.outcomes.errors_by_status.is_empty() {
+        let _ = writeln!(s, "Errors by status:");
+        for e in &r.outcomes.errors_by_status {
+            let _ = writeln!(s, "  {:>11}  {}", e.count, e.text());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -645,8 +887,20 @@ mod tests {
                 cq_doorbell_writes: ios / 4,
                 ..Default::default()
             },
-            io_errors: 0,
+            run_stats: QueueStats {
+                submitted: ios,
+                completed: ios,
+                ..Default::default()
+            },
+            outcomes: Outcomes {
+                submitted: ios,
+                succeeded: ios,
+                ..Default::default()
+            },
             first_error: None,
+            in_use: None,
+            removed: false,
+            lost: 0,
             blocks_verified: 0,
             mismatches: 0,
             mismatch_list: vec![],
@@ -696,16 +950,17 @@ mod tests {
         assert_eq!(r.total.ios, 4000);
         assert_eq!(r.total.seconds, 2.0);
         assert_eq!(r.total.iops, 2000.0);
-        assert_eq!(r.total.ns_per_io_cpu, 1000.0);
-        assert_eq!(r.total.ns_per_io_cpu_p50, 1000.0);
-        assert_eq!(r.total.latency_us.min, 10.0);
-        assert_eq!(r.total.latency_us.max, 30.0);
-        assert_eq!(r.total.latency_us.avg, 25.0);
+        assert_eq!(r.total.ns_per_io_cpu, Some(1000.0));
+        assert_eq!(r.total.ns_per_io_cpu_p50, Some(1000.0));
+        let tl = r.total.latency_us.as_ref().unwrap();
+        assert_eq!(tl.min, 10.0);
+        assert_eq!(tl.max, 30.0);
+        assert_eq!(tl.avg, 25.0);
         assert_eq!(r.transport.doorbell_writes_per_io, 0.75);
         assert_eq!(r.per_core[1].iops, 1500.0);
         assert_eq!(r.per_core[0].busy_pct, 0.1);
         assert_eq!(hist.len(), 4000);
-        let p50 = r.total.latency_us.percentiles["p50"].as_f64().unwrap();
+        let p50 = tl.percentiles["p50"].as_f64().unwrap();
         assert!((29.9..=30.1).contains(&p50), "{p50}");
         assert!(r.verify.is_none());
         let text = render_text(&r);
@@ -713,5 +968,70 @@ mod tests {
         assert!(text.contains("99.99%"));
         let j = serde_json::to_value(&r).unwrap();
         assert!(j["total"]["latency_us"]["p99_9"].is_number());
+        assert_eq!(j["outcomes"]["submitted"], 4000);
+        assert_eq!(j["outcomes"]["succeeded"], 4000);
+        assert_eq!(r.io_errors, 0);
+    }
+
+    /// Failed I/Os are counted apart and never in the throughput; with none succeeding
+    /// there is no latency at all, not zeroes.
+    #[test]
+    fn failures_are_outcomes_not_throughput() {
+        let mut t = result(0, 1);
+        t.outcomes = Outcomes {
+            submitted: 500,
+            ..Default::default()
+        };
+        for _ in 0..490 {
+            t.outcomes.record(Err(kestrel::IoError::Nvme(
+                kestrel::spec::Status::UNRECOVERED_READ_ERROR,
+            )));
+        }
+        for _ in 0..8 {
+            t.outcomes.record(Err(kestrel::IoError::Timeout));
+        }
+        t.lost = 2;
+        t.run_stats.timeouts = 10;
+        t.run_stats.aborts = 9;
+        t.run_stats.resets = 1;
+        let core = CoreResult {
+            core: 0,
+            targets: vec![t],
+            window_ns: 1_000_000_000,
+            busy_ns: 0,
+            busy_per_io: busy(1, 1),
+            iterations: 1,
+            idle_iterations: 0,
+            undrained: 2,
+            descheduled_ns: None,
+        };
+        let (r, _) = build(
+            &[core],
+            &["t".into()],
+            serde_json::json!({"verify": false}),
+            vec![serde_json::json!({"index": 0})],
+        );
+        assert_eq!(r.total.iops, 0.0);
+        assert_eq!(r.total.mib_per_s, 0.0);
+        assert!(r.total.latency_us.is_none());
+        assert!(r.total.ns_per_io_cpu.is_none());
+        let o = &r.outcomes;
+        assert_eq!((o.errors, o.timed_out, o.lost), (490, 8, 2));
+        assert_eq!((o.timeouts, o.aborts, o.resets), (10, 9, 1));
+        assert_eq!(r.io_errors, 500);
+        assert_eq!(o.errors_by_status[0].error, "Unrecovered Read Error");
+        let j = serde_json::to_value(&r).unwrap();
+        assert!(j["total"]["latency_us"].is_null());
+        assert_eq!(j["targets"][0]["outcomes"]["errors"], 490);
+        let text = render_text(&r);
+        assert!(text.contains("no I/O succeeded"), "{text}");
+        assert!(
+            !text.contains("Latency percentiles"),
+            "no percentiles of zero: {text}"
+        );
+        assert!(
+            text.contains("Unrecovered Read Error (sct 0x2, sc 0x81)"),
+            "{text}"
+        );
     }
 }

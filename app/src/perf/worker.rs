@@ -24,8 +24,10 @@ use std::sync::{Arc, Barrier};
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
 use kestrel::io::{Completion, IoError, IoRequest, QueueStats, SubmitError};
+use kestrel::target::QueueInUse;
 use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
 
+use super::outcome::Outcomes;
 use super::verify::{self, Expect, Mismatch};
 
 /// Highest latency the histograms track, in ns (60 s); longer ones are recorded as this.
@@ -36,8 +38,13 @@ pub const LATENCY_SIGFIG: u8 = 3;
 pub const MISMATCHES_KEPT: usize = 16;
 /// The most I/O units one core tracks generations for under `--verify` (64 MiB of table).
 pub const VERIFY_MAX_UNITS: u64 = 16 << 20;
-/// How long a poller waits for its outstanding I/O once the run ends.
-pub const DRAIN_TIMEOUT_NS: u64 = 30_000_000_000;
+/// How long a poller waits for its outstanding I/O once the run ends, in I/O timeouts
+/// (plus [`DRAIN_SLACK_NS`]): a command at the device when the run ends is found late
+/// within one timeout (and a tick), aborted, or the controller reset and the command
+/// resubmitted; the second timeout covers an accepted Abort whose completion never comes.
+pub const DRAIN_TIMEOUTS: u64 = 2;
+/// Added to the drain bound: room for a controller reset.
+pub const DRAIN_SLACK_NS: u64 = 1_000_000_000;
 /// How long the `--verify` read-back after a run may take.
 pub const READBACK_TIMEOUT_NS: u64 = 600_000_000_000;
 
@@ -77,6 +84,9 @@ pub struct WorkerConfig {
     pub warmup_ns: u64,
     /// Measured length.
     pub time_ns: u64,
+    /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
+    /// drain after the run (see [`DRAIN_TIMEOUTS`]).
+    pub io_timeout_ns: u64,
 }
 
 /// What the pollers and the main thread share.
@@ -137,10 +147,19 @@ pub struct TargetResult {
     pub lat_max_ns: u64,
     /// Queue counters over the window, summed over this poller's queues on the target.
     pub stats: QueueStats,
-    /// I/Os that failed (any phase).
-    pub io_errors: u64,
+    /// Queue counters over the whole run (warmup, window, drain and read-back).
+    pub run_stats: QueueStats,
+    /// How every I/O of the run ended (any phase).
+    pub outcomes: Outcomes,
     /// The first failure.
     pub first_error: Option<String>,
+    /// What the first queue on the target actually uses (ring, doorbells, timeout).
+    pub in_use: Option<QueueInUse>,
+    /// The device went away (an I/O completed with "device removed"): this poller stopped
+    /// submitting to it.
+    pub removed: bool,
+    /// I/Os on this target that had not completed when the drain gave up.
+    pub lost: u64,
     /// Blocks checked by `--verify` (any phase).
     pub blocks_verified: u64,
     /// Blocks that failed the check.
@@ -207,6 +226,8 @@ struct TargetState {
 struct QueueState {
     q: Box<dyn TargetQueue>,
     target: usize,
+    /// The device is gone: nothing more is submitted.
+    dead: bool,
     slices: Box<[DmaSlice]>,
     stride: usize,
     buf: DmaBuf,
@@ -255,6 +276,8 @@ struct Worker<'a> {
     queues: Vec<QueueState>,
     scratch: Vec<u8>,
     max: u32,
+    /// Queues whose device is gone.
+    dead: usize,
 }
 
 impl Worker<'_> {
@@ -295,8 +318,12 @@ impl Worker<'_> {
                     lat_min_ns: u64::MAX,
                     lat_max_ns: 0,
                     stats: QueueStats::default(),
-                    io_errors: 0,
+                    run_stats: QueueStats::default(),
+                    outcomes: Outcomes::default(),
                     first_error: None,
+                    in_use: None,
+                    removed: false,
+                    lost: 0,
                     blocks_verified: 0,
                     mismatches: 0,
                     mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
@@ -308,6 +335,10 @@ impl Worker<'_> {
                 let q = t.create_queue(&cfg.queue).map_err(|e| {
                     format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
                 })?;
+                let res = &mut targets[ti].res;
+                if res.in_use.is_none() {
+                    res.in_use = q.in_use();
+                }
                 let qd = cfg.queue_depth as usize;
                 let buf = t.dma_pool().alloc(qd * stride).map_err(|e| {
                     format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
@@ -319,6 +350,7 @@ impl Worker<'_> {
                 queues.push(QueueState {
                     q,
                     target: ti,
+                    dead: false,
                     slices,
                     stride,
                     buf,
@@ -409,7 +441,20 @@ impl Worker<'_> {
             write,
         };
         match q.q.submit(req) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                ts.res.outcomes.submitted += 1;
+                Ok(())
+            }
+            Err(SubmitError::DeviceRemoved) => {
+                // Gone before it took the request: nothing was submitted.
+                self.dead += usize::from(!q.dead);
+                q.dead = true;
+                ts.res.removed = true;
+                if cfg.verify {
+                    ts.gens[unit as usize] &= !BUSY;
+                }
+                Ok(())
+            }
             Err(SubmitError::Busy(b)) => Err(format!(
                 "core {}: queue refused an i/o with {} in flight and {} queued (queue depth {} is more than the queue holds)",
                 cfg.core, b.in_flight, b.queued, cfg.queue_depth
@@ -442,7 +487,9 @@ impl Worker<'_> {
             ));
         };
         let r = &mut ts.res;
-        if measuring {
+        r.outcomes.record(c.result);
+        if measuring && c.result.is_ok() {
+            // Throughput and latency are of successful I/Os only.
             let lat = clock.delta_as_nanos(slot.submit_raw, now).max(1);
             r.hist.saturating_record(lat);
             r.lat_sum_ns += lat as u128;
@@ -458,6 +505,11 @@ impl Worker<'_> {
         }
         let lba0 = (ts.first_unit + slot.unit) * ts.io_blocks as u64;
         if let Err(e) = c.result {
+            if e == IoError::DeviceRemoved {
+                self.dead += usize::from(!q.dead);
+                q.dead = true;
+                r.removed = true;
+            }
             record_error(r, cfg.core, slot.write, lba0, e);
             if cfg.verify {
                 ts.gens[slot.unit as usize] = if slot.write {
@@ -501,7 +553,6 @@ impl Worker<'_> {
 }
 
 fn record_error(r: &mut TargetResult, core: usize, write: bool, lba: u64, e: IoError) {
-    r.io_errors += 1;
     if r.first_error.is_none() {
         let what = if write { "write" } else { "read" };
         let msg = format!("core {core}: {what} at lba {lba} failed: {e}");
@@ -541,6 +592,7 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         shared: &shared,
         targets,
         queues,
+        dead: 0,
     };
     let r = w.run_loop();
     if r.is_err() {
@@ -608,10 +660,20 @@ impl Worker<'_> {
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
                     self.complete(qi, c, t, measuring)?;
-                    self.submit(qi, c.token as usize, t)?;
+                    if !self.queues[qi].dead {
+                        self.submit(qi, c.token as usize, t)?;
+                    }
                 }
                 work += self.queues[qi].done.len() as u32;
                 self.queues[qi].q.flush();
+            }
+            // Every device of this poller gone and nothing left to reap: the run is over
+            // for it (a removed device is not measured at zero for the rest of -t).
+            if self.dead == self.queues.len() && self.queues.iter().all(|q| q.q.outstanding() == 0)
+            {
+                window_end = clock.raw();
+                wait_end = thread_wait_ns();
+                break;
             }
             if measuring {
                 iters += 1;
@@ -653,6 +715,11 @@ impl Worker<'_> {
         {
             undrained = self.readback()?;
         }
+        for q in &self.queues {
+            let ts = &mut self.targets[q.target];
+            ts.res.run_stats.accumulate(&q.q.stats());
+            ts.res.lost += q.q.outstanding() as u64;
+        }
         Ok(CoreResult {
             core: cfg.core,
             targets: self.targets.iter().map(|t| t.res.clone()).collect(),
@@ -688,6 +755,9 @@ impl Worker<'_> {
         let now = clock.raw();
         for qi in 0..self.queues.len() {
             let ti = self.queues[qi].target;
+            if self.queues[qi].dead {
+                continue;
+            }
             for s in 0..self.cfg.queue_depth as usize {
                 let Some(u) = next(&self.targets[ti], &mut cursor[ti]) else {
                     break;
@@ -713,6 +783,9 @@ impl Worker<'_> {
                     let c = self.queues[qi].done[i];
                     self.complete(qi, c, t, false)?;
                     self.targets[ti].res.readback_ios += 1;
+                    if self.queues[qi].dead {
+                        continue;
+                    }
                     if let Some(u) = next(&self.targets[ti], &mut cursor[ti]) {
                         self.issue(qi, c.token as usize, u, false, t)?;
                     }
@@ -734,10 +807,20 @@ impl Worker<'_> {
         }
     }
 
-    /// Reaps what is still outstanding (checking data, not counting it). Returns how many
-    /// I/Os did not complete within [`DRAIN_TIMEOUT_NS`].
+    /// How long [`Worker::drain`] waits.
+    fn drain_limit_ns(&self) -> u64 {
+        self.cfg
+            .io_timeout_ns
+            .saturating_mul(DRAIN_TIMEOUTS)
+            .saturating_add(DRAIN_SLACK_NS)
+    }
+
+    /// Reaps what is still outstanding (checking data and counting outcomes, not
+    /// throughput). Returns how many I/Os did not complete within
+    /// [`Worker::drain_limit_ns`].
     fn drain(&mut self) -> Result<u32, WorkerError> {
         let clock = &self.shared.clock;
+        let limit = self.drain_limit_ns();
         let t_start = clock.raw();
         loop {
             let mut left = 0u32;
@@ -759,11 +842,11 @@ impl Worker<'_> {
             if left == 0 {
                 return Ok(0);
             }
-            if clock.delta_as_nanos(t_start, clock.raw()) > DRAIN_TIMEOUT_NS {
+            if clock.delta_as_nanos(t_start, clock.raw()) > limit {
                 tracing::error!(
-                    "core {}: {left} i/os still outstanding {} s after the run ended",
+                    "core {}: {left} i/os still outstanding {:.1} s after the run ended",
                     self.cfg.core,
-                    DRAIN_TIMEOUT_NS / 1_000_000_000
+                    limit as f64 / 1e9
                 );
                 return Ok(left);
             }

@@ -11,11 +11,12 @@
 //! [`Bar::device_write32`]).
 //!
 //! # Registers
-//! CAP: MQES, CQR, DSTRD and TO from [`EmuConfig`]; AMS round robin only; CSS = NVM;
-//! MPSMIN 0 (4 KiB), MPSMAX 4 (64 KiB). VS 1.4.0. CC.EN 0→1 validates AQA, ASQ, ACQ
-//! (4 KiB aligned, admin queues of 2..=4096 entries inside registered memory), CC.IOSQES
-//! = 6, CC.IOCQES = 4, CC.MPS within MPSMIN..=MPSMAX, CC.CSS = NVM and CC.AMS = round
-//! robin; an invalid configuration sets CSTS.CFS, a valid one sets CSTS.RDY after
+//! CAP: MQES, CQR, DSTRD and TO from [`EmuConfig`]; AMS round robin only; CSS bits 0
+//! (NVM) and 6 (I/O Command Sets); MPSMIN 0 (4 KiB), MPSMAX 4 (64 KiB). VS 1.4.0. CC.EN
+//! 0→1 validates AQA, ASQ, ACQ (4 KiB aligned, admin queues of 2..=4096 entries inside
+//! registered memory), CC.IOSQES = 6, CC.IOCQES = 4, CC.MPS within MPSMIN..=MPSMAX, CC.CSS
+//! = NVM (000b) or All Supported I/O Command Sets (110b, as QEMU accepts it; only then
+//! are the zoned commands available) and CC.AMS = round robin; an invalid configuration sets CSTS.CFS, a valid one sets CSTS.RDY after
 //! [`EmuConfig::ready_delay`] (never, with [`EmuConfig::never_ready`]). CC.EN 1→0 is a
 //! controller reset: every I/O queue is deleted, outstanding commands (including held
 //! completions and Asynchronous Event Requests) are dropped, shadow doorbells are turned
@@ -34,10 +35,12 @@
 //!   carry it.
 //!
 //! # Admin commands
-//! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor), Get Log Page (01h Error Information: a ring of the 64
-//! newest entries, newest first; 02h SMART / Health with live counters), Set/Get Features
-//! (07h Number of Queues, 06h Volatile Write Cache, and 01h/05h/08h/0Bh kept as plain
-//! values), Create/Delete I/O SQ and CQ with the spec's checks, Abort, Asynchronous
+//! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor; 05h and 06h for CSI 00h, all
+//! zeroes, and 02h, the zoned structures; 1Ch, one I/O Command Set combination: NVM and
+//! zoned), Get Log Page (01h Error Information: a ring of the 64 newest entries, newest
+//! first; 02h SMART / Health with live counters), Set/Get Features (07h Number of Queues,
+//! 06h Volatile Write Cache, 19h I/O Command Set Profile (index 0 only), and
+//! 01h/05h/08h/0Bh kept as plain values), Create/Delete I/O SQ and CQ with the spec's checks, Abort, Asynchronous
 //! Event Request (up to AERL + 1 = 4 outstanding), Doorbell Buffer Config (when
 //! [`EmuConfig::shadow_doorbells`]) and Keep Alive. Anything else is Invalid Command
 //! Opcode. Errors the controller detects carry DNR; each is also entered in the Error
@@ -54,7 +57,51 @@
 //! offset rules of spec 4.3 (PRP Offset Invalid otherwise). Every IOVA is translated
 //! through the IOMMU; one outside the registered mappings fails the command with Data
 //! Transfer Error before any data moves. MDTS, NSID and LBA range are checked; SGLs are
-//! not supported (PSDT ≠ 0 is Invalid Field); the metadata pointer is ignored.
+//! not supported (PSDT ≠ 0 is Invalid Field). The metadata pointer is used only by
+//! namespaces with separate metadata (below).
+//!
+//! # Namespace formats
+//! Each namespace has its own [`EmuFormat`], so one controller can hold namespaces of
+//! different formats. Identify Namespace reports LBAF0 (512 B), LBAF1 (4 KiB) and, with
+//! metadata, LBAF2 (the namespace's data size + MS bytes) in use, with FLBAS bit 4 for
+//! extended LBAs, DPS as configured, DPC = 1Fh and MC = 3h.
+//!
+//! - **Separate metadata** (FLBAS bit 4 = 0): MPTR points to one contiguous buffer of NLB
+//!   × MS bytes, dword aligned (else Invalid Field), translated through the IOMMU like
+//!   data (outside registered memory: Data Transfer Error). SGL metadata is not offered.
+//! - **Extended LBAs**: each block's MS bytes follow its data; the PRPs describe NLB ×
+//!   (LBA size + MS) bytes, and MDTS counts the metadata.
+//! - **Protection information** (types 1–3, 8 bytes first or last in the metadata, 16-bit
+//!   T10-DIF guard over the data and the metadata before the PI, [`crate::spec::pi`]):
+//!   PRCHK (CDW12 bits 28:26) selects the guard, application tag (CDW15 ELBAT under
+//!   ELBATM) and reference tag (CDW14 EILBRT, + 1 per block; type 3: never checked)
+//!   checks, made on writes with PRACT = 0 and on every read; an application tag FFFFh
+//!   (type 3: and a reference tag FFFFFFFFh) disables a block's checks. Failures are
+//!   End-to-end Guard / Application Tag / Reference Tag Check Error (SCT 2h, SC 82h–84h,
+//!   DNR), and the whole command moves nothing: it is checked before anything is stored
+//!   or copied to the host. Type 1 with the reference tag checked needs EILBRT = the
+//!   SLBA's low 32 bits (else Invalid Protection Information). PRACT = 1 on a write
+//!   generates the PI (guard, ELBAT, EILBRT + i); with MS = 8 no metadata crosses the
+//!   wire at all, and a read with PRACT = 1 checks and then strips it. With MS > 8 the
+//!   rest of the metadata is the host's. Write Zeroes with PRACT generates the zeroed
+//!   blocks' PI; without, their PI reads as all ones, like a block never written.
+//! - **Zoned namespaces** (CSI 02h, [`EmuZones`]): zones of a fixed size, every one
+//!   Sequential Write Required with its capacity equal to its size, MAR/MOR limits. The
+//!   write-pointer rule applies to Write, Write Zeroes and Zone Append: Zone Boundary
+//!   Error past the zone, Zone Is Full, Zone Invalid Write off the write pointer; an
+//!   Empty or Closed zone opens implicitly (Too Many Active Zones past MAR; past MOR an
+//!   implicitly opened zone is closed to make room, else Too Many Open Zones); a zone
+//!   whose write pointer reaches its end is Full. Zone Append (7Dh) writes at the write
+//!   pointer of the zone its SLBA starts and returns the LBA in CQE DW0/DW1. Zone
+//!   Management Send (79h): Open, Close, Finish, Reset (deallocates), with Select All;
+//!   invalid transitions are Invalid Zone State Transition; Offline and Set Zone
+//!   Descriptor Extension are refused. Zone Management Receive (7Ah): Report Zones with
+//!   the reporting options and the Partial Report bit (no descriptor extensions: ZDES
+//!   0). Reads may cross zones (OZCS RAZB). Read Only and Offline zones never occur. The
+//!   zoned commands need CC.CSS = 110b; with CC.CSS = NVM they are Invalid Command
+//!   Opcode, while writes still obey the write pointer.
+//! - A namespace of any other command set (Key Value, unknown) is reported with its CSI,
+//!   and every I/O command to it completes with Invalid Namespace or Format.
 //!
 //! # Doorbell errors
 //! A doorbell value out of range (SQ tail ≥ size; CQ head ≥ size or past the last posted
@@ -107,14 +154,21 @@
 //! sparse at the namespace size (it persists across runs; deallocation punches holes).
 //! [`EmuStore::Null`]: no data movement at all — writes are dropped and reads leave the
 //! host buffer untouched (not even zeroed), like QEMU's null-co, so benchmarks measure the
-//! driver; the PRPs are still walked and translated.
+//! driver; the PRPs (and MPTR) are still walked and translated, but no PI is checked.
+//! Metadata is kept in the same store after the data (a memory store's chunks, or the
+//! file's bytes past the data); the PI bytes are stored inverted, so blocks never written
+//! or deallocated read back with all-ones PI (DLFEAT bit 4 = 0: guard FFFFh).
 //!
 //! # Fault injection
 //! [`EmuFaults`] (from [`EmuController::faults`], or [`EmuConfig::faults`] at start)
 //! selects commands by queue kind and opcode, at a rate rolled by a seeded,
 //! deterministic RNG, and: completes them with a chosen status without executing them;
 //! delays their completion; drops it (a lost command: it executes, nothing is posted);
-//! posts it twice; or posts an extra CQE with a CID that is not outstanding. It can also
+//! posts it twice; or posts an extra CQE with a CID that is not outstanding; or, for a
+//! Read of a namespace with protection information, flips one bit of the guard,
+//! application tag or reference tag of its first block on the way from the media (the
+//! stored copy stays intact), before the controller's PRCHK checks and before the host
+//! sees it, so both the controller's and a driver's own PI error paths can be exercised. It can also
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
@@ -133,6 +187,9 @@
 //!         | "drop/"   cmd *( "/" opt )              ; never post the completion
 //!         | "dup/"    cmd *( "/" opt )              ; post the completion twice
 //!         | "spurious/" cmd *( "/" opt )            ; extra CQE with an unknown CID
+//!         | "pi-guard/" cmd *( "/" opt )            ; a Read's PI guard corrupted
+//!         | "pi-app/"   cmd *( "/" opt )            ; ... its application tag
+//!         | "pi-ref/"   cmd *( "/" opt )            ; ... its reference tag
 //!         | "fatal/after/" N                        ; CSTS.CFS after N I/O commands
 //!         | "remove/after/" N                       ; surprise removal after N I/O commands
 //!         | "seed/" N                               ; RNG seed (default 1)
@@ -159,215 +216,37 @@
 //! # `unsafe`
 //! Only in `emu/mem.rs`: the IOMMU and its host-memory views (and one `fallocate` call).
 
+mod config;
 mod ctrl;
+mod error;
 mod faults;
 mod mem;
+mod ns;
 mod nvm;
+mod prp;
 mod store;
 #[doc(hidden)]
 pub mod testkit;
 #[cfg(test)]
 mod tests;
+mod zns;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use faults::{EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, MAX_RAW_CQES};
+pub use config::{EmuConfig, EmuFormat, EmuNamespace, EmuStore, EmuZones, MAX_METADATA};
+pub use error::EmuError;
+pub use faults::{
+    EmuFaults, FaultAction, FaultPlan, FaultRule, FaultTarget, PiField, MAX_RAW_CQES,
+};
 pub use mem::{EmuIommu, IOVA_BASE};
 
 use crate::hw::dma::{DmaMapper, PageKind};
-use crate::hw::mmio::{Bar, MmioError};
+use crate::hw::mmio::Bar;
 use crate::hw::transport::Transport;
 use crate::spec::regs::offset;
-
-/// Configuration of an emulated controller. `Default` gives a sensible controller with
-/// one 1 GiB namespace of 4096-byte blocks in memory.
-#[derive(Clone, Debug)]
-pub struct EmuConfig {
-    /// CAP.MQES, zero-based (1023: queues of up to 1024 entries).
-    pub mqes: u16,
-    /// CAP.CQR: I/O queues must be physically contiguous.
-    pub cqr: bool,
-    /// CAP.DSTRD: doorbell stride is `4 << dstrd` bytes (0..=8).
-    pub dstrd: u8,
-    /// CAP.TO in 500 ms units (at least 1).
-    pub timeout_500ms: u8,
-    /// Time from CC.EN 0→1 to CSTS.RDY = 1.
-    pub ready_delay: Duration,
-    /// Never set CSTS.RDY (for bring-up timeout tests).
-    pub never_ready: bool,
-    /// MDTS as a power of two of 4 KiB pages (5: 128 KiB); 0 = unlimited.
-    pub mdts: u8,
-    /// I/O queues granted by Set Features Number of Queues, each kind (1..=1024).
-    pub max_io_queues: u16,
-    /// Namespaces, NSID 1.. in order (1..=64).
-    pub namespaces: Vec<EmuNamespace>,
-    /// Advertise OACS bit 8 and implement Doorbell Buffer Config.
-    pub shadow_doorbells: bool,
-    /// A volatile write cache is present (VWC bit 0) and enabled by default.
-    pub volatile_write_cache: bool,
-    /// Extra delay from fetching an I/O command to posting its completion.
-    pub latency: Duration,
-    /// Pin the controller thread to this core. `None` leaves it the CPU affinity of the
-    /// thread that calls [`EmuController::start`]: start the controller before pinning a
-    /// polling thread to a core, or the two share that one core and progress only at
-    /// scheduler time slices (the thread warns when it finds itself confined to one core).
-    pub pin_core: Option<usize>,
-    /// Identify Controller MN (up to 40 ASCII characters).
-    pub model: String,
-    /// Identify Controller SN (up to 20 ASCII characters).
-    pub serial: String,
-    /// Identify Controller FR (up to 8 ASCII characters).
-    pub firmware: String,
-    /// Faults installed at start (more can be set through [`EmuController::faults`]).
-    pub faults: FaultPlan,
-}
-
-impl Default for EmuConfig {
-    fn default() -> Self {
-        EmuConfig {
-            mqes: 1023,
-            cqr: true,
-            dstrd: 0,
-            timeout_500ms: 4,
-            ready_delay: Duration::ZERO,
-            never_ready: false,
-            mdts: 5,
-            max_io_queues: 64,
-            namespaces: vec![EmuNamespace::default()],
-            shadow_doorbells: true,
-            volatile_write_cache: true,
-            latency: Duration::ZERO,
-            pin_core: None,
-            model: "Kestrel Emulated NVMe".into(),
-            serial: "KESTREL-EMU-0001".into(),
-            firmware: "0.1.0".into(),
-            faults: FaultPlan::default(),
-        }
-    }
-}
-
-/// One emulated namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EmuNamespace {
-    /// Size in bytes (a multiple of `lba_size`).
-    pub size_bytes: u64,
-    /// Logical block size: 512 or 4096.
-    pub lba_size: u32,
-    /// Where the data lives.
-    pub store: EmuStore,
-    /// Metadata, protection and command set the namespace reports.
-    pub format: EmuFormat,
-}
-
-/// What an emulated namespace reports beyond its block size: metadata, end-to-end
-/// protection and its command set. The default is a plain NVM namespace.
-///
-/// A namespace with metadata (`ms` ≠ 0) is reported with a third LBA format (LBAF2:
-/// `lba_size` data + `ms` bytes) in use; `pi_type`/`pi_first` set DPS (and DPC, MC say
-/// what the controller could do). The controller does not execute I/O on a namespace
-/// with metadata, protection or a command set other than NVM: every I/O command to it
-/// completes with Invalid Namespace or Format. It exists so the host's refusal of such
-/// formats is tested: a host that sends I/O there is caught by the status and the
-/// counters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct EmuFormat {
-    /// MS: metadata bytes per block (0: none).
-    pub ms: u16,
-    /// FLBAS bit 4: metadata inline at the end of each block (an extended LBA).
-    pub extended: bool,
-    /// DPS bits 2:0: protection information type (0: none, 1..=3).
-    pub pi_type: u8,
-    /// DPS bit 3: protection information in the first bytes of the metadata.
-    pub pi_first: bool,
-    /// The Command Set Identifier reported in the Namespace Identification Descriptor
-    /// list (0: NVM, 2: zoned, anything else: reported as is).
-    pub csi: u8,
-}
-
-impl EmuFormat {
-    /// Whether the controller executes I/O on a namespace of this format.
-    pub fn executes_io(&self) -> bool {
-        *self == EmuFormat::default()
-    }
-}
-
-impl Default for EmuNamespace {
-    fn default() -> Self {
-        EmuNamespace {
-            size_bytes: 1 << 30,
-            lba_size: 4096,
-            store: EmuStore::Memory,
-            format: EmuFormat::default(),
-        }
-    }
-}
-
-impl EmuNamespace {
-    /// A namespace of `size_bytes` with `lba_size` blocks on `store`.
-    pub fn new(size_bytes: u64, lba_size: u32, store: EmuStore) -> Self {
-        EmuNamespace {
-            size_bytes,
-            lba_size,
-            store,
-            format: EmuFormat::default(),
-        }
-    }
-}
-
-/// The backing store of an emulated namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EmuStore {
-    /// Sparse memory, allocated on first write; unwritten blocks read as zeroes.
-    Memory,
-    /// A file (created sparse at the namespace size if shorter), read and written with
-    /// pread/pwrite: the data persists across runs.
-    File(PathBuf),
-    /// No data movement: writes are dropped, reads leave the host buffer untouched.
-    Null,
-}
-
-/// Errors starting an emulated controller.
-#[derive(Debug, thiserror::Error)]
-pub enum EmuError {
-    /// A configuration value is out of range.
-    #[error("invalid emulator configuration: {field} = {value}: {why}")]
-    Config {
-        /// The field.
-        field: &'static str,
-        /// Its value, as text.
-        value: String,
-        /// What is allowed.
-        why: &'static str,
-    },
-    /// The register page could not be created.
-    #[error(transparent)]
-    Mmio(#[from] MmioError),
-    /// A namespace's backing file could not be opened or sized.
-    #[error("could not open the backing file {path} of emulated namespace {nsid}: {source}; check that the directory exists and is writable")]
-    StoreFile {
-        /// Namespace ID.
-        nsid: u32,
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// The controller thread could not be started.
-    #[error("could not start the emulated controller thread: {0}")]
-    Spawn(std::io::Error),
-    /// A fault spec could not be parsed.
-    #[error("invalid emulator fault `{item}`: {why}; see the fault grammar in the emu module documentation (e.g. status/read/2-81/dnr/1%+drop/write/0.1%)")]
-    FaultSpec {
-        /// The `+`-separated item that failed.
-        item: String,
-        /// What is wrong with it.
-        why: String,
-    },
-}
 
 macro_rules! emu_stats {
     ($( $(#[doc = $doc:literal])* $name:ident, )*) => {
@@ -408,8 +287,17 @@ emu_stats! {
     write_zeroes,
     /// Dataset Management commands fetched.
     dsm,
+    /// Zone Append commands fetched.
+    zone_appends,
+    /// Zone Management Send commands fetched.
+    zone_mgmt_sends,
+    /// Zone Management Receive commands fetched.
+    zone_mgmt_receives,
     /// I/O commands with an opcode the controller does not implement.
     io_invalid,
+    /// Commands failed by an end-to-end protection check (guard, application or
+    /// reference tag).
+    pi_errors,
     /// Completion queue entries posted.
     completions,
     /// Completions with a status other than success.
@@ -480,77 +368,10 @@ impl core::fmt::Debug for EmuController {
     }
 }
 
-fn check_config(cfg: &EmuConfig) -> Result<(), EmuError> {
-    let bad = |field, value: String, why| Err(EmuError::Config { field, value, why });
-    if cfg.mqes < 1 {
-        return bad(
-            "mqes",
-            cfg.mqes.to_string(),
-            "must be at least 1 (two entries)",
-        );
-    }
-    if cfg.dstrd > 8 {
-        return bad("dstrd", cfg.dstrd.to_string(), "must be 0..=8");
-    }
-    if cfg.timeout_500ms < 1 {
-        return bad("timeout_500ms", "0".into(), "must be at least 1");
-    }
-    if cfg.mdts > 15 {
-        return bad("mdts", cfg.mdts.to_string(), "must be 0..=15");
-    }
-    if !(1..=1024).contains(&cfg.max_io_queues) {
-        return bad(
-            "max_io_queues",
-            cfg.max_io_queues.to_string(),
-            "must be 1..=1024",
-        );
-    }
-    if cfg.namespaces.is_empty() || cfg.namespaces.len() > 64 {
-        return bad(
-            "namespaces",
-            cfg.namespaces.len().to_string(),
-            "need 1..=64 namespaces",
-        );
-    }
-    for ns in &cfg.namespaces {
-        if ns.lba_size != 512 && ns.lba_size != 4096 {
-            return bad("lba_size", ns.lba_size.to_string(), "must be 512 or 4096");
-        }
-        if ns.size_bytes < ns.lba_size as u64 || ns.size_bytes % ns.lba_size as u64 != 0 {
-            return bad(
-                "size_bytes",
-                ns.size_bytes.to_string(),
-                "must be a non-zero multiple of lba_size",
-            );
-        }
-        if ns.size_bytes > 1 << 50 {
-            return bad(
-                "size_bytes",
-                ns.size_bytes.to_string(),
-                "must be at most 1 PiB",
-            );
-        }
-    }
-    for (field, s, max) in [
-        ("model", &cfg.model, 40),
-        ("serial", &cfg.serial, 20),
-        ("firmware", &cfg.firmware, 8),
-    ] {
-        if s.len() > max || !s.is_ascii() {
-            return bad(
-                field,
-                s.clone(),
-                "must be ASCII and fit its Identify field (MN 40, SN 20, FR 8)",
-            );
-        }
-    }
-    Ok(())
-}
-
 impl EmuController {
     /// Starts an emulated controller with its own thread.
     pub fn start(cfg: EmuConfig) -> Result<Arc<EmuController>, EmuError> {
-        check_config(&cfg)?;
+        config::check_config(&cfg)?;
         let stride = 4usize << cfg.dstrd;
         let need = offset::DOORBELLS + 2 * (cfg.max_io_queues as usize + 1) * stride;
         let bar = Arc::new(Bar::anonymous(need.max(16 << 10))?);

@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::mem::{GuestSlice, Mem};
-use super::nvm::Seg;
+use super::prp::Seg;
 
 /// Bytes per chunk of the memory store.
 pub(super) const CHUNK: usize = 64 << 10;
@@ -307,6 +307,52 @@ impl Store {
             }
             Store::Null => Ok(()),
         }
+    }
+
+    /// Copies namespace bytes `off..off + dst.len()` into `dst` (the controller's own
+    /// memory: metadata, and data that is checked before it reaches the host).
+    pub(super) fn read_bytes(&mut self, off: u64, dst: &mut [u8]) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                MemStore::pieces(off, dst.len(), |idx, coff, doff, n| match m.get(idx) {
+                    Some(c) => dst[doff..doff + n].copy_from_slice(&c[coff..coff + n]),
+                    None => dst[doff..doff + n].fill(0),
+                });
+                Ok(())
+            }
+            Store::File(f) => FileStore::read_exact_or_zero(&f.file, dst, off).map_err(io),
+            Store::Null => Ok(()),
+        }
+    }
+
+    /// Copies `src` to namespace bytes `off..`.
+    pub(super) fn write_bytes(
+        &mut self,
+        off: u64,
+        src: &[u8],
+        fua: bool,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                MemStore::pieces(off, src.len(), |idx, coff, soff, n| {
+                    m.get_or_alloc(idx)[coff..coff + n].copy_from_slice(&src[soff..soff + n])
+                });
+                Ok(())
+            }
+            Store::File(f) => {
+                f.file.write_all_at(src, off).map_err(io)?;
+                if fua {
+                    f.file.sync_data().map_err(io)?;
+                }
+                Ok(())
+            }
+            Store::Null => Ok(()),
+        }
+    }
+
+    /// Whether the store moves no data at all.
+    pub(super) fn is_null(&self) -> bool {
+        matches!(self, Store::Null)
     }
 
     /// Zeroes `len` bytes at `off`; with `deallocate`, releases the space where it can

@@ -2,11 +2,13 @@
 //!
 //! Lives here: register access over a mapped BAR ([`mmio`]), device-visible memory with
 //! IOVAs ([`dma`]), the [`transport::Transport`] trait that bundles the two, and the VFIO
-//! implementation of it ([`vfio`], with sysfs discovery in [`pci`]); the process limits
-//! those run into, worded for messages ([`limits`]). May import only
+//! implementation of it ([`vfio`], with sysfs discovery in [`pci`]); the machine facilities
+//! the layers above use: the process limits worded for messages ([`limits`]) and a cheap
+//! monotonic clock ([`clock`]). May import only
 //! [`crate::spec`]. The layers above see a controller only through `transport`, `mmio` and
 //! `dma`; the emulator ([`crate::emu`]) is the other implementation of the same seam.
 
+pub mod clock;
 pub mod dma;
 pub mod limits;
 pub mod mmio;

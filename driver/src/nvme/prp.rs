@@ -155,6 +155,20 @@ pub fn build(
     if len == 0 {
         return Ok((0, 0));
     }
+    // Fast path: the transfer lies inside one segment (one contiguous IOVA range) and
+    // touches at most two pages, so PRP1 and PRP2 are all there is and no list is written.
+    if let [s, ..] = segs {
+        if off.checked_add(len).is_some_and(|end| end <= s.len) {
+            let start = s.iova + off as u64;
+            if start % 4 == 0 {
+                match entries_for((start % PAGE) as usize, len) {
+                    1 => return Ok((start, 0)),
+                    2 => return Ok((start, (start & !(PAGE - 1)) + PAGE)),
+                    _ => {}
+                }
+            }
+        }
+    }
     let too_short = InvalidRequest::BadSegments {
         op: "prp",
         n: segs.len(),

@@ -42,10 +42,15 @@ impl Reaped {
     pub fn sq_head(&self) -> u16 {
         self.dw2 as u16
     }
-    /// The status.
+    /// The status. Bits 31:17 all clear is Successful Completion, the common case, taken
+    /// without decoding each field.
     #[inline]
     pub fn status(&self) -> Status {
-        Status::from_cqe_status((self.dw3 >> 16) as u16)
+        if self.dw3 >> 17 == 0 {
+            Status::SUCCESS
+        } else {
+            Status::from_cqe_status((self.dw3 >> 16) as u16)
+        }
     }
     /// The whole entry.
     pub fn to_cqe(self) -> Cqe {

@@ -61,6 +61,13 @@ pub mod cns {
     /// Namespace Identification Descriptor list (NVMe 1.3): EUI64, NGUID, UUID and, since
     /// 2.0, the namespace's Command Set Identifier.
     pub const NS_ID_DESCRIPTORS: u8 = 0x03;
+    /// I/O Command Set specific Identify Namespace data structure (CSI in CDW11).
+    pub const NAMESPACE_CSI: u8 = 0x05;
+    /// I/O Command Set specific Identify Controller data structure (CSI in CDW11).
+    pub const CONTROLLER_CSI: u8 = 0x06;
+    /// Identify I/O Command Set data structure: the I/O Command Set combinations the
+    /// controller supports.
+    pub const IO_COMMAND_SETS: u8 = 0x1C;
 }
 
 /// Command Set Identifiers (CSI), as in the Namespace Identification Descriptor of type
@@ -90,6 +97,8 @@ pub mod fid {
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
     /// Number of Queues.
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    /// I/O Command Set Profile (the index of the I/O Command Set combination in use).
+    pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
 }
 
 /// Log page identifiers.
@@ -242,6 +251,12 @@ impl Sqe {
         c.nsid = nsid;
         c.prp1 = prp1;
         c.cdw10 = cns as u32;
+        c
+    }
+    /// Identify with a Command Set Identifier (CDW11 bits 31:24), for CNS 05h, 06h.
+    pub fn identify_csi(cns: u8, nsid: u32, csi: u8, prp1: u64) -> Self {
+        let mut c = Sqe::identify(cns, nsid, prp1);
+        c.cdw11 = (csi as u32) << 24;
         c
     }
     /// Get Log Page: `numd` dwords (not zero-based) of log `lid` at byte `offset`.

@@ -1,13 +1,16 @@
 //! NVMe definitions: controller registers, queue entries, opcodes, status codes, Identify
-//! data structures and log pages (NVMe Base Specification 2.0; 1.4 where they agree).
+//! data structures, log pages and end-to-end protection information (NVMe Base
+//! Specification 2.0; 1.4 where they agree).
 //!
 //! Pure data: no `unsafe`, no I/O. Every `#[repr(C)]` layout has compile-time size and
 //! offset assertions beside it.
 
 pub mod cmd;
 pub mod identify;
+pub mod pi;
 pub mod regs;
 pub mod status;
+pub mod zns;
 
 pub use cmd::{admin_opc, cns, csi, fid, lid, nvm_opc, Cqe, DsmRange, Sqe, NSID_ALL};
 pub use identify::{

@@ -211,6 +211,22 @@ pub mod shutdown {
     pub const SHST_COMPLETE: u8 = 0b10;
 }
 
+/// Command set values: CAP.CSS bits and CC.CSS selections.
+pub mod css {
+    /// CAP.CSS bit 0: NVM Command Set.
+    pub const CAP_NVM: u8 = 1 << 0;
+    /// CAP.CSS bit 6: one or more I/O Command Sets (CC.CSS = 110b may be selected).
+    pub const CAP_IO_COMMAND_SETS: u8 = 1 << 6;
+    /// CAP.CSS bit 7: no I/O Command Set (Admin only).
+    pub const CAP_NO_IO: u8 = 1 << 7;
+    /// CC.CSS 000b: NVM Command Set.
+    pub const CC_NVM: u8 = 0b000;
+    /// CC.CSS 110b: All Supported I/O Command Sets.
+    pub const CC_ALL_IO: u8 = 0b110;
+    /// CC.CSS 111b: Admin Command Set only.
+    pub const CC_ADMIN_ONLY: u8 = 0b111;
+}
+
 /// CC: Controller Configuration.
 #[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
 pub struct Cc(pub u32);

@@ -112,6 +112,8 @@ status_codes! {
     Generic 0x20 NAMESPACE_WRITE_PROTECTED "Namespace is Write Protected";
     Generic 0x21 COMMAND_INTERRUPTED "Command Interrupted";
     Generic 0x22 TRANSIENT_TRANSPORT_ERROR "Transient Transport Error";
+    Generic 0x2B IO_COMMAND_SET_COMBINATION_REJECTED "I/O Command Set Combination Rejected";
+    Generic 0x2C INVALID_IO_COMMAND_SET "Invalid I/O Command Set";
     Generic 0x80 LBA_OUT_OF_RANGE "LBA Out of Range";
     Generic 0x81 CAPACITY_EXCEEDED "Capacity Exceeded";
     Generic 0x82 NAMESPACE_NOT_READY "Namespace Not Ready";
@@ -153,6 +155,14 @@ status_codes! {
     CommandSpecific 0x80 CONFLICTING_ATTRIBUTES "Conflicting Attributes";
     CommandSpecific 0x81 INVALID_PROTECTION_INFORMATION "Invalid Protection Information";
     CommandSpecific 0x82 ATTEMPTED_WRITE_TO_READ_ONLY_RANGE "Attempted Write to Read Only Range";
+    CommandSpecific 0xB8 ZONE_BOUNDARY_ERROR "Zone Boundary Error";
+    CommandSpecific 0xB9 ZONE_IS_FULL "Zone Is Full";
+    CommandSpecific 0xBA ZONE_IS_READ_ONLY "Zone Is Read Only";
+    CommandSpecific 0xBB ZONE_IS_OFFLINE "Zone Is Offline";
+    CommandSpecific 0xBC ZONE_INVALID_WRITE "Zone Invalid Write";
+    CommandSpecific 0xBD TOO_MANY_ACTIVE_ZONES "Too Many Active Zones";
+    CommandSpecific 0xBE TOO_MANY_OPEN_ZONES "Too Many Open Zones";
+    CommandSpecific 0xBF INVALID_ZONE_STATE_TRANSITION "Invalid Zone State Transition";
     MediaDataIntegrity 0x80 WRITE_FAULT "Write Fault";
     MediaDataIntegrity 0x81 UNRECOVERED_READ_ERROR "Unrecovered Read Error";
     MediaDataIntegrity 0x82 E2E_GUARD_CHECK_ERROR "End-to-end Guard Check Error";
@@ -272,6 +282,14 @@ mod tests {
         assert_eq!(
             Status::UNRECOVERED_READ_ERROR.to_string(),
             "Unrecovered Read Error (sct 0x2, sc 0x81)"
+        );
+        assert_eq!(
+            Status::ZONE_INVALID_WRITE.to_string(),
+            "Zone Invalid Write (sct 0x1, sc 0xbc)"
+        );
+        assert_eq!(
+            Status::E2E_REFERENCE_TAG_CHECK_ERROR.to_string(),
+            "End-to-end Reference Tag Check Error (sct 0x2, sc 0x84)"
         );
     }
 

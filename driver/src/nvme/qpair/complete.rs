@@ -201,7 +201,7 @@ impl IoQpair {
             let Some(req) = self.pending.pop_front() else {
                 break;
             };
-            if let Err(req) = self.try_start(req) {
+            if !self.try_start(&req) {
                 self.pending.push_front(req);
                 break;
             }

@@ -39,8 +39,9 @@ mod submit;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use crate::hw::clock::Clock;
 use crate::hw::dma::DmaBuf;
 use crate::hw::mmio::Doorbell;
 use crate::io::{Completion, IoError, IoRequest, QueueStats};
@@ -299,7 +300,10 @@ pub struct IoQpair {
     sw_queue_cap: usize,
     max_command_bytes: u64,
     timeout_ticks: u32,
-    clock_origin: Instant,
+    /// The coarse clock's source (the calibrated TSC where there is one: no system call)
+    /// and its reading when the qpair was created.
+    clock: Clock,
+    clock_origin_ns: u64,
     bogus_logged: bool,
     qid: u16,
     _prp_mem: DmaBuf,
@@ -378,6 +382,7 @@ impl IoQpair {
             n => n.min(MAX_COMPLETIONS_PER_POLL),
         };
         let (timeout, tick_ms, timeout_ticks) = clock_for(opts.timeout);
+        let clock = Clock::get();
         IoQpair {
             rings: parts.rings,
             sq_tail_rung: 0,
@@ -411,7 +416,8 @@ impl IoQpair {
             max_command_bytes: parts.max_command_bytes,
             max_retries: opts.max_retries,
             timeout_ticks,
-            clock_origin: Instant::now(),
+            clock,
+            clock_origin_ns: clock.now_ns(),
             bogus_logged: false,
             removed: false,
             qid: parts.qid,

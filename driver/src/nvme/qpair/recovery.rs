@@ -117,7 +117,9 @@ impl IoQpair {
     /// Timeouts, delayed retries and device health, every few dozen polls on a coarse
     /// clock.
     pub(super) fn housekeeping(&mut self) {
-        let now_tick = (self.clock_origin.elapsed().as_millis() / self.tick_ms as u128) as u32;
+        // One clock read per housekeeping pass (every HOUSEKEEPING_EVERY polls).
+        let elapsed_ms = self.clock.now_ns().saturating_sub(self.clock_origin_ns) / 1_000_000;
+        let now_tick = (elapsed_ms / self.tick_ms as u64) as u32;
         if now_tick == self.tick {
             return;
         }

@@ -14,9 +14,10 @@ impl IoQpair {
         ((self.max_command_bytes / block_size as u64).min(65536) as u32).max(1)
     }
 
-    /// Starts a validated request, or hands it back if no tracker (or parent slot) is free.
+    /// Starts a validated request; false if no tracker (or parent slot) is free. Takes the
+    /// request by reference: it is several hundred bytes, and only a split copies it.
     #[inline]
-    pub(super) fn try_start(&mut self, req: IoRequest) -> Result<(), IoRequest> {
+    pub(super) fn try_start(&mut self, req: &IoRequest) -> bool {
         let Some(block_size) = self.ns(req.nsid).map(|n| n.block_size) else {
             // The namespace went away between validation and now (a reset shrank the
             // list): complete with the status a controller would give.
@@ -24,15 +25,15 @@ impl IoQpair {
                 req.token,
                 Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)),
             );
-            return Ok(());
+            return true;
         };
         let chunk = self.chunk_blocks(block_size);
         if matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) && req.nlb > chunk {
             let Some(pi) = self.parent_free.pop() else {
-                return Err(req);
+                return false;
             };
             self.parents[pi as usize] = Parent {
-                req,
+                req: *req,
                 chunk_blocks: chunk,
                 issued_blocks: 0,
                 outstanding: 0,
@@ -41,13 +42,13 @@ impl IoQpair {
             self.stats.split += 1;
             self.splitting = Some(pi);
             self.continue_split(block_size);
-            return Ok(());
+            return true;
         }
         let Some(cid) = self.free.pop_front() else {
-            return Err(req);
+            return false;
         };
-        self.issue(cid, &req, 0, req.nlb, NO_PARENT, block_size);
-        Ok(())
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size);
+        true
     }
 
     /// Issues children of the parent being split while trackers are free.

@@ -93,7 +93,22 @@ impl IoQpair {
                         have,
                     });
                 }
-                prp::for_each_page(req.data.as_slice(), 0, need as usize, |_| {})?;
+                match req.data.as_slice() {
+                    // One segment is one contiguous IOVA range: its pages after the first
+                    // are page aligned by construction, so the only PRP rule left is the
+                    // dword alignment of the start; no need to walk the pages.
+                    [s] => {
+                        if s.iova % 4 != 0 {
+                            return Err(InvalidRequest::Misaligned {
+                                index: 0,
+                                iova: s.iova,
+                                len: (need as usize).min(s.len),
+                                why: "the first data address must be dword aligned",
+                            });
+                        }
+                    }
+                    segs => prp::for_each_page(segs, 0, need as usize, |_| {})?,
+                }
             }
             _ => {}
         }
@@ -122,13 +137,11 @@ impl IoQpair {
         }
         let ready = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready;
         if ready && self.pending.is_empty() && self.splitting.is_none() {
-            match self.try_start(req) {
-                Ok(()) => {
-                    self.stats.submitted += 1;
-                    return Ok(());
-                }
-                Err(req) => return self.enqueue(req),
+            if self.try_start(&req) {
+                self.stats.submitted += 1;
+                return Ok(());
             }
+            return self.enqueue(req);
         }
         self.enqueue(req)
     }

@@ -7,6 +7,7 @@
 //! buffers from. Each [`Target::create_queue`] makes one ring ([`FileQueue`]) owned by the
 //! calling thread. See `docs/file-target.md` for the behaviour in full.
 
+mod lock;
 mod queue;
 mod sys;
 
@@ -15,8 +16,10 @@ use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::hw::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
+use crate::hw::limits::{open_files_text, Limit};
 use crate::target::{QueueOptions, Target, TargetError, TargetInfo, TargetQueue};
 
 pub use queue::{FileQueue, FileQueueCounters};
@@ -57,6 +60,10 @@ pub struct FileOptions {
     pub block_size: Option<u32>,
     /// The DMA pool buffers come from; `None` makes one of ordinary pages.
     pub pool: Option<DmaPool>,
+    /// The longest dropping a queue waits for operations the kernel still holds; past it
+    /// the queue's buffers are leaked (never freed while the kernel may write them) and
+    /// an error is logged.
+    pub drain_timeout: Duration,
 }
 
 impl Default for FileOptions {
@@ -70,12 +77,16 @@ impl Default for FileOptions {
             ring_entries: 4096,
             block_size: None,
             pool: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
 
 /// The most entries an io_uring submission ring can have (`IORING_MAX_ENTRIES`).
 pub const MAX_RING_ENTRIES: u32 = 32768;
+
+/// Default of [`FileOptions::drain_timeout`].
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Block size used when nothing reports one.
 const DEFAULT_BLOCK_SIZE: u32 = 4096;
@@ -120,6 +131,42 @@ pub enum FileError {
         access: &'static str,
         /// The OS error.
         source: std::io::Error,
+    },
+    /// Another open of the file holds a lock that conflicts with this one: another
+    /// process, or this one with the file already open as a target.
+    #[error("{path} is in use: a {access} target needs {want} access, but {who}; {advice}")]
+    Locked {
+        /// The path.
+        path: PathBuf,
+        /// "read-write" or "read-only".
+        access: &'static str,
+        /// "exclusive" or "shared".
+        want: &'static str,
+        /// Who holds it (pids where they could be found).
+        who: String,
+        /// What to do.
+        advice: &'static str,
+    },
+    /// The process or the system ran out of file descriptors.
+    #[error("{path}: {what} failed: {why}")]
+    TooManyOpenFiles {
+        /// The path.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// Which limit, its value and how to raise it.
+        why: String,
+    },
+    /// Extending the file went past the file size limit (`RLIMIT_FSIZE`) or the
+    /// filesystem's largest file.
+    #[error("{path}: extending the file to {size} bytes failed: {why}")]
+    FileSizeLimit {
+        /// The path.
+        path: PathBuf,
+        /// The size asked for.
+        size: u64,
+        /// Which limit, its value and how to raise it.
+        why: String,
     },
     /// The size (given or found) holds no whole block.
     #[error("{path}: size {size} bytes is smaller than one {block_size}-byte block; give a size of at least {block_size}")]
@@ -182,7 +229,7 @@ pub enum FileError {
         why: String,
     },
     /// Setting up an io_uring failed.
-    #[error("{path}: io_uring {what} failed: {source}; check /proc/sys/kernel/io_uring_disabled and the memlock limit (`ulimit -l`)")]
+    #[error("{path}: io_uring {what} failed: {source}; {}", ring_hint(.source))]
     Ring {
         /// The path.
         path: PathBuf,
@@ -211,6 +258,42 @@ pub enum FileError {
     },
 }
 
+/// What to say about a failed io_uring setup or registration, by errno.
+fn ring_hint(e: &std::io::Error) -> String {
+    let errno = e.raw_os_error();
+    if let Some(t) = open_files_text(errno) {
+        return t;
+    }
+    let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "0".into());
+    match errno {
+        Some(libc::ENOMEM) => format!(
+            "the ring's memory is charged to the memlock limit on kernels before 5.12 (RLIMIT_MEMLOCK, `ulimit -l`, is {}); {}",
+            Limit::Memlock.text(),
+            Limit::Memlock.how_to_raise()
+        ),
+        Some(libc::EPERM) if disabled != "0" => format!(
+            "io_uring is disabled for this process (kernel.io_uring_disabled = {disabled}); as root `sysctl -w kernel.io_uring_disabled=0`, or join the group in kernel.io_uring_group"
+        ),
+        _ => format!(
+            "check kernel.io_uring_disabled (now {disabled}) and the memlock limit (`ulimit -l`: {})",
+            Limit::Memlock.text()
+        ),
+    }
+}
+
+/// The [`FileError::FileSizeLimit`] text for a file extended to `size` bytes.
+fn fsize_text(size: u64) -> String {
+    match Limit::Fsize.soft() {
+        Some(l) if size > l => format!(
+            "it is past the file size limit of {l} bytes (RLIMIT_FSIZE, `ulimit -f`); {}",
+            Limit::Fsize.how_to_raise()
+        ),
+        _ => "it is past the largest file the filesystem allows".into(),
+    }
+}
+
 /// Regular file or block device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileKind {
@@ -234,7 +317,13 @@ enum DiscardKind {
 /// What queues share.
 pub(crate) struct Shared {
     path: PathBuf,
+    /// The open that holds the lock. Only this process's descriptor table refers to it, so
+    /// the lock goes as soon as the process does, however it ends.
     file: File,
+    /// A second open of the same file, unlocked, that the rings register and do I/O
+    /// through. A ring keeps its registered files open until the kernel has torn it down,
+    /// which after a crash can take seconds; the lock must not wait for that.
+    io: File,
     kind: FileKind,
     direct: bool,
     block_size: u32,
@@ -245,7 +334,16 @@ pub(crate) struct Shared {
     sqpoll: bool,
     iopoll: bool,
     ring_entries: u32,
+    drain_timeout: Duration,
     info: TargetInfo,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Released here rather than by the close, which releases it only with the last
+        // reference to the description (a child between fork and exec may have one).
+        sys::ofd_unlock(&self.file);
+    }
 }
 
 /// A file or block device served as a block target.
@@ -340,6 +438,10 @@ impl FileTarget {
             Err(e) => return Err(io_err("stat", e)),
         };
 
+        if !opts.read_only {
+            // A write past RLIMIT_FSIZE would otherwise end the process without a word.
+            sys::ignore_sigxfsz();
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(!opts.read_only)
@@ -351,10 +453,28 @@ impl FileTarget {
                     perm_err(e)
                 } else if e.kind() == std::io::ErrorKind::NotFound {
                     FileError::Missing { path: path.clone() }
+                } else if let Some(why) = open_files_text(e.raw_os_error()) {
+                    FileError::TooManyOpenFiles {
+                        path: path.clone(),
+                        what: "open",
+                        why,
+                    }
                 } else {
                     io_err("open", e)
                 }
             })?;
+
+        // Exclusive access for writers, shared for readers: before anything is changed.
+        let exclusive = !opts.read_only;
+        if let Err(lock::Held { holders, complete }) = lock::lock(&path, &file, exclusive) {
+            return Err(FileError::Locked {
+                advice: lock::advice(&holders, exclusive),
+                who: lock::holders_text(&holders, complete),
+                path,
+                access,
+                want: if exclusive { "exclusive" } else { "shared" },
+            });
+        }
 
         // Direct I/O: what the filesystem reports, then what the kernel accepts.
         let align = sys::dio_align(&file);
@@ -438,8 +558,17 @@ impl FileTarget {
                             if opts.read_only {
                                 return Err(FileError::ReadOnlyTooShort { path, len, size });
                             }
-                            file.set_len(size)
-                                .map_err(|e| io_err("extending the file", e))?;
+                            file.set_len(size).map_err(|e| {
+                                if e.raw_os_error() == Some(libc::EFBIG) {
+                                    FileError::FileSizeLimit {
+                                        path: path.clone(),
+                                        size,
+                                        why: fsize_text(size),
+                                    }
+                                } else {
+                                    io_err("extending the file", e)
+                                }
+                            })?;
                         }
                         size
                     }
@@ -521,6 +650,17 @@ impl FileTarget {
             capacity,
             "file target opened"
         );
+        let io = sys::reopen(&file, !opts.read_only, direct).map_err(|e| {
+            if let Some(why) = open_files_text(e.raw_os_error()) {
+                FileError::TooManyOpenFiles {
+                    path: path.clone(),
+                    what: "opening the file a second time for i/o",
+                    why,
+                }
+            } else {
+                io_err("opening the file a second time for i/o", e)
+            }
+        })?;
         let pool = opts
             .pool
             .clone()
@@ -529,6 +669,7 @@ impl FileTarget {
             shared: Arc::new(Shared {
                 path,
                 file,
+                io,
                 kind,
                 direct,
                 block_size,
@@ -538,6 +679,7 @@ impl FileTarget {
                 sqpoll: opts.sqpoll,
                 iopoll: opts.iopoll,
                 ring_entries: opts.ring_entries,
+                drain_timeout: opts.drain_timeout,
                 info,
             }),
             pool,

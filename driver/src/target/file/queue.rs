@@ -23,14 +23,18 @@
 //! first submits pending SQEs, then reaps CQEs straight from the CQ ring; it enters the
 //! kernel to reap only on IOPOLL rings (where the kernel must poll the device).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{DiscardKind, FileError, FileKind, Shared};
 use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::limits::Limit;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
     MAX_SEGMENTS,
@@ -145,6 +149,9 @@ pub struct FileQueueCounters {
     pub zero_write_fallbacks: u64,
     /// Reads that met the end of a file shorter than the capacity and were zero-filled.
     pub eof_zero_fills: u64,
+    /// Times the queue moved to another thread (its ring rebuilt there, from then on
+    /// usable from any thread).
+    pub thread_moves: u64,
 }
 
 /// A pool region as this queue knows it.
@@ -175,8 +182,18 @@ pub struct FileQueue {
     in_ring: u32,
     /// SQEs pushed since the last `io_uring_enter`.
     unsubmitted: u32,
-    /// The ring was made disabled (single issuer) and is not enabled yet.
-    disabled: bool,
+    /// The ring is single-issuer (`SINGLE_ISSUER` + `DEFER_TASKRUN`): only its owner may
+    /// enter it, and only the owner's entering completes its operations.
+    single_issuer: bool,
+    /// [`thread_token`] of the thread that enabled a single-issuer ring; 0 while it is still
+    /// disabled (not entered yet).
+    owner: u64,
+    /// An error about use from the wrong thread was logged.
+    warned_wrong_thread: bool,
+    /// An error about EFBIG was logged.
+    warned_efbig: bool,
+    /// Entries of the submission ring (for a rebuild).
+    sq_entries: u32,
     regions: Vec<Region>,
     /// Entries of the sparse fixed-buffer table (0: no fixed buffers).
     fixed_slots: usize,
@@ -202,6 +219,109 @@ impl core::fmt::Debug for FileQueue {
     }
 }
 
+/// A number for the calling thread, unique in the process and never reused (unlike OS
+/// thread ids): the owner of a single-issuer ring is compared against it.
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static TOKEN: Cell<u64> = const { Cell::new(0) });
+    TOKEN.with(|t| match t.get() {
+        0 => {
+            let v = NEXT.fetch_add(1, Ordering::Relaxed);
+            t.set(v);
+            v
+        }
+        v => v,
+    })
+}
+
+/// Makes a ring of `sq_entries` for `shared`'s file at setup level `max_level` or the best
+/// below it the kernel takes, and registers the file (`Fixed(0)`). Levels, falling back
+/// where the kernel says EINVAL:
+/// 2: COOP_TASKRUN + TASKRUN_FLAG + SINGLE_ISSUER + DEFER_TASKRUN (Linux 6.1),
+/// 1: COOP_TASKRUN + TASKRUN_FLAG (5.19), 0: plain.
+fn build_ring(shared: &Shared, sq_entries: u32, max_level: u8) -> Result<(IoUring, u8), FileError> {
+    let ring_err = |what, source| FileError::Ring {
+        path: shared.path.clone(),
+        what,
+        source,
+    };
+    let build = |level: u8| {
+        let mut b = IoUring::builder();
+        // Completions can never outnumber slots (one operation per slot at a time), so a
+        // CQ of twice the SQ never overflows.
+        b.setup_cqsize(sq_entries * 2).setup_submit_all();
+        if level >= 1 {
+            // No inter-processor interrupt to run completion work while we spin: the kernel
+            // raises IORING_SQ_TASKRUN instead and poll enters to run it. Cheaper, above
+            // all in a VM where an IPI is a VM exit.
+            b.setup_coop_taskrun().setup_taskrun_flag();
+        }
+        if level >= 2 {
+            // Completion work runs only when the owning thread enters the ring, in one
+            // batch. The owner is the first thread to enter it (the ring starts disabled
+            // and is enabled then); see `FileQueue::check_thread` for other threads.
+            b.setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_r_disabled();
+        }
+        if shared.sqpoll {
+            b.setup_sqpoll(SQPOLL_IDLE_MS);
+        }
+        if shared.iopoll {
+            b.setup_iopoll();
+        }
+        b.build(sq_entries)
+    };
+    let mut level = max_level;
+    let ring = loop {
+        match build(level) {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && level > 0 => level -= 1,
+            r => break r,
+        }
+    }
+    .map_err(|e| ring_err("setup", e))?;
+    ring.submitter()
+        .register_files(&[shared.io.as_raw_fd()])
+        .map_err(|e| ring_err("file registration", e))?;
+    Ok((ring, level))
+}
+
+/// Registers a sparse fixed-buffer table sized for the pool (`max_bytes / region_len`, at
+/// most [`MAX_FIXED_BUFFERS`]); returns its entries, 0 when it could not be registered.
+fn register_table(ring: &IoUring, shared: &Shared, pool: &DmaPool) -> usize {
+    let po = pool.options();
+    let region_unit = po.region_len.next_multiple_of(po.page_kind.size()).max(1);
+    let fixed_slots = po
+        .max_bytes
+        .div_ceil(region_unit)
+        .clamp(1, MAX_FIXED_BUFFERS);
+    match ring.submitter().register_buffers_sparse(fixed_slots as u32) {
+        Ok(()) => fixed_slots,
+        Err(e) => {
+            tracing::warn!(
+                path = %shared.path.display(),
+                "cannot register a fixed-buffer table ({e}{}); using unregistered buffers",
+                memlock_hint(&e)
+            );
+            0
+        }
+    }
+}
+
+/// For a registration that failed with ENOMEM: registered buffers are charged to
+/// RLIMIT_MEMLOCK (without CAP_IPC_LOCK).
+fn memlock_hint(e: &std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::ENOMEM) {
+        format!(
+            "; registered buffers count against the memlock limit (RLIMIT_MEMLOCK, `ulimit -l`), now {}: {}",
+            Limit::Memlock.text(),
+            Limit::Memlock.how_to_raise()
+        )
+    } else {
+        String::new()
+    }
+}
+
 fn saturate_u32(x: u64) -> u32 {
     x.min(u64::from(u32::MAX)) as u32
 }
@@ -212,55 +332,10 @@ impl FileQueue {
         pool: DmaPool,
         opts: &QueueOptions,
     ) -> Result<Self, FileError> {
-        let ring_err = |what, source| FileError::Ring {
-            path: shared.path.clone(),
-            what,
-            source,
-        };
         let depth = opts.depth.clamp(1, shared.ring_entries);
         let sq_entries = depth.next_power_of_two();
-        // Setup levels, tried best first, falling back where the kernel says EINVAL:
-        // 2: COOP_TASKRUN + TASKRUN_FLAG + SINGLE_ISSUER + DEFER_TASKRUN (Linux 6.1),
-        // 1: COOP_TASKRUN + TASKRUN_FLAG (5.19), 0: plain.
-        let build = |level: u8| {
-            let mut b = IoUring::builder();
-            // Completions can never outnumber slots (one operation per slot at a time), so
-            // a CQ of twice the SQ never overflows.
-            b.setup_cqsize(sq_entries * 2).setup_submit_all();
-            if level >= 1 {
-                // No inter-processor interrupt to run completion work while we spin: the
-                // kernel raises IORING_SQ_TASKRUN instead and poll enters to run it. Cheaper,
-                // above all in a VM where an IPI is a VM exit.
-                b.setup_coop_taskrun().setup_taskrun_flag();
-            }
-            if level >= 2 {
-                // Completion work runs only when the owning thread enters the ring, in one
-                // batch. The owner is the first thread to enter it (the ring starts
-                // disabled and is enabled then), as the Target contract has it.
-                b.setup_single_issuer()
-                    .setup_defer_taskrun()
-                    .setup_r_disabled();
-            }
-            if shared.sqpoll {
-                b.setup_sqpoll(SQPOLL_IDLE_MS);
-            }
-            if shared.iopoll {
-                b.setup_iopoll();
-            }
-            b.build(sq_entries)
-        };
         // DEFER_TASKRUN does not go with SQPOLL (the poller thread would be the issuer).
-        let mut level = if shared.sqpoll { 1 } else { 2 };
-        let ring = loop {
-            match build(level) {
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && level > 0 => level -= 1,
-                r => break r,
-            }
-        }
-        .map_err(|e| ring_err("setup", e))?;
-        ring.submitter()
-            .register_files(&[shared.file.as_raw_fd()])
-            .map_err(|e| ring_err("file registration", e))?;
+        let (ring, level) = build_ring(&shared, sq_entries, if shared.sqpoll { 1 } else { 2 })?;
 
         let zero_len = ZERO_BUF_BYTES.max(shared.block_size as usize);
         let zero = pool.alloc(zero_len).map_err(|source| FileError::Dma {
@@ -268,23 +343,7 @@ impl FileQueue {
             source,
         })?;
         let zero_slice = zero.slice_all();
-
-        let po = pool.options();
-        let region_unit = po.region_len.next_multiple_of(po.page_kind.size()).max(1);
-        let fixed_slots = po
-            .max_bytes
-            .div_ceil(region_unit)
-            .clamp(1, MAX_FIXED_BUFFERS);
-        let fixed_slots = match ring.submitter().register_buffers_sparse(fixed_slots as u32) {
-            Ok(()) => fixed_slots,
-            Err(e) => {
-                tracing::warn!(
-                    path = %shared.path.display(),
-                    "cannot register a fixed-buffer table ({e}); using unregistered buffers"
-                );
-                0
-            }
-        };
+        let fixed_slots = register_table(&ring, &shared, &pool);
 
         let n = depth as usize;
         let zero_mode = match shared.kind {
@@ -303,7 +362,11 @@ impl FileQueue {
             sync_pending: VecDeque::with_capacity(n),
             in_ring: 0,
             unsubmitted: 0,
-            disabled: level >= 2,
+            single_issuer: level >= 2,
+            owner: 0,
+            warned_wrong_thread: false,
+            warned_efbig: false,
+            sq_entries,
             regions: Vec::with_capacity(fixed_slots.max(16)),
             fixed_slots,
             zero_range_ok: true,
@@ -347,7 +410,8 @@ impl FileQueue {
                         path = %self.shared.path.display(),
                         region = i,
                         len,
-                        "cannot register dma region as a fixed buffer ({e}); using plain reads and writes for it"
+                        "cannot register dma region as a fixed buffer ({e}{}); using plain reads and writes for it",
+                        memlock_hint(&e)
                     ),
                 }
             }
@@ -665,16 +729,94 @@ impl FileQueue {
     /// before every `io_uring_enter`; a flag test once enabled.
     #[inline]
     fn enable(&mut self) {
-        if self.disabled {
+        if self.single_issuer && self.owner == 0 {
             if let Err(e) = self.ring.submitter().register_enable_rings() {
                 tracing::error!(path = %self.shared.path.display(), "cannot enable the io_uring: {e}");
             }
-            self.disabled = false;
+            self.owner = thread_token();
+        }
+    }
+
+    /// Whether the calling thread may use the ring: always for a ring that is not
+    /// single-issuer or not entered yet, and for its owner. On another thread, a queue
+    /// with nothing in the kernel moves here (see [`Self::move_here`]); one with
+    /// operations in the kernel cannot (only the owner's entering completes them):
+    /// `Err(operations in the kernel)`.
+    #[inline]
+    fn check_thread(&mut self) -> Result<(), u32> {
+        if !self.single_issuer || self.owner == 0 || self.owner == thread_token() {
+            return Ok(());
+        }
+        self.move_here()
+    }
+
+    /// Moves the queue to the calling thread: the ring is rebuilt here without
+    /// `SINGLE_ISSUER`/`DEFER_TASKRUN`, so that from then on any thread may use it without
+    /// moving again, and its file and buffers are registered again.
+    /// Operations pushed but never submitted are pushed again into the new ring. Refused
+    /// (`Err` with their count) while operations are in the kernel.
+    #[cold]
+    fn move_here(&mut self) -> Result<(), u32> {
+        let in_kernel = self.in_ring - self.unsubmitted.min(self.in_ring);
+        if in_kernel > 0 {
+            return Err(in_kernel);
+        }
+        // Level 1 at most: no single issuer.
+        let (ring, _) = match build_ring(&self.shared, self.sq_entries, 1) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(
+                    path = %self.shared.path.display(),
+                    "cannot move the file queue to this thread: {e}"
+                );
+                return Err(0);
+            }
+        };
+        // Nothing of the old ring is in the kernel: closing it cannot free memory in use.
+        self.ring = ring;
+        self.single_issuer = false;
+        self.owner = 0;
+        self.fixed_slots = register_table(&self.ring, &self.shared, &self.pool);
+        self.regions.clear();
+        self.refresh_regions();
+        // Push again what the old ring held unsubmitted, without counting it twice.
+        let (stats, counters) = (self.stats, self.counters);
+        self.unsubmitted = 0;
+        for idx in 0..self.slots.len() {
+            if self.slots[idx].state == State::Ring {
+                self.issue(idx);
+            }
+        }
+        self.stats = stats;
+        self.counters = counters;
+        self.counters.thread_moves += 1;
+        tracing::debug!(
+            path = %self.shared.path.display(),
+            "file queue moved to another thread; its ring is now usable from any thread"
+        );
+        Ok(())
+    }
+
+    /// Logs, once per queue, that the queue is being used from a thread that cannot
+    /// complete its operations.
+    #[cold]
+    fn warn_wrong_thread(&mut self, what: &str, in_kernel: u32) {
+        if !self.warned_wrong_thread {
+            self.warned_wrong_thread = true;
+            tracing::error!(
+                path = %self.shared.path.display(),
+                in_kernel,
+                "file queue {what} from a thread other than the one that owns its ring, with {in_kernel} operations in flight that only that thread can complete; use the queue on that thread until they have completed"
+            );
         }
     }
 
     /// One `io_uring_enter` for every SQE pushed since the last one.
     fn enter_submit(&mut self) {
+        if let Err(n) = self.check_thread() {
+            self.warn_wrong_thread("flushed", n);
+            return;
+        }
         self.enable();
         if self.shared.sqpoll {
             // The poller thread sees the new tail; a syscall is needed only to wake it.
@@ -696,9 +838,10 @@ impl FileQueue {
 
     fn enter_failed(&self, e: &std::io::Error) {
         if e.raw_os_error() == Some(libc::EEXIST) {
+            // check_thread should have caught it.
             tracing::error!(
                 path = %self.shared.path.display(),
-                "file queue used from a thread other than the one that first used it; a queue belongs to one thread"
+                "io_uring_enter: this thread is not the ring's owner (EEXIST)"
             );
             return;
         }
@@ -723,6 +866,22 @@ impl FileQueue {
         self.free.push(idx as u32);
         self.stats.completed += 1;
         done(Completion { token, result });
+    }
+
+    /// The error for a write refused with EFBIG at file offset `offset`: past
+    /// RLIMIT_FSIZE when that is finite and the write reaches it, else past the
+    /// filesystem's largest file. Logged once per queue with the path.
+    #[cold]
+    fn file_too_large(&mut self, offset: u64, len: u64) -> IoError {
+        let rlimit = Limit::Fsize
+            .soft()
+            .filter(|&l| offset.saturating_add(len.max(1)) > l);
+        let e = IoError::FileTooLarge { offset, rlimit };
+        if !self.warned_efbig {
+            self.warned_efbig = true;
+            tracing::error!(path = %self.shared.path.display(), "{e}");
+        }
+        e
     }
 
     /// Zero-fills a read's buffers from byte `from` of the request to its end (a read
@@ -775,8 +934,13 @@ impl FileQueue {
                 self.issue(idx);
                 return false;
             }
+            let error = if err == libc::EFBIG {
+                self.file_too_large(s.pos + s.done, s.issued.max(s.total - s.done))
+            } else {
+                IoError::Os(err)
+            };
             self.in_ring -= 1;
-            self.finish(idx, Err(IoError::Os(err)), done);
+            self.finish(idx, Err(error), done);
             return true;
         }
         match s.op {
@@ -849,7 +1013,7 @@ impl FileQueue {
     /// Runs a synchronous operation; true when it completed the request.
     fn run_sync(&mut self, idx: usize, done: &mut dyn FnMut(Completion)) -> bool {
         let s = self.slots[idx];
-        let f = &self.shared.file;
+        let f = &self.shared.io;
         self.stats.commands += 1;
         self.counters.sync_ops += 1;
         let r = match s.op {
@@ -899,12 +1063,23 @@ impl FileQueue {
         if ready >= min && self.unsubmitted == 0 {
             return;
         }
+        if let Err(k) = self.check_thread() {
+            self.warn_wrong_thread("waited on", k);
+            return;
+        }
         self.enable();
         self.stats.sq_doorbell_writes += 1;
         match self.ring.submitter().submit_and_wait(min as usize) {
             Ok(_) => self.unsubmitted = 0,
             Err(e) => self.enter_failed(&e),
         }
+    }
+
+    /// Whether the ring is single-issuer (`SINGLE_ISSUER` + `DEFER_TASKRUN`): it belongs to
+    /// the first thread that enters it, and moves (becoming usable from any thread) when
+    /// another thread uses it while idle. See `docs/file-target.md`, "Threads".
+    pub fn is_single_issuer(&self) -> bool {
+        self.single_issuer
     }
 
     /// Counters particular to file queues.
@@ -921,6 +1096,12 @@ impl FileQueue {
 
 impl TargetQueue for FileQueue {
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+        if let Err(in_flight) = self.check_thread() {
+            return Err(SubmitError::Invalid {
+                token: req.token,
+                reason: InvalidRequest::WrongThread { in_flight },
+            });
+        }
         if let Err(reason) = self.validate(&req) {
             return Err(SubmitError::Invalid {
                 token: req.token,
@@ -999,6 +1180,10 @@ impl TargetQueue for FileQueue {
                         || self.ring.submission().taskrun());
                 if need_enter && !polled {
                     polled = true;
+                    if let Err(k) = self.check_thread() {
+                        self.warn_wrong_thread("polled", k);
+                        break;
+                    }
                     self.enable();
                     self.stats.sq_doorbell_writes += 1;
                     if let Err(e) = self.ring.submitter().submit() {
@@ -1051,33 +1236,71 @@ impl TargetQueue for FileQueue {
 impl Drop for FileQueue {
     fn drop(&mut self) {
         // Wait for every operation the ring holds: their buffers and iovecs must outlive
-        // them. `submit_and_wait` also submits SQEs not yet submitted, so each slot in the
-        // ring yields exactly one more CQE. Completions are dropped, not delivered.
-        let mut failures = 0;
-        if self.in_ring > 0 {
-            self.enable();
+        // them. Each wait submits SQEs not yet submitted too, so each slot in the ring
+        // yields exactly one more CQE. Completions are dropped, not delivered. The wait is
+        // bounded by the target's drain timeout.
+        if self.in_ring == 0 {
+            return;
         }
+        if let Err(n) = self.check_thread() {
+            tracing::error!(
+                path = %self.shared.path.display(),
+                in_flight = n,
+                "file queue dropped on a thread other than the one that owns its ring, with operations in flight only that thread can complete; leaking its buffers"
+            );
+            self.leak();
+            return;
+        }
+        self.enable();
+        let timeout = self.shared.drain_timeout;
+        let deadline = Instant::now() + timeout;
+        let ext_arg = self.ring.params().is_feature_ext_arg();
+        let mut failures = 0;
         while self.in_ring > 0 {
-            match self.ring.submitter().submit_and_wait(1) {
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::error!(
+                    path = %self.shared.path.display(),
+                    in_flight = self.in_ring,
+                    "file queue dropped with operations still in flight after the drain timeout ({timeout:?}); leaking its buffers"
+                );
+                self.leak();
+                return;
+            }
+            let slice = (deadline - now).min(Duration::from_millis(100));
+            let r = if ext_arg {
+                let ts = types::Timespec::from(slice);
+                self.ring
+                    .submitter()
+                    .submit_with_args(1, &types::SubmitArgs::new().timespec(&ts))
+            } else {
+                // No timed wait before Linux 5.11 (nor DEFER_TASKRUN): entering runs our
+                // completion work; sleep a little between looks.
+                let r = self.ring.submitter().submit();
+                if self.ring.completion().is_empty() {
+                    std::thread::sleep(slice.min(Duration::from_millis(1)));
+                }
+                r
+            };
+            match r {
                 Ok(_) => {}
                 Err(e)
                     if matches!(
                         e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                        Some(libc::ETIME)
+                            | Some(libc::EINTR)
+                            | Some(libc::EAGAIN)
+                            | Some(libc::EBUSY)
                     ) => {}
                 Err(e) => {
                     failures += 1;
-                    // EEXIST: dropped on a thread that is not the ring's issuer, which
-                    // alone may reap (DEFER_TASKRUN).
-                    if failures > 100 || e.raw_os_error() == Some(libc::EEXIST) {
-                        // The kernel may still write our memory: never unmap it.
+                    if failures > 100 {
                         tracing::error!(
                             path = %self.shared.path.display(),
                             in_flight = self.in_ring,
                             "cannot wait for in-flight i/o ({e}); leaking its buffers"
                         );
-                        std::mem::forget(self.pool.clone());
-                        std::mem::forget(std::mem::take(&mut self.iovecs));
+                        self.leak();
                         return;
                     }
                 }
@@ -1091,6 +1314,14 @@ impl Drop for FileQueue {
                 }
             }
         }
+    }
+}
+
+impl FileQueue {
+    /// The kernel may still write our memory: never unmap it.
+    fn leak(&mut self) {
+        std::mem::forget(self.pool.clone());
+        std::mem::forget(std::mem::take(&mut self.iovecs));
     }
 }
 

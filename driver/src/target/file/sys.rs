@@ -73,6 +73,37 @@ pub(crate) fn set_direct(file: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Opens the file `file` has open a second time: a new open file description of the same
+/// inode (through `/proc/self/fd`, so a rename or replacement of the path in between does
+/// not matter), read-write or read-only, with `O_DIRECT` when `direct`. Without `/proc`,
+/// a duplicate of `file` (the same description) does.
+pub(crate) fn reopen(file: &File, write: bool, direct: bool) -> std::io::Result<File> {
+    let again = std::fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let f = match again {
+        Ok(f) => {
+            let (a, b) = (f.metadata()?, file.metadata()?);
+            if a.dev() != b.dev() || a.ino() != b.ino() {
+                file.try_clone()?
+            } else {
+                f
+            }
+        }
+        Err(e)
+            if e.raw_os_error() == Some(libc::EMFILE) || e.raw_os_error() == Some(libc::ENFILE) =>
+        {
+            return Err(e)
+        }
+        Err(_) => file.try_clone()?,
+    };
+    if direct {
+        set_direct(&f)?;
+    }
+    Ok(f)
+}
+
 /// Logical block size of a block device (`BLKSSZGET`).
 pub(crate) fn logical_block_size(file: &File) -> std::io::Result<u32> {
     Ok(rustix::fs::ioctl_blksszget(file)?)
@@ -135,4 +166,101 @@ pub(crate) fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> Result
 /// `fdatasync(2)`, synchronously, as a positive errno on failure.
 pub(crate) fn fdatasync(file: &File) -> Result<(), i32> {
     rustix::fs::fdatasync(file).map_err(|e| e.raw_os_error())
+}
+
+/// A whole-file lock as `fcntl` takes it (`l_start` 0, `l_len` 0: to the end and beyond).
+fn whole_file(l_type: i32) -> libc::flock {
+    // SAFETY: `flock` is plain integers (and padding on some targets), for which all
+    // zeroes is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = l_type as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl
+}
+
+/// Takes an open-file-description lock on the whole file without waiting
+/// (`F_OFD_SETLK`): shared (`F_RDLCK`) or exclusive (`F_WRLCK`). OFD locks belong to the
+/// open file description, so two opens conflict even inside one process, and the lock goes
+/// away with the description's last reference. `Err` is the errno (`EAGAIN`/`EACCES`: a
+/// conflicting lock is held).
+pub(crate) fn ofd_lock(file: &File, exclusive: bool) -> Result<(), i32> {
+    let fl = whole_file(if exclusive {
+        libc::F_WRLCK
+    } else {
+        libc::F_RDLCK
+    });
+    // SAFETY: F_OFD_SETLK reads a `flock` through the pointer, which points at `fl`, alive
+    // for the call; the fd is open.
+    let rc = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_OFD_SETLK,
+            &fl as *const libc::flock,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO))
+    }
+}
+
+/// Releases this description's lock (`F_UNLCK`): done before the file is closed, because
+/// a ring that registered the file keeps a reference to it until the kernel has finished
+/// tearing the ring down, which may be after `close` returns.
+pub(crate) fn ofd_unlock(file: &File) {
+    let fl = whole_file(libc::F_UNLCK);
+    // SAFETY: as in `ofd_lock`.
+    unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_OFD_SETLK,
+            &fl as *const libc::flock,
+        )
+    };
+}
+
+/// Whether another open file description holds a lock that an exclusive lock through
+/// `file` would conflict with (`F_OFD_GETLK`): `Some(true)` for a write lock, `Some(false)`
+/// for a read lock, `None` when there is none (or the query fails).
+pub(crate) fn ofd_other_lock(file: &File) -> Option<bool> {
+    let mut fl = whole_file(libc::F_WRLCK);
+    // SAFETY: F_OFD_GETLK reads and writes a `flock` through the pointer, which points at
+    // `fl`, alive for the call; the fd is open.
+    let rc = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_OFD_GETLK,
+            &mut fl as *mut libc::flock,
+        )
+    };
+    if rc != 0 || i32::from(fl.l_type) == libc::F_UNLCK {
+        return None;
+    }
+    Some(i32::from(fl.l_type) == libc::F_WRLCK)
+}
+
+/// Makes `SIGXFSZ` ignored, once per process, if its disposition is still the default
+/// (which ends the process with a core dump, without a word, when a write meets
+/// `RLIMIT_FSIZE`). Ignored, the write fails with `EFBIG` instead, which the target
+/// reports. A handler the application installed is left alone.
+pub(crate) fn ignore_sigxfsz() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sigaction with a null new action only reads the current one into `old`,
+        // a zeroed `sigaction` (plain integers and pointers, all-zero valid); then the
+        // disposition is set to SIG_IGN, which runs no code in the process.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(libc::SIGXFSZ, std::ptr::null(), &mut old) != 0 {
+                return;
+            }
+            if old.sa_sigaction == libc::SIG_DFL {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                tracing::debug!("SIGXFSZ ignored: writes past RLIMIT_FSIZE fail with EFBIG");
+            }
+        }
+    });
 }

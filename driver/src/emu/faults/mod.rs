@@ -12,13 +12,15 @@
 //! describes completely (any CID, status and dwords): the device-side half of fuzzing a
 //! driver's completion path.
 
+mod parse;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::EmuError;
-use crate::spec::{nvm_opc, Cqe, Sct, Status};
+use super::error::EmuError;
+use crate::spec::{Cqe, Status};
 
 /// The most raw completion queue entries ([`EmuFaults::post_raw_cqe`]) waiting to be posted.
 pub const MAX_RAW_CQES: usize = 1024;
@@ -37,6 +39,15 @@ pub enum FaultTarget {
 }
 
 impl FaultTarget {
+    /// Whether every command `other` selects is selected by `self`.
+    fn covers(self, other: FaultTarget) -> bool {
+        match (self, other) {
+            (FaultTarget::AnyIo, FaultTarget::AnyIo | FaultTarget::Io(_)) => true,
+            (FaultTarget::AnyAdmin, FaultTarget::AnyAdmin | FaultTarget::Admin(_)) => true,
+            (a, b) => a == b,
+        }
+    }
+
     fn matches(self, admin: bool, opc: u8) -> bool {
         match self {
             FaultTarget::AnyIo => !admin,
@@ -61,6 +72,22 @@ pub enum FaultAction {
     /// The command executes and completes; then a CQE with [`FaultRule::spurious_cid`],
     /// a CID that is not outstanding, is posted on the same CQ.
     Spurious,
+    /// A Read of a namespace with protection information: one field of the first block's
+    /// PI is corrupted on its way from the media (the stored copy stays intact), before
+    /// the controller checks it (PRCHK) and before it reaches the host. Other commands
+    /// execute unchanged.
+    CorruptPi(PiField),
+}
+
+/// A field of a protection information tuple ([`FaultAction::CorruptPi`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PiField {
+    /// The guard (its low bit is flipped).
+    Guard,
+    /// The application tag (its low bit is flipped).
+    AppTag,
+    /// The reference tag (its low bit is flipped).
+    RefTag,
 }
 
 /// One fault rule.
@@ -99,6 +126,11 @@ impl FaultRule {
         self.max = Some(n);
         self
     }
+
+    /// Whether the rule takes every command it selects, forever.
+    fn always(&self) -> bool {
+        self.rate >= 1.0 && self.max.is_none()
+    }
 }
 
 /// A set of faults for an emulated controller.
@@ -131,168 +163,54 @@ impl FaultPlan {
         self.rules.is_empty() && self.fatal_after.is_none() && self.remove_after.is_none()
     }
 
-    /// Parses a fault spec (grammar in the module doc of [`crate::emu`]).
+    /// Parses a fault spec (grammar in the module doc of [`crate::emu`]). A spec that asks
+    /// for something that can never happen is refused, naming the item: a rate of 0, `max0`,
+    /// `after/0`, a delay of 0, a success status, a rule that an earlier rule always takes
+    /// first, a controller fatal status planned after the removal, an item given twice.
     pub fn parse(spec: &str) -> Result<FaultPlan, EmuError> {
         let mut plan = FaultPlan::default();
+        let mut seen: Vec<&str> = Vec::new();
+        let mut items: Vec<&str> = Vec::new();
         for item in spec.split('+').map(str::trim).filter(|s| !s.is_empty()) {
-            parse_item(item, &mut plan).map_err(|why| EmuError::FaultSpec {
+            let err = |why: String| EmuError::FaultSpec {
                 item: item.to_string(),
                 why,
-            })?;
+            };
+            let action = item.split('/').next().unwrap_or_default();
+            if matches!(action, "seed" | "fatal" | "remove") {
+                if seen.contains(&action) {
+                    return Err(err(format!("{action} is given twice")));
+                }
+                seen.push(action);
+            }
+            let rules_before = plan.rules.len();
+            parse::parse_item(item, &mut plan).map_err(err)?;
+            if plan.rules.len() > rules_before {
+                let new = &plan.rules[rules_before];
+                if let Some(i) = plan.rules[..rules_before]
+                    .iter()
+                    .position(|r| r.always() && r.target.covers(new.target))
+                {
+                    return Err(err(format!(
+                        "never fires: the earlier item `{}` takes every command it selects (rules apply in order, the first that matches wins; give the earlier one a rate or a max)",
+                        items[i]
+                    )));
+                }
+                items.push(item);
+            }
+        }
+        if let (Some(f), Some(r)) = (plan.fatal_after, plan.remove_after) {
+            if f >= r {
+                return Err(EmuError::FaultSpec {
+                    item: format!("fatal/after/{f}"),
+                    why: format!(
+                        "never fires: the controller is removed after {r} I/O commands, before {f}"
+                    ),
+                });
+            }
         }
         Ok(plan)
     }
-}
-
-fn parse_target(s: &str) -> Result<FaultTarget, String> {
-    let hex = |h: &str| {
-        u8::from_str_radix(h.trim_start_matches("0x"), 16)
-            .map_err(|_| format!("bad opcode `{h}` (hex, like 0x02)"))
-    };
-    Ok(match s {
-        "io" | "any" => FaultTarget::AnyIo,
-        "read" => FaultTarget::Io(nvm_opc::READ),
-        "write" => FaultTarget::Io(nvm_opc::WRITE),
-        "flush" => FaultTarget::Io(nvm_opc::FLUSH),
-        "write-zeroes" | "wz" => FaultTarget::Io(nvm_opc::WRITE_ZEROES),
-        "dsm" | "deallocate" => FaultTarget::Io(nvm_opc::DATASET_MANAGEMENT),
-        "admin" => FaultTarget::AnyAdmin,
-        _ if s.starts_with("admin0x") => FaultTarget::Admin(hex(&s[5..])?),
-        _ if s.starts_with("0x") => FaultTarget::Io(hex(s)?),
-        _ => {
-            return Err(format!(
-            "unknown command `{s}`: use read, write, flush, wz, dsm, io, admin, 0xNN or admin0xNN"
-        ))
-        }
-    })
-}
-
-fn parse_status(s: &str) -> Result<Status, String> {
-    let named = match s {
-        "internal" => Some(Status::INTERNAL_ERROR),
-        "dte" | "data-transfer" => Some(Status::DATA_TRANSFER_ERROR),
-        "abort" | "aborted" => Some(Status::ABORT_REQUESTED),
-        "not-ready" => Some(Status::NAMESPACE_NOT_READY),
-        "read-error" | "unrecovered-read" => Some(Status::UNRECOVERED_READ_ERROR),
-        "write-fault" => Some(Status::WRITE_FAULT),
-        "transient" => Some(Status::TRANSIENT_TRANSPORT_ERROR),
-        _ => None,
-    };
-    if let Some(st) = named {
-        return Ok(st);
-    }
-    let (sct, sc) = s
-        .split_once('-')
-        .ok_or_else(|| format!("bad status `{s}`: use <sct>-<sc> in hex (2-81) or a name (internal, dte, read-error, write-fault, not-ready, abort, transient)"))?;
-    let sct = u8::from_str_radix(sct.trim_start_matches("0x"), 16)
-        .ok()
-        .filter(|v| *v < 8)
-        .ok_or_else(|| format!("bad status code type `{sct}` (hex 0..7)"))?;
-    let sc = u8::from_str_radix(sc.trim_start_matches("0x"), 16)
-        .map_err(|_| format!("bad status code `{sc}` (hex 00..ff)"))?;
-    Ok(Status::new(Sct::from_code(sct), sc))
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("bad duration `{s}`: give a unit (us, ms, s)"))?;
-    let v: u64 = num.parse().map_err(|_| format!("bad duration `{s}`"))?;
-    Ok(match unit {
-        "ns" => Duration::from_nanos(v),
-        "us" => Duration::from_micros(v),
-        "ms" => Duration::from_millis(v),
-        "s" => Duration::from_secs(v),
-        _ => return Err(format!("bad duration unit in `{s}` (ns, us, ms, s)")),
-    })
-}
-
-fn parse_rate(s: &str) -> Option<Result<f64, String>> {
-    let v = if let Some(p) = s.strip_suffix('%') {
-        p.parse::<f64>().ok().map(|v| v / 100.0)
-    } else if s.contains('.') || s == "0" || s == "1" {
-        s.parse::<f64>().ok()
-    } else {
-        return None;
-    }?;
-    Some(if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(format!("rate `{s}` outside 0..=100%"))
-    })
-}
-
-fn parse_item(item: &str, plan: &mut FaultPlan) -> Result<(), String> {
-    let mut f = item.split('/');
-    let action = f.next().unwrap_or_default();
-    let num = |s: Option<&str>, what: &str| -> Result<u64, String> {
-        s.and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("{what} needs a number"))
-    };
-    match action {
-        "seed" => {
-            plan.seed = num(f.next(), "seed")?;
-            return Ok(());
-        }
-        "fatal" | "remove" => {
-            if f.next() != Some("after") {
-                return Err(format!("use {action}/after/<I/O commands>"));
-            }
-            let n = num(f.next(), action)?;
-            if action == "fatal" {
-                plan.fatal_after = Some(n);
-            } else {
-                plan.remove_after = Some(n);
-            }
-            return Ok(());
-        }
-        _ => {}
-    }
-    let target = parse_target(
-        f.next()
-            .ok_or("missing the command (read, write, io, ...)")?,
-    )?;
-    let mut rule = match action {
-        "status" => {
-            let st = parse_status(f.next().ok_or("missing the status")?)?;
-            FaultRule::new(target, FaultAction::Status(st))
-        }
-        "delay" => {
-            let d = parse_duration(f.next().ok_or("missing the delay")?)?;
-            FaultRule::new(target, FaultAction::Delay(d))
-        }
-        "drop" => FaultRule::new(target, FaultAction::Drop),
-        "dup" | "duplicate" => FaultRule::new(target, FaultAction::Duplicate),
-        "spurious" => FaultRule::new(target, FaultAction::Spurious),
-        _ => {
-            return Err(format!(
-                "unknown fault `{action}`: use status, delay, drop, dup, spurious, fatal, remove or seed"
-            ))
-        }
-    };
-    for opt in f {
-        if opt == "dnr" {
-            match &mut rule.action {
-                FaultAction::Status(s) => *s = s.with_dnr(true),
-                _ => return Err("dnr applies to status faults only".into()),
-            }
-        } else if let Some(n) = opt.strip_prefix("max") {
-            rule.max = Some(n.parse().map_err(|_| format!("bad limit `{opt}`"))?);
-        } else if let Some(c) = opt.strip_prefix("cid") {
-            rule.spurious_cid = c
-                .parse()
-                .map_err(|_| format!("bad cid `{opt}` (decimal)"))?;
-        } else if let Some(r) = parse_rate(opt) {
-            rule.rate = r?;
-        } else {
-            return Err(format!(
-                "unknown option `{opt}` (dnr, <rate>%, max<N>, cid<N>)"
-            ));
-        }
-    }
-    plan.rules.push(rule);
-    Ok(())
 }
 
 /// Thread-safe fault controls of a running emulated controller.
@@ -541,17 +459,22 @@ impl Injector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::nvm_opc;
 
     #[test]
     fn parse_full_spec() {
         let p = FaultPlan::parse(
-            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42",
+            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42+pi-guard/read/1%+pi-ref/read/max1+pi-app/io",
         )
         .unwrap();
         assert_eq!(p.seed, 42);
         assert_eq!(p.fatal_after, Some(1000));
         assert_eq!(p.remove_after, Some(5000));
-        assert_eq!(p.rules.len(), 6);
+        assert_eq!(p.rules.len(), 9);
+        assert_eq!(p.rules[6].action, FaultAction::CorruptPi(PiField::Guard));
+        assert_eq!(p.rules[7].action, FaultAction::CorruptPi(PiField::RefTag));
+        assert_eq!(p.rules[7].max, Some(1));
+        assert_eq!(p.rules[8].action, FaultAction::CorruptPi(PiField::AppTag));
         let r = &p.rules[0];
         assert_eq!(r.target, FaultTarget::Io(nvm_opc::READ));
         assert_eq!(
@@ -593,10 +516,57 @@ mod tests {
             "drop/io/whatever",
             "fatal/1000",
             "seed/x",
+            // Faults that could never fire, and items given twice.
+            "fatal/after/0",
+            "remove/after/0",
+            "drop/read/0%",
+            "drop/read/0",
+            "drop/read/max0",
+            "delay/read/0ms",
+            "status/read/0-0",
+            "drop/read/1%/2%",
+            "drop/read/max1/max2",
+            "fatal/after/5/7",
         ] {
             let e = FaultPlan::parse(bad).unwrap_err();
             let msg = e.to_string();
             assert!(msg.contains(bad.split('+').next().unwrap()), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn faults_that_can_never_fire_are_refused() {
+        for (spec, item, why) in [
+            (
+                "drop/io+status/read/internal",
+                "status/read/internal",
+                "drop/io",
+            ),
+            (
+                "status/admin/internal+status/admin0x06/internal",
+                "admin0x06",
+                "status/admin/internal",
+            ),
+            ("dup/read+dup/read/1%", "dup/read/1%", "dup/read"),
+            ("seed/1+seed/2", "seed/2", "twice"),
+            ("fatal/after/5+fatal/after/6", "fatal/after/6", "twice"),
+            (
+                "fatal/after/10+remove/after/10",
+                "fatal/after/10",
+                "removed after 10",
+            ),
+        ] {
+            let msg = FaultPlan::parse(spec).unwrap_err().to_string();
+            assert!(msg.contains(item) && msg.contains(why), "{spec}: {msg}");
+        }
+        // An earlier rule with a rate or a limit leaves room for later ones.
+        for ok in [
+            "drop/io/1%+status/read/internal",
+            "drop/io/max3+status/io/internal",
+            "drop/read+status/write/internal",
+            "fatal/after/10+remove/after/20",
+        ] {
+            FaultPlan::parse(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
         }
     }
 

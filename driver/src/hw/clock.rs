@@ -1,0 +1,237 @@
+//! A clock for the poll loop that costs (almost) nothing to read.
+//!
+//! Where the CPU has an invariant TSC (CPUID leaf 0x8000_0007, EDX bit 8: the counter runs
+//! at a constant rate in every power state, so it is usable as a clock across cores), the
+//! clock is `rdtsc` scaled to nanoseconds, calibrated once against `CLOCK_MONOTONIC` the
+//! first time the clock is asked for. Elsewhere (no invariant TSC, not x86-64, or
+//! `KESTREL_CLOCK=monotonic` in the environment) it falls back to the kernel's
+//! `CLOCK_MONOTONIC`, which in some virtual machines is a system call and an emulated HPET
+//! read (microseconds) rather than a vDSO TSC read. [`Clock::source`] says which is in use,
+//! for `identify` and `perf` output.
+//!
+//! Readings are nanoseconds since the clock was set up, as `u64`: a coarse clock for
+//! timeouts and a fine one for latency, without `Instant`'s system call where the kernel
+//! clock is slow.
+//!
+//! # `unsafe`
+//! Only here: the `rdtsc` instruction, through its `core::arch` intrinsic.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Which counter a [`Clock`] reads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ClockSource {
+    /// The invariant TSC, calibrated against `CLOCK_MONOTONIC`.
+    Tsc,
+    /// The kernel's `CLOCK_MONOTONIC` (`Instant`).
+    Monotonic,
+}
+
+impl ClockSource {
+    /// A short name for output: `tsc` or `monotonic`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ClockSource::Tsc => "tsc",
+            ClockSource::Monotonic => "monotonic",
+        }
+    }
+}
+
+impl std::fmt::Display for ClockSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A calibrated clock. `Copy` and small, so a poller keeps its own copy and a reading
+/// touches no shared memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    source: ClockSource,
+    /// TSC value at the origin.
+    tsc_origin: u64,
+    /// Nanoseconds per TSC tick, fixed point with 32 fractional bits.
+    ns_per_tick_q32: u64,
+    /// TSC ticks per second, as calibrated (0 for the monotonic clock).
+    tsc_hz: u64,
+    /// Origin of the monotonic fallback.
+    origin: Instant,
+}
+
+static CLOCK: OnceLock<Clock> = OnceLock::new();
+
+/// How long calibration watches both clocks.
+const CALIBRATION: Duration = Duration::from_millis(20);
+
+impl Clock {
+    /// The process's clock: set up (and calibrated, about 20 ms) on first use, then a copy
+    /// of the same value every time.
+    pub fn get() -> Clock {
+        *CLOCK.get_or_init(Clock::calibrate)
+    }
+
+    /// A clock on `CLOCK_MONOTONIC` whatever the CPU offers.
+    pub fn monotonic() -> Clock {
+        Clock {
+            source: ClockSource::Monotonic,
+            tsc_origin: 0,
+            ns_per_tick_q32: 0,
+            tsc_hz: 0,
+            origin: Instant::now(),
+        }
+    }
+
+    fn calibrate() -> Clock {
+        let forced = std::env::var("KESTREL_CLOCK").ok();
+        if forced.as_deref() == Some("monotonic") || !tsc::invariant() {
+            return Clock::monotonic();
+        }
+        // The tightest (TSC, monotonic) pair of a few tries, at the start and at the end:
+        // a pair split by an interrupt or preemption would skew the rate.
+        let pair = || {
+            (0..5)
+                .map(|_| {
+                    let a = tsc::read();
+                    let t = Instant::now();
+                    let b = tsc::read();
+                    (b.wrapping_sub(a), a / 2 + b / 2 + (a & b & 1), t)
+                })
+                .min_by_key(|p| p.0)
+                .map(|(_, tsc, t)| (tsc, t))
+                .expect("five tries")
+        };
+        let (tsc0, t0) = pair();
+        std::thread::sleep(CALIBRATION);
+        let (tsc1, t1) = pair();
+        let ns = t1.duration_since(t0).as_nanos() as u64;
+        let ticks = tsc1.wrapping_sub(tsc0);
+        if ns == 0 || ticks < ns / 16 {
+            // Not counting at any plausible rate (under 62.5 MHz): do not trust it.
+            return Clock::monotonic();
+        }
+        let tsc_hz = (ticks as u128 * 1_000_000_000 / ns as u128) as u64;
+        let ns_per_tick_q32 = ((ns as u128) << 32) / ticks as u128;
+        Clock {
+            source: ClockSource::Tsc,
+            tsc_origin: tsc0,
+            ns_per_tick_q32: ns_per_tick_q32 as u64,
+            tsc_hz,
+            origin: t0,
+        }
+    }
+
+    /// Which counter this clock reads.
+    pub fn source(&self) -> ClockSource {
+        self.source
+    }
+
+    /// The calibrated TSC rate in Hz (`None` on the monotonic clock).
+    pub fn tsc_hz(&self) -> Option<u64> {
+        (self.source == ClockSource::Tsc).then_some(self.tsc_hz)
+    }
+
+    /// Nanoseconds since the clock's origin.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        match self.source {
+            ClockSource::Tsc => {
+                let ticks = tsc::read().wrapping_sub(self.tsc_origin);
+                ((ticks as u128 * self.ns_per_tick_q32 as u128) >> 32) as u64
+            }
+            ClockSource::Monotonic => self.origin.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod tsc {
+    use core::arch::x86_64::{__cpuid, _rdtsc};
+
+    /// Whether the CPU reports an invariant TSC (CPUID 0x8000_0007 EDX bit 8).
+    pub(super) fn invariant() -> bool {
+        // Leaf 0x8000_0000 returns the highest extended leaf, so the next call asks only
+        // for a leaf that exists (`__cpuid` is safe: CPUID exists on every x86-64 CPU).
+        let max_ext = __cpuid(0x8000_0000).eax;
+        if max_ext < 0x8000_0007 {
+            return false;
+        }
+        let edx = __cpuid(0x8000_0007).edx;
+        edx & (1 << 8) != 0
+    }
+
+    /// The time stamp counter.
+    #[inline]
+    pub(super) fn read() -> u64 {
+        // SAFETY: RDTSC is available on every x86-64 CPU and has no memory effects; the
+        // kernel may forbid it in user mode (CR4.TSD), which no Linux distribution does.
+        unsafe { _rdtsc() }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod tsc {
+    pub(super) fn invariant() -> bool {
+        false
+    }
+    pub(super) fn read() -> u64 {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_clock_moves_forward_with_real_time() {
+        let c = Clock::monotonic();
+        assert_eq!(c.source(), ClockSource::Monotonic);
+        assert_eq!(c.tsc_hz(), None);
+        let a = c.now_ns();
+        std::thread::sleep(Duration::from_millis(5));
+        let b = c.now_ns();
+        assert!(b >= a + 5_000_000, "{a} -> {b}");
+    }
+
+    #[test]
+    fn process_clock_agrees_with_the_kernel_clock() {
+        let c = Clock::get();
+        if c.source() == ClockSource::Monotonic {
+            eprintln!("no invariant TSC here: the fallback is what is in use");
+        }
+        // Bracket each reading between two kernel clock reads, so preemption anywhere
+        // only widens the bounds and cannot fail the test.
+        let k0 = Instant::now();
+        let a = c.now_ns();
+        let k1 = Instant::now();
+        std::thread::sleep(Duration::from_millis(30));
+        let k2 = Instant::now();
+        let b = c.now_ns();
+        let k3 = Instant::now();
+        assert!(b > a);
+        let ours = (b - a) as f64;
+        let lo = k2.duration_since(k1).as_nanos() as f64;
+        let hi = k3.duration_since(k0).as_nanos() as f64;
+        // The calibration's rate error allowance: 2 %.
+        assert!(
+            ours >= lo * 0.98 && ours <= hi * 1.02,
+            "clock {} ({} Hz) measured {ours} ns, the kernel between {lo} and {hi} ns",
+            c.source(),
+            c.tsc_hz().unwrap_or(0)
+        );
+        // Readings never go backwards on one thread.
+        let mut last = c.now_ns();
+        for _ in 0..10_000 {
+            let n = c.now_ns();
+            assert!(n >= last);
+            last = n;
+        }
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(ClockSource::Tsc.to_string(), "tsc");
+        assert_eq!(ClockSource::Monotonic.name(), "monotonic");
+    }
+}

@@ -1,0 +1,60 @@
+/*
+ * The interface between the fio glue (shim.c, compiled against fio's headers) and the
+ * Rust half of the engine (lib.rs). Only plain integers and pointers cross it, so nothing
+ * here depends on fio's struct layouts. Every function is safe to call with any job
+ * pointer it returned; none unwinds. Functions that can fail write a one-line message
+ * (NUL-terminated, truncated to msglen) to msg and return a negative errno.
+ */
+#ifndef KESTREL_FIO_KFIO_H
+#define KESTREL_FIO_KFIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Operations of kfio_job_queue (mirrored as consts in lib.rs). */
+#define KFIO_OP_READ  0
+#define KFIO_OP_WRITE 1
+#define KFIO_OP_TRIM  2
+#define KFIO_OP_FLUSH 3
+
+/* kfio_job_queue results besides negative errnos. */
+#define KFIO_QUEUED 0
+#define KFIO_BUSY   1
+
+struct kfio_job;
+
+/* Opens (or joins, when another job of this process already opened the same string) the
+ * target and returns the job, or NULL with msg set and *err a positive errno. */
+struct kfio_job *kfio_job_open(const char *target, int *err, char *msg, size_t msglen);
+/* Capacity in bytes and logical block size of the job's target. */
+uint64_t kfio_job_size(const struct kfio_job *job);
+uint32_t kfio_job_block_size(const struct kfio_job *job);
+/* A short name of the target, for messages; valid while the job lives. */
+const char *kfio_job_name(const struct kfio_job *job);
+/* On the job's thread: creates its queue pair (queue_size ring entries, 0: 2 x iodepth + 1
+ * and at least 64) and the tables for iodepth I/O units. */
+int kfio_job_start(struct kfio_job *job, uint32_t iodepth, uint32_t queue_size, char *msg,
+		   size_t msglen);
+/* I/O memory from the target's DMA pool: len bytes at *ptr. */
+int kfio_job_iomem_alloc(struct kfio_job *job, size_t len, void **ptr, char *msg,
+			 size_t msglen);
+void kfio_job_iomem_free(struct kfio_job *job);
+/* Queues one request for the I/O unit index (< iodepth); io_u is returned by
+ * kfio_job_event. Returns KFIO_QUEUED, KFIO_BUSY (nothing queued: reap and retry) or a
+ * negative errno (the request failed at once; msg says why when it is non-empty). */
+int kfio_job_queue(struct kfio_job *job, int op, uint64_t offset, uint64_t len, void *buf,
+		   uint32_t index, void *io_u, char *msg, size_t msglen);
+/* Makes the queued requests visible to the device: one doorbell write. */
+void kfio_job_commit(struct kfio_job *job);
+/* Polls until at least min completions (at most max) are reaped, or timeout_ns passes
+ * (negative: no limit) or nothing is outstanding. Returns how many. */
+int kfio_job_getevents(struct kfio_job *job, uint32_t min, uint32_t max, int64_t timeout_ns);
+/* The i-th reaped completion: its io_u, and *err = 0 or a positive errno. */
+void *kfio_job_event(struct kfio_job *job, uint32_t i, int *err);
+/* What failed for I/O unit index, malloc()ed (the caller frees it), or NULL. */
+char *kfio_job_errdetails(struct kfio_job *job, uint32_t index);
+/* Drains outstanding I/O, frees everything, and leaves the target (closed with its last
+ * job). */
+void kfio_job_close(struct kfio_job *job);
+
+#endif

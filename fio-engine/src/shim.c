@@ -1,0 +1,351 @@
+/*
+ * The fio half of the Kestrel ioengine. It is compiled against the configured source of
+ * the fio that loads it (build.rs), so struct thread_data, io_u, fio_file and
+ * ioengine_ops have fio's own layouts here; the Rust half (lib.rs) sees only the plain
+ * integers and pointers of kfio.h.
+ *
+ * Which configure results matter: of the headers an engine includes, only CONFIG_CUDA
+ * (fields at the end of struct thread_data) and the async-API union at the end of struct
+ * io_u change with the libraries found by ./configure; no field used here comes after
+ * them, so a tree configured on any Linux machine gives the installed fio's offsets. As a
+ * check that costs nothing, setup refuses to run when fio's version string differs from
+ * the one the engine was built for, or when td->io_ops (early in struct thread_data) is
+ * not this engine's ops.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fio.h"
+#include "optgroup.h"
+
+#include "kfio.h"
+
+#ifndef KFIO_BUILT_FOR
+#error "KFIO_BUILT_FOR (the fio version of the source tree) is set by build.rs"
+#endif
+
+#define KFIO_MSG_LEN 1024
+
+/* Defined in fio (init.c), exported by its -rdynamic link. */
+extern const char fio_version_string[];
+
+struct kfio_options {
+	void *pad; /* fio stores the thread_data pointer here */
+	char *target;
+	unsigned int queue_size;
+};
+
+static struct fio_option options[] = {
+	{
+		.name = "kestrel_target",
+		.lname = "Kestrel target",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct kfio_options, target),
+		.help = "Kestrel target: emu[:size=SIZE,lba=512|4096,latency=DURATION,"
+			"store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], "
+			"file:PATH[,size=SIZE][,direct=on|off], or pci:DDDD:BB:DD.F "
+			"(default: the job's filename, with ':' escaped as '\\:')",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "kestrel_queue_size",
+		.lname = "Kestrel queue pair entries",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct kfio_options, queue_size),
+		.minval = 0,
+		.maxval = 65536,
+		.def = "0",
+		.help = "Ring entries of each job's queue pair (0: 2 x iodepth + 1, at least 64; "
+			"otherwise more than iodepth)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = NULL,
+	},
+};
+
+static struct ioengine_ops ioengine;
+
+static struct kfio_job *td_job(struct thread_data *td)
+{
+	return td->io_ops_data;
+}
+
+/* Fails the job: the message now, and fio's error (with the option named) for its report. */
+static int kfio_fail(struct thread_data *td, int err, const char *option, const char *msg)
+{
+	log_err("kestrel: %s\n", msg);
+	td_vmsg(td, err, msg, option);
+	return 1;
+}
+
+static int kfio_setup(struct thread_data *td)
+{
+	struct kfio_options *o = td->eo;
+	char msg[KFIO_MSG_LEN], full[KFIO_MSG_LEN + 256];
+	struct kfio_job *job = td_job(td);
+	struct fio_file *f;
+	const char *spec;
+	int err = EINVAL;
+
+	if (td->io_ops != &ioengine)
+		return kfio_fail(td, EINVAL, "ioengine",
+				 "this fio's struct thread_data does not match the headers the "
+				 "engine was built with: rebuild it against this fio's source");
+	if (strcmp(fio_version_string, KFIO_BUILT_FOR)) {
+		snprintf(full, sizeof(full),
+			 "the engine was built for %s but is loaded by %s: rebuild it (cargo build "
+			 "--release -p kestrel-fio) against the installed fio",
+			 KFIO_BUILT_FOR, fio_version_string);
+		return kfio_fail(td, EINVAL, "ioengine", full);
+	}
+	if (!td->o.use_thread)
+		return kfio_fail(td, EINVAL, "thread",
+				 "thread=1 is required: the engine keeps one controller per process "
+				 "and polls it from job threads, which forked job processes cannot "
+				 "share; add thread=1 (or --thread) to the job");
+	if (td->o.zone_mode == ZONE_MODE_ZBD)
+		return kfio_fail(td, EINVAL, "zonemode",
+				 "zonemode=zbd is not supported by the Kestrel engine");
+	if (td->files_index != 1) {
+		snprintf(full, sizeof(full),
+			 "a job drives one target, but this one has %u files (nrfiles= or a "
+			 "filename= list): use one job per target",
+			 td->files_index);
+		return kfio_fail(td, EINVAL, "nrfiles", full);
+	}
+	f = td->files[0];
+	if (!job) {
+		int named = o && o->target && o->target[0];
+
+		spec = named ? o->target : f->file_name;
+		msg[0] = 0;
+		job = kfio_job_open(spec, &err, msg, sizeof(msg));
+		if (!job) {
+			if (named)
+				snprintf(full, sizeof(full), "kestrel_target=%s: %s", spec, msg);
+			else
+				snprintf(full, sizeof(full),
+					 "no kestrel_target= given, and filename=%s is not a target "
+					 "either: %s",
+					 spec, msg);
+			return kfio_fail(td, err, named ? "kestrel_target" : "filename", full);
+		}
+		td->io_ops_data = job;
+	}
+	f->real_file_size = kfio_job_size(job);
+	f->filetype = FIO_TYPE_BLOCK;
+	fio_file_set_size_known(f);
+	FILE_SET_ENG_DATA(f, job);
+	return 0;
+}
+
+static int kfio_check_bs(struct thread_data *td, enum fio_ddir d, const char *what,
+			 uint32_t block)
+{
+	char full[KFIO_MSG_LEN];
+
+	if (!(td->o.min_bs[d] % block) && !(td->o.max_bs[d] % block))
+		return 0;
+	snprintf(full, sizeof(full),
+		 "%s sizes %llu..%llu (bs=, bsrange= or bssplit=) are not whole %u-byte blocks of "
+		 "the target",
+		 what, td->o.min_bs[d], td->o.max_bs[d], block);
+	return kfio_fail(td, EINVAL, "bs", full);
+}
+
+static int kfio_init(struct thread_data *td)
+{
+	struct kfio_options *o = td->eo;
+	char msg[KFIO_MSG_LEN];
+	struct kfio_job *job;
+	uint32_t block;
+
+	/* With create_serialize=0 fio sets files up after init, in the job's thread. */
+	if (!td_job(td) && kfio_setup(td))
+		return 1;
+	job = td_job(td);
+	block = kfio_job_block_size(job);
+	if ((td_read(td) && kfio_check_bs(td, DDIR_READ, "read", block)) ||
+	    (td_write(td) && kfio_check_bs(td, DDIR_WRITE, "write", block)) ||
+	    (td_trim(td) && kfio_check_bs(td, DDIR_TRIM, "trim", block)))
+		return 1;
+	msg[0] = 0;
+	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0, msg, sizeof(msg)))
+		return kfio_fail(td, EINVAL, "iodepth", msg);
+	return 0;
+}
+
+static enum fio_q_status kfio_queue(struct thread_data *td, struct io_u *io_u)
+{
+	char msg[KFIO_MSG_LEN];
+	int op, ret;
+
+	fio_ro_check(td, io_u);
+
+	switch (io_u->ddir) {
+	case DDIR_READ:
+		op = KFIO_OP_READ;
+		break;
+	case DDIR_WRITE:
+		op = KFIO_OP_WRITE;
+		break;
+	case DDIR_TRIM:
+		op = KFIO_OP_TRIM;
+		break;
+	case DDIR_SYNC:
+	case DDIR_DATASYNC:
+	case DDIR_SYNC_FILE_RANGE:
+		op = KFIO_OP_FLUSH;
+		break;
+	default:
+		log_err("kestrel: fio operation %d is not supported\n", (int)io_u->ddir);
+		io_u->error = EINVAL;
+		return FIO_Q_COMPLETED;
+	}
+	msg[0] = 0;
+	ret = kfio_job_queue(td_job(td), op, io_u->offset, io_u->xfer_buflen, io_u->xfer_buf,
+			     io_u->index, io_u, msg, sizeof(msg));
+	if (ret == KFIO_QUEUED)
+		return FIO_Q_QUEUED;
+	if (ret == KFIO_BUSY)
+		return FIO_Q_BUSY;
+	if (msg[0])
+		log_err("kestrel: %s\n", msg);
+	io_u->error = -ret;
+	return FIO_Q_COMPLETED;
+}
+
+static int kfio_commit(struct thread_data *td)
+{
+	kfio_job_commit(td_job(td));
+	return 0;
+}
+
+static int kfio_getevents(struct thread_data *td, unsigned int min, unsigned int max,
+			  const struct timespec *t)
+{
+	int64_t timeout_ns = -1;
+
+	if (t)
+		timeout_ns = (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec;
+	return kfio_job_getevents(td_job(td), min, max, timeout_ns);
+}
+
+static struct io_u *kfio_event(struct thread_data *td, int ev)
+{
+	int err = 0;
+	struct io_u *io_u = kfio_job_event(td_job(td), (uint32_t)ev, &err);
+
+	if (io_u)
+		io_u->error = err;
+	return io_u;
+}
+
+static char *kfio_errdetails(struct io_u *io_u)
+{
+	struct kfio_job *job = io_u->file ? FILE_ENG_DATA(io_u->file) : NULL;
+	char *s = job ? kfio_job_errdetails(job, io_u->index) : NULL;
+
+	return s ? s : strdup("kestrel: no details");
+}
+
+static void kfio_cleanup(struct thread_data *td)
+{
+	struct fio_file *f;
+	unsigned int i;
+
+	for_each_file(td, f, i)
+		FILE_SET_ENG_DATA(f, NULL);
+	kfio_job_close(td_job(td));
+	td->io_ops_data = NULL;
+}
+
+static int kfio_open_file(struct thread_data *td, struct fio_file *f)
+{
+	FILE_SET_ENG_DATA(f, td_job(td));
+	return 0;
+}
+
+static int kfio_close_file(struct thread_data *td, struct fio_file *f)
+{
+	return 0;
+}
+
+static int kfio_invalidate(struct thread_data *td, struct fio_file *f)
+{
+	/* No page cache between fio and the target: nothing to invalidate. */
+	return 0;
+}
+
+static int kfio_unlink_file(struct thread_data *td, struct fio_file *f)
+{
+	/* The target is not a file fio created; there is nothing to remove. */
+	return 0;
+}
+
+static int kfio_get_file_size(struct thread_data *td, struct fio_file *f)
+{
+	struct kfio_job *job = td_job(td);
+
+	if (!job)
+		return 0;
+	f->real_file_size = kfio_job_size(job);
+	fio_file_set_size_known(f);
+	return 0;
+}
+
+static int kfio_iomem_alloc(struct thread_data *td, size_t total)
+{
+	char msg[KFIO_MSG_LEN];
+	void *p = NULL;
+
+	msg[0] = 0;
+	if (kfio_job_iomem_alloc(td_job(td), total, &p, msg, sizeof(msg))) {
+		log_err("kestrel: %s\n", msg);
+		return 1;
+	}
+	td->orig_buffer = p;
+	return 0;
+}
+
+static void kfio_iomem_free(struct thread_data *td)
+{
+	kfio_job_iomem_free(td_job(td));
+}
+
+static struct ioengine_ops ioengine = {
+	.name = "kestrel",
+	.version = FIO_IOOPS_VERSION,
+	/* FIO_NO_OFFLOAD: a queue pair belongs to its job's thread, so fio must not queue from
+	 * its io_submit_mode=offload worker threads. */
+	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_NO_OFFLOAD,
+	.setup = kfio_setup,
+	.init = kfio_init,
+	.queue = kfio_queue,
+	.commit = kfio_commit,
+	.getevents = kfio_getevents,
+	.event = kfio_event,
+	.errdetails = kfio_errdetails,
+	.cleanup = kfio_cleanup,
+	.open_file = kfio_open_file,
+	.close_file = kfio_close_file,
+	.invalidate = kfio_invalidate,
+	.unlink_file = kfio_unlink_file,
+	.get_file_size = kfio_get_file_size,
+	.iomem_alloc = kfio_iomem_alloc,
+	.iomem_free = kfio_iomem_free,
+	.option_struct_size = sizeof(struct kfio_options),
+	.options = options,
+};
+
+/* Called by get_ioengine (lib.rs), which fio looks up with dlsym. */
+struct ioengine_ops *kfio_shim_ops(void);
+struct ioengine_ops *kfio_shim_ops(void)
+{
+	return &ioengine;
+}

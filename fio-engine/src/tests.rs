@@ -1,0 +1,482 @@
+//! Tests of the Rust half through the same `extern "C"` functions the glue calls, on the
+//! emulator. Each test names its own target string, so tests running at once never share
+//! a target through the process-wide list.
+
+use super::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+// SAFETY: forwards to the system allocator; only counts calls made while the current
+// thread has counting switched on.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        if COUNTING.with(|c| c.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        if COUNTING.with(|c| c.get()) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(p, l, n) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const MSG: usize = 512;
+
+/// A job handle as the glue holds it, with helpers that call the C entry points.
+struct H {
+    job: *mut Job,
+    mem: *mut u8,
+    mem_len: usize,
+    msg: [c_char; MSG],
+}
+
+fn open(spec: &str) -> Result<H, (i32, String)> {
+    let c = CString::new(spec).unwrap();
+    let mut err = 0;
+    let mut msg = [0 as c_char; MSG];
+    // SAFETY: a NUL-terminated string, writable err and msg.
+    let job = unsafe { kfio_job_open(c.as_ptr(), &mut err, msg.as_mut_ptr(), MSG) };
+    if job.is_null() {
+        // SAFETY: write_msg NUL-terminated it.
+        let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
+        return Err((err, m.to_string_lossy().into_owned()));
+    }
+    Ok(H {
+        job,
+        mem: std::ptr::null_mut(),
+        mem_len: 0,
+        msg,
+    })
+}
+
+// SAFETY: a job is used by one thread at a time, which moving the handle preserves (as fio
+// sets a job up on its main thread and runs it on the job's thread).
+unsafe impl Send for H {}
+
+impl H {
+    fn msg(&self) -> String {
+        // SAFETY: the buffer is NUL-terminated (write_msg, or zeroed by the caller).
+        unsafe { CStr::from_ptr(self.msg.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+    fn start(&mut self, iodepth: u32, queue_size: u32) -> c_int {
+        self.msg[0] = 0;
+        // SAFETY: a live job; msg is writable.
+        unsafe { kfio_job_start(self.job, iodepth, queue_size, self.msg.as_mut_ptr(), MSG) }
+    }
+    fn iomem(&mut self, len: usize) -> c_int {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        self.msg[0] = 0;
+        // SAFETY: a live job; p and msg are writable.
+        let r = unsafe { kfio_job_iomem_alloc(self.job, len, &mut p, self.msg.as_mut_ptr(), MSG) };
+        if r == 0 {
+            self.mem = p.cast();
+            self.mem_len = len;
+        }
+        r
+    }
+    /// Queues op for unit `index` with buffer at `buf_off` in the I/O memory.
+    fn queue(&mut self, op: c_int, offset: u64, len: u64, buf_off: usize, index: u32) -> c_int {
+        self.msg[0] = 0;
+        let buf = self.mem.wrapping_add(buf_off);
+        // io_u stands in as 0x1000 + index, to see it come back from kfio_job_event.
+        let io_u = (0x1000 + index as usize) as *mut c_void;
+        // SAFETY: a live job; msg is writable.
+        unsafe {
+            kfio_job_queue(
+                self.job,
+                op,
+                offset,
+                len,
+                buf.cast(),
+                index,
+                io_u,
+                self.msg.as_mut_ptr(),
+                MSG,
+            )
+        }
+    }
+    fn commit(&mut self) {
+        // SAFETY: a live job.
+        unsafe { kfio_job_commit(self.job) }
+    }
+    fn getevents(&mut self, min: u32, max: u32, timeout_ns: i64) -> c_int {
+        // SAFETY: a live job.
+        unsafe { kfio_job_getevents(self.job, min, max, timeout_ns) }
+    }
+    /// (index, errno) of event i.
+    fn event(&mut self, i: u32) -> (u32, c_int) {
+        let mut err = -1;
+        // SAFETY: a live job; err is writable.
+        let io_u = unsafe { kfio_job_event(self.job, i, &mut err) } as usize;
+        ((io_u - 0x1000) as u32, err)
+    }
+    fn errdetails(&mut self, index: u32) -> String {
+        // SAFETY: a live job; the result is malloc()ed and freed here.
+        unsafe {
+            let p = kfio_job_errdetails(self.job, index);
+            let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+            libc::free(p.cast());
+            s
+        }
+    }
+    fn fill(&mut self, off: usize, len: usize, byte: u8) {
+        assert!(off + len <= self.mem_len);
+        // SAFETY: inside the I/O memory, which no request in flight uses.
+        unsafe { std::ptr::write_bytes(self.mem.add(off), byte, len) }
+    }
+    fn bytes(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.mem_len);
+        // SAFETY: inside the I/O memory; the reads that filled it have completed.
+        unsafe { std::slice::from_raw_parts(self.mem.add(off), len) }.to_vec()
+    }
+    /// Reaps exactly n completions, all successful.
+    fn reap_ok(&mut self, n: u32) -> Vec<u32> {
+        let mut got = Vec::new();
+        while (got.len() as u32) < n {
+            let r = self.getevents(1, n - got.len() as u32, -1);
+            assert!(
+                r > 0,
+                "getevents returned {r} with {} of {n} reaped",
+                got.len()
+            );
+            for i in 0..r as u32 {
+                let (index, err) = self.event(i);
+                assert_eq!(err, 0, "unit {index}: {}", self.errdetails(index));
+                got.push(index);
+            }
+        }
+        got
+    }
+}
+
+impl Drop for H {
+    fn drop(&mut self) {
+        // SAFETY: closes the job once; iomem first, as fio does.
+        unsafe {
+            kfio_job_iomem_free(self.job);
+            kfio_job_close(self.job);
+        }
+    }
+}
+
+#[test]
+fn jobs_naming_one_target_share_it_until_the_last_closes() {
+    let spec = "emu:size=12M";
+    let a = open(spec).unwrap();
+    let b = open(spec).unwrap();
+    assert_eq!(users_of(spec), 2);
+    // SAFETY: live jobs.
+    unsafe {
+        assert_eq!(kfio_job_size(a.job), 12 << 20);
+        assert_eq!(kfio_job_block_size(b.job), 4096);
+        assert!(Arc::ptr_eq(&(*a.job).target, &(*b.job).target));
+    }
+    drop(a);
+    assert_eq!(users_of(spec), 1);
+    drop(b);
+    assert_eq!(users_of(spec), 0);
+    // A different string is a different target.
+    let c = open("emu:size=16M").unwrap();
+    let d = open("emu:size=16M,lba=4096").unwrap();
+    // SAFETY: live jobs.
+    unsafe { assert!(!Arc::ptr_eq(&(*c.job).target, &(*d.job).target)) };
+}
+
+#[test]
+fn two_job_threads_see_each_others_writes_through_their_own_queue_pairs() {
+    let spec = "emu:size=20M";
+    let mut w = open(spec).unwrap();
+    let mut r = open(spec).unwrap();
+    assert_eq!(w.start(4, 0), 0, "{}", w.msg());
+    assert_eq!(w.iomem(4 * 8192), 0, "{}", w.msg());
+    w.fill(0, 8192, 0xa5);
+    assert_eq!(w.queue(OP_WRITE, 40960, 8192, 0, 0), QUEUED, "{}", w.msg());
+    w.commit();
+    w.reap_ok(1);
+    // The reader runs on another thread with its own queue pair, as a second fio job.
+    let r = std::thread::spawn(move || {
+        assert_eq!(r.start(2, 0), 0, "{}", r.msg());
+        assert_eq!(r.iomem(8192), 0, "{}", r.msg());
+        assert_eq!(r.queue(OP_READ, 40960, 8192, 0, 1), QUEUED, "{}", r.msg());
+        r.commit();
+        assert_eq!(r.reap_ok(1), vec![1]);
+        r.bytes(0, 8192)
+    })
+    .join()
+    .unwrap();
+    assert!(r.iter().all(|&b| b == 0xa5));
+}
+
+#[test]
+fn batches_flush_trim_and_the_event_table() {
+    let mut h = open("emu:size=24M").unwrap();
+    assert_eq!(h.start(16, 0), 0, "{}", h.msg());
+    assert_eq!(h.iomem(16 * 4096), 0);
+    // Sixteen writes in one batch (one commit), each unit its own block and pattern.
+    for i in 0..16u32 {
+        h.fill(i as usize * 4096, 4096, i as u8 + 1);
+        assert_eq!(
+            h.queue(OP_WRITE, i as u64 * 4096, 4096, i as usize * 4096, i),
+            QUEUED
+        );
+    }
+    h.commit();
+    let mut got = h.reap_ok(16);
+    got.sort_unstable();
+    assert_eq!(got, (0..16).collect::<Vec<_>>());
+    // getevents never returns more than max.
+    for i in 0..16u32 {
+        assert_eq!(
+            h.queue(OP_READ, i as u64 * 4096, 4096, (15 - i) as usize * 4096, i),
+            QUEUED
+        );
+    }
+    h.commit();
+    let mut n = 0;
+    while n < 16 {
+        let r = h.getevents(1, 3, -1);
+        assert!((1..=3).contains(&r), "{r}");
+        n += r;
+    }
+    for i in 0..16usize {
+        assert!(h
+            .bytes((15 - i) * 4096, 4096)
+            .iter()
+            .all(|&b| b == i as u8 + 1));
+    }
+    // Flush, and a trim (Deallocate): the emulator's deallocated blocks read zeroes.
+    assert_eq!(h.queue(OP_FLUSH, 0, 0, 0, 0), QUEUED);
+    assert_eq!(h.queue(OP_TRIM, 0, 8192, 0, 1), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(2);
+    assert_eq!(h.queue(OP_READ, 0, 8192, 0, 2), QUEUED);
+    h.commit();
+    h.reap_ok(1);
+    assert!(h.bytes(0, 8192).iter().all(|&b| b == 0));
+    // Nothing outstanding: getevents returns at once, whatever min says.
+    assert_eq!(h.getevents(4, 8, -1), 0);
+}
+
+#[test]
+fn bad_requests_fail_at_once_with_one_message_per_kind() {
+    let mut h = open("emu:size=28M").unwrap();
+    // Before init.
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), -libc::EINVAL);
+    assert_eq!(h.start(4, 0), 0);
+    assert_eq!(h.iomem(4 * 4096), 0);
+    assert_eq!(h.queue(OP_READ, 512, 4096, 0, 0), -libc::EINVAL);
+    let m = h.msg();
+    assert!(m.contains("offset 512") && m.contains("bs="), "{m}");
+    // The same kind again: failed, but not said twice.
+    assert_eq!(h.queue(OP_WRITE, 4096, 1000, 0, 0), -libc::EINVAL);
+    assert_eq!(h.msg(), "");
+    assert_eq!(h.queue(OP_READ, 28 << 20, 4096, 0, 0), -libc::EINVAL);
+    assert!(h.msg().contains("past the end"), "{}", h.msg());
+    // A buffer outside the engine's DMA memory.
+    h.mem = h.mem.wrapping_sub(1 << 30);
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), -libc::EFAULT);
+    assert!(h.msg().contains("DMA memory"), "{}", h.msg());
+    h.mem = h.mem.wrapping_add(1 << 30);
+    // A unit index beyond iodepth.
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 4), -libc::EINVAL);
+    assert!(h.msg().contains("iodepth=4"), "{}", h.msg());
+    assert_eq!(h.queue(9, 0, 4096, 0, 0), -libc::EINVAL);
+    assert!(h.msg().contains("unknown operation 9"), "{}", h.msg());
+    // Nothing reached the device.
+    assert_eq!(h.getevents(0, 4, 0), 0);
+}
+
+#[test]
+fn bad_options_and_targets_are_refused_with_reasons() {
+    let e = open("emu:size=0").err().unwrap();
+    assert_eq!(e.0, libc::EINVAL);
+    assert!(e.1.contains("at least one block"), "{}", e.1);
+    let e = open("disk0").err().unwrap();
+    assert!(e.1.contains("no known kind of target"), "{}", e.1);
+    let e = open("pci:0000:ff:1f.7").err().unwrap();
+    assert_eq!(e.0, libc::ENODEV, "{}", e.1);
+    assert!(e.1.contains("0000:ff:1f.7"), "{}", e.1);
+    let e = open("file:/nonexistent-dir/x.img").err().unwrap();
+    assert!(e.1.contains("/nonexistent-dir/x.img"), "{}", e.1);
+
+    let mut h = open("emu:size=32M").unwrap();
+    assert_eq!(h.start(8, 8), -libc::EINVAL);
+    assert!(h.msg().contains("kestrel_queue_size=8"), "{}", h.msg());
+    assert_eq!(h.start(0, 0), -libc::EINVAL);
+    assert!(h.msg().contains("iodepth=0"), "{}", h.msg());
+    assert_eq!(h.start(8, 9), 0, "{}", h.msg());
+    assert_eq!(h.iomem(0), -libc::ENOMEM);
+    assert!(h.msg().contains("I/O buffers"), "{}", h.msg());
+}
+
+#[test]
+fn device_errors_come_back_as_eio_with_the_nvme_status() {
+    let mut h = open("emu:size=36M,faults=status/read/read-error/dnr/100%").unwrap();
+    assert_eq!(h.start(4, 0), 0);
+    assert_eq!(h.iomem(4 * 4096), 0);
+    assert_eq!(h.queue(OP_WRITE, 0, 4096, 0, 0), QUEUED);
+    assert_eq!(h.queue(OP_READ, 4096, 4096, 4096, 3), QUEUED);
+    h.commit();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let r = h.getevents(1, 2, -1);
+        for i in 0..r as u32 {
+            seen.push(h.event(i));
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, vec![(0, 0), (3, libc::EIO)]);
+    let d = h.errdetails(3);
+    assert!(d.contains("Unrecovered Read Error"), "{d}");
+    assert!(h.errdetails(0).contains("no error"));
+}
+
+#[test]
+fn getevents_honours_its_timeout() {
+    // Each command takes a second: a 1 ms timeout returns before it completes (only a
+    // stall of the test thread longer than the emulator's latency could see it complete).
+    let mut h = open("emu:size=40M,latency=1s").unwrap();
+    assert_eq!(h.start(2, 0), 0);
+    assert_eq!(h.iomem(4096), 0);
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), QUEUED);
+    h.commit();
+    let t = Instant::now();
+    assert_eq!(h.getevents(1, 1, 1_000_000), 0);
+    // No timeout: polls until the completion arrives.
+    assert_eq!(h.getevents(1, 1, -1), 1);
+    assert!(
+        t.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn closing_with_io_outstanding_waits_for_it() {
+    let mut h = open("emu:size=44M,latency=20ms").unwrap();
+    assert_eq!(h.start(4, 0), 0);
+    assert_eq!(h.iomem(4 * 4096), 0);
+    for i in 0..4 {
+        assert_eq!(
+            h.queue(OP_WRITE, i as u64 * 4096, 4096, i * 4096, i as u32),
+            QUEUED
+        );
+    }
+    h.commit();
+    // SAFETY: a live job.
+    let pool = unsafe { (*h.job).target.dma_pool().clone() };
+    let used = pool.used_bytes();
+    assert!(used >= 4 * 4096);
+    let t = Instant::now();
+    // SAFETY: a live job.
+    unsafe { kfio_job_iomem_free(h.job) };
+    assert!(
+        t.elapsed() >= Duration::from_millis(15),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(pool.used_bytes(), used - 4 * 4096);
+    // SAFETY: a live job.
+    assert_eq!(unsafe { (*h.job).queue.as_ref().unwrap().outstanding() }, 0);
+}
+
+#[test]
+fn no_allocation_per_io() {
+    let mut h = open("emu:size=48M").unwrap();
+    assert_eq!(h.start(32, 0), 0);
+    assert_eq!(h.iomem(32 * 4096), 0);
+    let mut free: Vec<u32> = Vec::with_capacity(32);
+    let mut run = |h: &mut H, n: u64| {
+        let mut next = 0u64;
+        free.clear();
+        free.extend(0..32);
+        let mut done = 0u64;
+        while done < n {
+            while let Some(i) = free.pop() {
+                let op = match next % 5 {
+                    0 => OP_WRITE,
+                    1 => OP_FLUSH,
+                    2 => OP_TRIM,
+                    _ => OP_READ,
+                };
+                let off = (next * 7919 % 4096) * 4096;
+                assert_eq!(h.queue(op, off, 4096, i as usize * 4096, i), QUEUED);
+                next += 1;
+                if next % 8 == 0 {
+                    h.commit();
+                }
+            }
+            h.commit();
+            let r = h.getevents(1, 32, -1);
+            for e in 0..r as u32 {
+                let (i, err) = h.event(e);
+                assert_eq!(err, 0);
+                free.push(i);
+            }
+            done += r as u64;
+        }
+        while h.getevents(1, 32, -1) > 0 {}
+    };
+    run(&mut h, 2000);
+    COUNTING.with(|c| c.set(true));
+    let before = ALLOCS.load(Ordering::Relaxed);
+    run(&mut h, 20_000);
+    let after = ALLOCS.load(Ordering::Relaxed);
+    COUNTING.with(|c| c.set(false));
+    assert_eq!(after - before, 0, "allocations across 20 000 I/Os");
+}
+
+#[test]
+fn messages_are_truncated_on_a_character_boundary() {
+    let mut buf = [0x7f as c_char; 6];
+    let text = |buf: &[c_char; 6]| {
+        // SAFETY: NUL-terminated by write_msg.
+        let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        s.to_str().unwrap().to_string()
+    };
+    // SAFETY: a writable buffer of 6 bytes.
+    unsafe { write_msg(buf.as_mut_ptr(), 6, "abcdé") };
+    assert_eq!(text(&buf), "abcd");
+    // SAFETY: a writable buffer of 6 bytes.
+    unsafe { write_msg(buf.as_mut_ptr(), 6, "ab") };
+    assert_eq!(text(&buf), "ab");
+}
+
+#[test]
+fn a_panic_does_not_cross_the_boundary() {
+    let r = guard("test", || -5, || -> c_int { panic!("boom") });
+    assert_eq!(r, -5);
+    // A null job is refused, not dereferenced.
+    // SAFETY: null is allowed.
+    unsafe {
+        assert_eq!(
+            kfio_job_getevents(std::ptr::null_mut(), 1, 1, -1),
+            -libc::EINVAL
+        );
+        assert_eq!(kfio_job_size(std::ptr::null()), 0);
+        kfio_job_close(std::ptr::null_mut());
+    }
+}

@@ -1,0 +1,314 @@
+//! `kestrel serve`: export targets over NVMe/TCP until Ctrl-C.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kestrel::target_spec::{self, TargetSpec};
+use kestrel::Target;
+
+use crate::config::{subsystem_nqn, Limits, ServerConfig, SubsystemConfig};
+use crate::{ServeError, Server};
+
+/// Help after the options.
+pub const SERVE_AFTER_HELP: &str = "\
+Each --target becomes namespace 1 of its own NVM subsystem, named
+nqn.2026-12.io.kestrel:NAME (NAME defaults to the kind and position: emu0, pci1, file2).
+A discovery subsystem (nqn.2014-08.org.nvmexpress.discovery) answers on the same listener
+and on --discovery-port.
+
+Hosts must be allowed: --allow-host NQN (every subsystem) or --allow-host NAME=NQN (one
+subsystem). --allow-any-host opens every subsystem to any host, and only with loopback
+listeners.
+
+From a Linux host (modprobe nvme-tcp):
+  echo 'transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn=nqn.2026-12.io.kestrel:emu0,hostnqn=HOST' \\
+      > /dev/nvme-fabrics
+  nvme connect -t tcp -a 127.0.0.1 -s 4420 -n nqn.2026-12.io.kestrel:emu0
+  nvme discover -t tcp -a 127.0.0.1 -s 8009
+
+Examples:
+  kestrel serve --target emu --allow-any-host
+  kestrel serve --target disk=pci:0000:01:00.0 --listen 192.0.2.10:4420 \\
+      --allow-host nqn.2014-08.org.nvmexpress:uuid:5e1c... -c 2-3
+  kestrel serve --target emu:size=1G --target scratch=file:/tmp/x.img,size=1G --allow-any-host
+
+Runs until Ctrl-C (or --time). See docs/nvme-tcp.md.";
+
+/// `kestrel serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Target to export, [NAME=]SPEC (repeatable): pci:BDF, file:PATH[,...] or emu[:...].
+    #[arg(long = "target", value_name = "[NAME=]SPEC", required = true)]
+    pub targets: Vec<String>,
+    /// Address and port to listen on (an explicit address; 0.0.0.0 only if you mean it).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:4420")]
+    pub listen: SocketAddr,
+    /// Extra discovery-only listener port on the same address, or "off".
+    #[arg(long, value_name = "PORT|off", default_value = "8009")]
+    pub discovery_port: String,
+    /// Host NQN allowed to connect: NQN (all subsystems) or NAME=NQN (repeatable).
+    #[arg(long = "allow-host", value_name = "[NAME=]NQN")]
+    pub allow_hosts: Vec<String>,
+    /// Let any host connect to every subsystem (loopback listeners only).
+    #[arg(long)]
+    pub allow_any_host: bool,
+    /// Cores to run reactors on (one pinned thread each): a list like 0,2-3.
+    #[arg(short = 'c', long, value_name = "CORES", default_value = "0")]
+    pub cores: String,
+    /// I/O queues per controller.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub io_queues: u16,
+    /// Entries per queue (CAP.MQES + 1).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u16).range(2..=4096))]
+    pub queue_size: u16,
+    /// In-capsule data of I/O commands in bytes (a multiple of 16; 0: none).
+    #[arg(long, value_name = "BYTES", default_value_t = 8192)]
+    pub in_capsule: u32,
+    /// Largest transfer of one command in bytes (MDTS; a power of two from 4096).
+    #[arg(long, value_name = "BYTES", default_value_t = 131072)]
+    pub max_io_size: u32,
+    /// Data buffer per I/O queue in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 2 << 20)]
+    pub queue_buffer: u32,
+    /// Allow VFIO's unsafe noiommu mode for pci targets.
+    #[arg(long)]
+    pub noiommu: bool,
+    /// Stop after this many seconds (default: at Ctrl-C).
+    #[arg(long = "time", value_name = "SECONDS")]
+    pub time: Option<u64>,
+}
+
+/// Why `kestrel serve` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A bad option or combination (exit status 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Opening a target failed.
+    #[error("opening target {spec:?}: {source}")]
+    Target {
+        /// The target string.
+        spec: String,
+        /// The error.
+        source: Box<kestrel::Error>,
+    },
+    /// The server failed.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+}
+
+fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (a, b),
+            None => (part, part),
+        };
+        let a: usize = a
+            .parse()
+            .map_err(|_| format!("{part:?} is not a core number or range"))?;
+        let b: usize = b
+            .parse()
+            .map_err(|_| format!("{part:?} is not a core number or range"))?;
+        if a > b || b > 1023 {
+            return Err(format!("core range {part:?} is empty or beyond 1023"));
+        }
+        out.extend(a..=b);
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Splits `NAME=SPEC`; the name is the part before `=` when that part is a plain word
+/// (so `emu:size=1G` has no name).
+fn split_name(s: &str) -> (Option<&str>, &str) {
+    if let Some((n, rest)) = s.split_once('=') {
+        if !n.is_empty()
+            && n.len() <= 64
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            return (Some(n), rest);
+        }
+    }
+    (None, s)
+}
+
+fn open_target(spec: &TargetSpec, noiommu: bool) -> Result<Arc<dyn Target>, kestrel::Error> {
+    match spec {
+        TargetSpec::Pci { bdf } if noiommu => {
+            let opts = kestrel::hw::vfio::VfioOptions {
+                noiommu: true,
+                ..Default::default()
+            };
+            let t = kestrel::hw::vfio::VfioTransport::open(bdf, &opts)?;
+            let c = kestrel::Controller::new(t, kestrel::ControllerOptions::default())?;
+            Ok(Arc::new(kestrel::NvmeNamespace::new(c, 1)?))
+        }
+        _ => Ok(target_spec::open_spec(spec)?),
+    }
+}
+
+/// Builds the configuration from the arguments (targets already opened).
+pub fn build_config(
+    a: &ServeArgs,
+    opened: Vec<(String, Arc<dyn Target>)>,
+) -> Result<ServerConfig, CliError> {
+    let names: Vec<&str> = opened.iter().map(|(n, _)| n.as_str()).collect();
+    let mut subsystems: Vec<SubsystemConfig> = opened
+        .iter()
+        .map(|(n, t)| SubsystemConfig {
+            nqn: subsystem_nqn(n),
+            target: Arc::clone(t),
+            allowed_hosts: Vec::new(),
+            allow_any_host: a.allow_any_host,
+        })
+        .collect();
+    for h in &a.allow_hosts {
+        match split_name(h) {
+            (Some(n), nqn) if !h.starts_with("nqn.") => {
+                let Some(i) = names.iter().position(|x| *x == n) else {
+                    return Err(CliError::Usage(format!(
+                        "--allow-host {h}: no target is named {n:?} (names: {})",
+                        names.join(", ")
+                    )));
+                };
+                subsystems[i].allowed_hosts.push(nqn.to_string());
+            }
+            _ => {
+                for s in &mut subsystems {
+                    s.allowed_hosts.push(h.clone());
+                }
+            }
+        }
+    }
+    let discovery_listen = match a.discovery_port.as_str() {
+        "off" | "none" => None,
+        p => {
+            let port: u16 = p.parse().map_err(|_| {
+                CliError::Usage(format!(
+                    "--discovery-port {p:?} is not a port number or off"
+                ))
+            })?;
+            (port != a.listen.port()).then_some(SocketAddr::new(a.listen.ip(), port))
+        }
+    };
+    let cores = parse_cores(&a.cores).map_err(|e| CliError::Usage(format!("--cores: {e}")))?;
+    let cfg = ServerConfig {
+        listen: a.listen,
+        discovery_listen,
+        reactors: cores.into_iter().map(Some).collect(),
+        subsystems,
+        limits: Limits {
+            max_io_queues: a.io_queues,
+            max_queue_size: a.queue_size,
+            in_capsule_data: a.in_capsule,
+            max_io_size: a.max_io_size,
+            queue_buffer: a.queue_buffer,
+            ..Limits::default()
+        },
+    };
+    cfg.validate().map_err(|e| CliError::Usage(e.to_string()))?;
+    Ok(cfg)
+}
+
+/// Runs `kestrel serve`.
+pub fn run(a: &ServeArgs) -> Result<(), CliError> {
+    if a.listen.ip() == IpAddr::V4(Ipv4Addr::UNSPECIFIED) || a.listen.ip().is_unspecified() {
+        tracing::warn!("listening on every interface ({}) as asked", a.listen);
+    }
+    let mut parsed = Vec::new();
+    for (i, t) in a.targets.iter().enumerate() {
+        let (name, spec_s) = split_name(t);
+        let spec = target_spec::parse(spec_s).map_err(|e| CliError::Usage(e.to_string()))?;
+        let kind = match &spec {
+            TargetSpec::Pci { .. } => "pci",
+            TargetSpec::File(_) => "file",
+            TargetSpec::Emu(_) => "emu",
+        };
+        let name = name.map(str::to_string).unwrap_or(format!("{kind}{i}"));
+        if parsed.iter().any(|(n, _, _): &(String, _, _)| *n == name) {
+            return Err(CliError::Usage(format!("two targets are named {name:?}")));
+        }
+        parsed.push((name, spec_s.to_string(), spec));
+    }
+    let mut opened = Vec::new();
+    for (name, s, spec) in parsed {
+        let t = open_target(&spec, a.noiommu).map_err(|source| CliError::Target {
+            spec: s.clone(),
+            source: Box::new(source),
+        })?;
+        opened.push((name, t));
+    }
+    let cfg = build_config(a, opened)?;
+    let lines: Vec<String> = cfg
+        .subsystems
+        .iter()
+        .map(|s| {
+            let i = s.target.info();
+            format!(
+                "  {}  {} ({} blocks of {} bytes){}",
+                s.nqn,
+                i.name,
+                i.num_blocks,
+                i.block_size,
+                if s.allow_any_host {
+                    ", any host".to_string()
+                } else {
+                    format!(", hosts: {}", s.allowed_hosts.join(" "))
+                }
+            )
+        })
+        .collect();
+    let server = Server::start(cfg)?;
+    println!(
+        "kestrel serve: listening on {}{}",
+        server.local_addr(),
+        server
+            .discovery_addr()
+            .map(|d| format!(" (discovery also on {d})"))
+            .unwrap_or_default()
+    );
+    for l in lines {
+        println!("{l}");
+    }
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let _ = ctrlc::set_handler(move || s2.store(true, Ordering::SeqCst));
+    let start = Instant::now();
+    while !stop.load(Ordering::SeqCst) {
+        if a.time
+            .is_some_and(|t| start.elapsed() >= Duration::from_secs(t))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("kestrel serve: stopping");
+    server.shutdown();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_cores() {
+        assert_eq!(
+            split_name("disk=pci:0000:01:00.0"),
+            (Some("disk"), "pci:0000:01:00.0")
+        );
+        assert_eq!(split_name("emu:size=1G"), (None, "emu:size=1G"));
+        assert_eq!(split_name("emu"), (None, "emu"));
+        assert_eq!(parse_cores("0,2-3").unwrap(), vec![0, 2, 3]);
+        assert!(parse_cores("3-1").is_err());
+        assert!(parse_cores("x").is_err());
+    }
+}

@@ -1,0 +1,200 @@
+//! What a server exports and the limits it keeps.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kestrel::Target;
+
+use crate::fabrics::{valid_nqn, DISCOVERY_NQN};
+
+/// The NQN prefix of subsystems named on the command line: `<prefix>:<name>`.
+pub const NQN_PREFIX: &str = "nqn.2026-12.io.kestrel";
+
+/// The NQN of the subsystem called `name`.
+pub fn subsystem_nqn(name: &str) -> String {
+    format!("{NQN_PREFIX}:{name}")
+}
+
+/// Limits on what hosts may ask for. Every buffer is sized from these when a queue
+/// connects; nothing grows after that.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// I/O queues per controller (Set Features Number of Queues is clamped to it).
+    pub max_io_queues: u16,
+    /// Entries of an I/O or admin queue (CAP.MQES + 1; Connect SQSIZE + 1 above it is
+    /// refused).
+    pub max_queue_size: u16,
+    /// In-capsule data of I/O commands (IOCCSZ is 64 bytes more); a multiple of 16.
+    pub in_capsule_data: u32,
+    /// In-capsule data buffers per I/O queue (a capsule waits in the socket when all hold
+    /// data still at the target).
+    pub in_capsule_buffers: u32,
+    /// The largest transfer of one command (MDTS), a power of two from 4 KiB.
+    pub max_io_size: u32,
+    /// Data buffer per I/O queue for reads and R2T writes (a command waits for room).
+    pub queue_buffer: u32,
+    /// MAXH2CDATA: the most data one H2CData PDU may carry.
+    pub max_h2c_data: u32,
+    /// Controllers alive at once per subsystem.
+    pub max_controllers: u16,
+    /// Connections alive at once on the whole server.
+    pub max_connections: u32,
+    /// Entries of each reactor's queue on each target.
+    pub target_queue_depth: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_io_queues: 16,
+            max_queue_size: 128,
+            in_capsule_data: 8192,
+            in_capsule_buffers: 32,
+            max_io_size: 128 << 10,
+            queue_buffer: 2 << 20,
+            max_h2c_data: 128 << 10,
+            max_controllers: 16,
+            max_connections: 256,
+            target_queue_depth: 256,
+        }
+    }
+}
+
+/// One exported target: namespace 1 of its own NVM subsystem.
+#[derive(Clone)]
+pub struct SubsystemConfig {
+    /// The subsystem NQN.
+    pub nqn: String,
+    /// The target behind namespace 1.
+    pub target: Arc<dyn Target>,
+    /// Host NQNs allowed to connect.
+    pub allowed_hosts: Vec<String>,
+    /// Any host may connect (only with loopback listeners).
+    pub allow_any_host: bool,
+}
+
+impl std::fmt::Debug for SubsystemConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubsystemConfig")
+            .field("nqn", &self.nqn)
+            .field("target", &self.target.info().name)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allow_any_host", &self.allow_any_host)
+            .finish()
+    }
+}
+
+/// A server: where it listens, what it exports, on which cores.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The NVMe/TCP listener (subsystems and discovery).
+    pub listen: SocketAddr,
+    /// A second listener for discovery only (8009 by convention), if any.
+    pub discovery_listen: Option<SocketAddr>,
+    /// One reactor thread per entry; `Some(core)` pins it.
+    pub reactors: Vec<Option<usize>>,
+    /// The exported subsystems.
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Limits.
+    pub limits: Limits,
+}
+
+/// A configuration that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A field is out of range or inconsistent.
+    #[error("invalid server configuration: {0}")]
+    Invalid(String),
+}
+
+impl ServerConfig {
+    /// Checks the configuration: NQNs valid and distinct, open access only on loopback,
+    /// limits in range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        if self.reactors.is_empty() {
+            return bad("at least one reactor (core) is needed".into());
+        }
+        if self.subsystems.is_empty() {
+            return bad("nothing to export: give at least one target".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &self.subsystems {
+            if !valid_nqn(&s.nqn) || s.nqn == DISCOVERY_NQN {
+                return bad(format!(
+                    "{:?} is not a usable subsystem nqn (nqn.<date>.<domain>:<name>, printable, at most 223 bytes, not the discovery nqn)",
+                    s.nqn
+                ));
+            }
+            if !seen.insert(s.nqn.clone()) {
+                return bad(format!("subsystem nqn {} is given twice", s.nqn));
+            }
+            for h in &s.allowed_hosts {
+                if !valid_nqn(h) {
+                    return bad(format!("allowed host {h:?} is not an nqn"));
+                }
+            }
+            if s.allow_any_host {
+                let listeners = std::iter::once(self.listen).chain(self.discovery_listen);
+                for l in listeners {
+                    if !l.ip().is_loopback() {
+                        return bad(format!(
+                            "open access (any host) to {} is allowed only on loopback, and {} is not: list the hosts instead",
+                            s.nqn, l
+                        ));
+                    }
+                }
+            }
+            if s.allowed_hosts.is_empty() && !s.allow_any_host {
+                tracing::warn!(
+                    nqn = %s.nqn,
+                    "no host is allowed to connect to this subsystem (give allowed hosts)"
+                );
+            }
+        }
+        let l = &self.limits;
+        if !(2..=4096).contains(&l.max_queue_size) {
+            return bad(format!(
+                "queue size {} is outside 2..=4096",
+                l.max_queue_size
+            ));
+        }
+        if !(1..=1024).contains(&l.max_io_queues) {
+            return bad(format!(
+                "I/O queues per controller {} is outside 1..=1024",
+                l.max_io_queues
+            ));
+        }
+        if !l.max_io_size.is_power_of_two() || !(4096..=(1 << 20)).contains(&l.max_io_size) {
+            return bad(format!(
+                "maximum I/O size {} is not a power of two from 4 KiB to 1 MiB",
+                l.max_io_size
+            ));
+        }
+        if l.in_capsule_data % 16 != 0 || l.in_capsule_data > (1 << 20) {
+            return bad(format!(
+                "in-capsule data size {} is not a multiple of 16 up to 1 MiB",
+                l.in_capsule_data
+            ));
+        }
+        if l.in_capsule_data > 0 && l.in_capsule_buffers == 0 {
+            return bad("in-capsule data needs at least one in-capsule buffer".into());
+        }
+        if l.queue_buffer < l.max_io_size || l.queue_buffer > (64 << 20) {
+            return bad(format!(
+                "queue buffer {} must hold one maximum I/O ({}) and be at most 64 MiB",
+                l.queue_buffer, l.max_io_size
+            ));
+        }
+        if l.max_h2c_data < 4096 || l.max_h2c_data % 4 != 0 {
+            return bad(format!(
+                "MAXH2CDATA {} is below 4096 or not a multiple of 4",
+                l.max_h2c_data
+            ));
+        }
+        if l.max_controllers == 0 || l.max_connections == 0 || l.target_queue_depth < 2 {
+            return bad("controller, connection and target queue limits must be positive".into());
+        }
+        Ok(())
+    }
+}

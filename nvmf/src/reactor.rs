@@ -1,0 +1,442 @@
+//! Reactor threads: one per core in the list, pinned, each owning its connections (edge-
+//! triggered non-blocking sockets on its own epoll) and its own queue on each target. The
+//! first reactor also owns the listeners and deals accepted connections round robin.
+//!
+//! A pass: wait for socket events (not at all while requests are in flight: the target is
+//! polled), read and handle PDUs, poll the target queues and turn completions into PDUs,
+//! resubmit requests the target refused as busy, write what is queued; every 100 ms check
+//! keep-alive and controller state. A connection whose socket is closed stays until its
+//! requests at the target have completed, so no DMA buffer is freed under the device.
+
+use std::collections::VecDeque;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kestrel::io::IoError;
+use kestrel::{Completion, IoRequest, SubmitError, TargetQueue};
+
+use crate::conn::{Close, Conn, Ctx};
+use crate::ctrl::Shared;
+use crate::sys::{Epoll, EventFd, EV_ERR, EV_IN, EV_OUT};
+
+const KEY_WAKE: u64 = u64::MAX;
+/// Passes without progress polled back to back before the reactor waits on its sockets
+/// (for at most 1 ms) between polls.
+const IDLE_SPIN_PASSES: u32 = 256;
+const KEY_LISTENER: u64 = u64::MAX - 16;
+
+/// Where other threads hand a reactor new connections.
+pub struct Mailbox {
+    /// Connections waiting to be taken.
+    pub inbox: Mutex<Vec<(TcpStream, SocketAddr)>>,
+    /// Wakes the reactor.
+    pub wake: EventFd,
+}
+
+fn conn_key(idx: usize, gen: u32) -> u64 {
+    ((gen as u64 & 0xff_ffff) << 40) | ((idx as u64 & 0xff_ffff) << 16)
+}
+
+fn split_token(t: u64) -> (usize, u32, u16) {
+    (
+        ((t >> 16) & 0xff_ffff) as usize,
+        ((t >> 40) & 0xff_ffff) as u32,
+        t as u16,
+    )
+}
+
+struct Entry {
+    conn: Conn,
+    gen: u32,
+}
+
+/// One reactor.
+pub struct Reactor {
+    id: usize,
+    shared: Arc<Shared>,
+    epoll: Epoll,
+    me: Arc<Mailbox>,
+    peers: Vec<Arc<Mailbox>>,
+    next_peer: usize,
+    listeners: Vec<TcpListener>,
+    conns: Vec<Option<Entry>>,
+    gens: Vec<u32>,
+    free_idx: Vec<usize>,
+    queues: Vec<Option<Box<dyn TargetQueue>>>,
+    retry: VecDeque<(usize, IoRequest)>,
+    completions: Vec<Completion>,
+    events: Vec<(u32, u64)>,
+}
+
+impl Reactor {
+    /// A reactor; `listeners` only for the first.
+    pub fn new(
+        id: usize,
+        shared: Arc<Shared>,
+        me: Arc<Mailbox>,
+        peers: Vec<Arc<Mailbox>>,
+        listeners: Vec<TcpListener>,
+    ) -> std::io::Result<Self> {
+        let epoll = Epoll::new(256)?;
+        epoll.add(me.wake.raw(), KEY_WAKE, false)?;
+        for (i, l) in listeners.iter().enumerate() {
+            l.set_nonblocking(true)?;
+            epoll.add(l.as_raw_fd(), KEY_LISTENER + i as u64, false)?;
+        }
+        let nsubs = shared.subsystems.len();
+        Ok(Reactor {
+            id,
+            shared,
+            epoll,
+            me,
+            peers,
+            next_peer: 0,
+            listeners,
+            conns: Vec::new(),
+            gens: Vec::new(),
+            free_idx: Vec::new(),
+            queues: (0..nsubs).map(|_| None).collect(),
+            retry: VecDeque::with_capacity(1024),
+            completions: Vec::with_capacity(256),
+            events: Vec::with_capacity(256),
+        })
+    }
+
+    /// Runs until the server stops.
+    pub fn run(mut self) {
+        let mut last_check = Instant::now();
+        let mut empty_passes = 0u32;
+        loop {
+            if self.shared.stop.load(Ordering::Acquire) {
+                self.shutdown();
+                return;
+            }
+            // Poll while work is in flight; after a run of passes that found nothing, wait
+            // on the sockets for up to a millisecond between polls of the targets, so a
+            // core shared with the host's side (or a device model) is not starved.
+            let timeout = if !self.busy() {
+                50
+            } else if empty_passes >= IDLE_SPIN_PASSES {
+                1
+            } else {
+                0
+            };
+            self.events.clear();
+            let evs = &mut self.events;
+            if let Err(e) = self.epoll.wait(timeout, |ev, key| evs.push((ev, key))) {
+                tracing::error!(reactor = self.id, "epoll_wait failed: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for i in 0..self.events.len() {
+                let (ev, key) = self.events[i];
+                if key == KEY_WAKE {
+                    self.me.wake.drain();
+                    self.take_inbox();
+                } else if key >= KEY_LISTENER {
+                    self.accept((key - KEY_LISTENER) as usize);
+                } else {
+                    let (idx, gen, _) = split_token(key);
+                    if let Some(Some(e)) = self.conns.get_mut(idx) {
+                        if e.gen == gen {
+                            if ev & (EV_IN | EV_ERR) != 0 {
+                                e.conn.readable = true;
+                            }
+                            if ev & (EV_OUT | EV_ERR) != 0 {
+                                e.conn.writable = true;
+                            }
+                        }
+                    }
+                }
+            }
+            let completed = self.pass();
+            if completed == 0 && self.events.is_empty() {
+                empty_passes = empty_passes.saturating_add(1);
+                if timeout == 0 {
+                    // Let other threads of this core run.
+                    std::thread::yield_now();
+                }
+            } else {
+                empty_passes = 0;
+            }
+            if last_check.elapsed() >= Duration::from_millis(100) {
+                last_check = Instant::now();
+                self.check_controllers();
+            }
+            self.reap();
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.retry.is_empty()
+            || self.conns.iter().flatten().any(|e| {
+                e.conn.at_target > 0
+                    || (!e.conn.closing
+                        && (e.conn.has_waiting() || (e.conn.has_tx() && e.conn.writable)))
+            })
+    }
+
+    /// One pass; returns the completions handled.
+    fn pass(&mut self) -> usize {
+        let Reactor {
+            shared,
+            conns,
+            queues,
+            retry,
+            completions,
+            epoll,
+            ..
+        } = self;
+        let depth = shared.limits.target_queue_depth;
+        // Receive.
+        for (idx, e) in conns.iter_mut().enumerate() {
+            let Some(e) = e.as_mut() else {
+                continue;
+            };
+            if e.conn.closing {
+                continue;
+            }
+            let mut ctx = Ctx {
+                shared,
+                queues,
+                retry,
+                key: conn_key(idx, e.gen),
+                queue_depth: depth,
+            };
+            let mut r = Ok(());
+            if e.conn.readable {
+                r = e.conn.on_readable(&mut ctx);
+            }
+            if r.is_ok() && e.conn.has_waiting() {
+                e.conn.run_waiting(&mut ctx);
+            }
+            if r.is_ok() {
+                r = e.conn.flush();
+            }
+            if let Err(why) = r {
+                close_conn(epoll, &mut e.conn, why);
+            }
+        }
+        // Target completions.
+        for (sub, q) in queues.iter_mut().enumerate() {
+            let Some(q) = q.as_mut() else { continue };
+            if q.outstanding() == 0 {
+                continue;
+            }
+            let room = completions.capacity() - completions.len();
+            q.poll(room as u32, &mut |c| completions.push(c));
+            let _ = sub;
+        }
+        let completed = completions.len();
+        for c in completions.drain(..) {
+            let (idx, gen, slot) = split_token(c.token);
+            if let Some(Some(e)) = conns.get_mut(idx) {
+                if e.gen == gen {
+                    let mut ctx = Ctx {
+                        shared,
+                        queues,
+                        retry,
+                        key: conn_key(idx, gen),
+                        queue_depth: depth,
+                    };
+                    e.conn.target_done(slot, c.result, &mut ctx);
+                }
+            }
+        }
+        // Requests the target refused as busy, in order.
+        while let Some(&(sub, req)) = retry.front() {
+            let (idx, gen, slot) = split_token(req.token);
+            let live = matches!(conns.get(idx), Some(Some(e)) if e.gen == gen && !e.conn.closing);
+            let outcome = if !live {
+                Some(Err(IoError::Cancelled))
+            } else {
+                match queues
+                    .get_mut(sub)
+                    .and_then(|q| q.as_mut())
+                    .map(|q| q.submit(req))
+                {
+                    Some(Ok(())) => None,
+                    Some(Err(SubmitError::Busy(_))) => break,
+                    Some(Err(SubmitError::Invalid { reason, .. })) => Some(Err(IoError::Nvme(
+                        crate::conn::io_status(IoError::Nvme(invalid(reason)), false),
+                    ))),
+                    Some(Err(SubmitError::DeviceRemoved)) | None => {
+                        Some(Err(IoError::DeviceRemoved))
+                    }
+                }
+            };
+            retry.pop_front();
+            if let Some(result) = outcome {
+                if let Some(Some(e)) = conns.get_mut(idx) {
+                    if e.gen == gen {
+                        let mut ctx = Ctx {
+                            shared,
+                            queues,
+                            retry,
+                            key: conn_key(idx, gen),
+                            queue_depth: depth,
+                        };
+                        e.conn.target_done(slot, result, &mut ctx);
+                    }
+                }
+            }
+        }
+        for q in queues.iter_mut().flatten() {
+            q.flush();
+        }
+        // Transmit what completions produced.
+        for e in conns.iter_mut().flatten() {
+            if !e.conn.closing && e.conn.has_tx() && e.conn.writable {
+                if let Err(why) = e.conn.flush() {
+                    close_conn(epoll, &mut e.conn, why);
+                }
+            }
+        }
+        completed
+    }
+
+    fn check_controllers(&mut self) {
+        for e in self.conns.iter_mut().flatten() {
+            if e.conn.closing {
+                continue;
+            }
+            if let Some(why) = e.conn.check_controller(&self.shared) {
+                close_conn(&self.epoll, &mut e.conn, why);
+            }
+        }
+    }
+
+    /// Drops closed connections whose target requests are all done.
+    fn reap(&mut self) {
+        for idx in 0..self.conns.len() {
+            let done =
+                matches!(&self.conns[idx], Some(e) if e.conn.closing && e.conn.at_target == 0);
+            if done {
+                self.conns[idx] = None;
+                self.free_idx.push(idx);
+                self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    fn accept(&mut self, li: usize) {
+        loop {
+            let Some(l) = self.listeners.get(li) else {
+                return;
+            };
+            match l.accept() {
+                Ok((s, peer)) => {
+                    let n = self.shared.connections.fetch_add(1, Ordering::AcqRel);
+                    if n >= self.shared.limits.max_connections {
+                        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+                        tracing::warn!(%peer, "refused a connection: {n} connections are open (the limit)");
+                        continue;
+                    }
+                    if s.set_nonblocking(true).is_err() {
+                        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                    let _ = s.set_nodelay(true);
+                    let target = self.next_peer % self.peers.len();
+                    self.next_peer = self.next_peer.wrapping_add(1);
+                    if target == self.id {
+                        self.add_conn(s, peer);
+                    } else {
+                        let p = &self.peers[target];
+                        p.inbox.lock().unwrap().push((s, peer));
+                        p.wake.signal();
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn take_inbox(&mut self) {
+        let new: Vec<_> = std::mem::take(&mut *self.me.inbox.lock().unwrap());
+        for (s, peer) in new {
+            self.add_conn(s, peer);
+        }
+    }
+
+    fn add_conn(&mut self, s: TcpStream, peer: SocketAddr) {
+        let idx = match self.free_idx.pop() {
+            Some(i) => i,
+            None => {
+                self.conns.push(None);
+                self.gens.push(0);
+                self.conns.len() - 1
+            }
+        };
+        self.gens[idx] = self.gens[idx].wrapping_add(1) & 0xff_ffff;
+        let gen = self.gens[idx];
+        let conn = Conn::new(s, peer, self.shared.now_ms());
+        if let Err(e) = self.epoll.add(conn.fd(), conn_key(idx, gen), true) {
+            tracing::warn!(%peer, "cannot watch a connection: {e}");
+            self.free_idx.push(idx);
+            self.shared.connections.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        tracing::debug!(%peer, reactor = self.id, "connection accepted");
+        self.conns[idx] = Some(Entry { conn, gen });
+    }
+
+    fn shutdown(&mut self) {
+        for e in self.conns.iter_mut().flatten() {
+            close_conn(&self.epoll, &mut e.conn, Close::Shutdown);
+        }
+        // Requests at the target finish before their buffers go.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.conns.iter().flatten().any(|e| e.conn.at_target > 0) {
+            if Instant::now() > deadline {
+                tracing::error!(
+                    reactor = self.id,
+                    "target requests still outstanding after 10 s at shutdown"
+                );
+                // Leak rather than free memory the device may still write.
+                for e in self.conns.drain(..).flatten() {
+                    std::mem::forget(e);
+                }
+                return;
+            }
+            self.pass();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        self.conns.clear();
+        self.queues.clear();
+    }
+}
+
+fn invalid(r: kestrel::io::InvalidRequest) -> kestrel::spec::Status {
+    use kestrel::io::InvalidRequest as I;
+    use kestrel::spec::Status;
+    match r {
+        I::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(true),
+        I::ReadOnly => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(true),
+        _ => Status::INVALID_FIELD.with_dnr(true),
+    }
+}
+
+fn close_conn(epoll: &Epoll, conn: &mut Conn, why: Close) {
+    if conn.closing {
+        return;
+    }
+    epoll.del(conn.fd());
+    match &why {
+        Close::Protocol(_) | Close::HostTerm(..) | Close::Io(_) => {
+            tracing::warn!(peer = %conn.peer, "closing connection: {why}")
+        }
+        Close::Controller(_) | Close::Idle => {
+            tracing::info!(peer = %conn.peer, "closing connection: {why}")
+        }
+        Close::Peer | Close::Shutdown => {}
+    }
+    conn.close(&why);
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The fio ioengine end to end: installs fio and what building against its source needs,
+# builds libkestrel_fio.so against the installed fio, and runs fio jobs through it:
+#   - a build for a fio whose version differs from the source tree fails, naming both;
+#   - an engine built for another fio version fails its job when this fio loads it;
+#   - the engine refuses thread=0 and a bad target string with messages naming the option;
+#   - examples/fio/emu.fio: randwrite, randread, randrw with verify=crc32c on the emulator
+#     (numjobs=2, thread=1);
+#   - examples/fio/file.fio: the file target with verify=crc32c;
+#   - examples/fio/emu-faults.fio and a stop-at-first-error job: emulator faults reported
+#     by fio (error counts, the NVMe status), not a hang.
+# Every fio run is bounded by `timeout`.
+#
+#   scripts/fio-test.sh          everything above
+#   scripts/fio-test.sh setup    only install fio, dpkg-dev and apt deb-src entries (what
+#                                scripts/test.sh does first, so the workspace build finds fio)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+
+log() { printf '== fio-test.sh: %s\n' "$*"; }
+die() {
+    printf 'fio-test.sh: FAIL: %s\n' "$*" >&2
+    exit 1
+}
+
+as_root() {
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "fio-test.sh: need root to $*; do it first or run as root" >&2
+        exit 1
+    fi
+}
+
+has_deb_src() {
+    grep -Eqs '^[[:space:]]*(deb-src[[:space:]]|Types:.*deb-src)' \
+        /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources
+}
+
+# deb-src entries mirroring the deb ones, in a file of our own (the system's are left alone).
+enable_deb_src() {
+    local f
+    as_root "add deb-src entries to the apt sources"
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [[ -e $f ]] || continue
+        sed -n '/^Types:/!p; s/^Types:.*/Types: deb-src/p' "$f" \
+            >"/etc/apt/sources.list.d/kestrel-deb-src-$(basename "$f")"
+    done
+    if [[ -f /etc/apt/sources.list ]] && grep -q '^deb ' /etc/apt/sources.list; then
+        sed -n 's/^deb /deb-src /p' /etc/apt/sources.list >/etc/apt/sources.list.d/kestrel-deb-src.list
+    fi
+    has_deb_src || die "could not add deb-src entries (no deb entries found in /etc/apt)"
+}
+
+setup() {
+    local missing=() updated=0
+    command -v fio >/dev/null 2>&1 || missing+=(fio)
+    command -v dpkg-source >/dev/null 2>&1 || missing+=(dpkg-dev)
+    command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+    command -v make >/dev/null 2>&1 || missing+=(make)
+    export DEBIAN_FRONTEND=noninteractive
+    if ! has_deb_src; then
+        log "enabling deb-src entries (the engine builds against fio's Debian source)"
+        enable_deb_src
+        apt-get update -qq
+        updated=1
+    fi
+    if ((${#missing[@]})); then
+        log "installing ${missing[*]}"
+        as_root "install ${missing[*]}"
+        ((updated)) || apt-get update -qq
+        apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+}
+
+setup
+[[ ${1:-} == setup ]] && exit 0
+
+FIO_BIN=$(command -v fio)
+FIO_VER=$(fio --version)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+# The engine refuses to build for a fio other than the source tree's: a fake fio-3.99.
+log "a mismatched fio version fails the build"
+SRC=${FIO_SRC:-${KESTREL_FIO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kestrel-fio}/$FIO_VER}
+if [[ ! -f $SRC/config-host.h ]]; then
+    # Fetch the source first (the real build below would, too).
+    KESTREL_FIO_REQUIRE=1 cargo build --release -p kestrel-fio
+fi
+mkdir -p "$TMP/fake"
+printf '#!/bin/sh\necho fio-3.99\n' >"$TMP/fake/fio"
+chmod +x "$TMP/fake/fio"
+if FIO=$TMP/fake/fio FIO_SRC=$SRC cargo build --release -p kestrel-fio >"$TMP/mismatch.log" 2>&1; then
+    die "the build for a fake fio-3.99 against the $FIO_VER source succeeded"
+fi
+if ! grep -q "fio version mismatch: the fio that will load the engine is fio-3.99" "$TMP/mismatch.log" ||
+    ! grep -q "is $FIO_VER\." "$TMP/mismatch.log"; then
+    die "the mismatch message does not name both versions: $(tail -5 "$TMP/mismatch.log")"
+fi
+
+# An engine built for another fio (a copy of the source claiming fio-3.99, and the fake
+# fio-3.99) builds, but the real fio refuses to run it with a message, not a crash.
+log "an engine built for another fio fails the job when loaded"
+cp -r "$SRC" "$TMP/src-3.99"
+sed -i 's/^DEF_VER=.*/DEF_VER=fio-3.99/' "$TMP/src-3.99/FIO-VERSION-GEN"
+rm -f "$TMP/src-3.99/FIO-VERSION-FILE"
+FIO=$TMP/fake/fio FIO_SRC=$TMP/src-3.99 cargo build --release -p kestrel-fio
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+cp "$TARGET_DIR/release/libkestrel_fio.so" "$TMP/engine-3.99.so"
+
+log "building libkestrel_fio.so against $FIO_VER ($FIO_BIN)"
+KESTREL_FIO_REQUIRE=1 cargo build --release -p kestrel-fio
+SO=$TARGET_DIR/release/libkestrel_fio.so
+[[ -f $SO ]] || die "no $SO after the build"
+
+# A job file from examples/fio with the engine path of this build; fio runs in $TMP so
+# anything it writes (verify state on failure) stays out of the tree.
+job() {
+    sed "s|^ioengine=external:.*|ioengine=external:$SO|" "$ROOT/examples/fio/$1" >"$TMP/$1"
+    echo "$TMP/$1"
+}
+
+# run NAME EXPECTED_RC fio-args...: runs fio bounded in time, output in $TMP/NAME.out.
+run() {
+    local name=$1 want=$2 rc=0 t0=$SECONDS
+    shift 2
+    (cd "$TMP" && timeout 60 fio "$@") >"$TMP/$name.out" 2>&1 || rc=$?
+    ((rc != 124)) || die "$name: fio did not finish within 60 s: $(tail -20 "$TMP/$name.out")"
+    if [[ $want == 0 && $rc -ne 0 ]] || [[ $want != 0 && $rc -eq 0 ]]; then
+        cat "$TMP/$name.out" >&2
+        die "$name: fio exited $rc (expected $([[ $want == 0 ]] && echo 0 || echo non-zero))"
+    fi
+    log "$name: fio exited $rc in $((SECONDS - t0)) s"
+}
+
+expect() { grep -q -- "$2" "$TMP/$1.out" || die "$1: no '$2' in: $(tail -20 "$TMP/$1.out")"; }
+refute() { ! grep -q -- "$2" "$TMP/$1.out" || die "$1: '$2' in: $(grep -m3 -- "$2" "$TMP/$1.out")"; }
+# groups NAME N: N job groups reported, all with err=0 and no verification failure.
+groups_ok() {
+    local n
+    n=$(grep -c 'err= 0' "$TMP/$1.out" || true)
+    ((n == $2)) || die "$1: $n of $2 job groups with err=0: $(tail -30 "$TMP/$1.out")"
+    refute "$1" 'verify:'
+    refute "$1" 'kestrel:'
+}
+
+log "refusals name the option"
+run thread0 1 --name=t --ioengine="external:$SO" --kestrel_target=emu --rw=read --size=1M
+expect thread0 'thread=1 is required'
+run badtarget 1 --name=t --ioengine="external:$SO" --thread --kestrel_target=emu:bogus=1 --rw=read --size=1M
+expect badtarget 'kestrel_target=emu:bogus=1: invalid target'
+run wrongfio 1 --name=t --ioengine="external:$TMP/engine-3.99.so" --thread --kestrel_target=emu --rw=read --size=1M
+expect wrongfio "the engine was built for fio-3.99 but is loaded by $FIO_VER"
+run badbs 1 --name=t --ioengine="external:$SO" --thread --kestrel_target=emu --rw=read --bs=512 --size=1M
+expect badbs 'func=bs'
+
+log "emulator: randwrite, randread, randrw with verify=crc32c, numjobs=2"
+run emu 0 "$(job emu.fio)"
+groups_ok emu 3
+expect emu 'randrw: (groupid=2, jobs=2)'
+
+log "file target with verify=crc32c"
+sed -i "s|/tmp/kestrel-fio.img|$TMP/kestrel-fio.img|" "$(job file.fio)"
+run file 0 "$TMP/file.fio"
+groups_ok file 1
+rm -f "$TMP/kestrel-fio.img"
+
+log "emulator faults: counted with continue_on_error, reported and stopped without"
+run faults 0 "$(job emu-faults.fio)"
+expect faults 'errors    : total=[1-9]'
+run faults-stop 1 --name=stop --ioengine="external:$SO" --thread \
+    --kestrel_target='emu:size=64M,faults=status/read/read-error/dnr/1%' \
+    --rw=randread --bs=4k --iodepth=16 --size=32M --time_based --runtime=3
+expect faults-stop 'nvme status Unrecovered Read Error'
+expect faults-stop 'err= 5'
+
+log "all passed"

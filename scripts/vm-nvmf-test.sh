@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Runs Kestrel's NVMe/TCP target against the Linux kernel's own NVMe/TCP
+# initiator, inside the guest of scripts/vm-test.sh (the host kernel has no
+# nvme-tcp): the guest exports QEMU's NVMe namespace through VFIO and an
+# emulated controller with `kestrel serve`, connects to both through
+# /dev/nvme-fabrics, writes, reads back and compares, resets a controller in
+# the middle of a write, lists the subsystems through discovery, and reads
+# the device directly through VFIO (scripts/vm/guest-nvmf.sh).
+#
+# Usage: scripts/vm-nvmf-test.sh [--mode iommu|noiommu|both] [--binary PATH]
+#                                [--bench] [--keep] [--shell]
+#
+#   --mode    as in scripts/vm-test.sh (default: both; iommu with --bench).
+#   --bench   instead of the checks: 4 KiB random reads at QD 32 with fio
+#             through the initiator, against kestrel serve (VFIO, one
+#             reactor) and against the kernel's nvmet-tcp on the same
+#             controller, on QEMU's null-co backend
+#             (scripts/vm/guest-nvmf-bench.sh; BENCH_SECONDS per run).
+#   --binary  the static kestrel executable (default: built here).
+#   --keep, --shell  as in scripts/vm-test.sh.
+#
+# The guest gets the nvme-tcp module chain, and nvme-cli with its libraries
+# when the host has it (installed here). Environment as for
+# scripts/vm-test.sh; the timeout per guest (KESTREL_VM_TIMEOUT) defaults to
+# 300 s. One summary line per mode:
+#   vm-nvmf-test: mode=iommu result=pass|fail|skip (reason) time=NNs
+# Exit status: the first failing mode's, 0 when every mode that ran passed.
+set -euo pipefail
+
+# shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
+. "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
+
+usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+mode='' binary='' keep=0 shell=0 bench=0
+while (($#)); do
+    case $1 in
+    --mode)
+        mode=${2:?--mode needs iommu, noiommu or both}
+        shift 2
+        ;;
+    --mode=*) mode=${1#*=} && shift ;;
+    --binary)
+        binary=${2:?--binary needs a path}
+        shift 2
+        ;;
+    --bench) bench=1 && shift ;;
+    --keep) keep=1 && shift ;;
+    --shell) shell=1 && shift ;;
+    -h | --help) usage 0 ;;
+    *)
+        vm_log "unknown argument: $1"
+        usage 2
+        ;;
+    esac
+done
+if [[ -z $mode ]]; then
+    mode=both
+    ((bench)) && mode=iommu
+fi
+case $mode in
+iommu) modes=(iommu) ;;
+noiommu) modes=(noiommu) ;;
+both) modes=(iommu noiommu) ;;
+*) vm_die "--mode must be iommu, noiommu or both, not '$mode'" ;;
+esac
+timeout_s=${KESTREL_VM_TIMEOUT:-300}
+((shell)) && timeout_s=0
+
+# The initiator, and the kernel's own target for comparisons.
+VM_GUEST_MODULES+=(nvme-tcp nvmet-tcp)
+
+t_start=$SECONDS
+step() { vm_log "[$((SECONDS - t_start))s] $*"; }
+
+vm_lock_cache
+
+step "packages"
+vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
+    vm_die "cannot install the packages the VM needs"
+vm_apt_install nvme-cli || vm_log "nvme-cli is not available: discovery is checked through the kernel only"
+if ((bench)); then
+    vm_apt_install fio || vm_die "cannot install fio"
+fi
+
+step "guest kernel"
+vm_kernel_pick
+vm_kernel_fetch
+vm_log "guest kernel $VM_KVER ($VM_KPKGVER)"
+
+noiommu_ok=0 noiommu_why=
+if [[ " ${modes[*]} " == *" noiommu "* ]]; then
+    step "noiommu vfio.ko"
+    if vm_noiommu_build; then
+        noiommu_ok=1
+    else
+        noiommu_why=$VM_NOIOMMU_WHY
+        vm_log "noiommu mode will be SKIPPED: $noiommu_why"
+    fi
+fi
+
+if [[ -z $binary ]]; then
+    step "building kestrel (static)"
+    vm_build_static kestrel-app kestrel
+    binary=$VM_BUILT
+fi
+vm_check_payload "$binary"
+binary=$(realpath "$binary")
+
+step "initramfs"
+vm_initramfs_base
+if nvme_bin=$(command -v nvme); then
+    # nvme-cli is dynamically linked: it goes in with its loader and libraries.
+    mapfile -t nvme_files < <({
+        echo "$nvme_bin"
+        ldd "$nvme_bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+    } | sort -u)
+    vm_initramfs_segment nvme-cli "${nvme_files[@]}"
+fi
+if ((bench)); then
+    fio_bin=$(command -v fio)
+    mapfile -t fio_files < <({
+        echo "$fio_bin"
+        ldd "$fio_bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+    } | sort -u)
+    vm_initramfs_segment fio "${fio_files[@]}"
+fi
+
+run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
+# The payload lands at /<its name> in the guest, and /kestrel is the
+# directory of the scripts there: give the binary another name.
+cp "$binary" "$run_dir/kestrel-bin"
+binary=$run_dir/kestrel-bin
+# shellcheck disable=SC2317 # run by the EXIT trap
+cleanup() {
+    if ((keep)); then
+        vm_log "kept $run_dir"
+    else
+        rm -rf "$run_dir"
+    fi
+}
+trap cleanup EXIT
+
+overall=0 npass=0 nfail=0 nskip=0
+for m in "${modes[@]}"; do
+    t0=$SECONDS
+    if [[ $m == noiommu ]] && ((!noiommu_ok)); then
+        echo "vm-nvmf-test: mode=$m result=skip ($noiommu_why) time=0s"
+        nskip=$((nskip + 1))
+        [[ ${KESTREL_VM_STRICT:-0} == 1 ]] && overall=1
+        continue
+    fi
+    truncate -s 1G "$run_dir/nvme-$m.img"
+    backend=$run_dir/nvme-$m.img
+    guest=/kestrel/scripts/vm/guest-nvmf.sh
+    if ((bench)); then
+        backend=null
+        guest="BENCH_SECONDS=${BENCH_SECONDS:-10} bash /kestrel/scripts/vm/guest-nvmf-bench.sh"
+    else
+        guest="bash $guest"
+    fi
+    step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
+    vm_run_guest "$m" "$binary" "$guest" "$shell" "$backend" "$run_dir" "$timeout_s"
+    line="vm-nvmf-test: mode=$m result=$VM_RESULT"
+    [[ -n $VM_WHY ]] && line+=" ($VM_WHY)"
+    echo "$line time=$((SECONDS - t0))s"
+    if [[ $VM_RESULT == pass ]]; then
+        npass=$((npass + 1))
+    else
+        nfail=$((nfail + 1))
+        ((overall == 0)) && overall=$VM_RC
+        ((overall == 0)) && overall=1
+    fi
+done
+echo "vm-nvmf-test: $npass passed, $nfail failed, $nskip skipped"
+exit "$overall"

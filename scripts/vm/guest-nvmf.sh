@@ -1,0 +1,197 @@
+#!/bin/bash
+# Runs inside the guest of scripts/vm-nvmf-test.sh, after /init bound the
+# emulated NVMe controller ($BDF) to vfio-pci.
+#
+# Starts `kestrel serve` on 127.0.0.1 exporting that controller's namespace
+# (through VFIO) and an emulated controller, then drives it with the guest
+# kernel's own NVMe/TCP initiator:
+#   - discovery through port 8009 (nvme discover, and a kernel discovery
+#     controller through /dev/nvme-fabrics) lists both subsystems;
+#   - an unknown host NQN is refused;
+#   - each subsystem is connected through /dev/nvme-fabrics, its namespace
+#     appears as /dev/nvmeXnY, and a pattern is written with dd (64 KiB
+#     writes: R2T; 4 KiB writes: in-capsule data), read back with direct
+#     I/O and compared;
+#   - a controller reset in the middle of a write (the initiator tears its
+#     connections down and reconnects) loses nothing: the data reads back;
+#   - after disconnecting and stopping the target, `kestrel read` reads the
+#     device directly through VFIO and finds what the kernel wrote.
+# Prints one "guest-nvmf: PASS|FAIL name" line per check; exits with the
+# number of failed checks (125 when the setup itself fails).
+set -u
+
+K=${KESTREL_PAYLOAD:?}
+HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b657374-7265-6c00-0000-000000000001
+OTHERNQN=nqn.2014-08.org.nvmexpress:uuid:6b657374-7265-6c00-0000-0000000000ff
+NQN_DEV=nqn.2026-12.io.kestrel:dev
+NQN_EMU=nqn.2026-12.io.kestrel:emu
+DISC=nqn.2014-08.org.nvmexpress.discovery
+PORT=4420
+fails=0
+noiommu=()
+[ "${KESTREL_NOIOMMU:-0}" = 1 ] && noiommu=(--noiommu)
+
+say() { echo "guest-nvmf: [${SECONDS}s] $*"; }
+pass() { say "PASS $1"; }
+fail() {
+    say "FAIL $1"
+    fails=$((fails + 1))
+}
+die() {
+    say "setup failed: $*"
+    dump_logs
+    exit 125
+}
+dump_logs() {
+    say "--- kestrel serve log ---"
+    cat /tmp/serve.log 2>/dev/null
+    say "--- kernel log (nvme) ---"
+    dmesg | grep -i nvme | tail -n 40
+}
+
+# Writes the options to /dev/nvme-fabrics; prints the instance number.
+fabrics_connect() {
+    local opts=$1 line
+    exec 3<>/dev/nvme-fabrics || return 1
+    if ! printf '%s' "$opts" >&3; then
+        exec 3>&-
+        return 1
+    fi
+    IFS= read -r line <&3
+    exec 3>&-
+    line=${line#instance=}
+    echo "${line%%,*}"
+}
+
+# The block device of subsystem $1's namespace 1 (waits up to 20 s).
+block_of() {
+    local nqn=$1 b
+    for _ in $(seq 200); do
+        for b in /sys/block/nvme*n1; do
+            [ -e "$b" ] || continue
+            if [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$nqn" ] && [ -b "/dev/${b##*/}" ]; then
+                echo "/dev/${b##*/}"
+                return 0
+            fi
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+# The initramfs brings no interface up, loopback included.
+ip link set lo up || die "cannot bring up the loopback interface"
+modprobe nvme-tcp || die "modprobe nvme-tcp failed"
+[ -c /dev/nvme-fabrics ] || die "/dev/nvme-fabrics is missing after modprobe nvme-tcp"
+
+"$K" serve --target "dev=pci:$BDF" --target emu=emu:size=64M,core=1 \
+    --allow-host "$HOSTNQN" --listen "127.0.0.1:$PORT" --discovery-port 8009 -c 0 \
+    "${noiommu[@]}" -v >/tmp/serve.log 2>&1 &
+serve_pid=$!
+for _ in $(seq 600); do
+    grep -q '^kestrel serve: listening' /tmp/serve.log && break
+    kill -0 "$serve_pid" 2>/dev/null || die "kestrel serve exited"
+    sleep 0.1
+done
+grep -q '^kestrel serve: listening' /tmp/serve.log || die "kestrel serve is not listening after 60 s"
+say "$(grep -A2 '^kestrel serve: listening' /tmp/serve.log | tr '\n' ' ')"
+
+# --- discovery
+if command -v nvme >/dev/null; then
+    out=$(nvme discover -t tcp -a 127.0.0.1 -s 8009 -q "$HOSTNQN" 2>&1)
+    echo "$out" | grep -E 'subnqn|trsvcid|traddr' | sed 's/^/guest-nvmf:   /'
+    if echo "$out" | grep -q "$NQN_DEV" && echo "$out" | grep -q "$NQN_EMU"; then
+        pass "nvme discover lists both subsystems"
+    else
+        echo "$out"
+        fail "nvme discover lists both subsystems"
+    fi
+else
+    say "nvme-cli is not in the guest: the discovery log is not listed"
+fi
+if inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=8009,nqn=$DISC,hostnqn=$HOSTNQN") &&
+    [ "$(cat "/sys/class/nvme/nvme$inst/subsysnqn" 2>/dev/null)" = "$DISC" ]; then
+    pass "kernel discovery controller nvme$inst on $DISC"
+    echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
+else
+    fail "kernel discovery controller"
+fi
+
+# --- an unknown host is refused (by the target, not by the network)
+if fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=$PORT,nqn=$NQN_EMU,hostnqn=$OTHERNQN" >/dev/null 2>&1; then
+    fail "unknown host refused"
+elif grep -q "host $OTHERNQN is not allowed" /tmp/serve.log; then
+    pass "unknown host refused (Connect Invalid Host)"
+else
+    fail "unknown host refused (no refusal in the target's log)"
+fi
+
+dd if=/dev/urandom of=/tmp/pat bs=64k count=128 2>/dev/null
+dd if=/dev/urandom of=/tmp/pat2 bs=64k count=256 2>/dev/null
+
+check_subsystem() {
+    local nqn=$1 name=$2 inst dev
+    if ! inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=$PORT,nqn=$nqn,hostnqn=$HOSTNQN,nr_io_queues=2"); then
+        fail "$name: connect"
+        return
+    fi
+    if ! dev=$(block_of "$nqn"); then
+        fail "$name: namespace block device"
+        return
+    fi
+    pass "$name: connected as nvme$inst, namespace $dev ($(cat "/sys/block/${dev#/dev/}/size") sectors)"
+    # 64 KiB writes go through R2T, 4 KiB ones in capsule.
+    if dd if=/tmp/pat of="$dev" bs=64k oflag=direct conv=fsync 2>/dev/null &&
+        dd if=/tmp/pat of="$dev" bs=4k count=256 seek=4096 oflag=direct conv=fsync 2>/dev/null &&
+        dd if="$dev" of=/tmp/back bs=64k count=128 iflag=direct 2>/dev/null &&
+        cmp -s /tmp/pat /tmp/back &&
+        dd if="$dev" of=/tmp/back bs=4k skip=4096 count=256 iflag=direct 2>/dev/null &&
+        head -c 1048576 /tmp/pat | cmp -s - /tmp/back; then
+        pass "$name: 8 MiB (64 KiB writes) and 1 MiB (4 KiB writes) read back identical"
+    else
+        fail "$name: write, read back, compare"
+    fi
+    # A controller reset during a write: the initiator reconnects; nothing is lost.
+    dd if=/tmp/pat2 of="$dev" bs=64k seek=512 oflag=direct conv=fsync 2>/tmp/dd.err &
+    local ddp=$!
+    sleep 0.5
+    local during=no
+    # Still running (a finished child stays a zombie until waited for).
+    [ -r "/proc/$ddp/stat" ] && [ "$(awk '{print $3}' "/proc/$ddp/stat")" != Z ] && during=yes
+    echo 1 >"/sys/class/nvme/nvme$inst/reset_controller" 2>/dev/null
+    say "$name: controller reset (the write was running: $during)"
+    if [ "$during" = yes ] && wait "$ddp" && dd if="$dev" of=/tmp/back bs=64k skip=512 count=256 iflag=direct 2>/dev/null &&
+        cmp -s /tmp/pat2 /tmp/back; then
+        pass "$name: a reset in the middle of a 16 MiB write loses nothing"
+    else
+        cat /tmp/dd.err
+        fail "$name: reset during a write"
+    fi
+    echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
+}
+
+check_subsystem "$NQN_DEV" dev
+check_subsystem "$NQN_EMU" emu
+
+kill -INT "$serve_pid"
+wait "$serve_pid"
+say "kestrel serve exited with status $?"
+
+# Read the device directly through VFIO: the kernel's writes are there.
+if "$K" read --target "pci:$BDF" "${noiommu[@]}" --offset 0 --length 8M --output /tmp/direct &&
+    cmp -s /tmp/pat /tmp/direct &&
+    "$K" read --target "pci:$BDF" "${noiommu[@]}" --offset 32M --length 16M --output /tmp/direct &&
+    cmp -s /tmp/pat2 /tmp/direct; then
+    pass "kestrel read through VFIO finds what the kernel wrote over NVMe/TCP"
+else
+    fail "kestrel read through VFIO"
+fi
+
+if [ "$fails" -ne 0 ] || grep -q 'malformed pdu' /tmp/serve.log; then
+    dump_logs
+else
+    say "kernel log (nvme-tcp):"
+    dmesg | grep -E 'nvme(-tcp)?|nvme_fabrics' | tail -n 20 | sed 's/^/guest-nvmf:   /'
+fi
+say "$fails failed"
+exit "$fails"
