@@ -395,19 +395,10 @@ fn size_parser(s: &str) -> Result<u64, String> {
 fn offset_parser(s: &str) -> Result<u64, String> {
     parse::parse_size(s).map_err(|e| e.to_string())
 }
-/// A length of time: a bare number is seconds; otherwise the duration grammar.
+/// A length of time in the one duration grammar, where a plain number counts seconds
+/// (`5`, `1.5`, `5s`, `500ms`).
 fn seconds_or_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
-        let n: u64 = t
-            .parse()
-            .map_err(|_| format!("{s:?} is too large (at most a day)"))?;
-        if n > 86_400 {
-            return Err(format!("{s:?} seconds is longer than a day"));
-        }
-        return Ok(Duration::from_secs(n));
-    }
-    parse::parse_duration(s).map_err(|e| e.to_string())
+    parse::parse_duration_or(s, parse::TimeUnit::Secs).map_err(|e| e.to_string())
 }
 fn time_parser(s: &str) -> Result<Duration, String> {
     match seconds_or_duration(s)? {
@@ -519,6 +510,16 @@ mod tests {
         assert_eq!(p(&["-t", "2"]).time, Duration::from_secs(2));
         assert_eq!(p(&["-t", "2s"]).time, Duration::from_secs(2));
         assert_eq!(p(&["-t", "500ms"]).time, Duration::from_millis(500));
+        assert_eq!(p(&["-t", "1.5"]).time, Duration::from_millis(1500));
+        for (t, why) in [
+            ("2x", "unknown unit"),
+            ("90000s", "longer than a day"),
+            ("86401", "longer than a day"),
+        ] {
+            let e = Cli::try_parse_from(["kestrel", "perf", "-t", t]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{t}");
+            assert!(e.to_string().contains(why), "{t}: {e}");
+        }
         assert_eq!(p(&["--warmup", "0"]).warmup, Duration::ZERO);
         let q = p(&["--io-timeout", "200ms", "--admin-timeout", "1.5s"]);
         assert_eq!(q.io_timeout, Duration::from_millis(200));

@@ -1,21 +1,18 @@
-//! Opening what `--target` names: an NVMe controller through VFIO, the emulated
-//! controller, or a file target.
+//! Opening what `--target` names, through the driver's one opener
+//! ([`kestrel::target_spec::open_with`], which `kestrel_open` uses too), with the app's
+//! defaults and error kinds (a bad fault specification is a usage error, exit 2).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore, FaultPlan};
-use kestrel::file::{Direct, FileOptions, FileTarget};
-use kestrel::vfio::{VfioOptions, VfioTransport};
-use kestrel::{Controller, ControllerOptions, NvmeNamespace, Target};
+use kestrel::emu::{EmuController, EmuError};
+use kestrel::file::FileTarget;
+use kestrel::target_spec::{self, TargetSpecError};
+use kestrel::{Controller, ControllerOptions, Target};
 
 use crate::error::{AppError, Result};
-use crate::parse::{CoreSpec, EmuSpec, StoreSpec, TargetSpec};
+use crate::parse::{EmuSpec, StoreSpec, TargetSpec};
 
-/// Namespace size of the default emulator.
-pub const DEFAULT_EMU_SIZE: u64 = 1 << 30;
-/// LBA size of the default emulator.
-pub const DEFAULT_EMU_LBA: u32 = 4096;
+pub use kestrel::target_spec::{DEFAULT_EMU_LBA, DEFAULT_EMU_SIZE};
 
 /// How targets are opened.
 #[derive(Clone, Debug)]
@@ -50,6 +47,30 @@ impl Default for OpenOptions {
     }
 }
 
+impl OpenOptions {
+    /// The driver's options for these.
+    fn driver(&self) -> target_spec::OpenOptions {
+        target_spec::OpenOptions {
+            controller: ControllerOptions {
+                io_queues: self.io_queues.max(1),
+                shadow_doorbells: self.shadow_doorbells,
+                ..self.timeouts.map_or_else(
+                    ControllerOptions::default,
+                    |(admin_timeout, io_timeout)| ControllerOptions {
+                        admin_timeout,
+                        io_timeout,
+                        ..ControllerOptions::default()
+                    },
+                )
+            },
+            emu_queues: self.emu_queues,
+            default_store: self.default_store.clone(),
+            default_emu_core: self.default_emu_core,
+            noiommu: self.noiommu,
+        }
+    }
+}
+
 /// What was chosen for an emulated controller.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct EmuSummary {
@@ -67,6 +88,20 @@ pub struct EmuSummary {
     pub latency_ns: u64,
     /// The fault specification, if any.
     pub faults: Option<String>,
+}
+
+impl From<target_spec::EmuSummary> for EmuSummary {
+    fn from(s: target_spec::EmuSummary) -> Self {
+        EmuSummary {
+            namespaces: s.namespaces,
+            size_bytes: s.size_bytes,
+            lba_size: s.lba_size,
+            store: s.store,
+            core: s.core,
+            latency_ns: s.latency.as_nanos() as u64,
+            faults: s.faults,
+        }
+    }
 }
 
 /// An opened NVMe controller.
@@ -98,7 +133,7 @@ pub enum Opened {
 }
 
 impl Opened {
-    /// The spec it was opened from, as text.
+    /// The spec it was opened from.
     pub fn spec(&self) -> &TargetSpec {
         match self {
             Opened::Nvme(n) => &n.spec,
@@ -108,160 +143,60 @@ impl Opened {
 
     /// The block targets it offers: each active namespace of a controller, or the file.
     pub fn block_targets(&self) -> Result<Vec<Arc<dyn Target>>> {
-        match self {
-            Opened::Nvme(n) => {
-                let mut v: Vec<Arc<dyn Target>> = Vec::new();
-                for ns in n.ctrlr.namespaces() {
-                    v.push(Arc::new(NvmeNamespace::new(n.ctrlr.clone(), ns.nsid)?));
-                }
-                if v.is_empty() {
-                    return Err(AppError::runtime(format!(
-                        "{}: the controller has no active namespace",
-                        n.ctrlr.describe()
-                    )));
-                }
-                Ok(v)
-            }
-            Opened::File(f) => Ok(vec![Arc::clone(&f.target) as Arc<dyn Target>]),
-        }
+        let opened = match self {
+            Opened::Nvme(n) => target_spec::Opened::Nvme {
+                ctrlr: n.ctrlr.clone(),
+                emu: None,
+            },
+            Opened::File(f) => target_spec::Opened::File(Arc::clone(&f.target)),
+        };
+        opened.block_targets().map_err(|e| app_error(e, None))
     }
 }
 
-fn store_path(base: &std::path::Path, nsid: u32) -> PathBuf {
-    if nsid == 1 {
-        base.to_path_buf()
-    } else {
-        let mut s = base.as_os_str().to_owned();
-        s.push(format!(".ns{nsid}"));
-        PathBuf::from(s)
-    }
-}
-
-/// The emulator configuration a spec asks for.
-pub fn emu_config(e: &EmuSpec, opts: &OpenOptions) -> Result<(EmuConfig, EmuSummary)> {
-    let size = e.size.unwrap_or(DEFAULT_EMU_SIZE);
-    let lba = e.lba.unwrap_or(DEFAULT_EMU_LBA);
-    let n = e.namespaces.unwrap_or(1);
-    let store = e
-        .store
-        .clone()
-        .unwrap_or_else(|| opts.default_store.clone());
-    let core = match e.core {
-        Some(CoreSpec::Core(c)) => Some(c),
-        Some(CoreSpec::None) => None,
-        None => opts.default_emu_core,
-    };
-    let namespaces = (1..=n)
-        .map(|nsid| {
-            EmuNamespace::new(
-                size,
-                lba,
-                match &store {
-                    StoreSpec::Memory => EmuStore::Memory,
-                    StoreSpec::Null => EmuStore::Null,
-                    StoreSpec::File(p) => EmuStore::File(store_path(p, nsid)),
-                },
-            )
-        })
-        .collect();
-    let mut cfg = EmuConfig {
-        namespaces,
-        ..EmuConfig::default()
-    };
-    if let Some(m) = e.mdts {
-        cfg.mdts = m;
-    }
-    cfg.max_io_queues = match e.queues {
-        Some(q) => q as u16,
-        None => opts.emu_queues.clamp(1, 1024),
-    };
-    cfg.latency = e.latency.unwrap_or_default();
-    cfg.pin_core = core;
-    if let Some(f) = &e.faults {
-        cfg.faults = FaultPlan::parse(f).map_err(|err| {
+/// The app's kind of error for a failure to open `spec` (the fault specification of an
+/// `emu` is the user's: a usage error).
+fn app_error(e: TargetSpecError, spec: Option<&TargetSpec>) -> AppError {
+    match e {
+        TargetSpecError::Parse(p) => AppError::usage(format!("invalid value for '--target': {p}")),
+        TargetSpecError::Emu(err @ EmuError::FaultSpec { .. }) => {
+            let f = match spec {
+                Some(TargetSpec::Emu(EmuSpec {
+                    faults: Some(f), ..
+                })) => f.as_str(),
+                _ => "",
+            };
             AppError::usage(format!(
                 "invalid value for '--target': emu faults={f}: {err}"
             ))
-        })?;
+        }
+        TargetSpecError::Emu(err) => {
+            AppError::runtime(format!("starting the emulated controller: {err}"))
+        }
+        TargetSpecError::Ctrlr(err) => AppError::Ctrlr(err),
+        other => AppError::runtime(other.to_string()),
     }
-    let summary = EmuSummary {
-        namespaces: n,
-        size_bytes: size,
-        lba_size: lba,
-        store: match &store {
-            StoreSpec::Memory => "memory".into(),
-            StoreSpec::Null => "null".into(),
-            StoreSpec::File(p) => p.display().to_string(),
-        },
-        core,
-        latency_ns: cfg.latency.as_nanos() as u64,
-        faults: e.faults.clone(),
-    };
-    Ok((cfg, summary))
 }
 
 /// Opens one target.
 pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
-    let copts = ControllerOptions {
-        io_queues: opts.io_queues.max(1),
-        shadow_doorbells: opts.shadow_doorbells,
-        ..opts
-            .timeouts
-            .map_or_else(ControllerOptions::default, |(admin_timeout, io_timeout)| {
-                ControllerOptions {
-                    admin_timeout,
-                    io_timeout,
-                    ..ControllerOptions::default()
-                }
+    let opened =
+        target_spec::open_with(spec, &opts.driver()).map_err(|e| app_error(e, Some(spec)))?;
+    Ok(match opened {
+        target_spec::Opened::Nvme { ctrlr, emu } => {
+            let (emu_ctrlr, summary) = emu.unzip();
+            Opened::Nvme(NvmeTarget {
+                spec: spec.clone(),
+                ctrlr,
+                emu: summary.map(EmuSummary::from),
+                emu_ctrlr,
             })
-    };
-    match spec {
-        TargetSpec::Emu(e) => {
-            let (cfg, summary) = emu_config(e, opts)?;
-            let emu = EmuController::start(cfg).map_err(|err| {
-                AppError::runtime(format!("starting the emulated controller: {err}"))
-            })?;
-            let ctrlr = Controller::new(Arc::clone(&emu) as _, copts)?;
-            Ok(Opened::Nvme(NvmeTarget {
-                spec: spec.clone(),
-                ctrlr,
-                emu: Some(summary),
-                emu_ctrlr: Some(emu),
-            }))
         }
-        TargetSpec::Pci { bdf } => {
-            let vopts = VfioOptions {
-                noiommu: opts.noiommu,
-                ..VfioOptions::default()
-            };
-            let t = VfioTransport::open(bdf, &vopts)
-                .map_err(|err| AppError::runtime(err.to_string()))?;
-            let ctrlr = Controller::new(t as _, copts)?;
-            Ok(Opened::Nvme(NvmeTarget {
-                spec: spec.clone(),
-                ctrlr,
-                emu: None,
-                emu_ctrlr: None,
-            }))
-        }
-        TargetSpec::File(f) => {
-            let fopts = FileOptions {
-                direct: match f.direct {
-                    None => Direct::Auto,
-                    Some(true) => Direct::Required,
-                    Some(false) => Direct::Off,
-                },
-                size: f.size,
-                ..FileOptions::default()
-            };
-            let target = FileTarget::open(&f.path, &fopts)
-                .map_err(|err| AppError::runtime(err.to_string()))?;
-            Ok(Opened::File(FileTargetOpened {
-                spec: spec.clone(),
-                target,
-            }))
-        }
-    }
+        target_spec::Opened::File(target) => Opened::File(FileTargetOpened {
+            spec: spec.clone(),
+            target,
+        }),
+    })
 }
 
 /// The targets a command names, or the default emulator.

@@ -1,43 +1,17 @@
 //! The perf poller does not allocate per I/O: the allocations its thread makes do not grow
 //! with the length of the run (and so with the number of I/Os).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+#[path = "../../driver/tests/support/counting_alloc.rs"]
+mod counting_alloc;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use counting_alloc::{unwatch_this_thread, Counter};
 use kestrel::QueueOptions;
 use kestrel_app::parse::{EmuSpec, StoreSpec, TargetSpec};
 use kestrel_app::perf::worker::{self, Shared, WorkerConfig};
 use kestrel_app::targets::{self, OpenOptions};
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-struct Counting;
-
-// SAFETY: forwards to the system allocator unchanged; the counter is a const-initialised
-// thread-local without a destructor, so touching it never allocates or re-enters.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: ptr came from System.alloc with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: as for realloc's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// Runs one poller on core 0 for `time_ns` against the emulator; returns (allocations on
 /// the poller thread, I/Os in the window).
@@ -82,9 +56,13 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
     };
     let shared = Arc::new(Shared::new(1));
     let sh = Arc::clone(&shared);
+    let counter = Counter::new();
+    counter.arm();
     let h = std::thread::spawn(move || {
+        counter.watch_this_thread();
         let r = worker::run(cfg, sh);
-        (ALLOCS.with(|c| c.get()), r)
+        unwatch_this_thread();
+        (counter.disarm(), r)
     });
     shared.setup.wait();
     shared

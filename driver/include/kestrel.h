@@ -126,6 +126,19 @@ struct kestrel_event {
     uint8_t reserved[2];
 };
 
+/* How kestrel_open_params() opens a target; zero-initialised, it means what
+ * kestrel_open() does. The timeouts apply to NVMe targets (emu, pci); a file target
+ * has none and ignores them. */
+struct kestrel_open_params {
+    uint64_t io_timeout_ns;    /* per-command I/O timeout: a command not completed
+                                  within it is aborted, then the controller reset;
+                                  1 ms..1 day, 0: 30 s */
+    uint64_t admin_timeout_ns; /* admin commands (bring-up, queue creation, Abort,
+                                  reset): 1 ms..1 day, 0: 60 s */
+    uint32_t flags;            /* 0 */
+    uint32_t reserved;         /* 0 */
+};
+
 struct kestrel_io_params {
     uint32_t nr_events;       /* requests outstanding at once, 1..65536 */
     uint32_t flags;           /* KESTREL_IO_* */
@@ -141,9 +154,14 @@ uint32_t kestrel_abi_version(void);
  *   emu[:size=SIZE,lba=512|4096,namespaces=N,latency=DURATION,
  *        store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC]
  *   file:PATH[,size=SIZE][,direct=on|off]
- *   pci:DDDD:BB:DD.F
+ *   pci:DDDD:BB:DD.F (or a bare BDF)
+ * Options are key=value in any order; the strings are those of `kestrel --target`
+ * and mean the same targets.
  */
 int kestrel_open(const char *target, kestrel_t **out);
+/* kestrel_open() with options (timeouts); params must not be NULL. */
+int kestrel_open_params(const char *target, const struct kestrel_open_params *params,
+                        kestrel_t **out);
 /* Closes the handle; open contexts keep the target alive until destroyed. */
 int kestrel_close(kestrel_t *k);
 int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out);

@@ -3,6 +3,8 @@
 //! The folders are the layers, bottom up; each imports only from those below it
 //! (`docs/architecture.md` has the diagram; `tests/layers.rs` enforces it):
 //! - [`spec`]: NVMe definitions, pure data.
+//! - [`parse`]: the grammars of values people type (sizes, durations, core lists, PCI
+//!   addresses, target strings), pure functions every layer may use.
 //! - [`hw`]: the seam a controller is reached through (MMIO, DMA memory, the `Transport`
 //!   trait) and the real hardware below it (VFIO, PCI discovery).
 //! - [`emu`]: a software NVMe controller behind the same seam, for tests without hardware.
@@ -11,10 +13,11 @@
 //! - [`target`]: the trait over NVMe namespaces and files (io_uring) that everything
 //!   above uses.
 //! - [`aio`]: the aio-style API (contexts, iocbs, events), run-to-completion or
-//!   cross-thread.
-//! - [`reactor`]: pinned per-core pollers serving cross-thread contexts through
-//!   lock-free rings ([`spsc`], [`notify`]).
-//! - [`target_spec`]: target strings (`emu:...`, `file:...`, `pci:...`).
+//!   cross-thread, and [`reactor`] (also [`aio::reactor`]): pinned per-core pollers
+//!   serving cross-thread contexts through lock-free rings ([`aio::spsc`],
+//!   [`aio::notify`]).
+//! - [`target_spec`]: opening what a target string (`emu:...`, `file:...`, `pci:...`)
+//!   names.
 //! - [`capi`]: the C ABI (`include/kestrel.h`), over [`aio`] and [`reactor`].
 #![deny(missing_docs)]
 // `SubmitError::Busy` hands the refused request back by value, so back-pressure costs no
@@ -22,6 +25,7 @@
 // copied when a queue is full.
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
+pub mod parse;
 pub mod spec;
 
 pub mod hw;
@@ -35,9 +39,6 @@ pub mod nvme;
 pub mod target;
 
 pub mod aio;
-pub mod notify;
-pub mod reactor;
-pub mod spsc;
 
 pub mod target_spec;
 
@@ -53,6 +54,8 @@ pub use nvme::{ctrlr, format, prp, qpair, ring};
 #[doc(hidden)]
 pub use target::file;
 
+/// The reactor, at the top level as well: `kestrel::reactor::Reactor`.
+pub use aio::reactor;
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use hw::dma::{DmaBuf, DmaPool, DmaSlice};
 pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};

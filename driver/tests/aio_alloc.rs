@@ -3,73 +3,20 @@
 //! thread (cross-thread), across 100 000 mixed I/Os after warm-up, bounce path included.
 
 mod common;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use counting_alloc::{unwatch_this_thread, Counter};
 use kestrel::aio::{BounceOptions, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 use kestrel::emu::EmuConfig;
 use kestrel::reactor::{Backoff, IdlePolicy, Reactor};
 use kestrel::target::Target;
 use kestrel::NvmeNamespace;
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static ARMED: AtomicBool = AtomicBool::new(false);
-static STARTED: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static WATCHED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Arms the counter after checking it counts on this thread.
-fn arm() {
-    WATCHED.with(|w| w.set(true));
-    ARMED.store(true, Ordering::Relaxed);
-    ALLOCS.store(0, Ordering::Relaxed);
-    drop(std::hint::black_box(Box::new(1u64)));
-    assert_eq!(
-        ALLOCS.load(Ordering::Relaxed),
-        1,
-        "the counter does not count"
-    );
-    ALLOCS.store(0, Ordering::Relaxed);
-}
-
-fn counting() -> bool {
-    ARMED.load(Ordering::Relaxed) && WATCHED.with(|w| w.get())
-}
-
-// SAFETY: forwards to the system allocator; only counts calls made on watched threads
-// while armed.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 fn target() -> Arc<dyn Target> {
     let (_emu, c) = emu_with(EmuConfig::default());
@@ -148,11 +95,12 @@ fn run_to_completion_allocates_nothing_per_io() {
     .unwrap();
     let mut evs = vec![Event::default(); 32];
     run(&mut ctx, &iocbs, &mut evs, 5_000);
-    arm();
+    let counter = Counter::new();
+    counter.watch_this_thread();
+    counter.arm();
     run(&mut ctx, &iocbs, &mut evs, 100_000);
-    ARMED.store(false, Ordering::Relaxed);
-    WATCHED.with(|w| w.set(false));
-    let n = ALLOCS.load(Ordering::Relaxed);
+    let n = counter.disarm();
+    unwatch_this_thread();
     assert_eq!(n, 0, "{n} allocations across 100 000 i/os");
     let bounced = ctx.stats().bounced;
     assert!(
@@ -171,6 +119,9 @@ fn cross_thread_allocates_nothing_per_io_on_any_thread() {
         .take(2)
         .map(|c| c.id)
         .collect();
+    let counter = Counter::new();
+    let started = Arc::new(AtomicU64::new(0));
+    let on_start = Arc::clone(&started);
     let reactor = Reactor::builder()
         .cores(cores)
         .target(Arc::clone(&t))
@@ -180,14 +131,14 @@ fn cross_thread_allocates_nothing_per_io_on_any_thread() {
             yield_passes: 256,
             max_sleep: Duration::from_millis(20),
         }))
-        .on_start(|_core| {
-            WATCHED.with(|w| w.set(true));
-            STARTED.fetch_add(1, Ordering::Relaxed);
+        .on_start(move |_core| {
+            counter.watch_this_thread();
+            on_start.fetch_add(1, Ordering::Relaxed);
         })
         .start()
         .unwrap();
     assert_eq!(
-        STARTED.load(Ordering::Relaxed),
+        started.load(Ordering::Relaxed),
         reactor.cores().len() as u64,
         "every poller is watched"
     );
@@ -201,11 +152,11 @@ fn cross_thread_allocates_nothing_per_io_on_any_thread() {
         .unwrap();
     let mut evs = vec![Event::default(); 32];
     run(&mut ctx, &iocbs, &mut evs, 5_000);
-    arm();
+    counter.watch_this_thread();
+    counter.arm();
     run(&mut ctx, &iocbs, &mut evs, 100_000);
-    ARMED.store(false, Ordering::Relaxed);
-    WATCHED.with(|w| w.set(false));
-    let n = ALLOCS.load(Ordering::Relaxed);
+    let n = counter.disarm();
+    unwatch_this_thread();
     assert_eq!(
         n, 0,
         "{n} allocations across 100 000 i/os on the submitter and the pollers"

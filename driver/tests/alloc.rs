@@ -2,48 +2,13 @@
 //! thread across 100 000 I/Os after warm-up.
 
 mod common;
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 use common::*;
+use counting_alloc::{unwatch_this_thread, Counter};
 use kestrel::io::IoRequest;
 use kestrel::QpairOptions;
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards to the system allocator; only counts calls made while the current
-// thread has counting switched on.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 #[test]
 fn no_allocation_across_100k_ios() {
@@ -103,11 +68,12 @@ fn no_allocation_across_100k_ios() {
         }
     };
     run(&mut qp, 2_000);
-    ALLOCS.store(0, Ordering::Relaxed);
-    COUNTING.with(|c| c.set(true));
+    let counter = Counter::new();
+    counter.watch_this_thread();
+    counter.arm();
     run(&mut qp, 100_000);
-    COUNTING.with(|c| c.set(false));
-    let n = ALLOCS.load(Ordering::Relaxed);
+    let n = counter.disarm();
+    unwatch_this_thread();
     let st = qp.stats();
     assert!(
         st.split > 0 && st.sw_queued > 0,

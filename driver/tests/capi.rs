@@ -224,6 +224,26 @@ fn header_matches_the_rust_definitions() {
             offset_of!(KestrelEvent, reserved) as u64,
         ),
         (
+            "sizeof(struct kestrel_open_params)",
+            size_of::<KestrelOpenParams>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_open_params, io_timeout_ns)",
+            offset_of!(KestrelOpenParams, io_timeout_ns) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_open_params, admin_timeout_ns)",
+            offset_of!(KestrelOpenParams, admin_timeout_ns) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_open_params, flags)",
+            offset_of!(KestrelOpenParams, flags) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_open_params, reserved)",
+            offset_of!(KestrelOpenParams, reserved) as u64,
+        ),
+        (
             "sizeof(struct kestrel_io_params)",
             size_of::<KestrelIoParams>() as u64,
         ),
@@ -308,6 +328,10 @@ fn header_matches_the_rust_definitions() {
         (
             "struct kestrel_io_params",
             std::mem::align_of::<KestrelIoParams>(),
+        ),
+        (
+            "struct kestrel_open_params",
+            std::mem::align_of::<KestrelOpenParams>(),
         ),
     ] {
         want.push((
@@ -412,4 +436,93 @@ fn c_example_reports_a_bad_target() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("invalid target"), "{err}");
+}
+
+/// `kestrel_open_params` from C: its checks, and both timeouts honoured.
+const OPEN_PARAMS_C: &str = r#"
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include "kestrel.h"
+
+#define CHECK(c)                                                                  \
+    do {                                                                          \
+        if (!(c)) {                                                               \
+            fprintf(stderr, "line %d: %s (last error: %s)\n", __LINE__, #c,       \
+                    kestrel_last_error());                                        \
+            return 1;                                                             \
+        }                                                                         \
+    } while (0)
+
+int main(void)
+{
+    kestrel_t *k = NULL;
+    struct kestrel_open_params p;
+    memset(&p, 0, sizeof p);
+
+    /* Refused: a timeout below 1 ms or above a day, flags set, NULL params. */
+    p.io_timeout_ns = 999999;
+    CHECK(kestrel_open_params("emu:size=1M", &p, &k) == -EINVAL && k == NULL);
+    CHECK(strstr(kestrel_last_error(), "io_timeout_ns") != NULL);
+    p.io_timeout_ns = 0;
+    p.admin_timeout_ns = 86401ull * 1000000000ull;
+    CHECK(kestrel_open_params("emu:size=1M", &p, &k) == -EINVAL && k == NULL);
+    p.admin_timeout_ns = 0;
+    p.flags = 1;
+    CHECK(kestrel_open_params("emu:size=1M", &p, &k) == -EINVAL && k == NULL);
+    p.flags = 0;
+    CHECK(kestrel_open_params("emu:size=1M", NULL, &k) == -EINVAL && k == NULL);
+    /* Zeroes: what kestrel_open does. */
+    CHECK(kestrel_open_params("emu:size=1M", &p, &k) == 0 && k != NULL);
+    CHECK(kestrel_close(k) == 0);
+
+    /* The I/O timeout: the emulator holds a read's completion back for 5 s; with a
+     * 200 ms timeout the read is aborted and its event is -ETIMEDOUT (with the default
+     * 30 s it would complete, successfully, after 5 s). */
+    p.io_timeout_ns = 200000000ull;
+    CHECK(kestrel_open_params("emu:size=1M,faults=delay/read/5s/100%/max1", &p, &k) == 0);
+    void *buf = NULL;
+    CHECK(kestrel_dma_alloc(k, 4096, &buf) == 0);
+    kestrel_ctx_t *ctx = NULL;
+    CHECK(kestrel_io_setup(k, 4, &ctx) == 0);
+    struct kestrel_iocb io;
+    memset(&io, 0, sizeof io);
+    io.opcode = KESTREL_OP_READ;
+    io.len = 4096;
+    io.buf = buf;
+    io.user_data = 7;
+    CHECK(kestrel_io_submit(ctx, 1, &io) == 1);
+    struct kestrel_event ev;
+    struct timespec limit = {20, 0}; /* a bound against hanging, far above the timeout */
+    CHECK(kestrel_io_getevents(ctx, 1, 1, &ev, &limit) == 1);
+    printf("read: res %lld\n", (long long)ev.res);
+    CHECK(ev.user_data == 7 && ev.res == -ETIMEDOUT);
+    CHECK(kestrel_io_destroy(ctx) == 0);
+    CHECK(kestrel_dma_free(k, buf) == 0);
+    CHECK(kestrel_close(k) == 0);
+
+    /* The admin timeout: every admin command held back for 5 s; bring-up's first one
+     * times out at 200 ms and the open fails (with the default 60 s it would succeed). */
+    memset(&p, 0, sizeof p);
+    p.admin_timeout_ns = 200000000ull;
+    int rc = kestrel_open_params("emu:size=1M,faults=delay/admin/5s/100%", &p, &k);
+    printf("admin: %d %s\n", rc, kestrel_last_error());
+    CHECK(rc < 0 && rc != -EINVAL && k == NULL);
+    puts("all checks passed");
+    return 0;
+}
+"#;
+
+#[test]
+fn open_params_set_the_timeouts_from_c() {
+    let Some(gcc) = gcc() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("open_params.c");
+    std::fs::write(&src, OPEN_PARAMS_C).unwrap();
+    let exe = dir.path().join("open_params");
+    compile(&gcc, &src, &exe, &dynamic_link());
+    let out = run(&mut Command::new(&exe));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("all checks passed"), "{stdout}");
 }

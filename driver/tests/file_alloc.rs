@@ -2,48 +2,15 @@
 //! the submitting thread across 20 000 requests after warm-up (reads, writes, vectored
 //! transfers, the software queue, flush, write zeroes, deallocate).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
+use std::path::PathBuf;
+
+use counting_alloc::{unwatch_this_thread, Counter};
 use kestrel::io::{IoOp, IoRequest};
 use kestrel::target::file::{FileOptions, FileTarget};
 use kestrel::{QueueOptions, Target, TargetQueue};
-
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards to the system allocator; only counts calls made while the current
-// thread has counting switched on.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 fn run(q: &mut dyn TargetQueue, t: &FileTarget, bufs: &[kestrel::DmaBuf], n: u64) -> u64 {
     let bs = t.info().block_size as usize;
@@ -112,15 +79,14 @@ fn no_allocation_across_20k_requests() {
         .unwrap();
     let bufs: Vec<_> = (0..48).map(|_| t.dma_pool().alloc(4096).unwrap()).collect();
     assert_eq!(run(&mut *q, &t, &bufs, 2000), 0, "warm-up errors");
-    COUNTING.with(|c| c.set(true));
+    let counter = Counter::new();
+    counter.watch_this_thread();
+    counter.arm();
     let errors = run(&mut *q, &t, &bufs, 20_000);
-    COUNTING.with(|c| c.set(false));
+    let allocs = counter.disarm();
+    unwatch_this_thread();
     assert_eq!(errors, 0);
     let st = q.stats();
     assert!(st.sw_queued > 0, "the software queue was used");
-    assert_eq!(
-        ALLOCS.load(Ordering::Relaxed),
-        0,
-        "allocations on the i/o path"
-    );
+    assert_eq!(allocs, 0, "allocations on the i/o path");
 }

@@ -3,43 +3,11 @@
 //! a target through the process-wide list.
 
 use super::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-struct Counting;
+#[path = "../../driver/tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static COUNTING: Cell<bool> = const { Cell::new(false) };
-}
-
-// SAFETY: forwards to the system allocator; only counts calls made while the current
-// thread has counting switched on.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        if COUNTING.with(|c| c.get()) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use counting_alloc::{unwatch_this_thread, Counter};
 
 const MSG: usize = 512;
 
@@ -441,12 +409,13 @@ fn no_allocation_per_io() {
         while h.getevents(1, 32, -1) > 0 {}
     };
     run(&mut h, 2000);
-    COUNTING.with(|c| c.set(true));
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let counter = Counter::new();
+    counter.watch_this_thread();
+    counter.arm();
     run(&mut h, 20_000);
-    let after = ALLOCS.load(Ordering::Relaxed);
-    COUNTING.with(|c| c.set(false));
-    assert_eq!(after - before, 0, "allocations across 20 000 I/Os");
+    let allocs = counter.disarm();
+    unwatch_this_thread();
+    assert_eq!(allocs, 0, "allocations across 20 000 I/Os");
 }
 
 #[test]

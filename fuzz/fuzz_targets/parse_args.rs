@@ -1,6 +1,7 @@
-//! The `kestrel` app's value parsers (`kestrel_app::parse`, app/src/parse.rs) and the emulator's fault-spec
-//! parser (`kestrel::emu::FaultPlan::parse`, reached through `--target emu:faults=...`)
-//! on arbitrary strings, and round trips through formatters written here.
+//! The one grammar of typed values (`kestrel::parse`: what the `kestrel` command line,
+//! `kestrel_open` and the reactor's core lists use) and the emulator's fault-spec parser
+//! (`kestrel::emu::FaultPlan::parse`, reached through `--target emu:faults=...`) on
+//! arbitrary strings, and round trips through formatters written here.
 //!
 //! Invariants: no parser panics on any string; what they accept is well formed (a size
 //! fits in 64 bits, a duration is at most a day, a core list is sorted, unique, non-empty
@@ -14,19 +15,11 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use kestrel::emu::FaultPlan;
-use libfuzzer_sys::fuzz_target;
-use parse::{
-    parse_bdf, parse_cores, parse_duration, parse_size, parse_switch, parse_target, TargetSpec,
-    MAX_CORE, MAX_DURATION,
+use kestrel::parse::{
+    parse_bdf, parse_cores, parse_duration, parse_duration_or, parse_size, parse_switch,
+    parse_target, TargetSpec, TimeUnit, MAX_CORE, MAX_DURATION, MAX_SPEC_LEN,
 };
-
-/// `kestrel_app::parse`, compiled from its source file: the app crate's other
-/// dependencies (clap, plotters, tracing-subscriber, ...) would more than double the build
-/// of the fuzz smoke run, and the module uses only std and thiserror by design (pure
-/// functions over `&str`).
-#[path = "../../app/src/parse.rs"]
-#[allow(dead_code)]
-mod parse;
+use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 struct Input {
@@ -151,19 +144,29 @@ fn check_text(s: &str) {
         }
         Err(e) => assert!(e.to_string().contains(s), "{e}"),
     }
-    let _ = parse_switch(s);
-    if let Some(b) = parse_bdf(s) {
-        // DDDD:BB:DD.F, lower case; the domain may be wider (VMD domains are 5 digits).
-        assert!(b.len() >= 12 && b.len() <= 16, "{s:?} -> {b}");
-        assert!(!b.bytes().any(|c| c.is_ascii_uppercase()), "{s:?} -> {b}");
-        assert_eq!(parse_bdf(&b).as_deref(), Some(b.as_str()), "normalised");
+    match parse_duration_or(s, TimeUnit::Secs) {
+        Ok(d) => assert!(d <= MAX_DURATION, "{s:?} -> {d:?}"),
+        Err(e) => assert!(e.to_string().contains(s), "{e}"),
+    }
+    if let Err(e) = parse_switch(s) {
+        assert!(e.to_string().contains(s), "{e}");
+    }
+    match parse_bdf(s) {
+        Ok(b) => {
+            // DDDD:BB:DD.F, lower case; the domain may be wider (VMD domains are 5 digits).
+            let b = b.to_string();
+            assert!(b.len() >= 12 && b.len() <= 16, "{s:?} -> {b}");
+            assert!(!b.bytes().any(|c| c.is_ascii_uppercase()), "{s:?} -> {b}");
+            assert_eq!(parse_bdf(&b).map(|x| x.to_string()), Ok(b), "normalised");
+        }
+        Err(e) => assert!(e.to_string().contains(s), "{e}"),
     }
     match parse_target(s) {
         Ok(t) => {
             let _ = t.to_string();
             match &t {
                 TargetSpec::Pci { bdf } => {
-                    assert_eq!(parse_bdf(bdf).as_deref(), Some(bdf.as_str()))
+                    assert_eq!(parse_bdf(bdf).map(|b| b.to_string()).as_ref(), Ok(bdf))
                 }
                 TargetSpec::File(f) => {
                     assert!(!f.path.as_os_str().is_empty());
@@ -180,7 +183,8 @@ fn check_text(s: &str) {
                 }
             }
         }
-        Err(e) => assert!(e.to_string().contains(s), "{e}"),
+        // An over-long string is quoted only in part.
+        Err(e) => assert!(s.len() > MAX_SPEC_LEN || e.to_string().contains(s), "{e}"),
     }
     fault_plan(s);
 }

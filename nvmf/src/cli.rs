@@ -99,28 +99,9 @@ pub enum CliError {
     Serve(#[from] ServeError),
 }
 
+/// A core list in the driver's one grammar (`0,2-3`, `[0,2-3]`, `0x5`).
 fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
-    let mut out = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a, b),
-            None => (part, part),
-        };
-        let a: usize = a
-            .parse()
-            .map_err(|_| format!("{part:?} is not a core number or range"))?;
-        let b: usize = b
-            .parse()
-            .map_err(|_| format!("{part:?} is not a core number or range"))?;
-        if a > b || b > 1023 {
-            return Err(format!("core range {part:?} is empty or beyond 1023"));
-        }
-        out.extend(a..=b);
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
+    kestrel::parse::parse_cores(s).map_err(|e| e.to_string())
 }
 
 /// Splits `NAME=SPEC`; the name is the part before `=` when that part is a plain word
@@ -139,18 +120,11 @@ fn split_name(s: &str) -> (Option<&str>, &str) {
 }
 
 fn open_target(spec: &TargetSpec, noiommu: bool) -> Result<Arc<dyn Target>, kestrel::Error> {
-    match spec {
-        TargetSpec::Pci { bdf } if noiommu => {
-            let opts = kestrel::hw::vfio::VfioOptions {
-                noiommu: true,
-                ..Default::default()
-            };
-            let t = kestrel::hw::vfio::VfioTransport::open(bdf, &opts)?;
-            let c = kestrel::Controller::new(t, kestrel::ControllerOptions::default())?;
-            Ok(Arc::new(kestrel::NvmeNamespace::new(c, 1)?))
-        }
-        _ => Ok(target_spec::open_spec(spec)?),
-    }
+    let opts = target_spec::OpenOptions {
+        noiommu,
+        ..Default::default()
+    };
+    Ok(target_spec::open_with(spec, &opts)?.first_target()?)
 }
 
 /// Builds the configuration from the arguments (targets already opened).

@@ -1,54 +1,18 @@
 //! The reactor does not allocate per I/O: after a warm-up, thousands of reads, in-capsule
 //! writes and R2T writes from a host cause no allocation on the reactor thread.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "../../driver/tests/support/counting_alloc.rs"]
+mod counting_alloc;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
+
+use counting_alloc::Counter;
 
 use kestrel_nvmf::fabrics::{ConnectCmd, ConnectData, PropertyCmd, Sgl};
 use kestrel_nvmf::pdu::{DataHeader, IcReq, Pdu};
 use kestrel_nvmf::{Limits, Server, ServerConfig, SubsystemConfig};
-
-/// The thread whose allocations are counted (a Linux TID), 0 for none.
-static WATCH_TID: AtomicI32 = AtomicI32::new(0);
-static WATCHED_ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-struct Counting;
-
-fn tid() -> i32 {
-    // SAFETY: gettid takes no arguments and cannot fail.
-    unsafe { libc::gettid() }
-}
-
-// SAFETY: forwards to the system allocator unchanged; counting touches two atomics and
-// makes a system call, neither of which allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let w = WATCH_TID.load(Ordering::Relaxed);
-        if w != 0 && tid() == w {
-            WATCHED_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: ptr came from System.alloc with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let w = WATCH_TID.load(Ordering::Relaxed);
-        if w != 0 && tid() == w {
-            WATCHED_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: as for realloc's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 const NQN: &str = "nqn.2026-12.io.kestrel:noalloc";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000aa";
@@ -208,13 +172,13 @@ fn the_reactor_allocates_nothing_per_io() {
         })
         .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .expect("the reactor thread is named nvmf-reactor-0");
-    WATCHED_ALLOCS.store(0, Ordering::SeqCst);
-    WATCH_TID.store(reactor_tid, Ordering::SeqCst);
+    let counter = Counter::new();
+    counter.watch_thread_id(reactor_tid);
+    counter.arm();
     for _ in 0..2000 {
         round(&mut io);
     }
-    WATCH_TID.store(0, Ordering::SeqCst);
-    let allocs = WATCHED_ALLOCS.load(Ordering::SeqCst);
+    let allocs = counter.disarm();
     assert_eq!(
         allocs, 0,
         "the reactor allocated {allocs} times in 6000 I/Os (2000 reads, 2000 in-capsule writes, 2000 R2T writes)"
@@ -228,13 +192,11 @@ fn the_reactor_allocates_nothing_per_io() {
     ident[40] = 1;
     Sgl::Transport { len: 4096 }.encode(&mut ident);
     let ident = capsule(ident, &[]);
-    WATCH_TID.store(reactor_tid, Ordering::SeqCst);
+    counter.arm();
     exchange(&mut admin, &ident, &mut c2h, &mut resp);
-    WATCH_TID.store(0, Ordering::SeqCst);
-    assert!(
-        WATCHED_ALLOCS.load(Ordering::SeqCst) > 0,
-        "the counter sees the reactor"
-    );
+    let allocs = counter.disarm();
+    counter.unwatch_thread_id(reactor_tid);
+    assert!(allocs > 0, "the counter sees the reactor");
     drop(io);
     drop(admin);
     srv.shutdown();

@@ -253,7 +253,6 @@ impl Ctrl {
             };
         }
         let faults = &self.shared.faults;
-        self.inj.refresh(faults);
         if faults.take_remove() {
             self.enter_removed();
             return Activity {
@@ -298,6 +297,12 @@ impl Ctrl {
         if self.shared.faults.raw_pending() {
             work |= self.post_raw_cqes(mem);
         }
+        // The plan is adopted after the doorbells were read, never before: a plan installed
+        // before the host's doorbell write (Release) is visible once that write was seen
+        // (Acquire), so it applies to every command that write submitted. Adopting it at the
+        // start of the pass instead let a command submitted just after an installation run
+        // under the previous plan.
+        self.inj.refresh(&self.shared.faults);
         work |= self.run_admin(mem);
         work |= self.run_io(mem, db);
         // (An injected fatal error or removal during the I/O phase stops the pass.)

@@ -245,7 +245,9 @@ impl EmuFaults {
         FaultPlan::parse(spec)
     }
 
-    /// Replaces the plan (counters of `fatal_after`/`remove_after` start again).
+    /// Replaces the plan (counters of `fatal_after`/`remove_after` start again). The plan
+    /// applies to every command submitted by a doorbell write made after this returns;
+    /// commands the controller fetched before may still see the previous plan.
     pub fn set(&self, plan: FaultPlan) {
         *self.plan.lock().unwrap_or_else(|e| e.into_inner()) = plan;
         // Release: the thread that sees the new generation locks and reads the plan.

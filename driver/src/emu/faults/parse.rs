@@ -55,19 +55,9 @@ fn parse_status(s: &str) -> Result<Status, String> {
     Ok(Status::new(Sct::from_code(sct), sc))
 }
 
+/// A delay: the crate's one duration grammar ([`crate::parse::parse_duration`]).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s
-        .find(|c: char| c.is_ascii_alphabetic())
-        .map(|i| s.split_at(i))
-        .ok_or_else(|| format!("bad duration `{s}`: give a unit (us, ms, s)"))?;
-    let v: u64 = num.parse().map_err(|_| format!("bad duration `{s}`"))?;
-    Ok(match unit {
-        "ns" => Duration::from_nanos(v),
-        "us" => Duration::from_micros(v),
-        "ms" => Duration::from_millis(v),
-        "s" => Duration::from_secs(v),
-        _ => return Err(format!("bad duration unit in `{s}` (ns, us, ms, s)")),
-    })
+    crate::parse::parse_duration(s).map_err(|e| e.to_string())
 }
 
 fn parse_rate(s: &str) -> Option<Result<f64, String>> {

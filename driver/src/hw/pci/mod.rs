@@ -69,64 +69,17 @@ pub enum PciError {
     },
 }
 
-/// A PCI address: domain, bus, device, function.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct Bdf {
-    /// PCI domain (segment).
-    pub domain: u32,
-    /// Bus number.
-    pub bus: u8,
-    /// Device number, 0..=31.
-    pub device: u8,
-    /// Function number, 0..=7.
-    pub function: u8,
-}
+pub use crate::parse::Bdf;
 
 impl FromStr for Bdf {
     type Err = PciError;
 
-    /// Parses `DDDD:BB:DD.F` or `BB:DD.F` (domain 0), hex, either case.
+    /// Parses `DDDD:BB:DD.F` or `BB:DD.F` (domain 0), hex, either case
+    /// ([`crate::parse::parse_bdf`]).
     fn from_str(s: &str) -> Result<Self, PciError> {
-        let bad = || PciError::InvalidBdf {
+        crate::parse::parse_bdf(s).map_err(|_| PciError::InvalidBdf {
             input: s.to_string(),
-        };
-        let hex = |t: &str, max_digits: usize| -> Result<u32, PciError> {
-            if t.is_empty() || t.len() > max_digits || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(bad());
-            }
-            u32::from_str_radix(t, 16).map_err(|_| bad())
-        };
-        let t = s.trim();
-        let (domain, rest) = match t.split(':').collect::<Vec<_>>().as_slice() {
-            [d, b, r] => (hex(d, 8)?, (*b, *r)),
-            [b, r] => (0, (*b, *r)),
-            _ => return Err(bad()),
-        };
-        let (bus, devfn) = rest;
-        let (dev, func) = devfn.split_once('.').ok_or_else(bad)?;
-        let bus = hex(bus, 2)?;
-        let dev = hex(dev, 2)?;
-        let func = hex(func, 1)?;
-        if dev > 0x1f || func > 7 {
-            return Err(bad());
-        }
-        Ok(Bdf {
-            domain,
-            bus: bus as u8,
-            device: dev as u8,
-            function: func as u8,
         })
-    }
-}
-
-impl fmt::Display for Bdf {
-    /// The sysfs spelling: `0000:01:00.0`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:04x}:{:02x}:{:02x}.{:x}",
-            self.domain, self.bus, self.device, self.function
-        )
     }
 }
 

@@ -1,0 +1,484 @@
+//! The part of a context common to both modes: request slots, validation of iocbs,
+//! bounce buffers, and turning completions into events exactly once.
+
+use std::sync::Arc;
+
+use crate::hw::dma::{DmaBuf, DmaPool};
+use crate::io::{Completion, IoError, IoRequest, Segments};
+use crate::spec::Status;
+use crate::target::{Target, TargetInfo};
+
+use super::error::{AioError, IocbError};
+use super::types::*;
+use super::wire;
+
+/// A slot with no bounce buffer.
+const NO_BOUNCE: u32 = u32::MAX;
+
+/// One request of a context, from submit until its event is returned.
+#[derive(Clone, Copy)]
+pub(super) struct Slot {
+    user_data: u64,
+    len: u64,
+    user_addr: usize,
+    bounce: u32,
+    gen: u32,
+    /// Cross-thread: the ring (poller) it went to.
+    pub(super) chan: u16,
+    /// Target index.
+    pub(super) target: u16,
+    opcode: Opcode,
+    active: bool,
+    /// A cancel was asked for.
+    pub(super) cancel: bool,
+}
+
+/// What a context knows of one target.
+pub(super) struct TargetView {
+    /// The target's description.
+    pub(super) info: TargetInfo,
+    pool: DmaPool,
+    /// The pool's regions as last seen (they only grow).
+    regions: Vec<(usize, usize)>,
+}
+
+impl TargetView {
+    fn contains(&mut self, addr: usize, len: usize) -> bool {
+        let inside = |r: &[(usize, usize)]| {
+            r.iter()
+                .any(|&(b, l)| addr >= b && addr.checked_add(len).is_some_and(|e| e <= b + l))
+        };
+        if inside(&self.regions) {
+            return true;
+        }
+        // A region added since we looked (setup-time allocation, not per I/O).
+        self.regions = self.pool.regions();
+        inside(&self.regions)
+    }
+}
+
+/// One target's bounce buffers: `free` indexes chunks of `mem`.
+pub(super) struct Bounce {
+    /// The chunks, in one DMA buffer.
+    pub(super) mem: DmaBuf,
+    chunk: usize,
+    buf_size: usize,
+    free: Vec<u32>,
+}
+
+/// Why an iocb was not prepared.
+pub(super) enum Prep {
+    /// No room (in what).
+    Busy(&'static str),
+    /// It is invalid.
+    Invalid(IocbError),
+}
+
+/// The part of a context common to both modes: request slots, validation, bounce
+/// buffers, events.
+pub(super) struct Core {
+    pub(super) slots: Box<[Slot]>,
+    pub(super) free: Vec<u32>,
+    pub(super) nr_events: u32,
+    pub(super) targets: Vec<TargetView>,
+    pub(super) bounce: Vec<Bounce>,
+    pub(super) stats: AioStats,
+}
+
+impl Core {
+    pub(super) fn new(
+        targets: &[Arc<dyn Target>],
+        opts: &ContextOptions,
+    ) -> Result<Core, AioError> {
+        if opts.nr_events == 0 || opts.nr_events > MAX_EVENTS {
+            return Err(AioError::BadNrEvents {
+                nr_events: opts.nr_events,
+                max: MAX_EVENTS,
+            });
+        }
+        let n = opts.nr_events as usize;
+        let slots = vec![
+            Slot {
+                user_data: 0,
+                len: 0,
+                user_addr: 0,
+                bounce: NO_BOUNCE,
+                gen: 0,
+                chan: 0,
+                target: 0,
+                opcode: Opcode::Flush,
+                active: false,
+                cancel: false,
+            };
+            n
+        ]
+        .into_boxed_slice();
+        let free: Vec<u32> = (0..n as u32).rev().collect();
+        let views: Vec<TargetView> = targets
+            .iter()
+            .map(|t| TargetView {
+                info: t.info().clone(),
+                pool: t.dma_pool().clone(),
+                regions: t.dma_pool().regions(),
+            })
+            .collect();
+        let bounce = match &opts.bounce {
+            Some(b) => bounce_buffers(targets, b)?,
+            None => Vec::new(),
+        };
+        Ok(Core {
+            slots,
+            free,
+            nr_events: opts.nr_events,
+            targets: views,
+            bounce,
+            stats: AioStats::default(),
+        })
+    }
+
+    /// Requests accepted whose events have not been returned yet.
+    pub(super) fn in_flight(&self) -> u32 {
+        self.nr_events - self.free.len() as u32
+    }
+
+    /// The token of slot `idx` as it is now.
+    pub(super) fn token(&self, idx: u32) -> u64 {
+        wire::context_token(idx, self.slots[idx as usize].gen)
+    }
+
+    /// Validates an iocb, takes a slot (and a bounce buffer, copying write data in) and
+    /// builds its request.
+    pub(super) fn prepare(&mut self, iocb: &Iocb) -> Result<(u32, IoRequest), Prep> {
+        let ti = iocb.target;
+        let count = self.targets.len();
+        let view = self
+            .targets
+            .get_mut(ti as usize)
+            .ok_or(Prep::Invalid(IocbError::NoSuchTarget { target: ti, count }))?;
+        let nsid = check_target(&view.info, iocb).map_err(Prep::Invalid)?;
+        let (lba, nlb) = if iocb.opcode == Opcode::Flush {
+            (0, 0)
+        } else {
+            blocks(&view.info, iocb).map_err(Prep::Invalid)?
+        };
+        let (data, bounce, user_addr) = match (iocb.opcode, iocb.buf) {
+            (Opcode::Read | Opcode::Write, IoBuf::User(u)) => self.bounce_in(iocb, u)?,
+            _ => (dma_data(view, iocb).map_err(Prep::Invalid)?, NO_BOUNCE, 0),
+        };
+        let Some(idx) = self.free.pop() else {
+            if bounce != NO_BOUNCE {
+                self.bounce[ti as usize].free.push(bounce);
+                self.stats.bounced -= 1;
+            }
+            return Err(Prep::Busy("the context's nr_events slots"));
+        };
+        let s = &mut self.slots[idx as usize];
+        s.user_data = iocb.user_data;
+        s.len = if iocb.opcode == Opcode::Flush {
+            0
+        } else {
+            iocb.len
+        };
+        s.user_addr = user_addr;
+        s.bounce = bounce;
+        s.chan = 0;
+        s.target = ti;
+        s.opcode = iocb.opcode;
+        s.active = true;
+        s.cancel = false;
+        let req = IoRequest {
+            op: iocb.opcode.io_op(),
+            nsid,
+            lba,
+            nlb,
+            data,
+            token: self.token(idx),
+        };
+        Ok((idx, req))
+    }
+
+    /// A bounced read or write of ordinary memory: takes a bounce buffer of the iocb's
+    /// target (copying write data in); returns its segment, index and the user address.
+    fn bounce_in(&mut self, iocb: &Iocb, u: UserBuf) -> Result<(Segments, u32, usize), Prep> {
+        let op = iocb.opcode.name();
+        if (u.len as u64) < iocb.len {
+            return Err(Prep::Invalid(IocbError::BufferTooShort {
+                op,
+                len: iocb.len,
+                buf_len: u.len as u64,
+            }));
+        }
+        let Some(b) = self.bounce.get_mut(iocb.target as usize) else {
+            return Err(Prep::Invalid(IocbError::NoBounce {
+                addr: u.addr,
+                len: u.len,
+            }));
+        };
+        if iocb.len > b.buf_size as u64 {
+            return Err(Prep::Invalid(IocbError::BounceTooLarge {
+                op,
+                len: iocb.len,
+                max: b.buf_size,
+            }));
+        }
+        if self.free.is_empty() {
+            return Err(Prep::Busy("the context's nr_events slots"));
+        }
+        let Some(bi) = b.free.pop() else {
+            return Err(Prep::Busy("the bounce buffers"));
+        };
+        let off = bi as usize * b.chunk;
+        let len = iocb.len as usize;
+        if iocb.opcode == Opcode::Write {
+            // SAFETY: the caller of `IoBuf::user` promised `addr..addr + u.len`
+            // readable and untouched until the event; len <= u.len.
+            let src = unsafe { std::slice::from_raw_parts(u.addr as *const u8, len) };
+            b.mem
+                .write_at(off, src)
+                .expect("a bounce chunk holds buf_size bytes");
+        }
+        self.stats.bounced += 1;
+        let seg = Segments::one(b.mem.slice(off, len).expect("inside the bounce buffer"));
+        Ok((seg, bi, u.addr))
+    }
+
+    /// Gives back a slot whose request was not accepted after all.
+    pub(super) fn unprepare(&mut self, idx: u32) {
+        let s = &mut self.slots[idx as usize];
+        if s.bounce != NO_BOUNCE {
+            self.bounce[s.target as usize].free.push(s.bounce);
+            s.bounce = NO_BOUNCE;
+            self.stats.bounced -= 1;
+        }
+        s.active = false;
+        self.free.push(idx);
+    }
+
+    /// Turns a completion into its event (once: the slot is freed and its generation
+    /// moves on, so a repeat is counted as bogus and dropped).
+    pub(super) fn complete(&mut self, c: Completion) -> Option<Event> {
+        let idx = wire::slot_of(c.token);
+        let gen = wire::gen_of(c.token);
+        let Some(s) = self.slots.get_mut(idx).filter(|s| s.active && s.gen == gen) else {
+            self.stats.bogus += 1;
+            return None;
+        };
+        let mut res = c.result.map(|()| s.len);
+        let cancel = if s.cancel {
+            match c.result {
+                Err(IoError::Cancelled) => CancelOutcome::Cancelled,
+                Err(IoError::Nvme(st)) if st.same_code(Status::ABORT_REQUESTED) => {
+                    res = Err(IoError::Aborted);
+                    CancelOutcome::Aborted
+                }
+                Err(IoError::Aborted) => CancelOutcome::Aborted,
+                _ => CancelOutcome::TooLate,
+            }
+        } else if c.result == Err(IoError::Cancelled) {
+            CancelOutcome::Cancelled
+        } else {
+            CancelOutcome::NotRequested
+        };
+        if s.bounce != NO_BOUNCE {
+            let b = &mut self.bounce[s.target as usize];
+            if s.opcode == Opcode::Read && res.is_ok() {
+                let off = s.bounce as usize * b.chunk;
+                // SAFETY: the caller of `IoBuf::user` promised `user_addr..+len` writable
+                // and untouched by anything else until this event is returned.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(s.user_addr as *mut u8, s.len as usize)
+                };
+                b.mem
+                    .read_at(off, dst)
+                    .expect("a bounce chunk holds buf_size bytes");
+            }
+            b.free.push(s.bounce);
+            s.bounce = NO_BOUNCE;
+        }
+        s.active = false;
+        s.gen = wire::next_gen(s.gen);
+        let ev = Event {
+            user_data: s.user_data,
+            res,
+            cancel,
+        };
+        self.free.push(idx as u32);
+        self.stats.completed += 1;
+        match cancel {
+            CancelOutcome::Cancelled => self.stats.cancelled += 1,
+            CancelOutcome::Aborted => self.stats.aborted += 1,
+            CancelOutcome::TooLate => self.stats.too_late += 1,
+            CancelOutcome::NotRequested => {}
+        }
+        Some(ev)
+    }
+
+    /// The slot of the first outstanding request with `user_data`.
+    pub(super) fn find(&self, user_data: u64) -> Option<u32> {
+        self.slots
+            .iter()
+            .position(|s| s.active && s.user_data == user_data)
+            .map(|i| i as u32)
+    }
+}
+
+/// Checks what an iocb asks of its target (namespace, writability, support); returns the
+/// namespace to use.
+fn check_target(info: &TargetInfo, iocb: &Iocb) -> Result<u32, IocbError> {
+    let (op, target) = (iocb.opcode.name(), iocb.target);
+    if iocb.nsid != 0 && iocb.nsid != info.nsid {
+        return Err(IocbError::WrongNamespace {
+            nsid: iocb.nsid,
+            target,
+            target_nsid: info.nsid,
+        });
+    }
+    if iocb.opcode.writes() && info.read_only {
+        return Err(IocbError::ReadOnly { op, target });
+    }
+    let unsupported = match iocb.opcode {
+        Opcode::WriteZeroes => !info.write_zeroes,
+        Opcode::Discard => !info.deallocate,
+        _ => false,
+    };
+    if unsupported {
+        return Err(IocbError::Unsupported { op, target });
+    }
+    Ok(info.nsid)
+}
+
+/// The blocks a (non-flush) iocb covers: offset and length whole blocks, not zero, not
+/// more than one request carries, inside the target.
+fn blocks(info: &TargetInfo, iocb: &Iocb) -> Result<(u64, u32), IocbError> {
+    let op = iocb.opcode.name();
+    let bs = info.block_size as u64;
+    for (what, value) in [("offset", iocb.offset), ("length", iocb.len)] {
+        if value % bs != 0 {
+            return Err(IocbError::Misaligned {
+                op,
+                what,
+                value,
+                block_size: info.block_size,
+            });
+        }
+    }
+    if iocb.len == 0 {
+        return Err(IocbError::ZeroLength {
+            op,
+            offset: iocb.offset,
+        });
+    }
+    let max = u32::MAX as u64 * bs;
+    if iocb.len > max {
+        return Err(IocbError::TooLong {
+            op,
+            len: iocb.len,
+            max,
+        });
+    }
+    let capacity = info.num_blocks.saturating_mul(bs);
+    let past_end = match iocb.offset.checked_add(iocb.len) {
+        Some(e) => e > capacity,
+        None => true,
+    };
+    if past_end {
+        return Err(IocbError::OutOfRange {
+            op,
+            offset: iocb.offset,
+            len: iocb.len,
+            capacity,
+        });
+    }
+    Ok((iocb.offset / bs, (iocb.len / bs) as u32))
+}
+
+/// The data of an iocb that is not bounced: none, or DMA memory of the target's pool of
+/// the kind its opcode takes, long enough.
+fn dma_data(view: &mut TargetView, iocb: &Iocb) -> Result<Segments, IocbError> {
+    let op = iocb.opcode.name();
+    let too_short = |buf_len: usize| IocbError::BufferTooShort {
+        op,
+        len: iocb.len,
+        buf_len: buf_len as u64,
+    };
+    let wrong = |why| IocbError::WrongBuffer { op, why };
+    match (iocb.opcode, iocb.buf) {
+        (Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard, IoBuf::None) => {
+            Ok(Segments::none())
+        }
+        (Opcode::Flush, _) => Ok(Segments::none()),
+        (Opcode::WriteZeroes | Opcode::Discard, _) => Err(wrong("takes no buffer (IoBuf::None)")),
+        (Opcode::Read | Opcode::Write, IoBuf::Dma(s)) => {
+            if (s.len as u64) < iocb.len {
+                return Err(too_short(s.len));
+            }
+            if !view.contains(s.vaddr, iocb.len as usize) {
+                return Err(IocbError::ForeignBuffer {
+                    addr: s.vaddr,
+                    len: s.len,
+                });
+            }
+            Ok(Segments::one(
+                s.sub(0, iocb.len as usize).expect("length checked above"),
+            ))
+        }
+        (Opcode::Readv | Opcode::Writev, IoBuf::Vectored(v)) => {
+            if (v.total_len() as u64) < iocb.len {
+                return Err(too_short(v.total_len()));
+            }
+            for s in v.as_slice() {
+                if !view.contains(s.vaddr, s.len) {
+                    return Err(IocbError::ForeignBuffer {
+                        addr: s.vaddr,
+                        len: s.len,
+                    });
+                }
+            }
+            Ok(v)
+        }
+        (Opcode::Read | Opcode::Write, IoBuf::Vectored(_)) => {
+            Err(wrong("takes one buffer; use readv/writev for segments"))
+        }
+        (Opcode::Readv | Opcode::Writev, _) => {
+            Err(wrong("takes segments of dma memory (IoBuf::Vectored)"))
+        }
+        (Opcode::Read | Opcode::Write, IoBuf::None) => Err(wrong("needs a buffer")),
+        // Bounced buffers are taken by `Core::bounce_in`.
+        (Opcode::Read | Opcode::Write, IoBuf::User(_)) => Err(wrong("is bounced")),
+    }
+}
+
+/// One target's worth of bounce buffers for each target, after checking the options.
+fn bounce_buffers(targets: &[Arc<dyn Target>], b: &BounceOptions) -> Result<Vec<Bounce>, AioError> {
+    if b.buffers == 0 || b.buffers > MAX_BOUNCE_BUFFERS {
+        return Err(AioError::BadOption {
+            option: "bounce.buffers",
+            value: b.buffers as u64,
+            why: "must be from 1 to 4096",
+        });
+    }
+    if b.buf_size == 0 || b.buf_size > MAX_BOUNCE_BUF_SIZE {
+        return Err(AioError::BadOption {
+            option: "bounce.buf_size",
+            value: b.buf_size as u64,
+            why: "must be from 1 byte to 8 MiB",
+        });
+    }
+    // Page-aligned chunks: every bounce buffer meets any PRP or O_DIRECT rule.
+    let chunk = b.buf_size.next_multiple_of(crate::spec::PAGE_SIZE);
+    let mut bounce = Vec::with_capacity(targets.len());
+    for t in targets {
+        let bytes = chunk * b.buffers as usize;
+        let mem = t
+            .dma_pool()
+            .alloc(bytes)
+            .map_err(|source| AioError::Bounce { bytes, source })?;
+        bounce.push(Bounce {
+            mem,
+            chunk,
+            buf_size: b.buf_size,
+            free: (0..b.buffers).rev().collect(),
+        });
+    }
+    Ok(bounce)
+}

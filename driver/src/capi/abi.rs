@@ -1,0 +1,226 @@
+//! The C ABI's constants and `#[repr(C)]` structures, exactly as `include/kestrel.h`
+//! declares them, with compile-time size and offset asserts (a test compiles the header
+//! and compares).
+
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::{offset_of, size_of};
+
+use crate::io::MAX_SEGMENTS;
+
+/// The ABI version `kestrel.h` describes (`KESTREL_ABI_VERSION`).
+pub const KESTREL_ABI_VERSION: u32 = 1;
+
+/// `KESTREL_OP_READ`.
+pub const KESTREL_OP_READ: u16 = 0;
+/// `KESTREL_OP_WRITE`.
+pub const KESTREL_OP_WRITE: u16 = 1;
+/// `KESTREL_OP_FLUSH`.
+pub const KESTREL_OP_FLUSH: u16 = 2;
+/// `KESTREL_OP_WRITE_ZEROES`.
+pub const KESTREL_OP_WRITE_ZEROES: u16 = 3;
+/// `KESTREL_OP_DISCARD`.
+pub const KESTREL_OP_DISCARD: u16 = 4;
+/// `KESTREL_OP_READV`.
+pub const KESTREL_OP_READV: u16 = 5;
+/// `KESTREL_OP_WRITEV`.
+pub const KESTREL_OP_WRITEV: u16 = 6;
+
+/// `KESTREL_CANCEL_NONE`: no cancel was asked for.
+pub const KESTREL_CANCEL_NONE: u8 = 0;
+/// `KESTREL_CANCEL_CANCELLED`: cancelled before reaching the device.
+pub const KESTREL_CANCEL_CANCELLED: u8 = 1;
+/// `KESTREL_CANCEL_ABORTED`: aborted at the device.
+pub const KESTREL_CANCEL_ABORTED: u8 = 2;
+/// `KESTREL_CANCEL_TOO_LATE`: a cancel was asked for but the request completed.
+pub const KESTREL_CANCEL_TOO_LATE: u8 = 3;
+
+/// `kestrel_io_cancel` result: not at the device; the event will say cancelled.
+pub const KESTREL_CANCEL_STATUS_CANCELLED: c_int = 0;
+/// `kestrel_io_cancel` result: an NVMe Abort was sent and the controller aborted it.
+pub const KESTREL_CANCEL_STATUS_ABORTED: c_int = 1;
+/// `kestrel_io_cancel` result: an NVMe Abort was sent; the controller did not abort it.
+pub const KESTREL_CANCEL_STATUS_NOT_ABORTED: c_int = 2;
+/// `kestrel_io_cancel` result: too late (complete, or the target cannot abort).
+pub const KESTREL_CANCEL_STATUS_TOO_LATE: c_int = 3;
+
+/// `kestrel_io_cancel` result: handed to a poller; the event says what happened.
+pub const KESTREL_CANCEL_STATUS_REQUESTED: c_int = 4;
+
+/// `kestrel_io_params.flags`: enable the bounce path for ordinary memory.
+pub const KESTREL_IO_BOUNCE: u32 = 1;
+/// The most segments of a vectored iocb.
+pub const KESTREL_MAX_IOV: u32 = MAX_SEGMENTS as u32;
+
+/// `kestrel_reactor_start` flags: back off when idle instead of busy-polling.
+pub const KESTREL_REACTOR_BACKOFF: u32 = 1;
+
+/// `kestrel_info.flags`: Write Zeroes is supported.
+pub const KESTREL_INFO_WRITE_ZEROES: u32 = 1 << 0;
+/// `kestrel_info.flags`: Discard is supported.
+pub const KESTREL_INFO_DISCARD: u32 = 1 << 1;
+/// `kestrel_info.flags`: discarded blocks read back as zeroes.
+pub const KESTREL_INFO_DISCARD_ZEROES: u32 = 1 << 2;
+/// `kestrel_info.flags`: flush does something (a volatile cache).
+pub const KESTREL_INFO_FLUSH: u32 = 1 << 3;
+/// `kestrel_info.flags`: read-only.
+pub const KESTREL_INFO_READ_ONLY: u32 = 1 << 4;
+
+/// Bytes of `kestrel_info.name`, NUL included.
+pub const KESTREL_NAME_LEN: usize = 64;
+/// Default bounce buffers of a context with `KESTREL_IO_BOUNCE`.
+pub const KESTREL_DEFAULT_BOUNCE_BUFFERS: u32 = 64;
+/// Default bounce buffer size.
+pub const KESTREL_DEFAULT_BOUNCE_BUF_SIZE: u32 = 128 * 1024;
+
+/// `struct kestrel_info`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KestrelInfo {
+    /// Capacity in blocks.
+    pub num_blocks: u64,
+    /// Capacity in bytes.
+    pub capacity_bytes: u64,
+    /// The largest transfer one request carries without splitting.
+    pub max_transfer_bytes: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Namespace ID.
+    pub nsid: u32,
+    /// `KESTREL_INFO_*`.
+    pub flags: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// NUL-terminated name.
+    pub name: [c_char; KESTREL_NAME_LEN],
+}
+
+/// `struct kestrel_iovec`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KestrelIovec {
+    /// Start of the segment (from `kestrel_dma_alloc`).
+    pub base: *mut c_void,
+    /// Its length.
+    pub len: usize,
+}
+
+/// `struct kestrel_iocb`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct KestrelIocb {
+    /// Returned in the event.
+    pub user_data: u64,
+    /// Byte offset (a multiple of the block size).
+    pub offset: u64,
+    /// Bytes (a multiple of the block size).
+    pub len: u64,
+    /// Read/write buffer; NULL for the other opcodes.
+    pub buf: *mut c_void,
+    /// Readv/writev segments; NULL for the other opcodes.
+    pub iov: *const KestrelIovec,
+    /// Segments in `iov` (1..=`KESTREL_MAX_IOV`).
+    pub iovcnt: u32,
+    /// Namespace ID; 0 for the target's.
+    pub nsid: u32,
+    /// `KESTREL_OP_*`.
+    pub opcode: u16,
+    /// Zero.
+    pub flags: u16,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// `struct kestrel_event`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KestrelEvent {
+    /// The iocb's `user_data`.
+    pub user_data: u64,
+    /// Bytes transferred, or a negative errno.
+    pub res: i64,
+    /// 1 when `sct`/`sc` hold an NVMe status the device reported.
+    pub has_status: u8,
+    /// Status Code Type.
+    pub sct: u8,
+    /// Status Code.
+    pub sc: u8,
+    /// Do Not Retry.
+    pub dnr: u8,
+    /// More (details in the Error Information log).
+    pub more: u8,
+    /// `KESTREL_CANCEL_*`.
+    pub cancel: u8,
+    /// Zero.
+    pub reserved: [u8; 2],
+}
+
+/// `struct kestrel_open_params`: how [`super::kestrel_open_params`] opens a target.
+/// Zero-initialised, it means what `kestrel_open` does.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KestrelOpenParams {
+    /// Per-command I/O timeout of an NVMe target's queues, in nanoseconds (a command not
+    /// completed within it is aborted, then the controller reset); 0: 30 s.
+    pub io_timeout_ns: u64,
+    /// Admin command timeout of an NVMe target (bring-up, queue creation, Abort, reset),
+    /// in nanoseconds; 0: 60 s.
+    pub admin_timeout_ns: u64,
+    /// Zero.
+    pub flags: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+/// `struct kestrel_io_params`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KestrelIoParams {
+    /// Requests outstanding at once (1..=65536).
+    pub nr_events: u32,
+    /// `KESTREL_IO_*`.
+    pub flags: u32,
+    /// Bounce buffers (0: the default).
+    pub bounce_buffers: u32,
+    /// Bytes per bounce buffer (0: the default).
+    pub bounce_buf_size: u32,
+}
+
+const _: () = assert!(size_of::<KestrelInfo>() == 104);
+const _: () = assert!(offset_of!(KestrelInfo, num_blocks) == 0);
+const _: () = assert!(offset_of!(KestrelInfo, capacity_bytes) == 8);
+const _: () = assert!(offset_of!(KestrelInfo, max_transfer_bytes) == 16);
+const _: () = assert!(offset_of!(KestrelInfo, block_size) == 24);
+const _: () = assert!(offset_of!(KestrelInfo, nsid) == 28);
+const _: () = assert!(offset_of!(KestrelInfo, flags) == 32);
+const _: () = assert!(offset_of!(KestrelInfo, reserved) == 36);
+const _: () = assert!(offset_of!(KestrelInfo, name) == 40);
+const _: () = assert!(size_of::<KestrelIovec>() == 16);
+const _: () = assert!(offset_of!(KestrelIovec, len) == 8);
+const _: () = assert!(size_of::<KestrelIovec>() == size_of::<libc::iovec>());
+const _: () = assert!(size_of::<KestrelIocb>() == 56);
+const _: () = assert!(offset_of!(KestrelIocb, user_data) == 0);
+const _: () = assert!(offset_of!(KestrelIocb, offset) == 8);
+const _: () = assert!(offset_of!(KestrelIocb, len) == 16);
+const _: () = assert!(offset_of!(KestrelIocb, buf) == 24);
+const _: () = assert!(offset_of!(KestrelIocb, iov) == 32);
+const _: () = assert!(offset_of!(KestrelIocb, iovcnt) == 40);
+const _: () = assert!(offset_of!(KestrelIocb, nsid) == 44);
+const _: () = assert!(offset_of!(KestrelIocb, opcode) == 48);
+const _: () = assert!(offset_of!(KestrelIocb, flags) == 50);
+const _: () = assert!(offset_of!(KestrelIocb, reserved) == 52);
+const _: () = assert!(size_of::<KestrelEvent>() == 24);
+const _: () = assert!(offset_of!(KestrelEvent, res) == 8);
+const _: () = assert!(offset_of!(KestrelEvent, has_status) == 16);
+const _: () = assert!(offset_of!(KestrelEvent, sct) == 17);
+const _: () = assert!(offset_of!(KestrelEvent, sc) == 18);
+const _: () = assert!(offset_of!(KestrelEvent, dnr) == 19);
+const _: () = assert!(offset_of!(KestrelEvent, more) == 20);
+const _: () = assert!(offset_of!(KestrelEvent, cancel) == 21);
+const _: () = assert!(offset_of!(KestrelEvent, reserved) == 22);
+const _: () = assert!(size_of::<KestrelIoParams>() == 16);
+const _: () = assert!(size_of::<KestrelOpenParams>() == 24);
+const _: () = assert!(offset_of!(KestrelOpenParams, io_timeout_ns) == 0);
+const _: () = assert!(offset_of!(KestrelOpenParams, admin_timeout_ns) == 8);
+const _: () = assert!(offset_of!(KestrelOpenParams, flags) == 16);
+const _: () = assert!(offset_of!(KestrelOpenParams, reserved) == 20);
+const _: () = assert!(offset_of!(KestrelIoParams, bounce_buf_size) == 12);

@@ -1,0 +1,215 @@
+//! `kestrel_t`: opening a target string, closing it, and what C can ask about it.
+
+use std::ffi::{c_char, c_int};
+use std::time::Duration;
+
+use crate::nvme::ctrlr::ControllerOptions;
+use crate::nvme::qpair::MIN_TIMEOUT;
+use crate::parse::MAX_DURATION;
+use crate::target::Target;
+use crate::target_spec::MAX_SPEC_LEN;
+
+use super::abi::*;
+use super::error::{guard, CapiError};
+use super::handle::{aligned, c_str, out_ptr, release, shared, Inner, KestrelHandle};
+
+/// `int kestrel_abi_version(void)`.
+#[no_mangle]
+pub extern "C" fn kestrel_abi_version() -> u32 {
+    KESTREL_ABI_VERSION
+}
+
+/// `int kestrel_open(const char *target, kestrel_t **out)`: opens a target string
+/// (`emu`, `emu:size=64M`, `file:PATH[,size=..][,direct=on|off]`, `pci:BDF`).
+///
+/// # Safety
+/// `target` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_open(
+    target: *const c_char,
+    out: *mut *mut KestrelHandle,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let spec = unsafe { c_str(target, "target", MAX_SPEC_LEN + 1) }?;
+            let t = crate::target_spec::open(spec)?;
+            *out = KestrelHandle::boxed(Inner::new(t));
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `int kestrel_open_params(const char *target, const struct kestrel_open_params *p,
+/// kestrel_t **out)`: [`kestrel_open`] with options: the I/O and admin timeouts of an NVMe
+/// target (`emu`, `pci`; a file target has none and ignores them).
+///
+/// # Safety
+/// `target` is a NUL-terminated string; `p` is readable; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_open_params(
+    target: *const c_char,
+    p: *const KestrelOpenParams,
+    out: *mut *mut KestrelHandle,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let spec = unsafe { c_str(target, "target", MAX_SPEC_LEN + 1) }?;
+            // SAFETY: the caller's contract.
+            let ctrlr = unsafe { read_open_params(p) }?;
+            let spec = crate::target_spec::parse(spec)?;
+            let t = crate::target_spec::open_spec_with(&spec, &ctrlr)?;
+            *out = KestrelHandle::boxed(Inner::new(t));
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// Reads and checks `struct kestrel_open_params` into controller options.
+///
+/// # Safety
+/// `p` is NULL or readable.
+unsafe fn read_open_params(p: *const KestrelOpenParams) -> Result<ControllerOptions, CapiError> {
+    aligned(p, "params")?;
+    // SAFETY: non-null, aligned, readable by contract; plain integers.
+    let p = unsafe { p.read() };
+    if p.flags != 0 || p.reserved != 0 {
+        return Err(CapiError::MustBeZero {
+            what: "params.flags and params.reserved",
+            want: "0",
+        });
+    }
+    let mut o = ControllerOptions::default();
+    for (what, ns, field) in [
+        ("params.io_timeout_ns", p.io_timeout_ns, &mut o.io_timeout),
+        (
+            "params.admin_timeout_ns",
+            p.admin_timeout_ns,
+            &mut o.admin_timeout,
+        ),
+    ] {
+        if ns == 0 {
+            continue;
+        }
+        let d = Duration::from_nanos(ns);
+        if d < MIN_TIMEOUT || d > MAX_DURATION {
+            return Err(CapiError::Range {
+                what,
+                value: ns,
+                why: "a timeout is from 1 ms (1000000) to a day, or 0 for the default",
+            });
+        }
+        *field = d;
+    }
+    Ok(o)
+}
+
+/// `int kestrel_close(kestrel_t *k)`: closes the handle. Contexts still open keep the
+/// target (and the buffers) alive until they are destroyed.
+///
+/// # Safety
+/// `k` is from `kestrel_open` and not used again.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_close(k: *mut KestrelHandle) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            drop(unsafe { release(k, "k") }?);
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+fn info_of(t: &dyn Target) -> KestrelInfo {
+    let i = t.info();
+    let mut name = [0 as c_char; KESTREL_NAME_LEN];
+    for (d, s) in name.iter_mut().zip(
+        i.name
+            .bytes()
+            .filter(|&b| b != 0)
+            .take(KESTREL_NAME_LEN - 1),
+    ) {
+        *d = s as c_char;
+    }
+    let flag = |b: bool, f: u32| if b { f } else { 0 };
+    KestrelInfo {
+        num_blocks: i.num_blocks,
+        capacity_bytes: i.num_blocks.saturating_mul(i.block_size as u64),
+        max_transfer_bytes: i.max_transfer_bytes,
+        block_size: i.block_size,
+        nsid: i.nsid,
+        flags: flag(i.write_zeroes, KESTREL_INFO_WRITE_ZEROES)
+            | flag(i.deallocate, KESTREL_INFO_DISCARD)
+            | flag(i.deallocate_reads_zeroes, KESTREL_INFO_DISCARD_ZEROES)
+            | flag(i.flush, KESTREL_INFO_FLUSH)
+            | flag(i.read_only, KESTREL_INFO_READ_ONLY),
+        reserved: 0,
+        name,
+    }
+}
+
+/// `int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out)`.
+///
+/// # Safety
+/// `k` is from `kestrel_open`; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_get_info(k: *const KestrelHandle, out: *mut KestrelInfo) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let h = unsafe { shared(k, "k") }?;
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = info_of(h.inner.target.as_ref());
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `uint32_t kestrel_block_size(const kestrel_t *k)`: 0 for a bad handle.
+///
+/// # Safety
+/// `k` is from `kestrel_open`.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_block_size(k: *const KestrelHandle) -> u32 {
+    let mut v = 0u32;
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            v = unsafe { shared(k, "k") }?.inner.target.info().block_size;
+            Ok(0)
+        },
+        || {},
+    );
+    v
+}
+
+/// `uint64_t kestrel_capacity(const kestrel_t *k)`: bytes; 0 for a bad handle.
+///
+/// # Safety
+/// `k` is from `kestrel_open`.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_capacity(k: *const KestrelHandle) -> u64 {
+    let mut v = 0u64;
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let i = unsafe { shared(k, "k") }?.inner.target.info().clone();
+            v = i.num_blocks.saturating_mul(i.block_size as u64);
+            Ok(0)
+        },
+        || {},
+    );
+    v
+}

@@ -1,0 +1,112 @@
+//! `kestrel_reactor_t`: pinned poller threads for C, and cross-thread contexts on them.
+
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
+
+use crate::aio::reactor::{Backoff, IdlePolicy, Reactor};
+
+use super::abi::*;
+use super::error::{guard, CapiError};
+use super::handle::{c_str, out_ptr, release, shared, KestrelCtx, KestrelHandle, KestrelReactor};
+use super::io::read_params;
+
+/// `int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
+/// kestrel_reactor_t **out)`: one poller thread per core of `cores` (`"0,2-3"` or a mask
+/// `"0x5"`), each pinned and owning a queue on the target. `KESTREL_REACTOR_BACKOFF`:
+/// idle pollers pause, yield, then sleep, instead of busy-polling.
+///
+/// # Safety
+/// `k` is from `kestrel_open`; `cores` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_reactor_start(
+    k: *mut KestrelHandle,
+    cores: *const c_char,
+    flags: u32,
+    out: *mut *mut KestrelReactor,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let h = unsafe { shared(k, "k") }?;
+            // SAFETY: the caller's contract.
+            let cores = unsafe { c_str(cores, "cores", 1024) }?;
+            if flags & !KESTREL_REACTOR_BACKOFF != 0 {
+                return Err(CapiError::Range {
+                    what: "flags",
+                    value: flags as u64,
+                    why: "only KESTREL_REACTOR_BACKOFF is defined",
+                });
+            }
+            let mut b = Reactor::builder()
+                .core_list(cores)?
+                .target(Arc::clone(&h.inner.target));
+            if flags & KESTREL_REACTOR_BACKOFF != 0 {
+                b = b.idle(IdlePolicy::Backoff(Backoff::default()));
+            }
+            let r = b.start()?;
+            *out = KestrelReactor::boxed(r, &h.inner);
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_params *p,
+/// kestrel_ctx_t **out)`: a cross-thread context on the reactor's pollers; used with the
+/// same `kestrel_io_*` calls (getevents waits instead of polling).
+///
+/// May be called from several threads at once.
+///
+/// # Safety
+/// `r` is from `kestrel_reactor_start`; `p` is readable; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_reactor_io_setup(
+    r: *mut KestrelReactor,
+    p: *const KestrelIoParams,
+    out: *mut *mut KestrelCtx,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            *out = std::ptr::null_mut();
+            // SAFETY: the caller's contract.
+            let r = unsafe { shared(r, "r") }?;
+            // SAFETY: the caller's contract.
+            let opts = unsafe { read_params(p) }?;
+            let bounce = opts.bounce.is_some();
+            let ctx = r.reactor.context_with(opts)?;
+            *out = KestrelCtx::boxed(ctx, &r.inner, bounce);
+            Ok(0)
+        },
+        || {},
+    )
+}
+
+/// `int kestrel_reactor_stop(kestrel_reactor_t *r)`: stops accepting requests, drains
+/// those in flight (their events stay collectable from their contexts), deletes the
+/// queues, joins the threads and frees the reactor.
+///
+/// # Safety
+/// `r` is from `kestrel_reactor_start` and not used again.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_reactor_stop(r: *mut KestrelReactor) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract (no other call runs on it now).
+            let b = unsafe { release(r, "r") }?;
+            match b.reactor.shutdown() {
+                Err(e) => Err(CapiError::Reactor(e)),
+                Ok(rep) if rep.outstanding() > 0 => Err(CapiError::Internal(format!(
+                    "{} requests were still outstanding when the queues were deleted",
+                    rep.outstanding()
+                ))),
+                Ok(_) => Ok(0),
+            }
+        },
+        || {},
+    )
+}
