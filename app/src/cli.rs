@@ -334,6 +334,11 @@ pub struct PerfArgs {
     /// I/O before measuring starts (not counted): seconds or a duration; at most an hour.
     #[arg(long, value_name = "DURATION", default_value = "1", value_parser = warmup_parser)]
     pub warmup: Duration,
+    /// End each poller's measured window once this many I/Os completed in it (any outcome),
+    /// or at --time if that comes first (fio's number_ios): a run of known size that a busy
+    /// machine slows down but cannot empty.
+    #[arg(long, value_name = "N", value_parser = number_ios_parser)]
+    pub number_ios: Option<u64>,
     /// Per-command I/O timeout: a command not completed within it is aborted, and if the
     /// Abort fails the controller is reset (NVMe targets; at least 1ms).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = timeout_parser)]
@@ -408,6 +413,14 @@ fn time_parser(s: &str) -> Result<Duration, String> {
         d => Ok(d),
     }
 }
+fn number_ios_parser(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("0: at least 1 I/O (leave --number-ios out to run for --time)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?}: a count of I/Os, like 1000")),
+    }
+}
+
 fn warmup_parser(s: &str) -> Result<Duration, String> {
     match seconds_or_duration(s)? {
         d if d > Duration::from_secs(3600) => Err(format!("{s:?}: the warmup is at most an hour")),

@@ -181,6 +181,8 @@ int kestrel_io_submit(kestrel_ctx_t *ctx, size_t nr, const struct kestrel_iocb *
  * Polls until at least min_nr events are ready (at most nr are returned) or the
  * timeout passes (NULL: no limit; zero: just look). Returns the number written
  * to events. Waiting with no timeout for more than is outstanding is -EDEADLK.
+ * -EBUSY: the requests in flight were submitted on another thread to a file
+ * target, whose io_uring only that thread can complete (call it there).
  */
 int kestrel_io_getevents(kestrel_ctx_t *ctx, size_t min_nr, size_t nr,
                          struct kestrel_event *events, const struct timespec *timeout);

@@ -44,6 +44,10 @@ fn lib_dir() -> PathBuf {
 }
 
 fn run(cmd: &mut Command) -> std::process::Output {
+    // The programs find the library through their rpath (this run's build). cargo's
+    // LD_LIBRARY_PATH would come first and can name target/release, where an older
+    // `cargo build` may have left a libkestrel.so without this build's symbols.
+    cmd.env_remove("LD_LIBRARY_PATH");
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     if !out.status.success() {
         panic!(

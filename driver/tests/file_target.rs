@@ -1527,19 +1527,23 @@ fn an_aio_context_used_on_one_thread_then_another() {
         "drop took {drop_took:?}"
     );
 
-    // With a request in flight from the first thread: refused at once on the other, and
-    // dropping there waits no longer than the drain timeout.
+    // With a request in flight from the first thread: refused at once on the other,
+    // getevents there fails at once instead of waiting (forever, with no timeout), and
+    // dropping there does not wait for what it cannot complete.
+    opts_ctx.drain_timeout = Duration::from_secs(20);
     let mut ctx = IoContext::setup_with(Arc::clone(&target), opts_ctx).unwrap();
     ctx.submit(&[Iocb::write(0, buf.slice(0, bs).unwrap(), 3)])
         .unwrap();
     let s = buf.slice(bs, bs).unwrap();
-    let (r, took, drop_took) = std::thread::spawn(move || {
+    let (r, took, g, drop_took) = std::thread::spawn(move || {
         let start = Instant::now();
         let r = ctx.submit(&[Iocb::read(0, s, 4)]);
         let took = start.elapsed();
+        let mut evs = [Event::default(); 4];
+        let g = ctx.getevents(1, &mut evs, None);
         let start = Instant::now();
         drop(ctx);
-        (r, took, start.elapsed())
+        (r, took, g, start.elapsed())
     })
     .join()
     .unwrap();
@@ -1554,9 +1558,17 @@ fn an_aio_context_used_on_one_thread_then_another() {
             // C callers see -EBUSY, not the -EINVAL of a malformed request.
             assert_eq!(e.errno(), libc::EBUSY);
             assert!(took < Duration::from_secs(1), "refused after {took:?}");
+            match g {
+                Err(ref e @ AioError::WrongThread { in_flight: 1 }) => {
+                    assert_eq!(e.errno(), libc::EBUSY);
+                    assert!(e.to_string().contains("thread that submitted"), "{e}");
+                }
+                other => panic!("expected getevents to refuse at once, got {other:?}"),
+            }
+            // Not the 20 s drain timeout: nothing on this thread could complete them.
             assert!(
-                drop_took < Duration::from_secs(3),
-                "drop took {drop_took:?} with a 300 ms drain timeout"
+                drop_took < Duration::from_secs(10),
+                "drop took {drop_took:?}"
             );
         }
         // A kernel without single-issuer rings: the ring is usable from any thread.

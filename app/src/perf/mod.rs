@@ -564,6 +564,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "rwmixread": args.workload.read_pct(args.rwmixread),
         "time_s": secs(args.time),
         "warmup_s": secs(args.warmup),
+        "number_ios": args.number_ios,
         "cores": cores,
         "qpairs_per_core": args.qpairs_per_core,
         "io_queue_size": ring,
@@ -635,6 +636,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             seed: args.seed,
             warmup_ns: args.warmup.as_nanos() as u64,
             time_ns: args.time.as_nanos() as u64,
+            number_ios: args.number_ios.unwrap_or(u64::MAX),
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
         };
         let sh = Arc::clone(&shared);

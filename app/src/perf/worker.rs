@@ -84,6 +84,8 @@ pub struct WorkerConfig {
     pub warmup_ns: u64,
     /// Measured length.
     pub time_ns: u64,
+    /// Completions that end the measured window early (`u64::MAX`: none).
+    pub number_ios: u64,
     /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
     /// drain after the run (see [`DRAIN_TIMEOUTS`]).
     pub io_timeout_ns: u64,
@@ -626,6 +628,9 @@ impl Worker<'_> {
         let window_end;
         let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
         let mut completed_total = 0u64;
+        // Completions counted in the window, and when the latest was reaped.
+        let mut window_done = 0u64;
+        let mut last_completion = 0u64;
         let mut busy_per_io = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
             .map_err(|e| format!("busy histogram: {e}"))?;
         let mut t0 = clock.raw();
@@ -647,6 +652,11 @@ impl Worker<'_> {
                 wait_end = thread_wait_ns();
                 break;
             }
+            if window_done >= cfg.number_ios {
+                window_end = last_completion;
+                wait_end = thread_wait_ns();
+                break;
+            }
             let mut work = 0u32;
             for qi in 0..self.queues.len() {
                 let q = &mut self.queues[qi];
@@ -657,9 +667,13 @@ impl Worker<'_> {
                     continue;
                 }
                 let t = clock.raw();
+                last_completion = t;
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
-                    self.complete(qi, c, t, measuring)?;
+                    // Past --number-ios the window is over: the rest completes uncounted.
+                    let counted = measuring && window_done < cfg.number_ios;
+                    window_done += u64::from(counted);
+                    self.complete(qi, c, t, counted)?;
                     if !self.queues[qi].dead {
                         self.submit(qi, c.token as usize, t)?;
                     }

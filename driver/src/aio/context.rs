@@ -329,6 +329,14 @@ impl IoContext {
             if self.core.in_flight() == 0 {
                 break;
             }
+            if let Some(in_flight) = self.stranded() {
+                // Waiting here would wait for nothing (up to forever): say so at once,
+                // after returning what was reaped.
+                if n > 0 {
+                    break;
+                }
+                return Err(AioError::WrongThread { in_flight });
+            }
             let now = Instant::now();
             // (A timeout too large for an Instant is no limit.)
             if deadline.is_some_and(|d| now >= d) {
@@ -338,6 +346,15 @@ impl IoContext {
             n += self.reap(&mut events[n..]);
         }
         Ok(n)
+    }
+
+    /// Requests in flight only another thread can complete (run-to-completion contexts on
+    /// a file target moved off the submitting thread).
+    fn stranded(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Local(q) => q.stranded_here(),
+            Backend::Remote(_) => None,
+        }
     }
 
     /// Moves ready completions into `events`; returns how many.
@@ -475,7 +492,9 @@ impl Drop for IoContext {
         // while a device may still write to it.
         let deadline = Instant::now() + self.drain_timeout;
         let mut evs = [Event::default(); 32];
-        while self.core.in_flight() > 0 {
+        // Requests only another thread can complete are not waited for: nothing here
+        // can finish them (their queue keeps its buffers when it is dropped here too).
+        while self.core.in_flight() > 0 && self.stranded().is_none() {
             let now = Instant::now();
             if now >= deadline {
                 break;
@@ -484,10 +503,16 @@ impl Drop for IoContext {
         }
         let left = self.core.in_flight();
         if left > 0 {
-            tracing::warn!(
-                "i/o context dropped with {left} requests still outstanding after {:?}; keeping its bounce buffers allocated",
-                self.drain_timeout
-            );
+            if self.stranded().is_some() {
+                tracing::warn!(
+                    "i/o context dropped on a thread that cannot complete its {left} requests in flight (only the submitting thread can); keeping its bounce buffers allocated"
+                );
+            } else {
+                tracing::warn!(
+                    "i/o context dropped with {left} requests still outstanding after {:?}; keeping its bounce buffers allocated",
+                    self.drain_timeout
+                );
+            }
             for b in self.core.bounce.drain(..) {
                 std::mem::forget(b.mem);
             }

@@ -195,6 +195,12 @@ pub enum AioError {
         /// Buffer length.
         nr: usize,
     },
+    /// `getevents` on a thread that cannot complete what is in flight.
+    #[error("{in_flight} requests in flight can only be completed on the thread that submitted them (a file target's io_uring belongs to that thread): call getevents there, or let them complete before moving the context")]
+    WrongThread {
+        /// Requests only the submitting thread can complete.
+        in_flight: u32,
+    },
     /// `getevents` with no timeout and too little outstanding to ever satisfy `min_nr`.
     #[error("getevents with no timeout would wait forever: min_nr {min_nr} but only {outstanding} requests are outstanding")]
     WouldWaitForever {
@@ -248,6 +254,7 @@ impl AioError {
                 reason: InvalidRequest::WrongThread { .. },
                 ..
             } => libc::EBUSY,
+            AioError::WrongThread { .. } => libc::EBUSY,
             AioError::Invalid { .. } | AioError::Rejected { .. } => libc::EINVAL,
             AioError::DeviceRemoved => libc::ENODEV,
             AioError::Stopped => libc::ESHUTDOWN,

@@ -129,6 +129,13 @@ pub trait TargetQueue: Send {
     fn in_use(&self) -> Option<QueueInUse> {
         None
     }
+    /// Requests in flight that only another thread can complete (a file queue's
+    /// single-issuer io_uring, owned by the thread that submitted them): `Some(count)`
+    /// when polling from the calling thread would wait for completions that cannot come.
+    /// `None` (the default) when the calling thread can reap everything outstanding.
+    fn stranded_here(&self) -> Option<u32> {
+        None
+    }
     /// Cancels a request still waiting in the software queue; true if found (its
     /// completion is delivered by the next poll with `IoError::Cancelled`).
     fn cancel_queued(&mut self, token: u64) -> bool;

@@ -1095,6 +1095,14 @@ impl FileQueue {
 }
 
 impl TargetQueue for FileQueue {
+    fn stranded_here(&self) -> Option<u32> {
+        if !self.single_issuer || self.owner == 0 || self.owner == thread_token() {
+            return None;
+        }
+        let in_kernel = self.in_ring - self.unsubmitted.min(self.in_ring);
+        (in_kernel > 0).then_some(in_kernel)
+    }
+
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
         if let Err(in_flight) = self.check_thread() {
             return Err(SubmitError::Invalid {
