@@ -155,7 +155,15 @@ const HOUSEKEEPING_EVERY: u32 = 64;
 /// - line 0 (bytes 0..64): the command as submitted, kept for retries and resubmission
 ///   after a reset; written at submission, read only to resubmit.
 /// - line 1 (bytes 64..128): what a completion reads and writes: the caller's token, the
-///   position in the SQ, the PRP list pages, the state flags and the retry count.
+///   position in the SQ, the PRP list pages, the state flags and the retry count. It ends
+///   at byte 120 (`TRACKER_LINE1_END`); the last 8 bytes are free.
+///
+/// Protection information needs no field here: a command's metadata pointer is the SQE's
+/// MPTR (line 0, bytes 16..24), written when the command is built and resent with it on a
+/// retry or after a reset; a split child's MPTR is its parent's advanced by the metadata of
+/// the blocks before it (`split::issue` builds both). Per-command PI state that cannot be
+/// recomputed from the SQE (an expected reference tag to check on completion, say) takes
+/// the free bytes of line 1.
 #[repr(C, align(64))]
 struct Tracker {
     sqe: Sqe,
@@ -178,6 +186,11 @@ const _: () = assert!(std::mem::size_of::<Tracker>() == 128);
 const _: () = assert!(std::mem::offset_of!(Tracker, sqe) == 0);
 const _: () = assert!(std::mem::offset_of!(Tracker, token) == 64);
 const _: () = assert!(std::mem::offset_of!(Tracker, inject) < 128);
+/// Where line 1 of a tracker ends: bytes 120..128 are free. A field added to a tracker goes
+/// there (and this value moves with it), never onto line 0 or a third line.
+const TRACKER_LINE1_END: usize =
+    std::mem::offset_of!(Tracker, inject) + std::mem::size_of::<Option<Status>>();
+const _: () = assert!(TRACKER_LINE1_END == 120);
 
 impl Tracker {
     /// A free tracker whose PRP list pages are `prp`.
@@ -318,6 +331,9 @@ const _: () = {
     assert!(offset_of!(IoQpair, head_seq) + 8 == 4 * 64);
     assert!(offset_of!(IoQpair, ctrlr) == 4 * 64);
     assert!(offset_of!(IoQpair, max_retries) < 5 * 64);
+    // Line 4 ends at byte 299: 21 bytes are free for a hot field (a per-queue protection
+    // information setting, say) before the counters' lines; move this with it.
+    assert!(offset_of!(IoQpair, max_retries) + 1 == 299);
     assert!(offset_of!(IoQpair, stats) == 5 * 64);
     assert!(std::mem::size_of::<LineAligned<QueueStats>>() == 2 * 64);
     assert!(offset_of!(IoQpair, injections) <= 7 * 64);
