@@ -4,6 +4,7 @@
 pub mod outcome;
 pub mod plot;
 pub mod report;
+pub mod syscalls;
 pub mod verify;
 pub mod worker;
 
@@ -185,11 +186,11 @@ fn check_specs(specs: &[TargetSpec], avail: &[usize]) -> Result<()> {
                 }
                 seen.push(key);
             }
-            TargetSpec::Pci { bdf } => {
+            TargetSpec::Pci { bdf, .. } => {
                 let key = format!("pci:{bdf}");
                 if seen.contains(&key) {
                     return Err(AppError::usage(format!(
-                        "invalid value for '--target': {key} is named twice; each target may be used once per run"
+                        "invalid value for '--target': {key} is named twice; each controller may be used once per run (without /ns=N, the run covers all its namespaces)"
                     )));
                 }
                 seen.push(key);
@@ -335,11 +336,18 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     }
     let spare_core = avail.iter().copied().find(|c| !cores.contains(c));
     let per_ctrlr_queues = cores.len() as u32 * args.qpairs_per_core;
+    // Queues to ask each controller for: one set per namespace the run may use. A PCI
+    // controller's namespaces are known only once it is up, so without /ns=N it is asked
+    // for enough for every namespace it may have (it grants what it offers; the check
+    // after opening compares that with what the run needs).
     let max_ns = specs
         .iter()
         .map(|s| match s {
+            _ if s.nsid().is_some() => 1,
+            TargetSpec::Emu(e) if !e.ns.is_empty() => e.ns.len() as u32,
             TargetSpec::Emu(e) => e.namespaces.unwrap_or(1),
-            _ => 1,
+            TargetSpec::Pci { .. } => kestrel::target_spec::MAX_EMU_NAMESPACES,
+            TargetSpec::File(_) => 1,
         })
         .max()
         .unwrap_or(1);
@@ -374,8 +382,19 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     let mut names = Vec::new();
     let mut target_json = Vec::new();
     let mut emus: Vec<Option<Arc<EmuController>>> = Vec::new();
+    let mut skipped = Vec::new();
     for o in &opened {
         let ts = o.block_targets()?;
+        for r in o.refused() {
+            // Said even with --quiet: part of the run is not done.
+            let msg = format!("{}: skipping {r}", o.spec());
+            eprintln!("kestrel perf: note: {msg}");
+            skipped.push(json!({
+                "spec": o.spec().to_string(),
+                "nsid": r.nsid,
+                "reason": r.to_string(),
+            }));
+        }
         if let Opened::Nvme(n) = o {
             let need = ts.len() as u32 * per_ctrlr_queues;
             if (n.ctrlr.io_queues_granted() as u32) < need {
@@ -558,6 +577,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     let secs = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e6;
     let config = json!({
         "targets": specs.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "skipped_namespaces": skipped,
         "queue_depth": args.queue_depth,
         "io_size": args.io_size,
         "workload": args.workload.name(),
@@ -565,6 +585,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "time_s": secs(args.time),
         "warmup_s": secs(args.warmup),
         "number_ios": args.number_ios,
+        "count_syscalls": args.count_syscalls,
         "cores": cores,
         "qpairs_per_core": args.qpairs_per_core,
         "io_queue_size": ring,
@@ -637,6 +658,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             warmup_ns: args.warmup.as_nanos() as u64,
             time_ns: args.time.as_nanos() as u64,
             number_ios: args.number_ios.unwrap_or(u64::MAX),
+            count_syscalls: args.count_syscalls,
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
         };
         let sh = Arc::clone(&shared);

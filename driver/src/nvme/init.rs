@@ -86,6 +86,9 @@ pub struct NsInfo {
     /// Why the driver does no I/O to this namespace, when it does not implement its
     /// format (see [`crate::nvme::format`]); `None` for a namespace it serves.
     pub unsupported: Option<UnsupportedFormat>,
+    /// What each Read, Write and Write Zeroes carries for the protection information
+    /// (PRACT, checks, reference tag; none without PI). See [`crate::nvme::format`].
+    pub protection: super::format::IoProtection,
 }
 
 impl NsInfo {
@@ -409,6 +412,10 @@ impl<'a> Bringup<'a> {
         };
         let format = NsFormat::of(&ns, csi);
         let unsupported = super::format::check(nsid, &format).err();
+        let protection = match unsupported {
+            None => super::format::IoProtection::of(&format),
+            Some(_) => super::format::IoProtection::NONE,
+        };
         if let Some(u) = &unsupported {
             tracing::warn!("{}: no i/o to {u}", self.describe);
         }
@@ -422,6 +429,7 @@ impl<'a> Bringup<'a> {
             identify: ns,
             format,
             unsupported,
+            protection,
         }))
     }
 

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::io::{Completion, IoError};
+use crate::nvme::format::IoProtection;
 use crate::nvme::shared::CtrlrState;
 use crate::spec::Status;
 
@@ -186,10 +187,10 @@ impl IoQpair {
     /// Starts waiting requests while trackers are free, in order.
     pub(super) fn drain_pending(&mut self) {
         if let Some(pi) = self.splitting {
-            let bs = self
+            let (bs, prot) = self
                 .ns(self.parents[pi as usize].req.nsid)
-                .map_or(512, |n| n.block_size);
-            self.continue_split(bs);
+                .map_or((512, IoProtection::NONE), |n| (n.block_size, n.protection));
+            self.continue_split(bs, prot);
             if self.splitting.is_some() {
                 return;
             }

@@ -158,10 +158,10 @@ const HOUSEKEEPING_EVERY: u32 = 64;
 ///   position in the SQ, the PRP list pages, the state flags and the retry count. It ends
 ///   at byte 120 (`TRACKER_LINE1_END`); the last 8 bytes are free.
 ///
-/// Protection information needs no field here: a command's metadata pointer is the SQE's
-/// MPTR (line 0, bytes 16..24), written when the command is built and resent with it on a
-/// retry or after a reset; a split child's MPTR is its parent's advanced by the metadata of
-/// the blocks before it (`split::issue` builds both). Per-command PI state that cannot be
+/// Protection information needs no field here: what a command carries for it is in the
+/// SQE on line 0 (PRACT and the checks in CDW12, the reference tag in CDW14, a metadata
+/// pointer in MPTR), written by `split::issue` for whole and child commands and resent with
+/// the SQE on a retry or after a reset. Per-command PI state that cannot be
 /// recomputed from the SQE (an expected reference tag to check on completion, say) takes
 /// the free bytes of line 1.
 #[repr(C, align(64))]

@@ -2,6 +2,7 @@
 //! most that size issued as trackers free up; building each command's SQE and PRPs.
 
 use crate::io::{IoError, IoOp, IoRequest};
+use crate::nvme::format::IoProtection;
 use crate::nvme::prp;
 use crate::spec::{DsmRange, Sqe, Status};
 
@@ -18,7 +19,8 @@ impl IoQpair {
     /// request by reference: it is several hundred bytes, and only a split copies it.
     #[inline]
     pub(super) fn try_start(&mut self, req: &IoRequest) -> bool {
-        let Some(block_size) = self.ns(req.nsid).map(|n| n.block_size) else {
+        let Some((block_size, prot)) = self.ns(req.nsid).map(|n| (n.block_size, n.protection))
+        else {
             // The namespace went away between validation and now (a reset shrank the
             // list): complete with the status a controller would give.
             self.defer(
@@ -41,18 +43,18 @@ impl IoQpair {
             };
             self.stats.split += 1;
             self.splitting = Some(pi);
-            self.continue_split(block_size);
+            self.continue_split(block_size, prot);
             return true;
         }
         let Some(cid) = self.free.pop_front() else {
             return false;
         };
-        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size);
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size, prot);
         true
     }
 
     /// Issues children of the parent being split while trackers are free.
-    pub(super) fn continue_split(&mut self, block_size: u32) {
+    pub(super) fn continue_split(&mut self, block_size: u32, prot: IoProtection) {
         while let Some(pi) = self.splitting {
             let p = self.parents[pi as usize];
             if p.issued_blocks >= p.req.nlb {
@@ -66,12 +68,13 @@ impl IoQpair {
             let par = &mut self.parents[pi as usize];
             par.issued_blocks += nlb;
             par.outstanding += 1;
-            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, block_size);
+            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, block_size, prot);
         }
     }
 
     /// Builds the command for blocks `[blk_off, blk_off + nlb)` of `req` in tracker `cid`
-    /// and places it in the SQ.
+    /// and places it in the SQ. `prot`: the namespace's protection information handling.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn issue(
         &mut self,
         cid: u16,
@@ -80,6 +83,7 @@ impl IoQpair {
         nlb: u32,
         parent: u16,
         bs: u32,
+        prot: IoProtection,
     ) {
         let t = &mut self.trackers[cid as usize];
         let lba = req.lba + blk_off as u64;
@@ -115,6 +119,17 @@ impl IoQpair {
                 Sqe::deallocate(req.nsid, 1, t.prp.iova)
             }
         };
+        if prot.pi_type != 0 && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) {
+            // PRACT: the controller inserts the PI on writes and checks and strips it on
+            // reads; the reference tag of the command's first block is its LBA.
+            let (cdw12, cdw14) = if req.op == IoOp::WriteZeroes {
+                prot.write_zeroes_dwords(lba)
+            } else {
+                prot.command_dwords(lba)
+            };
+            sqe.cdw12 |= cdw12;
+            sqe.cdw14 = cdw14;
+        }
         sqe.set_cid(cid);
         t.token = req.token;
         t.parent = parent;
