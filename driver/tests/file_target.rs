@@ -6,9 +6,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel::dma::{DmaPoolOptions, IdentityMapper, PageKind};
-use kestrel::file::{Direct, FileError, FileKind, FileOptions, FileTarget};
+use kestrel::hw::dma::{DmaPoolOptions, IdentityMapper, PageKind};
 use kestrel::io::{InvalidRequest, IoError, IoOp, IoRequest, SubmitError};
+use kestrel::target::file::{Direct, FileError, FileKind, FileOptions, FileTarget};
 use kestrel::{Completion, DmaBuf, DmaPool, QueueOptions, Target, TargetQueue};
 
 /// A directory on the machine's disk (not tmpfs), for direct I/O.
