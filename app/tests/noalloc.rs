@@ -69,7 +69,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
     shared.setup.wait();
     shared
         .start_raw
-        .store(shared.clock.raw(), Ordering::Release);
+        .store(shared.clock.now_ns(), Ordering::Release);
     shared.go.wait();
     let (allocs, r) = h.join().unwrap();
     let r = r.unwrap();

@@ -665,7 +665,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "seed": args.seed,
         "io_timeout_ms": secs(args.io_timeout) * 1e3,
         "admin_timeout_ms": secs(args.admin_timeout) * 1e3,
-        "clock": "quanta: the TSC where invariant, else CLOCK_MONOTONIC",
+        "clock": kestrel::clock::Clock::get().source().name(),
     });
     note(format!(
         "{} {} I/Os, queue depth {}, {} poller{} on core{} {}, {} qpair{} per core per target, {:?} after {:?} warmup, {} doorbells, shadow doorbells {}, I/O timeout {:?}{}",
@@ -743,7 +743,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     shared.setup.wait();
     shared
         .start_raw
-        .store(shared.clock.raw(), Ordering::Release);
+        .store(shared.clock.now_ns(), Ordering::Release);
     let started = std::time::Instant::now();
     shared.go.wait();
 

@@ -13,8 +13,9 @@
 //!   if something completed: busy += clock - t0      (idle iterations are not busy)
 //! ```
 //!
-//! Timestamps come from `quanta` (the TSC, calibrated once against the monotonic clock,
-//! where it is invariant; the monotonic clock otherwise). Random offsets come from a
+//! Timestamps come from the driver's clock (`kestrel::clock`: the TSC, calibrated once
+//! against the monotonic clock, where it is invariant or `KESTREL_CLOCK=tsc` says to use
+//! it; the monotonic clock otherwise, where each reading may be a system call). Random offsets come from a
 //! per-core wyrand generator (`fastrand`), mapped onto the I/O unit range by a widening
 //! multiply and shift, not a division.
 
@@ -94,7 +95,7 @@ pub struct WorkerConfig {
 /// What the pollers and the main thread share.
 pub struct Shared {
     /// The clock (all pollers read the same source).
-    pub clock: quanta::Clock,
+    pub clock: kestrel::clock::Clock,
     /// Setup done (pollers + main).
     pub setup: Barrier,
     /// Start (pollers + main).
@@ -113,7 +114,7 @@ impl Shared {
     /// For `pollers` pollers.
     pub fn new(pollers: usize) -> Self {
         Shared {
-            clock: quanta::Clock::new(),
+            clock: kestrel::clock::Clock::get(),
             setup: Barrier::new(pollers + 1),
             go: Barrier::new(pollers + 1),
             start_raw: AtomicU64::new(0),
@@ -491,7 +492,6 @@ impl Worker<'_> {
         measuring: bool,
     ) -> Result<(), WorkerError> {
         let cfg = self.cfg;
-        let clock = &self.shared.clock;
         let q = &mut self.queues[qi];
         let ts = &mut self.targets[q.target];
         let slot_i = c.token as usize;
@@ -506,7 +506,7 @@ impl Worker<'_> {
         // Throughput and latency are of successful I/Os only; the warmup's are seen by
         // the progress lines alone.
         let lat = if c.result.is_ok() {
-            let lat = clock.delta_as_nanos(slot.submit_raw, now).max(1);
+            let lat = now.saturating_sub(slot.submit_raw).max(1);
             self.prog_ok += 1;
             self.prog_lat_ns = self.prog_lat_ns.wrapping_add(lat);
             Some(lat)
@@ -652,7 +652,7 @@ impl Worker<'_> {
         let start = shared.start_raw.load(Ordering::Acquire);
         let idx = cfg.index;
         // Fill every queue to its depth.
-        let now = clock.raw();
+        let now = clock.now_ns();
         for qi in 0..self.queues.len() {
             for s in 0..cfg.queue_depth as usize {
                 self.submit(qi, s, now)?;
@@ -673,9 +673,9 @@ impl Worker<'_> {
         let mut last_completion = 0u64;
         let mut busy_per_io = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
             .map_err(|e| format!("busy histogram: {e}"))?;
-        let mut t0 = clock.raw();
+        let mut t0 = clock.now_ns();
         loop {
-            let elapsed = clock.delta_as_nanos(start, t0);
+            let elapsed = t0.saturating_sub(start);
             if !measuring && elapsed >= warm_end {
                 measuring = true;
                 // Read outside the window's busy time: the iteration restarts its clock.
@@ -683,7 +683,7 @@ impl Worker<'_> {
                 if let Some(c) = &self.syscalls {
                     c.arm();
                 }
-                t0 = clock.raw();
+                t0 = clock.now_ns();
                 window_start = t0;
                 for q in &mut self.queues {
                     q.base = q.q.stats();
@@ -711,7 +711,7 @@ impl Worker<'_> {
                 if n == 0 && q.done.is_empty() {
                     continue;
                 }
-                let t = clock.raw();
+                let t = clock.now_ns();
                 last_completion = t;
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
@@ -730,7 +730,7 @@ impl Worker<'_> {
             // for it (a removed device is not measured at zero for the rest of -t).
             if self.dead == self.queues.len() && self.queues.iter().all(|q| q.q.outstanding() == 0)
             {
-                window_end = clock.raw();
+                window_end = clock.now_ns();
                 self.disarm_syscalls();
                 wait_end = thread_wait_ns();
                 break;
@@ -740,9 +740,9 @@ impl Worker<'_> {
             }
             if work > 0 {
                 completed_total += work as u64;
-                let t1 = clock.raw();
+                let t1 = clock.now_ns();
                 if measuring {
-                    let d = clock.delta_as_nanos(t0, t1);
+                    let d = t1.saturating_sub(t0);
                     busy += d;
                     busy_per_io.saturating_record_n((d / work as u64).max(1), work as u64);
                 }
@@ -756,7 +756,7 @@ impl Worker<'_> {
                 if measuring {
                     idle += 1;
                 }
-                t0 = clock.raw();
+                t0 = clock.now_ns();
             }
         }
         if !measuring {
@@ -787,7 +787,7 @@ impl Worker<'_> {
         Ok(CoreResult {
             core: cfg.core,
             targets: self.targets.iter().map(|t| t.res.clone()).collect(),
-            window_ns: clock.delta_as_nanos(window_start, window_end),
+            window_ns: window_end.saturating_sub(window_start),
             busy_ns: busy,
             busy_per_io,
             iterations: iters,
@@ -817,7 +817,7 @@ impl Worker<'_> {
             }
             None
         };
-        let now = clock.raw();
+        let now = clock.now_ns();
         for qi in 0..self.queues.len() {
             let ti = self.queues[qi].target;
             if self.queues[qi].dead {
@@ -831,7 +831,7 @@ impl Worker<'_> {
             }
             self.queues[qi].q.flush();
         }
-        let t_start = clock.raw();
+        let t_start = clock.now_ns();
         loop {
             let mut left = 0u32;
             for qi in 0..self.queues.len() {
@@ -842,7 +842,7 @@ impl Worker<'_> {
                 q.done.clear();
                 let done = &mut q.done;
                 q.q.poll(self.max, &mut |c| done.push(c));
-                let t = clock.raw();
+                let t = clock.now_ns();
                 let ti = self.queues[qi].target;
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
@@ -861,7 +861,7 @@ impl Worker<'_> {
             if left == 0 {
                 return Ok(0);
             }
-            if clock.delta_as_nanos(t_start, clock.raw()) > READBACK_TIMEOUT_NS {
+            if clock.now_ns().saturating_sub(t_start) > READBACK_TIMEOUT_NS {
                 tracing::error!(
                     "core {}: read-back after the run did not finish within {} s",
                     self.cfg.core,
@@ -886,7 +886,7 @@ impl Worker<'_> {
     fn drain(&mut self) -> Result<u32, WorkerError> {
         let clock = &self.shared.clock;
         let limit = self.drain_limit_ns();
-        let t_start = clock.raw();
+        let t_start = clock.now_ns();
         loop {
             let mut left = 0u32;
             for qi in 0..self.queues.len() {
@@ -897,7 +897,7 @@ impl Worker<'_> {
                 q.done.clear();
                 let done = &mut q.done;
                 q.q.poll(self.max, &mut |c| done.push(c));
-                let t = clock.raw();
+                let t = clock.now_ns();
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
                     self.complete(qi, c, t, false)?;
@@ -907,7 +907,7 @@ impl Worker<'_> {
             if left == 0 {
                 return Ok(0);
             }
-            if clock.delta_as_nanos(t_start, clock.raw()) > limit {
+            if clock.now_ns().saturating_sub(t_start) > limit {
                 tracing::error!(
                     "core {}: {left} i/os still outstanding {:.1} s after the run ended",
                     self.cfg.core,

@@ -7,7 +7,13 @@
 //! `KESTREL_CLOCK=monotonic` in the environment) it falls back to the kernel's
 //! `CLOCK_MONOTONIC`, which in some virtual machines is a system call and an emulated HPET
 //! read (microseconds) rather than a vDSO TSC read. [`Clock::source`] says which is in use,
-//! for `identify` and `perf` output.
+//! for `identify` and `perf` output. `KESTREL_CLOCK=tsc` uses the TSC even where CPUID does
+//! not promise a constant rate (QEMU's TCG guests, some hypervisors whose TSC is in fact
+//! constant): the calibration still refuses a counter that does not run at a plausible rate.
+//!
+//! Timeouts need no fine clock: [`Clock::now_coarse_ns`] reads `CLOCK_MONOTONIC_COARSE`
+//! on the fallback, which the vDSO serves from its data page whatever the clocksource (no
+//! system call, no hardware read; one kernel tick of resolution, 1-4 ms).
 //!
 //! Readings are nanoseconds since the clock was set up, as `u64`: a coarse clock for
 //! timeouts and a fine one for latency, without `Instant`'s system call where the kernel
@@ -57,6 +63,8 @@ pub struct Clock {
     tsc_hz: u64,
     /// Origin of the monotonic fallback.
     origin: Instant,
+    /// `CLOCK_MONOTONIC_COARSE` at the origin, ns.
+    coarse_origin: u64,
 }
 
 static CLOCK: OnceLock<Clock> = OnceLock::new();
@@ -79,12 +87,14 @@ impl Clock {
             ns_per_tick_q32: 0,
             tsc_hz: 0,
             origin: Instant::now(),
+            coarse_origin: coarse_ns(),
         }
     }
 
     fn calibrate() -> Clock {
         let forced = std::env::var("KESTREL_CLOCK").ok();
-        if forced.as_deref() == Some("monotonic") || !tsc::invariant() {
+        let force_tsc = forced.as_deref() == Some("tsc") && cfg!(target_arch = "x86_64");
+        if forced.as_deref() == Some("monotonic") || !(tsc::invariant() || force_tsc) {
             return Clock::monotonic();
         }
         // The tightest (TSC, monotonic) pair of a few tries, at the start and at the end:
@@ -118,6 +128,7 @@ impl Clock {
             ns_per_tick_q32: ns_per_tick_q32 as u64,
             tsc_hz,
             origin: t0,
+            coarse_origin: 0,
         }
     }
 
@@ -142,6 +153,28 @@ impl Clock {
             ClockSource::Monotonic => self.origin.elapsed().as_nanos() as u64,
         }
     }
+
+    /// Nanoseconds since the clock's origin, to within a kernel tick on the monotonic
+    /// fallback (`CLOCK_MONOTONIC_COARSE`, never a system call): for timeouts.
+    #[inline]
+    pub fn now_coarse_ns(&self) -> u64 {
+        match self.source {
+            ClockSource::Tsc => self.now_ns(),
+            ClockSource::Monotonic => coarse_ns().saturating_sub(self.coarse_origin),
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC_COARSE` in nanoseconds.
+fn coarse_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec for the call to fill; CLOCK_MONOTONIC_COARSE exists
+    // on every Linux since 2.6.32 and the call cannot fail with a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -226,6 +259,30 @@ mod tests {
             let n = c.now_ns();
             assert!(n >= last);
             last = n;
+        }
+    }
+
+    #[test]
+    fn coarse_readings_follow_the_fine_ones_within_a_tick() {
+        for c in [Clock::monotonic(), Clock::get()] {
+            let f0 = c.now_ns();
+            let k0 = c.now_coarse_ns();
+            std::thread::sleep(Duration::from_millis(30));
+            let k1 = c.now_coarse_ns();
+            let f1 = c.now_ns();
+            assert!(k1 >= k0);
+            // A tick is at most 10 ms (HZ=100); allow two of them each side.
+            let slack = 20_000_000;
+            assert!(
+                k1 - k0 + slack >= 30_000_000,
+                "{} coarse {k0} -> {k1}",
+                c.source()
+            );
+            assert!(
+                k1 <= f1 + slack && k0 + slack >= f0,
+                "{}: {f0} {k0} {k1} {f1}",
+                c.source()
+            );
         }
     }
 

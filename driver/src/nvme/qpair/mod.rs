@@ -433,7 +433,7 @@ impl IoQpair {
             max_retries: opts.max_retries,
             timeout_ticks,
             clock,
-            clock_origin_ns: clock.now_ns(),
+            clock_origin_ns: clock.now_coarse_ns(),
             bogus_logged: false,
             removed: false,
             qid: parts.qid,

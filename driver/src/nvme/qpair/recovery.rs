@@ -118,7 +118,11 @@ impl IoQpair {
     /// clock.
     pub(super) fn housekeeping(&mut self) {
         // One clock read per housekeeping pass (every HOUSEKEEPING_EVERY polls).
-        let elapsed_ms = self.clock.now_ns().saturating_sub(self.clock_origin_ns) / 1_000_000;
+        let elapsed_ms = self
+            .clock
+            .now_coarse_ns()
+            .saturating_sub(self.clock_origin_ns)
+            / 1_000_000;
         let now_tick = (elapsed_ms / self.tick_ms as u64) as u32;
         if now_tick == self.tick {
             return;
