@@ -86,7 +86,7 @@ impl Reactor {
             l.set_nonblocking(true)?;
             epoll.add(l.as_raw_fd(), KEY_LISTENER + i as u64, false)?;
         }
-        let nsubs = shared.subsystems.len();
+        let nqueues = shared.target_queues;
         Ok(Reactor {
             id,
             shared,
@@ -98,7 +98,7 @@ impl Reactor {
             conns: Vec::new(),
             gens: Vec::new(),
             free_idx: Vec::new(),
-            queues: (0..nsubs).map(|_| None).collect(),
+            queues: (0..nqueues).map(|_| None).collect(),
             retry: VecDeque::with_capacity(1024),
             completions: Vec::with_capacity(256),
             events: Vec::with_capacity(256),
