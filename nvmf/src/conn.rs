@@ -1070,6 +1070,24 @@ impl Conn {
             Role::Unbound => self.finish(s, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true), ctx),
             Role::Admin(c) => {
                 let c = Arc::clone(c);
+                if sqe[0] == kestrel::spec::admin_opc::ABORT {
+                    // Only a held Asynchronous Event Request can be aborted here (every
+                    // other command completes without waiting on the host).
+                    let cdw10 = u32::from_le_bytes([sqe[40], sqe[41], sqe[42], sqe[43]]);
+                    let (sqid, cid) = (cdw10 as u16, (cdw10 >> 16) as u16);
+                    let held = self
+                        .slots
+                        .iter()
+                        .position(|x| x.st == St::Held && x.cid == cid)
+                        .filter(|_| sqid == 0);
+                    if let Some(h) = held {
+                        self.complete_held(h as u16, Status::ABORT_REQUESTED, ctx);
+                    }
+                    // Dword 0 bit 0: 0 when the command was aborted.
+                    self.slots[s as usize].dw0 = held.is_none() as u32;
+                    self.finish(s, Status::SUCCESS, ctx);
+                    return;
+                }
                 let mut out = std::mem::take(&mut self.slots[s as usize].local);
                 let input = out.clone();
                 let r = c.admin(&sqe, &input, &mut out, ctx.shared, self.local);
@@ -1077,11 +1095,7 @@ impl Conn {
                 match r {
                     AdminOutcome::Hold => {
                         if self.held_aers >= ctrl::MAX_AERS {
-                            self.finish(
-                                s,
-                                Status::new(kestrel::spec::Sct::CommandSpecific, 0x05),
-                                ctx,
-                            );
+                            self.finish(s, Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED, ctx);
                         } else {
                             self.held_aers += 1;
                             self.slots[s as usize].st = St::Held;
@@ -1134,6 +1148,14 @@ impl Conn {
                         dw1: 0,
                     },
                 };
+                // A controller reset (CC.EN cleared) or a shutdown ends the commands
+                // outstanding: held Asynchronous Event Requests complete as aborted
+                // (before the Property Set's own answer), and the host sends new ones
+                // once the controller is ready again.
+                let cc = c.cc();
+                if cc & 1 == 0 || (cc >> 14) & 3 != 0 {
+                    self.abort_held(Status::ABORTED_SQ_DELETION, ctx);
+                }
                 self.admin_done(s, r, ctx);
             }
             (fctype::DISCONNECT, Role::Io { .. }) => self.finish(s, Status::SUCCESS, ctx),
@@ -1141,6 +1163,21 @@ impl Conn {
                 self.finish(s, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true), ctx)
             }
             _ => self.finish(s, Status::INVALID_OPCODE.with_dnr(true), ctx),
+        }
+    }
+
+    /// Completes held Asynchronous Event Request `s` with `status`.
+    fn complete_held(&mut self, s: u16, status: Status, ctx: &mut Ctx<'_>) {
+        if self.slots[s as usize].st == St::Held {
+            self.held_aers = self.held_aers.saturating_sub(1);
+            self.finish(s, status, ctx);
+        }
+    }
+
+    /// Completes every held Asynchronous Event Request with `status`.
+    fn abort_held(&mut self, status: Status, ctx: &mut Ctx<'_>) {
+        for s in 0..self.slots.len() {
+            self.complete_held(s as u16, status, ctx);
         }
     }
 

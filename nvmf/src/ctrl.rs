@@ -586,6 +586,11 @@ impl Controller {
         }
     }
 
+    /// The CC property as last set.
+    pub fn cc(&self) -> u32 {
+        self.st.lock().unwrap().regs.cc
+    }
+
     /// Property Set: CC (enable, shutdown) is the one writable property.
     pub fn property_set(&self, p: &PropertyCmd) -> AdminOutcome {
         if p.ofst != prop::CC || p.size8 {
