@@ -137,6 +137,8 @@ dd if=/dev/urandom of=/tmp/pat2 bs=64k count=256 2>/dev/null
 blocks_of() {
     local b
     for b in /sys/block/nvme*n*; do
+        # nvmeXcYnZ: a multipath path's hidden node, not a block device of its own.
+        case ${b##*/} in nvme*c*n*) continue ;; esac
         [ -e "$b" ] && [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && echo "/dev/${b##*/}"
     done
 }
