@@ -158,6 +158,18 @@ modprobe nvmet-tcp || die "modprobe nvmet-tcp"
 command -v fio >/dev/null || die "fio is not in the guest"
 say "$BS $RW QD 32, libaio direct, ${SECS} s per run, $ROUNDS alternating rounds, fio on CPU $FIO_CPUS, kestrel serve on CPU 0"
 
+# The device's own rate in this guest, through VFIO without the network: what
+# either target could reach at best (BENCH_DIRECT=0 skips it).
+if [ "${BENCH_DIRECT:-1}" = 1 ] && [ "$RW" = randread ] && [ "$BS" = 4k ]; then
+    bind vfio-pci || die "cannot bind $BDF to vfio-pci"
+    if "$K" perf --target "pci:$BDF" -q 32 -o 4k -w randread -t "$SECS" -c 0 --quiet \
+        >/tmp/perf.out 2>&1; then
+        say "device through VFIO (kestrel perf, QD 32, CPU 0): $(awk '$1 == "Total" {print int($2); exit}' /tmp/perf.out) IOPS"
+    else
+        say "kestrel perf on the device failed: $(tail -n 3 /tmp/perf.out)"
+    fi
+fi
+
 : >/tmp/iops-kestrel
 : >/tmp/iops-nvmet
 for r in $(seq "$ROUNDS"); do
