@@ -77,14 +77,27 @@ bind() {
     [ "$(basename "$(readlink "$sysdev/driver" 2>/dev/null)")" = "$1" ]
 }
 
-# fio against $2, results in /tmp/fio-$1.out; prints the IOPS (an integer).
+# Busy and total jiffies of all the guest's CPUs.
+cpu_jiffies() { awk '$1 == "cpu" {t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t; exit}' /proc/stat; }
+
+# fio against $2, results in /tmp/fio-$1.out; prints the IOPS (an integer), and
+# leaves in /tmp/cpu-$1 how busy the guest's CPUs were over the run (percent of
+# one CPU) and the CPU time per I/O (µs).
 run_fio() {
+    local j0 j1 iops
+    j0=$(cpu_jiffies)
     fio --name="$1" --filename="$2" --direct=1 --rw="$RW" --bs="$BS" --iodepth=32 \
         --runtime="$SECS" --time_based --ioengine=libaio --cpus_allowed="$FIO_CPUS" \
         >"/tmp/fio-$1.out" 2>&1 || return 1
+    j1=$(cpu_jiffies)
     # "read: IOPS=2427," or "write: IOPS=12.3k,": the sum, as an integer.
-    grep -oE '(read|write): IOPS=[0-9.]+[kM]?' "/tmp/fio-$1.out" | sed 's/.*IOPS=//' |
-        awk '{m = 1} /k$/ {m = 1000} /M$/ {m = 1000000} {sub(/[kM]$/, ""); t += $1 * m} END {printf "%d\n", t}'
+    iops=$(grep -oE '(read|write): IOPS=[0-9.]+[kM]?' "/tmp/fio-$1.out" | sed 's/.*IOPS=//' |
+        awk '{m = 1} /k$/ {m = 1000} /M$/ {m = 1000000} {sub(/[kM]$/, ""); t += $1 * m} END {printf "%d\n", t}')
+    # Jiffies are 10 ms (USER_HZ 100).
+    awk -v b="$((${j1% *} - ${j0% *}))" -v t="$((${j1#* } - ${j0#* }))" -v n="$(grep -c ^processor /proc/cpuinfo)" -v i="$iops" -v s="$SECS" \
+        'BEGIN {printf "%d%% of one CPU busy, %d us CPU per I/O", 100 * n * b / (t ? t : 1), (i ? b * 10000 / (i * s) : 0)}' \
+        >"/tmp/cpu-$1"
+    echo "$iops"
 }
 
 round_kestrel() {
@@ -106,7 +119,7 @@ round_kestrel() {
     kill -INT "$serve"
     wait "$serve"
     echo "$iops" >>/tmp/iops-kestrel
-    say "round $1 kestrel: $iops IOPS"
+    say "round $1 kestrel: $iops IOPS ($(cat /tmp/cpu-kestrel))"
 }
 
 nvmet_setup() {
@@ -147,7 +160,7 @@ round_nvmet() {
     # The namespace lets go of the block device before the controller is unbound.
     echo 0 >"$T/subsystems/$KNQN/namespaces/1/enable"
     echo "$iops" >>/tmp/iops-nvmet
-    say "round $1 nvmet: $iops IOPS"
+    say "round $1 nvmet: $iops IOPS ($(cat /tmp/cpu-nvmet))"
 }
 
 median() { sort -n | awk '{v[NR] = $1} END {if (NR % 2) print v[(NR + 1) / 2]; else print int((v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
