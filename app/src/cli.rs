@@ -339,6 +339,12 @@ pub struct PerfArgs {
     /// machine slows down but cannot empty.
     #[arg(long, value_name = "N", value_parser = number_ios_parser)]
     pub number_ios: Option<u64>,
+    /// Count each poller's system calls in the measured window (a seccomp filter on the
+    /// poller thread, answered by a supervisor thread; Linux 5.5+). A polled NVMe queue
+    /// makes none; a file target makes one io_uring_enter per batch. Slows calls outside
+    /// the window.
+    #[arg(long)]
+    pub count_syscalls: bool,
     /// Per-command I/O timeout: a command not completed within it is aborted, and if the
     /// Abort fails the controller is reset (NVMe targets; at least 1ms).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = timeout_parser)]

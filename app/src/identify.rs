@@ -50,6 +50,9 @@ pub struct NamespaceJson {
     /// Why not, when it does not (the format it does not implement).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsupported_reason: Option<String>,
+    /// How kestrel's I/O handles the protection information: "none", or the controller
+    /// inserting and checking it (PRACT).
+    pub io_protection: String,
 }
 
 /// A namespace's format: LBA format, metadata, end-to-end protection, command set.
@@ -222,6 +225,7 @@ pub fn describe(o: &Opened) -> TargetJson {
                     format: FormatJson::of(&ns.format),
                     io_supported: ns.supported(),
                     unsupported_reason: ns.unsupported.as_ref().map(|u| u.why.clone()),
+                    io_protection: ns.protection.describe(),
                 })
                 .collect();
             TargetJson::Nvme(Box::new(ControllerJson {
@@ -294,6 +298,7 @@ pub fn describe(o: &Opened) -> TargetJson {
                         ..Default::default()
                     },
                     io_supported: true,
+                    io_protection: "none".into(),
                     unsupported_reason: None,
                 }],
             })
@@ -452,7 +457,8 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
         "    {:<24} {}",
         "Kestrel I/O",
         match &ns.unsupported_reason {
-            None => "supported".to_string(),
+            None if ns.io_protection == "none" => "supported".to_string(),
+            None => format!("supported; {}", ns.io_protection),
             Some(why) => format!("refused: {why} (see docs/formats.md)"),
         }
     );

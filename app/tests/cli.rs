@@ -995,3 +995,47 @@ fn an_emulator_without_a_core_of_its_own_is_reported() {
         stderr(&o)
     );
 }
+
+#[test]
+fn count_syscalls_finds_none_in_a_polled_nvme_window_and_the_file_targets_enters() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("sys.img");
+    std::fs::write(&img, vec![0u8; 8 << 20]).unwrap();
+    let file = format!("file:{}", img.display());
+    let mut counted = Vec::new();
+    for target in ["emu", file.as_str()] {
+        let o = kestrel(&[
+            "perf",
+            "-t",
+            "60",
+            "--number-ios",
+            "20000",
+            "--warmup",
+            "100ms",
+            "-q",
+            "16",
+            "--count-syscalls",
+            "--json",
+            "--quiet",
+            "--target",
+            target,
+        ]);
+        if !o.status.success() && stderr(&o).contains("seccomp user notification refused") {
+            eprintln!("skipped: {}", stderr(&o).trim());
+            return;
+        }
+        let j = json(&o);
+        assert_eq!(j["config"]["count_syscalls"], true);
+        let c = &j["per_core"][0];
+        counted.push((
+            c["syscalls_in_window"].as_u64().unwrap(),
+            c["first_syscall_nr"].clone(),
+        ));
+    }
+    // The NVMe queue pair (emulated: memory and doorbell stores, as MMIO to a device):
+    // not one system call in 20000 I/Os.
+    assert_eq!(counted[0], (0, serde_json::Value::Null), "{counted:?}");
+    // The file target enters io_uring: counted, so the counter is in the path.
+    assert!(counted[1].0 > 0, "{counted:?}");
+    assert_eq!(counted[1].1, libc::SYS_io_uring_enter, "{counted:?}");
+}

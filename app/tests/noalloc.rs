@@ -53,6 +53,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
         warmup_ns: 0,
         time_ns,
         number_ios: u64::MAX,
+        count_syscalls: false,
         io_timeout_ns: 30_000_000_000,
     };
     let shared = Arc::new(Shared::new(1));

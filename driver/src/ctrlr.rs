@@ -233,6 +233,9 @@ pub struct NsInfo {
     /// Why the driver does no I/O to this namespace, when it does not implement its
     /// format (see [`crate::format`]); `None` for a namespace it serves.
     pub unsupported: Option<UnsupportedFormat>,
+    /// What each Read, Write and Write Zeroes carries for the protection information
+    /// (PRACT, checks, reference tag; none without PI). See [`crate::format`].
+    pub protection: crate::format::IoProtection,
 }
 
 impl NsInfo {
@@ -899,6 +902,10 @@ impl Controller {
                 };
             let format = NsFormat::of(&ns, csi);
             let unsupported = crate::format::check(nsid, &format).err();
+            let protection = match unsupported {
+                None => crate::format::IoProtection::of(&format),
+                Some(_) => crate::format::IoProtection::NONE,
+            };
             if let Some(u) = &unsupported {
                 tracing::warn!("{describe}: no i/o to {u}");
             }
@@ -911,6 +918,7 @@ impl Controller {
                 identify: ns,
                 format,
                 unsupported,
+                protection,
             });
         }
 

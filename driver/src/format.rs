@@ -11,8 +11,18 @@
 //! ([`crate::ctrlr::NvmeNamespace::new`]) and at submission (the qpair), before anything
 //! reaches the device.
 //!
+//! Protection information is implemented the way the Linux driver does it when it has no
+//! integrity buffer to offer: for a namespace whose metadata is exactly the 8-byte
+//! protection information (type 1, 2 or 3; extended or separate), every Read, Write and
+//! Write Zeroes carries PRACT, so the controller generates the PI on writes and checks and
+//! strips it on reads. Only data crosses the wire (no MPTR, no interleaved metadata); the
+//! controller still checks the guard (and, for types 1 and 2, the reference tag, which the
+//! driver sets to the low 32 bits of the command's first LBA) and fails a command whose
+//! check fails with the End-to-end ... Check Error statuses. See [`IoProtection`].
+//!
 //! Pure policy over [`NsFormat`]: no I/O, no `unsafe`.
 
+use crate::spec::pi::{Prinfo, PI_SIZE};
 use crate::spec::{csi, NsFormat};
 
 /// The smallest LBA data size the driver does I/O with.
@@ -22,8 +32,74 @@ pub const MAX_DATA_SIZE: u32 = 4096;
 
 /// What the driver supports, for messages.
 pub const SUPPORTED: &str = "kestrel does i/o only to namespaces of the NVM Command Set with \
-    an lba data size of 512 to 4096 bytes, no metadata (ms 0) and no end-to-end protection \
-    (dps 0)";
+    an lba data size of 512 to 4096 bytes and either no metadata (ms 0, dps 0) or metadata \
+    that is exactly the 8-byte protection information of type 1, 2 or 3 (ms 8, which the \
+    controller inserts and checks)";
+
+/// What every Read, Write and Write Zeroes to a namespace carries for its protection
+/// information: nothing for a namespace without metadata; PRACT, the checks and the
+/// reference tag for one whose 8 bytes of metadata are the PI.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct IoProtection {
+    /// The PI type (0: none).
+    pub pi_type: u8,
+    /// PRINFO, placed in CDW12.
+    pub prinfo: Prinfo,
+    /// Whether CDW14 carries the expected initial reference tag: the low 32 bits of the
+    /// command's first LBA (types 1 and 2).
+    pub ref_tag: bool,
+}
+
+impl IoProtection {
+    /// No protection information.
+    pub const NONE: IoProtection = IoProtection {
+        pi_type: 0,
+        prinfo: Prinfo(0),
+        ref_tag: false,
+    };
+
+    /// What `format` needs (call [`check`] first: this assumes a supported format).
+    pub fn of(format: &NsFormat) -> IoProtection {
+        match format.pi_type {
+            1 | 2 => IoProtection {
+                pi_type: format.pi_type,
+                prinfo: Prinfo(Prinfo::PRACT | Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF),
+                ref_tag: true,
+            },
+            // Type 3: the reference tag is not defined; the guard is checked.
+            3 => IoProtection {
+                pi_type: 3,
+                prinfo: Prinfo(Prinfo::PRACT | Prinfo::PRCHK_GUARD),
+                ref_tag: false,
+            },
+            _ => IoProtection::NONE,
+        }
+    }
+
+    /// CDW12 bits for a command of `lba`, and the CDW14 value (the initial reference tag).
+    #[inline]
+    pub fn command_dwords(&self, lba: u64) -> (u32, u32) {
+        (
+            self.prinfo.to_cdw12(),
+            if self.ref_tag { lba as u32 } else { 0 },
+        )
+    }
+
+    /// In words, for reports: "none", or what the controller does.
+    pub fn describe(&self) -> String {
+        match self.pi_type {
+            0 => "none".into(),
+            t => format!(
+                "pi type {t} inserted and checked by the controller (PRACT; guard{} checked)",
+                if self.ref_tag {
+                    " and reference tag"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
 
 /// A namespace whose format the driver does not implement.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
@@ -58,7 +134,26 @@ pub fn check(nsid: u32, format: &NsFormat) -> Result<(), UnsupportedFormat> {
         }
         Some(_) => {}
     }
-    if format.ms != 0 {
+    let pi_only = format.pi_type != 0 && usize::from(format.ms) == PI_SIZE;
+    if format.pi_type > 3 {
+        why.push(format!(
+            "end-to-end protection of reserved type {} is not implemented",
+            format.pi_type
+        ));
+    } else if format.pi_type != 0 && !pi_only {
+        why.push(format!(
+            "end-to-end protection (type {}) with {} bytes of metadata is not implemented: only \
+             metadata that is exactly the 8-byte protection information is ({} metadata \
+             beyond it would have to cross the wire)",
+            format.pi_type,
+            format.ms,
+            if format.extended {
+                "extended-lba"
+            } else {
+                "separate"
+            }
+        ));
+    } else if format.ms != 0 && format.pi_type == 0 {
         why.push(if format.extended {
             format!(
                 "extended-lba metadata ({} bytes per block) is not implemented",
@@ -70,12 +165,6 @@ pub fn check(nsid: u32, format: &NsFormat) -> Result<(), UnsupportedFormat> {
                 format.ms
             )
         });
-    }
-    if format.pi_type != 0 {
-        why.push(format!(
-            "end-to-end protection (type {}) is not implemented",
-            format.pi_type
-        ));
     }
     if why.is_empty() {
         Ok(())
@@ -115,6 +204,35 @@ mod tests {
     }
 
     #[test]
+    fn pi_only_metadata_is_accepted_with_pract() {
+        for ext in [false, true] {
+            for (dps, checks) in [
+                (1, Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF),
+                (2, Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF),
+                (3, Prinfo::PRCHK_GUARD),
+                // The PI's place in the metadata means nothing when it is all of it.
+                (0x9, Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF),
+            ] {
+                for lbads in [9, 12] {
+                    let f = fmt(lbads, 8, ext, dps, csi::NVM);
+                    assert_eq!(check(1, &f), Ok(()), "{f}");
+                    let p = IoProtection::of(&f);
+                    assert_eq!(p.prinfo, Prinfo(Prinfo::PRACT | checks), "{f}");
+                    assert_eq!(p.pi_type, dps & 7);
+                    let (cdw12, cdw14) = p.command_dwords(0x1_2345_6789);
+                    assert_eq!(Prinfo::from_cdw12(cdw12), p.prinfo);
+                    assert_eq!(cdw14, if dps & 7 == 3 { 0 } else { 0x2345_6789 });
+                }
+            }
+        }
+        assert_eq!(
+            IoProtection::of(&fmt(12, 0, false, 0, csi::NVM)),
+            IoProtection::NONE
+        );
+        assert_eq!(IoProtection::NONE.command_dwords(77), (0, 0));
+    }
+
+    #[test]
     fn every_other_format_is_refused_with_its_reason() {
         let cases: &[(NsFormat, &[&str])] = &[
             (
@@ -126,17 +244,18 @@ mod tests {
                 &["extended lba", "extended-lba metadata (8 bytes"],
             ),
             (
-                fmt(12, 8, false, 1, 0),
-                &["type 1 in the last", "protection (type 1)"],
-            ),
-            (
                 fmt(12, 64, false, 0x0B, 0),
-                &["type 3 in the first", "protection (type 3)"],
+                &["type 3 in the first", "protection (type 3) with 64 bytes"],
             ),
             (
                 fmt(12, 16, true, 2, 0),
-                &["extended", "protection (type 2)"],
+                &[
+                    "extended",
+                    "protection (type 2) with 16 bytes",
+                    "extended-lba metadata beyond",
+                ],
             ),
+            (fmt(12, 8, false, 5, 0), &["reserved type 5"]),
             (
                 fmt(12, 0, false, 0, csi::ZONED),
                 &["Zoned Namespace Command Set (csi 0x02)"],

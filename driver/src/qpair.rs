@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use crate::clock::Clock;
 use crate::ctrlr::{CtrlrShared, CtrlrState, NsInfo};
 use crate::dma::{DmaBuf, DmaSlice};
+use crate::format::IoProtection;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
 };
@@ -621,7 +622,8 @@ impl IoQpair {
     /// Starts a validated request; false if no tracker (or parent slot) is free. Takes the
     /// request by reference: it is several hundred bytes, and only a split copies it.
     fn try_start(&mut self, req: &IoRequest) -> bool {
-        let Some(block_size) = self.ns(req.nsid).map(|n| n.block_size) else {
+        let Some((block_size, prot)) = self.ns(req.nsid).map(|n| (n.block_size, n.protection))
+        else {
             // The namespace went away between validation and now (a reset shrank the
             // list): complete with the status a controller would give.
             self.defer(
@@ -644,18 +646,18 @@ impl IoQpair {
             };
             self.stats.split += 1;
             self.splitting = Some(pi);
-            self.continue_split(block_size);
+            self.continue_split(block_size, prot);
             return true;
         }
         let Some(cid) = self.free.pop_front() else {
             return false;
         };
-        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size);
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size, prot);
         true
     }
 
     /// Issues children of the parent being split while trackers are free.
-    fn continue_split(&mut self, block_size: u32) {
+    fn continue_split(&mut self, block_size: u32, prot: IoProtection) {
         while let Some(pi) = self.splitting {
             let p = self.parents[pi as usize];
             if p.issued_blocks >= p.req.nlb {
@@ -669,13 +671,23 @@ impl IoQpair {
             let par = &mut self.parents[pi as usize];
             par.issued_blocks += nlb;
             par.outstanding += 1;
-            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, block_size);
+            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, block_size, prot);
         }
     }
 
     /// Builds the command for blocks `[blk_off, blk_off + nlb)` of `req` in tracker `cid`
-    /// and places it in the SQ.
-    fn issue(&mut self, cid: u16, req: &IoRequest, blk_off: u32, nlb: u32, parent: u16, bs: u32) {
+    /// and places it in the SQ. `prot`: the namespace's protection information handling.
+    #[allow(clippy::too_many_arguments)]
+    fn issue(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        bs: u32,
+        prot: IoProtection,
+    ) {
         let t = &mut self.trackers[cid as usize];
         let lba = req.lba + blk_off as u64;
         let mut sqe = match req.op {
@@ -710,6 +722,13 @@ impl IoQpair {
                 Sqe::deallocate(req.nsid, 1, t.prp.iova)
             }
         };
+        if prot.pi_type != 0 && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) {
+            // PRACT: the controller inserts the PI on writes and checks and strips it on
+            // reads; the reference tag of the command's first block is its LBA.
+            let (cdw12, cdw14) = prot.command_dwords(lba);
+            sqe.cdw12 |= cdw12;
+            sqe.cdw14 = cdw14;
+        }
         sqe.set_cid(cid);
         t.token = req.token;
         t.parent = parent;
@@ -1120,10 +1139,10 @@ impl IoQpair {
     /// Starts waiting requests while trackers are free, in order.
     fn drain_pending(&mut self) {
         if let Some(pi) = self.splitting {
-            let bs = self
+            let (bs, prot) = self
                 .ns(self.parents[pi as usize].req.nsid)
-                .map_or(512, |n| n.block_size);
-            self.continue_split(bs);
+                .map_or((512, IoProtection::NONE), |n| (n.block_size, n.protection));
+            self.continue_split(bs, prot);
             if self.splitting.is_some() {
                 return;
             }

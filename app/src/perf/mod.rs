@@ -4,6 +4,7 @@
 pub mod outcome;
 pub mod plot;
 pub mod report;
+pub mod syscalls;
 pub mod verify;
 pub mod worker;
 
@@ -565,6 +566,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "time_s": secs(args.time),
         "warmup_s": secs(args.warmup),
         "number_ios": args.number_ios,
+        "count_syscalls": args.count_syscalls,
         "cores": cores,
         "qpairs_per_core": args.qpairs_per_core,
         "io_queue_size": ring,
@@ -637,6 +639,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             warmup_ns: args.warmup.as_nanos() as u64,
             time_ns: args.time.as_nanos() as u64,
             number_ios: args.number_ios.unwrap_or(u64::MAX),
+            count_syscalls: args.count_syscalls,
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
         };
         let sh = Arc::clone(&shared);

@@ -226,6 +226,10 @@ pub struct CoreJson {
     /// when the kernel does not report it. Busy time includes any of it that fell inside
     /// busy iterations.
     pub descheduled_ns: Option<u64>,
+    /// System calls the poller made in the window (`--count-syscalls`; null otherwise).
+    pub syscalls_in_window: Option<u64>,
+    /// The number of the first of them (null when none or not counted).
+    pub first_syscall_nr: Option<i64>,
     /// Counters, all targets.
     pub transport: TransportJson,
     /// Per target.
@@ -518,6 +522,8 @@ pub fn build(
             iterations: c.iterations,
             idle_iterations: c.idle_iterations,
             descheduled_ns: c.descheduled_ns,
+            syscalls_in_window: c.syscalls.map(|s| s.0),
+            first_syscall_nr: c.syscalls.and_then(|s| s.1),
             transport: transport(&core_acc.stats),
             targets: rows,
         });
@@ -734,10 +740,15 @@ pub fn render_text(r: &Report) -> String {
         "\nCPU (busy = iterations of the poll loop that completed I/O):"
     );
     for c in &r.per_core {
-        let desched = match c.descheduled_ns {
+        let mut desched = match c.descheduled_ns {
             Some(d) => format!(", descheduled {:.1} ms", d as f64 / 1e6),
             None => String::new(),
         };
+        match (c.syscalls_in_window, c.first_syscall_nr) {
+            (Some(n), Some(nr)) => desched += &format!(", {n} system calls (first: nr {nr})"),
+            (Some(n), None) => desched += &format!(", {n} system calls"),
+            _ => {}
+        }
         let _ = writeln!(
             s,
             "core {:<3} busy {:>5.1} % ({:.3} s of {:.3} s), {}, {} iterations ({:.1} % idle){desched}",
@@ -928,6 +939,7 @@ mod tests {
                 idle_iterations: 2,
                 undrained: 0,
                 descheduled_ns: Some(0),
+                syscalls: None,
             },
             CoreResult {
                 core: 1,
@@ -939,6 +951,7 @@ mod tests {
                 idle_iterations: 2,
                 undrained: 0,
                 descheduled_ns: Some(0),
+                syscalls: None,
             },
         ];
         let (r, hist) = build(
@@ -1004,6 +1017,7 @@ mod tests {
             idle_iterations: 0,
             undrained: 2,
             descheduled_ns: None,
+            syscalls: None,
         };
         let (r, _) = build(
             &[core],

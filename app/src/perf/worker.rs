@@ -86,6 +86,8 @@ pub struct WorkerConfig {
     pub time_ns: u64,
     /// Completions that end the measured window early (`u64::MAX`: none).
     pub number_ios: u64,
+    /// Count the poller's system calls in the window (`--count-syscalls`).
+    pub count_syscalls: bool,
     /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
     /// drain after the run (see [`DRAIN_TIMEOUTS`]).
     pub io_timeout_ns: u64,
@@ -194,6 +196,9 @@ pub struct CoreResult {
     pub idle_iterations: u64,
     /// I/Os that had not completed when the drain gave up.
     pub undrained: u32,
+    /// System calls the poller made in the window and the first one's number, when
+    /// counted (`--count-syscalls`).
+    pub syscalls: Option<(u64, Option<i64>)>,
     /// Time the poller waited for a CPU during the window (run-queue wait from
     /// `/proc/thread-self/schedstat`), when the kernel reports it.
     pub descheduled_ns: Option<u64>,
@@ -271,6 +276,8 @@ pub fn partition(total_units: u64, pollers: usize, index: usize) -> (u64, u64) {
 pub type WorkerError = String;
 
 struct Worker<'a> {
+    /// The system call counter of this poller thread (`--count-syscalls`).
+    syscalls: Option<Arc<super::syscalls::SyscallCount>>,
     cfg: &'a WorkerConfig,
     shared: &'a Shared,
     rng: fastrand::Rng,
@@ -567,7 +574,16 @@ fn record_error(r: &mut TargetResult, core: usize, write: bool, lba: u64, e: IoE
 pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerError> {
     let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cfg.core });
     let setup = if pinned {
-        Worker::setup(&cfg)
+        Worker::setup(&cfg).and_then(|s| {
+            if !cfg.count_syscalls {
+                return Ok((s, None));
+            }
+            // Last of the setup: from here every system call of this thread waits for
+            // the counter's supervisor.
+            super::syscalls::count_this_thread()
+                .map(|c| (s, Some(c)))
+                .map_err(|e| format!("core {}: {e}", cfg.core))
+        })
     } else {
         Err(format!(
             "could not pin the poller thread to core {} (is it in this process's CPU affinity mask? see taskset -p $$)",
@@ -579,8 +595,9 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
     }
     shared.setup.wait();
     shared.go.wait();
-    let (targets, queues) = setup?;
+    let ((targets, queues), syscalls) = setup?;
     let mut w = Worker {
+        syscalls,
         rng: fastrand::Rng::with_seed(
             cfg.seed ^ (cfg.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         ),
@@ -605,6 +622,14 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
 }
 
 impl Worker<'_> {
+    /// Ends the counted part of the window (before anything that makes a system call).
+    #[inline]
+    fn disarm_syscalls(&self) {
+        if let Some(c) = &self.syscalls {
+            c.disarm();
+        }
+    }
+
     fn run_loop(&mut self) -> Result<CoreResult, WorkerError> {
         let cfg = self.cfg;
         let shared = self.shared;
@@ -640,6 +665,9 @@ impl Worker<'_> {
                 measuring = true;
                 // Read outside the window's busy time: the iteration restarts its clock.
                 wait_start = thread_wait_ns();
+                if let Some(c) = &self.syscalls {
+                    c.arm();
+                }
                 t0 = clock.raw();
                 window_start = t0;
                 for q in &mut self.queues {
@@ -649,11 +677,13 @@ impl Worker<'_> {
             }
             if elapsed >= end || shared.abort.load(Ordering::Relaxed) {
                 window_end = t0;
+                self.disarm_syscalls();
                 wait_end = thread_wait_ns();
                 break;
             }
             if window_done >= cfg.number_ios {
                 window_end = last_completion;
+                self.disarm_syscalls();
                 wait_end = thread_wait_ns();
                 break;
             }
@@ -686,6 +716,7 @@ impl Worker<'_> {
             if self.dead == self.queues.len() && self.queues.iter().all(|q| q.q.outstanding() == 0)
             {
                 window_end = clock.raw();
+                self.disarm_syscalls();
                 wait_end = thread_wait_ns();
                 break;
             }
@@ -743,6 +774,7 @@ impl Worker<'_> {
             iterations: iters,
             idle_iterations: idle,
             undrained,
+            syscalls: self.syscalls.as_ref().map(|c| c.result()),
             descheduled_ns: match (wait_start, wait_end) {
                 (Some(a), Some(b)) if measuring => Some(b.saturating_sub(a)),
                 _ => None,
