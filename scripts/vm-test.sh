@@ -10,11 +10,21 @@
 #                CONFIG_VFIO_NOIOMMU (skipped, with the reason, when that
 #                cannot be built). both (default): iommu, then noiommu.
 #   --binary     static executable to put in the guest at /<its name>
-#                (default: kestrel-hw-tests, built here as a static binary).
+#                (default: kestrel-hw-tests, built here as a static binary;
+#                the kestrel tool is built too and put at /kestrel/bin/kestrel).
 #   --guest-cmd  command line run by bash in the guest after binding; $BDF,
 #                $KESTREL_TEST_DEVICE, $KESTREL_PAYLOAD (the binary's path)
 #                and, in noiommu mode, $KESTREL_NOIOMMU=1 are set.
-#                Default: /<binary> --device $BDF [--noiommu] --destructive
+#                Default: scripts/vm/guest-formats.sh: the suite on every
+#                namespace, kestrel identify and perf, the refused namespaces
+#                refused, a cross-check with the kernel's nvme driver, and no
+#                DMAR faults (iommu mode).
+#
+# The controller has one namespace per format (QEMU nvme-ns): nsid 1 512 B,
+# 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
+# extended LBA, 5 zoned (4 KiB, 8 MiB zones), 6 4 KiB + 16 B metadata with
+# 64-bit guard PI type 1. Kestrel serves 1, 2 and 3 (8-byte PI metadata, with
+# PRACT) and refuses the others.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
@@ -105,9 +115,22 @@ if [[ -z $binary ]]; then
     vm_build_static kestrel-hw-tests kestrel-hw-tests
     binary=$VM_BUILT
 fi
+step "building kestrel (static)"
+vm_build_static kestrel-app kestrel
+vm_check_payload "$VM_BUILT"
+VM_PAYLOAD_EXTRA=("$VM_BUILT")
+# shellcheck disable=SC2034 # read by vm_qemu_cmdline (scripts/vm/lib.sh)
+VM_NVME_NAMESPACES=(
+    "256:logical_block_size=512,physical_block_size=512"
+    "256:logical_block_size=4096,physical_block_size=4096"
+    "64:logical_block_size=4096,physical_block_size=4096,ms=8,pi=1"
+    "64:logical_block_size=512,physical_block_size=512,ms=8,mset=1"
+    "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M"
+    "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1,pif=2"
+)
+ns_supported='1 2 3' ns_refused='4 5 6'
 vm_check_payload "$binary"
 binary=$(realpath "$binary")
-payload_name=$(basename "$binary")
 
 step "initramfs"
 vm_initramfs_base
@@ -134,15 +157,19 @@ run_mode() {
     fi
     if [[ -n $guest_cmd ]]; then
         cmd=$guest_cmd
-    elif [[ $m == noiommu ]]; then
-        cmd="/$payload_name --device \$BDF --noiommu --destructive"
     else
-        cmd="/$payload_name --device \$BDF --destructive"
+        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
     vm_run_guest "$m" "$binary" "$cmd" "$shell" "$run_dir/nvme-$m.img" "$run_dir" "$timeout_s"
     result[$m]=$VM_RESULT why[$m]=$VM_WHY rcs[$m]=$VM_RC took[$m]=$((SECONDS - t0))
+    # A DMA the IOMMU blocked fails the mode whatever the payload said.
+    local faults
+    faults=$(grep -ciE 'DMAR:.*(fault|DMA (read|write))' "$VM_CACHE/logs/console-$m.log" || true)
+    if [[ $m == iommu ]] && ((faults > 0)); then
+        result[$m]=fail why[$m]="$faults DMAR fault lines in the guest log" rcs[$m]=1
+    fi
 }
 
 overall=0 npass=0 nfail=0 nskip=0

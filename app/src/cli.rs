@@ -35,7 +35,15 @@ Target to use; repeat for several. Forms:
       size=SIZE (1G), lba=512|4096 (4096), namespaces=N (1), latency=DURATION (0),
       store=memory|null|PATH, mdts=N (5: 128 KiB), queues=N, core=N|none,
       faults=SPEC (fault injection, items joined by +, e.g. status/read/read-error/dnr/1%
-      or delay/write/2ms/10%+seed/7; grammar in the emulator's documentation)
+      or delay/write/2ms/10%+seed/7; grammar in the emulator's documentation),
+      ns=SIZE[+ATTR...] (repeat: one per namespace, nsid 1, 2, ...; instead of
+      namespaces= and size=). ATTR: 512|4096 (block size; default lba=), mdN (N bytes of
+      metadata per block, separate buffer), ext (metadata inline: extended LBA),
+      pi1|pi2|pi3 (protection type; needs md8 or more), pifirst (PI in the first
+      metadata bytes), zoned, zoneSIZE (zone size, 1M), openN, activeN (zone limits),
+      csiN (report command set N). E.g. emu:ns=256M+4096+md8+pi1,ns=1G+4096+zoned+zone64M
+  A pci or emu target may end in /ns=N: that namespace only (default: every namespace
+  kestrel supports; the others are skipped with the reason, see docs/formats.md).
 Sizes: 512, 4k, 4K, 128KiB, 1M, 1G, 1GiB (binary units). Durations: 10us, 1ms, 1.5ms, 2s.
 Default: emu.";
 
@@ -69,6 +77,9 @@ pub enum Command {
     /// Copy a byte range of a target to a file or stdout.
     #[command(after_help = READ_AFTER_HELP)]
     Read(ReadArgs),
+    /// Copy a file onto a byte range of a target.
+    #[command(after_help = WRITE_AFTER_HELP)]
+    Write(WriteArgs),
     /// Export targets over NVMe/TCP to stock initiators (Linux nvme-tcp).
     #[command(after_help = kestrel_nvmf::cli::SERVE_AFTER_HELP)]
     Serve(Box<kestrel_nvmf::cli::ServeArgs>),
@@ -110,7 +121,7 @@ pub struct DoctorArgs {
 }
 
 const READ_AFTER_HELP: &str = "\
-Reads namespace 1 (or the file) through a queue of the library, one 128 KiB command at a
+Reads the namespace /ns=N names (else the first one kestrel supports), or the file, through a queue of the library, one 128 KiB command at a
 time, and writes the bytes out: a way to check what another path (a kernel, a host over
 NVMe/TCP) wrote. Offset and length are multiples of the block size.
 
@@ -135,6 +146,31 @@ pub struct ReadArgs {
     pub output: Option<PathBuf>,
 }
 
+const WRITE_AFTER_HELP: &str = "\
+Writes the bytes of --input to the target from --offset on, through a queue of the library,
+one 128 KiB command at a time, then flushes: the counterpart of kestrel read, to hand data
+to another path (a kernel driver) to read back. The target is the namespace /ns=N names,
+else the first one kestrel serves, or the file; the offset and the input's size are
+multiples of the block size. Overwrites what is there.
+
+Examples:
+  kestrel write --target pci:0000:01:00.0/ns=2 --offset 1M --input /tmp/pattern.bin
+  kestrel write --target file:/tmp/disk.img,size=16M --input /tmp/pattern.bin";
+
+/// `kestrel write`.
+#[derive(Args, Debug)]
+pub struct WriteArgs {
+    /// Target (one).
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    /// First byte written.
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = offset_parser)]
+    pub offset: u64,
+    /// The data: all of this file.
+    #[arg(long, value_name = "FILE")]
+    pub input: PathBuf,
+}
+
 const IDENTIFY_AFTER_HELP: &str = "\
 Prints the controller (model, serial, firmware, NVMe version, MQES, MDTS, I/O queues granted,
 shadow doorbells, volatile write cache, optional NVM commands) and each active namespace
@@ -149,6 +185,7 @@ Examples:
   kestrel identify
   kestrel identify --json
   kestrel identify --target emu:namespaces=2,lba=512,size=64M
+  kestrel identify --target emu:ns=64M+512,ns=64M+4096+md8+pi1,ns=64M+zoned+zone4M
   kestrel identify --target pci:0000:01:00.0
   kestrel identify --target file:/tmp/disk.img,size=1G";
 
@@ -172,7 +209,10 @@ Examples:
 
 const PERF_AFTER_HELP: &str = "\
 Each core in --cores runs one pinned poller thread with its own queue pairs on every target
-(--qpairs-per-core of them), keeping --queue-depth I/Os outstanding on each. The report
+(--qpairs-per-core of them), keeping --queue-depth I/Os outstanding on each. A controller
+target is every active namespace kestrel supports (or the one /ns=N names); a namespace of
+a format kestrel refuses is skipped with a note giving its format (skipped_namespaces in
+JSON), and the controller is asked for queues for every namespace of the run. The report
 has one row per core per target and a Total row (IOPS, MiB/s, latency), latency
 percentiles from an HDR histogram, transport counters (doorbell writes per I/O) and the
 pollers' CPU busy time; --json prints all of it (schema in docs/perf.md).
@@ -201,6 +241,7 @@ Examples:
   kestrel perf -t 5
   kestrel perf -q 1 -o 4k -w randread -t 10
   kestrel perf -q 128 -w randrw -M 70 --json
+  kestrel perf -w randrw -M 70 -L --transport-stats
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
   kestrel perf --latency-plot lat.svg
@@ -384,7 +425,19 @@ pub struct PerfArgs {
     /// Write an SVG of the latency distribution (histogram and CDF).
     #[arg(long, value_name = "FILE.svg")]
     pub latency_plot: Option<PathBuf>,
-    /// No progress line and no notes on stderr (no short form: -q is --queue-depth).
+    /// Print the latency histogram (-L: of the total, read and write apart in mixed
+    /// workloads; -LL: also per core and target), as spdk_nvme_perf's -L/-LL.
+    #[arg(short = 'L', long = "latency-histogram", action = ArgAction::Count)]
+    pub latency_histogram: u8,
+    /// Print the transport counters (doorbells, shadow doorbell updates, polls that found
+    /// nothing) per core and target; JSON always has them.
+    #[arg(long)]
+    pub transport_stats: bool,
+    /// Print a progress line each second on stderr even when it is not a terminal (on a
+    /// terminal they are printed unless --quiet).
+    #[arg(long)]
+    pub progress: bool,
+    /// No progress lines and no notes on stderr (no short form: -q is --queue-depth).
     #[arg(long)]
     pub quiet: bool,
 }

@@ -209,9 +209,11 @@ pub fn describe(o: &Opened) -> TargetJson {
         Opened::Nvme(n) => {
             let c = &n.ctrlr;
             let id = c.identify();
+            let selected = n.spec.nsid();
             let namespaces = c
                 .namespaces()
                 .iter()
+                .filter(|ns| selected.is_none_or(|k| k == ns.nsid))
                 .map(|ns| NamespaceJson {
                     nsid: ns.nsid,
                     lba_size: ns.block_size,
@@ -499,6 +501,12 @@ pub fn run(args: &IdentifyArgs) -> Result<()> {
         ..OpenOptions::default()
     };
     let opened = targets::open_all(&args.targets.targets, &opts)?;
+    for o in &opened {
+        // `/ns=N` shows that namespace only; one that is not active is an error.
+        if let (targets::Opened::Nvme(n), Some(k)) = (o, o.spec().nsid()) {
+            n.ctrlr.namespace(k)?;
+        }
+    }
     let described: Vec<TargetJson> = opened.iter().map(describe).collect();
     if args.json {
         if described.len() == 1 {

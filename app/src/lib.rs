@@ -12,6 +12,7 @@ pub mod read;
 pub mod smart;
 pub mod targets;
 pub mod units;
+pub mod write;
 
 use std::process::ExitCode;
 
@@ -51,6 +52,7 @@ pub fn run(cli: &Cli) -> Result<(), AppError> {
         Command::List(a) => list::run(a),
         Command::Perf(a) => perf::run(a),
         Command::Read(a) => read::run(a),
+        Command::Write(a) => write::run(a),
         Command::Serve(a) => kestrel_nvmf::cli::run(a).map_err(|e| match e {
             kestrel_nvmf::cli::CliError::Usage(m) => AppError::Usage(m),
             e => AppError::Runtime(e.to_string()),

@@ -1,5 +1,6 @@
-//! `kestrel read`: copy a byte range of a target (namespace 1, or a file target) to a file
-//! or stdout, through the library's queues: what a test reads back to compare.
+//! `kestrel read`: copy a byte range of a target (the namespace `/ns=N` names, else the first
+//! one kestrel serves, or a file target) to a file or stdout, through the library's queues:
+//! what a test reads back to compare.
 
 use std::io::Write;
 use std::time::{Duration, Instant};

@@ -141,16 +141,29 @@ impl Opened {
         }
     }
 
-    /// The block targets it offers: each active namespace of a controller, or the file.
-    pub fn block_targets(&self) -> Result<Vec<Arc<dyn Target>>> {
-        let opened = match self {
+    fn driver_view(&self) -> target_spec::Opened {
+        match self {
             Opened::Nvme(n) => target_spec::Opened::Nvme {
                 ctrlr: n.ctrlr.clone(),
                 emu: None,
+                nsid: n.spec.nsid(),
             },
             Opened::File(f) => target_spec::Opened::File(Arc::clone(&f.target)),
-        };
-        opened.block_targets().map_err(|e| app_error(e, None))
+        }
+    }
+
+    /// The block targets it offers: the namespace selected with `/ns=N`, or each active
+    /// namespace of a controller whose format the driver implements (the others are in
+    /// [`Opened::refused`]), or the file.
+    pub fn block_targets(&self) -> Result<Vec<Arc<dyn Target>>> {
+        self.driver_view()
+            .block_targets()
+            .map_err(|e| app_error(e, None))
+    }
+
+    /// The active namespaces [`Opened::block_targets`] leaves out, with the reason.
+    pub fn refused(&self) -> Vec<kestrel::format::UnsupportedFormat> {
+        self.driver_view().refused()
     }
 }
 
@@ -183,7 +196,7 @@ pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
     let opened =
         target_spec::open_with(spec, &opts.driver()).map_err(|e| app_error(e, Some(spec)))?;
     Ok(match opened {
-        target_spec::Opened::Nvme { ctrlr, emu } => {
+        target_spec::Opened::Nvme { ctrlr, emu, .. } => {
             let (emu_ctrlr, summary) = emu.unzip();
             Opened::Nvme(NvmeTarget {
                 spec: spec.clone(),

@@ -344,13 +344,19 @@ fn perf_text_table() {
         "4",
         "--doorbell",
         "immediate",
+        "--transport-stats",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for s in [
+        "Device Information",
         "IOPS",
         "MiB/s",
-        "core 0 [0] emulator ns1",
+        "stdev",
+        "[0] emulator ns1 from core 0",
+        "Placement: pollers on core 0",
+        "null store",
+        "99.9999%",
         "Total",
         "Latency percentiles (us",
         "Outcomes",
@@ -994,6 +1000,151 @@ fn an_emulator_without_a_core_of_its_own_is_reported() {
         "{}",
         stderr(&o)
     );
+}
+
+/// Every latency summary in a perf JSON report: percentiles within [min, max] and never
+/// decreasing, the histogram adding up to the I/Os it summarises. Returns how many it saw.
+fn check_latencies(v: &serde_json::Value, path: &str) -> usize {
+    let mut seen = 0;
+    match v {
+        serde_json::Value::Object(m) => {
+            if let Some(l) = m.get("latency_us").filter(|l| l.is_object()) {
+                let (min, max) = (l["min"].as_f64().unwrap(), l["max"].as_f64().unwrap());
+                assert!(l["stdev"].as_f64().unwrap() >= 0.0, "{path}: stdev");
+                let mut prev = min;
+                for k in [
+                    "p1", "p5", "p10", "p20", "p30", "p40", "p50", "p60", "p70", "p80", "p90",
+                    "p95", "p99", "p99_5", "p99_9", "p99_95", "p99_99", "p99_999", "p99_9999",
+                ] {
+                    let p = l[k]
+                        .as_f64()
+                        .unwrap_or_else(|| panic!("{path}.latency_us.{k}"));
+                    assert!(p >= prev && p <= max, "{path}: {k} = {p} ({min}..{max})");
+                    prev = p;
+                }
+                let hist = l["histogram"].as_array().expect("histogram");
+                let n: u64 = hist.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+                if let Some(ios) = m.get("ios").and_then(|i| i.as_u64()) {
+                    assert_eq!(n, ios, "{path}: histogram counts");
+                }
+                let last = hist.last().expect("a bucket");
+                assert_eq!(last["cumulative_pct"].as_f64(), Some(100.0), "{path}");
+                seen += 1;
+            }
+            for (k, x) in m {
+                seen += check_latencies(x, &format!("{path}.{k}"));
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                seen += check_latencies(x, &format!("{path}[{i}]"));
+            }
+        }
+        _ => {}
+    }
+    seen
+}
+
+/// A mixed workload reports reads and writes apart, in JSON and text, with the
+/// progress samples, the placement and the run's conditions. Structure only: the figures
+/// depend on how much CPU the run gets.
+#[test]
+fn perf_mixed_workload_reports_reads_and_writes_apart() {
+    let j = json(&kestrel(&[
+        "perf", "-t", "300ms", "--warmup", "0", "-q", "8", "-w", "randrw", "-M", "70", "--json",
+        "--quiet",
+    ]));
+    let t = &j["total"];
+    let (rd, wr) = (&t["read"], &t["write"]);
+    assert_eq!(
+        rd["ios"].as_u64().unwrap() + wr["ios"].as_u64().unwrap(),
+        t["ios"].as_u64().unwrap()
+    );
+    assert_eq!(rd["ios"], t["reads"]);
+    assert_eq!(wr["ios"], t["writes"]);
+    let row = &j["per_core"][0]["targets"][0];
+    assert!(row["read"]["latency_us"]["p50"].is_number(), "{row}");
+    assert!(row["write"]["latency_us"]["p50"].is_number(), "{row}");
+    assert_eq!(j["targets"][0]["total"]["ios"], t["ios"]);
+    // total, its read and write, the row with its read and write, the core, the target
+    // total with its read and write.
+    let n = check_latencies(&j, "$");
+    assert!(n >= 9, "{n} latency summaries");
+    let prog = j["progress"].as_array().expect("progress samples");
+    assert!(!prog.is_empty(), "at least the final sample");
+    for p in prog {
+        for k in ["t_s", "interval_s", "ios", "iops", "mib_per_s", "errors"] {
+            assert!(p[k].is_number(), "progress.{k}: {p}");
+        }
+        assert!(["warmup", "running", "finishing"].contains(&p["phase"].as_str().unwrap()));
+    }
+    let pl = &j["placement"];
+    assert_eq!(pl["poller_cores"], serde_json::json!([0]));
+    assert_eq!(pl["emulators"][0]["target"], 0);
+    let conds: Vec<&str> = j["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    assert!(conds.iter().any(|c| c.contains("null store")), "{conds:?}");
+    // A read workload has no write figures.
+    let j = json(&kestrel(&[
+        "perf", "-t", "200ms", "--warmup", "0", "-q", "4", "--json", "--quiet",
+    ]));
+    assert!(j["total"]["write"].is_null());
+    assert!(j["total"]["read"]["latency_us"].is_object());
+    check_latencies(&j, "$");
+
+    // Text: the read and write rows, the histogram (-L), the progress lines (--progress
+    // prints them on a pipe too), no transport table unless asked.
+    let o = kestrel(&[
+        "perf",
+        "-t",
+        "300ms",
+        "--warmup",
+        "0",
+        "-q",
+        "8",
+        "-w",
+        "randrw",
+        "-L",
+        "--progress",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let rows = |what: &str| {
+        out.lines()
+            .filter(|l| l.split_whitespace().next() == Some(what))
+            .count()
+    };
+    assert_eq!(
+        rows("read"),
+        2,
+        "a read row under the core's and the Total's: {out}"
+    );
+    assert_eq!(rows("write"), 2, "{out}");
+    for s in [
+        "Latency histogram, Total:",
+        "Latency histogram, Total, reads:",
+        "Range in us",
+        "Total read",
+        "Conditions of this run:",
+    ] {
+        assert!(out.contains(s), "{s:?} missing: {out}");
+    }
+    assert!(
+        !out.contains("SQ db"),
+        "transport table only on request: {out}"
+    );
+    let err = stderr(&o);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains(" IOPS ")).collect();
+    assert!(!lines.is_empty(), "progress lines: {err}");
+    for l in lines {
+        for w in ["MiB/s", "avg", "errors"] {
+            assert!(l.contains(w), "{w} not in progress line {l:?}");
+        }
+    }
 }
 
 #[test]

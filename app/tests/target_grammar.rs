@@ -49,6 +49,17 @@ const TABLE: &[(&str, Option<bool>)] = &[
         Some(true),
     ),
     ("emu:size=4M,core=0", Some(true)),
+    // Emulator: one namespace definition each (ns=), and the selection of one (/ns=N).
+    ("emu:ns=8M+512,ns=4M+4096", Some(true)),
+    ("emu:ns=8M+512,ns=4M+4096/ns=2", Some(true)),
+    ("emu:lba=512,ns=8M,ns=4M+4096+md8+pi1", Some(true)),
+    ("emu:ns=64M+4096+zoned+zone16M+open2,ns=8M/ns=2", Some(true)),
+    (
+        "emu:ns=8M+4096+md16+ext+pi3+pifirst,ns=4M+512/ns=2",
+        Some(true),
+    ),
+    ("emu:namespaces=3,size=4M/ns=3", Some(true)),
+    ("emu:ns=8M,ns=4M,store={dir}/f.img", Some(true)),
     // Emulator: refused.
     ("emu:size=0", None),
     ("emu:lba=1024", None),
@@ -66,6 +77,13 @@ const TABLE: &[(&str, Option<bool>)] = &[
     ("emu:faults=", None),
     ("emu:faults=bogus", None),
     ("emu:store=", None),
+    ("emu:ns=1M+md4+pi1", None),
+    ("emu:ns=1M+bogus", None),
+    ("emu:ns=1M+ext", None),
+    ("emu:ns=4M+zone3M", None),
+    ("emu:ns=1M/ns=2", None),
+    ("emu/ns=0", None),
+    ("emu:namespaces=2,ns=1M", None),
     ("emulator", None),
     // Files.
     ("file:{dir}/a.img,size=8M", Some(true)),
@@ -81,6 +99,9 @@ const TABLE: &[(&str, Option<bool>)] = &[
     ("0000:ff:1f.7|0000:ff:1f.7", Some(false)),
     ("ff:1f.7|0000:ff:1f.7", Some(false)),
     ("pci:0:FF:1F.7|0000:ff:1f.7", Some(false)),
+    ("pci:0000:ff:1f.7/ns=2|0000:ff:1f.7", Some(false)),
+    ("pci:0000:ff:1f.7/ns=0", None),
+    ("pci:0000:ff:1f.7/ns=x", None),
     ("pci:00:1g.0", None),
     ("pci:0000:ff:20.0", None),
     ("pci:0000:ff:1f.8", None),
@@ -239,5 +260,42 @@ fn an_accepted_string_means_what_it_says() {
     assert_eq!(
         files,
         ["s.img", "s.img.ns2", "s.img.ns3"].map(String::from).into()
+    );
+    // Each ns= is a namespace of its own size, block size and format; /ns=N picks one.
+    let o = c_api("emu:ns=8M+512,ns=4M+4096/ns=2", d, "", true);
+    let Outcome::Opened {
+        block_size, blocks, ..
+    } = o
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!((block_size, blocks), (4096, 1024));
+    // Without /ns=N a single-target user gets the first namespace kestrel serves ...
+    let o = c_api("emu:ns=4M+md8+pi1,ns=8M+512", d, "", true);
+    let Outcome::Opened {
+        block_size, blocks, ..
+    } = o
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!((block_size, blocks), (512, 16384));
+    // ... and selecting one it refuses fails, naming the format.
+    assert_eq!(
+        c_api(
+            "emu:ns=4M+md8+pi1,ns=8M+512/ns=1",
+            d,
+            "ms 8 B in a separate buffer",
+            true
+        ),
+        Outcome::Failed
+    );
+    assert_eq!(
+        c_api(
+            "emu:ns=4M+zoned+zone1M",
+            d,
+            "Zoned Namespace Command Set",
+            true
+        ),
+        Outcome::Failed
     );
 }

@@ -76,13 +76,23 @@ impl IoProtection {
         }
     }
 
-    /// CDW12 bits for a command of `lba`, and the CDW14 value (the initial reference tag).
+    /// CDW12 bits for a Read or Write of `lba`, and the CDW14 value (the initial
+    /// reference tag).
     #[inline]
     pub fn command_dwords(&self, lba: u64) -> (u32, u32) {
         (
             self.prinfo.to_cdw12(),
             if self.ref_tag { lba as u32 } else { 0 },
         )
+    }
+
+    /// The same for a Write Zeroes: PRACT (the controller generates the zeroed blocks' PI
+    /// from the reference tag) without checks, since no data comes from the host to check
+    /// (controllers such as QEMU's refuse PRCHK on Write Zeroes).
+    #[inline]
+    pub fn write_zeroes_dwords(&self, lba: u64) -> (u32, u32) {
+        let (_, cdw14) = self.command_dwords(lba);
+        (Prinfo(self.prinfo.0 & Prinfo::PRACT).to_cdw12(), cdw14)
     }
 
     /// In words, for reports: "none", or what the controller does.
@@ -230,6 +240,12 @@ mod tests {
             IoProtection::NONE
         );
         assert_eq!(IoProtection::NONE.command_dwords(77), (0, 0));
+        let p = IoProtection::of(&fmt(12, 8, false, 1, csi::NVM));
+        assert_eq!(
+            p.write_zeroes_dwords(5),
+            (Prinfo(Prinfo::PRACT).to_cdw12(), 5),
+            "write zeroes: PRACT and the tag, no checks"
+        );
     }
 
     #[test]

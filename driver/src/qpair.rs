@@ -725,7 +725,11 @@ impl IoQpair {
         if prot.pi_type != 0 && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) {
             // PRACT: the controller inserts the PI on writes and checks and strips it on
             // reads; the reference tag of the command's first block is its LBA.
-            let (cdw12, cdw14) = prot.command_dwords(lba);
+            let (cdw12, cdw14) = if req.op == IoOp::WriteZeroes {
+                prot.write_zeroes_dwords(lba)
+            } else {
+                prot.command_dwords(lba)
+            };
             sqe.cdw12 |= cdw12;
             sqe.cdw14 = cdw14;
         }

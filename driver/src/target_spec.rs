@@ -16,15 +16,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ctrlr::{Controller, ControllerOptions, NvmeNamespace};
-use crate::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore, FaultPlan};
+use crate::emu::{
+    EmuConfig, EmuController, EmuFormat, EmuNamespace, EmuStore, EmuZones, FaultPlan,
+};
 use crate::file::{Direct, FileOptions, FileTarget};
+use crate::format::UnsupportedFormat;
 use crate::parse::ParseError;
 use crate::target::Target;
 use crate::vfio::{VfioOptions, VfioTransport};
 
 pub use crate::parse::{
-    parse_bdf, parse_duration, parse_size, CoreSpec, EmuSpec, FileSpec, StoreSpec, TargetSpec,
-    MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, TARGET_HELP,
+    parse_bdf, parse_duration, parse_size, CoreSpec, EmuNsSpec, EmuSpec, FileSpec, StoreSpec,
+    TargetSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP, TARGET_HELP,
 };
 
 /// Namespace size of an `emu` that does not give `size=`.
@@ -56,6 +59,14 @@ pub enum TargetSpecError {
         /// The controller.
         ctrlr: String,
     },
+    /// Every active namespace of the controller has a format the driver refuses.
+    #[error("{ctrlr}: kestrel does i/o to none of its {} active namespaces: {}", refused.len(), refused.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(" | "))]
+    NoSupportedNamespace {
+        /// The controller.
+        ctrlr: String,
+        /// Why each namespace is refused.
+        refused: Vec<UnsupportedFormat>,
+    },
 }
 
 impl TargetSpecError {
@@ -78,6 +89,7 @@ impl TargetSpecError {
             TargetSpecError::File(F::BadOption { .. }) => libc::EINVAL,
             TargetSpecError::File(_) => libc::EIO,
             TargetSpecError::NoNamespace { .. } => libc::ENODEV,
+            TargetSpecError::NoSupportedNamespace { .. } => libc::EOPNOTSUPP,
         }
     }
 }
@@ -116,9 +128,9 @@ impl Default for OpenOptions {
 pub struct EmuSummary {
     /// Namespaces.
     pub namespaces: u32,
-    /// Namespace size, bytes.
+    /// Namespace size, bytes (of namespace 1 when they differ).
     pub size_bytes: u64,
-    /// LBA size.
+    /// LBA size (of namespace 1 when they differ).
     pub lba_size: u32,
     /// `memory`, `null` or the file path (of namespace 1).
     pub store: String,
@@ -138,23 +150,37 @@ pub enum Opened {
         ctrlr: Controller,
         /// The emulated controller behind it, with what was chosen for it.
         emu: Option<(Arc<EmuController>, EmuSummary)>,
+        /// The namespace selected with `/ns=N`; `None`: all of them.
+        nsid: Option<u32>,
     },
     /// A file or block device.
     File(Arc<FileTarget>),
 }
 
 impl Opened {
-    /// The block targets it offers: each active namespace of a controller, or the file.
+    /// The block targets it offers: the selected namespace (`/ns=N`) or every active
+    /// namespace whose format the driver implements (the others are in [`Opened::refused`]),
+    /// or the file. A selected namespace the driver refuses is an error naming its format,
+    /// and so is a controller none of whose namespaces it serves.
     pub fn block_targets(&self) -> Result<Vec<Arc<dyn Target>>, TargetSpecError> {
         match self {
-            Opened::Nvme { ctrlr, .. } => {
+            Opened::Nvme { ctrlr, nsid, .. } => {
+                if let Some(n) = *nsid {
+                    return Ok(vec![Arc::new(NvmeNamespace::new(ctrlr.clone(), n)?)]);
+                }
+                if ctrlr.namespaces().is_empty() {
+                    return Err(TargetSpecError::NoNamespace {
+                        ctrlr: ctrlr.describe().to_string(),
+                    });
+                }
                 let mut v: Vec<Arc<dyn Target>> = Vec::new();
-                for ns in ctrlr.namespaces() {
+                for ns in ctrlr.io_namespaces() {
                     v.push(Arc::new(NvmeNamespace::new(ctrlr.clone(), ns.nsid)?));
                 }
                 if v.is_empty() {
-                    return Err(TargetSpecError::NoNamespace {
+                    return Err(TargetSpecError::NoSupportedNamespace {
                         ctrlr: ctrlr.describe().to_string(),
+                        refused: self.refused(),
                     });
                 }
                 Ok(v)
@@ -163,12 +189,26 @@ impl Opened {
         }
     }
 
-    /// The first block target: namespace 1 of a controller, or the file.
-    pub fn first_target(&self) -> Result<Arc<dyn Target>, TargetSpecError> {
+    /// The active namespaces [`Opened::block_targets`] leaves out because the driver does
+    /// not implement their format, with the reason (none when one namespace is selected).
+    pub fn refused(&self) -> Vec<UnsupportedFormat> {
         match self {
-            Opened::Nvme { ctrlr, .. } => Ok(Arc::new(NvmeNamespace::new(ctrlr.clone(), 1)?)),
-            Opened::File(f) => Ok(Arc::clone(f) as Arc<dyn Target>),
+            Opened::Nvme {
+                ctrlr, nsid: None, ..
+            } => ctrlr
+                .namespaces()
+                .iter()
+                .filter_map(|n| n.unsupported.clone())
+                .collect(),
+            _ => Vec::new(),
         }
+    }
+
+    /// The one block target a single-target user wants: the selected namespace, else the
+    /// first one the driver serves (an error naming the formats when there is none), or
+    /// the file.
+    pub fn first_target(&self) -> Result<Arc<dyn Target>, TargetSpecError> {
+        Ok(self.block_targets()?.remove(0))
     }
 }
 
@@ -189,6 +229,29 @@ pub fn emu_store_path(base: &Path, nsid: u32) -> PathBuf {
     }
 }
 
+/// The emulated namespace an `ns=` definition asks for (`lba`: the block size when it
+/// gives none).
+pub fn emu_namespace(d: &EmuNsSpec, lba: u32, store: EmuStore) -> EmuNamespace {
+    let dflt = EmuZones::default();
+    EmuNamespace {
+        size_bytes: d.size,
+        lba_size: d.lba.unwrap_or(lba),
+        store,
+        format: EmuFormat {
+            ms: d.ms,
+            extended: d.extended,
+            pi_type: d.pi_type,
+            pi_first: d.pi_first,
+            csi: d.csi(),
+            zones: EmuZones {
+                zone_size: d.zone_size.unwrap_or(dflt.zone_size),
+                max_open: d.max_open,
+                max_active: d.max_active,
+            },
+        },
+    }
+}
+
 /// The emulator configuration an `emu` spec asks for, with `opts` filling what it leaves
 /// unsaid.
 pub fn emu_config(
@@ -197,26 +260,34 @@ pub fn emu_config(
 ) -> Result<(EmuConfig, EmuSummary), TargetSpecError> {
     let size = e.size.unwrap_or(DEFAULT_EMU_SIZE);
     let lba = e.lba.unwrap_or(DEFAULT_EMU_LBA);
-    let n = e.namespaces.unwrap_or(1);
+    let n = if e.ns.is_empty() {
+        e.namespaces.unwrap_or(1)
+    } else {
+        e.ns.len() as u32
+    };
     let store = e.store.clone().unwrap_or(opts.default_store.clone());
     let core = match e.core {
         Some(CoreSpec::Core(c)) => Some(c),
         Some(CoreSpec::None) => None,
         None => opts.default_emu_core,
     };
-    let namespaces = (1..=n)
-        .map(|nsid| {
-            EmuNamespace::new(
-                size,
-                lba,
-                match &store {
-                    StoreSpec::Memory => EmuStore::Memory,
-                    StoreSpec::Null => EmuStore::Null,
-                    StoreSpec::File(p) => EmuStore::File(emu_store_path(p, nsid)),
-                },
-            )
-        })
-        .collect();
+    let store_of = |nsid: u32| match &store {
+        StoreSpec::Memory => EmuStore::Memory,
+        StoreSpec::Null => EmuStore::Null,
+        StoreSpec::File(p) => EmuStore::File(emu_store_path(p, nsid)),
+    };
+    let namespaces: Vec<EmuNamespace> = if e.ns.is_empty() {
+        (1..=n)
+            .map(|nsid| EmuNamespace::new(size, lba, store_of(nsid)))
+            .collect()
+    } else {
+        e.ns.iter()
+            .zip(1..)
+            .map(|(d, nsid)| emu_namespace(d, lba, store_of(nsid)))
+            .collect()
+    };
+    let summary_size = namespaces[0].size_bytes;
+    let summary_lba = namespaces[0].lba_size;
     let mut cfg = EmuConfig {
         namespaces,
         ..EmuConfig::default()
@@ -235,8 +306,8 @@ pub fn emu_config(
     }
     let summary = EmuSummary {
         namespaces: n,
-        size_bytes: size,
-        lba_size: lba,
+        size_bytes: summary_size,
+        lba_size: summary_lba,
         store: match &store {
             StoreSpec::Memory => "memory".into(),
             StoreSpec::Null => "null".into(),
@@ -259,16 +330,21 @@ pub fn open_with(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened, Target
             Ok(Opened::Nvme {
                 ctrlr,
                 emu: Some((emu, summary)),
+                nsid: e.nsid,
             })
         }
-        TargetSpec::Pci { bdf } => {
+        TargetSpec::Pci { bdf, nsid } => {
             let vopts = VfioOptions {
                 noiommu: opts.noiommu,
                 ..VfioOptions::default()
             };
             let t = VfioTransport::open(bdf, &vopts)?;
             let ctrlr = Controller::new(t as _, opts.controller.clone())?;
-            Ok(Opened::Nvme { ctrlr, emu: None })
+            Ok(Opened::Nvme {
+                ctrlr,
+                emu: None,
+                nsid: *nsid,
+            })
         }
         TargetSpec::File(f) => {
             let fopts = FileOptions {
@@ -285,8 +361,8 @@ pub fn open_with(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened, Target
     }
 }
 
-/// Opens a parsed target with the default options: namespace 1 of a controller, or the
-/// file.
+/// Opens a parsed target with the default options: the selected namespace (`/ns=N`) or the
+/// first one the driver serves of a controller, or the file.
 pub fn open_spec(spec: &TargetSpec) -> Result<Arc<dyn Target>, TargetSpecError> {
     open_spec_with(spec, &ControllerOptions::default())
 }

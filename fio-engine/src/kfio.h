@@ -21,11 +21,16 @@
 #define KFIO_QUEUED 0
 #define KFIO_BUSY   1
 
+/* kfio_job_open flags (mirrored as consts in lib.rs). */
+#define KFIO_OPEN_NOIOMMU 1 /* a pci: target through VFIO's noiommu mode */
+
 struct kfio_job;
 
-/* Opens (or joins, when another job of this process already opened the same string) the
- * target and returns the job, or NULL with msg set and *err a positive errno. */
-struct kfio_job *kfio_job_open(const char *target, int *err, char *msg, size_t msglen);
+/* Opens (or joins, when another job of this process already opened the same string with
+ * the same flags) the target and returns the job, or NULL with msg set and *err a
+ * positive errno. */
+struct kfio_job *kfio_job_open(const char *target, unsigned int flags, int *err, char *msg,
+			       size_t msglen);
 /* Capacity in bytes and logical block size of the job's target. */
 uint64_t kfio_job_size(const struct kfio_job *job);
 uint32_t kfio_job_block_size(const struct kfio_job *job);

@@ -36,6 +36,8 @@ pub const OP_FLUSH: c_int = 3;
 pub const QUEUED: c_int = 0;
 /// `KFIO_BUSY`.
 pub const BUSY: c_int = 1;
+/// `KFIO_OPEN_NOIOMMU`: open a `pci:` target in VFIO's noiommu mode.
+pub const OPEN_NOIOMMU: u32 = 1 << 0;
 
 /// The most I/O units (fio's `iodepth`) one job may have.
 pub const MAX_IODEPTH: u32 = 65_536;
@@ -53,6 +55,7 @@ pub const FIO_VERSION: Option<&str> = option_env!("KFIO_FIO_VERSION");
 /// One opened target, shared by the jobs of this process that named the same string.
 struct Shared {
     key: String,
+    noiommu: bool,
     target: Arc<dyn Target>,
     users: usize,
 }
@@ -65,16 +68,35 @@ fn targets() -> std::sync::MutexGuard<'static, Vec<Shared>> {
     TARGETS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Opens `spec`, or joins the target another job opened with the same string.
-fn acquire(spec: &str) -> Result<Arc<dyn Target>, (i32, String)> {
+/// Opens `spec` (a `pci:` controller in VFIO's noiommu mode if `noiommu`), or joins the
+/// target another job opened with the same string.
+fn acquire(spec: &str, noiommu: bool) -> Result<Arc<dyn Target>, (i32, String)> {
     let mut list = targets();
     if let Some(s) = list.iter_mut().find(|s| s.key == spec) {
+        if s.noiommu != noiommu {
+            return Err((
+                libc::EINVAL,
+                format!(
+                    "kestrel_noiommu={} differs from the {} of the jobs already sharing this \
+                     target: give every job on one target the same kestrel_noiommu",
+                    noiommu as u8, s.noiommu as u8
+                ),
+            ));
+        }
         s.users += 1;
         return Ok(Arc::clone(&s.target));
     }
-    let target = kestrel::target_spec::open(spec).map_err(|e| (e.errno(), e.to_string()))?;
+    let parsed = kestrel::target_spec::parse(spec).map_err(|e| (e.errno(), e.to_string()))?;
+    let opts = kestrel::target_spec::OpenOptions {
+        noiommu,
+        ..Default::default()
+    };
+    let target = kestrel::target_spec::open_with(&parsed, &opts)
+        .and_then(|o| o.first_target())
+        .map_err(|e| (e.errno(), e.to_string()))?;
     list.push(Shared {
         key: spec.to_string(),
+        noiommu,
         target: Arc::clone(&target),
         users: 1,
     });
@@ -138,8 +160,11 @@ const WARN_OP: u32 = 1 << 5;
 type Failure = (i32, Option<String>);
 
 impl Job {
-    fn open(spec: &str) -> Result<Job, (i32, String)> {
-        let target = acquire(spec)?;
+    fn open(spec: &str, flags: u32) -> Result<Job, (i32, String)> {
+        if flags & !OPEN_NOIOMMU != 0 {
+            return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));
+        }
+        let target = acquire(spec, flags & OPEN_NOIOMMU != 0)?;
         let info = target.info().clone();
         Ok(Job {
             key: spec.to_string(),
@@ -522,6 +547,7 @@ unsafe fn job_mut<'a>(job: *mut Job) -> Option<&'a mut Job> {
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_open(
     target: *const c_char,
+    flags: u32,
     err: *mut c_int,
     msg: *mut c_char,
     msglen: usize,
@@ -539,7 +565,7 @@ pub unsafe extern "C" fn kfio_job_open(
             let spec = spec
                 .to_str()
                 .map_err(|_| (libc::EINVAL, "the target string is not UTF-8".to_string()))?;
-            Job::open(spec)
+            Job::open(spec, flags)
         },
     );
     match r {

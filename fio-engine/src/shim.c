@@ -35,6 +35,7 @@ struct kfio_options {
 	void *pad; /* fio stores the thread_data pointer here */
 	char *target;
 	unsigned int queue_size;
+	unsigned int noiommu;
 };
 
 static struct fio_option options[] = {
@@ -60,6 +61,17 @@ static struct fio_option options[] = {
 		.def = "0",
 		.help = "Ring entries of each job's queue pair (0: 2 x iodepth + 1, at least 64; "
 			"otherwise more than iodepth)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "kestrel_noiommu",
+		.lname = "Kestrel VFIO noiommu mode",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct kfio_options, noiommu),
+		.def = "0",
+		.help = "Open a pci: target in VFIO's unsafe noiommu mode (the device must be "
+			"in a noiommu group; DMA is then unconfined)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -124,7 +136,8 @@ static int kfio_setup(struct thread_data *td)
 
 		spec = named ? o->target : f->file_name;
 		msg[0] = 0;
-		job = kfio_job_open(spec, &err, msg, sizeof(msg));
+		job = kfio_job_open(spec, o && o->noiommu ? KFIO_OPEN_NOIOMMU : 0, &err, msg,
+				    sizeof(msg));
 		if (!job) {
 			if (named)
 				snprintf(full, sizeof(full), "kestrel_target=%s: %s", spec, msg);

@@ -20,11 +20,15 @@ struct H {
 }
 
 fn open(spec: &str) -> Result<H, (i32, String)> {
+    open_flags(spec, 0)
+}
+
+fn open_flags(spec: &str, flags: u32) -> Result<H, (i32, String)> {
     let c = CString::new(spec).unwrap();
     let mut err = 0;
     let mut msg = [0 as c_char; MSG];
     // SAFETY: a NUL-terminated string, writable err and msg.
-    let job = unsafe { kfio_job_open(c.as_ptr(), &mut err, msg.as_mut_ptr(), MSG) };
+    let job = unsafe { kfio_job_open(c.as_ptr(), flags, &mut err, msg.as_mut_ptr(), MSG) };
     if job.is_null() {
         // SAFETY: write_msg NUL-terminated it.
         let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
@@ -171,6 +175,18 @@ fn jobs_naming_one_target_share_it_until_the_last_closes() {
     let d = open("emu:size=16M,lba=4096").unwrap();
     // SAFETY: live jobs.
     unsafe { assert!(!Arc::ptr_eq(&(*c.job).target, &(*d.job).target)) };
+    // Jobs sharing a target agree on how it is opened; the noiommu flag means nothing to
+    // an emulator, but a second job asking otherwise is told, not silently joined.
+    let e = open_flags("emu:size=16M", OPEN_NOIOMMU).err().unwrap();
+    assert_eq!(e.0, libc::EINVAL);
+    assert!(e.1.contains("kestrel_noiommu=1 differs"), "{}", e.1);
+    assert_eq!(users_of("emu:size=16M"), 1);
+    let f = open_flags("emu:size=24M", OPEN_NOIOMMU).unwrap();
+    let g = open_flags("emu:size=24M", OPEN_NOIOMMU).unwrap();
+    assert_eq!(users_of("emu:size=24M"), 2);
+    drop((f, g));
+    let e = open_flags("emu:size=24M", 1 << 7).err().unwrap();
+    assert!(e.1.contains("unknown open flags 0x80"), "{}", e.1);
 }
 
 #[test]
@@ -448,4 +464,70 @@ fn a_panic_does_not_cross_the_boundary() {
         assert_eq!(kfio_job_size(std::ptr::null()), 0);
         kfio_job_close(std::ptr::null_mut());
     }
+}
+
+/// Not a test of speed (it asserts only that every I/O succeeds): the rate of the engine's
+/// entry points called in fio's order for a batched random-read job — getevents(1, QD),
+/// then one queue per completion, then one commit — without fio's own work, on the null
+/// emulator. `scripts/bench-fio.sh` runs it pinned beside `kestrel perf` and fio, to
+/// separate what the engine costs from what fio costs:
+///
+/// ```text
+/// KFIO_LOOP_QD=32 KFIO_LOOP_SECS=3 KFIO_LOOP_WARMUP=1 KFIO_LOOP_TARGET=emu:store=null,core=1 \
+///     taskset -c 0 <test binary> engine_loop_rate --ignored --nocapture
+/// ```
+///
+/// It prints `engine loop: qd N, IOPS X`.
+#[test]
+#[ignore = "a benchmark: run by scripts/bench-fio.sh (pins it to a core)"]
+fn engine_loop_rate() {
+    let env = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let qd: u32 = env("KFIO_LOOP_QD", "32")
+        .parse()
+        .expect("KFIO_LOOP_QD: a number");
+    let secs: f64 = env("KFIO_LOOP_SECS", "2")
+        .parse()
+        .expect("KFIO_LOOP_SECS: seconds");
+    let warmup: f64 = env("KFIO_LOOP_WARMUP", "1")
+        .parse()
+        .expect("KFIO_LOOP_WARMUP: seconds");
+    let target = env("KFIO_LOOP_TARGET", "emu:store=null");
+    let mut h = open(&target).unwrap();
+    assert_eq!(h.start(qd, 0), 0, "{}", h.msg());
+    assert_eq!(h.iomem(qd as usize * 4096), 0, "{}", h.msg());
+    // SAFETY: a live job.
+    let blocks = unsafe { kfio_job_size(h.job) } / 4096;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut offset = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % blocks) * 4096
+    };
+    for i in 0..qd {
+        let r = h.queue(OP_READ, offset(), 4096, i as usize * 4096, i);
+        assert_eq!(r, QUEUED, "{}", h.msg());
+    }
+    h.commit();
+    // The first `warmup` seconds are not counted, as kestrel perf's warmup and fio's
+    // ramp_time.
+    let mut start = Instant::now();
+    let (mut n, mut elapsed, mut warming) = (0u64, 0.0, warmup > 0.0);
+    while warming || elapsed < secs {
+        if warming && start.elapsed().as_secs_f64() >= warmup {
+            (start, n, warming) = (Instant::now(), 0, false);
+        }
+        let r = h.getevents(1, qd, -1);
+        assert!(r > 0, "getevents returned {r} with {qd} I/Os outstanding");
+        for i in 0..r as u32 {
+            let (index, err) = h.event(i);
+            assert_eq!(err, 0, "{}", h.errdetails(index));
+            let r = h.queue(OP_READ, offset(), 4096, index as usize * 4096, index);
+            assert_eq!(r, QUEUED, "{}", h.msg());
+        }
+        h.commit();
+        n += r as u64;
+        elapsed = start.elapsed().as_secs_f64();
+    }
+    println!("engine loop: qd {qd}, IOPS {:.0}", n as f64 / elapsed);
 }

@@ -165,7 +165,7 @@ fn check_text(s: &str) {
         Ok(t) => {
             let _ = t.to_string();
             match &t {
-                TargetSpec::Pci { bdf } => {
+                TargetSpec::Pci { bdf, .. } => {
                     assert_eq!(parse_bdf(bdf).map(|b| b.to_string()).as_ref(), Ok(bdf))
                 }
                 TargetSpec::File(f) => {

@@ -20,6 +20,9 @@ use kestrel::{Controller, ControllerOptions, DmaBuf, DoorbellMode, IoQpair, Qpai
 pub enum Device {
     /// The built-in emulated controller (a fresh one per case).
     Emulator,
+    /// The built-in emulated controller configured so (a fresh one per case): several
+    /// namespaces, formats the driver refuses.
+    EmulatorWith(Box<kestrel::emu::EmuConfig>),
     /// A controller bound to vfio-pci.
     Pci {
         /// PCI address.
@@ -34,6 +37,7 @@ impl Device {
     pub fn name(&self) -> String {
         match self {
             Device::Emulator => "emu".into(),
+            Device::EmulatorWith(c) => format!("emu({} namespaces)", c.namespaces.len()),
             Device::Pci { bdf, noiommu } => {
                 format!("pci:{bdf}{}", if *noiommu { "(noiommu)" } else { "" })
             }
@@ -45,6 +49,11 @@ impl Device {
         match self {
             Device::Emulator => {
                 let emu = kestrel::emu::EmuController::start(kestrel::emu::EmuConfig::default())
+                    .map_err(|e| e.to_string())?;
+                Ok(emu)
+            }
+            Device::EmulatorWith(cfg) => {
+                let emu = kestrel::emu::EmuController::start((**cfg).clone())
                     .map_err(|e| e.to_string())?;
                 Ok(emu)
             }
@@ -115,8 +124,27 @@ pub struct Case {
     pub name: &'static str,
     /// What it checks.
     pub about: &'static str,
-    run: fn(&Device) -> CaseResult,
+    /// Runs once per active namespace (the data path), not once per controller.
+    pub per_namespace: bool,
+    run: fn(&Device, u32) -> CaseResult,
 }
+
+/// The cases that run on every active namespace: the data path, where the format matters.
+/// The others run once per controller, their I/O on the first namespace the driver serves.
+const PER_NAMESPACE: &[&str] = &[
+    "rw_sizes",
+    "rw_offsets",
+    "rw_queue_depths",
+    "vectored_io",
+    "flush",
+    "write_zeroes",
+    "deallocate",
+    "overflow_beyond_depth",
+    "large_io_split",
+    "error_lba_range",
+    "cross_qpair_visibility",
+    "mixed_workload_verify",
+];
 
 /// A case's row in the results.
 #[derive(Clone, Debug)]
@@ -140,7 +168,8 @@ macro_rules! ensure {
 }
 
 const WAIT: Duration = Duration::from_secs(30);
-/// LBAs the suite may overwrite on a real device: the first 64 MiB of namespace 1.
+/// LBAs the suite may overwrite on a real device: the first 64 MiB of each namespace it
+/// does I/O to.
 const SCRATCH_BYTES: u64 = 64 << 20;
 
 fn qpair(c: &Controller, depth: u32) -> Result<IoQpair, String> {
@@ -221,11 +250,13 @@ struct Ns {
     deallocated_reads_zeroes: bool,
 }
 
-/// Namespace 1, where the I/O cases write: a case on a device whose nsid 1 has a format
-/// the driver refuses is skipped with the refusal as the reason.
-fn ns1(c: &Controller) -> Result<Ns, CaseError> {
-    let ns = c.namespaces().first().ok_or("no active namespace")?;
-    ensure!(ns.nsid == 1, "first namespace is nsid {}", ns.nsid);
+/// The namespace a case does its I/O on: a namespace whose format the driver refuses
+/// (or none at all: nsid 0) makes the case a skip with the refusal as the reason.
+fn ns_of(c: &Controller, nsid: u32) -> Result<Ns, CaseError> {
+    if nsid == 0 {
+        return Err(CaseError::Skip(no_io_namespace(c)));
+    }
+    let ns = c.namespace(nsid).map_err(|e| e.to_string())?;
     if let Some(u) = &ns.unsupported {
         return Err(CaseError::Skip(u.to_string()));
     }
@@ -235,6 +266,22 @@ fn ns1(c: &Controller) -> Result<Ns, CaseError> {
         nsze: ns.num_blocks,
         deallocated_reads_zeroes: ns.identify.deallocated_reads_zeroes(),
     })
+}
+
+/// Why a controller has no namespace for the I/O cases.
+fn no_io_namespace(c: &Controller) -> String {
+    if c.namespaces().is_empty() {
+        return "the controller has no active namespace".into();
+    }
+    let why: Vec<String> = c
+        .namespaces()
+        .iter()
+        .filter_map(|n| n.unsupported.as_ref().map(|u| u.to_string()))
+        .collect();
+    format!(
+        "kestrel does i/o to none of the active namespaces: {}",
+        why.join(" | ")
+    )
 }
 
 fn mdts(c: &Controller) -> u64 {
@@ -247,8 +294,10 @@ fn alloc(c: &Controller, len: usize) -> Result<DmaBuf, String> {
 }
 
 /// Writes `data` at `lba` through `wbuf[off..]` and reads it back through `rbuf[off..]`.
+#[allow(clippy::too_many_arguments)]
 fn write_read(
     qp: &mut IoQpair,
+    nsid: u32,
     wbuf: &mut DmaBuf,
     rbuf: &mut DmaBuf,
     lba: u64,
@@ -261,9 +310,9 @@ fn write_read(
     rbuf.fill(0);
     let w = wbuf.slice(off, data.len()).map_err(|e| e.to_string())?;
     let r = rbuf.slice(off, data.len()).map_err(|e| e.to_string())?;
-    let res = run_one(qp, IoRequest::write(1, lba, nlb, w, 1))?;
+    let res = run_one(qp, IoRequest::write(nsid, lba, nlb, w, 1))?;
     ensure!(res.is_ok(), "write of {nlb} blocks at lba {lba}: {res:?}");
-    let res = run_one(qp, IoRequest::read(1, lba, nlb, r, 2))?;
+    let res = run_one(qp, IoRequest::read(nsid, lba, nlb, r, 2))?;
     ensure!(res.is_ok(), "read of {nlb} blocks at lba {lba}: {res:?}");
     let mut got = vec![0u8; data.len()];
     rbuf.read_at(off, &mut got).map_err(|e| e.to_string())?;
@@ -289,7 +338,7 @@ fn expect_nvme(r: Result<(), IoError>, want: Status, what: &str) -> Result<(), S
 // ---------------------------------------------------------------------------------------
 // The cases.
 
-fn bring_up_and_shutdown(d: &Device) -> CaseResult {
+fn bring_up_and_shutdown(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open()?;
     ensure!(c.csts().rdy(), "CSTS.RDY clear after bring-up");
     ensure!(!c.csts().cfs(), "CSTS.CFS set after bring-up");
@@ -300,7 +349,7 @@ fn bring_up_and_shutdown(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn identify_controller(d: &Device) -> CaseResult {
+fn identify_controller(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open()?;
     let id = c.identify();
     ensure!(!id.mn.trim().is_empty(), "empty model number");
@@ -325,7 +374,7 @@ fn identify_controller(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn identify_namespaces(d: &Device) -> CaseResult {
+fn identify_namespaces(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open()?;
     let nss = c.namespaces();
     ensure!(!nss.is_empty(), "no active namespaces");
@@ -370,7 +419,7 @@ fn identify_namespaces(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn queues_granted(d: &Device) -> CaseResult {
+fn queues_granted(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open_with(ControllerOptions {
         io_queues: 4,
         ..Default::default()
@@ -380,11 +429,12 @@ fn queues_granted(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn max_qpairs(d: &Device) -> CaseResult {
+fn max_qpairs(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open_with(ControllerOptions {
         io_queues: 16,
         ..Default::default()
     })?;
+    ns_of(&c, nsid)?;
     let n = c.io_queues_granted() as usize;
     let mut qps = Vec::new();
     for _ in 0..n {
@@ -409,15 +459,15 @@ fn max_qpairs(d: &Device) -> CaseResult {
     // Every one of them does I/O.
     let buf = alloc(&c, 4096)?;
     for (i, qp) in qps.iter_mut().enumerate() {
-        let r = run_one(qp, IoRequest::read_buf(1, i as u64, 1, &buf, i as u64))?;
+        let r = run_one(qp, IoRequest::read_buf(nsid, i as u64, 1, &buf, i as u64))?;
         ensure!(r.is_ok(), "read on qid {}: {r:?}", qp.qid());
     }
     Ok(Outcome::Pass)
 }
 
-fn rw_sizes(d: &Device) -> CaseResult {
+fn rw_sizes(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let max = (4 * mdts(&c)) as usize;
     let mut qp = qpair(&c, 32)?;
     let mut w = alloc(&c, max)?;
@@ -441,6 +491,7 @@ fn rw_sizes(d: &Device) -> CaseResult {
         ensure!(lba + nlb as u64 <= ns.blocks, "scratch area too small");
         write_read(
             &mut qp,
+            nsid,
             &mut w,
             &mut r,
             lba,
@@ -458,9 +509,9 @@ fn rw_sizes(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn rw_offsets(d: &Device) -> CaseResult {
+fn rw_offsets(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 32)?;
     let mut w = alloc(&c, 64 * 1024)?;
     let mut r = alloc(&c, 64 * 1024)?;
@@ -470,6 +521,7 @@ fn rw_offsets(d: &Device) -> CaseResult {
             let len = blocks * ns.bs;
             write_read(
                 &mut qp,
+                nsid,
                 &mut w,
                 &mut r,
                 lba,
@@ -483,9 +535,9 @@ fn rw_offsets(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn rw_queue_depths(d: &Device) -> CaseResult {
+fn rw_queue_depths(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let depth = c.cap().max_queue_entries().min(256);
     let mut qp = qpair(&c, depth)?;
     let slots = qp.slots();
@@ -497,14 +549,14 @@ fn rw_queue_depths(d: &Device) -> CaseResult {
         w.write_at(0, &data).map_err(|e| e.to_string())?;
         for i in 0..qd {
             let s = w.slice(i * ns.bs, ns.bs).map_err(|e| e.to_string())?;
-            qp.submit(IoRequest::write(1, lba + i as u64, 1, s, i as u64))
+            qp.submit(IoRequest::write(nsid, lba + i as u64, 1, s, i as u64))
                 .map_err(|e| e.to_string())?;
         }
         qp.flush();
         all_ok(&reap(&mut qp, qd)?)?;
         for i in 0..qd {
             let s = r.slice(i * ns.bs, ns.bs).map_err(|e| e.to_string())?;
-            qp.submit(IoRequest::read(1, lba + i as u64, 1, s, i as u64))
+            qp.submit(IoRequest::read(nsid, lba + i as u64, 1, s, i as u64))
                 .map_err(|e| e.to_string())?;
         }
         qp.flush();
@@ -515,9 +567,9 @@ fn rw_queue_depths(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn vectored_io(d: &Device) -> CaseResult {
+fn vectored_io(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
     let lens = [8192usize, 4096, 12288];
     let mut bufs = Vec::new();
@@ -535,18 +587,19 @@ fn vectored_io(d: &Device) -> CaseResult {
     let segs: Vec<_> = bufs.iter().map(|b| b.slice_all()).collect();
     let nlb = (total / ns.bs) as u32;
     let req =
-        IoRequest::vectored(IoOp::Write, 1, 3000, nlb, &segs, 1).ok_or("too many segments")?;
+        IoRequest::vectored(IoOp::Write, nsid, 3000, nlb, &segs, 1).ok_or("too many segments")?;
     let res = run_one(&mut qp, req)?;
     ensure!(res.is_ok(), "vectored write: {res:?}");
     let r = alloc(&c, total)?;
-    let res = run_one(&mut qp, IoRequest::read_buf(1, 3000, nlb, &r, 2))?;
+    let res = run_one(&mut qp, IoRequest::read_buf(nsid, 3000, nlb, &r, 2))?;
     ensure!(res.is_ok(), "read: {res:?}");
     ensure!(r.to_vec() == data, "vectored write did not read back");
     // And a vectored read into the three buffers.
     for b in bufs.iter_mut() {
         b.fill(0);
     }
-    let req = IoRequest::vectored(IoOp::Read, 1, 3000, nlb, &segs, 3).ok_or("too many segments")?;
+    let req =
+        IoRequest::vectored(IoOp::Read, nsid, 3000, nlb, &segs, 3).ok_or("too many segments")?;
     let res = run_one(&mut qp, req)?;
     ensure!(res.is_ok(), "vectored read: {res:?}");
     let mut got = Vec::new();
@@ -557,34 +610,35 @@ fn vectored_io(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn flush(d: &Device) -> CaseResult {
+fn flush(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
+    ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
     let buf = alloc(&c, 4096)?;
-    qp.submit(IoRequest::write_buf(1, 4000, 1, &buf, 1))
+    qp.submit(IoRequest::write_buf(nsid, 4000, 1, &buf, 1))
         .map_err(|e| e.to_string())?;
-    qp.submit(IoRequest::flush(1, 2))
+    qp.submit(IoRequest::flush(nsid, 2))
         .map_err(|e| e.to_string())?;
     qp.flush();
     all_ok(&reap(&mut qp, 2)?)?;
     Ok(Outcome::Pass)
 }
 
-fn write_zeroes(d: &Device) -> CaseResult {
+fn write_zeroes(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     if !c.identify().supports_write_zeroes() {
         return Ok(Outcome::Skip("ONCS: write zeroes not supported".into()));
     }
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
     let mut buf = alloc(&c, 8 * ns.bs)?;
     buf.fill(0x5A);
-    let r = run_one(&mut qp, IoRequest::write_buf(1, 5000, 8, &buf, 1))?;
+    let r = run_one(&mut qp, IoRequest::write_buf(nsid, 5000, 8, &buf, 1))?;
     ensure!(r.is_ok(), "write: {r:?}");
-    let r = run_one(&mut qp, IoRequest::write_zeroes(1, 5002, 4, 2))?;
+    let r = run_one(&mut qp, IoRequest::write_zeroes(nsid, 5002, 4, 2))?;
     ensure!(r.is_ok(), "write zeroes: {r:?}");
     buf.fill(0xFF);
-    let r = run_one(&mut qp, IoRequest::read_buf(1, 5000, 8, &buf, 3))?;
+    let r = run_one(&mut qp, IoRequest::read_buf(nsid, 5000, 8, &buf, 3))?;
     ensure!(r.is_ok(), "read: {r:?}");
     let v = buf.to_vec();
     for (i, blk) in v.chunks(ns.bs).enumerate() {
@@ -597,23 +651,23 @@ fn write_zeroes(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn deallocate(d: &Device) -> CaseResult {
+fn deallocate(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     if !c.identify().supports_dsm() {
         return Ok(Outcome::Skip(
             "ONCS: dataset management not supported".into(),
         ));
     }
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let zeroes = ns.deallocated_reads_zeroes;
     let mut qp = qpair(&c, 16)?;
     let mut buf = alloc(&c, 8 * ns.bs)?;
     buf.fill(0xC3);
-    let r = run_one(&mut qp, IoRequest::write_buf(1, 6000, 8, &buf, 1))?;
+    let r = run_one(&mut qp, IoRequest::write_buf(nsid, 6000, 8, &buf, 1))?;
     ensure!(r.is_ok(), "write: {r:?}");
-    let r = run_one(&mut qp, IoRequest::deallocate(1, 6000, 8, 2))?;
+    let r = run_one(&mut qp, IoRequest::deallocate(nsid, 6000, 8, 2))?;
     ensure!(r.is_ok(), "deallocate: {r:?}");
-    let r = run_one(&mut qp, IoRequest::read_buf(1, 6000, 8, &buf, 3))?;
+    let r = run_one(&mut qp, IoRequest::read_buf(nsid, 6000, 8, &buf, 3))?;
     ensure!(r.is_ok(), "read after deallocate: {r:?}");
     // Dataset Management's Deallocate is advisory (the controller "may" deallocate), so
     // each block reads back either as it was or, deallocated, as DLFEAT says.
@@ -642,8 +696,9 @@ fn deallocate(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn overflow_beyond_depth(d: &Device) -> CaseResult {
+fn overflow_beyond_depth(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
+    ns_of(&c, nsid)?;
     let sw = 64u32;
     let mut qp = c
         .create_io_qpair(&QpairOptions {
@@ -656,10 +711,10 @@ fn overflow_beyond_depth(d: &Device) -> CaseResult {
     let buf = alloc(&c, 4096)?;
     let total = slots + sw;
     for i in 0..total {
-        qp.submit(IoRequest::read_buf(1, i as u64, 1, &buf, i as u64))
+        qp.submit(IoRequest::read_buf(nsid, i as u64, 1, &buf, i as u64))
             .map_err(|e| format!("submit {i}: {e}"))?;
     }
-    let extra = IoRequest::read_buf(1, 0, 1, &buf, 1 << 40);
+    let extra = IoRequest::read_buf(nsid, 0, 1, &buf, 1 << 40);
     match qp.submit(extra) {
         Err(SubmitError::Busy(b)) => {
             ensure!(b.request == extra, "busy did not hand the request back")
@@ -686,7 +741,11 @@ fn overflow_beyond_depth(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn doorbell_counts(d: &Device, mode: DoorbellMode) -> Result<kestrel::QueueStats, String> {
+fn doorbell_counts(
+    d: &Device,
+    nsid: u32,
+    mode: DoorbellMode,
+) -> Result<kestrel::QueueStats, String> {
     let c = d.open_with(ControllerOptions {
         shadow_doorbells: false,
         ..Default::default()
@@ -703,7 +762,7 @@ fn doorbell_counts(d: &Device, mode: DoorbellMode) -> Result<kestrel::QueueStats
     let mut nonempty = 0u64;
     for b in 0..20u64 {
         let reqs: Vec<_> = (0..32)
-            .map(|i| IoRequest::read_buf(1, i, 1, &buf, b * 32 + i))
+            .map(|i| IoRequest::read_buf(nsid, i, 1, &buf, b * 32 + i))
             .collect();
         let n = qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
         ensure!(n == 32, "batch took {n} of 32");
@@ -726,8 +785,13 @@ fn doorbell_counts(d: &Device, mode: DoorbellMode) -> Result<kestrel::QueueStats
     Ok(st)
 }
 
-fn doorbells_batched(d: &Device) -> CaseResult {
-    let st = doorbell_counts(d, DoorbellMode::Batched)?;
+fn doorbells_batched(d: &Device, nsid: u32) -> CaseResult {
+    if nsid == 0 {
+        return Err(CaseError::Skip(
+            "no active namespace kestrel does i/o to (see the per-namespace rows)".into(),
+        ));
+    }
+    let st = doorbell_counts(d, nsid, DoorbellMode::Batched)?;
     ensure!(
         st.sq_doorbell_writes == 20,
         "batched: {} sq doorbell writes for 20 batches",
@@ -736,8 +800,13 @@ fn doorbells_batched(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn doorbells_immediate(d: &Device) -> CaseResult {
-    let st = doorbell_counts(d, DoorbellMode::Immediate)?;
+fn doorbells_immediate(d: &Device, nsid: u32) -> CaseResult {
+    if nsid == 0 {
+        return Err(CaseError::Skip(
+            "no active namespace kestrel does i/o to (see the per-namespace rows)".into(),
+        ));
+    }
+    let st = doorbell_counts(d, nsid, DoorbellMode::Immediate)?;
     ensure!(
         st.sq_doorbell_writes == 640,
         "immediate: {} sq doorbell writes for 640 commands",
@@ -746,7 +815,7 @@ fn doorbells_immediate(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn shadow_doorbells(d: &Device) -> CaseResult {
+fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     if !c.identify().supports_shadow_doorbells() {
         return Ok(Outcome::Skip(
@@ -759,7 +828,7 @@ fn shadow_doorbells(d: &Device) -> CaseResult {
         qp.uses_shadow_doorbells(),
         "qpair not using shadow doorbells"
     );
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut w = alloc(&c, 32 * ns.bs)?;
     let r = alloc(&c, 32 * ns.bs)?;
     let data = pattern(32 * ns.bs, 11);
@@ -768,7 +837,7 @@ fn shadow_doorbells(d: &Device) -> CaseResult {
         let reqs: Vec<_> = (0..32)
             .map(|i| {
                 IoRequest::write(
-                    1,
+                    nsid,
                     7000 + i,
                     1,
                     w.slice(i as usize * ns.bs, ns.bs).unwrap(),
@@ -779,7 +848,7 @@ fn shadow_doorbells(d: &Device) -> CaseResult {
         qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
         all_ok(&reap(&mut qp, 32)?)?;
     }
-    let res = run_one(&mut qp, IoRequest::read_buf(1, 7000, 32, &r, 1))?;
+    let res = run_one(&mut qp, IoRequest::read_buf(nsid, 7000, 32, &r, 1))?;
     ensure!(res.is_ok(), "read: {res:?}");
     ensure!(r.to_vec() == data, "data mismatch with shadow doorbells");
     let st = qp.stats();
@@ -790,9 +859,9 @@ fn shadow_doorbells(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn large_io_split(d: &Device) -> CaseResult {
+fn large_io_split(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let m = mdts(&c) as usize;
     let len = 3 * m + 2 * ns.bs;
     let mut qp = c
@@ -803,7 +872,16 @@ fn large_io_split(d: &Device) -> CaseResult {
         .map_err(|e| e.to_string())?;
     let mut w = alloc(&c, len)?;
     let mut r = alloc(&c, len)?;
-    write_read(&mut qp, &mut w, &mut r, 8000, ns.bs, 0, &pattern(len, 99))?;
+    write_read(
+        &mut qp,
+        nsid,
+        &mut w,
+        &mut r,
+        8000,
+        ns.bs,
+        0,
+        &pattern(len, 99),
+    )?;
     let st = qp.stats();
     ensure!(st.split == 2, "expected 2 split requests, stats {st:?}");
     ensure!(
@@ -831,7 +909,7 @@ fn raw_status(
         .result)
 }
 
-fn error_invalid_nsid(d: &Device) -> CaseResult {
+fn error_invalid_nsid(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open()?;
     let buf = alloc(&c, 4096)?;
     let bad = c.identify().nn.saturating_add(1).max(2);
@@ -852,26 +930,30 @@ fn error_invalid_nsid(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn error_lba_range(d: &Device) -> CaseResult {
+fn error_lba_range(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let nsze = ns1(&c)?.nsze;
+    let nsze = ns_of(&c, nsid)?.nsze;
     let buf = alloc(&c, 8192)?;
     expect_nvme(
-        raw_status(&c, Sqe::read(1, nsze - 1, 2, 0, 0), Some(buf.slice_all()))?,
+        raw_status(
+            &c,
+            Sqe::read(nsid, nsze - 1, 2, 0, 0),
+            Some(buf.slice_all()),
+        )?,
         Status::LBA_OUT_OF_RANGE,
         "read across the end",
     )?;
     expect_nvme(
         raw_status(
             &c,
-            Sqe::write(1, nsze, 1, 0, 0),
+            Sqe::write(nsid, nsze, 1, 0, 0),
             Some(buf.slice(0, 4096).unwrap()),
         )?,
         Status::LBA_OUT_OF_RANGE,
         "write past the end",
     )?;
     let mut qp = qpair(&c, 8)?;
-    match qp.submit(IoRequest::read_buf(1, nsze, 1, &buf, 1)) {
+    match qp.submit(IoRequest::read_buf(nsid, nsze, 1, &buf, 1)) {
         Err(SubmitError::Invalid {
             reason: InvalidRequest::OutOfRange { .. },
             ..
@@ -881,10 +963,11 @@ fn error_lba_range(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn error_invalid_opcode(d: &Device) -> CaseResult {
+fn error_invalid_opcode(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
+    ns_of(&c, nsid)?;
     let mut sqe = Sqe::new(0x7E);
-    sqe.nsid = 1;
+    sqe.nsid = nsid;
     expect_nvme(
         raw_status(&c, sqe, None)?,
         Status::INVALID_OPCODE,
@@ -902,7 +985,7 @@ fn error_invalid_opcode(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn error_queue_creation(d: &Device) -> CaseResult {
+fn error_queue_creation(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open_with(ControllerOptions {
         io_queues: 2,
         ..Default::default()
@@ -937,7 +1020,7 @@ fn error_queue_creation(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn reset_and_reinit(d: &Device) -> CaseResult {
+fn reset_and_reinit(d: &Device, nsid: u32) -> CaseResult {
     // One transport, two controllers: dropping the first shuts the controller down and
     // disables it (CC.SHN, then CC.EN=0); the second is a full reinitialisation of the
     // same device.
@@ -945,23 +1028,23 @@ fn reset_and_reinit(d: &Device) -> CaseResult {
     let data = {
         let c = Controller::new(Arc::clone(&t), ControllerOptions::default())
             .map_err(|e| e.to_string())?;
-        let ns = ns1(&c)?;
+        let ns = ns_of(&c, nsid)?;
         let mut qp = qpair(&c, 16)?;
         let mut w = alloc(&c, 16 * ns.bs)?;
         let data = pattern(16 * ns.bs, 1234);
         w.write_at(0, &data).map_err(|e| e.to_string())?;
-        let r = run_one(&mut qp, IoRequest::write_buf(1, 9000, 16, &w, 1))?;
+        let r = run_one(&mut qp, IoRequest::write_buf(nsid, 9000, 16, &w, 1))?;
         ensure!(r.is_ok(), "write before reset: {r:?}");
-        let r = run_one(&mut qp, IoRequest::flush(1, 2))?;
+        let r = run_one(&mut qp, IoRequest::flush(nsid, 2))?;
         ensure!(r.is_ok(), "flush before reset: {r:?}");
         data
     };
     let c = Controller::new(t, ControllerOptions::default()).map_err(|e| e.to_string())?;
     ensure!(c.csts().rdy(), "not ready after reinitialisation");
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
     let r_buf = alloc(&c, 16 * ns.bs)?;
-    let r = run_one(&mut qp, IoRequest::read_buf(1, 9000, 16, &r_buf, 1))?;
+    let r = run_one(&mut qp, IoRequest::read_buf(nsid, 9000, 16, &r_buf, 1))?;
     ensure!(r.is_ok(), "read after reset: {r:?}");
     ensure!(
         r_buf.to_vec() == data,
@@ -970,9 +1053,9 @@ fn reset_and_reinit(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn concurrent_pinned_qpairs(d: &Device) -> CaseResult {
+fn concurrent_pinned_qpairs(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let threads = cores.len().clamp(1, 4).max(2);
     let c = Arc::new(c);
@@ -995,6 +1078,7 @@ fn concurrent_pinned_qpairs(d: &Device) -> CaseResult {
                     let lba = base + (round % 10) * 32;
                     write_read(
                         &mut qp,
+                        nsid,
                         &mut w,
                         &mut r,
                         lba,
@@ -1013,13 +1097,14 @@ fn concurrent_pinned_qpairs(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn smart_log(d: &Device) -> CaseResult {
+fn smart_log(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
+    ns_of(&c, nsid)?;
     let before = c.smart_log().map_err(|e| e.to_string())?;
     let mut qp = qpair(&c, 16)?;
     let buf = alloc(&c, 4096)?;
     for i in 0..8 {
-        qp.submit(IoRequest::write_buf(1, 11_000 + i, 1, &buf, i))
+        qp.submit(IoRequest::write_buf(nsid, 11_000 + i, 1, &buf, i))
             .map_err(|e| e.to_string())?;
     }
     qp.flush();
@@ -1041,11 +1126,15 @@ fn smart_log(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn error_log(d: &Device) -> CaseResult {
+fn error_log(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let buf = alloc(&c, 4096)?;
-    let nsze = ns1(&c)?.nsze;
-    let _ = raw_status(&c, Sqe::read(1, nsze + 10, 1, 0, 0), Some(buf.slice_all()))?;
+    let nsze = ns_of(&c, nsid)?.nsze;
+    let _ = raw_status(
+        &c,
+        Sqe::read(nsid, nsze + 10, 1, 0, 0),
+        Some(buf.slice_all()),
+    )?;
     let log = c.error_log().map_err(|e| e.to_string())?;
     // Controllers may or may not log command errors; the page must parse either way.
     if log.is_empty() {
@@ -1063,7 +1152,7 @@ fn error_log(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn abort_unknown_command(d: &Device) -> CaseResult {
+fn abort_unknown_command(d: &Device, _nsid: u32) -> CaseResult {
     let c = d.open()?;
     let qp = qpair(&c, 16)?;
     // Abort of a CID that is not outstanding: the controller completes the Abort and says
@@ -1078,18 +1167,18 @@ fn abort_unknown_command(d: &Device) -> CaseResult {
     }
 }
 
-fn cross_qpair_visibility(d: &Device) -> CaseResult {
+fn cross_qpair_visibility(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut a = qpair(&c, 16)?;
     let mut b = qpair(&c, 16)?;
     let mut w = alloc(&c, 4 * ns.bs)?;
     let r = alloc(&c, 4 * ns.bs)?;
     let data = pattern(4 * ns.bs, 4242);
     w.write_at(0, &data).map_err(|e| e.to_string())?;
-    let res = run_one(&mut a, IoRequest::write_buf(1, 12_000, 4, &w, 1))?;
+    let res = run_one(&mut a, IoRequest::write_buf(nsid, 12_000, 4, &w, 1))?;
     ensure!(res.is_ok(), "write on qid {}: {res:?}", a.qid());
-    let res = run_one(&mut b, IoRequest::read_buf(1, 12_000, 4, &r, 2))?;
+    let res = run_one(&mut b, IoRequest::read_buf(nsid, 12_000, 4, &r, 2))?;
     ensure!(res.is_ok(), "read on qid {}: {res:?}", b.qid());
     ensure!(
         r.to_vec() == data,
@@ -1098,9 +1187,9 @@ fn cross_qpair_visibility(d: &Device) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn mixed_workload_verify(d: &Device) -> CaseResult {
+fn mixed_workload_verify(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
-    let ns = ns1(&c)?;
+    let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 64)?;
     let blocks = 256u64;
     let mut w = alloc(&c, blocks as usize * ns.bs)?;
@@ -1119,7 +1208,7 @@ fn mixed_workload_verify(d: &Device) -> CaseResult {
                 w.write_at(off, &vec![round + 1; ns.bs])
                     .map_err(|e| e.to_string())?;
                 qp.submit(IoRequest::write(
-                    1,
+                    nsid,
                     13_000 + blk,
                     1,
                     w.slice(off, ns.bs).unwrap(),
@@ -1135,7 +1224,7 @@ fn mixed_workload_verify(d: &Device) -> CaseResult {
     }
     let res = run_one(
         &mut qp,
-        IoRequest::read_buf(1, 13_000, blocks as u32, &r, 1),
+        IoRequest::read_buf(nsid, 13_000, blocks as u32, &r, 1),
     )?;
     ensure!(res.is_ok(), "read: {res:?}");
     let v = r.to_vec();
@@ -1157,6 +1246,7 @@ pub fn cases() -> Vec<Case> {
             Case {
                 name: stringify!($f),
                 about: $about,
+                per_namespace: PER_NAMESPACE.contains(&stringify!($f)),
                 run: $f,
             }
         };
@@ -1253,34 +1343,87 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// Runs the cases whose names contain `filter` (all if empty) against `device`.
+/// The active namespaces of `device` and why the driver refuses each it refuses, read
+/// from one bring-up (released before the cases run).
+fn namespaces_of(device: &Device) -> Result<Vec<(u32, Option<String>)>, String> {
+    let c = device.open()?;
+    Ok(c.namespaces()
+        .iter()
+        .map(|n| (n.nsid, n.unsupported.as_ref().map(|u| u.to_string())))
+        .collect())
+}
+
+fn run_case(c: &Case, device: &Device, nsid: u32) -> Outcome {
+    match std::panic::catch_unwind(|| (c.run)(device, nsid)) {
+        Ok(Ok(o)) => o,
+        Ok(Err(CaseError::Fail(why))) => Outcome::Fail(why),
+        Ok(Err(CaseError::Skip(why))) => Outcome::Skip(why),
+        Err(p) => Outcome::Fail(format!(
+            "panicked: {}",
+            p.downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| p.downcast_ref::<&str>().copied())
+                .unwrap_or("?")
+        )),
+    }
+}
+
+/// Runs the cases whose names contain `filter` (all if empty) against `device`: the
+/// controller cases once (their I/O on the first namespace the driver serves), the data
+/// path cases on every active namespace (a namespace the driver refuses: skipped, with
+/// the refusal as the reason; the target column reads `DEVICE ns=N`).
 pub fn run(device: &Device, filter: &str) -> Vec<CaseReport> {
     let target = device.name();
-    cases()
+    let selected: Vec<Case> = cases()
         .into_iter()
         .filter(|c| filter.is_empty() || c.name.contains(filter))
-        .map(|c| {
+        .collect();
+    let namespaces = match namespaces_of(device) {
+        Ok(n) => n,
+        Err(why) => {
+            // Every case reports the failed bring-up (the first case checks it anyway).
+            return selected
+                .iter()
+                .map(|c| CaseReport {
+                    name: c.name,
+                    target: target.clone(),
+                    outcome: Outcome::Fail(format!("bring-up to list the namespaces: {why}")),
+                    elapsed: Duration::ZERO,
+                })
+                .collect();
+        }
+    };
+    let first_io = namespaces
+        .iter()
+        .find(|(_, refused)| refused.is_none())
+        .map_or(0, |(n, _)| *n);
+    let mut out = Vec::new();
+    for c in selected.iter().filter(|c| !c.per_namespace) {
+        let start = Instant::now();
+        let outcome = run_case(c, device, first_io);
+        out.push(CaseReport {
+            name: c.name,
+            target: target.clone(),
+            outcome,
+            elapsed: start.elapsed(),
+        });
+    }
+    for (nsid, refused) in &namespaces {
+        for c in selected.iter().filter(|c| c.per_namespace) {
             let start = Instant::now();
-            let outcome = match std::panic::catch_unwind(|| (c.run)(device)) {
-                Ok(Ok(o)) => o,
-                Ok(Err(CaseError::Fail(why))) => Outcome::Fail(why),
-                Ok(Err(CaseError::Skip(why))) => Outcome::Skip(why),
-                Err(p) => Outcome::Fail(format!(
-                    "panicked: {}",
-                    p.downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| p.downcast_ref::<&str>().copied())
-                        .unwrap_or("?")
-                )),
+            let outcome = match refused {
+                Some(why) => Outcome::Skip(why.clone()),
+                None => run_case(c, device, *nsid),
             };
-            CaseReport {
+            out.push(CaseReport {
                 name: c.name,
-                target: target.clone(),
+                target: format!("{target} ns={nsid}"),
                 outcome,
                 elapsed: start.elapsed(),
-            }
-        })
-        .collect()
+            });
+        }
+    }
+    out
 }
 
 /// The results table, and a summary line in the `N passed, N failed, N skipped` form.

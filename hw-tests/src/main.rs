@@ -14,10 +14,11 @@ use kestrel_hw_tests::{format_report, run, summary_json, tally, Device};
 const USAGE: &str =
     "usage: kestrel-hw-tests [--device BDF] [--noiommu] [--destructive] [--filter SUBSTR] [--list]
 
-Runs Kestrel's NVMe conformance suite.
+Runs Kestrel's NVMe conformance suite: the controller cases once, the data path cases
+on every active namespace (a namespace of a format kestrel refuses: skipped, with the reason).
   (no --device)     against the built-in emulated controller
   --device BDF      against a controller bound to vfio-pci (or KESTREL_TEST_DEVICE=BDF);
-                    destructive: overwrites the first 64 MiB of namespace 1, so it also
+                    destructive: overwrites the first 64 MiB of every namespace it serves, so it also
                     needs --destructive (or KESTREL_TEST_DESTRUCTIVE=1)
   --noiommu         use the VFIO noiommu path (or KESTREL_NOIOMMU=1)
   --file PATH       also run the target cases on a file target at PATH (created
@@ -80,7 +81,7 @@ fn main() {
     let device = match bdf {
         Some(bdf) => {
             if !destructive {
-                eprintln!("kestrel-hw-tests: refusing to run on {bdf}: the suite overwrites the first 64 MiB of namespace 1; pass --destructive or set KESTREL_TEST_DESTRUCTIVE=1");
+                eprintln!("kestrel-hw-tests: refusing to run on {bdf}: the suite overwrites the first 64 MiB of every namespace kestrel serves; pass --destructive or set KESTREL_TEST_DESTRUCTIVE=1");
                 std::process::exit(2);
             }
             Device::Pci { bdf, noiommu }

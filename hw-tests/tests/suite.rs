@@ -85,6 +85,107 @@ fn suite_passes_on_the_emulator() {
 }
 
 #[test]
+fn suite_covers_every_namespace_and_skips_refused_ones_saying_why() {
+    use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore, EmuZones};
+    let ns = |size: u64, lba: u32, format: EmuFormat| EmuNamespace {
+        format,
+        ..EmuNamespace::new(size, lba, EmuStore::Memory)
+    };
+    let cfg = EmuConfig {
+        namespaces: vec![
+            ns(64 << 20, 4096, EmuFormat::default()),
+            ns(
+                64 << 20,
+                4096,
+                // The PI is all of the metadata: served, the controller inserting and
+                // checking it (PRACT); every data case must pass on it.
+                EmuFormat {
+                    ms: 8,
+                    pi_type: 1,
+                    ..Default::default()
+                },
+            ),
+            ns(32 << 20, 512, EmuFormat::default()),
+            ns(
+                64 << 20,
+                4096,
+                EmuFormat {
+                    csi: kestrel::spec::csi::ZONED,
+                    zones: EmuZones {
+                        zone_size: 4 << 20,
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            ),
+        ],
+        ..EmuConfig::default()
+    };
+    let reports = run(&Device::EmulatorWith(Box::new(cfg)), "");
+    println!("{}", format_report(&reports));
+    let failed: Vec<_> = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    let per_ns: Vec<&str> = cases()
+        .iter()
+        .filter(|c| c.per_namespace)
+        .map(|c| c.name)
+        .collect();
+    assert!(per_ns.len() >= 10, "{per_ns:?}");
+    for (nsid, want) in [
+        (1, None),
+        (2, None),
+        (3, None),
+        (4, Some("Zoned Namespace Command Set")),
+    ] {
+        let target = format!("emu(4 namespaces) ns={nsid}");
+        let rows: Vec<_> = reports.iter().filter(|r| r.target == target).collect();
+        assert_eq!(rows.len(), per_ns.len(), "{target}");
+        for r in rows {
+            match (&r.outcome, want) {
+                (Outcome::Pass, None) => {}
+                (Outcome::Skip(why), Some(w)) if why.contains(w) => {}
+                (o, _) => panic!("{} on {target}: {o:?}, want {want:?}", r.name),
+            }
+        }
+    }
+    // The controller cases ran once, on nsid 1, and passed.
+    let ctrl: Vec<_> = reports
+        .iter()
+        .filter(|r| r.target == "emu(4 namespaces)")
+        .collect();
+    assert_eq!(ctrl.len(), cases().len() - per_ns.len());
+    assert!(ctrl.iter().all(|r| r.outcome == Outcome::Pass), "{ctrl:#?}");
+}
+
+#[test]
+fn suite_skips_everything_on_a_controller_it_cannot_serve() {
+    use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
+    let cfg = EmuConfig {
+        namespaces: vec![EmuNamespace {
+            format: EmuFormat {
+                ms: 8,
+                extended: true,
+                ..Default::default()
+            },
+            ..EmuNamespace::new(16 << 20, 512, EmuStore::Memory)
+        }],
+        ..EmuConfig::default()
+    };
+    let reports = run(&Device::EmulatorWith(Box::new(cfg)), "");
+    println!("{}", format_report(&reports));
+    let failed: Vec<_> = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    let (p, _, s) = tally(&reports);
+    assert!(s >= 15 && p >= 5, "{p} passed, {s} skipped");
+}
+
+#[test]
 fn suite_on_real_hardware_when_named() {
     let Some(bdf) = std::env::var("KESTREL_TEST_DEVICE")
         .ok()
@@ -94,7 +195,7 @@ fn suite_on_real_hardware_when_named() {
         return;
     };
     if std::env::var("KESTREL_TEST_DESTRUCTIVE").as_deref() != Ok("1") {
-        println!("skipped: KESTREL_TEST_DEVICE={bdf} is set but KESTREL_TEST_DESTRUCTIVE=1 is not; the suite overwrites the first 64 MiB of namespace 1");
+        println!("skipped: KESTREL_TEST_DEVICE={bdf} is set but KESTREL_TEST_DESTRUCTIVE=1 is not; the suite overwrites the first 64 MiB of every namespace kestrel serves");
         return;
     }
     let noiommu = std::env::var("KESTREL_NOIOMMU").as_deref() == Ok("1");

@@ -20,6 +20,12 @@ VM_SMP=${KESTREL_VM_SMP:-2}
 # and options for the guest's nvme module.
 VM_INITRD_EXTRA=()
 VM_NVME_PARAMS=
+# Further static executables for the guest, at /kestrel/bin/<name>.
+VM_PAYLOAD_EXTRA=()
+# The emulated controller's namespaces, one "SIZE_MIB:NVME_NS_PROPERTIES" each (nsid 1,
+# 2, ... in order; e.g. "64:logical_block_size=4096,ms=8,pi=1"), each backed by its own
+# image BACKEND.nsN. Empty: one namespace on BACKEND itself.
+VM_NVME_NAMESPACES=()
 # Bump when the layout of what is cached changes.
 VM_CACHE_FORMAT=1
 
@@ -438,6 +444,14 @@ vm_initramfs_payload() {
     if [[ -d $VM_REPO/scripts ]]; then
         cp -a "$VM_REPO/scripts" "$stage/kestrel/scripts"
     fi
+    local extra
+    for extra in "${VM_PAYLOAD_EXTRA[@]}"; do
+        mkdir -p "$stage/kestrel/bin"
+        cp "$extra" "$stage/kestrel/bin/"
+        if command -v strip >/dev/null && vm_is_elf "$extra"; then
+            strip --strip-debug "$stage/kestrel/bin/$(basename "$extra")" 2>/dev/null || true
+        fi
+    done
     {
         printf 'KESTREL_MODE=%q\n' "$mode"
         printf 'KESTREL_GUEST_CMD=%q\n' "$cmd"
@@ -477,8 +491,26 @@ vm_qemu_cmdline() {
     VM_QEMU=(qemu-system-x86_64 -accel "tcg,thread=multi" -machine "$machine" -smp "$VM_SMP"
         -m "$((VM_MEM_MB + VM_HUGEMEM_MB))M" -nographic -no-reboot -monitor none -nic none)
     [[ $mode == iommu ]] && VM_QEMU+=(-device "intel-iommu,intremap=on")
-    VM_QEMU+=(-kernel "$VM_KDIR/vmlinux" -initrd "$initrd" -append "$append"
-        -drive "$drive" -device "nvme,serial=kestrel0,drive=nvm"
+    VM_QEMU+=(-kernel "$VM_KDIR/vmlinux" -initrd "$initrd" -append "$append")
+    if ((${#VM_NVME_NAMESPACES[@]})); then
+        # One controller, one nvme-ns device per namespace, each on its own image.
+        local i=0 ns size props
+        VM_QEMU+=(-device "nvme,id=nvme0,serial=kestrel0")
+        for ns in "${VM_NVME_NAMESPACES[@]}"; do
+            i=$((i + 1))
+            size=${ns%%:*} props=${ns#*:}
+            if [[ $backend == null ]]; then
+                drive="driver=null-co,read-zeroes=on,size=${size}M,if=none,id=nvm$i"
+            else
+                truncate -s "${size}M" "$backend.ns$i"
+                drive="file=$backend.ns$i,format=raw,if=none,id=nvm$i,cache=writeback,aio=threads,discard=unmap"
+            fi
+            VM_QEMU+=(-drive "$drive" -device "nvme-ns,drive=nvm$i,bus=nvme0,nsid=$i${props:+,$props}")
+        done
+    else
+        VM_QEMU+=(-drive "$drive" -device "nvme,serial=kestrel0,drive=nvm")
+    fi
+    VM_QEMU+=(
         -virtfs "local,path=$share,mount_tag=host,security_model=none,id=host0"
         -device "isa-debug-exit,iobase=0xf4,iosize=0x04")
 }

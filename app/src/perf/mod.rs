@@ -1,6 +1,7 @@
 //! `kestrel perf`: pinned per-core pollers keeping a queue depth outstanding on every
 //! target, modelled on `spdk_nvme_perf` and fio. See `docs/perf.md`.
 
+pub mod latency;
 pub mod outcome;
 pub mod plot;
 pub mod report;
@@ -77,45 +78,74 @@ fn check_cores(cores: &[usize]) -> Result<Vec<usize>> {
     Ok(avail)
 }
 
+/// The progress lines: once a second (and once at the end, for the rest) the pollers'
+/// running totals are read and the difference to the previous sample printed on stderr
+/// (when asked) and kept for the report.
 struct Progress {
-    enabled: bool,
-    last_total: u64,
+    print: bool,
+    /// Ends of the warmup and of the measured window, s from the start.
+    warm_end: f64,
+    run_end: f64,
+    last: [u64; 3],
     last_t: std::time::Instant,
-    shown: bool,
+    started: std::time::Instant,
+    samples: Vec<report::ProgressJson>,
 }
 
 impl Progress {
-    fn tick(&mut self, shared: &Shared, elapsed: Duration, io_size: u64) {
-        let total: u64 = shared
-            .progress
-            .iter()
-            .map(|p| p.load(Ordering::Relaxed))
-            .sum();
+    fn sample(&mut self, shared: &Shared, io_size: u64, last: bool) {
+        let mut now_tot = [0u64; 3];
+        for p in shared.progress.iter() {
+            now_tot[0] += p.succeeded.load(Ordering::Relaxed);
+            now_tot[1] = now_tot[1].wrapping_add(p.latency_ns.load(Ordering::Relaxed));
+            now_tot[2] += p.errors.load(Ordering::Relaxed);
+        }
         let now = std::time::Instant::now();
         let dt = now.duration_since(self.last_t).as_secs_f64();
-        if !self.enabled || dt <= 0.0 {
+        let ios = now_tot[0].saturating_sub(self.last[0]);
+        let lat_ns = now_tot[1].wrapping_sub(self.last[1]);
+        let errors = now_tot[2].saturating_sub(self.last[2]);
+        // The rest after the last full second: not worth a line when it is a sliver
+        // with nothing in it.
+        if dt <= 0.0 || (last && ios + errors == 0 && dt < 0.1) {
             return;
         }
-        let iops = (total - self.last_total) as f64 / dt;
-        let phase = match shared.phase.iter().map(|p| p.load(Ordering::Relaxed)).min() {
-            Some(0) => "warmup",
-            Some(1) => "running",
-            _ => "finishing",
+        let iops = ios as f64 / dt;
+        // The phase the middle of the sample falls in, by the run's schedule.
+        let t = now.duration_since(self.started).as_secs_f64();
+        let mid = t - dt / 2.0;
+        // (A window ended early by --number-ios or Ctrl-C: every poller past it.)
+        let all_done = shared.phase.iter().all(|p| p.load(Ordering::Relaxed) >= 2);
+        let phase = if mid < self.warm_end {
+            "warmup"
+        } else if mid < self.run_end && !all_done {
+            "running"
+        } else {
+            "finishing"
         };
-        eprint!(
-            "\r\x1b[K[{:>4} s {phase}] {:>12.0} IOPS {:>10.2} MiB/s",
-            elapsed.as_secs(),
-            iops,
-            iops * io_size as f64 / (1u64 << 20) as f64
-        );
-        self.shown = true;
-        self.last_total = total;
-        self.last_t = now;
-    }
-    fn finish(&self) {
-        if self.shown {
-            eprint!("\r\x1b[K");
+        let round2 = |v: f64| (v * 100.0).round() / 100.0;
+        let s = report::ProgressJson {
+            t_s: (t * 1000.0).round() / 1000.0,
+            interval_s: (dt * 1000.0).round() / 1000.0,
+            phase: phase.to_string(),
+            ios,
+            iops: round2(iops),
+            mib_per_s: round2(iops * io_size as f64 / (1u64 << 20) as f64),
+            avg_latency_us: (ios > 0).then(|| latency::us(lat_ns as f64 / ios as f64)),
+            errors,
+        };
+        if self.print {
+            let lat = s
+                .avg_latency_us
+                .map_or("-".to_string(), |l| format!("{l:.2}"));
+            eprintln!(
+                "[{:>7.1} s {:<9}] {:>12.0} IOPS {:>10.2} MiB/s  avg {:>10} us  errors {}",
+                s.t_s, s.phase, s.iops, s.mib_per_s, lat, s.errors
+            );
         }
+        self.samples.push(s);
+        self.last = now_tot;
+        self.last_t = now;
     }
 }
 
@@ -186,11 +216,11 @@ fn check_specs(specs: &[TargetSpec], avail: &[usize]) -> Result<()> {
                 }
                 seen.push(key);
             }
-            TargetSpec::Pci { bdf } => {
+            TargetSpec::Pci { bdf, .. } => {
                 let key = format!("pci:{bdf}");
                 if seen.contains(&key) {
                     return Err(AppError::usage(format!(
-                        "invalid value for '--target': {key} is named twice; each target may be used once per run"
+                        "invalid value for '--target': {key} is named twice; each controller may be used once per run (without /ns=N, the run covers all its namespaces)"
                     )));
                 }
                 seen.push(key);
@@ -329,6 +359,15 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         }
     };
     let mut warnings: Vec<String> = Vec::new();
+    // What a reader of the figures must know (in the report and its JSON, not only on
+    // stderr), and where the threads ran.
+    let mut conditions: Vec<String> = Vec::new();
+    let mut placement = report::PlacementJson {
+        available_cores: avail.clone(),
+        poller_cores: cores.clone(),
+        emulators: Vec::new(),
+    };
+    let mut target_lines: Vec<String> = Vec::new();
     let specs = targets::specs_or_default(&args.targets.targets);
     check_specs(&specs, &avail)?;
     if let Some(p) = &args.latency_plot {
@@ -336,11 +375,18 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     }
     let spare_core = avail.iter().copied().find(|c| !cores.contains(c));
     let per_ctrlr_queues = cores.len() as u32 * args.qpairs_per_core;
+    // Queues to ask each controller for: one set per namespace the run may use. A PCI
+    // controller's namespaces are known only once it is up, so without /ns=N it is asked
+    // for enough for every namespace it may have (it grants what it offers; the check
+    // after opening compares that with what the run needs).
     let max_ns = specs
         .iter()
         .map(|s| match s {
+            _ if s.nsid().is_some() => 1,
+            TargetSpec::Emu(e) if !e.ns.is_empty() => e.ns.len() as u32,
             TargetSpec::Emu(e) => e.namespaces.unwrap_or(1),
-            _ => 1,
+            TargetSpec::Pci { .. } => kestrel::target_spec::MAX_EMU_NAMESPACES,
+            TargetSpec::File(_) => 1,
         })
         .max()
         .unwrap_or(1);
@@ -375,8 +421,20 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     let mut names = Vec::new();
     let mut target_json = Vec::new();
     let mut emus: Vec<Option<Arc<EmuController>>> = Vec::new();
+    let mut skipped = Vec::new();
     for o in &opened {
         let ts = o.block_targets()?;
+        let mut placed = false;
+        for r in o.refused() {
+            // Said even with --quiet: part of the run is not done.
+            let msg = format!("{}: skipping {r}", o.spec());
+            eprintln!("kestrel perf: note: {msg}");
+            skipped.push(json!({
+                "spec": o.spec().to_string(),
+                "nsid": r.nsid,
+                "reason": r.to_string(),
+            }));
+        }
         if let Opened::Nvme(n) = o {
             let need = ts.len() as u32 * per_ctrlr_queues;
             if (n.ctrlr.io_queues_granted() as u32) < need {
@@ -455,6 +513,10 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                         .max_queue_entries()
                         .min(kestrel::qpair::MAX_TRACKERS + 1);
                     if ring > entries {
+                        conditions.push(format!(
+                            "[{idx}] {}: queue size clamped to the controller's {entries} entries (asked {ring})",
+                            info.name
+                        ));
                         warn(
                             &mut warnings,
                             format!(
@@ -493,6 +555,27 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                             None => true,
                         };
                         tj["emulator"]["shares_poller_cores"] = json!(shares);
+                        if e.store == "null" {
+                            conditions.push(format!(
+                                "[{idx}] {}: null store: reads move no data and writes are dropped, so the figures measure the driver, not a data path",
+                                info.name
+                            ));
+                        }
+                        if shares {
+                            conditions.push(format!(
+                                "[{idx}] {}: the emulator thread {} shares a core with a poller: the figures measure that contention",
+                                info.name,
+                                e.core.map_or("(not pinned)".to_string(), |c| format!("on core {c}"))
+                            ));
+                        }
+                        if !placed {
+                            placement.emulators.push(report::EmuPlacementJson {
+                                target: idx,
+                                core: e.core,
+                                shares_poller_cores: shares,
+                            });
+                            placed = true;
+                        }
                         let thread = match e.core {
                             Some(c) if cores.contains(&c) => {
                                 warn(
@@ -536,7 +619,11 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                     emus.push(None);
                 }
             }
-            note(desc);
+            note(desc.clone());
+            target_lines.push(
+                desc.strip_prefix("target ")
+                    .map_or(desc.clone(), str::to_string),
+            );
             names.push(info.name.clone());
             target_json.push(tj);
             blocks.push(t);
@@ -559,6 +646,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     let secs = |d: Duration| (d.as_secs_f64() * 1e6).round() / 1e6;
     let config = json!({
         "targets": specs.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        "skipped_namespaces": skipped,
         "queue_depth": args.queue_depth,
         "io_size": args.io_size,
         "workload": args.workload.name(),
@@ -660,21 +748,28 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     shared.go.wait();
 
     let mut progress = Progress {
-        enabled: !args.quiet && std::io::stderr().is_terminal(),
-        last_total: 0,
+        print: args.progress || (!args.quiet && std::io::stderr().is_terminal()),
+        warm_end: args.warmup.as_secs_f64(),
+        run_end: (args.warmup + args.time).as_secs_f64(),
+        last: [0; 3],
         last_t: started,
-        shown: false,
+        started,
+        samples: Vec::new(),
     };
     let mut next_tick = Duration::from_secs(1);
     while !handles.iter().all(|h| h.is_finished()) {
         std::thread::sleep(Duration::from_millis(20));
         let el = started.elapsed();
         if el >= next_tick {
-            progress.tick(&shared, el, args.io_size);
-            next_tick += Duration::from_secs(1);
+            progress.sample(&shared, args.io_size, false);
+            // A main thread kept from the CPU catches up without a burst of samples.
+            while next_tick <= el {
+                next_tick += Duration::from_secs(1);
+            }
         }
     }
-    progress.finish();
+    // The rest since the last full second (the drain included).
+    progress.sample(&shared, args.io_size, true);
     let mut results = Vec::new();
     let mut failures = Vec::new();
     for h in handles {
@@ -752,6 +847,25 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             }
         }
     }
+    for c in &report.per_core {
+        if let Some(d) = c.descheduled_ns {
+            if d as f64 > c.seconds * 1e9 * 0.01 {
+                conditions.push(format!(
+                    "the poller on core {} waited {:.1} % of the window for the CPU (other load on its core)",
+                    c.core,
+                    d as f64 / (c.seconds * 1e7)
+                ));
+            }
+        }
+    }
+    report.conditions.splice(0..0, conditions);
+    report.placement = placement;
+    report.target_lines = target_lines;
+    report.progress = progress.samples;
+    report.show = report::Show {
+        histogram: args.latency_histogram,
+        transport: args.transport_stats,
+    };
     report.warnings = warnings;
     let verdict = verdict(&report, interrupted, args.io_timeout);
     report.result = ResultJson {

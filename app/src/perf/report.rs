@@ -7,44 +7,11 @@ use hdrhistogram::Histogram;
 use kestrel::QueueStats;
 use serde::Serialize;
 
+use super::latency::{new_histogram, LatStats};
+pub use super::latency::{LatencyJson, PERCENTILES};
 use super::outcome::{error_rows, ErrorCountJson, Outcomes};
 use super::verify::Mismatch;
-use super::worker::{CoreResult, TargetResult, LATENCY_MAX_NS, LATENCY_SIGFIG};
-
-/// The percentiles reported, with their JSON keys.
-pub const PERCENTILES: [(f64, &str); 17] = [
-    (1.0, "p1"),
-    (5.0, "p5"),
-    (10.0, "p10"),
-    (20.0, "p20"),
-    (30.0, "p30"),
-    (40.0, "p40"),
-    (50.0, "p50"),
-    (60.0, "p60"),
-    (70.0, "p70"),
-    (80.0, "p80"),
-    (90.0, "p90"),
-    (95.0, "p95"),
-    (99.0, "p99"),
-    (99.5, "p99_5"),
-    (99.9, "p99_9"),
-    (99.95, "p99_95"),
-    (99.99, "p99_99"),
-];
-
-/// Latency summary, µs.
-#[derive(Serialize, Debug, Clone, Default)]
-pub struct LatencyJson {
-    /// Mean.
-    pub avg: f64,
-    /// Minimum.
-    pub min: f64,
-    /// Maximum.
-    pub max: f64,
-    /// Percentiles by key (`p1` ... `p99_99`), in [`PERCENTILES`] order.
-    #[serde(flatten)]
-    pub percentiles: serde_json::Map<String, serde_json::Value>,
-}
+use super::worker::{CoreResult, TargetResult};
 
 /// Queue counters over the measured window.
 #[derive(Serialize, Debug, Clone, Default)]
@@ -162,6 +129,79 @@ impl OutcomeAcc {
     }
 }
 
+/// The reads or the writes of a row, apart (a mixed workload shows both).
+#[derive(Serialize, Debug, Clone)]
+pub struct OpJson {
+    /// Successful I/Os of this kind in the window.
+    pub ios: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_per_s: f64,
+    /// Their latency, µs.
+    pub latency_us: LatencyJson,
+}
+
+/// One target over all cores (in `targets[].total`).
+#[derive(Serialize, Debug, Clone)]
+pub struct TargetTotalJson {
+    /// Successful I/Os in the window.
+    pub ios: u64,
+    /// I/Os per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_per_s: f64,
+    /// Latency, µs (null when none succeeded).
+    pub latency_us: Option<LatencyJson>,
+    /// The reads alone.
+    pub read: Option<OpJson>,
+    /// The writes alone.
+    pub write: Option<OpJson>,
+}
+
+/// One sample of the progress lines (once a second, and one at the end for the rest).
+#[derive(Serialize, Debug, Clone)]
+pub struct ProgressJson {
+    /// Seconds since the start (warmup included) at the end of the sample.
+    pub t_s: f64,
+    /// Length of the sample, s.
+    pub interval_s: f64,
+    /// `warmup`, `running` (the measured window) or `finishing` (drain).
+    pub phase: String,
+    /// Completions that succeeded in the sample.
+    pub ios: u64,
+    /// Of them, per second.
+    pub iops: f64,
+    /// MiB per second.
+    pub mib_per_s: f64,
+    /// Mean latency of the successful completions of the sample, µs (null when none).
+    pub avg_latency_us: Option<f64>,
+    /// Completions that did not succeed in the sample.
+    pub errors: u64,
+}
+
+/// Where the threads of the run ran.
+#[derive(Serialize, Debug, Clone, Default)]
+pub struct PlacementJson {
+    /// Cores this process may run on.
+    pub available_cores: Vec<usize>,
+    /// One poller per core.
+    pub poller_cores: Vec<usize>,
+    /// The emulated controllers' threads.
+    pub emulators: Vec<EmuPlacementJson>,
+}
+
+/// Where an emulated controller's thread ran.
+#[derive(Serialize, Debug, Clone)]
+pub struct EmuPlacementJson {
+    /// The first target index of that controller.
+    pub target: usize,
+    /// Its core (null: not pinned).
+    pub core: Option<usize>,
+    /// It competes with a poller for a core.
+    pub shares_poller_cores: bool,
+}
+
 /// One core's results on one target.
 #[derive(Serialize, Debug, Clone)]
 pub struct CoreTargetJson {
@@ -181,6 +221,10 @@ pub struct CoreTargetJson {
     pub mib_per_s: f64,
     /// Latency of the successful I/Os, µs (null when none succeeded).
     pub latency_us: Option<LatencyJson>,
+    /// The reads alone (null when there were none).
+    pub read: Option<OpJson>,
+    /// The writes alone (null when there were none).
+    pub write: Option<OpJson>,
     /// Counters.
     pub transport: TransportJson,
     /// First LBA of this core's range.
@@ -256,6 +300,10 @@ pub struct TotalJson {
     pub mib_per_s: f64,
     /// Latency over all successful I/Os, µs (null when none succeeded).
     pub latency_us: Option<LatencyJson>,
+    /// The reads alone (null when there were none).
+    pub read: Option<OpJson>,
+    /// The writes alone (null when there were none).
+    pub write: Option<OpJson>,
     /// Sum of the cores' busy time / ios (null when no I/O succeeded).
     pub ns_per_io_cpu: Option<f64>,
     /// Median over all completions of the busy time per completion of the iteration that
@@ -304,11 +352,36 @@ pub struct Report {
     /// What differs from what was asked, and conditions that make the figures doubtful
     /// (also printed on stderr).
     pub warnings: Vec<String>,
+    /// What a reader of the figures must know about how they were made: a null store, an
+    /// emulator thread sharing a poller's core, values that were clamped.
+    pub conditions: Vec<String>,
+    /// Which cores ran the pollers and the emulators.
+    pub placement: PlacementJson,
+    /// The progress samples (the lines printed on stderr once a second).
+    pub progress: Vec<ProgressJson>,
+    /// Descriptions of the targets, as printed above the table.
+    #[serde(skip)]
+    pub target_lines: Vec<String>,
+    /// What the text report shows (`-L`, `--transport-stats`).
+    #[serde(skip)]
+    pub show: Show,
     /// How the run ended: the exit status and why.
     pub result: ResultJson,
+    /// Per target (name, totals over all cores), also in `targets[].total`.
+    #[serde(skip)]
+    pub target_totals: Vec<(String, TargetTotalJson)>,
     /// Per target (name, outcomes), also in `targets[].outcomes`.
     #[serde(skip)]
     pub target_outcomes: Vec<(String, OutcomesJson)>,
+}
+
+/// Optional sections of the text report.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Show {
+    /// `-L`: 1 shows the latency histogram of the total, 2 also per core and target.
+    pub histogram: u8,
+    /// `--transport-stats`: the transport counters table.
+    pub transport: bool,
 }
 
 /// The verdict of the run.
@@ -320,35 +393,6 @@ pub struct ResultJson {
     pub exit_status: u8,
     /// Why not ok (null when ok).
     pub reason: Option<String>,
-}
-
-fn us(ns: f64) -> f64 {
-    // Three decimals (ns resolution) keep the JSON readable.
-    (ns / 10.0).round() / 100.0
-}
-
-/// The latency summary of `n` I/Os; `None` when there are none (no figures of 0.000).
-fn latency(
-    hist: &Histogram<u64>,
-    sum_ns: u128,
-    min_ns: u64,
-    max_ns: u64,
-    n: u64,
-) -> Option<LatencyJson> {
-    if n == 0 {
-        return None;
-    }
-    let mut percentiles = serde_json::Map::new();
-    for (p, key) in PERCENTILES {
-        let v = us(hist.value_at_percentile(p) as f64);
-        percentiles.insert(key.to_string(), serde_json::json!(v));
-    }
-    Some(LatencyJson {
-        avg: us(sum_ns as f64 / n as f64),
-        min: us(min_ns as f64),
-        max: us(max_ns as f64),
-        percentiles,
-    })
 }
 
 fn transport(s: &QueueStats) -> TransportJson {
@@ -399,10 +443,7 @@ fn mib(bytes: u64, secs: f64) -> f64 {
 
 /// A latency accumulator over several [`TargetResult`]s.
 struct Acc {
-    hist: Histogram<u64>,
-    sum: u128,
-    min: u64,
-    max: u64,
+    lat: [LatStats; 2],
     ios: u64,
     reads: u64,
     writes: u64,
@@ -413,11 +454,7 @@ struct Acc {
 impl Acc {
     fn new() -> Self {
         Acc {
-            hist: Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
-                .expect("valid histogram bounds"),
-            sum: 0,
-            min: u64::MAX,
-            max: 0,
+            lat: [LatStats::default(), LatStats::default()],
             ios: 0,
             reads: 0,
             writes: 0,
@@ -426,19 +463,47 @@ impl Acc {
         }
     }
     fn add(&mut self, t: &TargetResult) {
-        // Same bounds everywhere: adding cannot fail.
-        let _ = self.hist.add(&t.hist);
-        self.sum += t.lat_sum_ns;
-        self.min = self.min.min(t.lat_min_ns);
-        self.max = self.max.max(t.lat_max_ns);
+        self.lat[0].merge(&t.lat[0]);
+        self.lat[1].merge(&t.lat[1]);
         self.ios += t.ios;
         self.reads += t.reads;
         self.writes += t.writes;
         self.bytes += t.bytes;
         self.stats.accumulate(&t.stats);
     }
+    fn all(&self) -> LatStats {
+        let mut l = self.lat[0].clone();
+        l.merge(&self.lat[1]);
+        l
+    }
     fn latency(&self) -> Option<LatencyJson> {
-        latency(&self.hist, self.sum, self.min, self.max, self.ios)
+        self.all().summary()
+    }
+    /// The reads (0) or writes (1) apart; the bytes are split by I/O count (all I/Os of a
+    /// run have one size).
+    fn op(&self, i: usize, secs: f64) -> Option<OpJson> {
+        let n = self.lat[i].count;
+        let bytes = if self.ios == 0 {
+            0
+        } else {
+            (self.bytes as u128 * n as u128 / self.ios as u128) as u64
+        };
+        Some(OpJson {
+            ios: n,
+            iops: rate(n, secs),
+            mib_per_s: mib(bytes, secs),
+            latency_us: self.lat[i].summary()?,
+        })
+    }
+    fn target_total(&self, secs: f64) -> TargetTotalJson {
+        TargetTotalJson {
+            ios: self.ios,
+            iops: rate(self.ios, secs),
+            mib_per_s: mib(self.bytes, secs),
+            latency_us: self.latency(),
+            read: self.op(0, secs),
+            write: self.op(1, secs),
+        }
     }
 }
 
@@ -454,8 +519,8 @@ pub fn build(
     let mut total = Acc::new();
     let mut per_core = Vec::new();
     let mut busy_total = 0u64;
-    let mut busy_hist = Histogram::<u64>::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
-        .expect("valid histogram bounds");
+    let mut busy_hist = new_histogram();
+    let mut target_acc: Vec<Acc> = names.iter().map(|_| Acc::new()).collect();
     let mut seconds = 0f64;
     let mut verify = VerifyJson::default();
     let mut errors = Vec::new();
@@ -467,6 +532,11 @@ pub fn build(
         for (ti, t) in c.targets.iter().enumerate() {
             core_acc.add(t);
             total.add(t);
+            if let Some(a) = target_acc.get_mut(ti) {
+                a.add(t);
+            }
+            let mut row_acc = Acc::new();
+            row_acc.add(t);
             verify.blocks_checked += t.blocks_verified;
             verify.mismatches += t.mismatches;
             verify.readback_reads += t.readback_ios;
@@ -493,7 +563,9 @@ pub fn build(
                 writes: t.writes,
                 iops: rate(t.ios, secs),
                 mib_per_s: mib(t.bytes, secs),
-                latency_us: latency(&t.hist, t.lat_sum_ns, t.lat_min_ns, t.lat_max_ns, t.ios),
+                latency_us: row_acc.latency(),
+                read: row_acc.op(0, secs),
+                write: row_acc.op(1, secs),
                 transport: transport(&t.stats),
                 lba_first: t.lba_range.0,
                 lba_count: t.lba_range.1,
@@ -539,12 +611,18 @@ pub fn build(
         .zip(&per_target)
         .map(|(n, acc)| (n.clone(), acc.json()))
         .collect();
-    for (tj, (_, o)) in targets.iter_mut().zip(&target_outcomes) {
+    let target_totals: Vec<(String, TargetTotalJson)> = names
+        .iter()
+        .zip(&target_acc)
+        .map(|(n, acc)| (n.clone(), acc.target_total(seconds)))
+        .collect();
+    for ((tj, (_, o)), (_, tt)) in targets.iter_mut().zip(&target_outcomes).zip(&target_totals) {
         if let Some(obj) = tj.as_object_mut() {
             obj.insert(
                 "outcomes".into(),
                 serde_json::to_value(o).unwrap_or_default(),
             );
+            obj.insert("total".into(), serde_json::to_value(tt).unwrap_or_default());
         }
     }
     let outcomes = total_outcomes.json();
@@ -560,6 +638,8 @@ pub fn build(
             iops: rate(total.ios, seconds),
             mib_per_s: mib(total.bytes, seconds),
             latency_us: total.latency(),
+            read: total.op(0, seconds),
+            write: total.op(1, seconds),
             ns_per_io_cpu: (total.ios > 0)
                 .then(|| (busy_total as f64 / total.ios as f64 * 10.0).round() / 10.0),
             ns_per_io_cpu_p50: (total.ios > 0).then(|| median(&busy_hist)),
@@ -573,14 +653,29 @@ pub fn build(
         outcomes,
         errors,
         warnings: Vec::new(),
+        conditions: Vec::new(),
+        placement: PlacementJson::default(),
+        progress: Vec::new(),
+        target_lines: Vec::new(),
+        show: Show::default(),
         result: ResultJson::default(),
+        target_totals,
         target_outcomes,
     };
     let mut report = report;
+    let all = total.all();
+    if all.clamped > 0 {
+        report.conditions.push(format!(
+            "{} I/Os took longer than the histograms' {} s bound: they count as {} s in the percentiles and histogram (avg, stdev and max are exact)",
+            all.clamped,
+            super::latency::LATENCY_MAX_NS / 1_000_000_000,
+            super::latency::LATENCY_MAX_NS / 1_000_000_000
+        ));
+    }
     if config_verify(&report.config) {
         report.verify = Some(verify);
     }
-    (report, total.hist)
+    (report, all.hist)
 }
 
 fn median(h: &Histogram<u64>) -> f64 {
@@ -604,48 +699,161 @@ fn short(name: &str, n: usize) -> String {
     }
 }
 
-/// The text tables.
-pub fn render_text(r: &Report) -> String {
-    let mut s = String::new();
-    let label = |core: usize, t: &CoreTargetJson| {
-        short(&format!("core {core} [{}] {}", t.target, t.name), 34)
+/// Width of the row labels of the text tables.
+const LABEL: usize = 40;
+
+fn row_label(core: usize, t: &CoreTargetJson) -> String {
+    short(
+        &format!("[{}] {} from core {core}", t.target, t.name),
+        LABEL,
+    )
+}
+
+/// One row of the Device Information table.
+fn lat_row(s: &mut String, name: &str, iops: f64, mib: f64, l: Option<&LatencyJson>) {
+    let _ = match l {
+        Some(l) => writeln!(
+            s,
+            "{name:<LABEL$} {iops:>12.2} {mib:>10.2} {:>12.2} {:>10.2} {:>10.2} {:>10.2}",
+            l.avg, l.stdev, l.min, l.max
+        ),
+        None => writeln!(
+            s,
+            "{name:<LABEL$} {iops:>12.2} {mib:>10.2} {:>12} {:>10} {:>10} {:>10}",
+            "-", "-", "-", "-"
+        ),
     };
-    let _ = writeln!(
-        s,
-        "{:<34} {:>12} {:>10} {:>12} {:>10} {:>10}",
-        "", "IOPS", "MiB/s", "Average(us)", "min(us)", "max(us)"
-    );
-    let row = |s: &mut String, name: &str, iops: f64, mib: f64, l: &Option<LatencyJson>| {
-        let _ = match l {
-            Some(l) => writeln!(
+}
+
+/// The row and, in a mixed workload (reads and writes both), its read and write rows.
+fn lat_rows(
+    s: &mut String,
+    name: &str,
+    iops: f64,
+    mib: f64,
+    l: Option<&LatencyJson>,
+    ops: [Option<&OpJson>; 2],
+) {
+    lat_row(s, name, iops, mib, l);
+    if let [Some(r), Some(w)] = ops {
+        for (what, o) in [("read", r), ("write", w)] {
+            lat_row(
                 s,
-                "{name:<34} {iops:>12.2} {mib:>10.2} {:>12.2} {:>10.2} {:>10.2}",
-                l.avg, l.min, l.max
-            ),
-            None => writeln!(
-                s,
-                "{name:<34} {iops:>12.2} {mib:>10.2} {:>12} {:>10} {:>10}",
-                "-", "-", "-"
-            ),
-        };
-    };
-    for c in &r.per_core {
-        for t in &c.targets {
-            row(
-                &mut s,
-                &label(c.core, t),
-                t.iops,
-                t.mib_per_s,
-                &t.latency_us,
+                &format!("{:<w$} {what:>5}", "", w = LABEL - 6),
+                o.iops,
+                o.mib_per_s,
+                Some(&o.latency_us),
             );
         }
     }
-    row(
+}
+
+/// A latency histogram as text: range, count, cumulative share and a bar.
+fn render_histogram(s: &mut String, title: &str, l: &LatencyJson) {
+    let _ = writeln!(s, "\nLatency histogram, {title}:");
+    let _ = writeln!(
+        s,
+        "{:>27} {:>12} {:>11}",
+        "Range in us", "IO count", "Cumulative"
+    );
+    let peak = l
+        .histogram
+        .iter()
+        .map(|b| b.count)
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    // Empty buckets are left out here (JSON has them all, first to last).
+    for b in l.histogram.iter().filter(|b| b.count > 0) {
+        let bar = "#".repeat(((b.count * 40).div_ceil(peak)) as usize);
+        let _ = writeln!(
+            s,
+            "{:>12.3} - {:>12.3} {:>12} {:>10.4}%  {bar}",
+            b.from_us, b.to_us, b.count, b.cumulative_pct
+        );
+    }
+}
+
+/// The text tables.
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    if !r.target_lines.is_empty() {
+        let _ = writeln!(s, "Targets:");
+        for t in &r.target_lines {
+            let _ = writeln!(s, "  {t}");
+        }
+    }
+    let p = &r.placement;
+    if !p.poller_cores.is_empty() {
+        let mut line = format!(
+            "Placement: pollers on core{} {}",
+            if p.poller_cores.len() == 1 { "" } else { "s" },
+            super::core_list_text(&p.poller_cores)
+        );
+        for e in &p.emulators {
+            let _ = match e.core {
+                Some(c) => write!(line, "; emulator of [{}] on core {c}", e.target),
+                None => write!(line, "; emulator of [{}] not pinned", e.target),
+            };
+            if e.shares_poller_cores {
+                line.push_str(" (shares a poller's core)");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "{line} (available: {})",
+            super::core_list_text(&p.available_cores)
+        );
+    }
+    if !r.conditions.is_empty() {
+        let _ = writeln!(s, "Conditions of this run:");
+        for c in &r.conditions {
+            let _ = writeln!(s, "  * {c}");
+        }
+    }
+    if !s.is_empty() {
+        s.push('\n');
+    }
+    let _ = writeln!(s, "{:=<1$}", "", LABEL + 71);
+    let _ = writeln!(s, "{:>w$}", "Latency(us)", w = LABEL + 71 - 19);
+    let _ = writeln!(
+        s,
+        "{:<LABEL$} {:>12} {:>10} {:>12} {:>10} {:>10} {:>10}",
+        "Device Information", "IOPS", "MiB/s", "Average", "stdev", "min", "max"
+    );
+    for c in &r.per_core {
+        for t in &c.targets {
+            lat_rows(
+                &mut s,
+                &row_label(c.core, t),
+                t.iops,
+                t.mib_per_s,
+                t.latency_us.as_ref(),
+                [t.read.as_ref(), t.write.as_ref()],
+            );
+        }
+    }
+    // Per target over all cores, when there are several cores.
+    if r.per_core.len() > 1 {
+        for (i, (name, tt)) in r.target_totals.iter().enumerate() {
+            lat_rows(
+                &mut s,
+                &short(&format!("[{i}] {name}, all cores"), LABEL),
+                tt.iops,
+                tt.mib_per_s,
+                tt.latency_us.as_ref(),
+                [tt.read.as_ref(), tt.write.as_ref()],
+            );
+        }
+    }
+    let _ = writeln!(s, "{:=<1$}", "", LABEL + 71);
+    lat_rows(
         &mut s,
         "Total",
         r.total.iops,
         r.total.mib_per_s,
-        &r.total.latency_us,
+        r.total.latency_us.as_ref(),
+        [r.total.read.as_ref(), r.total.write.as_ref()],
     );
     if r.outcomes.failed() > 0 {
         let _ = writeln!(
@@ -656,7 +864,8 @@ pub fn render_text(r: &Report) -> String {
         );
     }
 
-    // Percentiles: one column per core/target row that has latencies, and the total.
+    // Percentiles: one column per core/target row that has latencies, and the total (read
+    // and write apart in a mixed workload).
     let mut cols: Vec<(String, &LatencyJson)> = Vec::new();
     if r.per_core.len() * r.per_core.first().map_or(0, |c| c.targets.len()) > 1 {
         for c in &r.per_core {
@@ -670,6 +879,10 @@ pub fn render_text(r: &Report) -> String {
     match &r.total.latency_us {
         Some(tl) => {
             cols.push(("Total".into(), tl));
+            if let (Some(rd), Some(wr)) = (&r.total.read, &r.total.write) {
+                cols.push(("Total read".into(), &rd.latency_us));
+                cols.push(("Total write".into(), &wr.latency_us));
+            }
             let _ = writeln!(s, "\nLatency percentiles (us, successful I/Os):");
             let _ = write!(s, "{:>10}", "");
             for (h, _) in &cols {
@@ -677,16 +890,27 @@ pub fn render_text(r: &Report) -> String {
             }
             s.push('\n');
             for (p, key) in PERCENTILES {
-                let _ = write!(s, "{:>9}%", format!("{p:.2}"));
+                let _ = write!(s, "{:>9}%", format!("{p}"));
                 for (_, l) in &cols {
-                    let v = l
-                        .percentiles
-                        .get(key)
-                        .and_then(|v| v.as_f64())
-                        .unwrap_or(0.0);
-                    let _ = write!(s, " {v:>11.3}");
+                    let _ = write!(s, " {:>11.3}", l.pct(key));
                 }
                 s.push('\n');
+            }
+            if r.show.histogram > 0 {
+                render_histogram(&mut s, "Total", tl);
+                if let (Some(rd), Some(wr)) = (&r.total.read, &r.total.write) {
+                    render_histogram(&mut s, "Total, reads", &rd.latency_us);
+                    render_histogram(&mut s, "Total, writes", &wr.latency_us);
+                }
+            }
+            if r.show.histogram > 1 {
+                for c in &r.per_core {
+                    for t in &c.targets {
+                        if let Some(l) = &t.latency_us {
+                            render_histogram(&mut s, &row_label(c.core, t), l);
+                        }
+                    }
+                }
             }
         }
         None => {
@@ -697,43 +921,45 @@ pub fn render_text(r: &Report) -> String {
         }
     }
 
-    let _ = writeln!(s, "\nTransport:");
-    let _ = writeln!(
-        s,
-        "{:<34} {:>11} {:>11} {:>10} {:>10} {:>6} {:>10} {:>11} {:>11} {:>8}",
-        "",
-        "submitted",
-        "completed",
-        "SQ db",
-        "CQ db",
-        "db/io",
-        "shadow",
-        "polls",
-        "idle polls",
-        "sw-queued"
-    );
-    let trow = |s: &mut String, name: &str, t: &TransportJson| {
+    if r.show.transport {
+        let _ = writeln!(s, "\nTransport:");
         let _ = writeln!(
             s,
-            "{:<34} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>10} {:>11} {:>11} {:>8}",
-            name,
-            t.submitted,
-            t.completed,
-            t.sq_doorbell_writes,
-            t.cq_doorbell_writes,
-            t.doorbell_writes_per_io,
-            t.shadow_doorbell_updates,
-            t.polls,
-            t.idle_polls,
-            t.software_queued
+            "{:<LABEL$} {:>11} {:>11} {:>10} {:>10} {:>6} {:>10} {:>11} {:>11} {:>8}",
+            "",
+            "submitted",
+            "completed",
+            "SQ db",
+            "CQ db",
+            "db/io",
+            "shadow",
+            "polls",
+            "idle polls",
+            "sw-queued"
         );
-    };
-    for c in &r.per_core {
-        for t in &c.targets {
-            trow(&mut s, &label(c.core, t), &t.transport);
+        let trow = |s: &mut String, name: &str, t: &TransportJson| {
+            let _ = writeln!(
+                s,
+                "{:<LABEL$} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>10} {:>11} {:>11} {:>8}",
+                name,
+                t.submitted,
+                t.completed,
+                t.sq_doorbell_writes,
+                t.cq_doorbell_writes,
+                t.doorbell_writes_per_io,
+                t.shadow_doorbell_updates,
+                t.polls,
+                t.idle_polls,
+                t.software_queued
+            );
+        };
+        for c in &r.per_core {
+            for t in &c.targets {
+                trow(&mut s, &row_label(c.core, t), &t.transport);
+            }
         }
+        trow(&mut s, "Total", &r.transport);
     }
-    trow(&mut s, "Total", &r.transport);
 
     let _ = writeln!(
         s,
@@ -827,7 +1053,7 @@ fn render_outcomes(s: &mut String, r: &Report) {
     );
     let _ = writeln!(
         s,
-        "{:<34} {:>11} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7}",
+        "{:<LABEL$} {:>11} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7}",
         "",
         "submitted",
         "succeeded",
@@ -844,7 +1070,7 @@ fn render_outcomes(s: &mut String, r: &Report) {
     let orow = |s: &mut String, name: &str, o: &OutcomesJson| {
         let _ = writeln!(
             s,
-            "{name:<34} {:>11} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7}{}",
+            "{name:<LABEL$} {:>11} {:>11} {:>9} {:>9} {:>9} {:>6} {:>8} {:>6} {:>6} {:>7} {:>7}{}",
             o.submitted,
             o.succeeded,
             o.errors,
@@ -861,7 +1087,7 @@ fn render_outcomes(s: &mut String, r: &Report) {
     };
     if r.target_outcomes.len() > 1 {
         for (i, (name, o)) in r.target_outcomes.iter().enumerate() {
-            orow(s, &short(&format!("[{i}] {name}"), 34), o);
+            orow(s, &short(&format!("[{i}] {name}"), LABEL), o);
         }
     }
     orow(s, "Total", &r.outcomes);
@@ -878,19 +1104,16 @@ mod tests {
     use super::*;
 
     fn result(ios: u64, lat: u64) -> TargetResult {
-        let mut hist = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG).unwrap();
+        let mut reads = LatStats::default();
         for _ in 0..ios {
-            hist.record(lat).unwrap();
+            reads.record(lat);
         }
         TargetResult {
             ios,
             reads: ios,
             writes: 0,
             bytes: ios * 4096,
-            hist,
-            lat_sum_ns: ios as u128 * lat as u128,
-            lat_min_ns: lat,
-            lat_max_ns: lat,
+            lat: [reads, LatStats::default()],
             stats: QueueStats {
                 submitted: ios,
                 completed: ios,
@@ -921,7 +1144,7 @@ mod tests {
     }
 
     fn busy(ios: u64, ns: u64) -> Histogram<u64> {
-        let mut h = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG).unwrap();
+        let mut h = new_histogram();
         h.record_n(ns, ios).unwrap();
         h
     }

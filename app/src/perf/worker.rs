@@ -30,10 +30,8 @@ use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
 use super::outcome::Outcomes;
 use super::verify::{self, Expect, Mismatch};
 
-/// Highest latency the histograms track, in ns (60 s); longer ones are recorded as this.
-pub const LATENCY_MAX_NS: u64 = 60_000_000_000;
-/// Significant figures of the histograms.
-pub const LATENCY_SIGFIG: u8 = 3;
+use super::latency::LatStats;
+pub use super::latency::{LATENCY_MAX_NS, LATENCY_SIGFIG};
 /// Mismatches kept in detail per core (all are counted).
 pub const MISMATCHES_KEPT: usize = 16;
 /// The most I/O units one core tracks generations for under `--verify` (64 MiB of table).
@@ -105,8 +103,8 @@ pub struct Shared {
     pub start_raw: AtomicU64,
     /// A poller failed: everyone stops.
     pub abort: AtomicBool,
-    /// Completions so far per poller (all phases), for the progress line.
-    pub progress: Box<[CachePadded<AtomicU64>]>,
+    /// Per poller, what the progress lines read (all phases).
+    pub progress: Box<[CachePadded<Progress>]>,
     /// Phase per poller: 0 setup/warmup, 1 measuring, 2 done.
     pub phase: Box<[CachePadded<AtomicU64>]>,
 }
@@ -121,13 +119,27 @@ impl Shared {
             start_raw: AtomicU64::new(0),
             abort: AtomicBool::new(false),
             progress: (0..pollers)
-                .map(|_| CachePadded::new(AtomicU64::new(0)))
+                .map(|_| CachePadded::new(Progress::default()))
                 .collect(),
             phase: (0..pollers)
                 .map(|_| CachePadded::new(AtomicU64::new(0)))
                 .collect(),
         }
     }
+}
+
+/// One poller's running totals for the progress lines, over all phases (warmup, window,
+/// drain), published after each loop iteration that completed I/O.
+#[derive(Default)]
+pub struct Progress {
+    /// Completions, successful or not.
+    pub completed: AtomicU64,
+    /// Successful completions.
+    pub succeeded: AtomicU64,
+    /// Sum of the latencies of the successful completions, ns.
+    pub latency_ns: AtomicU64,
+    /// Completions that did not succeed.
+    pub errors: AtomicU64,
 }
 
 /// Results of one poller for one target.
@@ -141,14 +153,8 @@ pub struct TargetResult {
     pub writes: u64,
     /// Bytes moved in the window.
     pub bytes: u64,
-    /// Latency histogram, ns.
-    pub hist: Histogram<u64>,
-    /// Exact latency sum, min and max, ns.
-    pub lat_sum_ns: u128,
-    /// Minimum latency.
-    pub lat_min_ns: u64,
-    /// Maximum latency.
-    pub lat_max_ns: u64,
+    /// Latencies of the successful I/Os of the window: `[reads, writes]`.
+    pub lat: [LatStats; 2],
     /// Queue counters over the window, summed over this poller's queues on the target.
     pub stats: QueueStats,
     /// Queue counters over the whole run (warmup, window, drain and read-back).
@@ -287,6 +293,11 @@ struct Worker<'a> {
     max: u32,
     /// Queues whose device is gone.
     dead: usize,
+    /// Running totals for the progress lines: successful completions, their latency sum
+    /// (ns) and failed completions, all phases.
+    prog_ok: u64,
+    prog_lat_ns: u64,
+    prog_err: u64,
 }
 
 impl Worker<'_> {
@@ -303,8 +314,6 @@ impl Worker<'_> {
             if cfg.verify {
                 units = units.min(VERIFY_MAX_UNITS);
             }
-            let hist = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
-                .map_err(|e| format!("latency histogram: {e}"))?;
             targets.push(TargetState {
                 nsid: info.nsid,
                 io_blocks,
@@ -322,10 +331,7 @@ impl Worker<'_> {
                     reads: 0,
                     writes: 0,
                     bytes: 0,
-                    hist,
-                    lat_sum_ns: 0,
-                    lat_min_ns: u64::MAX,
-                    lat_max_ns: 0,
+                    lat: [LatStats::default(), LatStats::default()],
                     stats: QueueStats::default(),
                     run_stats: QueueStats::default(),
                     outcomes: Outcomes::default(),
@@ -497,13 +503,19 @@ impl Worker<'_> {
         };
         let r = &mut ts.res;
         r.outcomes.record(c.result);
-        if measuring && c.result.is_ok() {
-            // Throughput and latency are of successful I/Os only.
+        // Throughput and latency are of successful I/Os only; the warmup's are seen by
+        // the progress lines alone.
+        let lat = if c.result.is_ok() {
             let lat = clock.delta_as_nanos(slot.submit_raw, now).max(1);
-            r.hist.saturating_record(lat);
-            r.lat_sum_ns += lat as u128;
-            r.lat_min_ns = r.lat_min_ns.min(lat);
-            r.lat_max_ns = r.lat_max_ns.max(lat);
+            self.prog_ok += 1;
+            self.prog_lat_ns = self.prog_lat_ns.wrapping_add(lat);
+            Some(lat)
+        } else {
+            self.prog_err += 1;
+            None
+        };
+        if let (true, Some(lat)) = (measuring, lat) {
+            r.lat[usize::from(slot.write)].record(lat);
             r.ios += 1;
             r.bytes += cfg.io_size;
             if slot.write {
@@ -612,6 +624,9 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         targets,
         queues,
         dead: 0,
+        prog_ok: 0,
+        prog_lat_ns: 0,
+        prog_err: 0,
     };
     let r = w.run_loop();
     if r.is_err() {
@@ -731,7 +746,11 @@ impl Worker<'_> {
                     busy += d;
                     busy_per_io.saturating_record_n((d / work as u64).max(1), work as u64);
                 }
-                shared.progress[idx].store(completed_total, Ordering::Relaxed);
+                let p = &shared.progress[idx];
+                p.completed.store(completed_total, Ordering::Relaxed);
+                p.succeeded.store(self.prog_ok, Ordering::Relaxed);
+                p.latency_ns.store(self.prog_lat_ns, Ordering::Relaxed);
+                p.errors.store(self.prog_err, Ordering::Relaxed);
                 t0 = t1;
             } else {
                 if measuring {

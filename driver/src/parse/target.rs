@@ -1,17 +1,32 @@
 //! Target strings: what `kestrel --target` and `kestrel_open` take.
 //!
 //! ```text
-//! target  = "pci:" bdf | bdf                       ; an NVMe controller bound to vfio-pci
+//! target  = ("pci:" bdf | bdf) [nssel]             ; an NVMe controller bound to vfio-pci
 //!         | "file:" PATH *("," fileopt)            ; a file or block device
-//!         | "emu" [":" emuopt *("," emuopt)]       ; the built-in emulated controller
+//!         | "emu" [":" emuopt *("," emuopt)] [nssel] ; the built-in emulated controller
+//! nssel   = "/ns=" NSID                            ; only namespace NSID (1..=4294967294)
 //! fileopt = "size=" size | "direct=" switch
 //! emuopt  = "size=" size | "lba=" ("512" | "4096") | "namespaces=" 1..64
+//!         | "ns=" nsdef                            ; repeatable: namespaces 1, 2, ... in order
 //!         | "latency=" duration | "store=" ("memory" | "mem" | "null" | PATH)
 //!         | "mdts=" 0..15 | "queues=" 1..1024 | "core=" (0..4095 | "none")
 //!         | "faults=" FAULTS                        ; the emulator's fault grammar (no ",")
+//! nsdef   = size *("+" nsattr)                     ; e.g. 256M+4096+md8+pi1
+//! nsattr  = "512" | "4096"                         ; lba data size (default: lba=, else 4096)
+//!         | "md" 1..256                            ; metadata bytes per block, separate buffer
+//!         | "ext"                                  ; the metadata inline: an extended lba
+//!         | "pi" 1..3                              ; end-to-end protection type (md >= 8)
+//!         | "pifirst"                              ; the PI in the first bytes of the metadata
+//!         | "zoned"                                ; a zoned namespace (command set 02h)
+//!         | "zone" size                            ; its zone size (1M; implies zoned)
+//!         | "open" N | "active" N                  ; its max open / active zones (0: no limit)
+//!         | "csi" 0..255                           ; report this command set identifier
 //! ```
 //!
-//! Options are `key=value`, each at most once, in any order. A target string is at most
+//! Options are `key=value`, each at most once (except `ns=`), in any order. `ns=` and
+//! `namespaces=`/`size=` do not mix: either N alike namespaces of `size=`, or one `ns=` per
+//! namespace. A trailing `/ns=N` on a `pci:` or `emu` target selects one namespace (a
+//! store path that itself ends in `/ns=N` cannot be written). A target string is at most
 //! [`MAX_SPEC_LEN`] bytes. Opening one is [`crate::target_spec`]'s job; this is only the
 //! grammar.
 
@@ -27,7 +42,11 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC]";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst]][+zoned[+zoneSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
+/// What a namespace definition (`ns=`) accepts, for messages.
+pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +zoned, +zoneSIZE, +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
+/// The most metadata bytes per block an emulated namespace may have.
+pub const MAX_EMU_METADATA: u16 = 256;
 
 /// Where an emulated namespace keeps its data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +91,45 @@ pub struct EmuSpec {
     /// Fault injection, in the emulator's own syntax (`kestrel::emu::FaultPlan::parse`,
     /// which uses no `,`).
     pub faults: Option<String>,
+    /// One definition per namespace (`ns=`), nsid 1, 2, ... in order; empty: `namespaces=`
+    /// alike namespaces of `size=`.
+    pub ns: Vec<EmuNsSpec>,
+    /// `/ns=N`: use only this namespace.
+    pub nsid: Option<u32>,
+}
+
+/// `ns=SIZE+...`: one emulated namespace's geometry and format.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmuNsSpec {
+    /// Size in bytes.
+    pub size: u64,
+    /// LBA data size (512 or 4096); `None`: `lba=` or the default.
+    pub lba: Option<u32>,
+    /// Metadata bytes per block (0: none).
+    pub ms: u16,
+    /// The metadata inline with the data (an extended LBA).
+    pub extended: bool,
+    /// Protection information type (0: none, 1..=3).
+    pub pi_type: u8,
+    /// The PI in the first bytes of the metadata (DPS bit 3).
+    pub pi_first: bool,
+    /// A zoned namespace (CSI 02h).
+    pub zoned: bool,
+    /// Zone size in bytes; `None`: the emulator's default.
+    pub zone_size: Option<u64>,
+    /// Maximum open zones (0: no limit).
+    pub max_open: u32,
+    /// Maximum active zones (0: no limit).
+    pub max_active: u32,
+    /// A command set identifier to report instead (NVM 0, zoned 2).
+    pub csi: Option<u8>,
+}
+
+impl EmuNsSpec {
+    /// The command set identifier the namespace reports.
+    pub fn csi(&self) -> u8 {
+        self.csi.unwrap_or(if self.zoned { 2 } else { 0 })
+    }
 }
 
 /// `file:PATH[,size=SIZE][,direct=on|off]`.
@@ -92,6 +150,8 @@ pub enum TargetSpec {
     Pci {
         /// The address, normalised to `DDDD:BB:DD.F`.
         bdf: String,
+        /// `/ns=N`: use only this namespace.
+        nsid: Option<u32>,
     },
     /// A file or block device.
     File(FileSpec),
@@ -100,12 +160,28 @@ pub enum TargetSpec {
 }
 
 impl std::fmt::Display for TargetSpec {
-    /// A short name: `pci:0000:01:00.0`, `file:PATH` or `emu`.
+    /// A short name: `pci:0000:01:00.0`, `file:PATH` or `emu`, with `/ns=N` when one
+    /// namespace is selected.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TargetSpec::Pci { bdf } => write!(f, "pci:{bdf}"),
-            TargetSpec::File(s) => write!(f, "file:{}", s.path.display()),
-            TargetSpec::Emu(_) => f.write_str("emu"),
+            TargetSpec::Pci { bdf, .. } => write!(f, "pci:{bdf}")?,
+            TargetSpec::File(s) => return write!(f, "file:{}", s.path.display()),
+            TargetSpec::Emu(_) => f.write_str("emu")?,
+        }
+        match self.nsid() {
+            Some(n) => write!(f, "/ns={n}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl TargetSpec {
+    /// The namespace selected with `/ns=N`, if any.
+    pub fn nsid(&self) -> Option<u32> {
+        match self {
+            TargetSpec::Pci { nsid, .. } => *nsid,
+            TargetSpec::Emu(e) => e.nsid,
+            TargetSpec::File(_) => None,
         }
     }
 }
@@ -133,7 +209,7 @@ fn for_each_option(
         let (k, v) = item
             .split_once('=')
             .ok_or_else(|| format!("option '{item}' has no value (write key=value)"))?;
-        if seen.contains(&k) {
+        if k != "ns" && seen.contains(&k) {
             return Err(format!("option '{k}' is given twice"));
         }
         seen.push(k);
@@ -193,14 +269,168 @@ fn emu_option(e: &mut EmuSpec, k: &str, v: &str) -> Result<(), String> {
         }
         "faults" if v.is_empty() => return Err("faults= is empty".into()),
         "faults" => e.faults = Some(v.to_string()),
-        _ => return Err(format!("unknown option '{k}' for emu (known: size, lba, namespaces, latency, store, mdts, queues, core, faults)")),
+        "ns" => {
+            if e.ns.len() as u32 >= MAX_EMU_NAMESPACES {
+                return Err(format!(
+                    "ns= is given more than {MAX_EMU_NAMESPACES} times (at most {MAX_EMU_NAMESPACES} namespaces)"
+                ));
+            }
+            e.ns.push(parse_ns(v).map_err(|why| format!("ns={v}: {why}"))?)
+        }
+        _ => return Err(format!("unknown option '{k}' for emu (known: size, lba, namespaces, ns, latency, store, mdts, queues, core, faults)")),
     }
     Ok(())
+}
+
+/// A number that follows a word inside a namespace attribute (`md8`, `pi1`, `open4`).
+fn attr_number(attr: &str, word: &str, max: u64) -> Result<u64, String> {
+    let v = &attr[word.len()..];
+    match parse_uint(v) {
+        Some(n) if n <= max => Ok(n),
+        _ => Err(format!(
+            "+{attr}: {word} needs a number from 0 to {max} (e.g. +{word}8)"
+        )),
+    }
+}
+
+/// `SIZE+attr+attr...` (see the module documentation).
+fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
+    let mut parts = v.split('+');
+    let size = match parts.next().unwrap_or("") {
+        "" => return Err("it starts with no size (write e.g. 256M+4096)".into()),
+        s => parse_size(s).map_err(|e| e.to_string())?,
+    };
+    if size == 0 {
+        return Err("a size of 0: a namespace needs at least one block".into());
+    }
+    let mut n = EmuNsSpec {
+        size,
+        lba: None,
+        ms: 0,
+        extended: false,
+        pi_type: 0,
+        pi_first: false,
+        zoned: false,
+        zone_size: None,
+        max_open: 0,
+        max_active: 0,
+        csi: None,
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for a in parts {
+        // The word of the attribute, without its number: "md8" -> "md".
+        let word =
+            a.trim_end_matches(|c: char| c.is_ascii_alphanumeric() && !c.is_ascii_alphabetic());
+        let key = match a {
+            "512" | "4096" => "lba",
+            _ if a.starts_with("zone") && a != "zoned" => "zone",
+            _ if a.starts_with("pifirst") => "pifirst",
+            _ => word,
+        };
+        if seen.contains(&key) {
+            return Err(format!("+{a}: {key} is given twice"));
+        }
+        seen.push(key);
+        match key {
+            "lba" => n.lba = Some(if a == "512" { 512 } else { 4096 }),
+            "md" => match attr_number(a, "md", MAX_EMU_METADATA as u64)? {
+                0 => return Err("+md0: metadata needs at least 1 byte (leave +md out for none)".into()),
+                m => n.ms = m as u16,
+            },
+            "ext" if a == "ext" => n.extended = true,
+            "pi" => match attr_number(a, "pi", 3)? {
+                0 => return Err("+pi0: protection types are 1, 2 and 3 (leave +pi out for none)".into()),
+                t => n.pi_type = t as u8,
+            },
+            "pifirst" if a == "pifirst" => n.pi_first = true,
+            "zoned" if a == "zoned" => n.zoned = true,
+            "zone" => {
+                let z = parse_size(&a[4..]).map_err(|e| format!("+{a}: {e}"))?;
+                if z == 0 {
+                    return Err(format!("+{a}: a zone needs at least one block"));
+                }
+                n.zone_size = Some(z);
+                n.zoned = true;
+            }
+            "open" => n.max_open = attr_number(a, "open", u32::MAX as u64)? as u32,
+            "active" => n.max_active = attr_number(a, "active", u32::MAX as u64)? as u32,
+            "csi" => n.csi = Some(attr_number(a, "csi", 255)? as u8),
+            _ => {
+                return Err(format!(
+                    "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, zoned, zoneSIZE, openN, activeN, csiN)"
+                ))
+            }
+        }
+    }
+    let lba = n.lba.unwrap_or(4096) as u64;
+    if n.extended && n.ms == 0 {
+        return Err("+ext: an extended lba needs metadata (add +md8, for example)".into());
+    }
+    if n.pi_type != 0 && n.ms < 8 {
+        return Err(format!(
+            "+pi{}: protection information needs at least 8 bytes of metadata (add +md8)",
+            n.pi_type
+        ));
+    }
+    if n.pi_first && n.pi_type == 0 {
+        return Err("+pifirst: needs a protection type (+pi1, +pi2 or +pi3)".into());
+    }
+    if (n.max_open != 0 || n.max_active != 0) && !n.zoned {
+        return Err("+open/+active: only a zoned namespace has zone limits (add +zoned)".into());
+    }
+    if n.max_open != 0 && n.max_active != 0 && n.max_open > n.max_active {
+        return Err(format!(
+            "+open{}: more open zones than active ones (+active{})",
+            n.max_open, n.max_active
+        ));
+    }
+    if let Some(lba) = n.lba {
+        if size % lba as u64 != 0 {
+            return Err(format!(
+                "{size} bytes is not a whole number of {lba}-byte blocks"
+            ));
+        }
+    }
+    if let Some(z) = n.zone_size {
+        if size % z != 0 || (n.lba.is_some() && z % lba != 0) {
+            return Err(format!(
+                "a zone of {z} bytes must be a whole number of {lba}-byte blocks and divide the namespace size ({size} bytes)"
+            ));
+        }
+    }
+    Ok(n)
 }
 
 fn parse_emu(opts: &str) -> Result<EmuSpec, String> {
     let mut e = EmuSpec::default();
     for_each_option(opts, |k, v| emu_option(&mut e, k, v))?;
+    if !e.ns.is_empty() {
+        if e.namespaces.is_some() || e.size.is_some() {
+            return Err(
+                "ns= defines each namespace itself: leave out namespaces= and size= (or use them without ns=)"
+                    .into(),
+            );
+        }
+        let dflt = e.lba.unwrap_or(4096) as u64;
+        for (i, n) in e.ns.iter().enumerate() {
+            let lba = n.lba.map_or(dflt, u64::from);
+            if n.size % lba != 0 {
+                return Err(format!(
+                    "namespace {} (ns=): {} bytes is not a whole number of {lba}-byte blocks",
+                    i + 1,
+                    n.size
+                ));
+            }
+            if let Some(z) = n.zone_size {
+                if z % lba != 0 {
+                    return Err(format!(
+                        "namespace {} (ns=): a zone of {z} bytes is not a whole number of {lba}-byte blocks",
+                        i + 1
+                    ));
+                }
+            }
+        }
+    }
     if let (Some(size), Some(lba)) = (e.size, e.lba) {
         if size % lba as u64 != 0 || size < lba as u64 {
             return Err(format!(
@@ -239,6 +469,21 @@ fn parse_file(spec: &str) -> Result<FileSpec, String> {
     Ok(f)
 }
 
+/// Splits a trailing `/ns=N` off a `pci:` or `emu` target.
+fn split_nssel(s: &str) -> Result<(&str, Option<u32>), String> {
+    let Some((head, n)) = s.rsplit_once("/ns=") else {
+        return Ok((s, None));
+    };
+    match parse_uint(n) {
+        Some(n @ 1..=0xFFFF_FFFE) => Ok((head, Some(n as u32))),
+        // Part of an emulator option (a store path), not a selection.
+        None if s.starts_with("emu:") && !n.is_empty() => Ok((s, None)),
+        _ => Err(format!(
+            "/ns={n}: a namespace id is a number from 1 to 4294967294"
+        )),
+    }
+}
+
 /// Parses a target string (see the module documentation).
 pub fn parse_target(input: &str) -> Result<TargetSpec, ParseError> {
     let err = |why: String| ParseError::Target {
@@ -252,22 +497,45 @@ pub fn parse_target(input: &str) -> Result<TargetSpec, ParseError> {
         });
     }
     let s = input.trim();
-    if s == "emu" {
-        return Ok(TargetSpec::Emu(EmuSpec::default()));
-    }
-    if let Some(opts) = s.strip_prefix("emu:") {
-        return parse_emu(opts).map(TargetSpec::Emu).map_err(err);
-    }
     if let Some(rest) = s.strip_prefix("file:") {
         return parse_file(rest).map(TargetSpec::File).map_err(err);
     }
+    let (s, nsid) = split_nssel(s).map_err(err)?;
+    let emu_opts = match s {
+        "emu" => Some(""),
+        _ => s.strip_prefix("emu:"),
+    };
+    if let Some(opts) = emu_opts {
+        let mut e = parse_emu(opts).map_err(err)?;
+        if let Some(n) = nsid {
+            let count = if e.ns.is_empty() {
+                e.namespaces.unwrap_or(1)
+            } else {
+                e.ns.len() as u32
+            };
+            if n > count {
+                return Err(err(format!(
+                    "/ns={n}: the emulator is given {count} namespace{} (nsid 1 to {count})",
+                    if count == 1 { "" } else { "s" }
+                )));
+            }
+        }
+        e.nsid = nsid;
+        return Ok(TargetSpec::Emu(e));
+    }
     if let Some(rest) = s.strip_prefix("pci:") {
         return parse_bdf(rest)
-            .map(|b| TargetSpec::Pci { bdf: b.to_string() })
+            .map(|b| TargetSpec::Pci {
+                bdf: b.to_string(),
+                nsid,
+            })
             .map_err(|_| err(format!("'{rest}' is not a PCI address like 0000:01:00.0")));
     }
     if let Ok(b) = parse_bdf(s) {
-        return Ok(TargetSpec::Pci { bdf: b.to_string() });
+        return Ok(TargetSpec::Pci {
+            bdf: b.to_string(),
+            nsid,
+        });
     }
     Err(err(if s.is_empty() {
         "it is empty".into()
@@ -296,7 +564,8 @@ mod tests {
             assert_eq!(
                 parse_target(s),
                 Ok(TargetSpec::Pci {
-                    bdf: "0000:01:00.0".into()
+                    bdf: "0000:01:00.0".into(),
+                    nsid: None
                 }),
                 "{s}"
             );
@@ -334,6 +603,7 @@ mod tests {
                 queues: Some(8),
                 core: Some(CoreSpec::Core(1)),
                 faults: Some("status/read/read-error/1%+seed/7".into()),
+                ..Default::default()
             })
         );
         assert_eq!(
@@ -343,6 +613,105 @@ mod tests {
                 core: Some(CoreSpec::None),
                 ..Default::default()
             }))
+        );
+    }
+
+    #[test]
+    fn namespace_definitions_and_selection() {
+        let TargetSpec::Emu(e) = parse_target(
+            "emu:lba=512,ns=256M+4096+md8+pi1,ns=64M,ns=32M+md16+ext+pi3+pifirst,ns=1G+4096+zoned+zone64M+open4+active8,ns=4M+csi1/ns=2",
+        )
+        .unwrap() else {
+            panic!("not emu")
+        };
+        assert_eq!(e.nsid, Some(2));
+        assert_eq!(e.lba, Some(512));
+        let base = EmuNsSpec {
+            size: 0,
+            lba: None,
+            ms: 0,
+            extended: false,
+            pi_type: 0,
+            pi_first: false,
+            zoned: false,
+            zone_size: None,
+            max_open: 0,
+            max_active: 0,
+            csi: None,
+        };
+        assert_eq!(
+            e.ns,
+            vec![
+                EmuNsSpec {
+                    size: 256 << 20,
+                    lba: Some(4096),
+                    ms: 8,
+                    pi_type: 1,
+                    ..base.clone()
+                },
+                EmuNsSpec {
+                    size: 64 << 20,
+                    ..base.clone()
+                },
+                EmuNsSpec {
+                    size: 32 << 20,
+                    ms: 16,
+                    extended: true,
+                    pi_type: 3,
+                    pi_first: true,
+                    ..base.clone()
+                },
+                EmuNsSpec {
+                    size: 1 << 30,
+                    lba: Some(4096),
+                    zoned: true,
+                    zone_size: Some(64 << 20),
+                    max_open: 4,
+                    max_active: 8,
+                    ..base.clone()
+                },
+                EmuNsSpec {
+                    size: 4 << 20,
+                    csi: Some(1),
+                    ..base.clone()
+                },
+            ]
+        );
+        assert_eq!(e.ns[3].csi(), 2);
+        assert_eq!(e.ns[4].csi(), 1);
+        assert_eq!(e.ns[0].csi(), 0);
+        for (s, nsid) in [
+            ("pci:0000:01:00.0/ns=3", Some(3)),
+            ("01:00.0/ns=1", Some(1)),
+            ("pci:0000:01:00.0", None),
+        ] {
+            let t = parse_target(s).unwrap();
+            assert_eq!(
+                t,
+                TargetSpec::Pci {
+                    bdf: "0000:01:00.0".into(),
+                    nsid
+                },
+                "{s}"
+            );
+            assert_eq!(t.nsid(), nsid);
+        }
+        assert_eq!(
+            parse_target("pci:01:00.0/ns=7").unwrap().to_string(),
+            "pci:0000:01:00.0/ns=7"
+        );
+        assert_eq!(parse_target("emu/ns=1").unwrap().nsid(), Some(1));
+        assert_eq!(
+            parse_target("emu:namespaces=3/ns=3").unwrap().to_string(),
+            "emu/ns=3"
+        );
+        // A store path with "/ns=" in it that is not a namespace number stays a path.
+        assert_eq!(
+            parse_target("emu:store=/tmp/ns=a/x.img").unwrap(),
+            TargetSpec::Emu(EmuSpec {
+                store: Some(StoreSpec::File("/tmp/ns=a/x.img".into())),
+                ..Default::default()
+            })
         );
     }
 
@@ -363,6 +732,35 @@ mod tests {
             ("emu:mdts=16", "0 (no limit) to 15"),
             ("emu:core=4096", "0 to 4095"),
             ("emu:faults=", "faults= is empty"),
+            ("emu:ns=", "starts with no size"),
+            ("emu:ns=0", "at least one block"),
+            ("emu:ns=1M+1024", "unknown attribute '+1024'"),
+            ("emu:ns=1M+md0", "at least 1 byte"),
+            ("emu:ns=1M+md257", "0 to 256"),
+            ("emu:ns=1M+mdx", "unknown attribute '+mdx'"),
+            ("emu:ns=1M+open", "open needs a number"),
+            ("emu:ns=1M+ext", "needs metadata"),
+            ("emu:ns=1M+md4+pi1", "at least 8 bytes of metadata"),
+            ("emu:ns=1M+md8+pi4", "0 to 3"),
+            ("emu:ns=1M+md8+pi0", "types are 1, 2 and 3"),
+            ("emu:ns=1M+pifirst", "needs a protection type"),
+            ("emu:ns=1M+open2", "only a zoned namespace"),
+            ("emu:ns=1M+zoned+open4+active2", "more open zones"),
+            ("emu:ns=1M+zone3M", "divide the namespace size"),
+            ("emu:ns=1M+zone0", "at least one block"),
+            ("emu:ns=1M+md8+md16", "md is given twice"),
+            ("emu:ns=1M+512+4096", "lba is given twice"),
+            ("emu:ns=1000+512", "whole number of 512-byte blocks"),
+            ("emu:ns=6K", "whole number of 4096-byte blocks"),
+            ("emu:ns=1M+csi256", "0 to 255"),
+            ("emu:ns=1M+bogus", "known: 512, 4096, mdN"),
+            ("emu:ns=1M,namespaces=2", "leave out namespaces= and size="),
+            ("emu:size=1M,ns=1M", "leave out namespaces= and size="),
+            ("emu:ns=1M,ns=1M/ns=3", "given 2 namespaces (nsid 1 to 2)"),
+            ("emu/ns=2", "given 1 namespace (nsid 1 to 1)"),
+            ("pci:0000:01:00.0/ns=0", "from 1 to 4294967294"),
+            ("pci:0000:01:00.0/ns=x", "from 1 to 4294967294"),
+            ("emu/ns=", "from 1 to 4294967294"),
             ("file:", "needs a path"),
             ("file:/x,direct=maybe", "on or off"),
             ("file:/x,o_direct=on", "unknown option"),

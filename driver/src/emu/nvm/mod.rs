@@ -271,6 +271,14 @@ impl Nvm {
             None => None,
         };
         let pi = self.pi_command(i, sqe, slba)?;
+        // No data comes from the host, so there is nothing to check: a Write Zeroes asking
+        // for checks (PRCHK) is refused, as QEMU's controller refuses it.
+        if pi.is_some_and(|c| c.prinfo.0 & 0x7 != 0) {
+            return Err(IoDone::err(
+                Status::INVALID_PROTECTION_INFORMATION.with_dnr(true),
+                slba,
+            ));
+        }
         let deac = sqe.cdw12 & (1 << 25) != 0;
         let fault = |_| IoDone::err(Status::WRITE_FAULT, slba);
         self.ns[i].zero_blocks(slba, nlb, deac).map_err(fault)?;

@@ -393,6 +393,10 @@ fn type3_escape_needs_both_tags_and_write_zeroes_generates_or_clears_pi() {
     wz.cdw14 = 0x99;
     wz.cdw15 = 0x10;
     assert_ok(&h.io(&mut q, wz));
+    // Checks on a Write Zeroes: nothing to check, refused (as QEMU refuses them).
+    let mut bad = wz;
+    bad.cdw12 |= Prinfo(Prinfo::PRCHK_GUARD).to_cdw12();
+    assert_status(&h.io(&mut q, bad), Status::INVALID_PROTECTION_INFORMATION);
     assert_ok(&h.io(&mut q, Sqe::write_zeroes(1, 22, 1, false)));
     let (r, rm) = (h.buf(4096), h.buf(4096));
     assert_ok(&io(&mut h, &mut q, false, 1, 20, 3, &r, rm.iova(), chk));

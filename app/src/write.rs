@@ -1,0 +1,112 @@
+//! `kestrel write`: copy a file onto a byte range of a target (the namespace `/ns=N`
+//! names, else the first one kestrel serves, or a file target) through the library's
+//! queues, the counterpart of `kestrel read`: what another driver then reads back to
+//! compare.
+
+use std::io::Read as _;
+use std::time::{Duration, Instant};
+
+use kestrel::{IoRequest, QueueOptions};
+
+use crate::cli::WriteArgs;
+use crate::error::{AppError, Result};
+use crate::targets::{self, OpenOptions};
+
+/// Runs `kestrel write`.
+pub fn run(a: &WriteArgs) -> Result<()> {
+    let specs = targets::specs_or_default(&a.targets.targets);
+    if specs.len() != 1 {
+        return Err(AppError::usage("kestrel write takes one --target"));
+    }
+    let os = |context: String| move |source| AppError::Os { context, source };
+    let mut input =
+        std::fs::File::open(&a.input).map_err(os(format!("opening {}", a.input.display())))?;
+    let length = input
+        .metadata()
+        .map_err(os(format!("reading the size of {}", a.input.display())))?
+        .len();
+    let opts = OpenOptions {
+        noiommu: a.targets.noiommu,
+        ..OpenOptions::default()
+    };
+    let opened = targets::open(&specs[0], &opts)?;
+    let t = opened.block_targets()?.remove(0);
+    let info = t.info().clone();
+    if info.read_only {
+        return Err(AppError::usage(format!("{} is read-only", info.name)));
+    }
+    let bs = info.block_size as u64;
+    let cap = info.num_blocks * bs;
+    if a.offset % bs != 0 || length % bs != 0 || length == 0 {
+        return Err(AppError::usage(format!(
+            "--offset {} and the size of {} ({length} bytes) must be multiples of the block size {bs}, the size not 0",
+            a.offset,
+            a.input.display()
+        )));
+    }
+    if a.offset.checked_add(length).is_none_or(|e| e > cap) {
+        return Err(AppError::usage(format!(
+            "--offset {} + {length} bytes of {} is past the end of {} ({cap} bytes)",
+            a.offset,
+            a.input.display(),
+            info.name
+        )));
+    }
+    let chunk = (128u64 << 10).min(info.max_transfer_bytes.max(bs)) / bs * bs;
+    let mut q = t.create_queue(&QueueOptions {
+        depth: 4,
+        sw_queue_depth: 4,
+        ..QueueOptions::default()
+    })?;
+    let mut buf = t
+        .dma_pool()
+        .alloc(chunk as usize)
+        .map_err(kestrel::Error::from)?;
+    let mut copy = vec![0u8; chunk as usize];
+    let mut off = a.offset;
+    let end = a.offset + length;
+    while off < end {
+        let n = chunk.min(end - off);
+        input
+            .read_exact(&mut copy[..n as usize])
+            .map_err(os(format!("reading {}", a.input.display())))?;
+        buf.write_at(0, &copy[..n as usize])
+            .map_err(kestrel::Error::from)?;
+        let slice = buf.slice(0, n as usize).map_err(kestrel::Error::from)?;
+        let req = IoRequest::write(info.nsid, off / bs, (n / bs) as u32, slice, off);
+        q.submit(req)
+            .map_err(|e| AppError::runtime(format!("write at byte {off}: {e}")))?;
+        q.flush();
+        let start = Instant::now();
+        let mut result = None;
+        while result.is_none() {
+            q.poll(1, &mut |c| result = Some(c.result));
+            if start.elapsed() > Duration::from_secs(30) {
+                return Err(AppError::runtime(format!(
+                    "write at byte {off} did not complete in 30 s"
+                )));
+            }
+        }
+        if let Some(Err(e)) = result {
+            return Err(AppError::runtime(format!("write at byte {off}: {e}")));
+        }
+        off += n;
+    }
+    // Make it durable before another driver looks: Flush (NVMe) or fsync (file).
+    let req = IoRequest::flush(info.nsid, u64::MAX);
+    q.submit(req)
+        .map_err(|e| AppError::runtime(format!("flush: {e}")))?;
+    q.flush();
+    let start = Instant::now();
+    let mut result = None;
+    while result.is_none() {
+        q.poll(1, &mut |c| result = Some(c.result));
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(AppError::runtime("flush did not complete in 30 s"));
+        }
+    }
+    if let Some(Err(e)) = result {
+        return Err(AppError::runtime(format!("flush: {e}")));
+    }
+    Ok(())
+}

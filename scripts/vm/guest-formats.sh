@@ -1,0 +1,145 @@
+#!/bin/bash
+# Runs in the guest that scripts/vm-test.sh boots (its default guest command), on
+# QEMU's NVMe controller with the namespaces of several formats that vm-test.sh gives it
+# (KESTREL_NS_SUPPORTED / KESTREL_NS_REFUSED: the nsids kestrel should serve and refuse).
+#
+#   1. kestrel identify lists every namespace, kestrel perf --verify runs on the whole
+#      controller (the supported namespaces, the others skipped with a note), and
+#      kestrel perf on a refused namespace (/ns=N) fails before any I/O naming its format;
+#   2. the conformance suite ($KESTREL_PAYLOAD) passes; its data path cases pass on every
+#      supported namespace and are skipped, with the refusal, on every refused one;
+#   3. cross-check with the kernel's nvme driver on each supported namespace: what
+#      kestrel wrote, the kernel reads back; what the kernel wrote, kestrel reads back;
+#   4. iommu mode: no DMAR fault in the kernel log.
+#
+# Prints "guest-formats: PASS|FAIL <check>" per check; exit status: the failures.
+
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+K=/kestrel/bin/kestrel
+HW=$KESTREL_PAYLOAD
+: "${BDF:?}" "${KESTREL_NS_SUPPORTED:?}" "${KESTREL_NS_REFUSED:?}"
+noi=()
+[ "${KESTREL_NOIOMMU:-0}" = 1 ] && noi=(--noiommu)
+sys=/sys/bus/pci/devices/$BDF
+failed=0
+
+say() { echo "guest-formats: $*"; }
+check() { # check NAME COMMAND...
+    local name=$1
+    shift
+    if "$@"; then
+        say "PASS $name"
+    else
+        say "FAIL $name"
+        failed=$((failed + 1))
+    fi
+}
+
+# Binds the controller to driver $1 (nvme or vfio-pci) and waits for it.
+bind() {
+    local drv=$1
+    [ -e "$sys/driver" ] && echo "$BDF" >"$sys/driver/unbind"
+    echo "$drv" >"$sys/driver_override"
+    echo "$BDF" >/sys/bus/pci/drivers_probe
+    for _ in $(seq 1 100); do
+        if [ "$(basename "$(readlink "$sys/driver" 2>/dev/null)")" = "$drv" ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    say "error: $BDF did not bind to $drv"
+    return 1
+}
+
+# The kernel's block device of namespace $1 (the guest has one NVMe controller; waits
+# for it to appear).
+kernel_dev() {
+    local nsid=$1 b
+    for _ in $(seq 1 100); do
+        for b in /sys/block/nvme*n*; do
+            if [ -e "$b/nsid" ] && [ "$(cat "$b/nsid")" = "$nsid" ]; then
+                echo "/dev/$(basename "$b")"
+                return 0
+            fi
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+# --- 1. identify, perf on the controller, perf on a refused namespace. First, while the
+# namespaces are fresh: perf --verify accepts in a block it did not write only zeroes or
+# a block of an earlier perf run, not the suite's patterns.
+$K identify --json --target "pci:$BDF" "${noi[@]}" >/tmp/identify.json 2>/tmp/identify.err
+cat /tmp/identify.json
+total=$(($(echo "$KESTREL_NS_SUPPORTED" | wc -w) + $(echo "$KESTREL_NS_REFUSED" | wc -w)))
+check "identify lists all $total namespaces" [ "$(grep -c '"nsid":' /tmp/identify.json)" = "$total" ]
+check "identify marks $(echo "$KESTREL_NS_REFUSED" | wc -w) refused" \
+    [ "$(grep -c '"io_supported": false' /tmp/identify.json)" = "$(echo "$KESTREL_NS_REFUSED" | wc -w)" ]
+$K perf --target "pci:$BDF" "${noi[@]}" -t 2 --warmup 0 -w randrw -q 8 --cores 0 --verify >/tmp/perf.txt 2>&1
+perf_rc=$?
+cat /tmp/perf.txt
+check "perf --verify on the whole controller (exit $perf_rc)" [ "$perf_rc" = 0 ]
+for n in $KESTREL_NS_SUPPORTED; do
+    check "perf ran on nsid $n" grep -q "target \[[0-9]*\] .*ns$n:" /tmp/perf.txt
+done
+for n in $KESTREL_NS_REFUSED; do
+    check "perf skipped nsid $n with a note" grep -q "note: pci:$BDF: skipping nsid $n: " /tmp/perf.txt
+    $K perf --target "pci:$BDF/ns=$n" "${noi[@]}" -t 1 --cores 0 >/tmp/refused.txt 2>&1
+    rc=$?
+    sed -n 's/^/  /p' /tmp/refused.txt | head -3
+    check "perf on refused nsid $n fails naming the format (exit $rc)" \
+        bash -c "[ $rc = 1 ] && grep -q 'nsid $n: lba format .* is not supported' /tmp/refused.txt"
+done
+
+# --- 2. the conformance suite
+"$HW" --device "$BDF" "${noi[@]}" --destructive >/tmp/suite.txt 2>&1
+suite_rc=$?
+cat /tmp/suite.txt
+check "conformance suite (exit $suite_rc)" [ "$suite_rc" = 0 ]
+for n in $KESTREL_NS_SUPPORTED; do
+    check "suite: data path cases pass on nsid $n" \
+        bash -c "grep -E ' ns=$n +pass ' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +(FAIL|skip) ' /tmp/suite.txt"
+done
+for n in $KESTREL_NS_REFUSED; do
+    check "suite: data path cases skipped on nsid $n with the refusal" \
+        bash -c "grep -E ' ns=$n +skip .*is not supported' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +(pass|FAIL) ' /tmp/suite.txt"
+done
+
+# --- 3. cross-check with the kernel's nvme driver
+for n in $KESTREL_NS_SUPPORTED; do
+    head -c 1048576 /dev/urandom >"/tmp/k$n.bin"
+    head -c 1048576 /dev/urandom >"/tmp/l$n.bin"
+    check "kestrel write on nsid $n" $K write --target "pci:$BDF/ns=$n" "${noi[@]}" --offset 0 --input "/tmp/k$n.bin"
+done
+if bind nvme; then
+    for n in $KESTREL_NS_SUPPORTED; do
+        dev=$(kernel_dev "$n") || {
+            check "the kernel shows nsid $n" false
+            continue
+        }
+        check "kernel ($dev) reads what kestrel wrote on nsid $n" \
+            bash -c "dd if=$dev bs=1M count=1 2>/dev/null | cmp - /tmp/k$n.bin"
+        check "kernel ($dev) writes nsid $n" \
+            bash -c "dd if=/tmp/l$n.bin of=$dev bs=1M seek=1 conv=fsync 2>/dev/null"
+    done
+    dmesg | grep -i nvme | tail -n 20
+fi
+if bind vfio-pci; then
+    for n in $KESTREL_NS_SUPPORTED; do
+        check "kestrel reads what the kernel wrote on nsid $n" \
+            bash -c "$K read --target pci:$BDF/ns=$n ${noi[*]} --offset 1M --length 1M --output /tmp/r$n.bin && cmp /tmp/r$n.bin /tmp/l$n.bin"
+    done
+fi
+
+# --- 4. DMAR faults
+faults=$(dmesg | grep -ciE 'DMAR:.*(fault|DMA (read|write))')
+if [ "${KESTREL_NOIOMMU:-0}" = 1 ]; then
+    say "no IOMMU in noiommu mode: DMAR faults not applicable ($faults lines)"
+else
+    dmesg | grep -iE 'DMAR:.*(fault|DMA (read|write))' | head -n 5
+    check "no DMAR faults in the guest log ($faults)" [ "$faults" = 0 ]
+fi
+
+say "$failed failed"
+exit $((failed > 0 ? 1 : 0))
