@@ -44,6 +44,9 @@ fi
 log "cargo fmt --check"
 cargo fmt --all --check
 
+log "layer check: no upward import, no module cycle in driver/src (driver/tests/layers.rs)"
+cargo test --release -p kestrel --test layers
+
 log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 

@@ -488,10 +488,10 @@ fn warmup_parser(s: &str) -> Result<Duration, String> {
 }
 fn timeout_parser(s: &str) -> Result<Duration, String> {
     let d = parse::parse_duration(s).map_err(|e| e.to_string())?;
-    if d < kestrel::qpair::MIN_TIMEOUT {
+    if d < kestrel::nvme::qpair::MIN_TIMEOUT {
         return Err(format!(
             "{s:?}: a timeout must be at least {:?}",
-            kestrel::qpair::MIN_TIMEOUT
+            kestrel::nvme::qpair::MIN_TIMEOUT
         ));
     }
     Ok(d)

@@ -16,7 +16,7 @@ use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use kestrel::pci::{self, Bdf, GroupMember, PciNvmeController, SysRoots};
+use kestrel::hw::pci::{self, Bdf, GroupMember, PciNvmeController, SysRoots};
 use serde::Serialize;
 
 use crate::cli::DoctorArgs;

@@ -24,7 +24,7 @@ pub enum AppError {
     Driver(#[from] kestrel::Error),
     /// Controller bring-up or an admin command failed.
     #[error(transparent)]
-    Ctrlr(#[from] kestrel::ctrlr::CtrlrError),
+    Ctrlr(#[from] kestrel::nvme::ctrlr::CtrlrError),
     /// An operating system call failed.
     #[error("{context}: {source}")]
     Os {
@@ -45,6 +45,13 @@ pub enum AppError {
     /// Stopped by Ctrl-C (after reporting what was measured).
     #[error("{0}")]
     Interrupted(String),
+}
+
+impl From<kestrel::target::TargetError> for AppError {
+    /// A target could not make a queue: a library error like any other.
+    fn from(e: kestrel::target::TargetError) -> Self {
+        AppError::Driver(e.into())
+    }
 }
 
 impl AppError {

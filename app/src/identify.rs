@@ -270,8 +270,8 @@ pub fn describe(o: &Opened) -> TargetJson {
                 target: f.spec.to_string(),
                 path: t.path().display().to_string(),
                 file_kind: match t.kind() {
-                    kestrel::file::FileKind::Regular => "regular",
-                    kestrel::file::FileKind::BlockDevice => "block_device",
+                    kestrel::target::file::FileKind::Regular => "regular",
+                    kestrel::target::file::FileKind::BlockDevice => "block_device",
                 },
                 block_size: info.block_size,
                 size_lbas: info.num_blocks,

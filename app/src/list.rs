@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use kestrel::pci::{self, SysRoots};
+use kestrel::hw::pci::{self, SysRoots};
 use serde::Serialize;
 
 use crate::cli::ListArgs;

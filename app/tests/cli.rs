@@ -579,7 +579,9 @@ fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
     let o = kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "20000",
         "--warmup",
         "0",
         "-q",
@@ -608,11 +610,15 @@ fn injected_errors_fail_the_run_and_retryable_ones_are_retried() {
         err.contains(&format!("kestrel: error: {n} of ")) && err.contains("did not succeed"),
         "{err}"
     );
-    // Without DNR the driver retries: no failure, retries counted.
+    // Without DNR the driver retries: no failure, retries counted. (A read fails for good
+    // only when it and its 4 retries all fail: 1e-10 per read at 1 %, so a run of known
+    // size, 20000 reads, not however many a fast machine does in a second.)
     let j = json(&kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "20000",
         "--warmup",
         "0",
         "-q",

@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use kestrel::file::{Direct, FileOptions, FileTarget};
+use kestrel::target::file::{Direct, FileOptions, FileTarget};
 use kestrel::{IoRequest, QueueOptions, Target, TargetQueue};
 
 struct Args {

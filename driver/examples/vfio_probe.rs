@@ -11,9 +11,9 @@
 
 use std::time::{Duration, Instant};
 
+use kestrel::hw::transport::Transport;
+use kestrel::hw::vfio::{VfioOptions, VfioTransport};
 use kestrel::io::IoRequest;
-use kestrel::transport::Transport;
-use kestrel::vfio::{VfioOptions, VfioTransport};
 use kestrel::{Controller, ControllerOptions, QpairOptions};
 
 /// Blocks written and read back with `--write`.

@@ -1,7 +1,7 @@
 //! The I/O request and completion types shared by every target (NVMe queue pairs and the
 //! file target): plain `Copy` data, so the I/O path never allocates.
 
-use crate::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::spec::Status;
 
 /// The most data segments one request may carry (vectored I/O).
@@ -249,7 +249,7 @@ fn file_too_large_text(offset: u64, rlimit: Option<u64>) -> String {
     match rlimit {
         Some(l) => format!(
             "write at byte offset {offset} is past the file size limit of {l} bytes (RLIMIT_FSIZE, `ulimit -f`, efbig); {}",
-            crate::limits::Limit::Fsize.how_to_raise()
+            crate::hw::limits::Limit::Fsize.how_to_raise()
         ),
         None => format!(
             "write at byte offset {offset} is past the largest file the filesystem allows (efbig)"
@@ -461,4 +461,22 @@ impl QueueStats {
         self.aborts += o.aborts;
         self.resets += o.resets;
     }
+}
+
+/// What an abort of a request at the device came to (`TargetQueue::abort`,
+/// `IoQpair::abort`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AbortOutcome {
+    /// The controller reports the command aborted; its completion carries Command Abort
+    /// Requested.
+    Aborted,
+    /// The controller did not abort it (already done, or past the point of no return); it
+    /// completes with its own status.
+    NotAborted,
+    /// No command with that token is at the device (it completed, or is not submitted).
+    NotFound,
+    /// This target cannot abort a request at the device.
+    Unsupported,
+    /// The Abort command itself failed (logged); the request completes as it will.
+    Failed,
 }

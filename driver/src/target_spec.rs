@@ -8,22 +8,23 @@
 //! options, timeouts among them, and the defaults of an `emu` that leaves things unsaid)
 //! and returns what it opened; [`open`] parses, opens with the defaults and returns the
 //! [`Target`] a single-target user wants (namespace 1 of a controller, or the file). A PCI
-//! controller is opened through VFIO ([`crate::vfio::VfioOptions`]: IOMMU unless
+//! controller is opened through VFIO ([`crate::hw::vfio::VfioOptions`]: IOMMU unless
 //! `noiommu`, 2 MiB hugepages).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ctrlr::{Controller, ControllerOptions, NvmeNamespace};
 use crate::emu::{
     EmuConfig, EmuController, EmuFormat, EmuNamespace, EmuStore, EmuZones, FaultPlan,
 };
-use crate::file::{Direct, FileOptions, FileTarget};
-use crate::format::UnsupportedFormat;
+use crate::hw::vfio::{VfioOptions, VfioTransport};
+use crate::nvme::ctrlr::{Controller, ControllerOptions};
+use crate::nvme::format::UnsupportedFormat;
 use crate::parse::ParseError;
+use crate::target::file::{Direct, FileOptions, FileTarget};
+use crate::target::nvme::NvmeNamespace;
 use crate::target::Target;
-use crate::vfio::{VfioOptions, VfioTransport};
 
 pub use crate::parse::{
     parse_bdf, parse_duration, parse_size, CoreSpec, EmuNsSpec, EmuSpec, FileSpec, StoreSpec,
@@ -43,16 +44,16 @@ pub enum TargetSpecError {
     Parse(#[from] ParseError),
     /// Opening a PCI controller through VFIO failed.
     #[error(transparent)]
-    Vfio(#[from] crate::vfio::VfioError),
+    Vfio(#[from] crate::hw::vfio::VfioError),
     /// Starting the emulator failed.
     #[error(transparent)]
     Emu(#[from] crate::emu::EmuError),
     /// Bringing up the controller failed.
     #[error(transparent)]
-    Ctrlr(#[from] crate::ctrlr::CtrlrError),
+    Ctrlr(#[from] crate::nvme::ctrlr::CtrlrError),
     /// Opening the file failed.
     #[error(transparent)]
-    File(#[from] crate::file::FileError),
+    File(#[from] crate::target::file::FileError),
     /// The controller has no active namespace to open.
     #[error("{ctrlr}: the controller has no active namespace")]
     NoNamespace {
@@ -72,12 +73,14 @@ pub enum TargetSpecError {
 impl TargetSpecError {
     /// The errno a C caller sees (positive).
     pub fn errno(&self) -> i32 {
-        use crate::file::FileError as F;
+        use crate::target::file::FileError as F;
         match self {
             TargetSpecError::Parse(_) => libc::EINVAL,
-            TargetSpecError::Vfio(crate::vfio::VfioError::PermissionDenied { .. }) => libc::EACCES,
-            TargetSpecError::Vfio(crate::vfio::VfioError::NoSuchDevice { .. }) => libc::ENODEV,
-            TargetSpecError::Vfio(crate::vfio::VfioError::GroupBusy { .. }) => libc::EBUSY,
+            TargetSpecError::Vfio(crate::hw::vfio::VfioError::PermissionDenied { .. }) => {
+                libc::EACCES
+            }
+            TargetSpecError::Vfio(crate::hw::vfio::VfioError::NoSuchDevice { .. }) => libc::ENODEV,
+            TargetSpecError::Vfio(crate::hw::vfio::VfioError::GroupBusy { .. }) => libc::EBUSY,
             TargetSpecError::Vfio(_) => libc::ENODEV,
             TargetSpecError::Emu(crate::emu::EmuError::Config { .. })
             | TargetSpecError::Emu(crate::emu::EmuError::FaultSpec { .. }) => libc::EINVAL,

@@ -177,9 +177,9 @@ fn emu_every_opcode_round_trips() {
 #[test]
 fn file_every_opcode_round_trips() {
     let dir = tempfile::tempdir().unwrap();
-    let t = kestrel::file::FileTarget::open(
+    let t = kestrel::target::file::FileTarget::open(
         dir.path().join("aio.img"),
-        &kestrel::file::FileOptions {
+        &kestrel::target::file::FileOptions {
             size: Some(64 << 20),
             ..Default::default()
         },

@@ -6,9 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kestrel::ctrlr::{CtrlrError, InitState};
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::{IoError, IoRequest};
+use kestrel::nvme::ctrlr::{CtrlrError, InitState};
 use kestrel::spec::{nvm_opc, Sqe, Status};
 use kestrel::{Controller, ControllerOptions, QpairOptions};
 
@@ -291,7 +291,7 @@ fn smart_and_error_logs() {
 #[test]
 fn shutdown_on_drop_leaves_controller_disabled() {
     let (emu, c) = emu();
-    let bar = kestrel::transport::Transport::bar(emu.as_ref());
+    let bar = kestrel::hw::transport::Transport::bar(emu.as_ref());
     assert!(bar.csts().rdy());
     drop(c);
     assert!(!bar.cc().en());

@@ -403,13 +403,13 @@ fn qpair_error_injection_without_the_device() {
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let buf = c.dma_pool().alloc(BS).unwrap();
     // Complete two reads without submitting them, and rewrite one write's status.
-    assert!(qp.inject_error(kestrel::qpair::ErrorInjection {
+    assert!(qp.inject_error(kestrel::nvme::qpair::ErrorInjection {
         opcode: Some(nvm_opc::READ),
         status: Status::UNRECOVERED_READ_ERROR.with_dnr(true),
         count: 2,
         submit: false,
     }));
-    assert!(qp.inject_error(kestrel::qpair::ErrorInjection {
+    assert!(qp.inject_error(kestrel::nvme::qpair::ErrorInjection {
         opcode: Some(nvm_opc::WRITE),
         status: Status::WRITE_FAULT.with_dnr(true),
         count: 1,
@@ -453,7 +453,7 @@ fn explicit_reset_with_io_in_flight() {
     }
     qp.flush();
     c.reset().unwrap();
-    assert_eq!(c.state(), kestrel::ctrlr::CtrlrState::Ready);
+    assert_eq!(c.state(), kestrel::nvme::ctrlr::CtrlrState::Ready);
     // Submissions after the reset queue until the qpair has recreated its queues.
     qp.submit(IoRequest::flush(1, 100)).unwrap();
     let done = common::reap(&mut qp, 65);

@@ -8,8 +8,8 @@ mod counting_alloc;
 use std::path::PathBuf;
 
 use counting_alloc::{unwatch_this_thread, Counter};
-use kestrel::file::{FileOptions, FileTarget};
 use kestrel::io::{IoOp, IoRequest};
+use kestrel::target::file::{FileOptions, FileTarget};
 use kestrel::{QueueOptions, Target, TargetQueue};
 
 fn run(q: &mut dyn TargetQueue, t: &FileTarget, bufs: &[kestrel::DmaBuf], n: u64) -> u64 {

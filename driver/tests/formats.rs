@@ -8,9 +8,9 @@
 mod common;
 
 use common::*;
-use kestrel::ctrlr::CtrlrError;
 use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
 use kestrel::io::{InvalidRequest, IoRequest};
+use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::spec::{csi, Sqe};
 use kestrel::{NvmeNamespace, QpairOptions, SubmitError};
 

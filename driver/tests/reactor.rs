@@ -131,9 +131,9 @@ fn cross_thread_round_trip_on_two_pollers() {
 #[test]
 fn cross_thread_on_a_file_target() {
     let dir = tempfile::tempdir().unwrap();
-    let t: Arc<dyn Target> = kestrel::file::FileTarget::open(
+    let t: Arc<dyn Target> = kestrel::target::file::FileTarget::open(
         dir.path().join("r.img"),
-        &kestrel::file::FileOptions {
+        &kestrel::target::file::FileOptions {
             size: Some(16 << 20),
             ..Default::default()
         },

@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fakesys::{kernel_bind, kernel_unbind, FakeSys};
-use kestrel::pci::{format_table, hugepage_status, list_nvme_controllers, SysRoots};
+use kestrel::hw::pci::{format_table, hugepage_status, list_nvme_controllers, SysRoots};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup.sh")
@@ -439,7 +439,7 @@ fn status_on_this_machine() {
     let ctrls = list_nvme_controllers(&roots).unwrap();
     let want = format_table(&ctrls, &hugepage_status(&roots.sysfs).unwrap());
     assert_eq!(stdout, want);
-    assert_eq!(stdout, kestrel::pci::status_table(&roots).unwrap());
+    assert_eq!(stdout, kestrel::hw::pci::status_table(&roots).unwrap());
     if ctrls.is_empty() {
         assert!(
             stdout.contains("no NVMe controllers (PCI class 0x010802) found"),

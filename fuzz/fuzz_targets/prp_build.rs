@@ -1,4 +1,4 @@
-//! PRP building (`kestrel::prp::{for_each_page, build}`) over arbitrary segment lists,
+//! PRP building (`kestrel::nvme::prp::{for_each_page, build}`) over arbitrary segment lists,
 //! transfer offsets and lengths, and list sizes.
 //!
 //! A small reference model computes, independently of the library, whether the transfer
@@ -17,7 +17,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use kestrel::prp::{self, PrpListMem, ENTRIES_PER_PAGE};
+use kestrel::nvme::prp::{self, PrpListMem, ENTRIES_PER_PAGE};
 use kestrel::DmaSlice;
 use libfuzzer_sys::fuzz_target;
 

@@ -10,8 +10,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel::ctrlr::CtrlrError;
 use kestrel::io::{Completion, InvalidRequest, IoError, IoOp, IoRequest, SubmitError};
+use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::spec::{Sqe, Status};
 use kestrel::{Controller, ControllerOptions, DmaBuf, DoorbellMode, IoQpair, QpairOptions};
 
@@ -45,7 +45,7 @@ impl Device {
     }
 
     /// The transport for this device: a new emulator, or the VFIO device opened.
-    pub fn transport(&self) -> Result<Arc<dyn kestrel::transport::Transport>, String> {
+    pub fn transport(&self) -> Result<Arc<dyn kestrel::hw::transport::Transport>, String> {
         match self {
             Device::Emulator => {
                 let emu = kestrel::emu::EmuController::start(kestrel::emu::EmuConfig::default())
@@ -58,9 +58,9 @@ impl Device {
                 Ok(emu)
             }
             Device::Pci { bdf, noiommu } => {
-                let t = kestrel::vfio::VfioTransport::open(
+                let t = kestrel::hw::vfio::VfioTransport::open(
                     bdf,
-                    &kestrel::vfio::VfioOptions {
+                    &kestrel::hw::vfio::VfioOptions {
                         noiommu: *noiommu,
                         ..Default::default()
                     },
@@ -286,7 +286,7 @@ fn no_io_namespace(c: &Controller) -> String {
 
 fn mdts(c: &Controller) -> u64 {
     c.max_transfer_bytes()
-        .min(kestrel::qpair::DEFAULT_MAX_COMMAND_BYTES)
+        .min(kestrel::nvme::qpair::DEFAULT_MAX_COMMAND_BYTES)
 }
 
 fn alloc(c: &Controller, len: usize) -> Result<DmaBuf, String> {

@@ -65,16 +65,17 @@ impl TargetKind {
                 ))
             }
             TargetKind::File { path, direct } => {
-                let opts = kestrel::file::FileOptions {
+                let opts = kestrel::target::file::FileOptions {
                     size: Some(64 << 20),
                     direct: if *direct {
-                        kestrel::file::Direct::Required
+                        kestrel::target::file::Direct::Required
                     } else {
-                        kestrel::file::Direct::Auto
+                        kestrel::target::file::Direct::Auto
                     },
                     ..Default::default()
                 };
-                let t = kestrel::file::FileTarget::open(path, &opts).map_err(|e| e.to_string())?;
+                let t = kestrel::target::file::FileTarget::open(path, &opts)
+                    .map_err(|e| e.to_string())?;
                 Ok(t)
             }
         }

@@ -1,7 +1,7 @@
 //! The system calls of the transport, and the crate's only `unsafe` besides one call site
 //! in `conn`: epoll, eventfd, `recv` into DMA memory and `writev` from headers and DMA
 //! memory. DMA memory is reached through raw pointers only, never through a reference
-//! (see `kestrel::dma`): the kernel copies between the socket and it.
+//! (see `kestrel::hw::dma`): the kernel copies between the socket and it.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -83,6 +83,15 @@ check "perf --verify on the whole controller (exit $perf_rc)" [ "$perf_rc" = 0 ]
 for n in $KESTREL_NS_SUPPORTED; do
     check "perf ran on nsid $n" grep -q "target \[[0-9]*\] .*ns$n:" /tmp/perf.txt
 done
+# No system call in the poll loop of a queue pair on the real VFIO path: every call the
+# poller makes in the window is counted (seccomp user notification).
+first_ns=$(echo "$KESTREL_NS_SUPPORTED" | awk '{print $1}')
+$K perf --target "pci:$BDF/ns=$first_ns" "${noi[@]}" -t 60 --number-ios 4000 --warmup 100ms \
+    -q 16 --cores 0 --count-syscalls >/tmp/syscalls.txt 2>&1
+sys_rc=$?
+grep -E "system call|error" /tmp/syscalls.txt
+check "perf --count-syscalls: no system call in the poll loop (exit $sys_rc)" \
+    bash -c "[ $sys_rc = 0 ] && grep -q ', 0 system calls' /tmp/syscalls.txt"
 for n in $KESTREL_NS_REFUSED; do
     check "perf skipped nsid $n with a note" grep -q "note: pci:$BDF: skipping nsid $n: " /tmp/perf.txt
     $K perf --target "pci:$BDF/ns=$n" "${noi[@]}" -t 1 --cores 0 >/tmp/refused.txt 2>&1

@@ -511,7 +511,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
                         .ctrlr
                         .cap()
                         .max_queue_entries()
-                        .min(kestrel::qpair::MAX_TRACKERS + 1);
+                        .min(kestrel::nvme::qpair::MAX_TRACKERS + 1);
                     if ring > entries {
                         conditions.push(format!(
                             "[{idx}] {}: queue size clamped to the controller's {entries} entries (asked {ring})",

@@ -380,7 +380,7 @@ impl Worker<'_> {
                     ]
                     .into_boxed_slice(),
                     done: Vec::with_capacity(
-                        qd.max(kestrel::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
+                        qd.max(kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
                     ),
                     base: QueueStats::default(),
                 });
@@ -615,7 +615,7 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         ),
         scratch: vec![0u8; cfg.io_size as usize],
         max: if cfg.max_completions == 0 {
-            kestrel::qpair::MAX_COMPLETIONS_PER_POLL
+            kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL
         } else {
             cfg.max_completions
         },

@@ -369,8 +369,8 @@ impl IoContext {
                 // Each pass delivers at most the room left, so nothing is reaped that
                 // cannot be returned.
                 for _ in 0..4 {
-                    let room =
-                        (events.len() - k).min(crate::qpair::MAX_COMPLETIONS_PER_POLL as usize);
+                    let room = (events.len() - k)
+                        .min(crate::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize);
                     if room == 0 {
                         break;
                     }

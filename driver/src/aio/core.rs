@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::dma::{DmaBuf, DmaPool};
+use crate::hw::dma::{DmaBuf, DmaPool};
 use crate::io::{Completion, IoError, IoRequest, Segments};
 use crate::spec::Status;
 use crate::target::{Target, TargetInfo};

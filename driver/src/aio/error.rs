@@ -1,6 +1,6 @@
 //! Errors of the aio layer: why an iocb was refused, and why a call failed.
 
-use crate::dma::DmaError;
+use crate::hw::dma::DmaError;
 use crate::io::InvalidRequest;
 
 /// Why an iocb was refused.
@@ -229,7 +229,7 @@ pub enum AioError {
         /// Target name.
         target: String,
         /// Why.
-        source: Box<crate::Error>,
+        source: Box<crate::target::TargetError>,
     },
     /// Allocating bounce buffers failed.
     #[error("allocating {bytes} bytes of bounce buffers: {source}")]

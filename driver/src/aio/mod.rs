@@ -29,7 +29,7 @@
 //! - `nr_events` bounds the requests outstanding (accepted and not yet returned by
 //!   `getevents`); it is also the size of every ring, so completions never wait for room.
 //! - Offsets and lengths are bytes and must be multiples of the target's block size.
-//! - Buffers are [`crate::dma::DmaSlice`]s of the target's [`crate::dma::DmaPool`] (checked), or, with
+//! - Buffers are [`crate::hw::dma::DmaSlice`]s of the target's [`crate::hw::dma::DmaPool`] (checked), or, with
 //!   the bounce path enabled ([`ContextOptions::bounce`]), ordinary memory that is copied
 //!   through bounce buffers preallocated at setup.
 //! - `cancel(user_data)`: a request that has not reached the device is cancelled

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::io::{IoError, IoOp, Segments};
 use crate::spec::Status;
 use crate::target::QueueOptions;

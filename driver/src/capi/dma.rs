@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_void};
 
-use crate::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaSlice};
 
 use super::error::{guard, CapiError};
 use super::handle::{out_ptr, shared, KestrelHandle};
@@ -93,9 +93,9 @@ mod tests {
 
     #[test]
     fn lookup_stays_inside_one_buffer() {
-        let pool = crate::dma::DmaPool::new(
-            Arc::new(crate::dma::IdentityMapper),
-            crate::dma::DmaPoolOptions::default(),
+        let pool = crate::hw::dma::DmaPool::new(
+            Arc::new(crate::hw::dma::IdentityMapper),
+            crate::hw::dma::DmaPoolOptions::default(),
         );
         let a = pool.alloc(8192).unwrap();
         let b = pool.alloc(4096).unwrap();

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::aio::reactor::ReactorError;
 use crate::aio::AioError;
-use crate::dma::DmaError;
+use crate::hw::dma::DmaError;
 use crate::target_spec::TargetSpecError;
 
 /// Errors of the C ABI layer.

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::aio::reactor::Reactor;
 use crate::aio::{Event, IoContext, Iocb};
-use crate::dma::DmaBuf;
+use crate::hw::dma::DmaBuf;
 use crate::target::Target;
 
 use super::error::CapiError;

@@ -12,7 +12,7 @@ use crate::aio::{
     BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf, IoContext, Iocb,
     Opcode,
 };
-use crate::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::io::MAX_SEGMENTS;
 
 use super::abi::*;

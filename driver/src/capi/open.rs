@@ -3,9 +3,9 @@
 use std::ffi::{c_char, c_int};
 use std::time::Duration;
 
-use crate::ctrlr::ControllerOptions;
+use crate::nvme::ctrlr::ControllerOptions;
+use crate::nvme::qpair::MIN_TIMEOUT;
 use crate::parse::MAX_DURATION;
-use crate::qpair::MIN_TIMEOUT;
 use crate::target::Target;
 use crate::target_spec::MAX_SPEC_LEN;
 

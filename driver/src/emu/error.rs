@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::mmio::MmioError;
+use crate::hw::mmio::MmioError;
 
 /// Errors starting an emulated controller.
 #[derive(Debug, thiserror::Error)]

@@ -44,7 +44,7 @@ use std::sync::{Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use crate::dma::{DmaError, DmaMapper};
+use crate::hw::dma::{DmaError, DmaMapper};
 
 /// First IOVA the emulator hands out (1 TiB): never a user-space virtual address that a
 /// confused driver could pass by mistake and have work.
@@ -577,7 +577,7 @@ pub(super) fn fallocate(
 /// and by [`super::testkit`].
 pub(super) mod host {
     use super::*;
-    use crate::DmaBuf;
+    use crate::hw::dma::DmaBuf;
 
     fn word(buf: &DmaBuf, off: usize) -> &AtomicU32 {
         assert!(

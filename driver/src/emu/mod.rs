@@ -243,10 +243,10 @@ pub use faults::{
 };
 pub use mem::{EmuIommu, IOVA_BASE};
 
-use crate::dma::{DmaMapper, PageKind};
-use crate::mmio::Bar;
+use crate::hw::dma::{DmaMapper, PageKind};
+use crate::hw::mmio::Bar;
+use crate::hw::transport::Transport;
 use crate::spec::regs::offset;
-use crate::transport::Transport;
 
 macro_rules! emu_stats {
     ($( $(#[doc = $doc:literal])* $name:ident, )*) => {

@@ -8,8 +8,8 @@
 //! may take.
 
 use super::mem::host;
-use crate::dma::DmaBuf;
-use crate::mmio::Bar;
+use crate::hw::dma::DmaBuf;
+use crate::hw::mmio::Bar;
 use crate::spec::regs::{doorbell_offset, offset, DoorbellKind};
 use crate::spec::{Cqe, Sqe};
 

@@ -4,7 +4,7 @@
 //!
 //! There is one parser of each kind and every entry point uses it: the `kestrel` command
 //! line, the C API (`kestrel_open`, `kestrel_reactor_start`), the reactor's
-//! [`crate::reactor::ReactorBuilder::core_list`], [`crate::pci::Bdf`]'s `FromStr` and the
+//! [`crate::reactor::ReactorBuilder::core_list`], [`crate::hw::pci::Bdf`]'s `FromStr` and the
 //! emulator's fault specifications. No parser panics on any input (the fuzz target
 //! `parse_args` feeds them arbitrary strings), and every error names the text it rejects
 //! and lists what is accepted.

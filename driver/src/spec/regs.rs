@@ -2,7 +2,7 @@
 //!
 //! Each register is a newtype over its raw value with accessors named after the
 //! spec's field mnemonics. The newtypes are plain values: reading and writing the
-//! device goes through [`crate::mmio::Bar`], never through a reference into BAR
+//! device goes through [`crate::hw::mmio::Bar`], never through a reference into BAR
 //! memory.
 
 /// Byte offsets of the controller registers in BAR0.

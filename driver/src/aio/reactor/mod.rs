@@ -138,7 +138,7 @@ pub enum ReactorError {
         /// The target's name.
         name: String,
         /// Why.
-        source: Box<crate::Error>,
+        source: Box<crate::target::TargetError>,
     },
     /// Spawning a thread failed.
     #[error("could not spawn the poller thread for core {core}: {source}")]

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::queues::Sq;
+use super::rings::Sq;
 use super::{done, fail, Ctrl, Outcome, AERL, MAX_ABORT_MARKS};
 use crate::emu::mem::Mem;
 use crate::emu::prp;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::events::aen;
-use super::queues::Held;
+use super::rings::Held;
 use super::Ctrl;
 use crate::emu::faults::FaultAction;
 use crate::emu::mem::Mem;

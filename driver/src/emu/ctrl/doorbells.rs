@@ -4,23 +4,10 @@
 use std::sync::atomic::Ordering;
 
 use super::events::aen;
-use super::queues::Sq;
+use super::rings::{DbBuf, DbView, Sq};
 use super::{done, fail, Ctrl, Outcome};
 use crate::emu::mem::{GuestSlice, Mem};
 use crate::spec::{Sqe, Status};
-
-#[derive(Clone, Copy)]
-pub(super) struct DbBuf {
-    pub(super) shadow: u64,
-    pub(super) eventidx: u64,
-}
-
-/// The shadow doorbell and EventIdx pages of one pass.
-#[derive(Clone, Copy)]
-pub(super) struct DbView<'a> {
-    pub(super) shadow: GuestSlice<'a>,
-    pub(super) eventidx: GuestSlice<'a>,
-}
 
 impl Ctrl {
     pub(super) fn db_view<'a>(&mut self, mem: &Mem<'a>) -> Option<DbView<'a>> {

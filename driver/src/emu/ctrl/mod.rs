@@ -17,15 +17,15 @@ mod identify;
 mod queue_admin;
 mod queues;
 mod regs;
+mod rings;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use self::doorbells::DbBuf;
 use self::events::{ErrorLog, Event};
-use self::queues::{Cq, Held, Sq};
+use self::rings::{Cq, DbBuf, Held, Sq};
 use super::config::EmuConfig;
 use super::error::EmuError;
 use super::faults::Injector;
@@ -33,7 +33,7 @@ use super::mem::{EmuIommu, Mem, Snapshot};
 use super::ns::Ns;
 use super::nvm::Nvm;
 use super::{EmuStats, Shared};
-use crate::mmio::Bar;
+use crate::hw::mmio::Bar;
 use crate::spec::regs::{css, offset};
 use crate::spec::{Cap, Cc, Csts, Status, Vs, IDENTIFY_SIZE};
 

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::queues::{Cq, Ring, Sq};
+use super::rings::{Cq, Ring, Sq};
 use super::{done, fail, Ctrl, Outcome, CQE_SIZE, SQE_SIZE};
 use crate::emu::mem::Mem;
 use crate::spec::{Cqe, Sqe, Status};

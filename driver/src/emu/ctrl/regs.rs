@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::queues::{Cq, Ring, Sq};
+use super::rings::{Cq, Ring, Sq};
 use super::{Ctrl, State, CQE_SIZE, MAX_ADMIN_ENTRIES, SQE_SIZE};
 use crate::emu::mem::Mem;
 use crate::spec::regs::{css, offset, shutdown};

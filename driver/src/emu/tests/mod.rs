@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use super::mem::host;
 use super::*;
-use crate::dma::{DmaBuf, DmaPool, DmaPoolOptions};
-use crate::mmio::Bar;
+use crate::hw::dma::{DmaBuf, DmaPool, DmaPoolOptions};
+use crate::hw::mmio::Bar;
 use crate::spec::cmd::DsmRange;
 use crate::spec::identify::{
     parse_active_ns_list, ErrorLogEntry, IdentifyController, IdentifyNamespace, SmartLog,

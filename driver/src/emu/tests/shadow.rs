@@ -85,10 +85,20 @@ fn shadow_doorbells() {
     let (t, next) = (q.tail, (q.tail + 1) % q.size);
     let armed = host::load_u32(&eventidx, sq_off);
     assert!(linux(armed, next, t), "armed: the next update rings MMIO");
-    assert!(crate::ring::need_event(armed, next as u16, t as u16, d));
+    assert!(crate::nvme::ring::need_event(
+        armed,
+        next as u16,
+        t as u16,
+        d
+    ));
     let polling = (t + q.size - 1) % q.size;
     assert!(!linux(polling, next, t), "polling: no MMIO needed");
-    assert!(!crate::ring::need_event(polling, next as u16, t as u16, d));
+    assert!(!crate::nvme::ring::need_event(
+        polling,
+        next as u16,
+        t as u16,
+        d
+    ));
     assert!(
         seen_eventidx.iter().all(|&v| v < q.size),
         "EventIdx always a valid index: {seen_eventidx:?}"

@@ -10,7 +10,7 @@
 //! - A PRP list page holds `PAGE_SIZE / 8` entries; when more are needed, the last entry
 //!   of a full page points to the next list page.
 
-use crate::dma::DmaSlice;
+use crate::hw::dma::DmaSlice;
 use crate::io::InvalidRequest;
 use crate::spec::PAGE_SIZE;
 

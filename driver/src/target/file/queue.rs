@@ -33,12 +33,12 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{DiscardKind, FileError, FileKind, Shared};
-use crate::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::limits::Limit;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
     MAX_SEGMENTS,
 };
-use crate::limits::Limit;
 use crate::target::{QueueOptions, TargetQueue};
 
 /// The most bytes one read or write SQE carries: the kernel's `MAX_RW_COUNT` (`INT_MAX`

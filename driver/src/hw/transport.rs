@@ -1,11 +1,11 @@
 //! The seam between the driver and a controller: a mapped BAR and a way to make memory
-//! visible to the device. VFIO provides one implementation ([`crate::vfio`]), the
+//! visible to the device. VFIO provides one implementation ([`crate::hw::vfio`]), the
 //! emulated controller the other ([`crate::emu`]); `ctrlr` and `qpair` see nothing else.
 
 use std::sync::Arc;
 
-use crate::dma::{DmaMapper, PageKind};
-use crate::mmio::Bar;
+use crate::hw::dma::{DmaMapper, PageKind};
+use crate::hw::mmio::Bar;
 
 /// A way to reach one NVMe controller.
 pub trait Transport: Send + Sync + 'static {

@@ -1,5 +1,6 @@
 //! Submission and completion rings in DMA memory, shared by the admin queue and the I/O
-//! queue pairs.
+//! queue pairs: both place commands and reap completions through one [`RingPair`], so the
+//! ring, phase and reaping logic exists once.
 //!
 //! The controller reads the SQ ring and writes the CQ ring, so neither is ever reached
 //! through a reference:
@@ -16,130 +17,190 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::dma::{DmaBuf, DmaError, DmaPool};
-use crate::spec::{Cqe, Sqe};
+use crate::hw::dma::{DmaBuf, DmaError, DmaPool};
+use crate::spec::{Cqe, Sqe, Status};
 
-/// A submission queue ring of `entries` 64-byte slots.
-pub struct SqRing {
-    base: NonNull<Sqe>,
-    entries: u16,
-    iova: u64,
-    _mem: DmaBuf,
+/// The dwords of a reaped completion entry that the driver uses (dword 1 is reserved).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Reaped {
+    /// Dword 0: the command-specific result.
+    pub dw0: u32,
+    /// Dword 2: SQ Head Pointer (15:0) and SQ Identifier (31:16).
+    pub dw2: u32,
+    /// Dword 3: CID (15:0), phase (16), status (31:17).
+    pub dw3: u32,
 }
 
-// SAFETY: the ring memory is owned through `_mem`; the ring is used by one thread at a
-// time (&mut self for writes).
-unsafe impl Send for SqRing {}
+impl Reaped {
+    /// The command identifier.
+    #[inline]
+    pub fn cid(&self) -> u16 {
+        self.dw3 as u16
+    }
+    /// The SQ Head Pointer: the controller has fetched every entry before it.
+    #[inline]
+    pub fn sq_head(&self) -> u16 {
+        self.dw2 as u16
+    }
+    /// The status. Bits 31:17 all clear is Successful Completion, the common case, taken
+    /// without decoding each field.
+    #[inline]
+    pub fn status(&self) -> Status {
+        if self.dw3 >> 17 == 0 {
+            Status::SUCCESS
+        } else {
+            Status::from_cqe_status((self.dw3 >> 16) as u16)
+        }
+    }
+    /// The whole entry.
+    pub fn to_cqe(self) -> Cqe {
+        Cqe::from_dwords(self.dw0, 0, self.dw2, self.dw3)
+    }
+}
 
-impl SqRing {
-    /// Allocates a ring of `entries` slots (2..=65536 as the spec allows; callers clamp
-    /// to CAP.MQES + 1).
-    pub fn new(pool: &DmaPool, entries: u16) -> Result<Self, DmaError> {
-        let mem = pool.alloc(entries as usize * 64)?;
-        Ok(SqRing {
-            base: NonNull::new(mem.as_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
-            entries,
-            iova: mem.iova(),
-            _mem: mem,
+/// The two rings of one queue pair, admin or I/O, of `depth` slots each (64-byte SQEs,
+/// 16-byte CQEs), and the driver's positions in them: the SQ tail it writes, the CQ head
+/// and phase it reads. Every SQE is placed by [`RingPair::push`] and every CQE reaped by
+/// [`RingPair::pop`]; the doorbells, and when to ring them, are the owner's.
+///
+/// Layout: 32 bytes, everything the hot path reads first; the ring memory is owned
+/// through a box so its handles stay off the owner's hot cache lines.
+#[repr(C)]
+pub struct RingPair {
+    sq: NonNull<Sqe>,
+    cq: NonNull<Cqe>,
+    /// The DMA buffers of the SQ and the CQ: the pointers above point into them.
+    mem: Box<[DmaBuf; 2]>,
+    depth: u16,
+    sq_tail: u16,
+    cq_head: u16,
+    cq_phase: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<RingPair>() == 32);
+const _: () = assert!(std::mem::offset_of!(RingPair, depth) == 24);
+
+// SAFETY: the ring memory is owned through `mem`; the rings are used by one thread at a
+// time (`&mut self` to write an SQE or move the CQ head).
+unsafe impl Send for RingPair {}
+
+impl RingPair {
+    /// Allocates both rings (the SQ first) of `depth` slots (2..=65536 as the spec allows;
+    /// callers clamp to CAP.MQES + 1), the CQ zeroed so the first pass looks for phase 1.
+    pub fn new(pool: &DmaPool, depth: u16) -> Result<Self, DmaError> {
+        let sq = pool.alloc(depth as usize * 64)?;
+        let cq = pool.alloc(depth as usize * 16)?;
+        Ok(RingPair {
+            sq: NonNull::new(sq.as_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
+            cq: NonNull::new(cq.as_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
+            mem: Box::new([sq, cq]),
+            depth,
+            sq_tail: 0,
+            cq_head: 0,
+            cq_phase: true,
         })
     }
-    /// IOVA of slot 0.
-    pub fn iova(&self) -> u64 {
-        self.iova
-    }
-    /// Number of slots.
-    pub fn entries(&self) -> u16 {
-        self.entries
-    }
-    /// Writes `sqe` into `slot`.
+    /// Slots in each ring.
     #[inline]
-    pub fn write(&mut self, slot: u16, sqe: &Sqe) {
-        assert!(
-            slot < self.entries,
-            "sq slot {slot} out of {}",
-            self.entries
-        );
-        // SAFETY: slot < entries, so the 64-byte slot is inside the ring memory held by
-        // `_mem`; see the module doc for why the controller is not reading it now.
-        unsafe { self.base.as_ptr().add(slot as usize).write_volatile(*sqe) };
+    pub fn depth(&self) -> u16 {
+        self.depth
     }
-}
-
-/// A completion queue ring of `entries` 16-byte slots.
-pub struct CqRing {
-    base: NonNull<Cqe>,
-    entries: u16,
-    iova: u64,
-    _mem: DmaBuf,
-}
-
-// SAFETY: as for SqRing; reads are atomic or happen after an acquire load.
-unsafe impl Send for CqRing {}
-
-impl CqRing {
-    /// Allocates a ring of `entries` slots, zeroed (so every phase tag starts at 0 and the
-    /// first pass looks for phase 1).
-    pub fn new(pool: &DmaPool, entries: u16) -> Result<Self, DmaError> {
-        let mem = pool.alloc(entries as usize * 16)?;
-        Ok(CqRing {
-            base: NonNull::new(mem.as_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
-            entries,
-            iova: mem.iova(),
-            _mem: mem,
-        })
+    /// IOVA of slot 0 of the submission ring.
+    pub fn sq_iova(&self) -> u64 {
+        self.mem[0].iova()
     }
-    /// IOVA of slot 0.
-    pub fn iova(&self) -> u64 {
-        self.iova
+    /// IOVA of slot 0 of the completion ring.
+    pub fn cq_iova(&self) -> u64 {
+        self.mem[1].iova()
     }
-    /// Number of slots.
-    pub fn entries(&self) -> u16 {
-        self.entries
-    }
-    /// Zeroes every entry, so the next pass looks for phase 1 again. Only while the
-    /// controller cannot write the queue (it is disabled, or the queue is not created).
-    pub fn clear(&mut self) {
-        // SAFETY: the ring memory is ours (held by `_mem`); the caller guarantees the
-        // controller is not writing it (queue deleted or controller disabled).
-        unsafe { std::ptr::write_bytes(self.base.as_ptr(), 0, self.entries as usize) };
-    }
-
-    /// Dword 3 of `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded with
-    /// acquire ordering: if the phase is new, the rest of the entry may be read after it.
+    /// The slot the next SQE goes to (the value the SQ tail doorbell publishes).
     #[inline]
-    pub fn dw3(&self, slot: u16) -> u32 {
-        assert!(
-            slot < self.entries,
-            "cq slot {slot} out of {}",
-            self.entries
-        );
-        // SAFETY: slot < entries, so dword 3 of the slot (offset 12, 4-byte aligned) is
-        // inside the ring memory held by `_mem`; the controller writes it concurrently,
-        // which an atomic load allows.
+    pub fn sq_tail(&self) -> u16 {
+        self.sq_tail
+    }
+    /// The slot of the next CQE (the value the CQ head doorbell publishes).
+    #[inline]
+    pub fn cq_head(&self) -> u16 {
+        self.cq_head
+    }
+    /// The phase tag a new CQE at the head carries.
+    pub fn cq_phase(&self) -> bool {
+        self.cq_phase
+    }
+
+    /// Places `sqe` at the tail and moves the tail on. The caller knows the slot is free
+    /// (fewer than `depth` entries outstanding).
+    #[inline]
+    pub fn push(&mut self, sqe: &Sqe) {
+        let slot = self.sq_tail;
+        assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
+        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`;
+        // see the module doc for why the controller is not reading it now.
+        unsafe { self.sq.as_ptr().add(slot as usize).write_volatile(*sqe) };
+        self.sq_tail = if slot + 1 == self.depth { 0 } else { slot + 1 };
+    }
+
+    /// Reaps the entry at the CQ head if its phase says it is new, and moves the head on
+    /// (flipping the phase at the end of the ring).
+    #[inline]
+    pub fn pop(&mut self) -> Option<Reaped> {
+        let dw3 = self.cq_dw3(self.cq_head);
+        if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
+            return None;
+        }
+        // SAFETY: cq_head < depth (checked in `cq_dw3`), so the entry is inside the CQ
+        // memory held by `mem`; the acquire load of its dword 3 ordered these reads after
+        // the controller's writes, and it will not rewrite the slot before we move the
+        // head doorbell past it.
+        let (dw0, dw2) = unsafe {
+            let p = self.cq.as_ptr().add(self.cq_head as usize).cast::<u32>();
+            (p.read_volatile(), p.add(2).read_volatile())
+        };
+        self.cq_head += 1;
+        if self.cq_head == self.depth {
+            self.cq_head = 0;
+            self.cq_phase = !self.cq_phase;
+        }
+        Some(Reaped { dw0, dw2, dw3 })
+    }
+
+    /// Dword 3 of CQ `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded
+    /// with acquire ordering: if the phase is new, the rest of the entry may be read
+    /// after it.
+    #[inline]
+    fn cq_dw3(&self, slot: u16) -> u32 {
+        assert!(slot < self.depth, "cq slot {slot} out of {}", self.depth);
+        // SAFETY: slot < depth, so dword 3 of the slot (offset 12, 4-byte aligned) is
+        // inside the CQ memory held by `mem`; the controller writes it concurrently, which
+        // an atomic load allows.
         let dw3 = unsafe {
-            AtomicU32::from_ptr(self.base.as_ptr().add(slot as usize).cast::<u32>().add(3))
+            AtomicU32::from_ptr(self.cq.as_ptr().add(slot as usize).cast::<u32>().add(3))
         };
         // Acquire: pairs with the controller's write of the entry (a release store in the
         // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
         // this are those of the same completion.
         dw3.load(Ordering::Acquire)
     }
-    /// Dwords 0 and 2 (command result, SQ head and SQ id) of `slot`. Call only after
-    /// [`CqRing::dw3`] showed the entry's phase is new.
-    #[inline]
-    pub fn dw0_dw2(&self, slot: u16) -> (u32, u32) {
-        assert!(
-            slot < self.entries,
-            "cq slot {slot} out of {}",
-            self.entries
-        );
-        // SAFETY: inside the ring as above; the acquire load of dword 3 ordered these
-        // reads after the controller's writes, and it will not rewrite the slot before we
-        // move the head doorbell past it.
-        unsafe {
-            let p = self.base.as_ptr().add(slot as usize).cast::<u32>();
-            (p.read_volatile(), p.add(2).read_volatile())
-        }
+
+    /// Zeroes the completion ring and rewinds both rings to slot 0. Only while the
+    /// controller cannot write the CQ (it is disabled, or the queue is not created).
+    pub fn rewind(&mut self) {
+        // SAFETY: the CQ memory is ours (held by `mem`), `depth` entries long; the caller
+        // guarantees the controller is not writing it.
+        unsafe { std::ptr::write_bytes(self.cq.as_ptr(), 0, self.depth as usize) };
+        self.sq_tail = 0;
+        self.cq_head = 0;
+        self.cq_phase = true;
+    }
+
+    /// Dword 3 of the CQ entry at the head and of the one before it, for diagnostics.
+    pub fn dw3_at_head(&self) -> (u32, u32) {
+        let before = if self.cq_head == 0 {
+            self.depth - 1
+        } else {
+            self.cq_head - 1
+        };
+        (self.cq_dw3(self.cq_head), self.cq_dw3(before))
     }
 }
 

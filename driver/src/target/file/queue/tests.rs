@@ -2,7 +2,7 @@
 //! limit), the plain-buffer fallback, and stray completions.
 
 use super::*;
-use crate::file::{Direct, FileOptions, FileTarget};
+use crate::target::file::{Direct, FileOptions, FileTarget};
 use crate::target::Target;
 
 fn target(direct: Direct, size: u64) -> (tempfile::TempDir, Arc<FileTarget>) {

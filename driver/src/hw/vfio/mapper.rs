@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use super::iova::IovaAllocator;
 use super::sys::Group;
-use crate::dma::{DmaError, DmaMapper};
+use crate::hw::dma::{DmaError, DmaMapper};
 
 /// The smallest IOMMU page size in a `iova_pgsizes` bitmap (4 KiB if none reported).
 fn min_pgsize(pgsizes: u64) -> u64 {
@@ -110,7 +110,7 @@ impl DmaMapper for Type1Mapper {
                     // type1 pins the pages and counts them against RLIMIT_MEMLOCK.
                     Some(libc::ENOMEM) => Err(DmaError::MemlockLimit {
                         len,
-                        limit: crate::dma::memlock_limit_text(),
+                        limit: crate::hw::dma::memlock_limit_text(),
                     }),
                     Some(libc::ENOSPC) => Err(self.fail(
                         va,
@@ -271,7 +271,7 @@ impl DmaMapper for NoIommuMapper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dma::{DmaPool, DmaPoolOptions, PageKind};
+    use crate::hw::dma::{DmaPool, DmaPoolOptions, PageKind};
 
     #[test]
     fn alignment_follows_region() {
@@ -327,7 +327,7 @@ mod tests {
     fn noiommu_reads_physical_addresses_of_a_real_hugepage() {
         // Needs root (pagemap frame numbers) and a free 2 MiB hugepage; uses one if there,
         // never changes the pool.
-        if crate::vfio::sys::euid() != 0 {
+        if crate::hw::vfio::sys::euid() != 0 {
             eprintln!("skipped: reading physical addresses needs root");
             return;
         }

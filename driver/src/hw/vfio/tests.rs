@@ -2,7 +2,7 @@
 //! node, over a fake sysfs and /dev tree, and of every error message.
 
 use super::*;
-use crate::pci::fake::FakeSys;
+use crate::hw::pci::fake::FakeSys;
 
 const B: &str = "0000:01:00.0";
 
@@ -300,7 +300,7 @@ fn permission_denied_busy_and_rawio_messages() {
     assert!(
         e.contains("too many open files")
             && e.contains("RLIMIT_NOFILE")
-            && e.contains(&crate::limits::Limit::Nofile.text())
+            && e.contains(&crate::hw::limits::Limit::Nofile.text())
             && e.contains("ulimit -n"),
         "{e}"
     );

@@ -8,7 +8,7 @@
 //! an error: the controller DMAs metadata to address 0 or fails writes with statuses the
 //! caller cannot explain. So the rule is: I/O goes only to namespaces whose format is in
 //! [`check`]'s list; every other namespace is listed with the reason and refused at open
-//! ([`crate::ctrlr::NvmeNamespace::new`]) and at submission (the qpair), before anything
+//! (`NvmeNamespace::new`, in the target layer) and at submission (the qpair), before anything
 //! reaches the device.
 //!
 //! Protection information is implemented the way the Linux driver does it when it has no

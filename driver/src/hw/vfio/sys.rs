@@ -310,7 +310,7 @@ unsafe impl Send for RegionMap {}
 // SAFETY: as above; RegionMap has no interior state besides the pointer.
 unsafe impl Sync for RegionMap {}
 
-impl crate::mmio::BarBacking for RegionMap {}
+impl crate::hw::mmio::BarBacking for RegionMap {}
 
 impl RegionMap {
     /// Maps `len` bytes of the region at file offset `offset` of `dev`, read/write, shared.

@@ -1,11 +1,22 @@
 //! One trait over the things Kestrel does block I/O to: an NVMe namespace (through I/O
-//! queue pairs) and a file or block device (through io_uring). The aio API, the pollers,
-//! `kestrel perf` and the conformance suite use only this.
+//! queue pairs, [`nvme`]) and a file or block device (through io_uring, [`file`]). The aio
+//! API, the pollers, `kestrel perf` and the conformance suite use only this.
+//!
+//! Lives here: the [`Target`]/[`TargetQueue`] traits, their options, the layer's error
+//! ([`TargetError`]) and the two targets. May import [`crate::spec`], [`crate::hw`]
+//! (never a concrete transport: targets are handed a controller or a path), [`crate::io`]
+//! and [`crate::nvme`].
 
 use std::time::Duration;
 
-use crate::dma::DmaPool;
+use crate::hw::dma::DmaPool;
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
+use crate::nvme::CtrlrError;
+
+pub use crate::io::AbortOutcome;
+
+pub mod file;
+pub mod nvme;
 
 /// What a target is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,8 +56,8 @@ pub struct QueueOptions {
     /// Use shadow doorbells when the controller offers them (NVMe only).
     pub shadow_doorbells: bool,
     /// Per-command I/O timeout (NVMe only: abort, then reset; see
-    /// [`crate::qpair::QpairOptions::timeout`]). `None`: the target's default
-    /// ([`crate::ctrlr::ControllerOptions::io_timeout`], 30 s unless set).
+    /// [`crate::nvme::qpair::QpairOptions::timeout`]). `None`: the target's default
+    /// ([`crate::nvme::ctrlr::ControllerOptions::io_timeout`], 30 s unless set).
     pub timeout: Option<Duration>,
 }
 
@@ -84,7 +95,19 @@ pub trait Target: Send + Sync {
     /// The DMA pool buffers for this target must come from.
     fn dma_pool(&self) -> &DmaPool;
     /// Creates a queue, owned by the calling thread from then on.
-    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, crate::Error>;
+    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, TargetError>;
+}
+
+/// Errors of the target layer: why a target could not make a queue. Each variant is the
+/// error of the layer or target below, converted.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// An NVMe namespace: creating its I/O queue pair failed.
+    #[error(transparent)]
+    Nvme(#[from] CtrlrError),
+    /// A file target: setting up its io_uring failed.
+    #[error(transparent)]
+    File(#[from] file::FileError),
 }
 
 /// A queue on a target: one thread submits and reaps (`Send`, not `Sync`).
@@ -124,21 +147,4 @@ pub trait TargetQueue: Send {
         let _ = token;
         AbortOutcome::Unsupported
     }
-}
-
-/// What [`TargetQueue::abort`] came to.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum AbortOutcome {
-    /// The controller reports the command aborted; its completion carries Command Abort
-    /// Requested.
-    Aborted,
-    /// The controller did not abort it (already done, or past the point of no return); it
-    /// completes with its own status.
-    NotAborted,
-    /// No command with that token is at the device (it completed, or is not submitted).
-    NotFound,
-    /// This target cannot abort a request at the device.
-    Unsupported,
-    /// The Abort command itself failed (logged); the request completes as it will.
-    Failed,
 }

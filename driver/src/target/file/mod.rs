@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
-use crate::limits::{open_files_text, Limit};
-use crate::target::{QueueOptions, Target, TargetInfo, TargetQueue};
+use crate::hw::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
+use crate::hw::limits::{open_files_text, Limit};
+use crate::target::{QueueOptions, Target, TargetError, TargetInfo, TargetQueue};
 
 pub use queue::{FileQueue, FileQueueCounters};
 
@@ -244,7 +244,7 @@ pub enum FileError {
         /// The path.
         path: PathBuf,
         /// The pool's error.
-        source: crate::dma::DmaError,
+        source: crate::hw::dma::DmaError,
     },
     /// Another OS error.
     #[error("{path}: {what} failed: {source}")]
@@ -723,7 +723,7 @@ impl Target for FileTarget {
     fn dma_pool(&self) -> &DmaPool {
         &self.pool
     }
-    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, crate::Error> {
+    fn create_queue(&self, opts: &QueueOptions) -> Result<Box<dyn TargetQueue>, TargetError> {
         Ok(Box::new(self.create_file_queue(opts)?))
     }
 }

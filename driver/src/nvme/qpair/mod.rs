@@ -1,0 +1,554 @@
+//! I/O queue pairs: the hot path.
+//!
+//! An [`IoQpair`] is one submission queue and one completion queue, owned by exactly one
+//! thread (its poller): `Send`, not `Sync`, every method `&mut self`, no locks and no
+//! atomics beyond the MMIO and ring accesses themselves.
+//!
+//! - **Inline command slots.** One `Tracker` per command identifier, allocated with
+//!   the qpair, each with its own PRP list pages in DMA memory and the caller's token
+//!   copied in. Free trackers are an index queue, reused FIFO. There are `depth - 1` trackers, so the
+//!   submission ring and the completion ring can never overflow.
+//! - **Doorbell batching.** [`IoQpair::submit`] writes the SQE and moves the local
+//!   `sq_tail`; the SQ tail doorbell is written once when the batch ends
+//!   ([`IoQpair::flush`], or the start of [`IoQpair::process_completions`]), as SPDK's
+//!   `delay_cmd_submit`. [`DoorbellMode::Immediate`] rings per command, for comparison.
+//!   The CQ head doorbell is written once per reaping pass, only if something was reaped.
+//! - **Shadow doorbells.** With Doorbell Buffer Config the new value goes to the shadow
+//!   page, and the MMIO write happens only when the controller's EventIdx asks for it. A
+//!   qpair that opts out ([`QpairOptions::shadow_doorbells`] false) on such a controller
+//!   still stores every value in the shadow page and always writes MMIO too: once the
+//!   buffer is configured the controller takes doorbell values from the shadow page
+//!   (QEMU and the emulator do), so a value written only to MMIO would be ignored, or
+//!   overridden by the stale shadow value.
+//! - **Non-blocking submission.** With no tracker free, a request waits in a bounded
+//!   software queue and is submitted, in order, as completions free trackers. With that
+//!   queue full too, submit returns [`Busy`](crate::io::Busy) with the request.
+//! - **Splitting.** A transfer larger than the controller's MDTS (or 65536 blocks) is
+//!   split into child commands; the parent completes once, after all of them, with the
+//!   first error if any.
+//! - **Retries.** A completion with a retryable status (DNR clear) is resubmitted, with
+//!   the same tracker and SQE, up to a bound.
+//!
+//! The layouts of [`IoQpair`] (hot part first, five cache lines) and of a tracker (two
+//! lines) are fixed and checked at compile time where they are declared.
+
+mod complete;
+mod recovery;
+mod split;
+mod submit;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::hw::clock::Clock;
+use crate::hw::dma::DmaBuf;
+use crate::hw::mmio::Doorbell;
+use crate::io::{Completion, IoError, IoRequest, QueueStats};
+use crate::nvme::init::NsInfo;
+use crate::nvme::prp::PrpListMem;
+use crate::nvme::ring::{RingPair, ShadowSlot};
+use crate::nvme::shared::CtrlrShared;
+use crate::spec::{Sqe, Status, PAGE_SIZE};
+
+/// How the SQ tail doorbell is rung.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum DoorbellMode {
+    /// Once per batch: at [`IoQpair::flush`] or the start of a reaping pass.
+    #[default]
+    Batched,
+    /// Once per command, as it is submitted.
+    Immediate,
+}
+
+/// The largest number of completions one reaping pass may take.
+pub const MAX_COMPLETIONS_PER_POLL: u32 = 128;
+/// The most times a command is resubmitted after a retryable error.
+pub const DEFAULT_MAX_RETRIES: u8 = 4;
+/// The largest number of trackers (commands in flight) a qpair will have.
+pub const MAX_TRACKERS: u32 = 4095;
+/// The largest software queue a qpair will have.
+pub const MAX_SW_QUEUE: u32 = 65536;
+/// The most bytes one command carries unless the caller asks for more (the PRP list of one
+/// page covers it).
+pub const DEFAULT_MAX_COMMAND_BYTES: u64 = 2 << 20;
+
+/// Options for [`crate::nvme::ctrlr::Controller::create_io_qpair`].
+#[derive(Clone, Debug)]
+pub struct QpairOptions {
+    /// Entries in each ring (clamped to 2..=CAP.MQES+1); `depth - 1` commands in flight.
+    pub depth: u32,
+    /// Requests that may wait in software when every tracker is busy.
+    pub sw_queue_depth: u32,
+    /// Doorbell mode.
+    pub doorbell: DoorbellMode,
+    /// Let the controller's EventIdx spare MMIO doorbell writes when it was set up with
+    /// shadow doorbells. When false, every update is an MMIO write (and is still stored
+    /// in the shadow page, which such a controller reads as the doorbell value).
+    pub shadow_doorbells: bool,
+    /// Default cap on completions reaped per pass by `TargetQueue::poll`
+    /// (0: a quarter of the depth, at most 128).
+    pub max_completions: u32,
+    /// Largest bytes per command (further limited by MDTS); bigger requests are split.
+    pub max_command_bytes: u64,
+    /// Resubmissions of a command after retryable errors.
+    pub max_retries: u8,
+    /// Per-command timeout, at least [`MIN_TIMEOUT`] (a shorter one is refused by
+    /// [`crate::nvme::ctrlr::Controller::create_io_qpair`]). Checked from the poll loop on a
+    /// coarse clock whose period is a quarter of the timeout, between 10 ms and 100 ms
+    /// ([`IoQpair::tick`]): a command is found late between `timeout` and `timeout` plus
+    /// one period after its submission, at the first poll after that. The late command is
+    /// aborted (NVMe Abort); if the Abort fails or finds nothing, or the command still
+    /// does not complete within a second `timeout`, the controller is reset and the
+    /// command resubmitted under the retry policy.
+    pub timeout: Duration,
+    /// How long the Abort of a timed-out command may take before the controller is reset
+    /// (never longer than `timeout`).
+    pub abort_timeout: Duration,
+}
+
+impl Default for QpairOptions {
+    fn default() -> Self {
+        QpairOptions {
+            depth: 256,
+            sw_queue_depth: 1024,
+            doorbell: DoorbellMode::Batched,
+            shadow_doorbells: true,
+            max_completions: 0,
+            max_command_bytes: DEFAULT_MAX_COMMAND_BYTES,
+            max_retries: DEFAULT_MAX_RETRIES,
+            timeout: Duration::from_secs(30),
+            abort_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+const NO_PARENT: u16 = u16::MAX;
+/// The most error injection rules a qpair holds.
+pub const MAX_INJECTIONS: usize = 8;
+
+/// An error injected by the qpair itself, independent of the device (as SPDK's
+/// `spdk_nvme_qpair_add_cmd_error_injection`): for testing error paths on real hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorInjection {
+    /// Only commands with this opcode (`None`: every command).
+    pub opcode: Option<u8>,
+    /// The status the command completes with.
+    pub status: Status,
+    /// How many commands to affect.
+    pub count: u32,
+    /// `true`: submit the command and rewrite its completion status; `false`: complete it
+    /// without submitting it to the device.
+    pub submit: bool,
+}
+/// The shortest [`QpairOptions::timeout`].
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+/// Shortest and longest period of the coarse clock for timeouts, delayed retries and
+/// health checks (a quarter of the timeout, within these bounds).
+const TICK_MIN_MS: u32 = 10;
+const TICK_MAX_MS: u32 = 100;
+/// Polls between coarse clock reads.
+const HOUSEKEEPING_EVERY: u32 = 64;
+
+/// One inline command slot: two cache lines, starting on a line boundary.
+///
+/// - line 0 (bytes 0..64): the command as submitted, kept for retries and resubmission
+///   after a reset; written at submission, read only to resubmit.
+/// - line 1 (bytes 64..128): what a completion reads and writes: the caller's token, the
+///   position in the SQ, the PRP list pages, the state flags and the retry count. It ends
+///   at byte 120 (`TRACKER_LINE1_END`); the last 8 bytes are free.
+///
+/// Protection information needs no field here: what a command carries for it is in the
+/// SQE on line 0 (PRACT and the checks in CDW12, the reference tag in CDW14, a metadata
+/// pointer in MPTR), written by `split::issue` for whole and child commands and resent with
+/// the SQE on a retry or after a reset. Per-command PI state that cannot be
+/// recomputed from the SQE (an expected reference tag to check on completion, say) takes
+/// the free bytes of line 1.
+#[repr(C, align(64))]
+struct Tracker {
+    sqe: Sqe,
+    token: u64,
+    /// Position of the command's SQ entry in the count of entries pushed since the queue
+    /// was created (see `sq_seq`).
+    sq_seq: u64,
+    prp: PrpListMem,
+    submit_tick: u32,
+    parent: u16,
+    retries: u8,
+    active: bool,
+    timed_out: bool,
+    /// A cancel sent an Abort for this command: its error completion is final (no retry).
+    abort_requested: bool,
+    inject: Option<Status>,
+}
+
+const _: () = assert!(std::mem::size_of::<Tracker>() == 128);
+const _: () = assert!(std::mem::offset_of!(Tracker, sqe) == 0);
+const _: () = assert!(std::mem::offset_of!(Tracker, token) == 64);
+const _: () = assert!(std::mem::offset_of!(Tracker, inject) < 128);
+/// Where line 1 of a tracker ends: bytes 120..128 are free. A field added to a tracker goes
+/// there (and this value moves with it), never onto line 0 or a third line.
+const TRACKER_LINE1_END: usize =
+    std::mem::offset_of!(Tracker, inject) + std::mem::size_of::<Option<Status>>();
+const _: () = assert!(TRACKER_LINE1_END == 120);
+
+impl Tracker {
+    /// A free tracker whose PRP list pages are `prp`.
+    fn idle(prp: PrpListMem) -> Self {
+        Tracker {
+            sqe: Sqe::default(),
+            token: 0,
+            sq_seq: 0,
+            prp,
+            submit_tick: 0,
+            parent: NO_PARENT,
+            retries: 0,
+            active: false,
+            timed_out: false,
+            abort_requested: false,
+            inject: None,
+        }
+    }
+}
+
+/// The command timeout (at least [`MIN_TIMEOUT`]), the period of the coarse clock in ms (a
+/// quarter of the timeout, within bounds) and the timeout in ticks.
+fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
+    let timeout = timeout.max(MIN_TIMEOUT);
+    let tick_ms = (timeout.as_millis() / 4).clamp(TICK_MIN_MS as u128, TICK_MAX_MS as u128);
+    // Late once more than this many whole ticks have passed since the submission tick:
+    // never before `timeout`, at most one tick after it.
+    let timeout_ticks = (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
+    (timeout, tick_ms as u32, timeout_ticks)
+}
+
+/// A request split into several commands.
+#[derive(Clone, Copy)]
+struct Parent {
+    req: IoRequest,
+    chunk_blocks: u32,
+    issued_blocks: u32,
+    outstanding: u32,
+    first_error: Option<IoError>,
+}
+
+impl Parent {
+    /// An unused parent slot.
+    const IDLE: Parent = Parent {
+        req: IoRequest {
+            op: crate::io::IoOp::Flush,
+            nsid: 0,
+            lba: 0,
+            nlb: 0,
+            data: crate::io::Segments::none(),
+            token: 0,
+        },
+        chunk_blocks: 0,
+        issued_blocks: 0,
+        outstanding: 0,
+        first_error: None,
+    };
+}
+
+/// An I/O queue pair. See the module documentation.
+///
+/// The layout is fixed (`repr(C)`, offsets checked below). The hot part, what submission,
+/// doorbells and completion touch, is the first five cache lines:
+/// - line 0: the ring positions ([`RingPair`]) and the free CID queue;
+/// - line 1: the software queue and the completions waiting for delivery;
+/// - line 2: the shadow doorbell slots and the trackers;
+/// - line 3: the SQ and CQ doorbells and the SQ position counters;
+/// - line 4: the controller (epoch, namespaces) and the epoch seen, the commands in
+///   flight, the coarse clock, the completion cap, the request being split, the doorbell
+///   mode and flags.
+///
+/// Then the counters on lines of their own (5 and 6: written by every submission and
+/// completion), then the fields no I/O touches.
+#[repr(C, align(64))]
+pub struct IoQpair {
+    // ---- line 0 ----
+    rings: RingPair,
+    free: VecDeque<u16>,
+    // ---- line 1 ----
+    pending: VecDeque<IoRequest>,
+    deferred: VecDeque<Completion>,
+    // ---- line 2 ----
+    /// The shadow doorbell slots (SQ, CQ) when the controller was set up with them: kept
+    /// current even when `event_idx` is off.
+    shadow: Option<(ShadowSlot, ShadowSlot)>,
+    trackers: Box<[Tracker]>,
+    // ---- line 3 ----
+    sq_db: Doorbell,
+    cq_db: Doorbell,
+    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
+    sq_seq: u64,
+    /// The controller's SQ head as a count like `sq_seq`, from the SQ Head of completions.
+    head_seq: u64,
+    // ---- line 4 ----
+    ctrlr: Arc<CtrlrShared>,
+    epoch: u64,
+    in_flight: u32,
+    tick: u32,
+    polls_since_housekeeping: u32,
+    max_completions: u32,
+    splitting: Option<u16>,
+    sq_tail_rung: u16,
+    mode: DoorbellMode,
+    /// Skip MMIO writes the controller's EventIdx does not ask for.
+    event_idx: bool,
+    injecting: bool,
+    removed: bool,
+    max_retries: u8,
+    // ---- lines 5 and 6 ----
+    stats: LineAligned<QueueStats>,
+    // ---- fields below this point are not touched on the I/O path ----
+    injections: [Option<ErrorInjection>; MAX_INJECTIONS],
+    delayed: VecDeque<(u16, u32)>,
+    abort_timeout: Duration,
+    timeout: Duration,
+    /// Period of the coarse clock, ms.
+    tick_ms: u32,
+    parents: Box<[Parent]>,
+    parent_free: Vec<u16>,
+    sw_queue_cap: usize,
+    max_command_bytes: u64,
+    timeout_ticks: u32,
+    /// The coarse clock's source (the calibrated TSC where there is one: no system call)
+    /// and its reading when the qpair was created.
+    clock: Clock,
+    clock_origin_ns: u64,
+    bogus_logged: bool,
+    qid: u16,
+    _prp_mem: DmaBuf,
+}
+
+const _: () = {
+    use std::mem::offset_of;
+    assert!(offset_of!(IoQpair, rings) == 0);
+    assert!(offset_of!(IoQpair, pending) == 64);
+    assert!(offset_of!(IoQpair, shadow) == 2 * 64);
+    assert!(offset_of!(IoQpair, sq_db) == 3 * 64);
+    assert!(offset_of!(IoQpair, head_seq) + 8 == 4 * 64);
+    assert!(offset_of!(IoQpair, ctrlr) == 4 * 64);
+    assert!(offset_of!(IoQpair, max_retries) < 5 * 64);
+    // Line 4 ends at byte 299: 21 bytes are free for a hot field (a per-queue protection
+    // information setting, say) before the counters' lines; move this with it.
+    assert!(offset_of!(IoQpair, max_retries) + 1 == 299);
+    assert!(offset_of!(IoQpair, stats) == 5 * 64);
+    assert!(std::mem::size_of::<LineAligned<QueueStats>>() == 2 * 64);
+    assert!(offset_of!(IoQpair, injections) <= 7 * 64);
+};
+
+/// A value that starts on a cache line of its own (and fills whole lines), so writes to it
+/// share no line with the fields before it.
+#[repr(C, align(64))]
+struct LineAligned<T>(T);
+
+impl<T> std::ops::Deref for LineAligned<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for LineAligned<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+/// What the controller layer hands to [`IoQpair::new`].
+pub(crate) struct QpairParts {
+    pub qid: u16,
+    pub rings: RingPair,
+    pub sq_db: Doorbell,
+    pub cq_db: Doorbell,
+    pub shadow: Option<(ShadowSlot, ShadowSlot)>,
+    pub prp_mem: DmaBuf,
+    pub prp_pages_per_tracker: usize,
+    pub max_command_bytes: u64,
+}
+
+impl IoQpair {
+    pub(crate) fn new(ctrlr: Arc<CtrlrShared>, parts: QpairParts, opts: &QpairOptions) -> Self {
+        let depth = parts.rings.depth();
+        let ntrk = (depth as u32 - 1).min(MAX_TRACKERS) as usize;
+        let ppt = parts.prp_pages_per_tracker;
+        let trackers: Box<[Tracker]> = (0..ntrk)
+            .map(|i| {
+                // The tracker's list pages inside the qpair's PRP buffer.
+                let off = i * ppt * PAGE_SIZE;
+                Tracker::idle(PrpListMem {
+                    vaddr: parts.prp_mem.as_ptr().wrapping_add(off).cast::<u64>(),
+                    iova: parts.prp_mem.iova() + off as u64,
+                    pages: ppt,
+                })
+            })
+            .collect();
+        // Pop order: CID 0 first.
+        // FIFO reuse: a freed CID goes to the back and is the last to be taken again, so
+        // a late duplicate completion for it (a controller bug) almost always finds it
+        // idle and is counted as bogus instead of completing a new command.
+        let free: VecDeque<u16> = (0..ntrk as u16).collect();
+        let parents: Box<[Parent]> = (0..ntrk).map(|_| Parent::IDLE).collect();
+        let parent_free: Vec<u16> = (0..ntrk as u16).rev().collect();
+        let sw = opts.sw_queue_depth.min(MAX_SW_QUEUE) as usize;
+        let max_completions = match opts.max_completions {
+            0 => (depth as u32 / 4).clamp(1, MAX_COMPLETIONS_PER_POLL),
+            n => n.min(MAX_COMPLETIONS_PER_POLL),
+        };
+        let (timeout, tick_ms, timeout_ticks) = clock_for(opts.timeout);
+        let clock = Clock::get();
+        IoQpair {
+            rings: parts.rings,
+            sq_tail_rung: 0,
+            mode: opts.doorbell,
+            sq_db: parts.sq_db,
+            cq_db: parts.cq_db,
+            event_idx: opts.shadow_doorbells && parts.shadow.is_some(),
+            shadow: parts.shadow,
+            trackers,
+            free,
+            in_flight: 0,
+            pending: VecDeque::with_capacity(sw),
+            splitting: None,
+            deferred: VecDeque::with_capacity(ntrk + sw),
+            tick: 0,
+            polls_since_housekeeping: 0,
+            max_completions,
+            epoch: ctrlr.epoch(),
+            injecting: false,
+            sq_seq: 0,
+            head_seq: 0,
+            stats: LineAligned(QueueStats::default()),
+            injections: [None; MAX_INJECTIONS],
+            delayed: VecDeque::with_capacity(ntrk),
+            abort_timeout: opts.abort_timeout.min(timeout),
+            timeout,
+            tick_ms,
+            parents,
+            parent_free,
+            sw_queue_cap: sw,
+            max_command_bytes: parts.max_command_bytes,
+            max_retries: opts.max_retries,
+            timeout_ticks,
+            clock,
+            clock_origin_ns: clock.now_ns(),
+            bogus_logged: false,
+            removed: false,
+            qid: parts.qid,
+            ctrlr,
+            _prp_mem: parts.prp_mem,
+        }
+    }
+
+    /// The queue identifier (SQ and CQ share it).
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+    /// Ring entries.
+    pub fn depth(&self) -> u16 {
+        self.rings.depth()
+    }
+    /// The per-command timeout in use ([`QpairOptions::timeout`]).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    /// The period of the coarse clock timeouts are checked on: a quarter of the timeout,
+    /// between 10 ms and 100 ms. The clock is read once every 64 polls, and only then.
+    pub fn tick(&self) -> Duration {
+        Duration::from_millis(self.tick_ms as u64)
+    }
+    /// Whether shadow doorbells with EventIdx are in use (asked for and configured on the
+    /// controller).
+    pub fn shadow_doorbells(&self) -> bool {
+        self.event_idx
+    }
+    /// Commands that can be at the device at once (`depth - 1`).
+    pub fn slots(&self) -> usize {
+        self.trackers.len()
+    }
+    /// Free trackers right now.
+    pub fn free_slots(&self) -> usize {
+        self.free.len()
+    }
+    /// Requests waiting in the software queue.
+    pub fn queued(&self) -> usize {
+        self.pending.len()
+    }
+    /// Commands at the device.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight
+    }
+    /// Counters.
+    #[inline]
+    pub fn stats(&self) -> QueueStats {
+        *self.stats
+    }
+    /// The cap on completions per reaping pass used when the caller gives none
+    /// ([`QpairOptions::max_completions`], resolved).
+    #[inline]
+    pub fn default_max_completions(&self) -> u32 {
+        self.max_completions
+    }
+    /// Whether shadow doorbells are in use: EventIdx decides which updates also need an
+    /// MMIO write.
+    pub fn uses_shadow_doorbells(&self) -> bool {
+        self.event_idx
+    }
+    /// Diagnostics: the SQ tail and CQ head as the driver last published them, dword 3
+    /// (CID and phase) of the CQ entries at and before the head, and, with shadow
+    /// doorbells, the (shadow value, EventIdx) pairs of the SQ and CQ.
+    pub fn doorbell_state(&self) -> String {
+        let mut s = format!(
+            "sq_tail {} (rung {}), cq_head {} phase {}",
+            self.rings.sq_tail(),
+            self.sq_tail_rung,
+            self.rings.cq_head(),
+            self.rings.cq_phase() as u8
+        );
+        let (here, prev) = self.rings.dw3_at_head();
+        s += &format!(
+            ", cqe at head: cid {} phase {}, before head: cid {} phase {}",
+            here as u16,
+            (here >> 16) & 1,
+            prev as u16,
+            (prev >> 16) & 1
+        );
+        if let Some((sq, cq)) = &self.shadow {
+            let (sd, se) = sq.peek();
+            let (cd, ce) = cq.peek();
+            s += &format!(", shadow sq {sd} eventidx {se}, shadow cq {cd} eventidx {ce}");
+        }
+        s
+    }
+    /// The doorbell mode.
+    pub fn doorbell_mode(&self) -> DoorbellMode {
+        self.mode
+    }
+    /// Changes the doorbell mode (rings any batched entries first).
+    pub fn set_doorbell_mode(&mut self, mode: DoorbellMode) {
+        self.flush();
+        self.mode = mode;
+    }
+    /// Bytes of memory the qpair holds: rings, trackers with their PRP pages, software
+    /// queue.
+    pub fn memory_bytes(&self) -> usize {
+        self.rings.depth() as usize * (64 + 16)
+            + self.trackers.len()
+                * (std::mem::size_of::<Tracker>() + self.trackers[0].prp.pages * PAGE_SIZE)
+            + self.parents.len() * std::mem::size_of::<Parent>()
+            + self.sw_queue_cap * std::mem::size_of::<IoRequest>()
+            + self.deferred.capacity() * std::mem::size_of::<Completion>()
+    }
+
+    fn ns(&self, nsid: u32) -> Option<&NsInfo> {
+        self.ctrlr.ns_info(nsid)
+    }
+}
+
+impl Drop for IoQpair {
+    fn drop(&mut self) {
+        self.ctrlr.release_io_queue(self.qid, self.removed);
+    }
+}
