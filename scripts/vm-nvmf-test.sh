@@ -14,8 +14,10 @@
 #   --bench   instead of the checks: 4 KiB random reads at QD 32 with fio
 #             through the initiator, against kestrel serve (VFIO, one
 #             reactor) and against the kernel's nvmet-tcp on the same
-#             controller, on QEMU's null-co backend
-#             (scripts/vm/guest-nvmf-bench.sh; BENCH_SECONDS per run).
+#             controller, on QEMU's null-co backend, in BENCH_ROUNDS
+#             (default 3) alternating rounds of BENCH_SECONDS (default 10)
+#             (scripts/vm/guest-nvmf-bench.sh; scripts/vm-nvmf-bench.sh
+#             wraps it with the host's load and a summary).
 #   --binary  the static kestrel executable (default: built here).
 #   --keep, --shell  as in scripts/vm-test.sh.
 #
@@ -158,7 +160,7 @@ for m in "${modes[@]}"; do
     guest=/kestrel/scripts/vm/guest-nvmf.sh
     if ((bench)); then
         backend=null
-        guest="BENCH_SECONDS=${BENCH_SECONDS:-10} bash /kestrel/scripts/vm/guest-nvmf-bench.sh"
+        guest="BENCH_SECONDS=${BENCH_SECONDS:-10} BENCH_ROUNDS=${BENCH_ROUNDS:-3} BENCH_RW=${BENCH_RW:-randread} BENCH_BS=${BENCH_BS:-4k} bash /kestrel/scripts/vm/guest-nvmf-bench.sh"
     else
         guest="bash $guest"
     fi

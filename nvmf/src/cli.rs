@@ -13,8 +13,9 @@ use crate::{ServeError, Server};
 
 /// Help after the options.
 pub const SERVE_AFTER_HELP: &str = "\
-Each --target becomes namespace 1 of its own NVM subsystem, named
-nqn.2026-12.io.kestrel:NAME (NAME defaults to the kind and position: emu0, pci1, file2).
+Each --target is a namespace of the NVM subsystem nqn.2026-12.io.kestrel:NAME. Targets
+given the same NAME are namespaces 1, 2, ... of one subsystem, in the order given; a target
+without a name gets its own subsystem, named by kind and position (emu0, pci1, file2).
 A discovery subsystem (nqn.2014-08.org.nvmexpress.discovery) answers on the same listener
 and on --discovery-port.
 
@@ -33,13 +34,16 @@ Examples:
   kestrel serve --target disk=pci:0000:01:00.0 --listen 192.0.2.10:4420 \\
       --allow-host nqn.2014-08.org.nvmexpress:uuid:5e1c... -c 2-3
   kestrel serve --target emu:size=1G --target scratch=file:/tmp/x.img,size=1G --allow-any-host
+  kestrel serve --target pool=emu:size=1G --target pool=file:/tmp/y.img,size=1G --allow-any-host
+      (one subsystem, pool, with two namespaces)
 
 Runs until Ctrl-C (or --time). See docs/nvme-tcp.md.";
 
 /// `kestrel serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Target to export, [NAME=]SPEC (repeatable): pci:BDF, file:PATH[,...] or emu[:...].
+    /// Target to export, [NAME=]SPEC (repeatable; one NAME again adds a namespace to its
+    /// subsystem): pci:BDF, file:PATH[,...] or emu[:...].
     #[arg(long = "target", value_name = "[NAME=]SPEC", required = true)]
     pub targets: Vec<String>,
     /// Address and port to listen on (an explicit address; 0.0.0.0 only if you mean it).
@@ -127,21 +131,28 @@ fn open_target(spec: &TargetSpec, noiommu: bool) -> Result<Arc<dyn Target>, kest
     Ok(target_spec::open_with(spec, &opts)?.first_target()?)
 }
 
-/// Builds the configuration from the arguments (targets already opened).
+/// Builds the configuration from the arguments (targets already opened, with their
+/// subsystem names: one subsystem per distinct name, its namespaces in the order given).
 pub fn build_config(
     a: &ServeArgs,
     opened: Vec<(String, Arc<dyn Target>)>,
 ) -> Result<ServerConfig, CliError> {
-    let names: Vec<&str> = opened.iter().map(|(n, _)| n.as_str()).collect();
-    let mut subsystems: Vec<SubsystemConfig> = opened
-        .iter()
-        .map(|(n, t)| SubsystemConfig {
-            nqn: subsystem_nqn(n),
-            target: Arc::clone(t),
-            allowed_hosts: Vec::new(),
-            allow_any_host: a.allow_any_host,
-        })
-        .collect();
+    let mut names: Vec<&str> = Vec::new();
+    let mut subsystems: Vec<SubsystemConfig> = Vec::new();
+    for (n, t) in &opened {
+        match names.iter().position(|x| x == n) {
+            Some(i) => subsystems[i].namespaces.push(Arc::clone(t)),
+            None => {
+                names.push(n);
+                subsystems.push(SubsystemConfig {
+                    nqn: subsystem_nqn(n),
+                    namespaces: vec![Arc::clone(t)],
+                    allowed_hosts: Vec::new(),
+                    allow_any_host: a.allow_any_host,
+                });
+            }
+        }
+    }
     for h in &a.allow_hosts {
         match split_name(h) {
             (Some(n), nqn) if !h.starts_with("nqn.") => {
@@ -204,10 +215,21 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
             TargetSpec::File(_) => "file",
             TargetSpec::Emu(_) => "emu",
         };
-        let name = name.map(str::to_string).unwrap_or(format!("{kind}{i}"));
-        if parsed.iter().any(|(n, _, _): &(String, _, _)| *n == name) {
-            return Err(CliError::Usage(format!("two targets are named {name:?}")));
-        }
+        let name = match name {
+            Some(n) => n.to_string(),
+            None => {
+                let n = format!("{kind}{i}");
+                if a.targets
+                    .iter()
+                    .any(|t| split_name(t).0 == Some(n.as_str()))
+                {
+                    return Err(CliError::Usage(format!(
+                        "--target {t}: its default name {n:?} is also given to another target; name it"
+                    )));
+                }
+                n
+            }
+        };
         parsed.push((name, spec_s.to_string(), spec));
     }
     let mut opened = Vec::new();
@@ -219,25 +241,28 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
         opened.push((name, t));
     }
     let cfg = build_config(a, opened)?;
-    let lines: Vec<String> = cfg
-        .subsystems
-        .iter()
-        .map(|s| {
-            let i = s.target.info();
-            format!(
-                "  {}  {} ({} blocks of {} bytes){}",
-                s.nqn,
+    let mut lines: Vec<String> = Vec::new();
+    for s in &cfg.subsystems {
+        lines.push(format!(
+            "  {}{}",
+            s.nqn,
+            if s.allow_any_host {
+                ", any host".to_string()
+            } else {
+                format!(", hosts: {}", s.allowed_hosts.join(" "))
+            }
+        ));
+        for (k, t) in s.namespaces.iter().enumerate() {
+            let i = t.info();
+            lines.push(format!(
+                "    nsid {}: {} ({} blocks of {} bytes)",
+                k + 1,
                 i.name,
                 i.num_blocks,
-                i.block_size,
-                if s.allow_any_host {
-                    ", any host".to_string()
-                } else {
-                    format!(", hosts: {}", s.allowed_hosts.join(" "))
-                }
-            )
-        })
-        .collect();
+                i.block_size
+            ));
+        }
+    }
     let server = Server::start(cfg)?;
     println!(
         "kestrel serve: listening on {}{}",
@@ -284,5 +309,46 @@ mod tests {
         assert_eq!(parse_cores("0,2-3").unwrap(), vec![0, 2, 3]);
         assert!(parse_cores("3-1").is_err());
         assert!(parse_cores("x").is_err());
+    }
+
+    #[test]
+    fn one_name_given_twice_makes_two_namespaces_of_one_subsystem() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: ServeArgs,
+        }
+        let a = P::parse_from([
+            "serve",
+            "--target",
+            "pool=emu",
+            "--target",
+            "emu",
+            "--target",
+            "pool=emu",
+            "--allow-host",
+            "pool=nqn.2014-08.org.nvmexpress:uuid:1",
+            "--discovery-port",
+            "off",
+        ])
+        .a;
+        let t = |n: &str| -> (String, Arc<dyn Target>) {
+            (
+                n.to_string(),
+                kestrel::target_spec::open("emu:size=1M,core=none").unwrap(),
+            )
+        };
+        let cfg = build_config(&a, vec![t("pool"), t("emu1"), t("pool")]).unwrap();
+        assert_eq!(cfg.subsystems.len(), 2);
+        assert_eq!(cfg.subsystems[0].nqn, "nqn.2026-12.io.kestrel:pool");
+        assert_eq!(cfg.subsystems[0].namespaces.len(), 2);
+        assert_eq!(
+            cfg.subsystems[0].allowed_hosts,
+            vec!["nqn.2014-08.org.nvmexpress:uuid:1".to_string()]
+        );
+        assert_eq!(cfg.subsystems[1].nqn, "nqn.2026-12.io.kestrel:emu1");
+        assert_eq!(cfg.subsystems[1].namespaces.len(), 1);
+        assert!(cfg.subsystems[1].allowed_hosts.is_empty());
     }
 }

@@ -60,13 +60,16 @@ impl Default for Limits {
     }
 }
 
-/// One exported target: namespace 1 of its own NVM subsystem.
+/// The most namespaces one subsystem exports.
+pub const MAX_NAMESPACES: usize = 64;
+
+/// One NVM subsystem: its targets are its namespaces, in order (NSID 1, 2, ...).
 #[derive(Clone)]
 pub struct SubsystemConfig {
     /// The subsystem NQN.
     pub nqn: String,
-    /// The target behind namespace 1.
-    pub target: Arc<dyn Target>,
+    /// The targets behind namespaces 1, 2, ... (at least one).
+    pub namespaces: Vec<Arc<dyn Target>>,
     /// Host NQNs allowed to connect.
     pub allowed_hosts: Vec<String>,
     /// Any host may connect (only with loopback listeners).
@@ -77,7 +80,14 @@ impl std::fmt::Debug for SubsystemConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SubsystemConfig")
             .field("nqn", &self.nqn)
-            .field("target", &self.target.info().name)
+            .field(
+                "namespaces",
+                &self
+                    .namespaces
+                    .iter()
+                    .map(|t| t.info().name.clone())
+                    .collect::<Vec<_>>(),
+            )
             .field("allowed_hosts", &self.allowed_hosts)
             .field("allow_any_host", &self.allow_any_host)
             .finish()
@@ -124,6 +134,13 @@ impl ServerConfig {
                 return bad(format!(
                     "{:?} is not a usable subsystem nqn (nqn.<date>.<domain>:<name>, printable, at most 223 bytes, not the discovery nqn)",
                     s.nqn
+                ));
+            }
+            if s.namespaces.is_empty() || s.namespaces.len() > MAX_NAMESPACES {
+                return bad(format!(
+                    "subsystem {} has {} namespaces: give 1 to {MAX_NAMESPACES} targets",
+                    s.nqn,
+                    s.namespaces.len()
                 ));
             }
             if !seen.insert(s.nqn.clone()) {

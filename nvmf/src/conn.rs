@@ -72,9 +72,21 @@ enum St {
 enum BufLoc {
     None,
     Local,
-    Icd(u16),
-    Arena { off: u32, order: u8 },
+    /// In-capsule buffer `i` of pool group `g`.
+    Icd {
+        g: u8,
+        i: u16,
+    },
+    /// A block of pool group `g`'s queue buffer.
+    Arena {
+        g: u8,
+        off: u32,
+        order: u8,
+    },
 }
+
+/// `Slot::ns` of a command that names no active namespace.
+const NO_NS: u16 = u16::MAX;
 
 struct Slot {
     st: St,
@@ -85,6 +97,10 @@ struct Slot {
     /// H2C bytes received.
     got: u32,
     buf: BufLoc,
+    /// Index of the command's namespace in the subsystem (I/O queues), or `NO_NS`.
+    ns: u16,
+    /// The DMA pool group its data lives in (that of its namespace).
+    g: u8,
     local: Vec<u8>,
     /// Target requests outstanding.
     pending: u16,
@@ -103,6 +119,8 @@ impl Slot {
             len: 0,
             got: 0,
             buf: BufLoc::None,
+            ns: NO_NS,
+            g: 0,
             local: Vec::new(),
             pending: 0,
             status: Status::SUCCESS,
@@ -113,7 +131,8 @@ impl Slot {
     }
 }
 
-/// DMA memory of an I/O queue.
+/// DMA memory of an I/O queue from one DMA pool (one per pool of the subsystem's
+/// namespaces).
 struct IoBufs {
     arena: DmaBuf,
     buddy: Buddy,
@@ -125,7 +144,7 @@ struct IoBufs {
 enum TxData {
     None,
     Local { slot: u16, len: u32 },
-    Arena { off: u32, len: u32 },
+    Arena { g: u8, off: u32, len: u32 },
     Owned(Vec<u8>),
 }
 
@@ -143,8 +162,10 @@ struct TxItem {
 enum Dest {
     Discard,
     Local(u16),
-    Icd(u16),
-    Arena(u16),
+    /// The in-capsule buffers of pool group `g`.
+    Icd(u8),
+    /// The queue buffer of pool group `g`.
+    Arena(u8),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -184,9 +205,9 @@ struct Rx {
 pub struct Ctx<'a> {
     /// Server state.
     pub shared: &'a Shared,
-    /// Per subsystem, this reactor's queue on its target.
+    /// Per namespace (`Namespace::qidx`), this reactor's queue on its target.
     pub queues: &'a mut [Option<Box<dyn kestrel::TargetQueue>>],
-    /// Requests the target refused as busy, in order, with their subsystem.
+    /// Requests the target refused as busy, in order, with their queue index.
     pub retry: &'a mut VecDeque<(usize, IoRequest)>,
     /// This connection's token prefix.
     pub key: u64,
@@ -195,18 +216,18 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn submit(&mut self, sub: usize, req: IoRequest) -> Result<(), Status> {
+    fn submit(&mut self, qidx: usize, req: IoRequest) -> Result<(), Status> {
         if !self.retry.is_empty() {
-            self.retry.push_back((sub, req));
+            self.retry.push_back((qidx, req));
             return Ok(());
         }
-        let Some(q) = self.queues.get_mut(sub).and_then(|q| q.as_mut()) else {
+        let Some(q) = self.queues.get_mut(qidx).and_then(|q| q.as_mut()) else {
             return Err(Status::INTERNAL_ERROR);
         };
         match q.submit(req) {
             Ok(()) => Ok(()),
             Err(SubmitError::Busy(b)) => {
-                self.retry.push_back((sub, b.request));
+                self.retry.push_back((qidx, b.request));
                 Ok(())
             }
             Err(SubmitError::Invalid { reason, .. }) => Err(invalid_status(reason)),
@@ -299,7 +320,8 @@ pub struct Conn {
     free: Vec<u16>,
     wait_buf: VecDeque<u16>,
     held_aers: usize,
-    bufs: Option<IoBufs>,
+    /// Per DMA pool group of the subsystem (empty before an I/O queue connects).
+    bufs: Vec<IoBufs>,
     rx: Rx,
     tx: VecDeque<TxItem>,
     /// Readable edge seen and not yet drained.
@@ -339,7 +361,7 @@ impl Conn {
             free: (0..UNBOUND_SLOTS as u16).rev().collect(),
             wait_buf: VecDeque::new(),
             held_aers: 0,
-            bufs: None,
+            bufs: Vec::new(),
             rx: Rx {
                 phase: Phase::Header,
                 hdr: [0; pdu::MAX_TERM_PLEN + 8],
@@ -434,7 +456,7 @@ impl Conn {
         let max_icd = match self.role {
             Role::Io { .. } => self
                 .bufs
-                .as_ref()
+                .first()
                 .map(|b| b.icd_size)
                 .unwrap_or(0)
                 .max(ADMIN_ICD),
@@ -545,10 +567,13 @@ impl Conn {
         if self.rx.phase != Phase::Header || self.rx.got != 0 {
             return false;
         }
-        match (&self.role, &self.bufs) {
-            (Role::Io { .. }, Some(b)) => b.icd.is_some() && b.icd_free.is_empty(),
-            _ => false,
-        }
+        // The next capsule's namespace is not known yet: pause while any pool group
+        // has no free in-capsule buffer (they free as the target completes).
+        matches!(self.role, Role::Io { .. })
+            && self
+                .bufs
+                .iter()
+                .any(|b| b.icd.is_some() && b.icd_free.is_empty())
     }
 
     fn read_err(&mut self, e: std::io::Error) -> Result<(), Close> {
@@ -596,8 +621,8 @@ impl Conn {
                 let v = &mut self.slots[s as usize].local;
                 (&self.sock).read(&mut v[off..off + want])
             }
-            Dest::Icd(_) | Dest::Arena(_) => {
-                let b = self.bufs.as_mut().ok_or(Close::Shutdown)?;
+            Dest::Icd(g) | Dest::Arena(g) => {
+                let b = self.bufs.get_mut(g as usize).ok_or(Close::Shutdown)?;
                 let fd = self.sock.as_raw_fd();
                 let buf = if matches!(self.rx.dest, Dest::Icd(_)) {
                     b.icd.as_mut().ok_or(Close::Shutdown)?
@@ -729,15 +754,15 @@ impl Conn {
             let crc = match self.rx.dest {
                 Dest::Discard => want,
                 Dest::Local(s) => pdu::crc32c(&self.slots[s as usize].local[start..start + len]),
-                Dest::Icd(_) => self
+                Dest::Icd(g) => self
                     .bufs
-                    .as_ref()
+                    .get(g as usize)
                     .and_then(|b| b.icd.as_ref())
                     .map(|b| sys::crc32c_dma(0, b, start, len))
                     .unwrap_or(!want),
-                Dest::Arena(_) => self
+                Dest::Arena(g) => self
                     .bufs
-                    .as_ref()
+                    .get(g as usize)
                     .map(|b| sys::crc32c_dma(0, &b.arena, start, len))
                     .unwrap_or(!want),
             };
@@ -796,6 +821,8 @@ impl Conn {
         slot.len = 0;
         slot.got = 0;
         slot.buf = BufLoc::None;
+        slot.ns = NO_NS;
+        slot.g = 0;
         slot.pending = 0;
         slot.status = Status::SUCCESS;
         slot.dw0 = 0;
@@ -828,6 +855,15 @@ impl Conn {
         } else {
             opc & 3
         };
+        if let Role::Io { ctrl, .. } = &self.role {
+            // The namespace (and so the pool group its data goes to) of an I/O command.
+            let nsid = u32::from_le_bytes([sqe[4], sqe[5], sqe[6], sqe[7]]);
+            if let Some(ns) = ctrl.subsys.namespace(nsid) {
+                let slot = &mut self.slots[s as usize];
+                slot.ns = (nsid - 1) as u16;
+                slot.g = ns.group as u8;
+            }
+        }
         let sgl = Sgl::parse(&sqe);
         let len = sgl.len();
         self.slots[s as usize].len = len;
@@ -873,7 +909,7 @@ impl Conn {
             return Ok(());
         }
         let max_len = if self.is_io() {
-            self.ns_max_io(ctx).max(fabrics::CONNECT_DATA_LEN as u32)
+            self.max_io(ctx).max(fabrics::CONNECT_DATA_LEN as u32)
         } else {
             1 << 20
         };
@@ -888,7 +924,8 @@ impl Conn {
             // In-capsule data: into a local buffer (admin, before Connect) or an
             // in-capsule DMA buffer (I/O).
             let dest = if self.is_io() {
-                let b = self.bufs.as_mut().expect("i/o queue buffers");
+                let g = self.slots[s as usize].g;
+                let b = &mut self.bufs[g as usize];
                 if icd > b.icd_size || b.icd.is_none() {
                     self.rx.dest = Dest::Discard;
                     self.finish(s, Status::DATA_SGL_LENGTH_INVALID.with_dnr(true), ctx);
@@ -898,9 +935,9 @@ impl Conn {
                     .icd_free
                     .pop()
                     .expect("reading stalls while no buffer is free");
-                self.slots[s as usize].buf = BufLoc::Icd(i);
+                self.slots[s as usize].buf = BufLoc::Icd { g, i };
                 self.rx.dest_off = i as usize * b.icd_size;
-                Dest::Icd(s)
+                Dest::Icd(g)
             } else {
                 let slot = &mut self.slots[s as usize];
                 slot.local.clear();
@@ -923,12 +960,11 @@ impl Conn {
         Ok(())
     }
 
-    fn ns_max_io(&self, ctx: &Ctx<'_>) -> u32 {
+    fn max_io(&self, ctx: &Ctx<'_>) -> u32 {
         ctx.shared
             .subsystems
             .get(self.sub)
-            .and_then(|s| s.ns.as_ref())
-            .map(|n| n.max_io)
+            .map(|s| s.max_io)
             .unwrap_or(4096)
     }
 
@@ -942,13 +978,15 @@ impl Conn {
             slot.buf = BufLoc::Local;
             return true;
         }
-        let b = self.bufs.as_mut().expect("i/o queue buffers");
+        let g = self.slots[s as usize].g;
+        let b = &mut self.bufs[g as usize];
         let Some(order) = b.buddy.order_for(len) else {
             return false;
         };
         match b.buddy.alloc(order) {
             Some(off) => {
                 self.slots[s as usize].buf = BufLoc::Arena {
+                    g,
                     off: off as u32,
                     order,
                 };
@@ -1011,7 +1049,7 @@ impl Conn {
         }
         let (dest, off) = match slot.buf {
             BufLoc::Local => (Dest::Local(s), d.datao as usize),
-            BufLoc::Arena { off, .. } => (Dest::Arena(s), off as usize + d.datao as usize),
+            BufLoc::Arena { g, off, .. } => (Dest::Arena(g), off as usize + d.datao as usize),
             _ => (Dest::Discard, 0),
         };
         self.rx.dest = dest;
@@ -1032,6 +1070,24 @@ impl Conn {
             Role::Unbound => self.finish(s, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true), ctx),
             Role::Admin(c) => {
                 let c = Arc::clone(c);
+                if sqe[0] == kestrel::spec::admin_opc::ABORT {
+                    // Only a held Asynchronous Event Request can be aborted here (every
+                    // other command completes without waiting on the host).
+                    let cdw10 = u32::from_le_bytes([sqe[40], sqe[41], sqe[42], sqe[43]]);
+                    let (sqid, cid) = (cdw10 as u16, (cdw10 >> 16) as u16);
+                    let held = self
+                        .slots
+                        .iter()
+                        .position(|x| x.st == St::Held && x.cid == cid)
+                        .filter(|_| sqid == 0);
+                    if let Some(h) = held {
+                        self.complete_held(h as u16, Status::ABORT_REQUESTED, ctx);
+                    }
+                    // Dword 0 bit 0: 0 when the command was aborted.
+                    self.slots[s as usize].dw0 = held.is_none() as u32;
+                    self.finish(s, Status::SUCCESS, ctx);
+                    return;
+                }
                 let mut out = std::mem::take(&mut self.slots[s as usize].local);
                 let input = out.clone();
                 let r = c.admin(&sqe, &input, &mut out, ctx.shared, self.local);
@@ -1039,11 +1095,7 @@ impl Conn {
                 match r {
                     AdminOutcome::Hold => {
                         if self.held_aers >= ctrl::MAX_AERS {
-                            self.finish(
-                                s,
-                                Status::new(kestrel::spec::Sct::CommandSpecific, 0x05),
-                                ctx,
-                            );
+                            self.finish(s, Status::ASYNC_EVENT_REQUEST_LIMIT_EXCEEDED, ctx);
                         } else {
                             self.held_aers += 1;
                             self.slots[s as usize].st = St::Held;
@@ -1096,6 +1148,14 @@ impl Conn {
                         dw1: 0,
                     },
                 };
+                // A controller reset (CC.EN cleared) or a shutdown ends the commands
+                // outstanding: held Asynchronous Event Requests complete as aborted
+                // (before the Property Set's own answer), and the host sends new ones
+                // once the controller is ready again.
+                let cc = c.cc();
+                if cc & 1 == 0 || (cc >> 14) & 3 != 0 {
+                    self.abort_held(Status::ABORTED_SQ_DELETION, ctx);
+                }
                 self.admin_done(s, r, ctx);
             }
             (fctype::DISCONNECT, Role::Io { .. }) => self.finish(s, Status::SUCCESS, ctx),
@@ -1103,6 +1163,21 @@ impl Conn {
                 self.finish(s, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true), ctx)
             }
             _ => self.finish(s, Status::INVALID_OPCODE.with_dnr(true), ctx),
+        }
+    }
+
+    /// Completes held Asynchronous Event Request `s` with `status`.
+    fn complete_held(&mut self, s: u16, status: Status, ctx: &mut Ctx<'_>) {
+        if self.slots[s as usize].st == St::Held {
+            self.held_aers = self.held_aers.saturating_sub(1);
+            self.finish(s, status, ctx);
+        }
+    }
+
+    /// Completes every held Asynchronous Event Request with `status`.
+    fn abort_held(&mut self, status: Status, ctx: &mut Ctx<'_>) {
+        for s in 0..self.slots.len() {
+            self.complete_held(s as u16, status, ctx);
         }
     }
 
@@ -1142,58 +1217,60 @@ impl Conn {
             }
             Connected::Io(c, qid) => {
                 let sub = c.subsys.index;
-                let ns = c
-                    .subsys
-                    .ns
-                    .as_ref()
-                    .expect("i/o queues only on nvm subsystems");
-                // This reactor's queue on the target, made at the first I/O queue.
-                if ctx.queues[sub].is_none() {
+                // This reactor's queue on each namespace's target, made at the first I/O
+                // queue of the subsystem.
+                for ns in &c.subsys.namespaces {
+                    if ctx.queues[ns.qidx].is_some() {
+                        continue;
+                    }
                     let opts = kestrel::QueueOptions {
                         depth: ctx.queue_depth,
                         sw_queue_depth: ctx.queue_depth,
                         ..Default::default()
                     };
                     match ns.target.create_queue(&opts) {
-                        Ok(q) => ctx.queues[sub] = Some(q),
+                        Ok(q) => ctx.queues[ns.qidx] = Some(q),
                         Err(e) => {
-                            tracing::error!(nqn = %c.subsys.nqn, "cannot create a target queue: {e}");
+                            tracing::error!(nqn = %c.subsys.nqn, nsid = ns.nsid, "cannot create a target queue: {e}");
                             c.release_qid(qid);
                             self.finish(s, Status::INTERNAL_ERROR, ctx);
                             return;
                         }
                     }
                 }
-                let pool = ns.target.dma_pool();
-                let max_order = (ns.max_io / 4096).trailing_zeros() as u8;
-                let arena_len = (lim.queue_buffer as usize).max(ns.max_io as usize);
+                // Data buffers from each DMA pool of the subsystem's targets.
+                let max_io = c.subsys.max_io;
+                let max_order = (max_io / 4096).trailing_zeros() as u8;
+                let arena_len = (lim.queue_buffer as usize).max(max_io as usize);
                 let icd_size = lim.in_capsule_data as usize;
                 let icd_n = (lim.in_capsule_buffers as usize).min(entries);
-                let bufs = pool.alloc(arena_len).and_then(|arena| {
-                    let icd = if icd_size > 0 {
-                        Some(pool.alloc(icd_size * icd_n)?)
-                    } else {
-                        None
-                    };
-                    Ok((arena, icd))
-                });
-                match bufs {
-                    Ok((arena, icd)) => {
-                        self.bufs = Some(IoBufs {
+                let mut bufs = Vec::with_capacity(c.subsys.pools.len());
+                for pool in &c.subsys.pools {
+                    let b = pool.alloc(arena_len).and_then(|arena| {
+                        let icd = if icd_size > 0 {
+                            Some(pool.alloc(icd_size * icd_n)?)
+                        } else {
+                            None
+                        };
+                        Ok((arena, icd))
+                    });
+                    match b {
+                        Ok((arena, icd)) => bufs.push(IoBufs {
                             buddy: Buddy::new(arena_len, max_order),
                             arena,
                             icd,
                             icd_size,
                             icd_free: (0..icd_n as u16).rev().collect(),
-                        });
-                    }
-                    Err(e) => {
-                        tracing::error!(nqn = %c.subsys.nqn, qid, "no dma memory for an i/o queue: {e}");
-                        c.release_qid(qid);
-                        self.finish(s, Status::INTERNAL_ERROR, ctx);
-                        return;
+                        }),
+                        Err(e) => {
+                            tracing::error!(nqn = %c.subsys.nqn, qid, "no dma memory for an i/o queue: {e}");
+                            c.release_qid(qid);
+                            self.finish(s, Status::INTERNAL_ERROR, ctx);
+                            return;
+                        }
                     }
                 }
+                self.bufs = bufs;
                 tracing::debug!(peer = %self.peer, cntlid = c.cntlid, qid, entries, "i/o queue connected");
                 let epoch = c.epoch.load(Ordering::Acquire);
                 self.sub = sub;
@@ -1221,46 +1298,66 @@ impl Conn {
     }
 
     fn io_command(&mut self, s: u16, ctx: &mut Ctx<'_>) {
-        let sub = self.sub;
-        let Some(ns) = ctx.shared.subsystems.get(sub).and_then(|x| x.ns.as_ref()) else {
+        let shared = ctx.shared;
+        let Some(subsys) = shared.subsystems.get(self.sub) else {
             self.finish(s, Status::INTERNAL_ERROR, ctx);
             return;
         };
-        let info = &ns.info;
-        let slot = &self.slots[s as usize];
-        let sqe = slot.sqe;
+        let sqe = self.slots[s as usize].sqe;
         let opc = sqe[0];
         let nsid = u32::from_le_bytes([sqe[4], sqe[5], sqe[6], sqe[7]]);
+        let token = ctx.key | s as u64;
+        if opc == nvm_opc::FLUSH && nsid == 0xffff_ffff {
+            // Flush of every namespace: one request per namespace.
+            self.slots[s as usize].st = St::Target;
+            for ns in &subsys.namespaces {
+                match ctx.submit(ns.qidx, IoRequest::flush(ns.info.nsid, token)) {
+                    Ok(()) => {
+                        self.slots[s as usize].pending += 1;
+                        self.at_target += 1;
+                    }
+                    Err(st) => {
+                        let sl = &mut self.slots[s as usize];
+                        if sl.status.is_success() {
+                            sl.status = st;
+                        }
+                    }
+                }
+            }
+            if self.slots[s as usize].pending == 0 {
+                let st = self.slots[s as usize].status;
+                self.finish(s, st, ctx);
+            }
+            return;
+        }
+        // Every NSID from 1 to NN is active; any other (0, FFFFFFFFh, above NN) is
+        // Invalid Namespace or Format.
+        let Some(ns) = subsys.namespace(nsid) else {
+            self.finish(s, Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true), ctx);
+            return;
+        };
+        let qidx = ns.qidx;
+        let info = &ns.info;
+        let slot = &self.slots[s as usize];
         let slba = u64::from_le_bytes(sqe[40..48].try_into().expect("8 bytes"));
         let cdw10 = u32::from_le_bytes([sqe[40], sqe[41], sqe[42], sqe[43]]);
         let cdw11 = u32::from_le_bytes([sqe[44], sqe[45], sqe[46], sqe[47]]);
         let cdw12 = u32::from_le_bytes([sqe[48], sqe[49], sqe[50], sqe[51]]);
         let nlb = (cdw12 & 0xffff) + 1;
-        let token = ctx.key | s as u64;
         let bs = info.block_size as u64;
         let in_range = |slba: u64, nlb: u32| {
             slba.checked_add(nlb as u64)
                 .is_some_and(|e| e <= info.num_blocks)
         };
-        if opc != nvm_opc::FLUSH && nsid != 1 {
-            self.finish(s, Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true), ctx);
-            return;
-        }
         let req = match opc {
-            nvm_opc::FLUSH => {
-                if nsid != 1 && nsid != 0xffff_ffff {
-                    self.finish(s, Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true), ctx);
-                    return;
-                }
-                IoRequest::flush(info.nsid, token)
-            }
+            nvm_opc::FLUSH => IoRequest::flush(info.nsid, token),
             nvm_opc::READ | nvm_opc::WRITE => {
                 let bytes = nlb as u64 * bs;
                 if bytes != slot.len as u64 {
                     self.finish(s, Status::DATA_SGL_LENGTH_INVALID.with_dnr(true), ctx);
                     return;
                 }
-                if bytes > ns.max_io as u64 {
+                if bytes > subsys.max_io as u64 {
                     self.finish(s, Status::INVALID_FIELD.with_dnr(true), ctx);
                     return;
                 }
@@ -1329,7 +1426,7 @@ impl Conn {
                     if n == 0 {
                         continue;
                     }
-                    match ctx.submit(sub, IoRequest::deallocate(info.nsid, lba, n, token)) {
+                    match ctx.submit(qidx, IoRequest::deallocate(info.nsid, lba, n, token)) {
                         Ok(()) => {
                             self.slots[s as usize].pending += 1;
                             self.at_target += 1;
@@ -1354,7 +1451,7 @@ impl Conn {
             }
         };
         self.slots[s as usize].st = St::Target;
-        match ctx.submit(sub, req) {
+        match ctx.submit(qidx, req) {
             Ok(()) => {
                 self.slots[s as usize].pending = 1;
                 self.at_target += 1;
@@ -1365,27 +1462,37 @@ impl Conn {
 
     fn dma_slice(&self, s: u16) -> Option<kestrel::DmaSlice> {
         let slot = &self.slots[s as usize];
-        let b = self.bufs.as_ref()?;
         match slot.buf {
-            BufLoc::Icd(i) => b
-                .icd
-                .as_ref()?
-                .slice(i as usize * b.icd_size, slot.len as usize)
+            BufLoc::Icd { g, i } => {
+                let b = self.bufs.get(g as usize)?;
+                b.icd
+                    .as_ref()?
+                    .slice(i as usize * b.icd_size, slot.len as usize)
+                    .ok()
+            }
+            BufLoc::Arena { g, off, .. } => self
+                .bufs
+                .get(g as usize)?
+                .arena
+                .slice(off as usize, slot.len as usize)
                 .ok(),
-            BufLoc::Arena { off, .. } => b.arena.slice(off as usize, slot.len as usize).ok(),
             _ => None,
         }
     }
 
     fn copy_in(&self, s: u16, out: &mut [u8]) -> bool {
         let slot = &self.slots[s as usize];
-        match (slot.buf, self.bufs.as_ref()) {
-            (BufLoc::Icd(i), Some(b)) => b
-                .icd
-                .as_ref()
-                .is_some_and(|d| d.read_at(i as usize * b.icd_size, out).is_ok()),
-            (BufLoc::Arena { off, .. }, Some(b)) => b.arena.read_at(off as usize, out).is_ok(),
-            (BufLoc::Local, _) => {
+        match slot.buf {
+            BufLoc::Icd { g, i } => self.bufs.get(g as usize).is_some_and(|b| {
+                b.icd
+                    .as_ref()
+                    .is_some_and(|d| d.read_at(i as usize * b.icd_size, out).is_ok())
+            }),
+            BufLoc::Arena { g, off, .. } => self
+                .bufs
+                .get(g as usize)
+                .is_some_and(|b| b.arena.read_at(off as usize, out).is_ok()),
+            BufLoc::Local => {
                 let n = out.len().min(slot.local.len());
                 out[..n].copy_from_slice(&slot.local[..n]);
                 n == out.len()
@@ -1420,20 +1527,22 @@ impl Conn {
         let status = slot.status;
         if slot.fua_flush && status.is_success() {
             slot.fua_flush = false;
-            let nsid = ctx
+            let ns = ctx
                 .shared
                 .subsystems
                 .get(self.sub)
-                .and_then(|x| x.ns.as_ref())
-                .map(|n| n.info.nsid)
-                .unwrap_or(1);
+                .and_then(|x| x.namespaces.get(slot.ns as usize))
+                .map(|n| (n.info.nsid, n.qidx));
             let token = ctx.key | s as u64;
-            if ctx.submit(self.sub, IoRequest::flush(nsid, token)).is_ok() {
-                self.slots[s as usize].pending = 1;
-                self.at_target += 1;
-                return;
+            if let Some((nsid, qidx)) = ns {
+                if ctx.submit(qidx, IoRequest::flush(nsid, token)).is_ok() {
+                    self.slots[s as usize].pending = 1;
+                    self.at_target += 1;
+                    return;
+                }
             }
         }
+        let slot = &self.slots[s as usize];
         if status.is_success() && slot.sqe[0] == nvm_opc::READ {
             self.send_data_and_resp(s, status);
         } else {
@@ -1493,13 +1602,13 @@ impl Conn {
                 let d = self.ddgst.then(|| pdu::crc32c(&slot.local).to_le_bytes());
                 (TxData::Local { slot: s, len }, len, d)
             }
-            BufLoc::Arena { off, .. } => {
+            BufLoc::Arena { g, off, .. } => {
                 let len = slot.len;
                 let d = self.ddgst.then(|| {
-                    let b = &self.bufs.as_ref().expect("i/o buffers").arena;
+                    let b = &self.bufs[g as usize].arena;
                     sys::crc32c_dma(0, b, off as usize, len as usize).to_le_bytes()
                 });
-                (TxData::Arena { off, len }, len, d)
+                (TxData::Arena { g, off, len }, len, d)
             }
             _ => (TxData::None, 0, None),
         };
@@ -1584,13 +1693,13 @@ impl Conn {
             self.held_aers = self.held_aers.saturating_sub(1);
         }
         match slot.buf {
-            BufLoc::Icd(i) => {
-                if let Some(b) = self.bufs.as_mut() {
+            BufLoc::Icd { g, i } => {
+                if let Some(b) = self.bufs.get_mut(g as usize) {
                     b.icd_free.push(i);
                 }
             }
-            BufLoc::Arena { off, order } => {
-                if let Some(b) = self.bufs.as_mut() {
+            BufLoc::Arena { g, off, order } => {
+                if let Some(b) = self.bufs.get_mut(g as usize) {
                     b.buddy.free(off as usize, order);
                 }
             }
@@ -1667,8 +1776,8 @@ impl Conn {
                         parts[k] = RawIov::of(&self.slots[*slot as usize].local[..*len as usize]);
                         k += 1;
                     }
-                    TxData::Arena { off, len } => {
-                        let b = &self.bufs.as_ref().ok_or(Close::Shutdown)?.arena;
+                    TxData::Arena { g, off, len } => {
+                        let b = &self.bufs.get(*g as usize).ok_or(Close::Shutdown)?.arena;
                         parts[k] = RawIov::of_dma(b, *off as usize, *len as usize)
                             .ok_or(Close::Shutdown)?;
                         k += 1;

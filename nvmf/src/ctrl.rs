@@ -57,8 +57,15 @@ const KAS: u16 = 10;
 /// AERL + 1: Asynchronous Event Requests held per controller.
 pub const MAX_AERS: usize = 4;
 
-/// Namespace 1 of an NVM subsystem.
+/// A namespace of an NVM subsystem.
 pub struct Namespace {
+    /// Its NSID in the subsystem (1, 2, ...).
+    pub nsid: u32,
+    /// Index of the reactors' queue on its target (server wide).
+    pub qidx: usize,
+    /// Index of its DMA pool among the subsystem's pools (namespaces of one controller
+    /// share one; an I/O queue has buffers from each).
+    pub group: usize,
     /// The target.
     pub target: Arc<dyn Target>,
     /// Its description.
@@ -69,20 +76,22 @@ pub struct Namespace {
     pub eui64: [u8; 8],
     /// UUID.
     pub uuid: [u8; 16],
-    /// MDTS in 4 KiB pages (power of two).
-    pub mdts: u8,
-    /// The largest transfer, bytes.
-    pub max_io: u32,
 }
 
-/// A subsystem: NVM (one namespace) or the discovery subsystem.
+/// A subsystem: NVM (one or more namespaces) or the discovery subsystem.
 pub struct Subsystem {
     /// Index in the server's list.
     pub index: usize,
     /// NQN.
     pub nqn: String,
-    /// Namespace 1; `None` for the discovery subsystem.
-    pub ns: Option<Namespace>,
+    /// Namespaces 1, 2, ...; none for the discovery subsystem.
+    pub namespaces: Vec<Namespace>,
+    /// The DMA pools of the namespaces' targets, distinct (see [`Namespace::group`]).
+    pub pools: Vec<kestrel::DmaPool>,
+    /// MDTS in 4 KiB pages (the smallest of the namespaces' largest transfers).
+    pub mdts: u8,
+    /// The largest transfer of one command, bytes.
+    pub max_io: u32,
     /// Host NQNs allowed.
     pub hosts: Vec<String>,
     /// Any host allowed.
@@ -107,11 +116,33 @@ fn fnv64(data: &[u8], seed: u64) -> u64 {
 }
 
 impl Subsystem {
-    fn new(index: usize, nqn: &str, ns: Option<Namespace>, hosts: Vec<String>, any: bool) -> Self {
+    fn new(
+        index: usize,
+        nqn: &str,
+        namespaces: Vec<Namespace>,
+        max_io: u32,
+        hosts: Vec<String>,
+        any: bool,
+    ) -> Self {
+        let mut pools: Vec<kestrel::DmaPool> = Vec::new();
+        let mut namespaces = namespaces;
+        for ns in &mut namespaces {
+            let p = ns.target.dma_pool();
+            ns.group = match pools.iter().position(|q| q.same_pool(p)) {
+                Some(g) => g,
+                None => {
+                    pools.push(p.clone());
+                    pools.len() - 1
+                }
+            };
+        }
         Subsystem {
             index,
             nqn: nqn.to_string(),
-            ns,
+            namespaces,
+            pools,
+            mdts: (max_io / 4096).max(1).trailing_zeros() as u8,
+            max_io,
             hosts,
             allow_any_host: any,
             serial: format!("{:016x}", fnv64(nqn.as_bytes(), 1)),
@@ -122,9 +153,21 @@ impl Subsystem {
         }
     }
 
+    /// Whether this is the discovery subsystem.
+    pub fn is_discovery(&self) -> bool {
+        self.namespaces.is_empty()
+    }
+
+    /// The active namespace `nsid`.
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        (nsid as usize)
+            .checked_sub(1)
+            .and_then(|i| self.namespaces.get(i))
+    }
+
     /// Whether `hostnqn` may connect.
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
-        self.ns.is_none() || self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+        self.is_discovery() || self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
     }
 
     /// The live controller `cntlid`.
@@ -149,6 +192,8 @@ impl Subsystem {
 pub struct Shared {
     /// NVM subsystems, then the discovery subsystem last.
     pub subsystems: Vec<Arc<Subsystem>>,
+    /// Namespaces of every subsystem: the number of target queues a reactor may have.
+    pub target_queues: usize,
     /// Limits.
     pub limits: Limits,
     /// When the server started (keep-alive clock).
@@ -165,34 +210,48 @@ impl Shared {
     /// Builds the subsystems of a validated configuration.
     pub fn new(cfg: &ServerConfig) -> Arc<Shared> {
         let mut subs = Vec::new();
+        let mut qidx = 0;
         for (i, s) in cfg.subsystems.iter().enumerate() {
-            let info = s.target.info().clone();
-            let h1 = fnv64(s.nqn.as_bytes(), 2);
-            let h2 = fnv64(s.nqn.as_bytes(), 3);
-            let mut nguid = [0u8; 16];
-            nguid[..8].copy_from_slice(&h1.to_be_bytes());
-            nguid[8..].copy_from_slice(&h2.to_be_bytes());
-            let mut uuid = nguid;
-            uuid[6] = (uuid[6] & 0x0f) | 0x40;
-            uuid[8] = (uuid[8] & 0x3f) | 0x80;
-            let mut eui64 = [0u8; 8];
-            eui64.copy_from_slice(&fnv64(s.nqn.as_bytes(), 4).to_be_bytes());
-            let target_max = info.max_transfer_bytes.clamp(4096, u32::MAX as u64) as u32;
-            let max_io = cfg.limits.max_io_size.min(prev_power_of_two(target_max));
-            let mdts = (max_io / 4096).trailing_zeros() as u8;
-            let ns = Namespace {
-                target: Arc::clone(&s.target),
-                info,
-                nguid,
-                eui64,
-                uuid,
-                mdts,
-                max_io,
-            };
+            let mut max_io = cfg.limits.max_io_size;
+            let mut namespaces = Vec::new();
+            for (k, t) in s.namespaces.iter().enumerate() {
+                let nsid = k as u32 + 1;
+                let info = t.info().clone();
+                // Identifiers derived from the NQN and the NSID: stable across restarts,
+                // distinct between namespaces (NSID 1 keeps the single-namespace values).
+                let mut key = s.nqn.clone().into_bytes();
+                if nsid > 1 {
+                    key.extend_from_slice(format!("/{nsid}").as_bytes());
+                }
+                let h1 = fnv64(&key, 2);
+                let h2 = fnv64(&key, 3);
+                let mut nguid = [0u8; 16];
+                nguid[..8].copy_from_slice(&h1.to_be_bytes());
+                nguid[8..].copy_from_slice(&h2.to_be_bytes());
+                let mut uuid = nguid;
+                uuid[6] = (uuid[6] & 0x0f) | 0x40;
+                uuid[8] = (uuid[8] & 0x3f) | 0x80;
+                let mut eui64 = [0u8; 8];
+                eui64.copy_from_slice(&fnv64(&key, 4).to_be_bytes());
+                let target_max = info.max_transfer_bytes.clamp(4096, u32::MAX as u64) as u32;
+                max_io = max_io.min(prev_power_of_two(target_max));
+                namespaces.push(Namespace {
+                    nsid,
+                    qidx,
+                    group: 0,
+                    target: Arc::clone(t),
+                    info,
+                    nguid,
+                    eui64,
+                    uuid,
+                });
+                qidx += 1;
+            }
             subs.push(Arc::new(Subsystem::new(
                 i,
                 &s.nqn,
-                Some(ns),
+                namespaces,
+                max_io,
                 s.allowed_hosts.clone(),
                 s.allow_any_host,
             )));
@@ -201,12 +260,14 @@ impl Shared {
         subs.push(Arc::new(Subsystem::new(
             n,
             DISCOVERY_NQN,
-            None,
+            Vec::new(),
+            4096,
             Vec::new(),
             true,
         )));
         Arc::new(Shared {
             subsystems: subs,
+            target_queues: qidx,
             limits: cfg.limits.clone(),
             start: Instant::now(),
             listeners: Mutex::new(Vec::new()),
@@ -443,7 +504,7 @@ pub fn connect(
     let Some(ctrl) = sub.controller(d.cntlid) else {
         return Err(refuse_param(cntlid_param, &format!(" ({})", d.cntlid)));
     };
-    if ctrl.hostnqn != d.hostnqn || ctrl.hostid != d.hostid || sub.ns.is_none() {
+    if ctrl.hostnqn != d.hostnqn || ctrl.hostid != d.hostid || sub.is_discovery() {
         return Err(refuse_param(cntlid_param, &format!(" ({})", d.cntlid)));
     }
     let mut st = ctrl.st.lock().unwrap();
@@ -496,7 +557,7 @@ impl Controller {
     }
 
     fn is_discovery(&self) -> bool {
-        self.subsys.ns.is_none()
+        self.subsys.is_discovery()
     }
 
     fn cap(&self, lim: &Limits) -> u64 {
@@ -523,6 +584,11 @@ impl Controller {
             dw0: v as u32,
             dw1: (v >> 32) as u32,
         }
+    }
+
+    /// The CC property as last set.
+    pub fn cc(&self) -> u32 {
+        self.st.lock().unwrap().regs.cc
     }
 
     /// Property Set: CC (enable, shutdown) is the one writable property.
@@ -609,12 +675,21 @@ impl Controller {
                 ok(0)
             }
             cns::NAMESPACE | cns::NS_ID_DESCRIPTORS => {
-                let Some(ns) = &sub.ns else {
+                if sub.is_discovery() {
                     return invalid_field();
-                };
-                if nsid == 0 || (nsid != 1 && !(cns_v == cns::NAMESPACE && nsid == 0xffff_ffff)) {
-                    return done(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true));
                 }
+                if cns_v == cns::NAMESPACE && nsid == 0xffff_ffff {
+                    // The capabilities common to every namespace: the format of the
+                    // first, no size.
+                    let mut b = identify_namespace(&sub.namespaces[0]);
+                    b[..24].fill(0);
+                    out.extend_from_slice(&b[..]);
+                    return ok(0);
+                }
+                // Every NSID from 1 to NN is active: any other is invalid.
+                let Some(ns) = sub.namespace(nsid) else {
+                    return done(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true));
+                };
                 if cns_v == cns::NAMESPACE {
                     out.extend_from_slice(&identify_namespace(ns)[..]);
                 } else {
@@ -632,12 +707,13 @@ impl Controller {
                 if nsid >= 0xffff_fffe {
                     return done(Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true));
                 }
-                let ids: &[u32] = if sub.ns.is_some() && nsid < 1 {
-                    &[1]
-                } else {
-                    &[]
-                };
-                out.extend_from_slice(&encode_active_ns_list(ids)[..]);
+                let ids: Vec<u32> = sub
+                    .namespaces
+                    .iter()
+                    .map(|n| n.nsid)
+                    .filter(|&n| n > nsid)
+                    .collect();
+                out.extend_from_slice(&encode_active_ns_list(&ids)[..]);
                 ok(0)
             }
             _ => invalid_field(),
@@ -647,18 +723,22 @@ impl Controller {
     /// Identify Controller data.
     pub fn identify_controller(&self, lim: &Limits) -> Box<[u8; IDENTIFY_SIZE]> {
         let sub = &self.subsys;
-        let (mdts, oncs, vwc, nn) = match &sub.ns {
-            Some(ns) => {
-                let mut oncs = 0u16;
-                if ns.info.deallocate {
-                    oncs |= kestrel::spec::identify::oncs::DATASET_MANAGEMENT;
-                }
-                if ns.info.write_zeroes {
-                    oncs |= kestrel::spec::identify::oncs::WRITE_ZEROES;
-                }
-                (ns.mdts, oncs, ns.info.flush as u8, 1)
+        let (mdts, oncs, vwc, nn) = if sub.is_discovery() {
+            (0, 0, 0, 0)
+        } else {
+            // ONCS is controller wide: Dataset Management when any namespace can
+            // deallocate (it is advisory on the others), Write Zeroes only when every
+            // namespace has it; a volatile write cache when any namespace caches.
+            let nss = &sub.namespaces;
+            let mut oncs = 0u16;
+            if nss.iter().any(|n| n.info.deallocate) {
+                oncs |= kestrel::spec::identify::oncs::DATASET_MANAGEMENT;
             }
-            None => (0, 0, 0, 0),
+            if nss.iter().all(|n| n.info.write_zeroes) {
+                oncs |= kestrel::spec::identify::oncs::WRITE_ZEROES;
+            }
+            let vwc = nss.iter().any(|n| n.info.flush) as u8;
+            (sub.mdts, oncs, vwc, nss.len() as u32)
         };
         let id = IdentifyController {
             sn: sub.serial.clone(),
@@ -667,7 +747,7 @@ impl Controller {
             rab: 6,
             // CMIC bit 1: the subsystem may have several controllers (one per host
             // connection), so its namespace is shared (NMIC bit 0).
-            cmic: if sub.ns.is_some() { 0x02 } else { 0 },
+            cmic: if sub.is_discovery() { 0 } else { 0x02 },
             mdts,
             cntlid: self.cntlid,
             ver: NVME_VERSION,
@@ -690,10 +770,10 @@ impl Controller {
             ..Default::default()
         };
         let mut b = id.to_bytes();
-        b[fabrics::ctrl_off::CNTRLTYPE] = if sub.ns.is_some() {
-            cntrltype::IO
-        } else {
+        b[fabrics::ctrl_off::CNTRLTYPE] = if sub.is_discovery() {
             cntrltype::DISCOVERY
+        } else {
+            cntrltype::IO
         };
         b[fabrics::ctrl_off::KAS..fabrics::ctrl_off::KAS + 2].copy_from_slice(&KAS.to_le_bytes());
         let ioccsz = (64 + lim.in_capsule_data) / 16;
@@ -784,7 +864,7 @@ impl Controller {
         let main = listeners.first().copied();
         if let Some(l) = &main {
             for s in &shared.subsystems {
-                if s.ns.is_some() && (s.allow_any_host || s.hosts.contains(&self.hostnqn)) {
+                if !s.is_discovery() && (s.allow_any_host || s.hosts.contains(&self.hostnqn)) {
                     entries.push(entry(l, &s.nqn, fabrics::subtype::NVM, 1));
                 }
             }
@@ -846,19 +926,16 @@ impl Controller {
             }
             fid::KEEP_ALIVE_TIMER => ok(self.kato_ms.load(Ordering::Relaxed)),
             fid::ASYNC_EVENT_CONFIG => ok(st.aec),
-            fid::VOLATILE_WRITE_CACHE => ok(self
-                .subsys
-                .ns
-                .as_ref()
-                .map(|n| n.info.flush as u32)
-                .unwrap_or(0)),
+            fid::VOLATILE_WRITE_CACHE => {
+                ok(self.subsys.namespaces.iter().any(|n| n.info.flush) as u32)
+            }
             fid::ARBITRATION | fid::POWER_MANAGEMENT => ok(0),
             _ => invalid_field(),
         }
     }
 }
 
-/// Identify Namespace data of namespace 1.
+/// Identify Namespace data of a namespace.
 pub fn identify_namespace(ns: &Namespace) -> Box<[u8; IDENTIFY_SIZE]> {
     let mut id = IdentifyNamespace {
         nsze: ns.info.num_blocks,

@@ -3,8 +3,8 @@
 //! Stock initiators (the Linux kernel's `nvme-tcp`) connect to it unchanged: it speaks the
 //! NVMe/TCP transport (NVM Express TCP Transport Specification 1.0) and the fabrics
 //! commands of NVMe over Fabrics, and exports each Kestrel target (an NVMe namespace
-//! through VFIO, a file, the emulator) as namespace 1 of its own NVM subsystem, with a
-//! discovery subsystem beside them. See `docs/nvme-tcp.md`.
+//! through VFIO, a file, the emulator) as a namespace of an NVM subsystem (one or more
+//! namespaces each), with a discovery subsystem beside them. See `docs/nvme-tcp.md`.
 //!
 //! - [`pdu`]: PDU encoding and decoding, header and data digests.
 //! - [`fabrics`]: Connect, properties, SGLs, NQNs, the discovery log.

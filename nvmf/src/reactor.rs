@@ -26,6 +26,10 @@ const KEY_WAKE: u64 = u64::MAX;
 /// Passes without progress polled back to back before the reactor waits on its sockets
 /// (for at most 1 ms) between polls.
 const IDLE_SPIN_PASSES: u32 = 256;
+/// Passes between clock reads while the loop spins.
+const CLOCK_EVERY: u32 = 64;
+/// How often controllers are checked (keep-alive, end, reset).
+const CHECK_PERIOD_NS: u64 = 100_000_000;
 const KEY_LISTENER: u64 = u64::MAX - 16;
 
 /// Where other threads hand a reactor new connections.
@@ -86,7 +90,7 @@ impl Reactor {
             l.set_nonblocking(true)?;
             epoll.add(l.as_raw_fd(), KEY_LISTENER + i as u64, false)?;
         }
-        let nsubs = shared.subsystems.len();
+        let nqueues = shared.target_queues;
         Ok(Reactor {
             id,
             shared,
@@ -98,7 +102,7 @@ impl Reactor {
             conns: Vec::new(),
             gens: Vec::new(),
             free_idx: Vec::new(),
-            queues: (0..nsubs).map(|_| None).collect(),
+            queues: (0..nqueues).map(|_| None).collect(),
             retry: VecDeque::with_capacity(1024),
             completions: Vec::with_capacity(256),
             events: Vec::with_capacity(256),
@@ -107,7 +111,13 @@ impl Reactor {
 
     /// Runs until the server stops.
     pub fn run(mut self) {
-        let mut last_check = Instant::now();
+        // The loop's clock: the TSC where it is a usable clock. Elsewhere (virtual machines
+        // without an invariant TSC) a clock read is a system call and an emulated timer
+        // read that takes the device model's lock, so a spinning loop reads it only every
+        // CLOCK_EVERY passes, or after a pass that may have slept.
+        let clock = kestrel::clock::Clock::get();
+        let mut last_check_ns = clock.now_ns();
+        let mut passes_unclocked = 0u32;
         let mut empty_passes = 0u32;
         loop {
             if self.shared.stop.load(Ordering::Acquire) {
@@ -161,9 +171,14 @@ impl Reactor {
             } else {
                 empty_passes = 0;
             }
-            if last_check.elapsed() >= Duration::from_millis(100) {
-                last_check = Instant::now();
-                self.check_controllers();
+            passes_unclocked += 1;
+            if timeout > 0 || passes_unclocked >= CLOCK_EVERY {
+                passes_unclocked = 0;
+                let now = clock.now_ns();
+                if now.saturating_sub(last_check_ns) >= CHECK_PERIOD_NS {
+                    last_check_ns = now;
+                    self.check_controllers();
+                }
             }
             self.reap();
         }

@@ -59,7 +59,7 @@ fn the_reactor_allocates_nothing_per_io() {
         reactors: vec![None],
         subsystems: vec![SubsystemConfig {
             nqn: NQN.into(),
-            target,
+            namespaces: vec![target],
             allowed_hosts: vec![HOSTNQN.into()],
             allow_any_host: false,
         }],

@@ -3,13 +3,16 @@
 # emulated NVMe controller ($BDF) to vfio-pci.
 #
 # Starts `kestrel serve` on 127.0.0.1 exporting that controller's namespace
-# (through VFIO) and an emulated controller, then drives it with the guest
-# kernel's own NVMe/TCP initiator:
+# (through VFIO) as subsystem dev, and an emulated controller and a file as
+# namespaces 1 and 2 of subsystem emu, then drives it with the guest kernel's
+# own NVMe/TCP initiator:
 #   - discovery through port 8009 (nvme discover, and a kernel discovery
 #     controller through /dev/nvme-fabrics) lists both subsystems;
 #   - an unknown host NQN is refused;
-#   - each subsystem is connected through /dev/nvme-fabrics, its namespace
-#     appears as /dev/nvmeXnY, and a pattern is written with dd (64 KiB
+#   - each subsystem is connected through /dev/nvme-fabrics, its namespaces
+#     appear as /dev/nvmeXnY (two for emu: the second is written and read
+#     back too, and namespace 1 keeps its data), and a pattern is written
+#     with dd (64 KiB
 #     writes: R2T; 4 KiB writes: in-capsule data), read back with direct
 #     I/O and compared;
 #   - a controller reset in the middle of a write (the initiator tears its
@@ -85,6 +88,7 @@ modprobe nvme-tcp || die "modprobe nvme-tcp failed"
 [ -c /dev/nvme-fabrics ] || die "/dev/nvme-fabrics is missing after modprobe nvme-tcp"
 
 "$K" serve --target "dev=pci:$BDF" --target emu=emu:size=64M,core=1 \
+    --target emu=file:/tmp/ns2.img,size=16M,direct=off \
     --allow-host "$HOSTNQN" --listen "127.0.0.1:$PORT" --discovery-port 8009 -c 0 \
     "${noiommu[@]}" -v >/tmp/serve.log 2>&1 &
 serve_pid=$!
@@ -94,7 +98,7 @@ for _ in $(seq 600); do
     sleep 0.1
 done
 grep -q '^kestrel serve: listening' /tmp/serve.log || die "kestrel serve is not listening after 60 s"
-say "$(grep -A2 '^kestrel serve: listening' /tmp/serve.log | tr '\n' ' ')"
+say "$(grep -A5 '^kestrel serve: listening' /tmp/serve.log | tr '\n' ' ')"
 
 # --- discovery
 if command -v nvme >/dev/null; then
@@ -129,8 +133,18 @@ fi
 dd if=/dev/urandom of=/tmp/pat bs=64k count=128 2>/dev/null
 dd if=/dev/urandom of=/tmp/pat2 bs=64k count=256 2>/dev/null
 
+# The block devices of subsystem $1's namespaces, one a line.
+blocks_of() {
+    local b
+    for b in /sys/block/nvme*n*; do
+        # nvmeXcYnZ: a multipath path's hidden node, not a block device of its own.
+        case ${b##*/} in nvme*c*n*) continue ;; esac
+        [ -e "$b" ] && [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && echo "/dev/${b##*/}"
+    done
+}
+
 check_subsystem() {
-    local nqn=$1 name=$2 inst dev
+    local nqn=$1 name=$2 nns=$3 inst dev
     if ! inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=$PORT,nqn=$nqn,hostnqn=$HOSTNQN,nr_io_queues=2"); then
         fail "$name: connect"
         return
@@ -151,6 +165,33 @@ check_subsystem() {
     else
         fail "$name: write, read back, compare"
     fi
+    if [ "$nns" -gt 1 ]; then
+        local all n2
+        for _ in $(seq 100); do
+            all=$(blocks_of "$nqn")
+            [ "$(echo "$all" | grep -c .)" -ge "$nns" ] && break
+            sleep 0.1
+        done
+        n2=$(echo "$all" | grep -v "^$dev\$" | head -n 1)
+        if [ "$(echo "$all" | grep -c .)" -eq "$nns" ] && [ -b "$n2" ]; then
+            pass "$name: $nns namespaces of one subsystem: $(echo "$all" | tr '\n' ' ')"
+        else
+            fail "$name: $nns namespaces of one subsystem (found: $(echo "$all" | tr '\n' ' '))"
+        fi
+        if [ -b "$n2" ] && head -c 4194304 /tmp/pat2 >/tmp/pat3 &&
+            dd if=/tmp/pat3 of="$n2" bs=64k oflag=direct conv=fsync 2>/dev/null &&
+            dd if=/tmp/pat3 of="$n2" bs=4k count=64 seek=2048 oflag=direct conv=fsync 2>/dev/null &&
+            dd if="$n2" of=/tmp/back bs=64k count=64 iflag=direct 2>/dev/null &&
+            cmp -s /tmp/pat3 /tmp/back &&
+            dd if="$n2" of=/tmp/back bs=4k skip=2048 count=64 iflag=direct 2>/dev/null &&
+            head -c 262144 /tmp/pat3 | cmp -s - /tmp/back &&
+            dd if="$dev" of=/tmp/back bs=64k count=128 iflag=direct 2>/dev/null &&
+            cmp -s /tmp/pat /tmp/back; then
+            pass "$name: $n2 reads back what was written, and $dev still holds its own data"
+        else
+            fail "$name: second namespace write, read back, compare"
+        fi
+    fi
     # A controller reset during a write: the initiator reconnects; nothing is lost.
     dd if=/tmp/pat2 of="$dev" bs=64k seek=512 oflag=direct conv=fsync 2>/tmp/dd.err &
     local ddp=$!
@@ -170,8 +211,8 @@ check_subsystem() {
     echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
 }
 
-check_subsystem "$NQN_DEV" dev
-check_subsystem "$NQN_EMU" emu
+check_subsystem "$NQN_DEV" dev 1
+check_subsystem "$NQN_EMU" emu 2
 
 kill -INT "$serve_pid"
 wait "$serve_pid"

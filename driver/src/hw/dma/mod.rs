@@ -411,6 +411,12 @@ impl DmaPool {
             .collect()
     }
 
+    /// Whether `other` is this pool (a clone of it): a buffer of one is a buffer of the
+    /// other, usable by every target that shares the pool.
+    pub fn same_pool(&self, other: &DmaPool) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
     /// Whether `[addr, addr + len)` lies inside one region of this pool.
     pub fn contains(&self, addr: usize, len: usize) -> bool {
         let st = self.shared.state.lock().unwrap();
