@@ -42,16 +42,16 @@
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arbitrary::Arbitrary;
-use kestrel::hw::dma::{DmaBuf, DmaPool, DmaPoolOptions};
 use kestrel::emu::testkit::RawQueue;
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
+use kestrel::hw::dma::{DmaBuf, DmaPool, DmaPoolOptions};
 use kestrel::hw::mmio::Bar;
+use kestrel::hw::transport::Transport;
 use kestrel::spec::regs::{offset, shutdown, DoorbellKind};
 use kestrel::spec::{
     admin_opc, cns, nvm_opc, Aqa, Cc, Cqe, Csts, IdentifyController, Sct, Sqe, Status,
     IDENTIFY_SIZE,
 };
-use kestrel::hw::transport::Transport;
 use libfuzzer_sys::fuzz_target;
 
 /// Controller passes anything should take: one does (a command is fetched, executed and
