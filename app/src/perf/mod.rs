@@ -858,6 +858,12 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             }
         }
     }
+    if kestrel::clock::Clock::get().source() != kestrel::clock::ClockSource::Tsc {
+        conditions.push(
+            "timestamps come from CLOCK_MONOTONIC (the TSC is not used): where the clocksource is not TSC-based each reading is a system call, counted in ns per I/O; KESTREL_CLOCK=tsc uses the TSC if it runs at a constant rate"
+                .into(),
+        );
+    }
     report.conditions.splice(0..0, conditions);
     report.placement = placement;
     report.target_lines = target_lines;
