@@ -192,13 +192,24 @@ check_subsystem() {
             fail "$name: second namespace write, read back, compare"
         fi
     fi
-    # A controller reset during a write: the initiator reconnects; nothing is lost.
-    dd if=/tmp/pat2 of="$dev" bs=64k seek=512 oflag=direct conv=fsync 2>/tmp/dd.err &
+    # A controller reset during a write: the initiator reconnects; nothing is lost. The
+    # write is 4096 synchronous 4 KiB writes, and the reset comes once 1 MiB of them is
+    # done while it still runs: the overlap does not depend on how fast the path is.
+    dd if=/tmp/pat2 of="$dev" bs=4k seek=8192 oflag=direct conv=fsync 2>/tmp/dd.err &
     local ddp=$!
-    sleep 0.5
-    local during=no
-    # Still running (a finished child stays a zombie until waited for).
-    [ -r "/proc/$ddp/stat" ] && [ "$(awk '{print $3}' "/proc/$ddp/stat")" != Z ] && during=yes
+    local during=no written
+    for _ in $(seq 300); do
+        # Still running (a finished child stays a zombie until waited for).
+        if ! [ -r "/proc/$ddp/stat" ] || [ "$(awk '{print $3}' "/proc/$ddp/stat")" = Z ]; then
+            break
+        fi
+        written=$(awk '/^wchar:/ {print $2}' "/proc/$ddp/io" 2>/dev/null)
+        if [ "${written:-0}" -ge 1048576 ]; then
+            during=yes
+            break
+        fi
+        sleep 0.05
+    done
     echo 1 >"/sys/class/nvme/nvme$inst/reset_controller" 2>/dev/null
     say "$name: controller reset (the write was running: $during)"
     if [ "$during" = yes ] && wait "$ddp" && dd if="$dev" of=/tmp/back bs=64k skip=512 count=256 iflag=direct 2>/dev/null &&
