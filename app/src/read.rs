@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use kestrel::{IoRequest, QueueOptions};
+use kestrel::{IoRequest, QueueOptions, TargetQueue};
 
 use crate::cli::ReadArgs;
 use crate::error::{AppError, Result};
@@ -65,22 +65,7 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         let nlb = (n / bs) as u32;
         let slice = buf.slice(0, n as usize).map_err(kestrel::Error::from)?;
         let req = IoRequest::read(info.nsid, off / bs, nlb, slice, off);
-        q.submit(req)
-            .map_err(|e| AppError::runtime(format!("read at byte {off}: {e}")))?;
-        q.flush();
-        let start = Instant::now();
-        let mut result = None;
-        while result.is_none() {
-            q.poll(1, &mut |c| result = Some(c.result));
-            if start.elapsed() > Duration::from_secs(30) {
-                return Err(AppError::runtime(format!(
-                    "read at byte {off} did not complete in 30 s"
-                )));
-            }
-        }
-        if let Some(Err(e)) = result {
-            return Err(AppError::runtime(format!("read at byte {off}: {e}")));
-        }
+        run_one(&mut *q, req, &format!("read at byte {off}"))?;
         buf.read_at(0, &mut copy[..n as usize])
             .map_err(kestrel::Error::from)?;
         out.write_all(&copy[..n as usize])
@@ -94,5 +79,27 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         context: "writing the output".into(),
         source,
     })?;
+    Ok(())
+}
+
+/// Submits one request, rings its doorbell and polls until it completes (at most 30 s);
+/// errors are named by `what` ("read at byte N", "flush").
+pub(crate) fn run_one(q: &mut dyn TargetQueue, req: IoRequest, what: &str) -> Result<()> {
+    q.submit(req)
+        .map_err(|e| AppError::runtime(format!("{what}: {e}")))?;
+    q.flush();
+    let start = Instant::now();
+    let mut result = None;
+    while result.is_none() {
+        q.poll(1, &mut |c| result = Some(c.result));
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err(AppError::runtime(format!(
+                "{what} did not complete in 30 s"
+            )));
+        }
+    }
+    if let Some(Err(e)) = result {
+        return Err(AppError::runtime(format!("{what}: {e}")));
+    }
     Ok(())
 }

@@ -4,12 +4,12 @@
 //! compare.
 
 use std::io::Read as _;
-use std::time::{Duration, Instant};
 
 use kestrel::{IoRequest, QueueOptions};
 
 use crate::cli::WriteArgs;
 use crate::error::{AppError, Result};
+use crate::read::run_one;
 use crate::targets::{self, OpenOptions};
 
 /// Runs `kestrel write`.
@@ -74,39 +74,10 @@ pub fn run(a: &WriteArgs) -> Result<()> {
             .map_err(kestrel::Error::from)?;
         let slice = buf.slice(0, n as usize).map_err(kestrel::Error::from)?;
         let req = IoRequest::write(info.nsid, off / bs, (n / bs) as u32, slice, off);
-        q.submit(req)
-            .map_err(|e| AppError::runtime(format!("write at byte {off}: {e}")))?;
-        q.flush();
-        let start = Instant::now();
-        let mut result = None;
-        while result.is_none() {
-            q.poll(1, &mut |c| result = Some(c.result));
-            if start.elapsed() > Duration::from_secs(30) {
-                return Err(AppError::runtime(format!(
-                    "write at byte {off} did not complete in 30 s"
-                )));
-            }
-        }
-        if let Some(Err(e)) = result {
-            return Err(AppError::runtime(format!("write at byte {off}: {e}")));
-        }
+        run_one(&mut *q, req, &format!("write at byte {off}"))?;
         off += n;
     }
     // Make it durable before another driver looks: Flush (NVMe) or fsync (file).
     let req = IoRequest::flush(info.nsid, u64::MAX);
-    q.submit(req)
-        .map_err(|e| AppError::runtime(format!("flush: {e}")))?;
-    q.flush();
-    let start = Instant::now();
-    let mut result = None;
-    while result.is_none() {
-        q.poll(1, &mut |c| result = Some(c.result));
-        if start.elapsed() > Duration::from_secs(30) {
-            return Err(AppError::runtime("flush did not complete in 30 s"));
-        }
-    }
-    if let Some(Err(e)) = result {
-        return Err(AppError::runtime(format!("flush: {e}")));
-    }
-    Ok(())
+    run_one(&mut *q, req, "flush")
 }
