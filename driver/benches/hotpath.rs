@@ -151,6 +151,18 @@ fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
         done_rounds += 1;
     }
     let st = qp.stats();
+    // Teardown deletes the queue pair and shuts the controller down with admin commands:
+    // they run on another thread while this one steps the paused controller to serve them.
+    let teardown = std::thread::spawn(move || {
+        drop(qp);
+        drop(ctrlr);
+    });
+    while !teardown.is_finished() {
+        if !emu.step(true) {
+            std::thread::yield_now();
+        }
+    }
+    teardown.join().expect("teardown");
     let ios = done_rounds * qd as u64;
     let ns = (timed.as_nanos() as f64 - 2.0 * clock_ns * done_rounds as f64) / ios as f64;
     Row {
