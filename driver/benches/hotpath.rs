@@ -40,7 +40,7 @@ const WARMUP_ROUNDS: u64 = 64;
 #[inline(never)]
 fn driver_submit(qp: &mut IoQpair, reqs: &[IoRequest]) {
     for r in reqs {
-        if qp.submit(*r).is_err() {
+        if qp.submit_ref(r).is_err() {
             panic!("submit refused a valid read");
         }
     }

@@ -132,11 +132,26 @@ impl RingPair {
     /// (fewer than `depth` entries outstanding).
     #[inline]
     pub fn push(&mut self, sqe: &Sqe) {
+        self.push_qwords(sqe.to_qwords());
+    }
+
+    /// Places the SQE whose eight quadwords (bytes 0..8, 8..16, ...; see
+    /// [`Sqe::to_qwords`]) are `q` at the tail and moves the tail on: eight volatile
+    /// 8-byte stores straight into the slot, so a command built in registers is written
+    /// once, in place, with no copy on the stack. The caller knows the slot is free.
+    #[inline]
+    pub fn push_qwords(&mut self, q: [u64; 8]) {
         let slot = self.sq_tail;
         assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
-        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`;
-        // see the module doc for why the controller is not reading it now.
-        unsafe { self.sq.as_ptr().add(slot as usize).write_volatile(*sqe) };
+        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`
+        // (page aligned, so every quadword is 8-byte aligned); see the module doc for why
+        // the controller is not reading it now.
+        unsafe {
+            let p = self.sq.as_ptr().add(slot as usize).cast::<u64>();
+            for (i, v) in q.into_iter().enumerate() {
+                p.add(i).write_volatile(v.to_le());
+            }
+        }
         self.sq_tail = if slot + 1 == self.depth { 0 } else { slot + 1 };
     }
 

@@ -9,7 +9,7 @@ use crate::nvme::ring::{need_event, ShadowSlot};
 use crate::nvme::shared::CtrlrState;
 use crate::spec::Sqe;
 
-use super::{DoorbellMode, IoQpair, NO_PARENT};
+use super::{ns_flags, state, DoorbellMode, IoQpair, NO_PARENT};
 
 /// Publishes a queue's new doorbell value in its shadow slot, when shadow doorbells are in
 /// use, and says whether the MMIO write may be skipped. The shadow value goes first,
@@ -38,10 +38,44 @@ pub(super) fn publish_shadow(
 impl IoQpair {
     /// Checks a request against the namespace and the PRP rules.
     pub fn validate(&self, req: &IoRequest) -> Result<(), InvalidRequest> {
-        let ns = self
-            .ns(req.nsid)
+        self.check(req).map(|_| ())
+    }
+
+    /// The one check of a request: against its namespace and the PRP rules. What it
+    /// returns, the index of the namespace in `ns`, is what the layers below (starting,
+    /// splitting, building the command and its PRPs) work from; they check nothing again.
+    ///
+    /// The common case, a Read or Write of one dword-aligned segment holding the blocks,
+    /// inside a namespace the driver serves, is decided here in a few comparisons; every
+    /// other request, and every error, goes through [`IoQpair::check_full`].
+    #[inline]
+    pub(super) fn check(&self, req: &IoRequest) -> Result<usize, InvalidRequest> {
+        if let (Some(i), Some(s)) = (self.ns_index(req.nsid), req.data.single()) {
+            let ns = &self.ns[i];
+            let end = req.lba.wrapping_add(req.nlb as u64);
+            if matches!(req.op, IoOp::Read | IoOp::Write)
+                && ns.has(ns_flags::SERVED)
+                && req.nlb != 0
+                && end > req.lba
+                && end <= ns.num_blocks
+                && s.len as u64 >= req.nlb as u64 * ns.block_size as u64
+                && s.iova % 4 == 0
+            {
+                return Ok(i);
+            }
+        }
+        self.check_full(req)
+    }
+
+    /// Every rule, for every operation: the error a request that breaks one gets.
+    #[cold]
+    #[inline(never)]
+    fn check_full(&self, req: &IoRequest) -> Result<usize, InvalidRequest> {
+        let i = self
+            .ns_index(req.nsid)
             .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
-        if ns.unsupported.is_some() {
+        let ns = &self.ns[i];
+        if !ns.has(ns_flags::SERVED) {
             return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
         }
         let op = req.op.name();
@@ -70,10 +104,12 @@ impl IoQpair {
             }
         }
         match req.op {
-            IoOp::WriteZeroes if !ns.write_zeroes => {
+            IoOp::WriteZeroes if !ns.has(ns_flags::WRITE_ZEROES) => {
                 return Err(InvalidRequest::Unsupported { op })
             }
-            IoOp::Deallocate if !ns.deallocate => return Err(InvalidRequest::Unsupported { op }),
+            IoOp::Deallocate if !ns.has(ns_flags::DEALLOCATE) => {
+                return Err(InvalidRequest::Unsupported { op })
+            }
             IoOp::Read | IoOp::Write => {
                 if req.data.is_empty() {
                     return Err(InvalidRequest::BadSegments {
@@ -112,19 +148,49 @@ impl IoQpair {
             }
             _ => {}
         }
-        Ok(())
+        Ok(i)
     }
 
     /// Submits one request. It reaches the device at the next doorbell write (now in
     /// immediate mode, else at [`IoQpair::flush`] or the next reaping pass). Never blocks.
+    ///
+    /// A request is several hundred bytes (its segments are inline): where the caller
+    /// keeps requests, [`IoQpair::submit_ref`] spares the copy into the argument.
     #[inline]
     pub fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        if let Err(reason) = self.validate(&req) {
-            return Err(SubmitError::Invalid {
-                token: req.token,
-                reason,
-            });
+        self.submit_ref(&req)
+    }
+
+    /// Submits one request, read where the caller keeps it (nothing is kept of it but its
+    /// command, unless it has to wait in the software queue). As [`IoQpair::submit`].
+    #[inline]
+    pub fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let ns = match self.check(req) {
+            Ok(ns) => ns,
+            Err(reason) => {
+                return Err(SubmitError::Invalid {
+                    token: req.token,
+                    reason,
+                })
+            }
+        };
+        if !self.removed
+            && CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready
+            && self.pending.is_empty()
+            && self.splitting.is_none()
+            && self.try_start(req, ns)
+        {
+            self.stats.submitted += 1;
+            return Ok(());
         }
+        self.submit_waiting(req)
+    }
+
+    /// A request that cannot start now: the device is gone (it completes with
+    /// `DeviceRemoved`), or it waits in the software queue.
+    #[cold]
+    #[inline(never)]
+    fn submit_waiting(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.removed {
             // Accepted and completed with DeviceRemoved, like everything before it, while
             // the deferred queue has room; refused at once past that.
@@ -135,14 +201,6 @@ impl IoQpair {
             self.defer(req.token, Err(IoError::DeviceRemoved));
             return Ok(());
         }
-        let ready = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready;
-        if ready && self.pending.is_empty() && self.splitting.is_none() {
-            if self.try_start(&req) {
-                self.stats.submitted += 1;
-                return Ok(());
-            }
-            return self.enqueue(req);
-        }
         self.enqueue(req)
     }
 
@@ -151,7 +209,7 @@ impl IoQpair {
     pub fn submit_batch(&mut self, reqs: &[IoRequest]) -> Result<usize, SubmitError> {
         let mut n = 0;
         for r in reqs {
-            match self.submit(*r) {
+            match self.submit_ref(r) {
                 Ok(()) => n += 1,
                 Err(e) if n == 0 => {
                     self.flush();
@@ -164,15 +222,15 @@ impl IoQpair {
         Ok(n)
     }
 
-    pub(super) fn enqueue(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+    pub(super) fn enqueue(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.pending.len() >= self.sw_queue_cap {
             return Err(SubmitError::Busy(Busy {
-                request: req,
+                request: *req,
                 in_flight: self.in_flight,
                 queued: self.pending.len() as u32,
             }));
         }
-        self.pending.push_back(req);
+        self.pending.push_back(*req);
         self.stats.submitted += 1;
         self.stats.sw_queued += 1;
         Ok(())
@@ -182,58 +240,91 @@ impl IoQpair {
     /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
     /// validation beyond the PRP rules and the format rule (nothing goes to a namespace
     /// whose format the driver does not implement): the device judges the rest. Used by
-    /// conformance tests to check device-reported errors.
+    /// conformance tests to check device-reported errors. Raw commands are never retried,
+    /// nor resubmitted after a reset (they complete with `IoError::Aborted` then).
     pub fn submit_raw(
         &mut self,
         mut sqe: Sqe,
         data: Option<DmaSlice>,
         token: u64,
     ) -> Result<(), SubmitError> {
-        if self.ns(sqe.nsid).is_some_and(|n| n.unsupported.is_some()) {
+        if self
+            .ns_index(sqe.nsid)
+            .is_some_and(|i| !self.ns[i].has(ns_flags::SERVED))
+        {
             return Err(SubmitError::Invalid {
                 token,
                 reason: InvalidRequest::UnsupportedFormat { nsid: sqe.nsid },
             });
         }
-        let Some(cid) = self.free.pop_front() else {
+        let Some(cid) = self.free.pop() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),
                 in_flight: self.in_flight,
                 queued: self.pending.len() as u32,
             }));
         };
-        let t = &mut self.trackers[cid as usize];
         if let Some(d) = data {
-            match prp::build(&[d], 0, d.len, &t.prp) {
+            match prp::build(&[d], 0, d.len, &self.prp_list(cid)) {
                 Ok((p1, p2)) => {
                     sqe.prp1 = p1;
                     sqe.prp2 = p2;
                 }
                 Err(reason) => {
-                    self.free.push_back(cid);
+                    self.free.push(cid);
                     return Err(SubmitError::Invalid { token, reason });
                 }
             }
         }
         sqe.set_cid(cid);
+        let tick = self.tick;
+        let t = &mut self.trackers[cid as usize];
+        // The compact fields a raw command fits (for `cid_of`, diagnostics); its SQE goes
+        // to the ring as given, and is never rebuilt from them.
         t.token = token;
+        t.prp1 = sqe.prp1;
+        t.prp2 = sqe.prp2;
+        t.cdw10_11 = sqe.slba();
+        t.nsid = sqe.nsid;
+        t.cdw12 = sqe.cdw12;
+        t.reftag = false;
+        t.opc = sqe.opc();
         t.parent = NO_PARENT;
         t.retries = self.max_retries; // raw commands are never retried
-        t.active = true;
-        t.abort_requested = false;
-        t.submit_tick = self.tick;
-        t.sqe = sqe;
+        t.state = state::ACTIVE;
+        t.submit_tick = tick;
         self.in_flight += 1;
         self.stats.submitted += 1;
-        self.push_sqe(&sqe);
+        self.push_qwords(cid, sqe.to_qwords());
         Ok(())
     }
 
+    /// Writes the command held in tracker `cid` into the SQ slot at the tail, built from
+    /// the tracker's compact fields straight into the slot: the one way a command other
+    /// than a raw one reaches the ring, first submission, retry and resubmission alike.
     #[inline]
-    pub(super) fn push_sqe(&mut self, sqe: &Sqe) {
-        self.rings.push(sqe);
-        // Every SQE comes from the tracker its CID names.
-        self.trackers[sqe.cid() as usize].sq_seq = self.sq_seq;
+    pub(super) fn place(&mut self, cid: u16) {
+        let t = &self.trackers[cid as usize];
+        let cdw14 = if t.reftag { t.cdw10_11 as u32 } else { 0 };
+        let q = [
+            t.opc as u64 | (cid as u64) << 16 | (t.nsid as u64) << 32,
+            0,
+            0,
+            t.prp1,
+            t.prp2,
+            t.cdw10_11,
+            t.cdw12 as u64,
+            cdw14 as u64,
+        ];
+        self.push_qwords(cid, q);
+    }
+
+    /// Places the SQE `q` of the command in tracker `cid` at the SQ tail, records its
+    /// position, and rings at once in immediate mode.
+    #[inline]
+    fn push_qwords(&mut self, cid: u16, q: [u64; 8]) {
+        self.rings.push_qwords(q);
+        self.trackers[cid as usize].sq_seq = self.sq_seq as u32;
         self.sq_seq += 1;
         self.stats.commands += 1;
         if self.mode == DoorbellMode::Immediate {
