@@ -54,17 +54,16 @@ impl IoQpair {
             reaped += 1;
             let cid = cqe.cid();
             // The common case in one test: a successful completion of a whole command
-            // (no parent) whose tracker holds nothing but that command in flight, and
-            // which the controller had fetched.
+            // whose tracker holds nothing but that command in flight (state exactly
+            // ACTIVE: no parent, timeout, cancel or injection), which the controller had
+            // fetched.
             if let Some(t) = self.trackers.get(cid as usize) {
                 if t.state == state::ACTIVE
-                    && t.parent == NO_PARENT
                     && cqe.dw3 >> 17 == 0
                     && self.fetched(cqe.sq_head(), t.sq_seq)
                 {
                     let token = t.token;
                     self.trackers[cid as usize].state = 0;
-                    self.in_flight -= 1;
                     self.free.push(cid);
                     self.stats.completed += 1;
                     done(Completion {
@@ -171,11 +170,11 @@ impl IoQpair {
     }
 
     /// Whether the controller had fetched the command placed at position `seq` (low 32
-    /// bits of the count of entries pushed) when it reported SQ Head `sq_head`: the SQ
-    /// Head as a count like `sq_seq` is the one value congruent to it modulo the depth in
-    /// `(sq_seq - depth, sq_seq]` (at most `depth - 1` entries are ever pushed and not yet
-    /// fetched, so it is unique), and the command was fetched when that count is past
-    /// `seq`. False for an index outside the ring, or one that names a slot not yet used.
+    /// bits of the count of entries pushed, `sq_seq`) when it reported SQ Head `sq_head`.
+    /// The entries from the SQ Head to the tail are those pushed and not yet fetched: the
+    /// last `back` of the count (fewer than the depth). The command was fetched when it is
+    /// further back than that. False for an index outside the ring, or one that names
+    /// more entries than were ever pushed.
     #[inline]
     pub(super) fn fetched(&self, sq_head: u16, seq: u32) -> bool {
         let depth = self.rings.depth();
@@ -183,16 +182,14 @@ impl IoQpair {
         if sq_head >= depth {
             return false;
         }
-        // Entries between the SQ Head and the tail: pushed, not yet fetched.
         let back = if tail >= sq_head {
             tail - sq_head
         } else {
             tail + (depth - sq_head)
         } as u64;
-        let Some(head_seq) = self.sq_seq.checked_sub(back) else {
-            return false;
-        };
-        (head_seq as u32).wrapping_sub(seq) as i32 > 0
+        // How many entries were pushed at or after the command (1 for the latest).
+        let since = (self.sq_seq as u32).wrapping_sub(seq);
+        back < self.sq_seq && since as u64 > back
     }
 
     /// Frees tracker `cid` with `result`; returns the completion to deliver, if the
@@ -203,7 +200,6 @@ impl IoQpair {
         debug_assert!(t.active());
         t.state = 0;
         let (token, parent) = (t.token, t.parent);
-        self.in_flight -= 1;
         self.free.push(cid);
         if parent == NO_PARENT {
             return Some(Completion { token, result });

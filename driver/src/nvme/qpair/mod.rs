@@ -160,8 +160,8 @@ const TICK_MAX_MS: u32 = 100;
 /// Polls between coarse clock reads.
 const HOUSEKEEPING_EVERY: u32 = 64;
 
-/// [`Tracker::state`] bits. A tracker whose state is exactly `ACTIVE` is a command in
-/// flight with nothing special about it: the completion fast path tests for that one
+/// [`Tracker::state`] bits. A tracker whose state is exactly `ACTIVE` is a whole command
+/// in flight with nothing special about it: the completion fast path tests for that one
 /// value.
 mod state {
     /// The tracker holds a command at the device (or retried, or held over a reset).
@@ -172,6 +172,8 @@ mod state {
     pub const ABORT_REQUESTED: u8 = 1 << 2;
     /// An error injection rule rewrites its completion status (`IoQpair::injected`).
     pub const INJECTED: u8 = 1 << 3;
+    /// The command is a child of a split request (`Tracker::parent`).
+    pub const CHILD: u8 = 1 << 4;
 }
 
 /// One inline command slot: one cache line, on a line boundary.
@@ -189,6 +191,7 @@ mod state {
 /// goes there (a metadata pointer fits); one that does not fit goes to a per-CID side
 /// array touched only by the commands that need it, as the injected status does, never to
 /// a second line.
+#[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Tracker {
     /// The caller's token, returned in the completion.
@@ -251,6 +254,24 @@ impl Tracker {
     fn timed_out(&self) -> bool {
         self.state & state::TIMED_OUT != 0
     }
+
+    /// The SQE of the command this tracker holds under CID `cid`, as quadwords
+    /// ([`Sqe::to_qwords`](crate::spec::Sqe::to_qwords)): the one place a tracker's
+    /// compact fields become a command.
+    #[inline]
+    fn sqe_qwords(&self, cid: u16) -> [u64; 8] {
+        let cdw14 = if self.reftag { self.cdw10_11 as u32 } else { 0 };
+        [
+            self.opc as u64 | (cid as u64) << 16 | (self.nsid as u64) << 32,
+            0,
+            0,
+            self.prp1,
+            self.prp2,
+            self.cdw10_11,
+            self.cdw12 as u64,
+            cdw14 as u64,
+        ]
+    }
 }
 
 /// What the I/O path needs of one namespace, copied from its [`NsInfo`] when the qpair is
@@ -291,6 +312,17 @@ mod ns_flags {
 }
 
 impl IoNs {
+    /// No namespace (an unused parent slot's).
+    const NONE: IoNs = IoNs {
+        num_blocks: 0,
+        nsid: 0,
+        block_size: 0,
+        chunk_blocks: 1,
+        rw_cdw12: 0,
+        wz_cdw12: 0,
+        flags: 0,
+    };
+
     fn of(n: &NsInfo, max_command_bytes: u64) -> Self {
         let prot = n.protection;
         let pi = prot.pi_type != 0;
@@ -333,20 +365,27 @@ impl IoNs {
     }
 }
 
-/// The free command identifiers, reused FIFO: a ring of CIDs whose size is a power of two
-/// holding every tracker's, with free-running positions (no wrap test, no growth path).
+/// Slots of a [`CidRing`]: a power of two above [`MAX_TRACKERS`], the same for every
+/// qpair, so a position masked with `CID_RING - 1` is a valid index the compiler can see.
+const CID_RING: usize = (MAX_TRACKERS as usize + 1).next_power_of_two();
+const _: () = assert!(CID_RING > MAX_TRACKERS as usize && CID_RING <= 1 << 16);
+
+/// The free command identifiers, reused FIFO: a ring of CIDs with free-running
+/// positions (no wrap test, no bounds check, no growth path). It never holds more than
+/// the qpair's trackers, fewer than its slots.
 struct CidRing {
-    slots: Box<[u16]>,
+    slots: Box<[u16; CID_RING]>,
     head: u32,
     tail: u32,
-    mask: u32,
 }
 
 impl CidRing {
     /// A ring holding CIDs `0..n`, CID 0 first.
     fn full(n: u16) -> Self {
-        let cap = (n as usize).max(1).next_power_of_two();
-        let mut slots = vec![0u16; cap].into_boxed_slice();
+        let mut slots: Box<[u16; CID_RING]> = vec![0u16; CID_RING]
+            .into_boxed_slice()
+            .try_into()
+            .expect("a vector of CID_RING entries");
         for (i, s) in slots.iter_mut().take(n as usize).enumerate() {
             *s = i as u16;
         }
@@ -354,7 +393,6 @@ impl CidRing {
             slots,
             head: 0,
             tail: n as u32,
-            mask: cap as u32 - 1,
         }
     }
     #[inline]
@@ -370,15 +408,16 @@ impl CidRing {
         if self.is_empty() {
             return None;
         }
-        let cid = self.slots[(self.head & self.mask) as usize];
+        let cid = self.slots[self.head as usize % CID_RING];
         self.head = self.head.wrapping_add(1);
         Some(cid)
     }
-    /// Returns a CID. There are never more CIDs than slots, so this cannot overwrite one.
+    /// Returns a CID. There are never more CIDs than trackers, fewer than the slots, so
+    /// this cannot overwrite one.
     #[inline]
     fn push(&mut self, cid: u16) {
-        debug_assert!(self.len() < self.slots.len());
-        self.slots[(self.tail & self.mask) as usize] = cid;
+        debug_assert!(self.len() < CID_RING);
+        self.slots[self.tail as usize % CID_RING] = cid;
         self.tail = self.tail.wrapping_add(1);
     }
 }
@@ -398,8 +437,8 @@ fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
 #[derive(Clone, Copy)]
 struct Parent {
     req: IoRequest,
-    /// Index of the request's namespace in `IoQpair::ns`.
-    ns: u32,
+    /// The request's namespace.
+    ns: IoNs,
     issued_blocks: u32,
     outstanding: u32,
     first_error: Option<IoError>,
@@ -416,7 +455,7 @@ impl Parent {
             data: crate::io::Segments::none(),
             token: 0,
         },
-        ns: 0,
+        ns: IoNs::NONE,
         issued_blocks: 0,
         outstanding: 0,
         first_error: None,
@@ -427,13 +466,14 @@ impl Parent {
 ///
 /// The layout is fixed (`repr(C)`, offsets checked below). The hot part, what submission,
 /// doorbells and completion touch, is the first five cache lines:
-/// - line 0: the ring positions ([`RingPair`]) and the free CIDs;
+/// - line 0: the rings ([`RingPair`]: where they are, the positions in them), the free
+///   CIDs and the trackers;
 /// - line 1: the software queue and the completions waiting for delivery;
-/// - line 2: the shadow doorbell slots and the trackers;
-/// - line 3: the SQ and CQ doorbells, the SQ position counter, the commands in flight
-///   and the coarse clock;
-/// - line 4: the controller (epoch) and the epoch seen, the namespace table, the
-///   completion cap, the request being split, the doorbell mode and flags.
+/// - line 2: the shadow doorbell slots, the SQ position counter (which also counts the
+///   commands placed) and the coarse clock;
+/// - line 3: the SQ and CQ doorbells and the namespace table;
+/// - line 4: the controller (epoch) and the epoch seen, the completion cap, the request
+///   being split, the doorbell mode and flags.
 ///
 /// Then the counters on lines of their own (5 and 6: written by every submission and
 /// completion), then the fields no I/O of one or two pages touches.
@@ -442,6 +482,7 @@ pub struct IoQpair {
     // ---- line 0 ----
     rings: RingPair,
     free: CidRing,
+    trackers: Box<[Tracker]>,
     // ---- line 1 ----
     pending: VecDeque<IoRequest>,
     deferred: VecDeque<Completion>,
@@ -449,24 +490,26 @@ pub struct IoQpair {
     /// The shadow doorbell slots (SQ, CQ) when the controller was set up with them: kept
     /// current even when `event_idx` is off.
     shadow: Option<(ShadowSlot, ShadowSlot)>,
-    trackers: Box<[Tracker]>,
+    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
+    sq_seq: u64,
+    tick: u32,
     // ---- line 3 ----
     sq_db: Doorbell,
     cq_db: Doorbell,
-    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
-    sq_seq: u64,
-    in_flight: u32,
-    tick: u32,
-    // ---- line 4 ----
-    ctrlr: Arc<CtrlrShared>,
-    epoch: u64,
     /// The controller's namespaces as the I/O path needs them, in the controller's order
     /// (NSID n at index n - 1 when the NSIDs are 1..=N).
     ns: Box<[IoNs]>,
+    // ---- line 4 ----
+    ctrlr: Arc<CtrlrShared>,
+    epoch: u64,
     polls_since_housekeeping: u32,
     max_completions: u32,
     splitting: Option<u16>,
     sq_tail_rung: u16,
+    /// Requests may start at once: the controller is up, the device present, nothing waits
+    /// in the software queue and no request is being split. Cleared wherever one of those
+    /// stops holding; set again only by the general submission path, which checks them.
+    direct: bool,
     mode: DoorbellMode,
     /// Skip MMIO writes the controller's EventIdx does not ask for.
     event_idx: bool,
@@ -483,6 +526,9 @@ pub struct IoQpair {
     /// its state has `INJECTED`); empty until the first rule is added.
     injected: Vec<Status>,
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
+    /// What `stats.commands` adds to `sq_seq`: the entries pushed before the last reset
+    /// (which starts `sq_seq` again from 0).
+    commands_before: u64,
     delayed: VecDeque<(u16, u32)>,
     abort_timeout: Duration,
     timeout: Duration,
@@ -504,16 +550,16 @@ pub struct IoQpair {
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(IoQpair, rings) == 0);
-    assert!(offset_of!(IoQpair, free) + std::mem::size_of::<CidRing>() <= 64);
+    assert!(offset_of!(IoQpair, trackers) + 16 == 64);
     assert!(offset_of!(IoQpair, pending) == 64);
     assert!(offset_of!(IoQpair, shadow) == 2 * 64);
-    assert!(offset_of!(IoQpair, trackers) + 16 <= 3 * 64);
+    assert!(offset_of!(IoQpair, tick) + 4 <= 3 * 64);
     assert!(offset_of!(IoQpair, sq_db) == 3 * 64);
-    assert!(offset_of!(IoQpair, tick) + 4 == 4 * 64);
+    assert!(offset_of!(IoQpair, ns) + 16 == 4 * 64);
     assert!(offset_of!(IoQpair, ctrlr) == 4 * 64);
-    // Line 4 ends at byte 307: 13 bytes are free for a hot field before the counters'
+    // Line 4 ends at byte 292: 28 bytes are free for a hot field before the counters'
     // lines; move this with it.
-    assert!(offset_of!(IoQpair, max_retries) + 1 == 307);
+    assert!(offset_of!(IoQpair, max_retries) + 1 == 292);
     assert!(offset_of!(IoQpair, stats) == 5 * 64);
     assert!(std::mem::size_of::<LineAligned<QueueStats>>() == 2 * 64);
     assert!(offset_of!(IoQpair, prp_lists) == 7 * 64);
@@ -577,6 +623,7 @@ impl IoQpair {
         IoQpair {
             rings: parts.rings,
             sq_tail_rung: 0,
+            direct: false,
             mode: opts.doorbell,
             sq_db: parts.sq_db,
             cq_db: parts.cq_db,
@@ -584,7 +631,7 @@ impl IoQpair {
             shadow: parts.shadow,
             trackers,
             free,
-            in_flight: 0,
+            commands_before: 0,
             pending: VecDeque::with_capacity(sw),
             splitting: None,
             deferred: VecDeque::with_capacity(ntrk + sw),
@@ -657,13 +704,17 @@ impl IoQpair {
         self.pending.len()
     }
     /// Commands at the device.
+    #[inline]
     pub fn in_flight(&self) -> u32 {
-        self.in_flight
+        (self.trackers.len() - self.free.len()) as u32
     }
     /// Counters.
     #[inline]
     pub fn stats(&self) -> QueueStats {
-        *self.stats
+        QueueStats {
+            commands: self.commands_before + self.sq_seq,
+            ..*self.stats
+        }
     }
     /// The cap on completions per reaping pass used when the caller gives none
     /// ([`QpairOptions::max_completions`], resolved).
@@ -722,20 +773,19 @@ impl IoQpair {
             + self.deferred.capacity() * std::mem::size_of::<Completion>()
     }
 
-    /// The index in `ns` of namespace `nsid`: one bounds-checked load when the NSIDs are
-    /// 1..=N, a search of the table otherwise.
+    /// The entry of namespace `nsid`: one bounds-checked load when the NSIDs are 1..=N, a
+    /// search of the table otherwise.
     #[inline]
-    fn ns_index(&self, nsid: u32) -> Option<usize> {
-        let i = nsid.wrapping_sub(1) as usize;
-        match self.ns.get(i) {
-            Some(n) if n.nsid == nsid => Some(i),
+    fn ns_entry(&self, nsid: u32) -> Option<&IoNs> {
+        match self.ns.get(nsid.wrapping_sub(1) as usize) {
+            Some(n) if n.nsid == nsid => Some(n),
             _ => self.ns_search(nsid),
         }
     }
 
     #[cold]
-    fn ns_search(&self, nsid: u32) -> Option<usize> {
-        self.ns.iter().position(|n| n.nsid == nsid)
+    fn ns_search(&self, nsid: u32) -> Option<&IoNs> {
+        self.ns.iter().find(|n| n.nsid == nsid)
     }
 
     /// The PRP list pages of tracker `cid`.

@@ -46,6 +46,9 @@ impl IoQpair {
     /// The controller's epoch moved: a reset started, finished or failed, or the device
     /// went away.
     pub(super) fn on_epoch_change(&mut self) {
+        // Whatever the change, the next submission finds out afresh whether requests may
+        // start at once.
+        self.direct = false;
         let e = self.ctrlr.epoch();
         match CtrlrState::from_epoch(e) {
             // Hold everything; new requests queue in software until the reset ends.
@@ -73,6 +76,7 @@ impl IoQpair {
     /// what was in flight (each resubmission counts as a retry).
     pub(super) fn recreate_after_reset(&mut self, e: u64) {
         self.rings.rewind();
+        self.commands_before += self.sq_seq;
         self.sq_seq = 0;
         self.sq_tail_rung = 0;
         self.delayed.clear();
@@ -129,7 +133,7 @@ impl IoQpair {
         let last = self.tick;
         self.tick = now_tick;
         self.restamp_after_gap(last, now_tick);
-        if self.in_flight == 0 && self.pending.is_empty() {
+        if self.in_flight() == 0 && self.pending.is_empty() {
             return;
         }
         if CtrlrState::from_epoch(self.epoch) != CtrlrState::Ready || self.removed {
@@ -148,7 +152,7 @@ impl IoQpair {
     /// then busy again) those stamped with the old tick may be much younger than it says:
     /// take them as submitted just now rather than time them out early.
     fn restamp_after_gap(&mut self, last: u32, now_tick: u32) {
-        if now_tick.wrapping_sub(last) > 1 && self.in_flight > 0 {
+        if now_tick.wrapping_sub(last) > 1 && self.in_flight() > 0 {
             for t in self.trackers.iter_mut() {
                 if t.active() && !t.timed_out() && t.submit_tick == last {
                     t.submit_tick = now_tick.wrapping_sub(1);

@@ -6,18 +6,17 @@ use crate::io::{IoError, IoOp, IoRequest, Segments};
 use crate::nvme::prp;
 use crate::spec::{nvm_opc, DsmRange, Status, PAGE_SIZE};
 
-use super::{ns_flags, state, IoNs, IoQpair, Parent, NO_PARENT};
+use super::{ns_flags, state, IoNs, IoQpair, Parent, Tracker, NO_PARENT};
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
 impl IoQpair {
-    /// Starts a request [`IoQpair::check`] accepted (`ns`: its namespace's index); false
-    /// if no tracker (or parent slot) is free. Takes the request by reference: it is
-    /// several hundred bytes, and only a split copies it.
+    /// Starts a request [`IoQpair::check`] accepted (`ns`: its namespace); false if no
+    /// tracker (or parent slot) is free. Takes the request by reference: it is several
+    /// hundred bytes, and only a split copies it.
     #[inline]
-    pub(super) fn try_start(&mut self, req: &IoRequest, ns: usize) -> bool {
-        let n = self.ns[ns];
-        if req.nlb > n.chunk_blocks
+    pub(super) fn try_start(&mut self, req: &IoRequest, ns: IoNs) -> bool {
+        if req.nlb > ns.chunk_blocks
             && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes)
         {
             return self.start_split(req, ns);
@@ -25,15 +24,15 @@ impl IoQpair {
         let Some(cid) = self.free.pop() else {
             return false;
         };
-        self.issue(cid, req, 0, req.nlb, NO_PARENT, &n);
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
         true
     }
 
     /// Starts a request that was checked when it was submitted and waited in the software
     /// queue since.
     pub(super) fn try_start_queued(&mut self, req: &IoRequest) -> bool {
-        match self.ns_index(req.nsid) {
-            Some(ns) => self.try_start(req, ns),
+        match self.ns_entry(req.nsid) {
+            Some(&ns) => self.try_start(req, ns),
             None => {
                 // The table is the controller's namespace list, fixed while the qpair
                 // lives, so a checked request always finds its namespace; should it not,
@@ -49,19 +48,20 @@ impl IoQpair {
 
     #[cold]
     #[inline(never)]
-    fn start_split(&mut self, req: &IoRequest, ns: usize) -> bool {
+    fn start_split(&mut self, req: &IoRequest, ns: IoNs) -> bool {
         let Some(pi) = self.parent_free.pop() else {
             return false;
         };
         self.parents[pi as usize] = Parent {
             req: *req,
-            ns: ns as u32,
+            ns,
             issued_blocks: 0,
             outstanding: 0,
             first_error: None,
         };
         self.stats.split += 1;
         self.splitting = Some(pi);
+        self.direct = false;
         self.continue_split();
         true
     }
@@ -69,7 +69,7 @@ impl IoQpair {
     /// Issues children of the parent being split while trackers are free.
     pub(super) fn continue_split(&mut self) {
         while let Some(pi) = self.splitting {
-            let p = self.parents[pi as usize];
+            let p = &self.parents[pi as usize];
             if p.issued_blocks >= p.req.nlb {
                 self.splitting = None;
                 break;
@@ -77,18 +77,19 @@ impl IoQpair {
             let Some(cid) = self.free.pop() else {
                 break;
             };
-            let n = self.ns[p.ns as usize];
-            let nlb = n.chunk_blocks.min(p.req.nlb - p.issued_blocks);
-            let par = &mut self.parents[pi as usize];
-            par.issued_blocks += nlb;
-            par.outstanding += 1;
-            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, &n);
+            let p = &mut self.parents[pi as usize];
+            let (blk_off, ns) = (p.issued_blocks, p.ns);
+            let nlb = ns.chunk_blocks.min(p.req.nlb - blk_off);
+            p.issued_blocks += nlb;
+            p.outstanding += 1;
+            let req = p.req;
+            self.issue(cid, &req, blk_off, nlb, pi, &ns);
         }
     }
 
     /// Fills tracker `cid` with the command for blocks `[blk_off, blk_off + nlb)` of
-    /// `req` (checked; `ns` its namespace) and places it in the SQ.
-    #[allow(clippy::too_many_arguments)]
+    /// `req` (checked; `ns` its namespace) and writes its SQE into the SQ slot at the
+    /// tail, from the same compact fields a retry rebuilds it from.
     #[inline]
     pub(super) fn issue(
         &mut self,
@@ -101,22 +102,67 @@ impl IoQpair {
     ) {
         let lba = req.lba + blk_off as u64;
         let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
-        let reftag = ns.has(ns_flags::REFTAG);
         // (opcode, PRP1, PRP2, CDW10-11, CDW12, CDW14 is the reference tag)
-        let (opc, prp1, prp2, cdw10_11, cdw12, reftag) = match req.op {
-            IoOp::Read | IoOp::Write => {
-                let bs = ns.block_size as usize;
-                let (prp1, prp2) =
-                    self.prps(cid, &req.data, blk_off as usize * bs, nlb as usize * bs);
-                let opc = if req.op == IoOp::Read {
-                    nvm_opc::READ
-                } else {
-                    nvm_opc::WRITE
-                };
-                (opc, prp1, prp2, lba, nlb0 | ns.rw_cdw12, reftag)
-            }
-            IoOp::Flush => (nvm_opc::FLUSH, 0, 0, 0, 0, false),
-            IoOp::WriteZeroes => (nvm_opc::WRITE_ZEROES, 0, 0, lba, nlb0 | ns.wz_cdw12, reftag),
+        let (opc, prp1, prp2, cdw10_11, cdw12, reftag) = if let IoOp::Read | IoOp::Write = req.op {
+            let bs = ns.block_size as usize;
+            let (prp1, prp2) = self.prps(cid, &req.data, blk_off as usize * bs, nlb as usize * bs);
+            let opc = if req.op == IoOp::Read {
+                nvm_opc::READ
+            } else {
+                nvm_opc::WRITE
+            };
+            let reftag = ns.has(ns_flags::REFTAG);
+            (opc, prp1, prp2, lba, nlb0 | ns.rw_cdw12, reftag)
+        } else {
+            self.other_command(cid, req.op, lba, nlb, ns)
+        };
+        let t = Tracker {
+            token: req.token,
+            prp1,
+            prp2,
+            cdw10_11,
+            nsid: req.nsid,
+            cdw12,
+            sq_seq: self.sq_seq as u32,
+            submit_tick: self.tick,
+            parent,
+            opc,
+            retries: 0,
+            state: if parent == NO_PARENT {
+                state::ACTIVE
+            } else {
+                state::ACTIVE | state::CHILD
+            },
+            reftag,
+        };
+        self.trackers[cid as usize] = t;
+        if self.injecting && self.apply_injection(cid, opc) {
+            return;
+        }
+        self.push_qwords(t.sqe_qwords(cid));
+    }
+
+    /// The compact fields of a Flush, Write Zeroes or Deallocate (which writes its range
+    /// into tracker `cid`'s first PRP list page).
+    #[inline(never)]
+    fn other_command(
+        &mut self,
+        cid: u16,
+        op: IoOp,
+        lba: u64,
+        nlb: u32,
+        ns: &IoNs,
+    ) -> (u8, u64, u64, u64, u32, bool) {
+        let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
+        match op {
+            IoOp::WriteZeroes => (
+                nvm_opc::WRITE_ZEROES,
+                0,
+                0,
+                lba,
+                nlb0 | ns.wz_cdw12,
+                ns.has(ns_flags::REFTAG),
+            ),
             IoOp::Deallocate => {
                 let list = self.prp_list(cid);
                 let range = DsmRange {
@@ -138,26 +184,9 @@ impl IoQpair {
                     false,
                 )
             }
-        };
-        let tick = self.tick;
-        let t = &mut self.trackers[cid as usize];
-        t.token = req.token;
-        t.prp1 = prp1;
-        t.prp2 = prp2;
-        t.cdw10_11 = cdw10_11;
-        t.nsid = req.nsid;
-        t.cdw12 = cdw12;
-        t.reftag = reftag;
-        t.opc = opc;
-        t.parent = parent;
-        t.retries = 0;
-        t.state = state::ACTIVE;
-        t.submit_tick = tick;
-        self.in_flight += 1;
-        if self.injecting && self.apply_injection(cid, opc) {
-            return;
+            IoOp::Flush => (nvm_opc::FLUSH, 0, 0, 0, 0, false),
+            IoOp::Read | IoOp::Write => unreachable!("reads and writes are built in issue"),
         }
-        self.place(cid);
     }
 
     /// PRP1 and PRP2 for the byte range `[off, off + len)` of checked data: one segment

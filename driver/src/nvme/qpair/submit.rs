@@ -9,7 +9,7 @@ use crate::nvme::ring::{need_event, ShadowSlot};
 use crate::nvme::shared::CtrlrState;
 use crate::spec::Sqe;
 
-use super::{ns_flags, state, DoorbellMode, IoQpair, NO_PARENT};
+use super::{ns_flags, state, DoorbellMode, IoNs, IoQpair, Tracker, NO_PARENT};
 
 /// Publishes a queue's new doorbell value in its shadow slot, when shadow doorbells are in
 /// use, and says whether the MMIO write may be skipped. The shadow value goes first,
@@ -42,39 +42,49 @@ impl IoQpair {
     }
 
     /// The one check of a request: against its namespace and the PRP rules. What it
-    /// returns, the index of the namespace in `ns`, is what the layers below (starting,
-    /// splitting, building the command and its PRPs) work from; they check nothing again.
-    ///
-    /// The common case, a Read or Write of one dword-aligned segment holding the blocks,
-    /// inside a namespace the driver serves, is decided here in a few comparisons; every
-    /// other request, and every error, goes through [`IoQpair::check_full`].
+    /// returns, the namespace's entry, is what the layers below (starting, splitting,
+    /// building the command and its PRPs) work from; they check nothing again.
     #[inline]
-    pub(super) fn check(&self, req: &IoRequest) -> Result<usize, InvalidRequest> {
-        if let (Some(i), Some(s)) = (self.ns_index(req.nsid), req.data.single()) {
-            let ns = &self.ns[i];
-            let end = req.lba.wrapping_add(req.nlb as u64);
-            if matches!(req.op, IoOp::Read | IoOp::Write)
-                && ns.has(ns_flags::SERVED)
-                && req.nlb != 0
-                && end > req.lba
-                && end <= ns.num_blocks
-                && s.len as u64 >= req.nlb as u64 * ns.block_size as u64
-                && s.iova % 4 == 0
-            {
-                return Ok(i);
-            }
+    pub(super) fn check(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
+        match self.check_common(req) {
+            Some(ns) => Ok(ns),
+            None => self.check_full(req),
         }
-        self.check_full(req)
+    }
+
+    /// The check of the common request, decided in a few comparisons: a Read or Write of
+    /// one dword-aligned segment holding the blocks, inside a namespace the driver serves
+    /// (and, with `whole`, within one command: no split). `None` is not a verdict: the
+    /// request goes through [`IoQpair::check_full`], which gives every other request its
+    /// answer.
+    #[inline]
+    fn check_common_as(&self, req: &IoRequest, whole: bool) -> Option<IoNs> {
+        let ns = self.ns_entry(req.nsid)?;
+        let s = req.data.single()?;
+        let end = req.lba.wrapping_add(req.nlb as u64);
+        (matches!(req.op, IoOp::Read | IoOp::Write)
+            && ns.has(ns_flags::SERVED)
+            && req.nlb != 0
+            && (!whole || req.nlb <= ns.chunk_blocks)
+            && end > req.lba
+            && end <= ns.num_blocks
+            && s.len as u64 >= req.nlb as u64 * ns.block_size as u64
+            && s.iova % 4 == 0)
+            .then_some(*ns)
+    }
+
+    #[inline]
+    fn check_common(&self, req: &IoRequest) -> Option<IoNs> {
+        self.check_common_as(req, false)
     }
 
     /// Every rule, for every operation: the error a request that breaks one gets.
     #[cold]
     #[inline(never)]
-    fn check_full(&self, req: &IoRequest) -> Result<usize, InvalidRequest> {
-        let i = self
-            .ns_index(req.nsid)
+    fn check_full(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
+        let ns = self
+            .ns_entry(req.nsid)
             .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
-        let ns = &self.ns[i];
         if !ns.has(ns_flags::SERVED) {
             return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
         }
@@ -148,7 +158,7 @@ impl IoQpair {
             }
             _ => {}
         }
-        Ok(i)
+        Ok(*ns)
     }
 
     /// Submits one request. It reaches the device at the next doorbell write (now in
@@ -165,6 +175,25 @@ impl IoQpair {
     /// command, unless it has to wait in the software queue). As [`IoQpair::submit`].
     #[inline]
     pub fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The common case straight through: a whole Read or Write that passes the check
+        // in a few comparisons, on a queue open to direct submission, with a free tracker.
+        if self.direct {
+            if let Some(ns) = self.check_common_as(req, true) {
+                if let Some(cid) = self.free.pop() {
+                    self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+                    self.stats.submitted += 1;
+                    return Ok(());
+                }
+            }
+        }
+        self.submit_general(req)
+    }
+
+    /// Every other submission: the full check, any operation, a split, the software
+    /// queue, a queue whose device is gone.
+    #[cold]
+    #[inline(never)]
+    fn submit_general(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         let ns = match self.check(req) {
             Ok(ns) => ns,
             Err(reason) => {
@@ -174,23 +203,6 @@ impl IoQpair {
                 })
             }
         };
-        if !self.removed
-            && CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready
-            && self.pending.is_empty()
-            && self.splitting.is_none()
-            && self.try_start(req, ns)
-        {
-            self.stats.submitted += 1;
-            return Ok(());
-        }
-        self.submit_waiting(req)
-    }
-
-    /// A request that cannot start now: the device is gone (it completes with
-    /// `DeviceRemoved`), or it waits in the software queue.
-    #[cold]
-    #[inline(never)]
-    fn submit_waiting(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.removed {
             // Accepted and completed with DeviceRemoved, like everything before it, while
             // the deferred queue has room; refused at once past that.
@@ -199,6 +211,16 @@ impl IoQpair {
             }
             self.stats.submitted += 1;
             self.defer(req.token, Err(IoError::DeviceRemoved));
+            return Ok(());
+        }
+        // Requests start at once only while nothing waits before them and the
+        // controller is up; `direct` caches that for the fast path (the places that can
+        // close the queue clear it, and it is set again only here).
+        self.direct = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready
+            && self.pending.is_empty()
+            && self.splitting.is_none();
+        if self.direct && self.try_start(req, ns) {
+            self.stats.submitted += 1;
             return Ok(());
         }
         self.enqueue(req)
@@ -226,11 +248,12 @@ impl IoQpair {
         if self.pending.len() >= self.sw_queue_cap {
             return Err(SubmitError::Busy(Busy {
                 request: *req,
-                in_flight: self.in_flight,
+                in_flight: self.in_flight(),
                 queued: self.pending.len() as u32,
             }));
         }
         self.pending.push_back(*req);
+        self.direct = false;
         self.stats.submitted += 1;
         self.stats.sw_queued += 1;
         Ok(())
@@ -249,8 +272,8 @@ impl IoQpair {
         token: u64,
     ) -> Result<(), SubmitError> {
         if self
-            .ns_index(sqe.nsid)
-            .is_some_and(|i| !self.ns[i].has(ns_flags::SERVED))
+            .ns_entry(sqe.nsid)
+            .is_some_and(|n| !n.has(ns_flags::SERVED))
         {
             return Err(SubmitError::Invalid {
                 token,
@@ -260,7 +283,7 @@ impl IoQpair {
         let Some(cid) = self.free.pop() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),
-                in_flight: self.in_flight,
+                in_flight: self.in_flight(),
                 queued: self.pending.len() as u32,
             }));
         };
@@ -277,56 +300,45 @@ impl IoQpair {
             }
         }
         sqe.set_cid(cid);
-        let tick = self.tick;
-        let t = &mut self.trackers[cid as usize];
         // The compact fields a raw command fits (for `cid_of`, diagnostics); its SQE goes
         // to the ring as given, and is never rebuilt from them.
-        t.token = token;
-        t.prp1 = sqe.prp1;
-        t.prp2 = sqe.prp2;
-        t.cdw10_11 = sqe.slba();
-        t.nsid = sqe.nsid;
-        t.cdw12 = sqe.cdw12;
-        t.reftag = false;
-        t.opc = sqe.opc();
-        t.parent = NO_PARENT;
-        t.retries = self.max_retries; // raw commands are never retried
-        t.state = state::ACTIVE;
-        t.submit_tick = tick;
-        self.in_flight += 1;
+        self.trackers[cid as usize] = Tracker {
+            token,
+            prp1: sqe.prp1,
+            prp2: sqe.prp2,
+            cdw10_11: sqe.slba(),
+            nsid: sqe.nsid,
+            cdw12: sqe.cdw12,
+            sq_seq: self.sq_seq as u32,
+            submit_tick: self.tick,
+            parent: NO_PARENT,
+            opc: sqe.opc(),
+            retries: self.max_retries, // raw commands are never retried
+            state: state::ACTIVE,
+            reftag: false,
+        };
         self.stats.submitted += 1;
-        self.push_qwords(cid, sqe.to_qwords());
+        self.push_qwords(sqe.to_qwords());
         Ok(())
     }
 
-    /// Writes the command held in tracker `cid` into the SQ slot at the tail, built from
-    /// the tracker's compact fields straight into the slot: the one way a command other
-    /// than a raw one reaches the ring, first submission, retry and resubmission alike.
-    #[inline]
+    /// Writes the command held in tracker `cid` into the SQ slot at the tail again (a
+    /// retry, a resubmission after a reset), from the tracker's compact fields, as
+    /// [`IoQpair::issue`] first wrote it.
     pub(super) fn place(&mut self, cid: u16) {
-        let t = &self.trackers[cid as usize];
-        let cdw14 = if t.reftag { t.cdw10_11 as u32 } else { 0 };
-        let q = [
-            t.opc as u64 | (cid as u64) << 16 | (t.nsid as u64) << 32,
-            0,
-            0,
-            t.prp1,
-            t.prp2,
-            t.cdw10_11,
-            t.cdw12 as u64,
-            cdw14 as u64,
-        ];
-        self.push_qwords(cid, q);
+        let seq = self.sq_seq as u32;
+        let t = &mut self.trackers[cid as usize];
+        t.sq_seq = seq;
+        let q = t.sqe_qwords(cid);
+        self.push_qwords(q);
     }
 
-    /// Places the SQE `q` of the command in tracker `cid` at the SQ tail, records its
-    /// position, and rings at once in immediate mode.
+    /// Places the SQE `q` at the SQ tail (straight into the slot) and rings at once in
+    /// immediate mode. The command's tracker records `sq_seq` as its position first.
     #[inline]
-    fn push_qwords(&mut self, cid: u16, q: [u64; 8]) {
+    pub(super) fn push_qwords(&mut self, q: [u64; 8]) {
         self.rings.push_qwords(q);
-        self.trackers[cid as usize].sq_seq = self.sq_seq as u32;
         self.sq_seq += 1;
-        self.stats.commands += 1;
         if self.mode == DoorbellMode::Immediate {
             self.ring_sq();
         }
