@@ -61,13 +61,16 @@ impl IoQpair {
     fn check_common_as(&self, req: &IoRequest, whole: bool) -> Option<IoNs> {
         let ns = self.ns_entry(req.nsid)?;
         let s = req.data.single()?;
-        let end = req.lba.wrapping_add(req.nlb as u64);
+        // Blocks a command may carry: a whole one's chunk, or any count that fits the
+        // 32-bit field; `nlb - 1 < limit` also refuses 0.
+        let limit = if whole { ns.chunk_blocks } else { u32::MAX };
         (matches!(req.op, IoOp::Read | IoOp::Write)
             && ns.has(ns_flags::SERVED)
-            && req.nlb != 0
-            && (!whole || req.nlb <= ns.chunk_blocks)
-            && end > req.lba
-            && end <= ns.num_blocks
+            && req.nlb.wrapping_sub(1) < limit
+            && req
+                .lba
+                .checked_add(req.nlb as u64)
+                .is_some_and(|end| end <= ns.num_blocks)
             && s.len as u64 >= req.nlb as u64 * ns.block_size as u64
             && s.iova % 4 == 0)
             .then_some(*ns)
