@@ -24,9 +24,9 @@ use std::sync::{Arc, Barrier};
 
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
-use kestrel::io::{Completion, IoError, IoRequest, QueueStats, SubmitError};
+use kestrel::io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
 use kestrel::target::QueueInUse;
-use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
+use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
 
 use super::outcome::Outcomes;
 use super::verify::{self, Expect, Mismatch};
@@ -242,7 +242,10 @@ struct QueueState {
     target: usize,
     /// The device is gone: nothing more is submitted.
     dead: bool,
-    slices: Box<[DmaSlice]>,
+    /// One request per slot, its buffer and token set once: an I/O fills in the
+    /// operation and the blocks and submits it where it lies (`submit_ref`), so the
+    /// several-hundred-byte request is neither rebuilt nor copied per I/O.
+    reqs: Box<[IoRequest]>,
     stride: usize,
     buf: DmaBuf,
     slots: Box<[Slot]>,
@@ -359,15 +362,18 @@ impl Worker<'_> {
                 let buf = t.dma_pool().alloc(qd * stride).map_err(|e| {
                     format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
                 })?;
-                let slices = (0..qd)
-                    .map(|i| buf.slice(i * stride, io_size))
+                let reqs = (0..qd)
+                    .map(|i| {
+                        buf.slice(i * stride, io_size)
+                            .map(|s| IoRequest::read(0, 0, 0, s, i as u64))
+                    })
                     .collect::<Result<Box<[_]>, _>>()
                     .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
                 queues.push(QueueState {
                     q,
                     target: ti,
                     dead: false,
-                    slices,
+                    reqs,
                     stride,
                     buf,
                     slots: vec![
@@ -445,18 +451,18 @@ impl Worker<'_> {
                     .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
             }
         }
-        let req = if write {
-            IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
-        } else {
-            IoRequest::read(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
-        };
+        let req = &mut q.reqs[slot];
+        req.op = if write { IoOp::Write } else { IoOp::Read };
+        req.nsid = ts.nsid;
+        req.lba = lba;
+        req.nlb = ts.io_blocks;
         q.slots[slot] = Slot {
             submit_raw: now,
             unit,
             gen,
             write,
         };
-        match q.q.submit(req) {
+        match q.q.submit_ref(&q.reqs[slot]) {
             Ok(()) => {
                 ts.res.outcomes.submitted += 1;
                 Ok(())
