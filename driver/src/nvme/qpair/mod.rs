@@ -43,9 +43,12 @@
 //! line) are fixed and checked at compile time where they are declared.
 
 mod complete;
+mod ns;
 mod recovery;
 mod split;
 mod submit;
+
+use ns::{ns_flags, IoNs};
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -55,7 +58,6 @@ use crate::hw::clock::Clock;
 use crate::hw::dma::DmaBuf;
 use crate::hw::mmio::Doorbell;
 use crate::io::{Completion, IoError, IoRequest, QueueStats};
-use crate::nvme::init::NsInfo;
 use crate::nvme::prp::PrpListMem;
 use crate::nvme::ring::{RingPair, ShadowSlot};
 use crate::nvme::shared::CtrlrShared;
@@ -271,97 +273,6 @@ impl Tracker {
             self.cdw12 as u64,
             cdw14 as u64,
         ]
-    }
-}
-
-/// What the I/O path needs of one namespace, copied from its [`NsInfo`] when the qpair is
-/// made (a controller's namespace list is fixed for its lifetime), so checking a request
-/// and building its command read one 32-byte entry, found by NSID with one index
-/// (`IoQpair::ns_index`).
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub(super) struct IoNs {
-    num_blocks: u64,
-    nsid: u32,
-    block_size: u32,
-    /// Blocks per command: MDTS and the PRP list size in bytes, at most 65536 (the NLB
-    /// field is 16 bits, zero-based).
-    chunk_blocks: u32,
-    /// CDW12 bits of every Read and Write (PRACT and the checks; 0 without protection
-    /// information).
-    rw_cdw12: u32,
-    /// CDW12 bits of every Write Zeroes (PRACT alone: no data comes from the host to
-    /// check).
-    wz_cdw12: u32,
-    /// [`ns_flags`] bits.
-    flags: u8,
-}
-
-const _: () = assert!(std::mem::size_of::<IoNs>() == 32);
-
-/// [`IoNs::flags`] bits.
-mod ns_flags {
-    /// The driver does I/O to the namespace (it implements its format).
-    pub const SERVED: u8 = 1 << 0;
-    /// Write Zeroes is supported (ONCS).
-    pub const WRITE_ZEROES: u8 = 1 << 1;
-    /// Deallocate is supported (ONCS DSM).
-    pub const DEALLOCATE: u8 = 1 << 2;
-    /// CDW14 of Reads, Writes and Write Zeroes carries the initial reference tag.
-    pub const REFTAG: u8 = 1 << 3;
-}
-
-impl IoNs {
-    /// No namespace (an unused parent slot's).
-    const NONE: IoNs = IoNs {
-        num_blocks: 0,
-        nsid: 0,
-        block_size: 0,
-        chunk_blocks: 1,
-        rw_cdw12: 0,
-        wz_cdw12: 0,
-        flags: 0,
-    };
-
-    fn of(n: &NsInfo, max_command_bytes: u64) -> Self {
-        let prot = n.protection;
-        let pi = prot.pi_type != 0;
-        let (rw_cdw12, wz_cdw12) = if pi {
-            (prot.command_dwords(0).0, prot.write_zeroes_dwords(0).0)
-        } else {
-            (0, 0)
-        };
-        let bs = n.block_size.max(1);
-        let flags = if n.unsupported.is_none() {
-            ns_flags::SERVED
-        } else {
-            0
-        } | if n.write_zeroes {
-            ns_flags::WRITE_ZEROES
-        } else {
-            0
-        } | if n.deallocate {
-            ns_flags::DEALLOCATE
-        } else {
-            0
-        } | if pi && prot.ref_tag {
-            ns_flags::REFTAG
-        } else {
-            0
-        };
-        IoNs {
-            num_blocks: n.num_blocks,
-            nsid: n.nsid,
-            block_size: n.block_size,
-            chunk_blocks: ((max_command_bytes / bs as u64).min(65536) as u32).max(1),
-            rw_cdw12,
-            wz_cdw12,
-            flags,
-        }
-    }
-    #[inline]
-    fn has(&self, flag: u8) -> bool {
-        self.flags & flag != 0
     }
 }
 
