@@ -40,7 +40,6 @@ impl IoQpair {
             let Some(c) = self.deferred.pop_front() else {
                 break;
             };
-            self.stats.completed += 1;
             done(c);
             delivered += 1;
         }
@@ -57,15 +56,15 @@ impl IoQpair {
             // whose tracker holds nothing but that command in flight (state exactly
             // ACTIVE: no parent, timeout, cancel or injection), which the controller had
             // fetched.
-            if let Some(t) = self.trackers.get(cid as usize) {
+            let (depth, tail, seq) = (self.rings.depth(), self.rings.sq_tail(), self.sq_seq);
+            if let Some(t) = self.trackers.get_mut(cid as usize) {
                 if t.state == state::ACTIVE
                     && cqe.dw3 >> 17 == 0
-                    && self.fetched(cqe.sq_head(), t.sq_seq)
+                    && fetched(cqe.sq_head(), t.sq_seq, depth, tail, seq)
                 {
+                    t.state = 0;
                     let token = t.token;
-                    self.trackers[cid as usize].state = 0;
                     self.free.push(cid);
-                    self.stats.completed += 1;
                     done(Completion {
                         token,
                         result: Ok(()),
@@ -75,11 +74,13 @@ impl IoQpair {
                 }
             }
             if let Some(c) = self.complete(cid, cqe.status(), cqe.dw0, cqe.sq_head()) {
-                self.stats.completed += 1;
                 done(c);
                 delivered += 1;
             }
         }
+        // Every completion delivered in this pass, from the deferred queue or the CQ
+        // (`done` cannot look at the counters: it cannot reach the qpair).
+        self.stats.completed += delivered as u64;
         if reaped > 0 {
             self.ring_cq(old_head);
             if !self.pending.is_empty() || self.splitting.is_some() {
@@ -169,27 +170,17 @@ impl IoQpair {
         self.retire(cid, result)
     }
 
-    /// Whether the controller had fetched the command placed at position `seq` (low 32
-    /// bits of the count of entries pushed, `sq_seq`) when it reported SQ Head `sq_head`.
-    /// The entries from the SQ Head to the tail are those pushed and not yet fetched: the
-    /// last `back` of the count (fewer than the depth). The command was fetched when it is
-    /// further back than that. False for an index outside the ring, or one that names
-    /// more entries than were ever pushed.
+    /// Whether the controller had fetched the command placed at position `seq` when it
+    /// reported SQ Head `sq_head` (see [`fetched`]).
     #[inline]
     pub(super) fn fetched(&self, sq_head: u16, seq: u32) -> bool {
-        let depth = self.rings.depth();
-        let tail = self.rings.sq_tail();
-        if sq_head >= depth {
-            return false;
-        }
-        let back = if tail >= sq_head {
-            tail - sq_head
-        } else {
-            tail + (depth - sq_head)
-        } as u64;
-        // How many entries were pushed at or after the command (1 for the latest).
-        let since = (self.sq_seq as u32).wrapping_sub(seq);
-        back < self.sq_seq && since as u64 > back
+        fetched(
+            sq_head,
+            seq,
+            self.rings.depth(),
+            self.rings.sq_tail(),
+            self.sq_seq,
+        )
     }
 
     /// Frees tracker `cid` with `result`; returns the completion to deliver, if the
@@ -266,4 +257,26 @@ impl IoQpair {
     pub fn outstanding(&self) -> u32 {
         (self.stats.submitted - self.stats.completed) as u32
     }
+}
+
+/// Whether the controller had fetched the command placed at position `seq` (low 32 bits
+/// of the count of entries pushed, whose current value is `sq_seq`) when it reported SQ
+/// Head `sq_head`, on a ring of `depth` slots whose tail is `tail`. The entries from the SQ
+/// Head to the tail are those pushed and not yet fetched: the last `back` of the count
+/// (fewer than the depth). The command was fetched when it is further back than that.
+/// False for an index outside the ring, or one that names more entries than were ever
+/// pushed.
+#[inline]
+fn fetched(sq_head: u16, seq: u32, depth: u16, tail: u16, sq_seq: u64) -> bool {
+    if sq_head >= depth {
+        return false;
+    }
+    let back = if tail >= sq_head {
+        tail - sq_head
+    } else {
+        tail + (depth - sq_head)
+    } as u64;
+    // How many entries were pushed at or after the command (1 for the latest).
+    let since = (sq_seq as u32).wrapping_sub(seq);
+    back < sq_seq && since as u64 > back
 }
