@@ -46,6 +46,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
             immediate_doorbell: false,
             shadow_doorbells: true,
             timeout: None,
+            interrupts: false,
         },
         max_completions: 0,
         verify,

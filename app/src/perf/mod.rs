@@ -693,6 +693,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
         timeout: Some(args.io_timeout),
+        interrupts: false,
     };
     // Ctrl-C stops the run early and still reports what was measured (a second one exits
     // at once), as spdk_nvme_perf does.

@@ -79,6 +79,21 @@ impl Notify {
         woken
     }
 
+    /// The eventfd, for a sleeper that waits on it together with other descriptors
+    /// (epoll): after [`Notify::prepare`] and a last look for work, it waits, then calls
+    /// [`Notify::woke`].
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
+    /// Ends a sleep made on [`Notify::fd`] by another wait: clears the flag and the
+    /// eventfd counter.
+    pub fn woke(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+        self.drain();
+    }
+
     fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into `v`; the fd is non-blocking, so an empty counter

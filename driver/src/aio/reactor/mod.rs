@@ -205,6 +205,30 @@ pub enum IdlePolicy {
     BusyPoll,
     /// Back off after idle passes: pause, then yield, then sleep on an eventfd.
     Backoff(Backoff),
+    /// Sleep as soon as a pass finds nothing to do, until a completion interrupt or a
+    /// submission wakes the poller. The queues are created with interrupts
+    /// ([`QueueOptions::interrupts`]).
+    Interrupt,
+    /// Busy-poll while passes find work and for `spin` after the last one that did, then
+    /// sleep as [`IdlePolicy::Interrupt`] does: under load it is busy polling, idle it
+    /// sleeps.
+    Hybrid {
+        /// How long to keep polling after the last pass that found work.
+        spin: Duration,
+    },
+}
+
+impl IdlePolicy {
+    /// [`IdlePolicy::Hybrid`] with the default spin (50 µs: longer than a fast device's
+    /// QD1 completion, so a steady stream of I/O never sleeps).
+    pub const HYBRID: IdlePolicy = IdlePolicy::Hybrid {
+        spin: Duration::from_micros(50),
+    };
+
+    /// Whether the policy sleeps on queue interrupts (its queues need them).
+    pub fn uses_interrupts(&self) -> bool {
+        matches!(self, IdlePolicy::Interrupt | IdlePolicy::Hybrid { .. })
+    }
 }
 
 /// Thresholds of [`IdlePolicy::Backoff`], counted in consecutive idle passes.
@@ -253,8 +277,11 @@ pub struct PollerReport {
     pub passes: u64,
     /// Passes that found nothing to do.
     pub idle_passes: u64,
-    /// Sleeps on the eventfd.
+    /// Sleeps on the eventfd (or, with interrupts, in epoll).
     pub sleeps: u64,
+    /// Interrupt-policy sleeps ended by an event (a completion interrupt or a
+    /// submission) rather than the time limit.
+    pub irq_wakeups: u64,
     /// Submit messages taken from rings.
     pub requests: u64,
     /// Completions posted to contexts.
@@ -411,6 +438,8 @@ impl ReactorBuilder {
             pollers,
             targets: self.targets.clone(),
         });
+        let mut queue = self.queue.clone();
+        queue.interrupts |= self.idle.uses_interrupts();
         let mut reactor = Reactor {
             shared: Arc::clone(&shared),
             threads: Vec::new(),
@@ -421,7 +450,7 @@ impl ReactorBuilder {
             let cfg = PollerConfig {
                 core,
                 targets: self.targets.clone(),
-                queue: self.queue.clone(),
+                queue: queue.clone(),
                 idle: self.idle,
                 budget: self.budget,
                 drain_timeout: self.drain_timeout,
