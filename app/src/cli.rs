@@ -244,6 +244,7 @@ Examples:
   kestrel perf -w randrw -M 70 -L --transport-stats
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
+  kestrel perf -q 1 --poll-mode hybrid
   kestrel perf --latency-plot lat.svg
   kestrel perf -t 1 --io-timeout 200ms --target emu:faults=drop/read/max1
   kestrel perf --target pci:0000:01:00.0 -c 0-1 -q 64";
@@ -350,6 +351,19 @@ pub enum DoorbellArg {
     Immediate,
 }
 
+/// `--poll-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollModeArg {
+    /// Poll without pause (the lowest latency; each poller core is always busy).
+    Busy,
+    /// Poll while completions come and for 50 us after the last, then sleep until a
+    /// completion interrupt.
+    Hybrid,
+    /// Sleep until a completion interrupt whenever a poll finds nothing.
+    Interrupt,
+}
+
 /// `kestrel perf`.
 #[derive(Args, Debug)]
 pub struct PerfArgs {
@@ -410,6 +424,10 @@ pub struct PerfArgs {
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller offers them.
     #[arg(long, value_name = "on|off", default_value = "on", action = ArgAction::Set, value_parser = switch_parser)]
     pub shadow_doorbells: bool,
+    /// How pollers wait: busy polling, or sleeping on completion interrupts (MSI-X through
+    /// VFIO, or the emulator's) when idle (hybrid: after a 50 us spin).
+    #[arg(long, value_enum, default_value_t = PollModeArg::Busy)]
+    pub poll_mode: PollModeArg,
     /// Completions reaped per poll of a queue pair (0: all that are ready, up to 128).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub max_completions: u32,

@@ -19,7 +19,7 @@ use kestrel::emu::EmuController;
 use kestrel::{QueueOptions, Target};
 use serde_json::json;
 
-use crate::cli::{DoorbellArg, PerfArgs};
+use crate::cli::{DoorbellArg, PerfArgs, PollModeArg};
 use crate::error::{AppError, Result};
 use crate::parse::{CoreSpec, StoreSpec, TargetSpec};
 use crate::targets::{self, OpenOptions, Opened};
@@ -660,6 +660,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         "io_queue_size": ring,
         "doorbell": match args.doorbell { DoorbellArg::Batched => "batched", DoorbellArg::Immediate => "immediate" },
         "shadow_doorbells": args.shadow_doorbells,
+        "poll_mode": args.poll_mode,
         "max_completions": args.max_completions,
         "verify": args.verify,
         "seed": args.seed,
@@ -693,7 +694,7 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
         timeout: Some(args.io_timeout),
-        interrupts: false,
+        interrupts: args.poll_mode != PollModeArg::Busy,
     };
     // Ctrl-C stops the run early and still reports what was measured (a second one exits
     // at once), as spdk_nvme_perf does.
@@ -730,6 +731,11 @@ pub fn run(args: &PerfArgs) -> Result<()> {
             number_ios: args.number_ios.unwrap_or(u64::MAX),
             count_syscalls: args.count_syscalls,
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
+            sleep_after_ns: match args.poll_mode {
+                PollModeArg::Busy => None,
+                PollModeArg::Interrupt => Some(0),
+                PollModeArg::Hybrid => Some(worker::HYBRID_SPIN_NS),
+            },
         };
         let sh = Arc::clone(&shared);
         let h = std::thread::Builder::new()

@@ -270,6 +270,12 @@ pub struct CoreJson {
     /// when the kernel does not report it. Busy time includes any of it that fell inside
     /// busy iterations.
     pub descheduled_ns: Option<u64>,
+    /// CPU time the poller thread used in the window (user + system) / window, %: about
+    /// 100 when busy polling; less with `--poll-mode hybrid|interrupt` when it slept. Null
+    /// when the kernel does not report it (`/proc/thread-self/schedstat`).
+    pub cpu_pct: Option<f64>,
+    /// Sleeps on completion interrupts in the window (`--poll-mode hybrid|interrupt`).
+    pub interrupt_sleeps: u64,
     /// System calls the poller made in the window (`--count-syscalls`; null otherwise).
     pub syscalls_in_window: Option<u64>,
     /// The number of the first of them (null when none or not counted).
@@ -594,6 +600,11 @@ pub fn build(
             iterations: c.iterations,
             idle_iterations: c.idle_iterations,
             descheduled_ns: c.descheduled_ns,
+            cpu_pct: c
+                .cpu_ns
+                .filter(|_| c.window_ns > 0)
+                .map(|n| (n as f64 * 1000.0 / c.window_ns as f64).round() / 10.0),
+            interrupt_sleeps: c.sleeps,
             syscalls_in_window: c.syscalls.map(|s| s.0),
             first_syscall_nr: c.syscalls.and_then(|s| s.1),
             transport: transport(&core_acc.stats),
@@ -970,6 +981,12 @@ pub fn render_text(r: &Report) -> String {
             Some(d) => format!(", descheduled {:.1} ms", d as f64 / 1e6),
             None => String::new(),
         };
+        if let Some(p) = c.cpu_pct {
+            desched += &format!(", CPU {p:.1} %");
+        }
+        if c.interrupt_sleeps > 0 {
+            desched += &format!(", {} interrupt sleeps", c.interrupt_sleeps);
+        }
         match (c.syscalls_in_window, c.first_syscall_nr) {
             (Some(n), Some(nr)) => desched += &format!(", {n} system calls (first: nr {nr})"),
             (Some(n), None) => desched += &format!(", {n} system calls"),
@@ -1162,6 +1179,8 @@ mod tests {
                 idle_iterations: 2,
                 undrained: 0,
                 descheduled_ns: Some(0),
+                cpu_ns: Some(0),
+                sleeps: 0,
                 syscalls: None,
             },
             CoreResult {
@@ -1174,6 +1193,8 @@ mod tests {
                 idle_iterations: 2,
                 undrained: 0,
                 descheduled_ns: Some(0),
+                cpu_ns: Some(0),
+                sleeps: 0,
                 syscalls: None,
             },
         ];
@@ -1240,6 +1261,8 @@ mod tests {
             idle_iterations: 0,
             undrained: 2,
             descheduled_ns: None,
+            cpu_ns: None,
+            sleeps: 0,
             syscalls: None,
         };
         let (r, _) = build(

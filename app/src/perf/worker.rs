@@ -24,6 +24,7 @@ use std::sync::{Arc, Barrier};
 
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
+use kestrel::aio::notify::InterruptWait;
 use kestrel::io::{Completion, IoError, IoRequest, QueueStats, SubmitError};
 use kestrel::target::QueueInUse;
 use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
@@ -90,7 +91,16 @@ pub struct WorkerConfig {
     /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
     /// drain after the run (see [`DRAIN_TIMEOUTS`]).
     pub io_timeout_ns: u64,
+    /// `--poll-mode`: `None` busy-polls; `Some(spin)` sleeps on the queues' interrupts
+    /// once no completion came for `spin` ns (0: interrupt mode, [`HYBRID_SPIN_NS`]:
+    /// hybrid), after clearing and checking each queue (`TargetQueue::arm_interrupt`).
+    pub sleep_after_ns: Option<u64>,
 }
+
+/// Hybrid mode's spin after the last completion (as the reactor's `IdlePolicy::HYBRID`).
+pub const HYBRID_SPIN_NS: u64 = 50_000;
+/// Longest interrupt sleep: command timeouts are checked by polls.
+const IRQ_SLEEP_MAX: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// What the pollers and the main thread share.
 pub struct Shared {
@@ -209,13 +219,28 @@ pub struct CoreResult {
     /// Time the poller waited for a CPU during the window (run-queue wait from
     /// `/proc/thread-self/schedstat`), when the kernel reports it.
     pub descheduled_ns: Option<u64>,
+    /// CPU time the poller thread used in the window (user + system, from the same
+    /// file), when the kernel reports it.
+    pub cpu_ns: Option<u64>,
+    /// Interrupt sleeps in the window (`--poll-mode hybrid|interrupt`).
+    pub sleeps: u64,
 }
 
 /// The calling thread's run-queue wait so far, ns (`/proc/thread-self/schedstat`, second
 /// field), or `None` without schedstats.
 pub fn thread_wait_ns() -> Option<u64> {
+    schedstat(1)
+}
+
+/// The calling thread's CPU time so far (user + system), ns: the first field of
+/// `/proc/thread-self/schedstat`.
+pub fn thread_cpu_ns() -> Option<u64> {
+    schedstat(0)
+}
+
+fn schedstat(field: usize) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().nth(1)?.parse().ok()
+    s.split_whitespace().nth(field)?.parse().ok()
 }
 
 #[derive(Clone, Copy)]
@@ -664,9 +689,14 @@ impl Worker<'_> {
         let mut measuring = false;
         let mut window_start = 0u64;
         let mut wait_start = None;
+        let mut cpu_start = None;
+        let cpu_end;
         let wait_end;
         let window_end;
         let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
+        // --poll-mode: when the queues last had work, and the sleeps in the window.
+        let (mut idle_since, mut sleeps) = (None::<u64>, 0u64);
+        let irq_wait = self.interrupt_wait()?;
         let mut completed_total = 0u64;
         // Completions counted in the window, and when the latest was reaped.
         let mut window_done = 0u64;
@@ -680,6 +710,7 @@ impl Worker<'_> {
                 measuring = true;
                 // Read outside the window's busy time: the iteration restarts its clock.
                 wait_start = thread_wait_ns();
+                cpu_start = thread_cpu_ns();
                 if let Some(c) = &self.syscalls {
                     c.arm();
                 }
@@ -694,12 +725,14 @@ impl Worker<'_> {
                 window_end = t0;
                 self.disarm_syscalls();
                 wait_end = thread_wait_ns();
+                cpu_end = thread_cpu_ns();
                 break;
             }
             if window_done >= cfg.number_ios {
                 window_end = last_completion;
                 self.disarm_syscalls();
                 wait_end = thread_wait_ns();
+                cpu_end = thread_cpu_ns();
                 break;
             }
             let mut work = 0u32;
@@ -733,6 +766,7 @@ impl Worker<'_> {
                 window_end = clock.now_ns();
                 self.disarm_syscalls();
                 wait_end = thread_wait_ns();
+                cpu_end = thread_cpu_ns();
                 break;
             }
             if measuring {
@@ -752,9 +786,20 @@ impl Worker<'_> {
                 p.latency_ns.store(self.prog_lat_ns, Ordering::Relaxed);
                 p.errors.store(self.prog_err, Ordering::Relaxed);
                 t0 = t1;
+                idle_since = None;
             } else {
                 if measuring {
                     idle += 1;
+                }
+                if let (Some(w), Some(spin)) = (&irq_wait, cfg.sleep_after_ns) {
+                    let since = *idle_since.get_or_insert(t0);
+                    // Clear each queue's interrupt, then look once more (a queue with no
+                    // interrupt always says look): a completion after this signals again.
+                    if t0 - since >= spin && self.queues.iter_mut().all(|q| !q.q.arm_interrupt()) {
+                        sleeps += u64::from(measuring);
+                        w.wait(IRQ_SLEEP_MAX);
+                        idle_since = None;
+                    }
                 }
                 t0 = clock.now_ns();
             }
@@ -798,7 +843,27 @@ impl Worker<'_> {
                 (Some(a), Some(b)) if measuring => Some(b.saturating_sub(a)),
                 _ => None,
             },
+            cpu_ns: match (cpu_start, cpu_end) {
+                (Some(a), Some(b)) if measuring => Some(b.saturating_sub(a)),
+                _ => None,
+            },
+            sleeps,
         })
+    }
+
+    /// `--poll-mode hybrid|interrupt`: the epoll set of the queues' interrupt eventfds.
+    fn interrupt_wait(&self) -> Result<Option<InterruptWait>, WorkerError> {
+        if self.cfg.sleep_after_ns.is_none() {
+            return Ok(None);
+        }
+        let w = InterruptWait::new().map_err(|e| format!("creating an epoll set: {e}"))?;
+        for q in &self.queues {
+            if let Some(fd) = q.q.interrupt_fd() {
+                w.watch(fd)
+                    .map_err(|e| format!("watching a queue's interrupt eventfd: {e}"))?;
+            }
+        }
+        Ok(Some(w))
     }
 
     /// `--verify` with writes: reads back every unit this poller wrote, sequentially at

@@ -137,6 +137,54 @@ impl Notify {
     }
 }
 
+/// A set of eventfds to sleep on together (epoll): a poller's [`Notify`] and its queues'
+/// interrupt eventfds ([`crate::target::TargetQueue::interrupt_fd`]). Used by the
+/// reactor's interrupt and hybrid policies and by `kestrel perf --poll-mode`. The caller
+/// follows the protocol of [`crate::target::TargetQueue::arm_interrupt`] (clear, check,
+/// then wait) so nothing is missed; `wait` itself allocates nothing.
+#[derive(Debug)]
+pub struct InterruptWait {
+    epoll: OwnedFd,
+}
+
+impl InterruptWait {
+    /// An empty set.
+    pub fn new() -> std::io::Result<Self> {
+        use rustix::event::epoll;
+        Ok(InterruptWait {
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+        })
+    }
+
+    /// Adds an eventfd; it wakes [`InterruptWait::wait`] while readable.
+    pub fn watch(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+        use rustix::event::epoll;
+        epoll::add(
+            &self.epoll,
+            fd,
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )?;
+        Ok(())
+    }
+
+    /// Sleeps until a watched eventfd is readable or `timeout` passes. Returns true if
+    /// an event ended it (an interrupted wait counts as a time-out: the caller looks
+    /// again either way).
+    pub fn wait(&self, timeout: Duration) -> bool {
+        use rustix::event::{epoll, Timespec};
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        let mut events = [epoll::Event {
+            flags: epoll::EventFlags::empty(),
+            data: epoll::EventData::new_u64(0),
+        }; 4];
+        matches!(epoll::wait(&self.epoll, &mut events[..], Some(&ts)), Ok(n) if n > 0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

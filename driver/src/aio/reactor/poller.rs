@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::io::{Completion, IoError, IoRequest, SubmitError};
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetQueue};
 
+use super::super::notify::InterruptWait;
 use super::super::wire::{self, CancelMsg, Msg, PollerEnd, PollerShared};
 use super::{
     Backoff, IdlePolicy, OnStart, PollerReport, QueueReport, ReactorError, MAX_CONTEXTS_PER_POLLER,
@@ -62,9 +63,9 @@ struct Poller {
     shared: Arc<PollerShared>,
     report: PollerReport,
     warned_invalid: bool,
-    /// The epoll set of the interrupt and hybrid policies: the poller's eventfd (data 0)
-    /// and each queue's interrupt eventfd (data 1 + queue index).
-    epoll: Option<std::os::fd::OwnedFd>,
+    /// The epoll set of the interrupt and hybrid policies: the poller's eventfd and each
+    /// queue's interrupt eventfd.
+    epoll: Option<InterruptWait>,
 }
 
 /// The poller thread: pins itself, makes its queues, reports ready, then passes until
@@ -233,17 +234,7 @@ impl Poller {
         } else {
             IRQ_SLEEP_IDLE
         };
-        let ts = rustix::event::Timespec {
-            tv_sec: max.as_secs() as _,
-            tv_nsec: max.subsec_nanos() as _,
-        };
-        let mut events = [rustix::event::epoll::Event {
-            flags: rustix::event::epoll::EventFlags::empty(),
-            data: rustix::event::epoll::EventData::new_u64(0),
-        }; 8];
-        // EINTR or any other failure is a wake-up: the loop polls and decides again.
-        let woken = rustix::event::epoll::wait(ep, &mut events[..], Some(&ts)).unwrap_or(0);
-        if woken > 0 {
+        if ep.wait(max) {
             self.report.irq_wakeups += 1;
         }
         n.woke();
@@ -626,26 +617,13 @@ fn route(chans: &mut [Option<Chan>], report: &mut PollerReport, c: Completion) {
 fn make_epoll(
     shared: &PollerShared,
     queues: &[Box<dyn TargetQueue>],
-) -> std::io::Result<std::os::fd::OwnedFd> {
-    use rustix::event::epoll;
-    let ep = epoll::create(epoll::CreateFlags::CLOEXEC)?;
-    epoll::add(
-        &ep,
-        shared.notify.fd(),
-        epoll::EventData::new_u64(0),
-        epoll::EventFlags::IN,
-    )?;
-    for (i, q) in queues.iter().enumerate() {
-        if let Some(fd) = q.interrupt_fd() {
-            epoll::add(
-                &ep,
-                fd,
-                epoll::EventData::new_u64(1 + i as u64),
-                epoll::EventFlags::IN,
-            )?;
-        }
+) -> std::io::Result<InterruptWait> {
+    let w = InterruptWait::new()?;
+    w.watch(shared.notify.fd())?;
+    for fd in queues.iter().filter_map(|q| q.interrupt_fd()) {
+        w.watch(fd)?;
     }
-    Ok(ep)
+    Ok(w)
 }
 
 /// Whether a context's rings hold something for the poller.

@@ -19,9 +19,9 @@ use std::sync::Arc;
 
 use vfio_bindings::bindings::vfio::{
     vfio_device_info, vfio_group_status, vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap,
-    vfio_iommu_type1_info, vfio_irq_info, vfio_irq_set, vfio_region_info,
-    VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ,
-    VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
+    vfio_iommu_type1_info, vfio_irq_info, vfio_irq_set, vfio_region_info, VFIO_BASE,
+    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_IRQ_SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_TYPE,
 };
 
 /// `_IO(VFIO_TYPE, VFIO_BASE + n)`.
