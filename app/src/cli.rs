@@ -235,7 +235,13 @@ On the default emulator the namespace is backed by the null store (reads return 
 writes are dropped: the figures measure the driver, not memcpy), or by memory with
 --verify. The emulator thread is pinned to a core not in --cores when there is one; it needs
 a core of its own, so on the emulator use at most one poller fewer than the machine has
-cores (with none left it shares the pollers' cores, and the report says so).
+cores. Busy pollers on every core are refused (exit 2) unless the emulator's place is given
+(emu:core=N|none: it then shares the pollers' cores, and the report says so) or the pollers
+sleep when idle (--poll-mode hybrid|interrupt); a one-core machine shares its core.
+
+--poll-mode hybrid|interrupt creates the queues with completion interrupts (MSI-X through
+VFIO, or the emulator's) and sleeps on them when idle; the CPU line per core gives the
+poller thread's CPU time over the window and its interrupt sleeps.
 
 Examples:
   kestrel perf -t 5

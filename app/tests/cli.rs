@@ -846,7 +846,8 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
         "--json",
         "--quiet",
         "--target",
-        "emu:size=64M",
+        // Both cores poll: the emulator shares them (unpinned), as asked.
+        "emu:size=64M,core=none",
     ]));
     let pc = j["per_core"].as_array().unwrap();
     assert_eq!(pc.len(), 2);
@@ -1195,4 +1196,26 @@ fn count_syscalls_finds_none_in_a_polled_nvme_window_and_the_file_targets_enters
     // The file target enters io_uring: counted, so the counter is in the path.
     assert!(counted[1].0 > 0, "{counted:?}");
     assert_eq!(counted[1].1, libc::SYS_io_uring_enter, "{counted:?}");
+}
+
+#[test]
+fn busy_pollers_on_every_core_with_the_emulator_are_refused() {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    if ids.len() < 2 {
+        eprintln!(
+            "skipped: needs 2 cores available, this process has {}",
+            ids.len()
+        );
+        return;
+    }
+    let all = ids
+        .iter()
+        .map(|c| c.id.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = kestrel(&["perf", "-t", "1", "-c", &all, "--quiet"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("leaving the emulator thread no core"), "{err}");
+    assert!(err.contains("--poll-mode hybrid|interrupt"), "{err}");
 }

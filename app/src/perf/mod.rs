@@ -374,6 +374,23 @@ pub fn run(args: &PerfArgs) -> Result<()> {
         check_plot_path(p)?;
     }
     let spare_core = avail.iter().copied().find(|c| !cores.contains(c));
+    if spare_core.is_none() && avail.len() > 1 && args.poll_mode == PollModeArg::Busy {
+        // Busy pollers on every core would leave an emulator thread only the scheduler's
+        // time slices: refuse rather than measure that, unless its core was chosen. (On a
+        // one-core machine nothing better exists: the run goes ahead and says so.)
+        if specs
+            .iter()
+            .any(|s| matches!(s, TargetSpec::Emu(e) if e.core.is_none()))
+        {
+            return Err(AppError::usage(format!(
+                "every core available to kestrel ({}) would run a busy poller, leaving the emulator thread no core: the run would measure their contention, not the driver. Use at most {} poller core{} (-c {}), or --poll-mode hybrid|interrupt (pollers sleep when idle), or place the emulator yourself with emu:core=N|none",
+                core_list_text(&avail),
+                avail.len() - 1,
+                if avail.len() == 2 { "" } else { "s" },
+                core_list_text(&avail[..avail.len() - 1]),
+            )));
+        }
+    }
     let per_ctrlr_queues = cores.len() as u32 * args.qpairs_per_core;
     // Queues to ask each controller for: one set per namespace the run may use. A PCI
     // controller's namespaces are known only once it is up, so without /ns=N it is asked
