@@ -363,7 +363,7 @@ pub enum DoorbellArg {
 pub enum PollModeArg {
     /// Poll without pause (the lowest latency; each poller core is always busy).
     Busy,
-    /// Poll while completions come and for 50 us after the last, then sleep until a
+    /// Poll while completions come and for 1 ms after the last, then sleep until a
     /// completion interrupt.
     Hybrid,
     /// Sleep until a completion interrupt whenever a poll finds nothing.
@@ -431,7 +431,7 @@ pub struct PerfArgs {
     #[arg(long, value_name = "on|off", default_value = "on", action = ArgAction::Set, value_parser = switch_parser)]
     pub shadow_doorbells: bool,
     /// How pollers wait: busy polling, or sleeping on completion interrupts (MSI-X through
-    /// VFIO, or the emulator's) when idle (hybrid: after a 50 us spin).
+    /// VFIO, or the emulator's) when idle (hybrid: after polling 1 ms without a completion).
     #[arg(long, value_enum, default_value_t = PollModeArg::Busy)]
     pub poll_mode: PollModeArg,
     /// Completions reaped per poll of a queue pair (0: all that are ready, up to 128).

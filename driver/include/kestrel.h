@@ -67,7 +67,7 @@ extern "C" {
 /* kestrel_reactor_start() flags: how idle pollers wait (at most one; none: busy-poll) */
 #define KESTREL_REACTOR_BACKOFF 1u   /* pause, yield, then sleep when nothing is in flight */
 #define KESTREL_REACTOR_INTERRUPT 2u /* sleep on completion interrupts whenever idle */
-#define KESTREL_REACTOR_HYBRID 4u    /* busy-poll under load, sleep on interrupts after 50 us idle */
+#define KESTREL_REACTOR_HYBRID 4u    /* busy-poll under load, sleep on interrupts when idle */
 
 /* struct kestrel_info.flags */
 #define KESTREL_INFO_WRITE_ZEROES (1u << 0)

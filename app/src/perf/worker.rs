@@ -97,8 +97,9 @@ pub struct WorkerConfig {
     pub sleep_after_ns: Option<u64>,
 }
 
-/// Hybrid mode's spin after the last completion (as the reactor's `IdlePolicy::HYBRID`).
-pub const HYBRID_SPIN_NS: u64 = 50_000;
+/// Hybrid mode's spin after the last completion: a perf poller always has I/O in flight,
+/// so this is the reactor's `IdlePolicy::HYBRID` spin with I/O in flight.
+pub const HYBRID_SPIN_NS: u64 = 1_000_000;
 /// Longest interrupt sleep: command timeouts are checked by polls.
 const IRQ_SLEEP_MAX: std::time::Duration = std::time::Duration::from_millis(10);
 

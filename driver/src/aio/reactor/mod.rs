@@ -209,20 +209,26 @@ pub enum IdlePolicy {
     /// submission wakes the poller. The queues are created with interrupts
     /// ([`QueueOptions::interrupts`]).
     Interrupt,
-    /// Busy-poll while passes find work and for `spin` after the last one that did, then
-    /// sleep as [`IdlePolicy::Interrupt`] does: under load it is busy polling, idle it
-    /// sleeps.
+    /// Busy-poll under load, sleep when idle: after the last pass that found work the
+    /// poller keeps polling for `in_flight_spin` while I/O is at a queue (a fast device's
+    /// next completion is then caught by polling, so a loaded poller never sleeps; a slow
+    /// or stalled device does not hold the core), or for `idle_spin` when nothing is in
+    /// flight; then it sleeps as [`IdlePolicy::Interrupt`] does.
     Hybrid {
-        /// How long to keep polling after the last pass that found work.
-        spin: Duration,
+        /// How long to keep polling after the last pass that found work, with nothing in
+        /// flight.
+        idle_spin: Duration,
+        /// The same, with I/O in flight.
+        in_flight_spin: Duration,
     },
 }
 
 impl IdlePolicy {
-    /// [`IdlePolicy::Hybrid`] with the default spin (50 µs: longer than a fast device's
-    /// QD1 completion, so a steady stream of I/O never sleeps).
+    /// [`IdlePolicy::Hybrid`] with the default spins: 50 µs with nothing in flight, 1 ms
+    /// with I/O in flight (longer than a fast device takes to complete a command).
     pub const HYBRID: IdlePolicy = IdlePolicy::Hybrid {
-        spin: Duration::from_micros(50),
+        idle_spin: Duration::from_micros(50),
+        in_flight_spin: Duration::from_millis(1),
     };
 
     /// Whether the policy sleeps on queue interrupts (its queues need them).

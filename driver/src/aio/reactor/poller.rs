@@ -114,10 +114,19 @@ pub(super) fn poller_main(
             IdlePolicy::BusyPoll => {}
             IdlePolicy::Backoff(b) => p.back_off(&b, idle),
             IdlePolicy::Interrupt => p.irq_sleep(),
-            IdlePolicy::Hybrid { spin } => {
+            IdlePolicy::Hybrid {
+                idle_spin,
+                in_flight_spin,
+            } => {
                 if idle == 1 {
                     idle_since = Instant::now();
-                } else if idle_since.elapsed() >= spin {
+                } else if idle_since.elapsed()
+                    >= if p.outstanding() {
+                        in_flight_spin
+                    } else {
+                        idle_spin
+                    }
+                {
                     p.irq_sleep();
                     // The spin starts again after a wake-up that finds nothing.
                     idle = 0;
