@@ -989,12 +989,16 @@ fn an_emulator_without_a_core_of_its_own_is_reported() {
         "2",
         "-c",
         &cores,
+        // Busy pollers on every core are refused (below); sleeping ones may share.
+        "--poll-mode",
+        "hybrid",
         "--json",
         "--quiet",
         "--target",
         "emu:size=64M",
     ]);
     let j = json(&o);
+    assert_eq!(j["config"]["poll_mode"], "hybrid");
     let w = j["warnings"].as_array().unwrap();
     assert!(
         w.iter()
