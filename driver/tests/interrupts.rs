@@ -11,8 +11,9 @@
 //! is CPU time used, not progress made: a loaded machine can only stretch the wall time
 //! (making the ratio smaller), never add CPU time to a thread asleep in `epoll_wait`. An
 //! idle poller wakes at most every 100 ms (its sleep limit), a few microseconds each, so
-//! the expected figure is ~0.01%, two orders of magnitude below the bound; the busy-poll
-//! figure printed beside it shows the measurement sees a spinning thread.
+//! the expected figure is ~0.01%, two orders of magnitude below the bound. (A busy-polling
+//! reactor measured the same way shows tens of percent, whatever share of the core a
+//! loaded machine leaves it; it is not run here, to keep a spinning thread off CI's cores.)
 
 mod common;
 
@@ -241,11 +242,6 @@ fn an_idle_reactor_sleeps_in_interrupt_and_hybrid_mode() {
         assert!(irqs > 0, "{name}: the emulator raised no interrupt");
         assert!(p.irq_wakeups > 0, "{name}: no sleep ended by an event");
     }
-    // For comparison (not asserted: a loaded machine decides how much CPU a spinning
-    // thread gets): busy polling.
-    let (frac, _, irqs) = run(IdlePolicy::BusyPoll);
-    println!("busy: idle poller used {:.1} % of a core", frac * 100.0);
-    assert_eq!(irqs, 0, "busy polling created queues with interrupts");
 }
 
 #[test]
