@@ -16,7 +16,11 @@ impl IoQpair {
     pub(super) fn defer(&mut self, token: u64, result: Result<(), IoError>) {
         // Capacity is trackers + software queue: every request is in one of those places
         // when it is deferred, so this never grows past the preallocation.
-        self.deferred.push_back(Completion { token, result });
+        self.deferred.push_back(Completion {
+            token,
+            result,
+            value: 0,
+        });
     }
 
     /// Reaps at most `max` completions (capped at [`MAX_COMPLETIONS_PER_POLL`]), calling
@@ -50,7 +54,7 @@ impl IoQpair {
             };
             let fetched = self.unwrap_sq_head(cqe.sq_head());
             reaped += 1;
-            delivered += self.complete(cqe.cid(), cqe.status(), cqe.dw0, fetched, done);
+            delivered += self.complete(cqe.cid(), cqe.status(), cqe.value(), fetched, done);
         }
         if reaped > 0 {
             self.ring_cq(old_head);
@@ -74,7 +78,7 @@ impl IoQpair {
         &mut self,
         cid: u16,
         status: Status,
-        _dw0: u32,
+        value: u64,
         fetched: Option<u64>,
         done: &mut dyn FnMut(Completion),
     ) -> u32 {
@@ -124,8 +128,14 @@ impl IoQpair {
             }
             Err(IoError::Nvme(status))
         };
+        let whole = self.trackers[cid as usize].parent == NO_PARENT;
         match self.retire(cid, result) {
-            Some(c) => {
+            Some(mut c) => {
+                // The command specific result (Zone Append: the LBA written) of a command
+                // that is not a piece of a split request.
+                if whole && c.result.is_ok() {
+                    c.value = value;
+                }
                 self.stats.completed += 1;
                 done(c);
                 1
@@ -166,7 +176,11 @@ impl IoQpair {
         self.in_flight -= 1;
         self.free.push_back(cid);
         if parent == NO_PARENT {
-            return Some(Completion { token, result });
+            return Some(Completion {
+                token,
+                result,
+                value: 0,
+            });
         }
         let p = &mut self.parents[parent as usize];
         p.outstanding -= 1;
@@ -177,6 +191,7 @@ impl IoQpair {
             let c = Completion {
                 token: p.req.token,
                 result: p.first_error.map_or(Ok(()), Err),
+                value: 0,
             };
             self.parent_free.push(parent);
             return Some(c);

@@ -21,6 +21,7 @@ impl IoQpair {
                 let c = Completion {
                     token: p.req.token,
                     result: Err(err),
+                    value: 0,
                 };
                 self.parent_free.push(pi);
                 self.deferred.push_back(c);
@@ -38,6 +39,7 @@ impl IoQpair {
             self.deferred.push_back(Completion {
                 token: r.token,
                 result: Err(err),
+                value: 0,
             });
         }
     }

@@ -4,6 +4,7 @@
 use crate::io::{IoError, IoOp, IoRequest};
 use crate::nvme::format::IoProtection;
 use crate::nvme::prp;
+use crate::spec::zns::zra;
 use crate::spec::{DsmRange, Sqe, Status};
 
 use super::{IoQpair, Parent, NO_PARENT};
@@ -85,6 +86,11 @@ impl IoQpair {
         bs: u32,
         prot: IoProtection,
     ) {
+        let report_len = if req.op == IoOp::ReportZones {
+            self.report_bytes(req)
+        } else {
+            0
+        };
         let t = &mut self.trackers[cid as usize];
         let lba = req.lba + blk_off as u64;
         let mut sqe = match req.op {
@@ -104,6 +110,22 @@ impl IoQpair {
                     Sqe::write(req.nsid, lba, nlb, prp1, prp2)
                 }
             }
+            IoOp::ZoneAppend | IoOp::ReportZones => {
+                let len = if req.op == IoOp::ReportZones {
+                    report_len
+                } else {
+                    nlb as usize * bs as usize
+                };
+                let (prp1, prp2) = prp::build(req.data.as_slice(), 0, len, &t.prp)
+                    // Validation checked the transfer against one command's size.
+                    .expect("validated transfer fits the tracker's prp list");
+                if req.op == IoOp::ZoneAppend {
+                    Sqe::zone_append(req.nsid, lba, nlb, prp1, prp2)
+                } else {
+                    Sqe::report_zones(req.nsid, lba, len as u32, zra::ALL, true, prp1, prp2)
+                }
+            }
+            IoOp::ZoneSend { action, all } => Sqe::zone_mgmt_send(req.nsid, lba, action.zsa(), all),
             IoOp::Flush => Sqe::flush(req.nsid),
             IoOp::WriteZeroes => Sqe::write_zeroes(req.nsid, lba, nlb, false),
             IoOp::Deallocate => {

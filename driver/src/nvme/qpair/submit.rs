@@ -44,6 +44,9 @@ impl IoQpair {
         if ns.unsupported.is_some() {
             return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
         }
+        if ns.zones.is_some() || req.op.is_zoned() {
+            self.validate_zoned(req, ns.zones, ns.block_size)?;
+        }
         let op = req.op.name();
         if !req.op.has_data() && !req.data.is_empty() {
             return Err(InvalidRequest::BadSegments {
@@ -74,7 +77,7 @@ impl IoQpair {
                 return Err(InvalidRequest::Unsupported { op })
             }
             IoOp::Deallocate if !ns.deallocate => return Err(InvalidRequest::Unsupported { op }),
-            IoOp::Read | IoOp::Write => {
+            IoOp::Read | IoOp::Write | IoOp::ZoneAppend | IoOp::ReportZones => {
                 if req.data.is_empty() {
                     return Err(InvalidRequest::BadSegments {
                         op,
@@ -82,7 +85,11 @@ impl IoQpair {
                         why: "reads and writes need a buffer",
                     });
                 }
-                let need = req.nlb as u64 * ns.block_size as u64;
+                let need = if req.op == IoOp::ReportZones {
+                    self.report_bytes(req) as u64
+                } else {
+                    req.nlb as u64 * ns.block_size as u64
+                };
                 let have = req.data.total_len() as u64;
                 if have < need {
                     return Err(InvalidRequest::LengthMismatch {
@@ -113,6 +120,75 @@ impl IoQpair {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The zone rules the driver checks before a command reaches a zoned namespace (the
+    /// write-pointer rule is the device's): zoned operations only on zoned namespaces, at a
+    /// zone start, within the namespace; no Zone Append or write larger than one command.
+    #[cold]
+    fn validate_zoned(
+        &self,
+        req: &IoRequest,
+        zones: Option<crate::io::ZoneGeometry>,
+        block_size: u32,
+    ) -> Result<(), InvalidRequest> {
+        let op = req.op.name();
+        let Some(z) = zones else {
+            return Err(InvalidRequest::NotZoned { op, nsid: req.nsid });
+        };
+        let capacity = z.zones * z.zone_size;
+        let one_command = self.max_command_bytes.min(65536 * block_size as u64);
+        let bytes = req.nlb as u64 * block_size as u64;
+        match req.op {
+            IoOp::ZoneAppend | IoOp::Write => {
+                let max = if req.op == IoOp::ZoneAppend {
+                    z.zasl_bytes.min(one_command)
+                } else {
+                    one_command
+                };
+                if bytes > max {
+                    return Err(InvalidRequest::ZonedTooLarge { op, bytes, max });
+                }
+            }
+            IoOp::ZoneSend { all: true, .. } => return Ok(()),
+            IoOp::ReportZones | IoOp::ZoneSend { .. } if req.lba >= capacity => {
+                return Err(InvalidRequest::OutOfRange {
+                    nsid: req.nsid,
+                    lba: req.lba,
+                    nlb: 1,
+                    capacity,
+                });
+            }
+            IoOp::ReportZones => {
+                if self.report_bytes(req) < crate::spec::zns::ZONE_DESCRIPTOR_SIZE * 2 {
+                    return Err(InvalidRequest::LengthMismatch {
+                        op,
+                        nlb: 0,
+                        block_size,
+                        need: crate::spec::zns::ZONE_DESCRIPTOR_SIZE as u64 * 2,
+                        have: req.data.total_len() as u64,
+                    });
+                }
+                return Ok(());
+            }
+            IoOp::ZoneSend { .. } => {}
+            _ => return Ok(()),
+        }
+        if req.op != IoOp::Write && req.lba % z.zone_size != 0 {
+            return Err(InvalidRequest::NotZoneStart {
+                op,
+                lba: req.lba,
+                zone_size: z.zone_size,
+                zslba: z.zone_start(req.lba),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes a Report Zones transfers: its buffer, at most one command's worth, whole
+    /// dwords.
+    pub(super) fn report_bytes(&self, req: &IoRequest) -> usize {
+        (req.data.total_len() as u64).min(self.max_command_bytes) as usize & !3
     }
 
     /// Submits one request. It reaches the device at the next doorbell write (now in
