@@ -94,6 +94,7 @@ fn spawn(
             number_ios: args.number_ios.unwrap_or(u64::MAX),
             count_syscalls: args.count_syscalls,
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
+            zoned: args.workload.zoned(),
         };
         let sh = Arc::clone(shared);
         let h = std::thread::Builder::new()

@@ -11,6 +11,9 @@ impl Worker<'_> {
     /// Picks the next I/O's unit and direction and submits it in `slot`.
     pub(super) fn submit(&mut self, qi: usize, slot: usize, now: u64) -> Result<(), WorkerError> {
         let cfg = self.cfg;
+        if cfg.zoned.is_some() {
+            return self.submit_zoned(qi, slot, now);
+        }
         let ts = &mut self.targets[self.queues[qi].target];
         let write = cfg.read_pct < 100 && (cfg.read_pct == 0 || self.rng.u8(..100) >= cfg.read_pct);
         let mut unit = if cfg.random {
@@ -63,7 +66,11 @@ impl Worker<'_> {
                     .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
             }
         }
-        let req = if write {
+        let req = if write && cfg.zoned == Some(crate::cli::ZonedMode::Append) {
+            // One append in flight per zone: it lands at the write pointer, `lba`.
+            let zslba = lba - lba % ts.zone_blocks;
+            IoRequest::zone_append(ts.nsid, zslba, ts.io_blocks, q.slices[slot], slot as u64)
+        } else if write {
             IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
         } else {
             IoRequest::read(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
@@ -73,6 +80,7 @@ impl Worker<'_> {
             unit,
             gen,
             write,
+            reset: false,
         };
         match q.q.submit(req) {
             Ok(()) => {
@@ -119,6 +127,9 @@ impl Worker<'_> {
                 cfg.core, c.token
             ));
         };
+        if slot.reset {
+            return self.reset_done(qi, slot_i, c);
+        }
         let r = &mut ts.res;
         r.outcomes.record(c.result);
         // Throughput and latency are of successful I/Os only; the warmup's are seen by
@@ -143,6 +154,12 @@ impl Worker<'_> {
             }
         }
         let lba0 = (ts.first_unit + slot.unit) * ts.io_blocks as u64;
+        if cfg.zoned.is_some() && slot.write {
+            self.zone_written(qi, slot_i, lba0, &c)?;
+        }
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let r = &mut ts.res;
         if let Err(e) = c.result {
             if e == IoError::DeviceRemoved {
                 self.dead += usize::from(!q.dead);
