@@ -122,7 +122,7 @@ fn writing_workloads_are_refused_on_a_zoned_namespace() {
     assert_eq!(v["targets"].as_array().unwrap().len(), 1);
     assert_eq!(v["config"]["skipped_namespaces"][0]["nsid"], 2);
     assert!(
-        stderr(&o).contains("skipping emulator ns2: a zoned namespace"),
+        stderr(&o).contains("skipping nsid 2 (emulator ns2): a zoned namespace"),
         "{}",
         stderr(&o)
     );

@@ -82,8 +82,9 @@ pub(super) fn lay_out(args: &PerfArgs, plan: &Plan, opened: &[Opened]) -> Result
                 }
                 // Said even with --quiet: part of the run is not done.
                 eprintln!(
-                    "kestrel perf: note: {}: skipping {}: {why}",
+                    "kestrel perf: note: {}: skipping nsid {} ({}): {why}",
                     o.spec(),
+                    info.nsid,
                     info.name
                 );
                 l.skipped.push(json!({

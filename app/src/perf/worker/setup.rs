@@ -24,7 +24,7 @@ impl Worker<'_> {
             let total_units = info.num_blocks / io_blocks as u64;
             let (first_unit, units) = partition(total_units, cfg.pollers, cfg.index);
             let zone = match cfg.zoned {
-                Some(_) => Some(zoned::plan(cfg, &info, io_blocks)?),
+                Some(_) => Some(zoned::plan(cfg, info, io_blocks)?),
                 None => None,
             };
             let (first_unit, mut units) = zone
