@@ -24,7 +24,8 @@
 # 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
 # extended LBA, 5 zoned (4 KiB, 8 MiB zones), 6 4 KiB + 16 B metadata with
 # 64-bit guard PI type 1. Kestrel serves 1, 2 and 3 (8-byte PI metadata, with
-# PRACT) and refuses the others.
+# PRACT) and 5 as zoned (zone-write and zone-append perf runs, the suite's zoned
+# cases), and refuses the others.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
