@@ -51,6 +51,7 @@ fn run(time_ns: u64, verify: bool, zoned: Option<ZonedMode>) -> (u64, u64) {
             immediate_doorbell: false,
             shadow_doorbells: true,
             timeout: None,
+            interrupts: false,
         },
         max_completions: 0,
         verify,
@@ -61,6 +62,7 @@ fn run(time_ns: u64, verify: bool, zoned: Option<ZonedMode>) -> (u64, u64) {
         count_syscalls: false,
         io_timeout_ns: 30_000_000_000,
         zoned,
+        sleep_after_ns: None,
     };
     let shared = Arc::new(Shared::new(1));
     let sh = Arc::clone(&shared);
