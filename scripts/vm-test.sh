@@ -24,7 +24,8 @@
 # 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
 # extended LBA, 5 zoned (4 KiB, 8 MiB zones), 6 4 KiB + 16 B metadata with
 # 64-bit guard PI type 1. Kestrel serves 1, 2 and 3 (8-byte PI metadata, with
-# PRACT) and refuses the others.
+# PRACT) and 5 as zoned (zone-write and zone-append perf runs, the suite's zoned
+# cases), and refuses the others.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
@@ -128,7 +129,7 @@ VM_NVME_NAMESPACES=(
     "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M"
     "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1,pif=2"
 )
-ns_supported='1 2 3' ns_refused='4 5 6'
+ns_supported='1 2 3' ns_zoned='5' ns_refused='4 6'
 vm_check_payload "$binary"
 binary=$(realpath "$binary")
 
@@ -158,7 +159,7 @@ run_mode() {
     if [[ -n $guest_cmd ]]; then
         cmd=$guest_cmd
     else
-        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
+        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_ZONED='$ns_zoned' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"

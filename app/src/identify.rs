@@ -53,6 +53,42 @@ pub struct NamespaceJson {
     /// How kestrel's I/O handles the protection information: "none", or the controller
     /// inserting and checking it (PRACT).
     pub io_protection: String,
+    /// The zone geometry of a zoned namespace kestrel serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zoned: Option<ZonedJson>,
+}
+
+/// The zones of a zoned namespace (Zoned Namespace Command Set).
+#[derive(Serialize, Debug)]
+pub struct ZonedJson {
+    /// ZSZE: zone size in LBAs.
+    pub zone_size_lbas: u64,
+    /// Zone size in bytes.
+    pub zone_size_bytes: u64,
+    /// Number of zones.
+    pub zones: u64,
+    /// Maximum open zones (MOR + 1); null: no limit.
+    pub max_open: Option<u32>,
+    /// Maximum active zones (MAR + 1); null: no limit.
+    pub max_active: Option<u32>,
+    /// The largest Zone Append in bytes (ZASL; MDTS when ZASL is 0).
+    pub zasl_bytes: u64,
+    /// ZOC, raw.
+    pub zoc: u16,
+}
+
+impl ZonedJson {
+    fn of(z: &kestrel::ZoneGeometry, block_size: u32) -> Self {
+        ZonedJson {
+            zone_size_lbas: z.zone_size,
+            zone_size_bytes: z.zone_size * u64::from(block_size),
+            zones: z.zones,
+            max_open: z.max_open,
+            max_active: z.max_active,
+            zasl_bytes: z.zasl_bytes,
+            zoc: z.zoc,
+        }
+    }
 }
 
 /// A namespace's format: LBA format, metadata, end-to-end protection, command set.
@@ -228,6 +264,7 @@ pub fn describe(o: &Opened) -> TargetJson {
                     io_supported: ns.supported(),
                     unsupported_reason: ns.unsupported.as_ref().map(|u| u.why.clone()),
                     io_protection: ns.protection.describe(),
+                    zoned: ns.zones.as_ref().map(|z| ZonedJson::of(z, ns.block_size)),
                 })
                 .collect();
             TargetJson::Nvme(Box::new(ControllerJson {
@@ -302,6 +339,7 @@ pub fn describe(o: &Opened) -> TargetJson {
                     io_supported: true,
                     io_protection: "none".into(),
                     unsupported_reason: None,
+                    zoned: None,
                 }],
             })
         }
@@ -464,6 +502,20 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
             Some(why) => format!("refused: {why} (see docs/formats.md)"),
         }
     );
+    if let Some(z) = &ns.zoned {
+        let limit = |v: Option<u32>| v.map_or("no limit".to_string(), |n| n.to_string());
+        let _ = writeln!(
+            s,
+            "    {:<24} zoned: {} zones of {} LBAs ({}), max open {}, max active {}, zone append up to {} (ZASL)",
+            "Zones",
+            z.zones,
+            z.zone_size_lbas,
+            human_bytes(z.zone_size_bytes),
+            limit(z.max_open),
+            limit(z.max_active),
+            human_bytes(z.zasl_bytes)
+        );
+    }
     let _ = writeln!(
         s,
         "    {:<24} {} LBAs x {} bytes = {} bytes ({})",

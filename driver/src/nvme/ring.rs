@@ -20,11 +20,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::hw::dma::{DmaBuf, DmaError, DmaPool};
 use crate::spec::{Cqe, Sqe, Status};
 
-/// The dwords of a reaped completion entry that the driver uses (dword 1 is reserved).
+/// The dwords of a reaped completion entry.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Reaped {
     /// Dword 0: the command-specific result.
     pub dw0: u32,
+    /// Dword 1: the command-specific result, continued (Zone Append: the high 32 bits of
+    /// the LBA written).
+    pub dw1: u32,
     /// Dword 2: SQ Head Pointer (15:0) and SQ Identifier (31:16).
     pub dw2: u32,
     /// Dword 3: CID (15:0), phase (16), status (31:17).
@@ -32,6 +35,11 @@ pub struct Reaped {
 }
 
 impl Reaped {
+    /// The command specific result: Dword 0 in the low 32 bits, Dword 1 in the high ones.
+    #[inline]
+    pub fn value(&self) -> u64 {
+        u64::from(self.dw0) | u64::from(self.dw1) << 32
+    }
     /// The command identifier.
     #[inline]
     pub fn cid(&self) -> u16 {
@@ -54,7 +62,7 @@ impl Reaped {
     }
     /// The whole entry.
     pub fn to_cqe(self) -> Cqe {
-        Cqe::from_dwords(self.dw0, 0, self.dw2, self.dw3)
+        Cqe::from_dwords(self.dw0, self.dw1, self.dw2, self.dw3)
     }
 }
 
@@ -177,14 +185,20 @@ impl RingPair {
         // SAFETY: the entry is inside the CQ memory (above); the acquire load of its dword
         // 3 ordered these reads after the controller's writes, and it will not rewrite the
         // slot before we move the head doorbell past it.
-        let (dw0, dw2) = unsafe { (p.read_volatile(), p.add(2).read_volatile()) };
+        let (dw0, dw1, dw2) = unsafe {
+            (
+                p.read_volatile(),
+                p.add(1).read_volatile(),
+                p.add(2).read_volatile(),
+            )
+        };
         if head + 1 == self.depth {
             self.cq_head = 0;
             self.cq_phase = !self.cq_phase;
         } else {
             self.cq_head = head + 1;
         }
-        Some(Reaped { dw0, dw2, dw3 })
+        Some(Reaped { dw0, dw1, dw2, dw3 })
     }
 
     /// Whether the entry at the CQ head is new (its phase tag says so), without taking it.

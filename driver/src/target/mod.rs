@@ -43,6 +43,9 @@ pub struct TargetInfo {
     pub flush: bool,
     /// Writes are refused.
     pub read_only: bool,
+    /// The zone geometry of a zoned namespace (writes go at a zone's write pointer; Zone
+    /// Append, Zone Management and Report Zones apply); `None`: not zoned.
+    pub zones: Option<crate::io::ZoneGeometry>,
 }
 
 /// Options for a queue created on a target.

@@ -11,6 +11,9 @@ impl Worker<'_> {
     /// Picks the next I/O's unit and direction and submits it in `slot`.
     pub(super) fn submit(&mut self, qi: usize, slot: usize, now: u64) -> Result<(), WorkerError> {
         let cfg = self.cfg;
+        if cfg.zoned.is_some() {
+            return self.submit_zoned(qi, slot, now);
+        }
         let ts = &mut self.targets[self.queues[qi].target];
         let write = cfg.read_pct < 100 && (cfg.read_pct == 0 || self.rng.u8(..100) >= cfg.read_pct);
         let mut unit = if cfg.random {
@@ -64,15 +67,22 @@ impl Worker<'_> {
             }
         }
         let req = &mut q.reqs[slot];
-        req.op = if write { IoOp::Write } else { IoOp::Read };
+        if write && cfg.zoned == Some(crate::cli::ZonedMode::Append) {
+            // One append in flight per zone: it lands at the write pointer, `lba`.
+            req.op = IoOp::ZoneAppend;
+            req.lba = lba - lba % ts.zone_blocks;
+        } else {
+            req.op = if write { IoOp::Write } else { IoOp::Read };
+            req.lba = lba;
+        }
         req.nsid = ts.nsid;
-        req.lba = lba;
         req.nlb = ts.io_blocks;
         q.slots[slot] = Slot {
             submit_raw: now,
             unit,
             gen,
             write,
+            reset: false,
         };
         match q.q.submit_ref(&q.reqs[slot]) {
             Ok(()) => {
@@ -119,6 +129,9 @@ impl Worker<'_> {
                 cfg.core, c.token
             ));
         };
+        if slot.reset {
+            return self.reset_done(qi, slot_i, c);
+        }
         let r = &mut ts.res;
         r.outcomes.record(c.result);
         // Throughput and latency are of successful I/Os only; the warmup's are seen by
@@ -143,6 +156,12 @@ impl Worker<'_> {
             }
         }
         let lba0 = (ts.first_unit + slot.unit) * ts.io_blocks as u64;
+        if cfg.zoned.is_some() && slot.write {
+            self.zone_written(qi, slot_i, lba0, &c)?;
+        }
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let r = &mut ts.res;
         if let Err(e) = c.result {
             if e == IoError::DeviceRemoved {
                 self.dead += usize::from(!q.dead);

@@ -35,6 +35,7 @@ mod setup;
 #[cfg(test)]
 mod tests;
 mod window;
+mod zoned;
 
 pub use result::{CoreResult, TargetResult};
 
@@ -95,6 +96,8 @@ pub struct WorkerConfig {
     /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
     /// drain after the run (see [`DRAIN_TIMEOUTS`]).
     pub io_timeout_ns: u64,
+    /// A zoned workload (`-w zone-write`, `-w zone-append`): every target is zoned.
+    pub zoned: Option<crate::cli::ZonedMode>,
     /// `--poll-mode`: `None` busy-polls; `Some(spin)` sleeps on the queues' interrupts
     /// once no completion came for `spin` ns (0: interrupt mode, [`HYBRID_SPIN_NS`]:
     /// hybrid), after clearing and checking each queue (`TargetQueue::arm_interrupt`).
@@ -172,6 +175,8 @@ struct Slot {
     unit: u64,
     gen: u32,
     write: bool,
+    /// A zone reset (zoned workloads), not counted as an I/O.
+    reset: bool,
 }
 
 struct TargetState {
@@ -183,6 +188,8 @@ struct TargetState {
     seq_next: u64,
     gens: Vec<u32>,
     res: TargetResult,
+    /// Zone size in blocks (zoned workloads; 0 otherwise).
+    zone_blocks: u64,
 }
 
 struct QueueState {
@@ -197,6 +204,8 @@ struct QueueState {
     stride: usize,
     buf: DmaBuf,
     slots: Box<[Slot]>,
+    /// Per slot, the zones it owns (zoned workloads; empty otherwise).
+    zslots: Box<[zoned::ZoneSlot]>,
     done: Vec<Completion>,
     base: QueueStats,
 }

@@ -4,8 +4,8 @@
 use kestrel::io::{IoRequest, QueueStats};
 
 use super::{
-    partition, QueueState, Slot, TargetResult, TargetState, Worker, WorkerConfig, WorkerError,
-    MISMATCHES_KEPT, VERIFY_MAX_UNITS,
+    partition, zoned, QueueState, Slot, TargetResult, TargetState, Worker, WorkerConfig,
+    WorkerError, MISMATCHES_KEPT, VERIFY_MAX_UNITS,
 };
 use crate::perf::latency::LatStats;
 use crate::perf::outcome::Outcomes;
@@ -22,7 +22,14 @@ impl Worker<'_> {
             let info = t.info();
             let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
             let total_units = info.num_blocks / io_blocks as u64;
-            let (first_unit, mut units) = partition(total_units, cfg.pollers, cfg.index);
+            let (first_unit, units) = partition(total_units, cfg.pollers, cfg.index);
+            let zone = match cfg.zoned {
+                Some(_) => Some(zoned::plan(cfg, info, io_blocks)?),
+                None => None,
+            };
+            let (first_unit, mut units) = zone
+                .as_ref()
+                .map_or((first_unit, units), |z| (z.first_unit, z.units));
             if cfg.verify {
                 units = units.min(VERIFY_MAX_UNITS);
             }
@@ -57,8 +64,9 @@ impl Worker<'_> {
                     readback_ios: 0,
                     lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
                 },
+                zone_blocks: zone.as_ref().map_or(0, |z| z.zone_blocks),
             });
-            for _ in 0..cfg.qpairs {
+            for qn in 0..cfg.qpairs {
                 let q = t.create_queue(&cfg.queue).map_err(|e| {
                     format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
                 })?;
@@ -89,11 +97,15 @@ impl Worker<'_> {
                             submit_raw: 0,
                             unit: 0,
                             gen: 0,
-                            write: false
+                            write: false,
+                            reset: false,
                         };
                         qd
                     ]
                     .into_boxed_slice(),
+                    zslots: zone
+                        .as_ref()
+                        .map_or_else(Default::default, |z| z.slots(cfg, qn as usize)),
                     done: Vec::with_capacity(
                         qd.max(kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
                     ),

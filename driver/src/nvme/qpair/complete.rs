@@ -15,7 +15,11 @@ impl IoQpair {
     pub(super) fn defer(&mut self, token: u64, result: Result<(), IoError>) {
         // Capacity is trackers + software queue: every request is in one of those places
         // when it is deferred, so this never grows past the preallocation.
-        self.deferred.push_back(Completion { token, result });
+        self.deferred.push_back(Completion {
+            token,
+            result,
+            value: 0,
+        });
     }
 
     /// Reaps at most `max` completions (capped at [`MAX_COMPLETIONS_PER_POLL`]), calling
@@ -65,15 +69,18 @@ impl IoQpair {
                     t.state = 0;
                     let token = t.token;
                     self.free.push(cid);
+                    // A whole command: its command specific result (Zone Append: the
+                    // LBA written) goes with it.
                     done(Completion {
                         token,
                         result: Ok(()),
+                        value: cqe.value(),
                     });
                     delivered += 1;
                     continue;
                 }
             }
-            if let Some(c) = self.complete(cid, cqe.status(), cqe.dw0, cqe.sq_head()) {
+            if let Some(c) = self.complete(cid, cqe.status(), cqe.value(), cqe.sq_head()) {
                 done(c);
                 delivered += 1;
             }
@@ -110,7 +117,7 @@ impl IoQpair {
         &mut self,
         cid: u16,
         status: Status,
-        _dw0: u32,
+        value: u64,
         sq_head: u16,
     ) -> Option<Completion> {
         let max_retries = self.max_retries;
@@ -167,7 +174,14 @@ impl IoQpair {
             }
             Err(IoError::Nvme(status))
         };
-        self.retire(cid, result)
+        let whole = self.trackers[cid as usize].parent == NO_PARENT;
+        let mut c = self.retire(cid, result)?;
+        // The command specific result (Zone Append: the LBA written) of a command that is
+        // not a piece of a split request.
+        if whole && c.result.is_ok() {
+            c.value = value;
+        }
+        Some(c)
     }
 
     /// Whether the controller had fetched the command placed at position `seq` when it
@@ -193,7 +207,11 @@ impl IoQpair {
         let (token, parent) = (t.token, t.parent);
         self.free.push(cid);
         if parent == NO_PARENT {
-            return Some(Completion { token, result });
+            return Some(Completion {
+                token,
+                result,
+                value: 0,
+            });
         }
         let p = &mut self.parents[parent as usize];
         p.outstanding -= 1;
@@ -204,6 +222,7 @@ impl IoQpair {
             let c = Completion {
                 token: p.req.token,
                 result: p.first_error.map_or(Ok(()), Err),
+                value: 0,
             };
             self.parent_free.push(parent);
             return Some(c);

@@ -197,8 +197,8 @@ mod state {
 /// resubmitted (their retry budget starts spent), so their SQE goes to the ring as given.
 ///
 /// The rest is what a completion reads and writes: the state, the token, the SQ position,
-/// the parent and the retry count. Bytes 54..64 are free (`TRACKER_END`): a field added
-/// goes there (a metadata pointer fits); one that does not fit goes to a per-CID side
+/// the parent and the retry count. Bytes 60..64 are free (`TRACKER_END`): a field added
+/// goes there; one that does not fit goes to a per-CID side
 /// array touched only by the commands that need it, as the injected status does, never to
 /// a second line.
 #[derive(Clone, Copy)]
@@ -229,14 +229,16 @@ struct Tracker {
     /// CDW14 is the low 32 bits of the starting LBA (the initial reference tag of
     /// protection information types 1 and 2), else zero.
     reftag: bool,
+    /// CDW13: the zone action or report options of a zone management command, else zero.
+    cdw13: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Tracker>() == 64);
 const _: () = assert!(std::mem::offset_of!(Tracker, token) == 0);
-/// Where the used part of a tracker ends: bytes 54..64 are free. A field added to a
+/// Where the used part of a tracker ends: bytes 60..64 are free. A field added to a
 /// tracker goes there (and this value moves with it), never onto a second line.
-const TRACKER_END: usize = std::mem::offset_of!(Tracker, reftag) + 1;
-const _: () = assert!(TRACKER_END == 54);
+const TRACKER_END: usize = std::mem::offset_of!(Tracker, cdw13) + 4;
+const _: () = assert!(TRACKER_END == 60);
 
 impl Tracker {
     /// A free tracker.
@@ -254,6 +256,7 @@ impl Tracker {
         retries: 0,
         state: 0,
         reftag: false,
+        cdw13: 0,
     };
 
     #[inline]
@@ -278,7 +281,7 @@ impl Tracker {
             self.prp1,
             self.prp2,
             self.cdw10_11,
-            self.cdw12 as u64,
+            self.cdw12 as u64 | (self.cdw13 as u64) << 32,
             cdw14 as u64,
         ]
     }

@@ -38,6 +38,8 @@ pub(super) mod ns_flags {
     pub const DEALLOCATE: u8 = 1 << 2;
     /// CDW14 of Reads, Writes and Write Zeroes carries the initial reference tag.
     pub const REFTAG: u8 = 1 << 3;
+    /// A zoned namespace (its zone geometry is in the controller's `NsInfo`).
+    pub const ZONED: u8 = 1 << 4;
 }
 
 impl IoNs {
@@ -75,6 +77,10 @@ impl IoNs {
             0
         } | if pi && prot.ref_tag {
             ns_flags::REFTAG
+        } else {
+            0
+        } | if n.zones.is_some() {
+            ns_flags::ZONED
         } else {
             0
         };

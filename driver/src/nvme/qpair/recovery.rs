@@ -22,6 +22,7 @@ impl IoQpair {
                 let c = Completion {
                     token: p.req.token,
                     result: Err(err),
+                    value: 0,
                 };
                 self.parent_free.push(pi);
                 self.deferred.push_back(c);
@@ -39,6 +40,7 @@ impl IoQpair {
             self.deferred.push_back(Completion {
                 token: r.token,
                 result: Err(err),
+                value: 0,
             });
         }
     }

@@ -4,7 +4,8 @@
 
 use crate::io::{IoError, IoOp, IoRequest, Segments};
 use crate::nvme::prp;
-use crate::spec::{nvm_opc, DsmRange, Status, PAGE_SIZE};
+use crate::spec::zns::zra;
+use crate::spec::{nvm_opc, DsmRange, Sqe, Status, PAGE_SIZE};
 
 use super::{ns_flags, state, IoNs, IoQpair, Parent, Tracker, NO_PARENT};
 
@@ -102,8 +103,7 @@ impl IoQpair {
     ) {
         let lba = req.lba + blk_off as u64;
         let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
-        // (opcode, PRP1, PRP2, CDW10-11, CDW12, CDW14 is the reference tag)
-        let (opc, prp1, prp2, cdw10_11, cdw12, reftag) = if let IoOp::Read | IoOp::Write = req.op {
+        let c = if let IoOp::Read | IoOp::Write = req.op {
             let bs = ns.block_size as usize;
             let (prp1, prp2) = self.prps(cid, &req.data, blk_off as usize * bs, nlb as usize * bs);
             let opc = if req.op == IoOp::Read {
@@ -111,58 +111,81 @@ impl IoQpair {
             } else {
                 nvm_opc::WRITE
             };
-            let reftag = ns.has(ns_flags::REFTAG);
-            (opc, prp1, prp2, lba, nlb0 | ns.rw_cdw12, reftag)
+            Compact {
+                opc,
+                prp1,
+                prp2,
+                cdw10_11: lba,
+                cdw12: nlb0 | ns.rw_cdw12,
+                cdw13: 0,
+                reftag: ns.has(ns_flags::REFTAG),
+            }
         } else {
-            self.other_command(cid, req.op, lba, nlb, ns)
+            self.other_command(cid, req, lba, nlb, ns)
         };
         let t = Tracker {
             token: req.token,
-            prp1,
-            prp2,
-            cdw10_11,
+            prp1: c.prp1,
+            prp2: c.prp2,
+            cdw10_11: c.cdw10_11,
             nsid: req.nsid,
-            cdw12,
+            cdw12: c.cdw12,
             sq_seq: self.sq_seq as u32,
             submit_tick: self.tick,
             parent,
-            opc,
+            opc: c.opc,
             retries: 0,
             state: if parent == NO_PARENT {
                 state::ACTIVE
             } else {
                 state::ACTIVE | state::CHILD
             },
-            reftag,
+            reftag: c.reftag,
+            cdw13: c.cdw13,
         };
         self.trackers[cid as usize] = t;
-        if self.injecting && self.apply_injection(cid, opc) {
+        if self.injecting && self.apply_injection(cid, c.opc) {
             return;
         }
         self.push_qwords(t.sqe_qwords(cid));
     }
 
-    /// The compact fields of a Flush, Write Zeroes or Deallocate (which writes its range
-    /// into tracker `cid`'s first PRP list page).
+    /// The compact fields of a Flush, Write Zeroes, Deallocate (which writes its range
+    /// into tracker `cid`'s first PRP list page) or zoned command.
     #[inline(never)]
     fn other_command(
         &mut self,
         cid: u16,
-        op: IoOp,
+        req: &IoRequest,
         lba: u64,
         nlb: u32,
         ns: &IoNs,
-    ) -> (u8, u64, u64, u64, u32, bool) {
+    ) -> Compact {
         let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
-        match op {
-            IoOp::WriteZeroes => (
-                nvm_opc::WRITE_ZEROES,
-                0,
-                0,
-                lba,
-                nlb0 | ns.wz_cdw12,
-                ns.has(ns_flags::REFTAG),
-            ),
+        match req.op {
+            IoOp::WriteZeroes => Compact {
+                opc: nvm_opc::WRITE_ZEROES,
+                cdw10_11: lba,
+                cdw12: nlb0 | ns.wz_cdw12,
+                reftag: ns.has(ns_flags::REFTAG),
+                ..Compact::NONE
+            },
+            IoOp::ZoneAppend | IoOp::ReportZones => {
+                let len = if req.op == IoOp::ReportZones {
+                    self.report_bytes(req, ns)
+                } else {
+                    nlb as usize * ns.block_size as usize
+                };
+                let (prp1, prp2) = self.prps(cid, &req.data, 0, len);
+                Compact::of(&if req.op == IoOp::ZoneAppend {
+                    Sqe::zone_append(req.nsid, lba, nlb, prp1, prp2)
+                } else {
+                    Sqe::report_zones(req.nsid, lba, len as u32, zra::ALL, true, prp1, prp2)
+                })
+            }
+            IoOp::ZoneSend { action, all } => {
+                Compact::of(&Sqe::zone_mgmt_send(req.nsid, lba, action.zsa(), all))
+            }
             IoOp::Deallocate => {
                 let list = self.prp_list(cid);
                 let range = DsmRange {
@@ -175,16 +198,17 @@ impl IoQpair {
                 // only after submission.
                 unsafe { list.vaddr.cast::<DsmRange>().write_volatile(range) };
                 // One range (NR = 0 in CDW10), AD (attribute deallocate) in CDW11.
-                (
-                    nvm_opc::DATASET_MANAGEMENT,
-                    list.iova,
-                    0,
-                    (1u64 << 2) << 32,
-                    0,
-                    false,
-                )
+                Compact {
+                    opc: nvm_opc::DATASET_MANAGEMENT,
+                    prp1: list.iova,
+                    cdw10_11: (1u64 << 2) << 32,
+                    ..Compact::NONE
+                }
             }
-            IoOp::Flush => (nvm_opc::FLUSH, 0, 0, 0, 0, false),
+            IoOp::Flush => Compact {
+                opc: nvm_opc::FLUSH,
+                ..Compact::NONE
+            },
             IoOp::Read | IoOp::Write => unreachable!("reads and writes are built in issue"),
         }
     }
@@ -215,5 +239,46 @@ impl IoQpair {
             // The check accepted the whole transfer; a piece of it within one command's
             // size always fits the tracker's list.
             .expect("checked transfer fits the tracker's prp list")
+    }
+}
+
+/// A command in the tracker's compact form ([`Tracker`]): what [`IoQpair::issue`] fills
+/// the tracker with.
+#[derive(Clone, Copy)]
+struct Compact {
+    opc: u8,
+    prp1: u64,
+    prp2: u64,
+    cdw10_11: u64,
+    cdw12: u32,
+    cdw13: u32,
+    /// CDW14 carries the starting LBA's low 32 bits (the initial reference tag).
+    reftag: bool,
+}
+
+impl Compact {
+    const NONE: Compact = Compact {
+        opc: 0,
+        prp1: 0,
+        prp2: 0,
+        cdw10_11: 0,
+        cdw12: 0,
+        cdw13: 0,
+        reftag: false,
+    };
+
+    /// The compact form of a command built by the spec's constructors; it must need
+    /// nothing the form lacks (metadata pointer, CDW2-3, CDW14-15).
+    fn of(sqe: &Sqe) -> Compact {
+        debug_assert!(sqe.mptr == 0 && sqe.cdw14 == 0 && sqe.cdw15 == 0);
+        Compact {
+            opc: sqe.opc(),
+            prp1: sqe.prp1,
+            prp2: sqe.prp2,
+            cdw10_11: sqe.cdw10 as u64 | (sqe.cdw11 as u64) << 32,
+            cdw12: sqe.cdw12,
+            cdw13: sqe.cdw13,
+            reftag: false,
+        }
     }
 }

@@ -64,8 +64,11 @@ impl IoQpair {
         // Blocks a command may carry: a whole one's chunk, or any count that fits the
         // 32-bit field; `nlb - 1 < limit` also refuses 0.
         let limit = if whole { ns.chunk_blocks } else { u32::MAX };
+        // A zoned namespace's write goes out as one command (pieces of a split one could
+        // reach the write pointer out of order): only `whole` requests pass here for it.
         (matches!(req.op, IoOp::Read | IoOp::Write)
             && ns.has(ns_flags::SERVED)
+            && (whole || !ns.has(ns_flags::ZONED))
             && req.nlb.wrapping_sub(1) < limit
             && req
                 .lba
@@ -90,6 +93,10 @@ impl IoQpair {
             .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
         if !ns.has(ns_flags::SERVED) {
             return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
+        }
+        if ns.has(ns_flags::ZONED) || req.op.is_zoned() {
+            let zones = self.ctrlr.ns_info(req.nsid).and_then(|n| n.zones);
+            self.validate_zoned(req, zones, ns)?;
         }
         let op = req.op.name();
         if !req.op.has_data() && !req.data.is_empty() {
@@ -123,7 +130,7 @@ impl IoQpair {
             IoOp::Deallocate if !ns.has(ns_flags::DEALLOCATE) => {
                 return Err(InvalidRequest::Unsupported { op })
             }
-            IoOp::Read | IoOp::Write => {
+            IoOp::Read | IoOp::Write | IoOp::ZoneAppend | IoOp::ReportZones => {
                 if req.data.is_empty() {
                     return Err(InvalidRequest::BadSegments {
                         op,
@@ -131,7 +138,11 @@ impl IoQpair {
                         why: "reads and writes need a buffer",
                     });
                 }
-                let need = req.nlb as u64 * ns.block_size as u64;
+                let need = if req.op == IoOp::ReportZones {
+                    self.report_bytes(req, ns) as u64
+                } else {
+                    req.nlb as u64 * ns.block_size as u64
+                };
                 let have = req.data.total_len() as u64;
                 if have < need {
                     return Err(InvalidRequest::LengthMismatch {
@@ -162,6 +173,77 @@ impl IoQpair {
             _ => {}
         }
         Ok(*ns)
+    }
+
+    /// The zone rules the driver checks before a command reaches a zoned namespace (the
+    /// write-pointer rule is the device's): zoned operations only on zoned namespaces, at a
+    /// zone start, within the namespace; no Zone Append or write larger than one command.
+    #[cold]
+    fn validate_zoned(
+        &self,
+        req: &IoRequest,
+        zones: Option<crate::io::ZoneGeometry>,
+        ns: &IoNs,
+    ) -> Result<(), InvalidRequest> {
+        let block_size = ns.block_size;
+        let op = req.op.name();
+        let Some(z) = zones else {
+            return Err(InvalidRequest::NotZoned { op, nsid: req.nsid });
+        };
+        let capacity = z.zones * z.zone_size;
+        let one_command = ns.chunk_blocks as u64 * block_size as u64;
+        let bytes = req.nlb as u64 * block_size as u64;
+        match req.op {
+            IoOp::ZoneAppend | IoOp::Write => {
+                let max = if req.op == IoOp::ZoneAppend {
+                    z.zasl_bytes.min(one_command)
+                } else {
+                    one_command
+                };
+                if bytes > max {
+                    return Err(InvalidRequest::ZonedTooLarge { op, bytes, max });
+                }
+            }
+            IoOp::ZoneSend { all: true, .. } => return Ok(()),
+            IoOp::ReportZones | IoOp::ZoneSend { .. } if req.lba >= capacity => {
+                return Err(InvalidRequest::OutOfRange {
+                    nsid: req.nsid,
+                    lba: req.lba,
+                    nlb: 1,
+                    capacity,
+                });
+            }
+            IoOp::ReportZones => {
+                if self.report_bytes(req, ns) < crate::spec::zns::ZONE_DESCRIPTOR_SIZE * 2 {
+                    return Err(InvalidRequest::LengthMismatch {
+                        op,
+                        nlb: 0,
+                        block_size,
+                        need: crate::spec::zns::ZONE_DESCRIPTOR_SIZE as u64 * 2,
+                        have: req.data.total_len() as u64,
+                    });
+                }
+                return Ok(());
+            }
+            IoOp::ZoneSend { .. } => {}
+            _ => return Ok(()),
+        }
+        if req.op != IoOp::Write && req.lba % z.zone_size != 0 {
+            return Err(InvalidRequest::NotZoneStart {
+                op,
+                lba: req.lba,
+                zone_size: z.zone_size,
+                zslba: z.zone_start(req.lba),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes a Report Zones transfers: its buffer, at most one command's worth, whole
+    /// dwords.
+    pub(super) fn report_bytes(&self, req: &IoRequest, ns: &IoNs) -> usize {
+        let one_command = ns.chunk_blocks as u64 * ns.block_size as u64;
+        (req.data.total_len() as u64).min(one_command) as usize & !3
     }
 
     /// Submits one request. It reaches the device at the next doorbell write (now in
@@ -319,6 +401,7 @@ impl IoQpair {
             retries: self.max_retries, // raw commands are never retried
             state: state::ACTIVE,
             reftag: false,
+            cdw13: sqe.cdw13,
         };
         self.stats.submitted += 1;
         self.push_qwords(sqe.to_qwords());

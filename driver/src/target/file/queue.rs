@@ -454,6 +454,12 @@ impl FileQueue {
             sh.mem_align as usize,
         );
         let op = req.op;
+        if op.is_zoned() {
+            return Err(InvalidRequest::NotZoned {
+                op: op.name(),
+                nsid,
+            });
+        }
         let nseg = req.data.len();
         if op.has_data() && nseg == 0 {
             return Err(InvalidRequest::BadSegments {
@@ -571,6 +577,10 @@ impl FileQueue {
                 // DiscardKind::None was refused by validate.
                 DiscardKind::BlkDiscard | DiscardKind::None => Op::BlkDiscard,
             },
+            // Refused by validate: a file is not zoned.
+            IoOp::ZoneAppend | IoOp::ZoneSend { .. } | IoOp::ReportZones => {
+                unreachable!("validate refuses zoned operations on a file")
+            }
         };
         let piece = match op {
             Op::ZeroWrite => self.max_op_bytes.min(self.zero_slice.len as u64),
@@ -865,7 +875,11 @@ impl FileQueue {
         self.slots[idx].state = State::Free;
         self.free.push(idx as u32);
         self.stats.completed += 1;
-        done(Completion { token, result });
+        done(Completion {
+            token,
+            result,
+            value: 0,
+        });
     }
 
     /// The error for a write refused with EFBIG at file offset `offset`: past
@@ -1157,6 +1171,7 @@ impl TargetQueue for FileQueue {
             done(Completion {
                 token,
                 result: Err(IoError::Cancelled),
+                value: 0,
             });
             n += 1;
         }
