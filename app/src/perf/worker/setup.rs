@@ -2,6 +2,8 @@
 //! I/O slot, the completion lists and (with `--verify`) the generation table.
 
 use kestrel::io::QueueStats;
+use kestrel::target::TargetInfo;
+use kestrel::{Target, TargetQueue};
 
 use super::{
     partition, QueueState, Slot, TargetResult, TargetState, Worker, WorkerConfig, WorkerError,
@@ -14,51 +16,12 @@ impl Worker<'_> {
     pub(super) fn setup(
         cfg: &WorkerConfig,
     ) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
-        let io_size = cfg.io_size as usize;
-        let stride = io_size.next_multiple_of(4096);
         let mut targets = Vec::new();
         let mut queues = Vec::new();
         for (ti, t) in cfg.targets.iter().enumerate() {
-            let info = t.info();
-            let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
-            let total_units = info.num_blocks / io_blocks as u64;
-            let (first_unit, mut units) = partition(total_units, cfg.pollers, cfg.index);
-            if cfg.verify {
-                units = units.min(VERIFY_MAX_UNITS);
-            }
-            targets.push(TargetState {
-                nsid: info.nsid,
-                io_blocks,
-                block_size: info.block_size as usize,
-                first_unit,
-                units,
-                seq_next: 0,
-                gens: if cfg.verify {
-                    vec![0; units as usize]
-                } else {
-                    Vec::new()
-                },
-                res: TargetResult {
-                    ios: 0,
-                    reads: 0,
-                    writes: 0,
-                    bytes: 0,
-                    lat: [LatStats::default(), LatStats::default()],
-                    stats: QueueStats::default(),
-                    run_stats: QueueStats::default(),
-                    outcomes: Outcomes::default(),
-                    first_error: None,
-                    in_use: None,
-                    removed: false,
-                    lost: 0,
-                    blocks_verified: 0,
-                    mismatches: 0,
-                    mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
-                    readback_ios: 0,
-                    lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
-                },
-            });
+            targets.push(target_state(cfg, t.info()));
             for _ in 0..cfg.qpairs {
+                let info = t.info();
                 let q = t.create_queue(&cfg.queue).map_err(|e| {
                     format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
                 })?;
@@ -66,38 +29,95 @@ impl Worker<'_> {
                 if res.in_use.is_none() {
                     res.in_use = q.in_use();
                 }
-                let qd = cfg.queue_depth as usize;
-                let buf = t.dma_pool().alloc(qd * stride).map_err(|e| {
-                    format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
-                })?;
-                let slices = (0..qd)
-                    .map(|i| buf.slice(i * stride, io_size))
-                    .collect::<Result<Box<[_]>, _>>()
-                    .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
-                queues.push(QueueState {
-                    q,
-                    target: ti,
-                    dead: false,
-                    slices,
-                    stride,
-                    buf,
-                    slots: vec![
-                        Slot {
-                            submit_raw: 0,
-                            unit: 0,
-                            gen: 0,
-                            write: false
-                        };
-                        qd
-                    ]
-                    .into_boxed_slice(),
-                    done: Vec::with_capacity(
-                        qd.max(kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
-                    ),
-                    base: QueueStats::default(),
-                });
+                queues.push(queue_state(cfg, t.as_ref(), ti, q)?);
             }
         }
         Ok((targets, queues))
     }
+}
+
+/// This poller's share of a target: its I/O units, the `--verify` generations, the
+/// results (preallocated).
+fn target_state(cfg: &WorkerConfig, info: &TargetInfo) -> TargetState {
+    let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
+    let total_units = info.num_blocks / io_blocks as u64;
+    let (first_unit, mut units) = partition(total_units, cfg.pollers, cfg.index);
+    if cfg.verify {
+        units = units.min(VERIFY_MAX_UNITS);
+    }
+    TargetState {
+        nsid: info.nsid,
+        io_blocks,
+        block_size: info.block_size as usize,
+        first_unit,
+        units,
+        seq_next: 0,
+        gens: if cfg.verify {
+            vec![0; units as usize]
+        } else {
+            Vec::new()
+        },
+        res: TargetResult {
+            ios: 0,
+            reads: 0,
+            writes: 0,
+            bytes: 0,
+            lat: [LatStats::default(), LatStats::default()],
+            stats: QueueStats::default(),
+            run_stats: QueueStats::default(),
+            outcomes: Outcomes::default(),
+            first_error: None,
+            in_use: None,
+            removed: false,
+            lost: 0,
+            blocks_verified: 0,
+            mismatches: 0,
+            mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
+            readback_ios: 0,
+            lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
+        },
+    }
+}
+
+/// A queue of target `ti`: its DMA buffer (one slice per I/O slot), slots and
+/// completion list.
+fn queue_state(
+    cfg: &WorkerConfig,
+    t: &dyn Target,
+    ti: usize,
+    q: Box<dyn TargetQueue>,
+) -> Result<QueueState, WorkerError> {
+    let io_size = cfg.io_size as usize;
+    let stride = io_size.next_multiple_of(4096);
+    let qd = cfg.queue_depth as usize;
+    let buf = t
+        .dma_pool()
+        .alloc(qd * stride)
+        .map_err(|e| format!("core {}: i/o buffers for {}: {e}", cfg.core, t.info().name))?;
+    let slices = (0..qd)
+        .map(|i| buf.slice(i * stride, io_size))
+        .collect::<Result<Box<[_]>, _>>()
+        .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
+    Ok(QueueState {
+        q,
+        target: ti,
+        dead: false,
+        slices,
+        stride,
+        buf,
+        slots: vec![
+            Slot {
+                submit_raw: 0,
+                unit: 0,
+                gen: 0,
+                write: false
+            };
+            qd
+        ]
+        .into_boxed_slice(),
+        done: Vec::with_capacity(
+            qd.max(kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
+        ),
+        base: QueueStats::default(),
+    })
 }
