@@ -5,9 +5,11 @@
 use std::sync::atomic::Ordering;
 
 use hdrhistogram::Histogram;
+use kestrel::aio::notify::InterruptWait;
 
 use super::{
-    stats_diff, thread_wait_ns, CoreResult, Worker, WorkerError, LATENCY_MAX_NS, LATENCY_SIGFIG,
+    stats_diff, thread_sched_ns, CoreResult, Worker, WorkerError, IRQ_SLEEP_MAX, LATENCY_MAX_NS,
+    LATENCY_SIGFIG,
 };
 
 /// What the loop measured.
@@ -17,9 +19,10 @@ struct Window {
     /// Raw clock at its start and end.
     start: u64,
     end: u64,
-    /// The thread's run-queue wait at the start and the end (when the kernel says).
-    wait_start: Option<u64>,
-    wait_end: Option<u64>,
+    /// The thread's CPU time and run-queue wait at the start and the end (when the
+    /// kernel says).
+    wait_start: Option<(u64, u64)>,
+    wait_end: Option<(u64, u64)>,
     /// Busy time, iterations and idle iterations in the window.
     busy: u64,
     iters: u64,
@@ -29,6 +32,8 @@ struct Window {
     /// Completions counted in the window, and when the latest was reaped.
     done: u64,
     last_completion: u64,
+    /// `--poll-mode`: the sleeps on interrupts in the window.
+    sleeps: u64,
 }
 
 impl Worker<'_> {
@@ -82,7 +87,11 @@ impl Worker<'_> {
                 .map_err(|e| format!("busy histogram: {e}"))?,
             done: 0,
             last_completion: 0,
+            sleeps: 0,
         };
+        // --poll-mode: when the queues last had work.
+        let mut idle_since = None::<u64>;
+        let irq_wait = self.interrupt_wait()?;
         let mut completed_total = 0u64;
         let mut t0 = clock.now_ns();
         loop {
@@ -121,9 +130,17 @@ impl Worker<'_> {
                 }
                 self.publish_progress(completed_total);
                 t0 = t1;
+                idle_since = None;
             } else {
                 if w.measuring {
                     w.idle += 1;
+                }
+                if let (Some(iw), Some(spin)) = (&irq_wait, cfg.sleep_after_ns) {
+                    let since = *idle_since.get_or_insert(t0);
+                    if t0 - since >= spin && self.sleep_on_interrupts(iw) {
+                        w.sleeps += u64::from(w.measuring);
+                        idle_since = None;
+                    }
                 }
                 t0 = clock.now_ns();
             }
@@ -137,7 +154,7 @@ impl Worker<'_> {
     fn begin_window(&mut self, w: &mut Window) -> u64 {
         w.measuring = true;
         // Read outside the window's busy time: the iteration restarts its clock.
-        w.wait_start = thread_wait_ns();
+        w.wait_start = thread_sched_ns();
         if let Some(c) = &self.syscalls {
             c.arm();
         }
@@ -155,7 +172,7 @@ impl Worker<'_> {
     fn end_window(&self, w: &mut Window, end: u64) {
         w.end = end;
         self.disarm_syscalls();
-        w.wait_end = thread_wait_ns();
+        w.wait_end = thread_sched_ns();
     }
 
     /// One pass over the queues: poll each, account for its completions, resubmit in the
@@ -242,9 +259,40 @@ impl Worker<'_> {
             undrained,
             syscalls: self.syscalls.as_ref().map(|c| c.result()),
             descheduled_ns: match (w.wait_start, w.wait_end) {
-                (Some(a), Some(b)) if w.measuring => Some(b.saturating_sub(a)),
+                (Some(a), Some(b)) if w.measuring => Some(b.1.saturating_sub(a.1)),
                 _ => None,
             },
+            cpu_ns: match (w.wait_start, w.wait_end) {
+                (Some(a), Some(b)) if w.measuring => Some(b.0.saturating_sub(a.0)),
+                _ => None,
+            },
+            sleeps: w.sleeps,
         })
+    }
+
+    /// `--poll-mode hybrid|interrupt`: the epoll set of the queues' interrupt eventfds.
+    fn interrupt_wait(&self) -> Result<Option<InterruptWait>, WorkerError> {
+        if self.cfg.sleep_after_ns.is_none() {
+            return Ok(None);
+        }
+        let w = InterruptWait::new().map_err(|e| format!("creating an epoll set: {e}"))?;
+        for q in &self.queues {
+            if let Some(fd) = q.q.interrupt_fd() {
+                w.watch(fd)
+                    .map_err(|e| format!("watching a queue's interrupt eventfd: {e}"))?;
+            }
+        }
+        Ok(Some(w))
+    }
+
+    /// Clears each queue's interrupt, then looks once more (a queue without one always
+    /// says look: it is polled); if nothing is ready, sleeps until an interrupt (a
+    /// completion after the look signals again) or [`IRQ_SLEEP_MAX`]. True if it slept.
+    fn sleep_on_interrupts(&mut self, w: &InterruptWait) -> bool {
+        if self.queues.iter_mut().any(|q| q.q.arm_interrupt()) {
+            return false;
+        }
+        w.wait(IRQ_SLEEP_MAX);
+        true
     }
 }
