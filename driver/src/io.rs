@@ -94,6 +94,16 @@ impl Segments {
     pub fn as_slice(&self) -> &[DmaSlice] {
         &self.segs[..self.n as usize]
     }
+    /// The segment, when there is exactly one (the common case the I/O path checks
+    /// first, without forming a slice).
+    #[inline]
+    pub fn single(&self) -> Option<&DmaSlice> {
+        if self.n == 1 {
+            Some(&self.segs[0])
+        } else {
+            None
+        }
+    }
     /// Number of segments.
     pub fn len(&self) -> usize {
         self.n as usize

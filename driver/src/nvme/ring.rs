@@ -132,11 +132,26 @@ impl RingPair {
     /// (fewer than `depth` entries outstanding).
     #[inline]
     pub fn push(&mut self, sqe: &Sqe) {
+        self.push_qwords(sqe.to_qwords());
+    }
+
+    /// Places the SQE whose eight quadwords (bytes 0..8, 8..16, ...; see
+    /// [`Sqe::to_qwords`]) are `q` at the tail and moves the tail on: eight volatile
+    /// 8-byte stores straight into the slot, so a command built in registers is written
+    /// once, in place, with no copy on the stack. The caller knows the slot is free.
+    #[inline]
+    pub fn push_qwords(&mut self, q: [u64; 8]) {
         let slot = self.sq_tail;
         assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
-        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`;
-        // see the module doc for why the controller is not reading it now.
-        unsafe { self.sq.as_ptr().add(slot as usize).write_volatile(*sqe) };
+        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`
+        // (page aligned, so every quadword is 8-byte aligned); see the module doc for why
+        // the controller is not reading it now.
+        unsafe {
+            let p = self.sq.as_ptr().add(slot as usize).cast::<u64>();
+            for (i, v) in q.into_iter().enumerate() {
+                p.add(i).write_volatile(v.to_le());
+            }
+        }
         self.sq_tail = if slot + 1 == self.depth { 0 } else { slot + 1 };
     }
 
@@ -144,22 +159,30 @@ impl RingPair {
     /// (flipping the phase at the end of the ring).
     #[inline]
     pub fn pop(&mut self) -> Option<Reaped> {
-        let dw3 = self.cq_dw3(self.cq_head);
+        let head = self.cq_head;
+        assert!(head < self.depth, "cq slot {head} out of {}", self.depth);
+        // SAFETY: head < depth, so the 16-byte entry is inside the CQ memory held by
+        // `mem` (4-byte aligned: the ring is page aligned).
+        let p = unsafe { self.cq.as_ptr().add(head as usize).cast::<u32>() };
+        // SAFETY: dword 3 of the entry, inside the CQ memory (above); the controller
+        // writes it concurrently, which an atomic load allows.
+        let dw3 = unsafe { AtomicU32::from_ptr(p.add(3)) };
+        // Acquire: pairs with the controller's write of the entry (a release store in the
+        // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
+        // this are those of the same completion.
+        let dw3 = dw3.load(Ordering::Acquire);
         if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
             return None;
         }
-        // SAFETY: cq_head < depth (checked in `cq_dw3`), so the entry is inside the CQ
-        // memory held by `mem`; the acquire load of its dword 3 ordered these reads after
-        // the controller's writes, and it will not rewrite the slot before we move the
-        // head doorbell past it.
-        let (dw0, dw2) = unsafe {
-            let p = self.cq.as_ptr().add(self.cq_head as usize).cast::<u32>();
-            (p.read_volatile(), p.add(2).read_volatile())
-        };
-        self.cq_head += 1;
-        if self.cq_head == self.depth {
+        // SAFETY: the entry is inside the CQ memory (above); the acquire load of its dword
+        // 3 ordered these reads after the controller's writes, and it will not rewrite the
+        // slot before we move the head doorbell past it.
+        let (dw0, dw2) = unsafe { (p.read_volatile(), p.add(2).read_volatile()) };
+        if head + 1 == self.depth {
             self.cq_head = 0;
             self.cq_phase = !self.cq_phase;
+        } else {
+            self.cq_head = head + 1;
         }
         Some(Reaped { dw0, dw2, dw3 })
     }

@@ -124,6 +124,13 @@ pub trait TargetQueue: Send {
     /// Queues one request. It goes to the device at the next [`TargetQueue::flush`] or
     /// [`TargetQueue::poll`] (batched doorbells); never blocks.
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError>;
+    /// As [`TargetQueue::submit`], reading the request where the caller keeps it: a
+    /// request is several hundred bytes (its segments are inline), and a caller that
+    /// keeps one per slot spares the copy. Targets that keep nothing of the request
+    /// (NVMe queue pairs) take it as it lies; the default copies it into `submit`.
+    fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.submit(*req)
+    }
     /// Makes submitted requests visible to the device (one doorbell write or one
     /// `io_uring_enter` for the whole batch).
     fn flush(&mut self);

@@ -87,7 +87,10 @@ impl Target for NvmeNamespace {
 
 impl TargetQueue for IoQpair {
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        IoQpair::submit(self, req)
+        IoQpair::submit_ref(self, &req)
+    }
+    fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        IoQpair::submit_ref(self, req)
     }
     fn flush(&mut self) {
         IoQpair::flush(self)

@@ -2,7 +2,7 @@
 //! unit under `--verify`), submitting it, and accounting for its completion (latency,
 //! outcome, data check).
 
-use kestrel::io::{Completion, IoError, IoRequest, SubmitError};
+use kestrel::io::{Completion, IoError, IoOp, SubmitError};
 
 use super::{record_error, Slot, Worker, WorkerError, BUSY, MISMATCHES_KEPT, UNKNOWN};
 use crate::perf::verify::{self, Expect};
@@ -63,18 +63,18 @@ impl Worker<'_> {
                     .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
             }
         }
-        let req = if write {
-            IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
-        } else {
-            IoRequest::read(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
-        };
+        let req = &mut q.reqs[slot];
+        req.op = if write { IoOp::Write } else { IoOp::Read };
+        req.nsid = ts.nsid;
+        req.lba = lba;
+        req.nlb = ts.io_blocks;
         q.slots[slot] = Slot {
             submit_raw: now,
             unit,
             gen,
             write,
         };
-        match q.q.submit(req) {
+        match q.q.submit_ref(&q.reqs[slot]) {
             Ok(()) => {
                 ts.res.outcomes.submitted += 1;
                 Ok(())

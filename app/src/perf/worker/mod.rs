@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 use crossbeam_utils::CachePadded;
-use kestrel::io::{Completion, IoError, QueueStats};
-use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
+use kestrel::io::{Completion, IoError, IoRequest, QueueStats};
+use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
 
 pub use super::latency::{LATENCY_MAX_NS, LATENCY_SIGFIG};
 
@@ -190,7 +190,10 @@ struct QueueState {
     target: usize,
     /// The device is gone: nothing more is submitted.
     dead: bool,
-    slices: Box<[DmaSlice]>,
+    /// One request per slot, its buffer and token set once: an I/O fills in the
+    /// operation and the blocks and submits it where it lies (`submit_ref`), so the
+    /// several-hundred-byte request is neither rebuilt nor copied per I/O.
+    reqs: Box<[IoRequest]>,
     stride: usize,
     buf: DmaBuf,
     slots: Box<[Slot]>,

@@ -1,7 +1,7 @@
 //! A poller's set-up before the run: its queues on every target, one DMA buffer slice per
 //! I/O slot, the completion lists and (with `--verify`) the generation table.
 
-use kestrel::io::QueueStats;
+use kestrel::io::{IoRequest, QueueStats};
 use kestrel::target::TargetInfo;
 use kestrel::{Target, TargetQueue};
 
@@ -94,15 +94,18 @@ fn queue_state(
         .dma_pool()
         .alloc(qd * stride)
         .map_err(|e| format!("core {}: i/o buffers for {}: {e}", cfg.core, t.info().name))?;
-    let slices = (0..qd)
-        .map(|i| buf.slice(i * stride, io_size))
+    let reqs = (0..qd)
+        .map(|i| {
+            buf.slice(i * stride, io_size)
+                .map(|s| IoRequest::read(0, 0, 0, s, i as u64))
+        })
         .collect::<Result<Box<[_]>, _>>()
         .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
     Ok(QueueState {
         q,
         target: ti,
         dead: false,
-        slices,
+        reqs,
         stride,
         buf,
         slots: vec![
