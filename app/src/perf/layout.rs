@@ -60,16 +60,7 @@ pub(super) fn lay_out(args: &PerfArgs, plan: &Plan, opened: &[Opened]) -> Result
     for o in opened {
         let ts = o.block_targets()?;
         let mut placed = false;
-        for r in o.refused() {
-            // Said even with --quiet: part of the run is not done.
-            let msg = format!("{}: skipping {r}", o.spec());
-            eprintln!("kestrel perf: note: {msg}");
-            l.skipped.push(json!({
-                "spec": o.spec().to_string(),
-                "nsid": r.nsid,
-                "reason": r.to_string(),
-            }));
-        }
+        l.skip_refused(o);
         if let Opened::Nvme(n) = o {
             check_granted(args, plan, n, ts.len())?;
         }
@@ -270,6 +261,20 @@ fn check_buffers(args: &PerfArgs, plan: &Plan, targets: usize) -> Result<()> {
 }
 
 impl Layout {
+    /// The namespaces of `o` that cannot be run (their format), each said on stderr.
+    fn skip_refused(&mut self, o: &Opened) {
+        for r in o.refused() {
+            // Said even with --quiet: part of the run is not done.
+            let msg = format!("{}: skipping {r}", o.spec());
+            eprintln!("kestrel perf: note: {msg}");
+            self.skipped.push(json!({
+                "spec": o.spec().to_string(),
+                "nsid": r.nsid,
+                "reason": r.to_string(),
+            }));
+        }
+    }
+
     /// An NVMe namespace: its queues as the controller allows them, its doorbells.
     fn describe_nvme(
         &mut self,

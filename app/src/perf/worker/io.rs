@@ -181,11 +181,27 @@ impl Worker<'_> {
         if !cfg.verify {
             return Ok(());
         }
-        let g = ts.gens[slot.unit as usize] & !BUSY;
         if slot.write {
             ts.gens[slot.unit as usize] = slot.gen;
             return Ok(());
         }
+        self.check_read(qi, slot_i, slot, lba0)
+    }
+
+    /// `--verify`: checks the data of a successful read in `slot_i` against the
+    /// generation its unit was last written with.
+    fn check_read(
+        &mut self,
+        qi: usize,
+        slot_i: usize,
+        slot: Slot,
+        lba0: u64,
+    ) -> Result<(), WorkerError> {
+        let core = self.cfg.core;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let r = &mut ts.res;
+        let g = ts.gens[slot.unit as usize] & !BUSY;
         ts.gens[slot.unit as usize] = g;
         let expect = match g {
             0 => Expect::Unwritten,
@@ -201,7 +217,7 @@ impl Worker<'_> {
             if let Err(m) = verify::check_block(b, lba0 + i as u64, expect) {
                 r.mismatches += 1;
                 if r.mismatch_list.len() < MISMATCHES_KEPT {
-                    tracing::error!("core {}: verify: {m}", cfg.core);
+                    tracing::error!("core {core}: verify: {m}");
                     r.mismatch_list.push(m);
                 }
             }

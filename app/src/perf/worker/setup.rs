@@ -2,6 +2,8 @@
 //! I/O slot, the completion lists and (with `--verify`) the generation table.
 
 use kestrel::io::{IoRequest, QueueStats};
+use kestrel::target::TargetInfo;
+use kestrel::{Target, TargetQueue};
 
 use super::{
     partition, zoned, QueueState, Slot, TargetResult, TargetState, Worker, WorkerConfig,
@@ -14,58 +16,16 @@ impl Worker<'_> {
     pub(super) fn setup(
         cfg: &WorkerConfig,
     ) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
-        let io_size = cfg.io_size as usize;
-        let stride = io_size.next_multiple_of(4096);
         let mut targets = Vec::new();
         let mut queues = Vec::new();
         for (ti, t) in cfg.targets.iter().enumerate() {
             let info = t.info();
             let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
-            let total_units = info.num_blocks / io_blocks as u64;
-            let (first_unit, units) = partition(total_units, cfg.pollers, cfg.index);
             let zone = match cfg.zoned {
                 Some(_) => Some(zoned::plan(cfg, info, io_blocks)?),
                 None => None,
             };
-            let (first_unit, mut units) = zone
-                .as_ref()
-                .map_or((first_unit, units), |z| (z.first_unit, z.units));
-            if cfg.verify {
-                units = units.min(VERIFY_MAX_UNITS);
-            }
-            targets.push(TargetState {
-                nsid: info.nsid,
-                io_blocks,
-                block_size: info.block_size as usize,
-                first_unit,
-                units,
-                seq_next: 0,
-                gens: if cfg.verify {
-                    vec![0; units as usize]
-                } else {
-                    Vec::new()
-                },
-                res: TargetResult {
-                    ios: 0,
-                    reads: 0,
-                    writes: 0,
-                    bytes: 0,
-                    lat: [LatStats::default(), LatStats::default()],
-                    stats: QueueStats::default(),
-                    run_stats: QueueStats::default(),
-                    outcomes: Outcomes::default(),
-                    first_error: None,
-                    in_use: None,
-                    removed: false,
-                    lost: 0,
-                    blocks_verified: 0,
-                    mismatches: 0,
-                    mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
-                    readback_ios: 0,
-                    lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
-                },
-                zone_blocks: zone.as_ref().map_or(0, |z| z.zone_blocks),
-            });
+            targets.push(target_state(cfg, info, zone.as_ref()));
             for qn in 0..cfg.qpairs {
                 let q = t.create_queue(&cfg.queue).map_err(|e| {
                     format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
@@ -74,45 +34,112 @@ impl Worker<'_> {
                 if res.in_use.is_none() {
                     res.in_use = q.in_use();
                 }
-                let qd = cfg.queue_depth as usize;
-                let buf = t.dma_pool().alloc(qd * stride).map_err(|e| {
-                    format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
-                })?;
-                let reqs = (0..qd)
-                    .map(|i| {
-                        buf.slice(i * stride, io_size)
-                            .map(|s| IoRequest::read(0, 0, 0, s, i as u64))
-                    })
-                    .collect::<Result<Box<[_]>, _>>()
-                    .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
-                queues.push(QueueState {
-                    q,
-                    target: ti,
-                    dead: false,
-                    reqs,
-                    stride,
-                    buf,
-                    slots: vec![
-                        Slot {
-                            submit_raw: 0,
-                            unit: 0,
-                            gen: 0,
-                            write: false,
-                            reset: false,
-                        };
-                        qd
-                    ]
-                    .into_boxed_slice(),
-                    zslots: zone
-                        .as_ref()
-                        .map_or_else(Default::default, |z| z.slots(cfg, qn as usize)),
-                    done: Vec::with_capacity(
-                        qd.max(kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
-                    ),
-                    base: QueueStats::default(),
-                });
+                let zslots = zone
+                    .as_ref()
+                    .map_or_else(Default::default, |z| z.slots(cfg, qn as usize));
+                queues.push(queue_state(cfg, t.as_ref(), ti, q, zslots)?);
             }
         }
         Ok((targets, queues))
     }
+}
+
+/// This poller's share of a target: its I/O units, the `--verify` generations, the
+/// results (preallocated).
+fn target_state(
+    cfg: &WorkerConfig,
+    info: &TargetInfo,
+    zone: Option<&zoned::ZonePlan>,
+) -> TargetState {
+    let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
+    let total_units = info.num_blocks / io_blocks as u64;
+    let (first_unit, mut units) = zone.map_or_else(
+        || partition(total_units, cfg.pollers, cfg.index),
+        |z| (z.first_unit, z.units),
+    );
+    if cfg.verify {
+        units = units.min(VERIFY_MAX_UNITS);
+    }
+    TargetState {
+        nsid: info.nsid,
+        io_blocks,
+        block_size: info.block_size as usize,
+        first_unit,
+        units,
+        seq_next: 0,
+        gens: if cfg.verify {
+            vec![0; units as usize]
+        } else {
+            Vec::new()
+        },
+        res: TargetResult {
+            ios: 0,
+            reads: 0,
+            writes: 0,
+            bytes: 0,
+            lat: [LatStats::default(), LatStats::default()],
+            stats: QueueStats::default(),
+            run_stats: QueueStats::default(),
+            outcomes: Outcomes::default(),
+            first_error: None,
+            in_use: None,
+            removed: false,
+            lost: 0,
+            blocks_verified: 0,
+            mismatches: 0,
+            mismatch_list: Vec::with_capacity(MISMATCHES_KEPT),
+            readback_ios: 0,
+            lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
+        },
+        zone_blocks: zone.map_or(0, |z| z.zone_blocks),
+    }
+}
+
+/// A queue of target `ti`: its DMA buffer (one slice per I/O slot), slots and
+/// completion list.
+fn queue_state(
+    cfg: &WorkerConfig,
+    t: &dyn Target,
+    ti: usize,
+    q: Box<dyn TargetQueue>,
+    zslots: Box<[zoned::ZoneSlot]>,
+) -> Result<QueueState, WorkerError> {
+    let io_size = cfg.io_size as usize;
+    let stride = io_size.next_multiple_of(4096);
+    let qd = cfg.queue_depth as usize;
+    let buf = t
+        .dma_pool()
+        .alloc(qd * stride)
+        .map_err(|e| format!("core {}: i/o buffers for {}: {e}", cfg.core, t.info().name))?;
+    let reqs = (0..qd)
+        .map(|i| {
+            buf.slice(i * stride, io_size)
+                .map(|s| IoRequest::read(0, 0, 0, s, i as u64))
+        })
+        .collect::<Result<Box<[_]>, _>>()
+        .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
+    Ok(QueueState {
+        q,
+        target: ti,
+        dead: false,
+        reqs,
+        stride,
+        buf,
+        slots: vec![
+            Slot {
+                submit_raw: 0,
+                unit: 0,
+                gen: 0,
+                write: false,
+                reset: false,
+            };
+            qd
+        ]
+        .into_boxed_slice(),
+        zslots,
+        done: Vec::with_capacity(
+            qd.max(kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL as usize) + 1,
+        ),
+        base: QueueStats::default(),
+    })
 }
