@@ -266,8 +266,18 @@ impl Controller {
         // Worst case a command starts mid-page: one PRP entry per page plus one.
         let list_entries = (max_cmd as usize).div_ceil(PAGE_SIZE).max(1);
         let ppt = prp::list_pages_for(list_entries);
-        let trackers = depth as usize - 1;
-        let prp_mem = sh.pool.alloc(trackers.max(1) * ppt * PAGE_SIZE)?;
+        let trackers = (depth as usize - 1).max(1);
+        // The trackers' PRP list pages, in as few buffers as the mapper allows: each buffer
+        // must be IOVA-contiguous, which in noiommu mode means one hugepage (2 MiB, 512
+        // pages), less than a deep queue's trackers need (2047 x 4 KiB for QEMU's 2048).
+        let per_tracker = ppt * PAGE_SIZE;
+        let per_chunk = (sh.pool.max_contiguous() / per_tracker).clamp(1, trackers);
+        let prp_mem = (0..trackers.div_ceil(per_chunk))
+            .map(|c| {
+                let n = per_chunk.min(trackers - c * per_chunk);
+                sh.pool.alloc(n * per_tracker)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let rings = RingPair::new(&sh.pool, depth)?;
         let sq_db = sh.bar.doorbell(qid, DoorbellKind::SqTail)?;
         let cq_db = sh.bar.doorbell(qid, DoorbellKind::CqHead)?;
@@ -309,6 +319,7 @@ impl Controller {
                 cq_db,
                 shadow,
                 prp_mem,
+                prp_trackers_per_buf: per_chunk,
                 prp_pages_per_tracker: ppt,
                 max_command_bytes: max_cmd,
                 irq,

@@ -391,6 +391,12 @@ impl DmaPool {
         &self.shared.opts
     }
 
+    /// The largest buffer the pool can hand out as one IOVA-contiguous piece (its mapper's
+    /// limit: one hugepage in noiommu mode, where IOVAs are physical addresses).
+    pub fn max_contiguous(&self) -> usize {
+        self.shared.mapper.max_region_len()
+    }
+
     /// Bytes currently mapped for the device.
     pub fn mapped_bytes(&self) -> usize {
         self.shared.state.lock().unwrap().mapped_bytes

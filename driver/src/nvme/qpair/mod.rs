@@ -441,9 +441,10 @@ pub struct IoQpair {
     // ---- lines 5 and 6 ----
     stats: LineAligned<QueueStats>,
     // ---- fields below this point are not touched by I/O of one or two pages ----
-    /// The PRP list pages of tracker 0 (`pages` of them); tracker `cid`'s follow at
-    /// `cid * pages` pages from there ([`IoQpair::prp_list`]).
-    prp_lists: PrpListMem,
+    /// The PRP list pages of the trackers, one entry per DMA buffer holding `prp_per_buf`
+    /// trackers' pages (`pages` each) in CID order ([`IoQpair::prp_list`]).
+    prp_lists: Box<[PrpListMem]>,
+    prp_per_buf: usize,
     /// The status an injection rule gives the command in tracker `cid` (meaningful while
     /// its state has `INJECTED`); empty until the first rule is added.
     injected: Vec<Status>,
@@ -468,7 +469,7 @@ pub struct IoQpair {
     qid: u16,
     /// The interrupt vector of the CQ and the eventfd it signals (IEN = 1).
     irq: Option<(u16, Arc<OwnedFd>)>,
-    _prp_mem: DmaBuf,
+    _prp_mem: Vec<DmaBuf>,
 }
 
 const _: () = {
@@ -514,7 +515,10 @@ pub(crate) struct QpairParts {
     pub sq_db: Doorbell,
     pub cq_db: Doorbell,
     pub shadow: Option<(ShadowSlot, ShadowSlot)>,
-    pub prp_mem: DmaBuf,
+    /// The trackers' PRP list pages: `prp_trackers_per_buf` trackers' worth per buffer
+    /// (each buffer IOVA-contiguous), tracker `cid` in buffer `cid / prp_trackers_per_buf`.
+    pub prp_mem: Vec<DmaBuf>,
+    pub prp_trackers_per_buf: usize,
     pub prp_pages_per_tracker: usize,
     pub max_command_bytes: u64,
     pub irq: Option<(u16, Arc<OwnedFd>)>,
@@ -568,11 +572,16 @@ impl IoQpair {
             sq_seq: 0,
             ns,
             stats: LineAligned(QueueStats::default()),
-            prp_lists: PrpListMem {
-                vaddr: parts.prp_mem.as_ptr().cast::<u64>(),
-                iova: parts.prp_mem.iova(),
-                pages: ppt,
-            },
+            prp_lists: parts
+                .prp_mem
+                .iter()
+                .map(|b| PrpListMem {
+                    vaddr: b.as_ptr().cast::<u64>(),
+                    iova: b.iova(),
+                    pages: ppt,
+                })
+                .collect(),
+            prp_per_buf: parts.prp_trackers_per_buf.max(1),
             injected: Vec::new(),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
@@ -716,7 +725,8 @@ impl IoQpair {
     pub fn memory_bytes(&self) -> usize {
         self.rings.depth() as usize * (64 + 16)
             + self.trackers.len()
-                * (std::mem::size_of::<Tracker>() + self.prp_lists.pages * PAGE_SIZE)
+                * (std::mem::size_of::<Tracker>()
+                    + self.prp_lists.first().map_or(0, |l| l.pages) * PAGE_SIZE)
             + self.parents.len() * std::mem::size_of::<Parent>()
             + self.sw_queue_cap * std::mem::size_of::<IoRequest>()
             + self.deferred.capacity() * std::mem::size_of::<Completion>()
@@ -737,14 +747,20 @@ impl IoQpair {
         self.ns.iter().find(|n| n.nsid == nsid)
     }
 
-    /// The PRP list pages of tracker `cid`.
+    /// The PRP list pages of tracker `cid` (only commands whose data spans more than two
+    /// pages, and Deallocate's range, use them).
     #[inline]
     fn prp_list(&self, cid: u16) -> PrpListMem {
-        let off = cid as usize * self.prp_lists.pages * PAGE_SIZE;
+        let (buf, idx) = (
+            cid as usize / self.prp_per_buf,
+            cid as usize % self.prp_per_buf,
+        );
+        let base = &self.prp_lists[buf];
+        let off = idx * base.pages * PAGE_SIZE;
         PrpListMem {
-            vaddr: self.prp_lists.vaddr.wrapping_add(off / 8),
-            iova: self.prp_lists.iova + off as u64,
-            pages: self.prp_lists.pages,
+            vaddr: base.vaddr.wrapping_add(off / 8),
+            iova: base.iova + off as u64,
+            pages: base.pages,
         }
     }
 }
