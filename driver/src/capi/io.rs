@@ -13,7 +13,7 @@ use crate::aio::{
     Opcode,
 };
 use crate::hw::dma::{DmaBuf, DmaSlice};
-use crate::io::MAX_SEGMENTS;
+use crate::io::{IoMeta, MAX_SEGMENTS};
 
 use super::abi::*;
 use super::dma::lookup;
@@ -128,12 +128,13 @@ unsafe fn convert(
     bufs: &BTreeMap<usize, DmaBuf>,
     bounce: bool,
 ) -> Result<Iocb, CapiError> {
-    if c.flags != 0 || c.reserved != 0 {
+    if c.flags & !KESTREL_IOCB_MD != 0 || c.reserved != 0 {
         return Err(CapiError::MustBeZero {
-            what: "iocb.flags and iocb.reserved",
+            what: "iocb.flags other than KESTREL_IOCB_MD, and iocb.reserved",
             want: "0",
         });
     }
+    let kestrel_meta = iocb_meta(c, bufs)?;
     let op = opcode(index, c.opcode)?;
     let len = usize::try_from(c.len)
         .ok()
@@ -166,7 +167,42 @@ unsafe fn convert(
         len: c.len,
         buf,
         user_data: c.user_data,
+        meta: kestrel_meta,
     })
+}
+
+/// The metadata of an iocb: none without `KESTREL_IOCB_MD`; with it, `md_buf` (NULL for
+/// extended LBAs) must lie in a registered DMA buffer.
+fn iocb_meta(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<IoMeta, CapiError> {
+    if c.flags & KESTREL_IOCB_MD == 0 {
+        if !c.md_buf.is_null() || c.md_len != 0 {
+            return Err(CapiError::MustBeZero {
+                what: "iocb.md_buf and iocb.md_len without KESTREL_IOCB_MD",
+                want: "NULL and 0",
+            });
+        }
+        return Ok(IoMeta::NONE);
+    }
+    let tags = |m: IoMeta| m.with_tags(c.ref_tag, c.app_tag, c.app_mask);
+    if c.md_buf.is_null() {
+        return Ok(tags(IoMeta::extended()));
+    }
+    let len = usize::try_from(c.md_len)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize && (c.md_buf as usize).checked_add(l).is_some())
+        .ok_or(CapiError::Range {
+            what: "iocb.md_len",
+            value: c.md_len,
+            why: "larger than the address space",
+        })?;
+    match lookup(bufs, c.md_buf as usize, len) {
+        Some(s) => Ok(tags(IoMeta::separate(s))),
+        None => Err(CapiError::Range {
+            what: "iocb.md_buf",
+            value: c.md_buf as u64,
+            why: "is not inside a buffer from kestrel_dma_alloc() (md_len bytes from it)",
+        }),
+    }
 }
 
 /// The buffer of a read or write of `len` bytes: a slice of a registered DMA buffer, or

@@ -410,7 +410,24 @@ impl<'a> Bringup<'a> {
             Err(CtrlrError::AdminCommand { .. }) => csi::NVM,
             Err(e) => return Err(e),
         };
-        let format = NsFormat::of(&ns, csi);
+        let mut format = NsFormat::of(&ns, csi);
+        // The guard's size: a controller with extended LBA formats (CTRATT.ELBAS) says in
+        // the NVM Command Set Identify Namespace whether the PI has a 16-, 32- or 64-bit
+        // guard; only the first is implemented, so a protected namespace whose PIF cannot be
+        // read is treated as not 16-bit (refused).
+        if format.pi_type != 0 && csi == csi::NVM && self.learned.identify.extended_lba_formats() {
+            format.pif = match self.admin(
+                Sqe::identify_csi(cns::NAMESPACE_CSI, nsid, csi::NVM, 0),
+                Some(&mut *buf),
+            ) {
+                Ok(_) => crate::spec::identify::nvm_elbaf_pif(
+                    (&*buf).try_into().expect("4096 bytes"),
+                    format.lbaf_index as usize,
+                ),
+                Err(CtrlrError::AdminCommand { .. }) => 3,
+                Err(e) => return Err(e),
+            };
+        }
         let unsupported = super::format::check(nsid, &format).err();
         let protection = match unsupported {
             None => super::format::IoProtection::of(&format),

@@ -42,6 +42,10 @@ pub struct TargetInfo {
     pub flush: bool,
     /// Writes are refused.
     pub read_only: bool,
+    /// How the namespace's metadata crosses the wire when it has any (separate or
+    /// extended, protection information): reads and writes then carry an
+    /// [`IoMeta`](crate::io::IoMeta) as the layout requires. `None`: no metadata.
+    pub metadata: Option<crate::io::MetaLayout>,
 }
 
 /// Options for a queue created on a target.

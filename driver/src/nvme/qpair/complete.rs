@@ -187,9 +187,14 @@ impl IoQpair {
     /// Starts waiting requests while trackers are free, in order.
     pub(super) fn drain_pending(&mut self) {
         if let Some(pi) = self.splitting {
-            let (bs, prot) = self
-                .ns(self.parents[pi as usize].req.nsid)
-                .map_or((512, IoProtection::NONE), |n| (n.block_size, n.protection));
+            let req = &self.parents[pi as usize].req;
+            let with = req.meta.with;
+            let (bs, prot) = self.ns(req.nsid).map_or((512, IoProtection::NONE), |n| {
+                (
+                    n.protection.host_block_size(n.block_size, with),
+                    n.protection,
+                )
+            });
             self.continue_split(bs, prot);
             if self.splitting.is_some() {
                 return;

@@ -242,6 +242,7 @@ impl Parent {
             nlb: 0,
             data: crate::io::Segments::none(),
             token: 0,
+            meta: crate::io::IoMeta::NONE,
         },
         chunk_blocks: 0,
         issued_blocks: 0,

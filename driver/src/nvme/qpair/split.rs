@@ -19,8 +19,12 @@ impl IoQpair {
     /// request by reference: it is several hundred bytes, and only a split copies it.
     #[inline]
     pub(super) fn try_start(&mut self, req: &IoRequest) -> bool {
-        let Some((block_size, prot)) = self.ns(req.nsid).map(|n| (n.block_size, n.protection))
-        else {
+        let Some((block_size, prot)) = self.ns(req.nsid).map(|n| {
+            (
+                n.protection.host_block_size(n.block_size, req.meta.with),
+                n.protection,
+            )
+        }) else {
             // The namespace went away between validation and now (a reset shrank the
             // list): complete with the status a controller would give.
             self.defer(
@@ -53,7 +57,8 @@ impl IoQpair {
         true
     }
 
-    /// Issues children of the parent being split while trackers are free.
+    /// Issues children of the parent being split while trackers are free. `block_size`:
+    /// bytes per block in the data buffer (with interleaved metadata, if any).
     pub(super) fn continue_split(&mut self, block_size: u32, prot: IoProtection) {
         while let Some(pi) = self.splitting {
             let p = self.parents[pi as usize];
@@ -73,7 +78,8 @@ impl IoQpair {
     }
 
     /// Builds the command for blocks `[blk_off, blk_off + nlb)` of `req` in tracker `cid`
-    /// and places it in the SQ. `prot`: the namespace's protection information handling.
+    /// and places it in the SQ. `bs`: bytes per block in the data buffer; `prot`: the
+    /// namespace's metadata and protection information handling.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn issue(
         &mut self,
@@ -119,7 +125,20 @@ impl IoQpair {
                 Sqe::deallocate(req.nsid, 1, t.prp.iova)
             }
         };
-        if prot.pi_type != 0 && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) {
+        if req.meta.with {
+            // The caller's metadata: separate (MPTR into its buffer, `ms` bytes per block
+            // from this piece's first block) or already interleaved in the data; its PI is
+            // sent as it is and checked by the controller.
+            if !prot.extended {
+                sqe.mptr = req.meta.buf.iova + u64::from(blk_off) * u64::from(prot.ms);
+            }
+            let (cdw12, cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
+            sqe.cdw12 |= cdw12;
+            sqe.cdw14 = cdw14;
+            sqe.cdw15 = cdw15;
+        } else if prot.pi_type != 0
+            && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes)
+        {
             // PRACT: the controller inserts the PI on writes and checks and strips it on
             // reads; the reference tag of the command's first block is its LBA.
             let (cdw12, cdw14) = if req.op == IoOp::WriteZeroes {

@@ -45,6 +45,18 @@ impl IoQpair {
             return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
         }
         let op = req.op.name();
+        let prot = ns.protection;
+        let meta_err = |why: &'static str| InvalidRequest::Metadata {
+            op,
+            nsid: req.nsid,
+            nlb: req.nlb,
+            ms: prot.ms,
+            extended: prot.extended,
+            why,
+        };
+        if req.meta.with && !req.op.has_data() {
+            return Err(meta_err("only reads and writes carry metadata"));
+        }
         if !req.op.has_data() && !req.data.is_empty() {
             return Err(InvalidRequest::BadSegments {
                 op,
@@ -82,13 +94,42 @@ impl IoQpair {
                         why: "reads and writes need a buffer",
                     });
                 }
-                let need = req.nlb as u64 * ns.block_size as u64;
+                let with = req.meta.with;
+                if with && prot.ms == 0 {
+                    return Err(meta_err("metadata given for a namespace without metadata"));
+                }
+                if !with && prot.required() {
+                    return Err(meta_err(
+                        "the format needs the metadata with every read and write (IoMeta: a \
+                         separate buffer of nlb x ms bytes, or the metadata interleaved with \
+                         the data)",
+                    ));
+                }
+                if with && !prot.extended {
+                    let m = &req.meta.buf;
+                    if (m.len as u64) < req.nlb as u64 * prot.ms as u64 {
+                        return Err(meta_err(if m.len == 0 {
+                            "no metadata buffer given for separate metadata"
+                        } else {
+                            "the metadata buffer is smaller than nlb x ms bytes"
+                        }));
+                    }
+                    if m.iova % 4 != 0 {
+                        return Err(meta_err("the metadata buffer must be dword aligned (MPTR)"));
+                    }
+                } else if with && req.meta.buf.len != 0 {
+                    return Err(meta_err(
+                        "extended lbas carry the metadata in the data buffer, not a separate one",
+                    ));
+                }
+                let bs = prot.host_block_size(ns.block_size, with);
+                let need = req.nlb as u64 * bs as u64;
                 let have = req.data.total_len() as u64;
                 if have < need {
                     return Err(InvalidRequest::LengthMismatch {
                         op,
                         nlb: req.nlb,
-                        block_size: ns.block_size,
+                        block_size: bs,
                         need,
                         have,
                     });

@@ -122,6 +122,7 @@ impl Slot {
             nlb: 0,
             data: crate::io::Segments::none(),
             token: 0,
+            meta: crate::io::IoMeta::NONE,
         },
         state: State::Free,
         op: Op::Fsync,
@@ -467,6 +468,16 @@ impl FileQueue {
                 op: op.name(),
                 n: nseg,
                 why: "this operation takes no data segments",
+            });
+        }
+        if req.meta.with {
+            return Err(InvalidRequest::Metadata {
+                op: op.name(),
+                nsid,
+                nlb: req.nlb,
+                ms: 0,
+                extended: false,
+                why: "a file has no metadata",
             });
         }
         if !op.has_range() {
