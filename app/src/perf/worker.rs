@@ -24,7 +24,8 @@ use std::sync::{Arc, Barrier};
 
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
-use kestrel::io::{Completion, IoError, IoRequest, QueueStats, SubmitError};
+use kestrel::io::{Completion, IoError, IoMeta, IoRequest, MetaLayout, QueueStats, SubmitError};
+use kestrel::spec::pi::{PiError, PiFormat, PiType};
 use kestrel::target::QueueInUse;
 use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
 
@@ -230,6 +231,16 @@ struct TargetState {
     nsid: u32,
     io_blocks: u32,
     block_size: usize,
+    /// The namespace's metadata, when the run carries it (always under `--verify`, and
+    /// whenever the format needs it): how it crosses the wire and, with protection
+    /// information, where the PI lies for generating and checking it in software.
+    md: Option<MetaLayout>,
+    pi: Option<PiFormat>,
+    /// Bytes per block in the data buffer (data, plus interleaved metadata).
+    host_bs: usize,
+    /// Bytes of one I/O's data buffer and of its separate metadata (0 if none).
+    io_bytes: usize,
+    md_bytes: usize,
     first_unit: u64,
     units: u64,
     seq_next: u64,
@@ -245,6 +256,10 @@ struct QueueState {
     slices: Box<[DmaSlice]>,
     stride: usize,
     buf: DmaBuf,
+    /// Separate metadata: one region of `md_stride` bytes per slot.
+    md_slices: Box<[DmaSlice]>,
+    md_stride: usize,
+    md_buf: Option<DmaBuf>,
     slots: Box<[Slot]>,
     done: Vec<Completion>,
     base: QueueStats,
@@ -291,6 +306,7 @@ struct Worker<'a> {
     targets: Vec<TargetState>,
     queues: Vec<QueueState>,
     scratch: Vec<u8>,
+    md_scratch: Vec<u8>,
     max: u32,
     /// Queues whose device is gone.
     dead: usize,
@@ -303,13 +319,30 @@ struct Worker<'a> {
 
 impl Worker<'_> {
     fn setup(cfg: &WorkerConfig) -> Result<(Vec<TargetState>, Vec<QueueState>), WorkerError> {
-        let io_size = cfg.io_size as usize;
-        let stride = io_size.next_multiple_of(4096);
         let mut targets = Vec::new();
         let mut queues = Vec::new();
         for (ti, t) in cfg.targets.iter().enumerate() {
             let info = t.info();
             let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
+            let md = info.metadata.filter(|m| cfg.verify || m.required());
+            let pi = md.and_then(|m| {
+                PiType::from_dps(m.pi_type).map(|t| PiFormat {
+                    data_size: info.block_size as usize,
+                    ms: m.ms as usize,
+                    extended: m.extended,
+                    pi_first: m.pi_first,
+                    pi_type: t,
+                })
+            });
+            let host_bs = md.map_or(info.block_size, |m| {
+                m.host_block_size(info.block_size, true)
+            }) as usize;
+            let io_bytes = io_blocks as usize * host_bs;
+            let md_bytes = md
+                .filter(|m| !m.extended)
+                .map_or(0, |m| io_blocks as usize * m.ms as usize);
+            let stride = io_bytes.next_multiple_of(4096);
+            let md_stride = md_bytes.next_multiple_of(64);
             let total_units = info.num_blocks / io_blocks as u64;
             let (first_unit, mut units) = partition(total_units, cfg.pollers, cfg.index);
             if cfg.verify {
@@ -319,6 +352,11 @@ impl Worker<'_> {
                 nsid: info.nsid,
                 io_blocks,
                 block_size: info.block_size as usize,
+                md,
+                pi,
+                host_bs,
+                io_bytes,
+                md_bytes,
                 first_unit,
                 units,
                 seq_next: 0,
@@ -360,9 +398,23 @@ impl Worker<'_> {
                     format!("core {}: i/o buffers for {}: {e}", cfg.core, info.name)
                 })?;
                 let slices = (0..qd)
-                    .map(|i| buf.slice(i * stride, io_size))
+                    .map(|i| buf.slice(i * stride, io_bytes))
                     .collect::<Result<Box<[_]>, _>>()
                     .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
+                let md_buf = if md_bytes > 0 {
+                    Some(t.dma_pool().alloc(qd * md_stride).map_err(|e| {
+                        format!("core {}: metadata buffers for {}: {e}", cfg.core, info.name)
+                    })?)
+                } else {
+                    None
+                };
+                let md_slices = match &md_buf {
+                    Some(b) => (0..qd)
+                        .map(|i| b.slice(i * md_stride, md_bytes))
+                        .collect::<Result<Box<[_]>, _>>()
+                        .map_err(|e| format!("core {}: metadata slices: {e}", cfg.core))?,
+                    None => Box::default(),
+                };
                 queues.push(QueueState {
                     q,
                     target: ti,
@@ -370,6 +422,9 @@ impl Worker<'_> {
                     slices,
                     stride,
                     buf,
+                    md_slices,
+                    md_stride,
+                    md_buf,
                     slots: vec![
                         Slot {
                             submit_raw: 0,
@@ -437,19 +492,52 @@ impl Worker<'_> {
                 } else {
                     g + 1
                 };
-                for (i, b) in self.scratch.chunks_exact_mut(ts.block_size).enumerate() {
-                    verify::fill_block(b, lba + i as u64, gen as u64);
+                let data = &mut self.scratch[..ts.io_bytes];
+                let md = &mut self.md_scratch[..ts.md_bytes];
+                for (i, b) in data.chunks_exact_mut(ts.host_bs).enumerate() {
+                    verify::fill_block(&mut b[..ts.block_size], lba + i as u64, gen as u64);
+                }
+                if let Some(m) = ts.md {
+                    fill_metadata(&m, ts.block_size, data, md, lba, gen as u64);
+                }
+                if let Some(f) = ts.pi {
+                    f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
                 }
                 q.buf
-                    .write_at(slot * q.stride, &self.scratch)
+                    .write_at(slot * q.stride, data)
                     .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
+                if let Some(b) = &mut q.md_buf {
+                    b.write_at(slot * q.md_stride, md)
+                        .map_err(|e| format!("verify: filling the metadata buffer: {e}"))?;
+                }
             }
+        } else if let (true, Some(f)) = (write, ts.pi) {
+            // The format needs the caller's PI: it must match whatever the buffer holds
+            // now (a read may have filled it), so the guards are computed for each write.
+            let data = &mut self.scratch[..ts.io_bytes];
+            let md = &mut self.md_scratch[..ts.md_bytes];
+            q.buf
+                .read_at(slot * q.stride, data)
+                .map_err(|e| format!("pi: reading the write buffer: {e}"))?;
+            f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
+            match &mut q.md_buf {
+                Some(b) => b.write_at(slot * q.md_stride, md),
+                None => q.buf.write_at(slot * q.stride, data),
+            }
+            .map_err(|e| format!("pi: filling the metadata: {e}"))?;
         }
-        let req = if write {
+        let mut req = if write {
             IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
         } else {
             IoRequest::read(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
         };
+        if let Some(m) = &ts.md {
+            let buf = q.md_slices.get(slot).copied().unwrap_or(IoMeta::NONE.buf);
+            let first = ts.pi.map_or(0, |f| ref_tag(&f, lba));
+            // Under --verify the controller checks the application tag too.
+            let mask = if cfg.verify { 0xFFFF } else { 0 };
+            req = req.with_meta(IoMeta::for_layout(m, buf).with_tags(first, APP_TAG, mask));
+        }
         q.slots[slot] = Slot {
             submit_raw: now,
             unit,
@@ -556,20 +644,157 @@ impl Worker<'_> {
             g => Expect::Generation(g as u64),
         };
         let off = slot_i * q.stride;
+        let data = &mut self.scratch[..ts.io_bytes];
+        let md = &mut self.md_scratch[..ts.md_bytes];
         q.buf
-            .read_at(off, &mut self.scratch)
+            .read_at(off, data)
             .map_err(|e| format!("verify: reading the read buffer: {e}"))?;
-        for (i, b) in self.scratch.chunks_exact(ts.block_size).enumerate() {
+        if let Some(b) = &q.md_buf {
+            b.read_at(slot_i * q.md_stride, md)
+                .map_err(|e| format!("verify: reading the metadata buffer: {e}"))?;
+        }
+        let mut mismatch = |m: Mismatch| {
+            r.mismatches += 1;
+            if r.mismatch_list.len() < MISMATCHES_KEPT {
+                tracing::error!("core {}: verify: {m}", cfg.core);
+                r.mismatch_list.push(m);
+            }
+        };
+        for (i, b) in data.chunks_exact(ts.host_bs).enumerate() {
             r.blocks_verified += 1;
-            if let Err(m) = verify::check_block(b, lba0 + i as u64, expect) {
-                r.mismatches += 1;
-                if r.mismatch_list.len() < MISMATCHES_KEPT {
-                    tracing::error!("core {}: verify: {m}", cfg.core);
-                    r.mismatch_list.push(m);
+            let lba = lba0 + i as u64;
+            if let Err(m) = verify::check_block(&b[..ts.block_size], lba, expect) {
+                mismatch(m);
+            } else if let (Some(m), Expect::Generation(g)) = (&ts.md, expect) {
+                if let Err(m) = check_metadata(m, ts.block_size, data, md, i, lba, g) {
+                    mismatch(m);
                 }
             }
         }
+        if let Some(f) = ts.pi {
+            let first = ref_tag(&f, lba0);
+            if let Err((b, e)) = f.check(data, md, ts.io_blocks as usize, first, APP_TAG, 0xFFFF) {
+                mismatch(pi_mismatch(lba0 + b as u64, e));
+            }
+        }
         Ok(())
+    }
+}
+
+/// The application tag `kestrel perf` writes into protection information ("KS").
+pub const APP_TAG: u16 = 0x4B53;
+
+/// The reference tag of the first block of an I/O at `lba`: the low 32 bits of the LBA for
+/// type 1 (as the spec requires); for type 2, the caller's own numbering (the LBA offset
+/// by 2^31, so a controller that used the LBA instead would fail the check); for type 3,
+/// not checked, the LBA.
+fn ref_tag(f: &PiFormat, lba: u64) -> u32 {
+    match f.pi_type {
+        PiType::Type2 => (lba as u32).wrapping_add(1 << 31),
+        _ => lba as u32,
+    }
+}
+
+/// The metadata bytes outside the PI of block `i` of an I/O, within the buffers:
+/// interleaved in `data` (extended) or in `md`.
+fn md_block<'a>(
+    m: &MetaLayout,
+    data_size: usize,
+    data: &'a mut [u8],
+    md: &'a mut [u8],
+    i: usize,
+) -> &'a mut [u8] {
+    let ms = m.ms as usize;
+    if m.extended {
+        &mut data[i * (data_size + ms) + data_size..][..ms]
+    } else {
+        &mut md[i * ms..][..ms]
+    }
+}
+
+/// The byte range of the PI inside a block's metadata (empty without PI).
+fn pi_range(m: &MetaLayout) -> std::ops::Range<usize> {
+    if m.pi_type == 0 {
+        0..0
+    } else {
+        m.pi_offset()..m.pi_offset() + kestrel::spec::pi::PI_SIZE
+    }
+}
+
+/// Byte `k` of the metadata of generation `gen` of `lba` (outside the PI).
+fn md_byte(lba: u64, gen: u64, k: usize) -> u8 {
+    (lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ gen.rotate_left(17)).rotate_left(k as u32 % 64) as u8
+        ^ k as u8
+}
+
+/// Fills the metadata of every block of an I/O at `lba` outside the PI.
+fn fill_metadata(
+    m: &MetaLayout,
+    data_size: usize,
+    data: &mut [u8],
+    md: &mut [u8],
+    lba: u64,
+    gen: u64,
+) {
+    let n = data.len() / m.host_block_size(data_size as u32, true) as usize;
+    let pi = pi_range(m);
+    for i in 0..n {
+        for (k, b) in md_block(m, data_size, data, md, i).iter_mut().enumerate() {
+            if !pi.contains(&k) {
+                *b = md_byte(lba + i as u64, gen, k);
+            }
+        }
+    }
+}
+
+/// Checks the metadata outside the PI of block `i` (at `lba`), written as generation `gen`.
+fn check_metadata(
+    m: &MetaLayout,
+    data_size: usize,
+    data: &[u8],
+    md: &[u8],
+    i: usize,
+    lba: u64,
+    gen: u64,
+) -> Result<(), Mismatch> {
+    let pi = pi_range(m);
+    let ms = m.ms as usize;
+    let blk = if m.extended {
+        &data[i * (data_size + ms) + data_size..][..ms]
+    } else {
+        &md[i * ms..][..ms]
+    };
+    for (k, &b) in blk.iter().enumerate() {
+        let want = md_byte(lba, gen, k);
+        if !pi.contains(&k) && b != want {
+            return Err(Mismatch {
+                lba,
+                field: "metadata",
+                expected: u64::from(want),
+                actual: u64::from(b),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A protection information check that failed in software, as a mismatch named after the
+/// spec's check.
+fn pi_mismatch(lba: u64, e: PiError) -> Mismatch {
+    let (field, expected, actual) = match e {
+        PiError::Guard { found, computed } => ("end-to-end guard", computed.into(), found.into()),
+        PiError::AppTag {
+            found, expected, ..
+        } => ("end-to-end application tag", expected.into(), found.into()),
+        PiError::RefTag { found, expected } => {
+            ("end-to-end reference tag", expected.into(), found.into())
+        }
+    };
+    Mismatch {
+        lba,
+        field,
+        expected,
+        actual,
     }
 }
 
@@ -613,7 +838,8 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         rng: fastrand::Rng::with_seed(
             cfg.seed ^ (cfg.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         ),
-        scratch: vec![0u8; cfg.io_size as usize],
+        scratch: vec![0u8; targets.iter().map(|t| t.io_bytes).max().unwrap_or(0)],
+        md_scratch: vec![0u8; targets.iter().map(|t| t.md_bytes).max().unwrap_or(0)],
         max: if cfg.max_completions == 0 {
             kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL
         } else {
