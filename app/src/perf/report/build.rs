@@ -1,0 +1,336 @@
+//! Aggregation: the pollers' results added up per target, per core and in total, with
+//! histograms merged for the percentiles.
+
+use hdrhistogram::Histogram;
+use kestrel::QueueStats;
+
+use super::*;
+use crate::perf::latency::{new_histogram, LatStats};
+use crate::perf::outcome::{error_rows, Outcomes};
+use crate::perf::worker::{CoreResult, TargetResult};
+
+/// Outcome counts being added up.
+#[derive(Default)]
+struct OutcomeAcc {
+    o: Outcomes,
+    lost: u64,
+    run: QueueStats,
+    removed: bool,
+}
+
+impl OutcomeAcc {
+    fn add(&mut self, t: &TargetResult) {
+        self.o.merge(&t.outcomes);
+        self.lost += t.lost;
+        self.run.accumulate(&t.run_stats);
+        self.removed |= t.removed;
+    }
+    fn json(&self) -> OutcomesJson {
+        OutcomesJson {
+            submitted: self.o.submitted,
+            succeeded: self.o.succeeded,
+            errors: self.o.errors,
+            timed_out: self.o.timed_out,
+            cancelled: self.o.cancelled,
+            lost: self.lost,
+            errors_by_status: error_rows(&self.o),
+            timeouts: self.run.timeouts,
+            aborts: self.run.aborts,
+            resets: self.run.resets,
+            retries: self.run.retries,
+            ignored_completions: self.run.bogus_completions,
+            removed: self.removed,
+        }
+    }
+}
+
+fn transport(s: &QueueStats) -> TransportJson {
+    let per = |v: u64| {
+        if s.completed == 0 {
+            0.0
+        } else {
+            ((v as f64 / s.completed as f64) * 10_000.0).round() / 10_000.0
+        }
+    };
+    TransportJson {
+        submitted: s.submitted,
+        completed: s.completed,
+        commands: s.commands,
+        sq_doorbell_writes: s.sq_doorbell_writes,
+        cq_doorbell_writes: s.cq_doorbell_writes,
+        doorbell_writes_per_io: per(s.sq_doorbell_writes + s.cq_doorbell_writes),
+        sq_doorbell_writes_per_io: per(s.sq_doorbell_writes),
+        cq_doorbell_writes_per_io: per(s.cq_doorbell_writes),
+        shadow_doorbell_updates: s.shadow_doorbell_updates,
+        polls: s.polls,
+        idle_polls: s.idle_polls,
+        software_queued: s.sw_queued,
+        split: s.split,
+        retries: s.retries,
+        timeouts: s.timeouts,
+        aborts: s.aborts,
+        resets: s.resets,
+        bogus_completions: s.bogus_completions,
+    }
+}
+
+fn rate(v: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        (v as f64 / secs * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+fn mib(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        (bytes as f64 / (1u64 << 20) as f64 / secs * 100.0).round() / 100.0
+    } else {
+        0.0
+    }
+}
+
+/// A latency accumulator over several [`TargetResult`]s.
+struct Acc {
+    lat: [LatStats; 2],
+    ios: u64,
+    reads: u64,
+    writes: u64,
+    bytes: u64,
+    stats: QueueStats,
+}
+
+impl Acc {
+    fn new() -> Self {
+        Acc {
+            lat: [LatStats::default(), LatStats::default()],
+            ios: 0,
+            reads: 0,
+            writes: 0,
+            bytes: 0,
+            stats: QueueStats::default(),
+        }
+    }
+    fn add(&mut self, t: &TargetResult) {
+        self.lat[0].merge(&t.lat[0]);
+        self.lat[1].merge(&t.lat[1]);
+        self.ios += t.ios;
+        self.reads += t.reads;
+        self.writes += t.writes;
+        self.bytes += t.bytes;
+        self.stats.accumulate(&t.stats);
+    }
+    fn all(&self) -> LatStats {
+        let mut l = self.lat[0].clone();
+        l.merge(&self.lat[1]);
+        l
+    }
+    fn latency(&self) -> Option<LatencyJson> {
+        self.all().summary()
+    }
+    /// The reads (0) or writes (1) apart; the bytes are split by I/O count (all I/Os of a
+    /// run have one size).
+    fn op(&self, i: usize, secs: f64) -> Option<OpJson> {
+        let n = self.lat[i].count;
+        let bytes = if self.ios == 0 {
+            0
+        } else {
+            (self.bytes as u128 * n as u128 / self.ios as u128) as u64
+        };
+        Some(OpJson {
+            ios: n,
+            iops: rate(n, secs),
+            mib_per_s: mib(bytes, secs),
+            latency_us: self.lat[i].summary()?,
+        })
+    }
+    fn target_total(&self, secs: f64) -> TargetTotalJson {
+        TargetTotalJson {
+            ios: self.ios,
+            iops: rate(self.ios, secs),
+            mib_per_s: mib(self.bytes, secs),
+            latency_us: self.latency(),
+            read: self.op(0, secs),
+            write: self.op(1, secs),
+        }
+    }
+}
+
+/// Builds the report. `names[i]` is target `i`'s name.
+pub fn build(
+    cores: &[CoreResult],
+    names: &[String],
+    config: serde_json::Value,
+    mut targets: Vec<serde_json::Value>,
+) -> (Report, Histogram<u64>) {
+    let mut per_target: Vec<OutcomeAcc> = names.iter().map(|_| OutcomeAcc::default()).collect();
+    let mut total_outcomes = OutcomeAcc::default();
+    let mut total = Acc::new();
+    let mut per_core = Vec::new();
+    let mut busy_total = 0u64;
+    let mut busy_hist = new_histogram();
+    let mut target_acc: Vec<Acc> = names.iter().map(|_| Acc::new()).collect();
+    let mut seconds = 0f64;
+    let mut verify = VerifyJson::default();
+    let mut errors = Vec::new();
+    for c in cores {
+        let secs = c.window_ns as f64 / 1e9;
+        seconds = seconds.max(secs);
+        let mut core_acc = Acc::new();
+        let mut rows = Vec::new();
+        for (ti, t) in c.targets.iter().enumerate() {
+            core_acc.add(t);
+            total.add(t);
+            if let Some(a) = target_acc.get_mut(ti) {
+                a.add(t);
+            }
+            let mut row_acc = Acc::new();
+            row_acc.add(t);
+            verify.blocks_checked += t.blocks_verified;
+            verify.mismatches += t.mismatches;
+            verify.readback_reads += t.readback_ios;
+            for m in &t.mismatch_list {
+                if verify.first_mismatches.len() < 16 {
+                    verify.first_mismatches.push(*m);
+                }
+            }
+            let mut row_outcomes = OutcomeAcc::default();
+            row_outcomes.add(t);
+            total_outcomes.add(t);
+            if let Some(acc) = per_target.get_mut(ti) {
+                acc.add(t);
+            }
+            let outcomes = row_outcomes.json();
+            if let Some(e) = &t.first_error {
+                errors.push(e.clone());
+            }
+            rows.push(CoreTargetJson {
+                target: ti,
+                name: names.get(ti).cloned().unwrap_or_default(),
+                ios: t.ios,
+                reads: t.reads,
+                writes: t.writes,
+                iops: rate(t.ios, secs),
+                mib_per_s: mib(t.bytes, secs),
+                latency_us: row_acc.latency(),
+                read: row_acc.op(0, secs),
+                write: row_acc.op(1, secs),
+                transport: transport(&t.stats),
+                lba_first: t.lba_range.0,
+                lba_count: t.lba_range.1,
+                io_errors: outcomes.failed(),
+                outcomes,
+            });
+        }
+        busy_total += c.busy_ns;
+        let _ = busy_hist.add(&c.busy_per_io);
+        per_core.push(CoreJson {
+            core: c.core,
+            ios: core_acc.ios,
+            seconds: secs,
+            iops: rate(core_acc.ios, secs),
+            mib_per_s: mib(core_acc.bytes, secs),
+            latency_us: core_acc.latency(),
+            busy_pct: if c.window_ns > 0 {
+                (c.busy_ns as f64 * 1000.0 / c.window_ns as f64).round() / 10.0
+            } else {
+                0.0
+            },
+            busy_ns: c.busy_ns,
+            ns_per_io_cpu: (core_acc.ios > 0)
+                .then(|| (c.busy_ns as f64 / core_acc.ios as f64 * 10.0).round() / 10.0),
+            ns_per_io_cpu_p50: (core_acc.ios > 0).then(|| median(&c.busy_per_io)),
+            iterations: c.iterations,
+            idle_iterations: c.idle_iterations,
+            descheduled_ns: c.descheduled_ns,
+            syscalls_in_window: c.syscalls.map(|s| s.0),
+            first_syscall_nr: c.syscalls.and_then(|s| s.1),
+            transport: transport(&core_acc.stats),
+            targets: rows,
+        });
+    }
+    let busy_pct = if per_core.is_empty() {
+        0.0
+    } else {
+        (per_core.iter().map(|c| c.busy_pct).sum::<f64>() / per_core.len() as f64 * 10.0).round()
+            / 10.0
+    };
+    let target_outcomes: Vec<(String, OutcomesJson)> = names
+        .iter()
+        .zip(&per_target)
+        .map(|(n, acc)| (n.clone(), acc.json()))
+        .collect();
+    let target_totals: Vec<(String, TargetTotalJson)> = names
+        .iter()
+        .zip(&target_acc)
+        .map(|(n, acc)| (n.clone(), acc.target_total(seconds)))
+        .collect();
+    for ((tj, (_, o)), (_, tt)) in targets.iter_mut().zip(&target_outcomes).zip(&target_totals) {
+        if let Some(obj) = tj.as_object_mut() {
+            obj.insert(
+                "outcomes".into(),
+                serde_json::to_value(o).unwrap_or_default(),
+            );
+            obj.insert("total".into(), serde_json::to_value(tt).unwrap_or_default());
+        }
+    }
+    let outcomes = total_outcomes.json();
+    let report = Report {
+        config,
+        targets,
+        total: TotalJson {
+            ios: total.ios,
+            reads: total.reads,
+            writes: total.writes,
+            bytes: total.bytes,
+            seconds,
+            iops: rate(total.ios, seconds),
+            mib_per_s: mib(total.bytes, seconds),
+            latency_us: total.latency(),
+            read: total.op(0, seconds),
+            write: total.op(1, seconds),
+            ns_per_io_cpu: (total.ios > 0)
+                .then(|| (busy_total as f64 / total.ios as f64 * 10.0).round() / 10.0),
+            ns_per_io_cpu_p50: (total.ios > 0).then(|| median(&busy_hist)),
+            busy_ns: busy_total,
+            busy_pct,
+        },
+        transport: transport(&total.stats),
+        per_core,
+        verify: None,
+        io_errors: outcomes.failed(),
+        outcomes,
+        errors,
+        warnings: Vec::new(),
+        conditions: Vec::new(),
+        placement: PlacementJson::default(),
+        progress: Vec::new(),
+        target_lines: Vec::new(),
+        show: Show::default(),
+        result: ResultJson::default(),
+        target_totals,
+        target_outcomes,
+    };
+    let mut report = report;
+    let all = total.all();
+    if all.clamped > 0 {
+        report.conditions.push(format!(
+            "{} I/Os took longer than the histograms' {} s bound: they count as {} s in the percentiles and histogram (avg, stdev and max are exact)",
+            all.clamped,
+            crate::perf::latency::LATENCY_MAX_NS / 1_000_000_000,
+            crate::perf::latency::LATENCY_MAX_NS / 1_000_000_000
+        ));
+    }
+    if config_verify(&report.config) {
+        report.verify = Some(verify);
+    }
+    (report, all.hist)
+}
+
+fn median(h: &Histogram<u64>) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(0.5) as f64
+    }
+}
