@@ -186,7 +186,9 @@ fn c_api(spec: &str, dir: &Path, needle: &str, nvme: bool) -> Outcome {
         block_size: 0,
         nsid: 0,
         flags: 0,
-        reserved: 0,
+        md_size: 0,
+        pi_type: 0,
+        md_flags: 0,
         name: [0; 64],
     };
     // SAFETY: a live handle and a valid out-pointer; the handle is closed once.

@@ -112,7 +112,7 @@ fn no_allocation_with_metadata_and_software_pi() {
         .unwrap();
     // Slot i: 8 blocks of 512 B data (+8 B interleaved for nsid 2), 8 x 16 B metadata.
     let (dstride, mstride) = (8 * 520, 8 * 16);
-    let mut data = c.dma_pool().alloc(128 * dstride).unwrap();
+    let data = c.dma_pool().alloc(128 * dstride).unwrap();
     let mut md = c.dma_pool().alloc(128 * mstride).unwrap();
     let big = c.dma_pool().alloc(1 << 20).unwrap();
     let bigmd = c.dma_pool().alloc(2048 * 16).unwrap();

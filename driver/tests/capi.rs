@@ -124,8 +124,16 @@ fn header_matches_the_rust_definitions() {
             offset_of!(KestrelInfo, flags) as u64,
         ),
         (
-            "offsetof(struct kestrel_info, reserved)",
-            offset_of!(KestrelInfo, reserved) as u64,
+            "offsetof(struct kestrel_info, md_size)",
+            offset_of!(KestrelInfo, md_size) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, pi_type)",
+            offset_of!(KestrelInfo, pi_type) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, md_flags)",
+            offset_of!(KestrelInfo, md_flags) as u64,
         ),
         (
             "offsetof(struct kestrel_info, name)",
@@ -187,6 +195,30 @@ fn header_matches_the_rust_definitions() {
             "offsetof(struct kestrel_iocb, reserved)",
             offset_of!(KestrelIocb, reserved) as u64,
         ),
+        (
+            "offsetof(struct kestrel_iocb, md_buf)",
+            offset_of!(KestrelIocb, md_buf) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, md_len)",
+            offset_of!(KestrelIocb, md_len) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, ref_tag)",
+            offset_of!(KestrelIocb, ref_tag) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, app_tag)",
+            offset_of!(KestrelIocb, app_tag) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, app_mask)",
+            offset_of!(KestrelIocb, app_mask) as u64,
+        ),
+        ("KESTREL_IOCB_MD", KESTREL_IOCB_MD as u64),
+        ("KESTREL_MD_EXTENDED", KESTREL_MD_EXTENDED as u64),
+        ("KESTREL_MD_PI_FIRST", KESTREL_MD_PI_FIRST as u64),
+        ("KESTREL_MD_REQUIRED", KESTREL_MD_REQUIRED as u64),
         (
             "sizeof(struct kestrel_event)",
             size_of::<KestrelEvent>() as u64,

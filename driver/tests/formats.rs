@@ -542,7 +542,7 @@ fn metadata_formats_do_io_with_the_caller_s_metadata() {
             // PI written wrong by the caller is refused by the controller on the write.
             let mut bad = data.clone();
             let at = if extended {
-                lba as usize + pi_first.then_some(0).unwrap_or(ms as usize - 8)
+                lba as usize + if pi_first { 0 } else { ms as usize - 8 }
             } else {
                 0
             };

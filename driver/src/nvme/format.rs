@@ -347,7 +347,7 @@ mod tests {
             (
                 1,
                 Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF | Prinfo::PRCHK_APP,
-                0x2345_6789 + 0,
+                0x2345_6789,
             ),
             (
                 2,

@@ -651,6 +651,7 @@ mod tests {
             extended: false,
             pi_type: 0,
             pi_first: false,
+            pif: 0,
             zoned: false,
             zone_size: None,
             max_open: 0,
