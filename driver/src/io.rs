@@ -332,6 +332,10 @@ impl IoRequest {
     }
 }
 
+// The request is copied into the software queue and split parents: 360 bytes of op, LBA
+// range, inline segments and token, and 56 of metadata (IoMeta).
+const _: () = assert!(std::mem::size_of::<IoRequest>() == 416);
+
 /// Why an I/O failed. `Copy` and small, so completions carry it without allocation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum IoError {
