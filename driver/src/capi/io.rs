@@ -16,7 +16,7 @@ use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::io::{IoMeta, MAX_SEGMENTS};
 
 use super::abi::*;
-use super::dma::lookup;
+use super::dma::{lookup, lookup_rest};
 use super::error::{guard, CapiError};
 use super::handle::{
     aligned, context, out_ptr, poison, release, shared, KestrelCtx, KestrelHandle,
@@ -233,7 +233,18 @@ unsafe fn one_buf(
             why: "wraps around the address space",
         });
     }
-    match lookup(bufs, addr, len) {
+    // With metadata interleaved (extended LBAs: KESTREL_IOCB_MD without md_buf) the buffer
+    // holds more than `len` bytes: the slice runs to the end of its DMA buffer and the
+    // context checks it against data + metadata.
+    let interleaved = c.flags & KESTREL_IOCB_MD != 0 && c.md_buf.is_null();
+    let found = lookup(bufs, addr, len).map(|s| {
+        if interleaved {
+            lookup_rest(bufs, addr).unwrap_or(s)
+        } else {
+            s
+        }
+    });
+    match found {
         Some(s) => Ok(IoBuf::Dma(s)),
         // SAFETY: the header's contract for bounced buffers (see `convert`).
         None if bounce && len > 0 => Ok(unsafe { IoBuf::user(c.buf.cast(), len) }),
