@@ -125,10 +125,15 @@ VM_NVME_NAMESPACES=(
     "256:logical_block_size=4096,physical_block_size=4096"
     "64:logical_block_size=4096,physical_block_size=4096,ms=8,pi=1"
     "64:logical_block_size=512,physical_block_size=512,ms=8,mset=1"
+    "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1"
+    "64:logical_block_size=512,physical_block_size=512,ms=8"
     "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M"
     "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1,pif=2"
 )
-ns_supported='1 2 3' ns_refused='4 5 6'
+# Served: plain 512 B and 4 KiB, 8-byte PI type 1, extended LBAs, 16 bytes of separate
+# metadata with PI type 1, separate metadata without PI (the last three need the caller's
+# metadata: ns_md). Refused: zoned, and the 64-bit guard.
+ns_supported='1 2 3 4 5 6' ns_md='4 5 6' ns_refused='7 8'
 vm_check_payload "$binary"
 binary=$(realpath "$binary")
 
@@ -158,7 +163,7 @@ run_mode() {
     if [[ -n $guest_cmd ]]; then
         cmd=$guest_cmd
     else
-        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
+        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"

@@ -260,6 +260,14 @@ fn ns_of(c: &Controller, nsid: u32) -> Result<Ns, CaseError> {
     if let Some(u) = &ns.unsupported {
         return Err(CaseError::Skip(u.to_string()));
     }
+    if ns.protection.required() {
+        return Err(CaseError::Skip(format!(
+            "nsid {nsid}: the format needs metadata with every read and write ({}); the \
+             suite's data path cases send none (kestrel perf --verify and driver/tests/\
+             formats.rs cover this format)",
+            ns.protection.describe()
+        )));
+    }
     Ok(Ns {
         bs: ns.block_size as usize,
         blocks: ns.num_blocks.min(SCRATCH_BYTES / ns.block_size as u64),

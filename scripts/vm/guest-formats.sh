@@ -8,8 +8,10 @@
 #      kestrel perf on a refused namespace (/ns=N) fails before any I/O naming its format;
 #   2. the conformance suite ($KESTREL_PAYLOAD) passes; its data path cases pass on every
 #      supported namespace and are skipped, with the refusal, on every refused one;
-#   3. cross-check with the kernel's nvme driver on each supported namespace: what
-#      kestrel wrote, the kernel reads back; what the kernel wrote, kestrel reads back;
+#   3. cross-check with the kernel's nvme driver on each supported namespace the kernel
+#      serves (it hides metadata formats it cannot carry): what kestrel wrote, the kernel
+#      reads back (checking the PI kestrel generated); what the kernel wrote, kestrel
+#      reads back;
 #   4. iommu mode: no DMAR fault in the kernel log.
 #
 # Prints "guest-formats: PASS|FAIL <check>" per check; exit status: the failures.
@@ -110,6 +112,13 @@ suite_rc=$?
 cat /tmp/suite.txt
 check "conformance suite (exit $suite_rc)" [ "$suite_rc" = 0 ]
 for n in $KESTREL_NS_SUPPORTED; do
+    if [[ " ${KESTREL_NS_MD:-} " == *" $n "* ]]; then
+        # The suite's data path cases send no metadata: skipped with the reason on a
+        # format that needs it (perf --verify above carries it).
+        check "suite: data path cases skipped on nsid $n (metadata required)" \
+            bash -c "grep -E ' ns=$n +skip .*needs metadata' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +FAIL ' /tmp/suite.txt"
+        continue
+    fi
     check "suite: data path cases pass on nsid $n" \
         bash -c "grep -E ' ns=$n +pass ' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +(FAIL|skip) ' /tmp/suite.txt"
 done
@@ -118,7 +127,9 @@ for n in $KESTREL_NS_REFUSED; do
         bash -c "grep -E ' ns=$n +skip .*is not supported' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +(pass|FAIL) ' /tmp/suite.txt"
 done
 
-# --- 3. cross-check with the kernel's nvme driver
+# --- 3. cross-check with the kernel's nvme driver (kestrel write and read carry the
+# metadata a format needs, with PI generated in software: the kernel checks that PI)
+skipped_x=
 for n in $KESTREL_NS_SUPPORTED; do
     head -c 1048576 /dev/urandom >"/tmp/k$n.bin"
     head -c 1048576 /dev/urandom >"/tmp/l$n.bin"
@@ -130,6 +141,14 @@ if bind nvme; then
             check "the kernel shows nsid $n" false
             continue
         }
+        # The kernel's nvme driver hides (capacity 0) a namespace whose metadata it cannot
+        # carry (extended LBAs, separate metadata without PI, metadata beyond the PI on
+        # older kernels): no cross-check there, said so.
+        if [ "$(cat "/sys/block/$(basename "$dev")/size")" = 0 ]; then
+            say "SKIP cross-check on nsid $n: the kernel shows $dev with capacity 0 (a metadata format it does not carry)"
+            skipped_x="$skipped_x $n"
+            continue
+        fi
         check "kernel ($dev) reads what kestrel wrote on nsid $n" \
             bash -c "dd if=$dev bs=1M count=1 2>/dev/null | cmp - /tmp/k$n.bin"
         check "kernel ($dev) writes nsid $n" \
@@ -139,6 +158,7 @@ if bind nvme; then
 fi
 if bind vfio-pci; then
     for n in $KESTREL_NS_SUPPORTED; do
+        [[ " $skipped_x " == *" $n "* ]] && continue
         check "kestrel reads what the kernel wrote on nsid $n" \
             bash -c "$K read --target pci:$BDF/ns=$n ${noi[*]} --offset 1M --length 1M --output /tmp/r$n.bin && cmp /tmp/r$n.bin /tmp/l$n.bin"
     done
