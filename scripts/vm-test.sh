@@ -22,9 +22,10 @@
 #
 # The controller has one namespace per format (QEMU nvme-ns): nsid 1 512 B,
 # 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
-# extended LBA, 5 zoned (4 KiB, 8 MiB zones), 6 4 KiB + 16 B metadata with
-# 64-bit guard PI type 1. Kestrel serves 1, 2 and 3 (8-byte PI metadata, with
-# PRACT) and refuses the others.
+# extended LBA, 5 4 KiB + 16 B separate metadata with PI type 1, 6 512 B + 8 B
+# separate metadata without PI, 7 zoned (4 KiB, 8 MiB zones), 8 4 KiB + 16 B
+# metadata with 64-bit guard PI type 1. Kestrel serves 1 to 6 (4 to 6 with the
+# caller's metadata, PI generated in software) and refuses 7 and 8.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
