@@ -1351,13 +1351,28 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// The active namespaces of `device` and why the driver refuses each it refuses, read
-/// from one bring-up (released before the cases run).
+/// The active namespaces of `device` and why the suite does no I/O to each it does not:
+/// the driver refuses its format, or the format needs metadata with every read and write,
+/// which the suite's cases do not send. Read from one bring-up (released before the cases
+/// run).
 fn namespaces_of(device: &Device) -> Result<Vec<(u32, Option<String>)>, String> {
     let c = device.open()?;
     Ok(c.namespaces()
         .iter()
-        .map(|n| (n.nsid, n.unsupported.as_ref().map(|u| u.to_string())))
+        .map(|n| {
+            let why = n.unsupported.as_ref().map(|u| u.to_string()).or_else(|| {
+                n.protection.required().then(|| {
+                    format!(
+                        "nsid {}: the format needs metadata with every read and write ({}); \
+                         the suite's cases send none (kestrel perf --verify and \
+                         driver/tests/formats.rs cover this format)",
+                        n.nsid,
+                        n.protection.describe()
+                    )
+                })
+            });
+            (n.nsid, why)
+        })
         .collect())
 }
 
