@@ -235,7 +235,13 @@ On the default emulator the namespace is backed by the null store (reads return 
 writes are dropped: the figures measure the driver, not memcpy), or by memory with
 --verify. The emulator thread is pinned to a core not in --cores when there is one; it needs
 a core of its own, so on the emulator use at most one poller fewer than the machine has
-cores (with none left it shares the pollers' cores, and the report says so).
+cores. Busy pollers on every core are refused (exit 2) unless the emulator's place is given
+(emu:core=N|none: it then shares the pollers' cores, and the report says so) or the pollers
+sleep when idle (--poll-mode hybrid|interrupt); a one-core machine shares its core.
+
+--poll-mode hybrid|interrupt creates the queues with completion interrupts (MSI-X through
+VFIO, or the emulator's) and sleeps on them when idle; the CPU line per core gives the
+poller thread's CPU time over the window and its interrupt sleeps.
 
 Examples:
   kestrel perf -t 5
@@ -244,6 +250,7 @@ Examples:
   kestrel perf -w randrw -M 70 -L --transport-stats
   kestrel perf -w randwrite --verify --target emu:store=memory
   kestrel perf --doorbell immediate --shadow-doorbells off
+  kestrel perf -q 1 --poll-mode hybrid
   kestrel perf --latency-plot lat.svg
   kestrel perf -t 1 --io-timeout 200ms --target emu:faults=drop/read/max1
   kestrel perf --target pci:0000:01:00.0 -c 0-1 -q 64";
@@ -350,6 +357,19 @@ pub enum DoorbellArg {
     Immediate,
 }
 
+/// `--poll-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollModeArg {
+    /// Poll without pause (the lowest latency; each poller core is always busy).
+    Busy,
+    /// Poll while completions come and for 1 ms after the last, then sleep until a
+    /// completion interrupt.
+    Hybrid,
+    /// Sleep until a completion interrupt whenever a poll finds nothing.
+    Interrupt,
+}
+
 /// `kestrel perf`.
 #[derive(Args, Debug)]
 pub struct PerfArgs {
@@ -410,6 +430,10 @@ pub struct PerfArgs {
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller offers them.
     #[arg(long, value_name = "on|off", default_value = "on", action = ArgAction::Set, value_parser = switch_parser)]
     pub shadow_doorbells: bool,
+    /// How pollers wait: busy polling, or sleeping on completion interrupts (MSI-X through
+    /// VFIO, or the emulator's) when idle (hybrid: after polling 1 ms without a completion).
+    #[arg(long, value_enum, default_value_t = PollModeArg::Busy)]
+    pub poll_mode: PollModeArg,
     /// Completions reaped per poll of a queue pair (0: all that are ready, up to 128).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub max_completions: u32,

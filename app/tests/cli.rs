@@ -483,8 +483,10 @@ fn durations_everywhere() {
     assert_eq!(j["config"]["warmup_s"], 0.1);
     assert_eq!(j["config"]["io_timeout_ms"], 30000.0);
     assert_eq!(j["config"]["number_ios"], serde_json::Value::Null);
+    // The window never ends before its 300 ms; how long after them the poller notices is up
+    // to the scheduler (a loaded machine stretched it past 5 s once), so no upper bound.
     let secs = j["total"]["seconds"].as_f64().unwrap();
-    assert!(secs > 0.2 && secs < 5.0, "{secs}");
+    assert!(secs > 0.2, "{secs}");
 }
 
 #[test]
@@ -846,7 +848,8 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
         "--json",
         "--quiet",
         "--target",
-        "emu:size=64M",
+        // Both cores poll: the emulator shares them (unpinned), as asked.
+        "emu:size=64M,core=none",
     ]));
     let pc = j["per_core"].as_array().unwrap();
     assert_eq!(pc.len(), 2);
@@ -988,12 +991,16 @@ fn an_emulator_without_a_core_of_its_own_is_reported() {
         "2",
         "-c",
         &cores,
+        // Busy pollers on every core are refused (below); sleeping ones may share.
+        "--poll-mode",
+        "hybrid",
         "--json",
         "--quiet",
         "--target",
         "emu:size=64M",
     ]);
     let j = json(&o);
+    assert_eq!(j["config"]["poll_mode"], "hybrid");
     let w = j["warnings"].as_array().unwrap();
     assert!(
         w.iter()
@@ -1195,4 +1202,26 @@ fn count_syscalls_finds_none_in_a_polled_nvme_window_and_the_file_targets_enters
     // The file target enters io_uring: counted, so the counter is in the path.
     assert!(counted[1].0 > 0, "{counted:?}");
     assert_eq!(counted[1].1, libc::SYS_io_uring_enter, "{counted:?}");
+}
+
+#[test]
+fn busy_pollers_on_every_core_with_the_emulator_are_refused() {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    if ids.len() < 2 {
+        eprintln!(
+            "skipped: needs 2 cores available, this process has {}",
+            ids.len()
+        );
+        return;
+    }
+    let all = ids
+        .iter()
+        .map(|c| c.id.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = kestrel(&["perf", "-t", "1", "-c", &all, "--quiet"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("leaving the emulator thread no core"), "{err}");
+    assert!(err.contains("--poll-mode hybrid|interrupt"), "{err}");
 }

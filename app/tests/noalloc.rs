@@ -46,6 +46,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
             immediate_doorbell: false,
             shadow_doorbells: true,
             timeout: None,
+            interrupts: false,
         },
         max_completions: 0,
         verify,
@@ -55,6 +56,7 @@ fn run(time_ns: u64, verify: bool) -> (u64, u64) {
         number_ios: u64::MAX,
         count_syscalls: false,
         io_timeout_ns: 30_000_000_000,
+        sleep_after_ns: None,
     };
     let shared = Arc::new(Shared::new(1));
     let sh = Arc::clone(&shared);

@@ -64,8 +64,10 @@ extern "C" {
 /* struct kestrel_io_params.flags */
 #define KESTREL_IO_BOUNCE 1u /* accept ordinary memory, copied through bounce buffers */
 
-/* kestrel_reactor_start() flags */
-#define KESTREL_REACTOR_BACKOFF 1u /* idle pollers pause, yield, then sleep */
+/* kestrel_reactor_start() flags: how idle pollers wait (at most one; none: busy-poll) */
+#define KESTREL_REACTOR_BACKOFF 1u   /* pause, yield, then sleep when nothing is in flight */
+#define KESTREL_REACTOR_INTERRUPT 2u /* sleep on completion interrupts whenever idle */
+#define KESTREL_REACTOR_HYBRID 4u    /* busy-poll under load, sleep on interrupts when idle */
 
 /* struct kestrel_info.flags */
 #define KESTREL_INFO_WRITE_ZEROES (1u << 0)
@@ -219,7 +221,9 @@ int kestrel_io_destroy(kestrel_ctx_t *ctx);
  * mask "0x5"), each pinned (a core that cannot be pinned is -EINVAL) and owning a
  * queue on the target. Contexts made with kestrel_reactor_io_setup() (which may be
  * called from several threads at once) are used with the kestrel_io_* calls above,
- * each context by one thread at a time.
+ * each context by one thread at a time. `flags`: one KESTREL_REACTOR_* at most; with
+ * INTERRUPT or HYBRID the queues are created with interrupts (MSI-X through VFIO, or
+ * the emulator's) and an idle poller uses ~0% of its core.
  */
 int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
                           kestrel_reactor_t **out);

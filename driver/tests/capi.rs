@@ -334,6 +334,11 @@ fn header_matches_the_rust_definitions() {
         ("KESTREL_IO_BOUNCE", KESTREL_IO_BOUNCE as u64),
         ("KESTREL_REACTOR_BACKOFF", KESTREL_REACTOR_BACKOFF as u64),
         (
+            "KESTREL_REACTOR_INTERRUPT",
+            KESTREL_REACTOR_INTERRUPT as u64,
+        ),
+        ("KESTREL_REACTOR_HYBRID", KESTREL_REACTOR_HYBRID as u64),
+        (
             "KESTREL_INFO_WRITE_ZEROES",
             KESTREL_INFO_WRITE_ZEROES as u64,
         ),

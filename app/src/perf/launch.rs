@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kestrel::{QueueOptions, Target};
 
-use crate::cli::{DoorbellArg, PerfArgs};
+use crate::cli::{DoorbellArg, PerfArgs, PollModeArg};
 use crate::error::{AppError, Result};
 
 use super::progress::Progress;
@@ -72,6 +72,7 @@ fn spawn(
         immediate_doorbell: args.doorbell == DoorbellArg::Immediate,
         shadow_doorbells: args.shadow_doorbells,
         timeout: Some(args.io_timeout),
+        interrupts: args.poll_mode != PollModeArg::Busy,
     };
     let mut handles = Vec::new();
     for (index, &core) in cores.iter().enumerate() {
@@ -94,6 +95,11 @@ fn spawn(
             number_ios: args.number_ios.unwrap_or(u64::MAX),
             count_syscalls: args.count_syscalls,
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
+            sleep_after_ns: match args.poll_mode {
+                PollModeArg::Busy => None,
+                PollModeArg::Interrupt => Some(0),
+                PollModeArg::Hybrid => Some(worker::HYBRID_SPIN_NS),
+            },
         };
         let sh = Arc::clone(shared);
         let h = std::thread::Builder::new()

@@ -360,6 +360,7 @@ pub(super) fn config_json(
         "io_queue_size": plan.ring,
         "doorbell": doorbell_name(args.doorbell),
         "shadow_doorbells": args.shadow_doorbells,
+        "poll_mode": args.poll_mode,
         "max_completions": args.max_completions,
         "verify": args.verify,
         "seed": args.seed,

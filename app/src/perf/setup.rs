@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::cli::PerfArgs;
+use crate::cli::{PerfArgs, PollModeArg};
 use crate::error::{AppError, Result};
 use crate::parse::{CoreSpec, StoreSpec, TargetSpec};
 use crate::targets::{self, OpenOptions};
@@ -48,6 +48,7 @@ pub(super) fn plan(args: &PerfArgs) -> Result<Plan> {
         check_plot_path(p)?;
     }
     let spare_core = avail.iter().copied().find(|c| !cores.contains(c));
+    check_emulator_room(args, &specs, &avail, spare_core)?;
     let per_ctrlr_queues = cores.len() as u32 * args.qpairs_per_core;
     let max_ns = max_namespaces(&specs);
     let opts = OpenOptions {
@@ -81,6 +82,31 @@ pub(super) fn plan(args: &PerfArgs) -> Result<Plan> {
 /// controller's namespaces are known only once it is up, so without /ns=N it is asked
 /// for enough for every namespace it may have (it grants what it offers; the check
 /// after opening compares that with what the run needs).
+/// Busy pollers on every core would leave an emulator thread only the scheduler's time
+/// slices: refused rather than measured, unless its core was chosen (`emu:core=`) or the
+/// pollers sleep when idle. On a one-core machine nothing better exists: the run goes
+/// ahead and says so.
+fn check_emulator_room(
+    args: &PerfArgs,
+    specs: &[TargetSpec],
+    avail: &[usize],
+    spare_core: Option<usize>,
+) -> Result<()> {
+    let unplaced = specs
+        .iter()
+        .any(|s| matches!(s, TargetSpec::Emu(e) if e.core.is_none()));
+    if spare_core.is_some() || avail.len() < 2 || args.poll_mode != PollModeArg::Busy || !unplaced {
+        return Ok(());
+    }
+    Err(AppError::usage(format!(
+        "every core available to kestrel ({}) would run a busy poller, leaving the emulator thread no core: the run would measure their contention, not the driver. Use at most {} poller core{} (-c {}), or --poll-mode hybrid|interrupt (pollers sleep when idle), or place the emulator yourself with emu:core=N|none",
+        core_list_text(avail),
+        avail.len() - 1,
+        if avail.len() == 2 { "" } else { "s" },
+        core_list_text(&avail[..avail.len() - 1]),
+    )))
+}
+
 fn max_namespaces(specs: &[TargetSpec]) -> u32 {
     specs
         .iter()

@@ -4,7 +4,8 @@
  *   kestrel_example TARGET [CORES]   e.g. emu:size=64M   file:/tmp/disk.img,size=16M
  *
  * Runs the checks in run-to-completion mode, then in cross-thread mode with poller
- * threads pinned to CORES (default "0").
+ * threads pinned to CORES (default "0"), which sleep on completion interrupts when
+ * idle (KESTREL_REACTOR_HYBRID).
  *
  * Exits 0 when every check passes, 1 (with a message) otherwise.
  */
@@ -194,7 +195,10 @@ int main(int argc, char **argv)
 
     /* Cross-thread: a poller pinned to each of CORES; same calls, getevents waits. */
     kestrel_reactor_t *r = NULL;
-    MUST(kestrel_reactor_start(k, argc > 2 ? argv[2] : "0", KESTREL_REACTOR_BACKOFF, &r));
+    CHECK(kestrel_reactor_start(k, "0", KESTREL_REACTOR_BACKOFF | KESTREL_REACTOR_HYBRID, &r) ==
+              -EINVAL,
+          "two idle policies at once are refused");
+    MUST(kestrel_reactor_start(k, argc > 2 ? argv[2] : "0", KESTREL_REACTOR_HYBRID, &r));
     struct kestrel_io_params rp = {.nr_events = QD};
     MUST(kestrel_reactor_io_setup(r, &rp, &ctx));
     memset(rbuf, 0, QD * io);

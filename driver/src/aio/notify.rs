@@ -79,6 +79,21 @@ impl Notify {
         woken
     }
 
+    /// The eventfd, for a sleeper that waits on it together with other descriptors
+    /// (epoll): after [`Notify::prepare`] and a last look for work, it waits, then calls
+    /// [`Notify::woke`].
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
+    /// Ends a sleep made on [`Notify::fd`] by another wait: clears the flag and the
+    /// eventfd counter.
+    pub fn woke(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+        self.drain();
+    }
+
     fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into `v`; the fd is non-blocking, so an empty counter
@@ -119,6 +134,54 @@ impl Notify {
         } else {
             false
         }
+    }
+}
+
+/// A set of eventfds to sleep on together (epoll): a poller's [`Notify`] and its queues'
+/// interrupt eventfds ([`crate::target::TargetQueue::interrupt_fd`]). Used by the
+/// reactor's interrupt and hybrid policies and by `kestrel perf --poll-mode`. The caller
+/// follows the protocol of [`crate::target::TargetQueue::arm_interrupt`] (clear, check,
+/// then wait) so nothing is missed; `wait` itself allocates nothing.
+#[derive(Debug)]
+pub struct InterruptWait {
+    epoll: OwnedFd,
+}
+
+impl InterruptWait {
+    /// An empty set.
+    pub fn new() -> std::io::Result<Self> {
+        use rustix::event::epoll;
+        Ok(InterruptWait {
+            epoll: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+        })
+    }
+
+    /// Adds an eventfd; it wakes [`InterruptWait::wait`] while readable.
+    pub fn watch(&self, fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+        use rustix::event::epoll;
+        epoll::add(
+            &self.epoll,
+            fd,
+            epoll::EventData::new_u64(0),
+            epoll::EventFlags::IN,
+        )?;
+        Ok(())
+    }
+
+    /// Sleeps until a watched eventfd is readable or `timeout` passes. Returns true if
+    /// an event ended it (an interrupted wait counts as a time-out: the caller looks
+    /// again either way).
+    pub fn wait(&self, timeout: Duration) -> bool {
+        use rustix::event::{epoll, Timespec};
+        let ts = Timespec {
+            tv_sec: timeout.as_secs() as _,
+            tv_nsec: timeout.subsec_nanos() as _,
+        };
+        let mut events = [epoll::Event {
+            flags: epoll::EventFlags::empty(),
+            data: epoll::EventData::new_u64(0),
+        }; 4];
+        matches!(epoll::wait(&self.epoll, &mut events[..], Some(&ts)), Ok(n) if n > 0)
     }
 }
 

@@ -53,6 +53,12 @@ pub const KESTREL_MAX_IOV: u32 = MAX_SEGMENTS as u32;
 
 /// `kestrel_reactor_start` flags: back off when idle instead of busy-polling.
 pub const KESTREL_REACTOR_BACKOFF: u32 = 1;
+/// `kestrel_reactor_start` flags: sleep on completion interrupts whenever idle
+/// ([`crate::aio::reactor::IdlePolicy::Interrupt`]).
+pub const KESTREL_REACTOR_INTERRUPT: u32 = 2;
+/// `kestrel_reactor_start` flags: busy-poll under load, sleep on interrupts after a short
+/// spin ([`crate::aio::reactor::IdlePolicy::HYBRID`]).
+pub const KESTREL_REACTOR_HYBRID: u32 = 4;
 
 /// `kestrel_info.flags`: Write Zeroes is supported.
 pub const KESTREL_INFO_WRITE_ZEROES: u32 = 1 << 0;

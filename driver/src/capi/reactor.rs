@@ -12,8 +12,11 @@ use super::io::read_params;
 
 /// `int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
 /// kestrel_reactor_t **out)`: one poller thread per core of `cores` (`"0,2-3"` or a mask
-/// `"0x5"`), each pinned and owning a queue on the target. `KESTREL_REACTOR_BACKOFF`:
-/// idle pollers pause, yield, then sleep, instead of busy-polling.
+/// `"0x5"`), each pinned and owning a queue on the target. At most one of
+/// `KESTREL_REACTOR_BACKOFF` (idle pollers pause, yield, then sleep),
+/// `KESTREL_REACTOR_INTERRUPT` (sleep on completion interrupts whenever idle) and
+/// `KESTREL_REACTOR_HYBRID` (busy-poll under load, sleep on interrupts after a short
+/// spin); none: busy-poll.
 ///
 /// # Safety
 /// `k` is from `kestrel_open`; `cores` is a NUL-terminated string; `out` is writable.
@@ -33,19 +36,23 @@ pub unsafe extern "C" fn kestrel_reactor_start(
             let h = unsafe { shared(k, "k") }?;
             // SAFETY: the caller's contract.
             let cores = unsafe { c_str(cores, "cores", 1024) }?;
-            if flags & !KESTREL_REACTOR_BACKOFF != 0 {
-                return Err(CapiError::Range {
-                    what: "flags",
-                    value: flags as u64,
-                    why: "only KESTREL_REACTOR_BACKOFF is defined",
-                });
-            }
-            let mut b = Reactor::builder()
+            let idle = match flags {
+                0 => IdlePolicy::BusyPoll,
+                KESTREL_REACTOR_BACKOFF => IdlePolicy::Backoff(Backoff::default()),
+                KESTREL_REACTOR_INTERRUPT => IdlePolicy::Interrupt,
+                KESTREL_REACTOR_HYBRID => IdlePolicy::HYBRID,
+                _ => {
+                    return Err(CapiError::Range {
+                        what: "flags",
+                        value: flags as u64,
+                        why: "at most one of KESTREL_REACTOR_BACKOFF, KESTREL_REACTOR_INTERRUPT and KESTREL_REACTOR_HYBRID",
+                    })
+                }
+            };
+            let b = Reactor::builder()
                 .core_list(cores)?
-                .target(Arc::clone(&h.inner.target));
-            if flags & KESTREL_REACTOR_BACKOFF != 0 {
-                b = b.idle(IdlePolicy::Backoff(Backoff::default()));
-            }
+                .target(Arc::clone(&h.inner.target))
+                .idle(idle);
             let r = b.start()?;
             *out = KestrelReactor::boxed(r, &h.inner);
             Ok(0)

@@ -288,7 +288,18 @@ impl Controller {
             c.reset();
             Some((s, c))
         });
-        sh.create_io_queue(qid, depth, rings.sq_iova(), rings.cq_iova())?;
+        let irq = if opts.interrupts {
+            self.interrupt_for(qid)
+        } else {
+            None
+        };
+        sh.create_io_queue(
+            qid,
+            depth,
+            rings.sq_iova(),
+            rings.cq_iova(),
+            irq.as_ref().map(|(v, _)| *v),
+        )?;
         Ok(IoQpair::new(
             Arc::clone(sh),
             QpairParts {
@@ -300,8 +311,34 @@ impl Controller {
                 prp_mem,
                 prp_pages_per_tracker: ppt,
                 max_command_bytes: max_cmd,
+                irq,
             },
             opts,
         ))
+    }
+
+    /// The interrupt vector for queue `qid` (the vector with its number: each queue has
+    /// its own, so one eventfd never wakes two pollers) and its eventfd, or `None` with a
+    /// warning when the transport cannot give it.
+    fn interrupt_for(&self, qid: u16) -> Option<(u16, Arc<std::os::fd::OwnedFd>)> {
+        let sh = &self.shared;
+        let n = sh.transport.interrupt_vectors();
+        if qid >= n {
+            tracing::warn!(
+                "{}: no interrupt vector for qid {qid} ({n} vectors); the queue is polled only",
+                sh.describe
+            );
+            return None;
+        }
+        match sh.transport.interrupt(qid) {
+            Ok(fd) => Some((qid, fd)),
+            Err(e) => {
+                tracing::warn!(
+                    "{}: routing interrupt vector {qid} failed ({e}); the queue is polled only",
+                    sh.describe
+                );
+                None
+            }
+        }
     }
 }

@@ -164,6 +164,12 @@ impl RingPair {
         Some(Reaped { dw0, dw2, dw3 })
     }
 
+    /// Whether the entry at the CQ head is new (its phase tag says so), without taking it.
+    #[inline]
+    pub fn cq_ready(&self) -> bool {
+        ((self.cq_dw3(self.cq_head) >> 16) & 1 != 0) == self.cq_phase
+    }
+
     /// Dword 3 of CQ `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded
     /// with acquire ordering: if the phase is new, the rest of the entry may be read
     /// after it.

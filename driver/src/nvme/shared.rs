@@ -264,15 +264,21 @@ impl CtrlrShared {
         Ok(())
     }
 
-    /// Creates the CQ and SQ of `qid` (the CQ is deleted again if the SQ fails).
+    /// Creates the CQ and SQ of `qid` (the CQ is deleted again if the SQ fails); the CQ
+    /// with interrupts enabled on `vector` when there is one.
     pub(crate) fn create_io_queue(
         &self,
         qid: u16,
         depth: u16,
         sq_iova: u64,
         cq_iova: u64,
+        vector: Option<u16>,
     ) -> Result<(), CtrlrError> {
-        self.admin(Sqe::create_io_cq(qid, depth, cq_iova))?;
+        let cq = match vector {
+            Some(iv) => Sqe::create_io_cq_interrupts(qid, depth, cq_iova, iv),
+            None => Sqe::create_io_cq(qid, depth, cq_iova),
+        };
+        self.admin(cq)?;
         if let Err(e) = self.admin(Sqe::create_io_sq(qid, depth, qid, sq_iova)) {
             let _ = self.admin(Sqe::delete_io_cq(qid));
             return Err(e);

@@ -301,6 +301,13 @@ impl Sqe {
         c.cdw11 = 1; // PC = 1, IEN = 0, IV = 0
         c
     }
+    /// Create I/O Completion Queue (physically contiguous) with interrupts enabled on
+    /// vector `iv` (IEN = 1).
+    pub fn create_io_cq_interrupts(qid: u16, entries: u16, prp1: u64, iv: u16) -> Self {
+        let mut c = Self::create_io_cq(qid, entries, prp1);
+        c.cdw11 = ((iv as u32) << 16) | 2 | 1; // IV, IEN = 1, PC = 1
+        c
+    }
     /// Create I/O Submission Queue bound to completion queue `cqid` (contiguous, urgent-free
     /// medium priority is irrelevant under round robin).
     pub fn create_io_sq(qid: u16, entries: u16, cqid: u16, prp1: u64) -> Self {

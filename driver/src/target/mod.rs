@@ -7,6 +7,7 @@
 //! (never a concrete transport: targets are handed a controller or a path), [`crate::io`]
 //! and [`crate::nvme`].
 
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use crate::hw::dma::DmaPool;
@@ -63,6 +64,11 @@ pub struct QueueOptions {
     /// [`crate::nvme::qpair::QpairOptions::timeout`]). `None`: the target's default
     /// ([`crate::nvme::ctrlr::ControllerOptions::io_timeout`], 30 s unless set).
     pub timeout: Option<Duration>,
+    /// Give the queue an interrupt eventfd ([`TargetQueue::interrupt_fd`]) so its owner
+    /// can sleep until a completion arrives: an NVMe completion queue with interrupts
+    /// enabled, an eventfd registered with a file queue's io_uring. A target that cannot
+    /// makes the queue without one ([`QueueInUse::interrupts`] says which).
+    pub interrupts: bool,
 }
 
 /// What a queue actually uses, which may be less than [`QueueOptions`] asked for: the
@@ -78,6 +84,8 @@ pub struct QueueInUse {
     pub shadow_doorbells: bool,
     /// The per-command timeout, when the queue has one.
     pub timeout: Option<Duration>,
+    /// The queue has an interrupt eventfd ([`TargetQueue::interrupt_fd`]).
+    pub interrupts: bool,
 }
 
 impl Default for QueueOptions {
@@ -88,6 +96,7 @@ impl Default for QueueOptions {
             immediate_doorbell: false,
             shadow_doorbells: true,
             timeout: None,
+            interrupts: false,
         }
     }
 }
@@ -139,6 +148,19 @@ pub trait TargetQueue: Send {
     /// `None` (the default) when the calling thread can reap everything outstanding.
     fn stranded_here(&self) -> Option<u32> {
         None
+    }
+    /// The eventfd signalled when the queue posts a completion, when it was created with
+    /// [`QueueOptions::interrupts`] and the target could give one. `None` (the default): the
+    /// queue must be polled.
+    fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+    /// Before sleeping on [`TargetQueue::interrupt_fd`]: clears it and looks at the queue
+    /// once more; true when something is ready to reap (poll instead of sleeping). A
+    /// completion that arrives after the check signals the eventfd again. The default
+    /// (no interrupt) is always true: such a queue cannot be slept on.
+    fn arm_interrupt(&mut self) -> bool {
+        true
     }
     /// Cancels a request still waiting in the software queue; true if found (its
     /// completion is delivered by the next poll with `IoError::Cancelled`).

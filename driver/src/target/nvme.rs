@@ -79,6 +79,7 @@ impl Target for NvmeNamespace {
             },
             shadow_doorbells: opts.shadow_doorbells,
             timeout: opts.timeout.unwrap_or(self.qpair_defaults.timeout),
+            interrupts: opts.interrupts || self.qpair_defaults.interrupts,
             ..self.qpair_defaults.clone()
         };
         Ok(Box::new(self.ctrlr.create_io_qpair(&q)?))
@@ -112,7 +113,14 @@ impl TargetQueue for IoQpair {
             slots: self.slots() as u32,
             shadow_doorbells: self.uses_shadow_doorbells(),
             timeout: Some(self.timeout()),
+            interrupts: self.interrupt_fd().is_some(),
         })
+    }
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        IoQpair::interrupt_fd(self)
+    }
+    fn arm_interrupt(&mut self) -> bool {
+        IoQpair::arm_interrupt(self)
     }
     fn cancel_queued(&mut self, token: u64) -> bool {
         IoQpair::cancel_queued(self, token)

@@ -243,6 +243,11 @@ pub fn build(
             iterations: c.iterations,
             idle_iterations: c.idle_iterations,
             descheduled_ns: c.descheduled_ns,
+            cpu_pct: c
+                .cpu_ns
+                .filter(|_| c.window_ns > 0)
+                .map(|n| (n as f64 * 1000.0 / c.window_ns as f64).round() / 10.0),
+            interrupt_sleeps: c.sleeps,
             syscalls_in_window: c.syscalls.map(|s| s.0),
             first_syscall_nr: c.syscalls.and_then(|s| s.1),
             transport: transport(&core_acc.stats),

@@ -229,6 +229,12 @@ pub struct CoreJson {
     /// when the kernel does not report it. Busy time includes any of it that fell inside
     /// busy iterations.
     pub descheduled_ns: Option<u64>,
+    /// CPU time the poller thread used in the window (user + system) / window, %: about
+    /// 100 when busy polling; less with `--poll-mode hybrid|interrupt` when it slept. Null
+    /// when the kernel does not report it (`/proc/thread-self/schedstat`).
+    pub cpu_pct: Option<f64>,
+    /// Sleeps on completion interrupts in the window (`--poll-mode hybrid|interrupt`).
+    pub interrupt_sleeps: u64,
     /// System calls the poller made in the window (`--count-syscalls`; null otherwise).
     pub syscalls_in_window: Option<u64>,
     /// The number of the first of them (null when none or not counted).

@@ -65,6 +65,8 @@ fn totals_add_up() {
             idle_iterations: 2,
             undrained: 0,
             descheduled_ns: Some(0),
+            cpu_ns: Some(0),
+            sleeps: 0,
             syscalls: None,
         },
         CoreResult {
@@ -77,6 +79,8 @@ fn totals_add_up() {
             idle_iterations: 2,
             undrained: 0,
             descheduled_ns: Some(0),
+            cpu_ns: Some(0),
+            sleeps: 0,
             syscalls: None,
         },
     ];
@@ -143,6 +147,8 @@ fn failures_are_outcomes_not_throughput() {
         idle_iterations: 0,
         undrained: 2,
         descheduled_ns: None,
+        cpu_ns: None,
+        sleeps: 0,
         syscalls: None,
     };
     let (r, _) = build(

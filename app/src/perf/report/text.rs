@@ -285,6 +285,12 @@ pub fn render_text(r: &Report) -> String {
             Some(d) => format!(", descheduled {:.1} ms", d as f64 / 1e6),
             None => String::new(),
         };
+        if let Some(p) = c.cpu_pct {
+            desched += &format!(", CPU {p:.1} %");
+        }
+        if c.interrupt_sleeps > 0 {
+            desched += &format!(", {} interrupt sleeps", c.interrupt_sleeps);
+        }
         match (c.syscalls_in_window, c.first_syscall_nr) {
             (Some(n), Some(nr)) => desched += &format!(", {n} system calls (first: nr {nr})"),
             (Some(n), None) => desched += &format!(", {n} system calls"),

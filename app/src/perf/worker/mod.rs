@@ -96,7 +96,17 @@ pub struct WorkerConfig {
     /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
     /// drain after the run (see [`DRAIN_TIMEOUTS`]).
     pub io_timeout_ns: u64,
+    /// `--poll-mode`: `None` busy-polls; `Some(spin)` sleeps on the queues' interrupts
+    /// once no completion came for `spin` ns (0: interrupt mode, [`HYBRID_SPIN_NS`]:
+    /// hybrid), after clearing and checking each queue (`TargetQueue::arm_interrupt`).
+    pub sleep_after_ns: Option<u64>,
 }
+
+/// Hybrid mode's spin after the last completion: a perf poller always has I/O in flight,
+/// so this is the reactor's `IdlePolicy::HYBRID` spin with I/O in flight.
+pub const HYBRID_SPIN_NS: u64 = 1_000_000;
+/// Longest interrupt sleep: command timeouts are checked by polls.
+const IRQ_SLEEP_MAX: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// What the pollers and the main thread share.
 pub struct Shared {
@@ -149,11 +159,12 @@ pub struct Progress {
     pub errors: AtomicU64,
 }
 
-/// The calling thread's run-queue wait so far, ns (`/proc/thread-self/schedstat`, second
-/// field), or `None` without schedstats.
-pub fn thread_wait_ns() -> Option<u64> {
+/// The calling thread's CPU time (user + system) and run-queue wait so far, ns (the first
+/// two fields of `/proc/thread-self/schedstat`), or `None` without schedstats.
+pub fn thread_sched_ns() -> Option<(u64, u64)> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().nth(1)?.parse().ok()
+    let mut f = s.split_whitespace().map(|v| v.parse().ok());
+    Some((f.next()??, f.next()??))
 }
 
 #[derive(Clone, Copy)]

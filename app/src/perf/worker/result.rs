@@ -74,4 +74,9 @@ pub struct CoreResult {
     /// Time the poller waited for a CPU during the window (run-queue wait from
     /// `/proc/thread-self/schedstat`), when the kernel reports it.
     pub descheduled_ns: Option<u64>,
+    /// CPU time the poller thread used in the window (user + system, from the same
+    /// file), when the kernel reports it.
+    pub cpu_ns: Option<u64>,
+    /// Interrupt sleeps in the window (`--poll-mode hybrid|interrupt`).
+    pub sleeps: u64,
 }

@@ -5,9 +5,11 @@
 use std::sync::atomic::Ordering;
 
 use hdrhistogram::Histogram;
+use kestrel::aio::notify::InterruptWait;
 
 use super::{
-    stats_diff, thread_wait_ns, CoreResult, Worker, WorkerError, LATENCY_MAX_NS, LATENCY_SIGFIG,
+    stats_diff, thread_sched_ns, CoreResult, Worker, WorkerError, IRQ_SLEEP_MAX, LATENCY_MAX_NS,
+    LATENCY_SIGFIG,
 };
 
 impl Worker<'_> {
@@ -41,6 +43,9 @@ impl Worker<'_> {
         let wait_end;
         let window_end;
         let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
+        // --poll-mode: when the queues last had work, and the sleeps in the window.
+        let (mut idle_since, mut sleeps) = (None::<u64>, 0u64);
+        let irq_wait = self.interrupt_wait()?;
         let mut completed_total = 0u64;
         // Completions counted in the window, and when the latest was reaped.
         let mut window_done = 0u64;
@@ -53,7 +58,7 @@ impl Worker<'_> {
             if !measuring && elapsed >= warm_end {
                 measuring = true;
                 // Read outside the window's busy time: the iteration restarts its clock.
-                wait_start = thread_wait_ns();
+                wait_start = thread_sched_ns();
                 if let Some(c) = &self.syscalls {
                     c.arm();
                 }
@@ -67,13 +72,13 @@ impl Worker<'_> {
             if elapsed >= end || shared.abort.load(Ordering::Relaxed) {
                 window_end = t0;
                 self.disarm_syscalls();
-                wait_end = thread_wait_ns();
+                wait_end = thread_sched_ns();
                 break;
             }
             if window_done >= cfg.number_ios {
                 window_end = last_completion;
                 self.disarm_syscalls();
-                wait_end = thread_wait_ns();
+                wait_end = thread_sched_ns();
                 break;
             }
             let mut work = 0u32;
@@ -106,7 +111,7 @@ impl Worker<'_> {
             {
                 window_end = clock.now_ns();
                 self.disarm_syscalls();
-                wait_end = thread_wait_ns();
+                wait_end = thread_sched_ns();
                 break;
             }
             if measuring {
@@ -126,9 +131,17 @@ impl Worker<'_> {
                 p.latency_ns.store(self.prog_lat_ns, Ordering::Relaxed);
                 p.errors.store(self.prog_err, Ordering::Relaxed);
                 t0 = t1;
+                idle_since = None;
             } else {
                 if measuring {
                     idle += 1;
+                }
+                if let (Some(w), Some(spin)) = (&irq_wait, cfg.sleep_after_ns) {
+                    let since = *idle_since.get_or_insert(t0);
+                    if t0 - since >= spin && self.sleep_on_interrupts(w) {
+                        sleeps += u64::from(measuring);
+                        idle_since = None;
+                    }
                 }
                 t0 = clock.now_ns();
             }
@@ -169,9 +182,40 @@ impl Worker<'_> {
             undrained,
             syscalls: self.syscalls.as_ref().map(|c| c.result()),
             descheduled_ns: match (wait_start, wait_end) {
-                (Some(a), Some(b)) if measuring => Some(b.saturating_sub(a)),
+                (Some(a), Some(b)) if measuring => Some(b.1.saturating_sub(a.1)),
                 _ => None,
             },
+            cpu_ns: match (wait_start, wait_end) {
+                (Some(a), Some(b)) if measuring => Some(b.0.saturating_sub(a.0)),
+                _ => None,
+            },
+            sleeps,
         })
+    }
+
+    /// `--poll-mode hybrid|interrupt`: the epoll set of the queues' interrupt eventfds.
+    fn interrupt_wait(&self) -> Result<Option<InterruptWait>, WorkerError> {
+        if self.cfg.sleep_after_ns.is_none() {
+            return Ok(None);
+        }
+        let w = InterruptWait::new().map_err(|e| format!("creating an epoll set: {e}"))?;
+        for q in &self.queues {
+            if let Some(fd) = q.q.interrupt_fd() {
+                w.watch(fd)
+                    .map_err(|e| format!("watching a queue's interrupt eventfd: {e}"))?;
+            }
+        }
+        Ok(Some(w))
+    }
+
+    /// Clears each queue's interrupt, then looks once more (a queue without one always
+    /// says look: it is polled); if nothing is ready, sleeps until an interrupt (a
+    /// completion after the look signals again) or [`IRQ_SLEEP_MAX`]. True if it slept.
+    fn sleep_on_interrupts(&mut self, w: &InterruptWait) -> bool {
+        if self.queues.iter_mut().any(|q| q.q.arm_interrupt()) {
+            return false;
+        }
+        w.wait(IRQ_SLEEP_MAX);
+        true
     }
 }

@@ -205,6 +205,36 @@ pub enum IdlePolicy {
     BusyPoll,
     /// Back off after idle passes: pause, then yield, then sleep on an eventfd.
     Backoff(Backoff),
+    /// Sleep as soon as a pass finds nothing to do, until a completion interrupt or a
+    /// submission wakes the poller. The queues are created with interrupts
+    /// ([`QueueOptions::interrupts`]).
+    Interrupt,
+    /// Busy-poll under load, sleep when idle: after the last pass that found work the
+    /// poller keeps polling for `in_flight_spin` while I/O is at a queue (a fast device's
+    /// next completion is then caught by polling, so a loaded poller never sleeps; a slow
+    /// or stalled device does not hold the core), or for `idle_spin` when nothing is in
+    /// flight; then it sleeps as [`IdlePolicy::Interrupt`] does.
+    Hybrid {
+        /// How long to keep polling after the last pass that found work, with nothing in
+        /// flight.
+        idle_spin: Duration,
+        /// The same, with I/O in flight.
+        in_flight_spin: Duration,
+    },
+}
+
+impl IdlePolicy {
+    /// [`IdlePolicy::Hybrid`] with the default spins: 50 µs with nothing in flight, 1 ms
+    /// with I/O in flight (longer than a fast device takes to complete a command).
+    pub const HYBRID: IdlePolicy = IdlePolicy::Hybrid {
+        idle_spin: Duration::from_micros(50),
+        in_flight_spin: Duration::from_millis(1),
+    };
+
+    /// Whether the policy sleeps on queue interrupts (its queues need them).
+    pub fn uses_interrupts(&self) -> bool {
+        matches!(self, IdlePolicy::Interrupt | IdlePolicy::Hybrid { .. })
+    }
 }
 
 /// Thresholds of [`IdlePolicy::Backoff`], counted in consecutive idle passes.
@@ -253,8 +283,11 @@ pub struct PollerReport {
     pub passes: u64,
     /// Passes that found nothing to do.
     pub idle_passes: u64,
-    /// Sleeps on the eventfd.
+    /// Sleeps on the eventfd (or, with interrupts, in epoll).
     pub sleeps: u64,
+    /// Interrupt-policy sleeps ended by an event (a completion interrupt or a
+    /// submission) rather than the time limit.
+    pub irq_wakeups: u64,
     /// Submit messages taken from rings.
     pub requests: u64,
     /// Completions posted to contexts.
@@ -411,6 +444,8 @@ impl ReactorBuilder {
             pollers,
             targets: self.targets.clone(),
         });
+        let mut queue = self.queue.clone();
+        queue.interrupts |= self.idle.uses_interrupts();
         let mut reactor = Reactor {
             shared: Arc::clone(&shared),
             threads: Vec::new(),
@@ -421,7 +456,7 @@ impl ReactorBuilder {
             let cfg = PollerConfig {
                 core,
                 targets: self.targets.clone(),
-                queue: self.queue.clone(),
+                queue: queue.clone(),
                 idle: self.idle,
                 budget: self.budget,
                 drain_timeout: self.drain_timeout,

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::io::{Completion, IoError, IoRequest, SubmitError};
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetQueue};
 
+use super::super::notify::InterruptWait;
 use super::super::wire::{self, CancelMsg, Msg, PollerEnd, PollerShared};
 use super::{
     Backoff, IdlePolicy, OnStart, PollerReport, QueueReport, ReactorError, MAX_CONTEXTS_PER_POLLER,
@@ -18,6 +19,10 @@ use super::{
 const PAUSE_SPINS: u32 = 32;
 /// Passes between sweeps for contexts that have gone away.
 const SWEEP_EVERY: u32 = 1024;
+/// Longest interrupt sleep with I/O in flight (command timeouts are checked by polls).
+const IRQ_SLEEP_BUSY: Duration = Duration::from_millis(10);
+/// Longest interrupt sleep with nothing in flight.
+const IRQ_SLEEP_IDLE: Duration = Duration::from_millis(100);
 
 /// What a poller thread is started with.
 pub(super) struct PollerConfig {
@@ -58,6 +63,9 @@ struct Poller {
     shared: Arc<PollerShared>,
     report: PollerReport,
     warned_invalid: bool,
+    /// The epoll set of the interrupt and hybrid policies: the poller's eventfd and each
+    /// queue's interrupt eventfd.
+    epoll: Option<InterruptWait>,
 }
 
 /// The poller thread: pins itself, makes its queues, reports ready, then passes until
@@ -83,6 +91,7 @@ pub(super) fn poller_main(
     tracing::debug!(core, "poller running");
 
     let mut idle: u32 = 0;
+    let mut idle_since = Instant::now();
     let mut passes_since_sweep = 0u32;
     loop {
         // Acquire: pairs with the release store in `stop_and_join`.
@@ -101,8 +110,28 @@ pub(super) fn poller_main(
         }
         p.report.idle_passes += 1;
         idle = idle.saturating_add(1);
-        if let IdlePolicy::Backoff(b) = cfg.idle {
-            p.back_off(&b, idle);
+        match cfg.idle {
+            IdlePolicy::BusyPoll => {}
+            IdlePolicy::Backoff(b) => p.back_off(&b, idle),
+            IdlePolicy::Interrupt => p.irq_sleep(),
+            IdlePolicy::Hybrid {
+                idle_spin,
+                in_flight_spin,
+            } => {
+                if idle == 1 {
+                    idle_since = Instant::now();
+                } else if idle_since.elapsed()
+                    >= if p.outstanding() {
+                        in_flight_spin
+                    } else {
+                        idle_spin
+                    }
+                {
+                    p.irq_sleep();
+                    // The spin starts again after a wake-up that finds nothing.
+                    idle = 0;
+                }
+            }
         }
     }
     p.drain(cfg.drain_timeout);
@@ -144,6 +173,16 @@ impl Poller {
             queues.push(q);
         }
         let n = queues.len();
+        let epoll = if cfg.idle.uses_interrupts() {
+            Some(
+                make_epoll(&cfg.shared, &queues).map_err(|source| ReactorError::EventFd {
+                    what: "a poller's epoll set",
+                    source,
+                })?,
+            )
+        } else {
+            None
+        };
         Ok(Poller {
             core,
             budget: cfg.budget,
@@ -158,7 +197,56 @@ impl Poller {
                 ..Default::default()
             },
             warned_invalid: false,
+            epoll,
         })
+    }
+
+    /// The interrupt and hybrid policies' sleep: announce it, clear and check every
+    /// queue's interrupt, look at the rings once more, then wait in epoll for a completion
+    /// interrupt or a submitter's wake-up (reactor module doc).
+    fn irq_sleep(&mut self) {
+        let Some(ep) = self.epoll.as_ref() else {
+            return;
+        };
+        let n = &self.shared.notify;
+        n.prepare();
+        let (mut ready, mut in_flight, mut poll_only) = (false, false, false);
+        for q in self.queues.iter_mut() {
+            let busy = q.outstanding() > 0;
+            in_flight |= busy;
+            if q.interrupt_fd().is_none() {
+                // No interrupt: with I/O in flight it must be polled.
+                poll_only |= busy;
+                ready |= busy;
+                continue;
+            }
+            // Every queue's eventfd is cleared, idle ones included: a signal left from
+            // the last completion would end every sleep at once.
+            ready |= q.arm_interrupt();
+        }
+        // Acquire: as in the main loop.
+        if ready
+            || rings_have_work(&mut self.chans)
+            || self.shared.attach_pending.load(Ordering::Acquire)
+            || self.shared.stop.load(Ordering::Acquire)
+        {
+            n.cancel();
+            if poll_only {
+                // A queue only polling can answer: leave the CPU to others meanwhile.
+                std::thread::yield_now();
+            }
+            return;
+        }
+        self.report.sleeps += 1;
+        let max = if in_flight {
+            IRQ_SLEEP_BUSY
+        } else {
+            IRQ_SLEEP_IDLE
+        };
+        if ep.wait(max) {
+            self.report.irq_wakeups += 1;
+        }
+        n.woke();
     }
 
     fn outstanding(&self) -> bool {
@@ -532,4 +620,27 @@ fn route(chans: &mut [Option<Chan>], report: &mut PollerReport, c: Completion) {
         }
         None => report.bogus += 1,
     }
+}
+
+/// The epoll set of an interrupt-driven poller: its eventfd and each queue's interrupt.
+fn make_epoll(
+    shared: &PollerShared,
+    queues: &[Box<dyn TargetQueue>],
+) -> std::io::Result<InterruptWait> {
+    let w = InterruptWait::new()?;
+    w.watch(shared.notify.fd())?;
+    for fd in queues.iter().filter_map(|q| q.interrupt_fd()) {
+        w.watch(fd)?;
+    }
+    Ok(w)
+}
+
+/// Whether a context's rings hold something for the poller.
+fn rings_have_work(chans: &mut [Option<Chan>]) -> bool {
+    chans.iter_mut().flatten().any(|c| {
+        c.end.sq.len_fresh() > 0
+            || c.end.cancels.len_fresh() > 0
+            || c.stalled.is_some()
+            || !c.overflow.is_empty()
+    })
 }

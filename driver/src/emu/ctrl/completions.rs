@@ -52,7 +52,11 @@ impl Ctrl {
             cq.tail = 0;
             cq.phase = !cq.phase;
         }
+        let irq = cq.ien.then_some(cq.iv);
         self.st.completions += 1;
+        if let Some(v) = irq {
+            self.irq_posted(v, cqid == 0);
+        }
         true
     }
 

@@ -14,6 +14,7 @@ mod completions;
 mod doorbells;
 mod events;
 mod identify;
+mod interrupts;
 mod queue_admin;
 mod queues;
 mod regs;
@@ -153,6 +154,10 @@ pub(super) struct Ctrl {
     inj: Injector,
     powered_on: Instant,
     passes: u32,
+    /// Per interrupt vector: entries posted and not yet signalled.
+    irq_pending: Vec<interrupts::Pending>,
+    /// The vectors with something pending.
+    irq_vectors: Vec<u16>,
 }
 
 impl Ctrl {
@@ -181,6 +186,7 @@ impl Ctrl {
             latency: cfg.latency,
             mdts_bytes,
         };
+        let nvec = shared.irqs.len() as usize;
         Ok(Ctrl {
             bar,
             shared,
@@ -214,6 +220,8 @@ impl Ctrl {
             inj: Injector::new(),
             powered_on: Instant::now(),
             passes: 0,
+            irq_pending: vec![interrupts::Pending::default(); nvec],
+            irq_vectors: Vec::with_capacity(nvec),
             p,
         })
     }
@@ -237,7 +245,10 @@ impl Ctrl {
 
     /// One pass: registers, doorbells, due completions, admin and I/O queues, events.
     pub(super) fn pass(&mut self, mem: &Mem<'_>, scan: bool) -> Activity {
-        let act = self.pass_inner(mem, scan);
+        let mut act = self.pass_inner(mem, scan);
+        if let Some(t) = self.raise_interrupts() {
+            act.due = Some(act.due.map_or(t, |d| d.min(t)));
+        }
         if act.work {
             self.publish();
         }

@@ -81,7 +81,7 @@ impl Ctrl {
         if !pc && self.p.cqr {
             return fail(Status::INVALID_FIELD);
         }
-        if ien && iv != 0 {
+        if ien && iv >= self.shared.irqs.len() as u32 {
             return fail(Status::INVALID_INTERRUPT_VECTOR);
         }
         let ring = match self.make_ring(mem, sqe.prp1, pc, entries, CQE_SIZE) {
@@ -97,6 +97,8 @@ impl Ctrl {
             reserved: 0,
             nsq: 0,
             faulted: false,
+            ien,
+            iv: iv as u16,
         });
         self.io_cqs.push(qid);
         self.held.reserve(entries as usize);

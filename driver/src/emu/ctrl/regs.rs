@@ -134,6 +134,9 @@ impl Ctrl {
             phase: true,
             reserved: 0,
             nsq: 1,
+            // The admin CQ always interrupts, on vector 0.
+            ien: true,
+            iv: 0,
             faulted: false,
         });
         self.clear_doorbell(0);
@@ -178,6 +181,7 @@ impl Ctrl {
         self.error_aen_masked = false;
         self.state = State::Disabled;
         self.csts = Csts(0);
+        self.clear_interrupts();
     }
 
     pub(super) fn shutdown(&mut self) {

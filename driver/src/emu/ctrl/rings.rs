@@ -50,6 +50,9 @@ pub(super) struct Cq {
     /// SQs bound to it.
     pub(super) nsq: u16,
     pub(super) faulted: bool,
+    /// Interrupts enabled (IEN), on vector `iv`.
+    pub(super) ien: bool,
+    pub(super) iv: u16,
 }
 
 impl Cq {

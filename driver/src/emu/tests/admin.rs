@@ -194,9 +194,9 @@ fn create_and_delete_queue_checks() {
         &h.admin(Sqe::create_io_cq(1, 8, cq).tap(|s| s.cdw11 &= !1)),
         Status::INVALID_FIELD,
     );
-    // Interrupt vector 1 does not exist; IEN with vector 0 is accepted.
+    // 64 I/O queues: vectors 0..=64; vector 65 does not exist.
     assert_status(
-        &h.admin(Sqe::create_io_cq(1, 8, cq).tap(|s| s.cdw11 |= 2 | (1 << 16))),
+        &h.admin(Sqe::create_io_cq(1, 8, cq).tap(|s| s.cdw11 |= 2 | (65 << 16))),
         Status::INVALID_INTERRUPT_VECTOR,
     );
     // Misaligned base, and memory outside the mappings.

@@ -16,6 +16,15 @@
 //! 6. set Memory Space Enable and Bus Master Enable in the PCI command register
 //!    (read-modify-write of config offset 4).
 //!
+//! # Interrupts
+//! `VFIO_DEVICE_GET_IRQ_INFO` at open says how many MSI-X vectors the device has. The
+//! first [`Transport::interrupt`] call enables vectors `0..n` at once (n = the device's
+//! count, at most [`MAX_MSIX_VECTORS`]) with `VFIO_DEVICE_SET_IRQS` (eventfd trigger, one
+//! new eventfd per vector): kernels before 6.5 cannot add vectors to an enabled MSI-X
+//! table, so they are not enabled one by one. MSI-X works the same in noiommu mode
+//! (vfio-pci programs the vectors; the IOMMU is not involved). Closing the device fd
+//! disables them.
+//!
 //! Every step that fails returns a [`VfioError`] saying what to do; what was opened so
 //! far is closed in reverse order (device fd, then group, then container).
 //!
@@ -321,10 +330,17 @@ impl Drop for Device {
     }
 }
 
+/// The most MSI-X vectors enabled (one per I/O queue plus the admin queue's).
+pub const MAX_MSIX_VECTORS: u16 = 129;
+
 /// A controller reached through VFIO.
 pub struct VfioTransport {
     bar: Arc<Bar>,
     mapper: Arc<dyn DmaMapper>,
+    /// MSI-X vectors the device has (capped at [`MAX_MSIX_VECTORS`]; 0 when unknown).
+    msix: u16,
+    /// The eventfds of the enabled vectors, once enabled.
+    irqs: std::sync::Mutex<Vec<Arc<std::os::fd::OwnedFd>>>,
     _device: Arc<Device>,
     bdf: Bdf,
     group: u32,
@@ -494,10 +510,13 @@ impl VfioTransport {
             }
         })?;
         let cmd = device.enable()?;
-        tracing::info!(%bdf, group = pf.group, noiommu = opts.noiommu, bar0_len, pci_command = format_args!("{cmd:#06x}"), "vfio device open");
+        let msix = sys::msix_count(&device.file).unwrap_or(0);
+        tracing::info!(%bdf, group = pf.group, noiommu = opts.noiommu, bar0_len, pci_command = format_args!("{cmd:#06x}"), msix, "vfio device open");
         Ok(Arc::new(VfioTransport {
             bar: Arc::new(bar),
             mapper,
+            msix: msix.min(MAX_MSIX_VECTORS as u32) as u16,
+            irqs: std::sync::Mutex::new(Vec::new()),
             _device: device,
             bdf,
             group: pf.group,
@@ -555,6 +574,40 @@ impl Transport for VfioTransport {
         } else {
             format!("pci {}", self.bdf)
         }
+    }
+    fn interrupt_vectors(&self) -> u16 {
+        self.msix
+    }
+    fn interrupt(&self, vector: u16) -> io::Result<Arc<std::os::fd::OwnedFd>> {
+        use std::os::fd::AsFd;
+        if vector >= self.msix {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} has MSI-X vectors 0..{}, not {vector}",
+                    self.bdf, self.msix
+                ),
+            ));
+        }
+        let mut irqs = self.irqs.lock().unwrap_or_else(|p| p.into_inner());
+        if irqs.is_empty() {
+            let fds = (0..self.msix)
+                .map(|_| crate::hw::transport::interrupt_eventfd().map(Arc::new))
+                .collect::<io::Result<Vec<_>>>()?;
+            let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            sys::enable_msix(&self._device.file, &borrowed).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "VFIO_DEVICE_SET_IRQS enabling {} MSI-X vectors of {}: {e}",
+                        self.msix, self.bdf
+                    ),
+                )
+            })?;
+            tracing::info!(bdf = %self.bdf, vectors = self.msix, "msi-x vectors routed to eventfds");
+            *irqs = fds;
+        }
+        Ok(Arc::clone(&irqs[vector as usize]))
     }
 }
 

@@ -12,15 +12,16 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 use vfio_bindings::bindings::vfio::{
     vfio_device_info, vfio_group_status, vfio_iommu_type1_dma_map, vfio_iommu_type1_dma_unmap,
-    vfio_iommu_type1_info, vfio_region_info, VFIO_BASE, VFIO_DMA_MAP_FLAG_READ,
-    VFIO_DMA_MAP_FLAG_WRITE, VFIO_TYPE,
+    vfio_iommu_type1_info, vfio_irq_info, vfio_irq_set, vfio_region_info, VFIO_BASE,
+    VFIO_DMA_MAP_FLAG_READ, VFIO_DMA_MAP_FLAG_WRITE, VFIO_IRQ_SET_ACTION_TRIGGER,
+    VFIO_IRQ_SET_DATA_EVENTFD, VFIO_PCI_MSIX_IRQ_INDEX, VFIO_TYPE,
 };
 
 /// `_IO(VFIO_TYPE, VFIO_BASE + n)`.
@@ -44,6 +45,10 @@ const GROUP_GET_DEVICE_FD: libc::Ioctl = vfio_io(6);
 const DEVICE_GET_INFO: libc::Ioctl = vfio_io(7);
 /// `VFIO_DEVICE_GET_REGION_INFO`: arg is `*mut vfio_region_info`.
 const DEVICE_GET_REGION_INFO: libc::Ioctl = vfio_io(8);
+/// `VFIO_DEVICE_GET_IRQ_INFO`: arg is `*mut vfio_irq_info`.
+const DEVICE_GET_IRQ_INFO: libc::Ioctl = vfio_io(9);
+/// `VFIO_DEVICE_SET_IRQS`: arg is `*const vfio_irq_set` followed by its data.
+const DEVICE_SET_IRQS: libc::Ioctl = vfio_io(10);
 /// `VFIO_IOMMU_GET_INFO`: arg is `*mut vfio_iommu_type1_info` (+ capability chain).
 const IOMMU_GET_INFO: libc::Ioctl = vfio_io(12);
 /// `VFIO_IOMMU_MAP_DMA`: arg is `*const vfio_iommu_type1_dma_map`.
@@ -62,6 +67,9 @@ const _: () = assert!(std::mem::size_of::<vfio_region_info>() == 32);
 const _: () = assert!(std::mem::size_of::<vfio_iommu_type1_info>() == 24);
 const _: () = assert!(std::mem::size_of::<vfio_iommu_type1_dma_map>() == 32);
 const _: () = assert!(std::mem::size_of::<vfio_iommu_type1_dma_unmap>() == 24);
+const _: () = assert!(DEVICE_SET_IRQS == 0x3b6e);
+const _: () = assert!(std::mem::size_of::<vfio_irq_info>() == 16);
+const _: () = assert!(std::mem::size_of::<vfio_irq_set>() == 20);
 
 /// The largest `VFIO_IOMMU_GET_INFO` answer (with capabilities) we accept.
 const IOMMU_INFO_MAX_BYTES: u32 = 64 * 1024;
@@ -281,6 +289,40 @@ pub(crate) fn device_info(dev: &File) -> io::Result<vfio_device_info> {
     // SAFETY: `info` is a valid, writable vfio_device_info of argsz bytes.
     cvt(unsafe { libc::ioctl(dev.as_raw_fd(), DEVICE_GET_INFO, &mut info as *mut _) })?;
     Ok(info)
+}
+
+/// `VFIO_DEVICE_GET_IRQ_INFO` for the MSI-X index: how many vectors the device has.
+pub(crate) fn msix_count(dev: &File) -> io::Result<u32> {
+    let mut info = vfio_irq_info {
+        argsz: std::mem::size_of::<vfio_irq_info>() as u32,
+        index: VFIO_PCI_MSIX_IRQ_INDEX,
+        ..Default::default()
+    };
+    // SAFETY: `info` is a valid, writable vfio_irq_info of argsz bytes.
+    cvt(unsafe { libc::ioctl(dev.as_raw_fd(), DEVICE_GET_IRQ_INFO, &mut info as *mut _) })?;
+    Ok(info.count)
+}
+
+/// `VFIO_DEVICE_SET_IRQS`: enables MSI-X vectors `0..fds.len()`, each triggering the
+/// eventfd at its position (the kernel takes its own reference to each).
+pub(crate) fn enable_msix(dev: &File, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    // vfio_irq_set (five u32 fields) followed by one i32 per vector, built as u32 words
+    // so the buffer has the structure's alignment.
+    const HEADER: usize = std::mem::size_of::<vfio_irq_set>() / 4;
+    let mut buf = vec![0u32; HEADER + fds.len()];
+    buf[0] = (buf.len() * 4) as u32; // argsz
+    buf[1] = VFIO_IRQ_SET_DATA_EVENTFD | VFIO_IRQ_SET_ACTION_TRIGGER; // flags
+    buf[2] = VFIO_PCI_MSIX_IRQ_INDEX; // index
+    buf[3] = 0; // start
+    buf[4] = fds.len() as u32; // count
+    for (w, fd) in buf[HEADER..].iter_mut().zip(fds) {
+        *w = fd.as_raw_fd() as u32;
+    }
+    // SAFETY: `buf` holds a vfio_irq_set header whose argsz covers the header and `count`
+    // descriptors after it; the kernel only reads it, and the descriptors stay open for
+    // the call (borrowed).
+    cvt(unsafe { libc::ioctl(dev.as_raw_fd(), DEVICE_SET_IRQS, buf.as_ptr()) })?;
+    Ok(())
 }
 
 /// `VFIO_DEVICE_GET_REGION_INFO` for region `index` (without its capability chain).

@@ -38,6 +38,7 @@ mod split;
 mod submit;
 
 use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,6 +106,12 @@ pub struct QpairOptions {
     /// How long the Abort of a timed-out command may take before the controller is reset
     /// (never longer than `timeout`).
     pub abort_timeout: Duration,
+    /// Create the completion queue with interrupts enabled (IEN = 1) on the vector of the
+    /// queue's QID, routed to an eventfd ([`IoQpair::interrupt_fd`]), so a poller can sleep
+    /// until a completion arrives. Nothing changes on the I/O path. When the transport has
+    /// no such vector, or the host refuses to route it, the queue is created without
+    /// interrupts (with a warning) and [`IoQpair::interrupt_fd`] is `None`.
+    pub interrupts: bool,
 }
 
 impl Default for QpairOptions {
@@ -119,6 +126,7 @@ impl Default for QpairOptions {
             max_retries: DEFAULT_MAX_RETRIES,
             timeout: Duration::from_secs(30),
             abort_timeout: Duration::from_secs(5),
+            interrupts: false,
         }
     }
 }
@@ -320,6 +328,8 @@ pub struct IoQpair {
     clock_origin_ns: u64,
     bogus_logged: bool,
     qid: u16,
+    /// The interrupt vector of the CQ and the eventfd it signals (IEN = 1).
+    irq: Option<(u16, Arc<OwnedFd>)>,
     _prp_mem: DmaBuf,
 }
 
@@ -368,6 +378,7 @@ pub(crate) struct QpairParts {
     pub prp_mem: DmaBuf,
     pub prp_pages_per_tracker: usize,
     pub max_command_bytes: u64,
+    pub irq: Option<(u16, Arc<OwnedFd>)>,
 }
 
 impl IoQpair {
@@ -438,6 +449,7 @@ impl IoQpair {
             bogus_logged: false,
             removed: false,
             qid: parts.qid,
+            irq: parts.irq,
             ctrlr,
             _prp_mem: parts.prp_mem,
         }
@@ -522,6 +534,29 @@ impl IoQpair {
             s += &format!(", shadow sq {sd} eventidx {se}, shadow cq {cd} eventidx {ce}");
         }
         s
+    }
+    /// The eventfd the CQ's interrupt vector signals, when the queue was created with
+    /// interrupts ([`QpairOptions::interrupts`]).
+    pub fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.irq.as_ref().map(|(_, fd)| fd.as_fd())
+    }
+    /// The CQ's interrupt vector, when it has interrupts enabled.
+    pub fn interrupt_vector(&self) -> Option<u16> {
+        self.irq.as_ref().map(|(v, _)| *v)
+    }
+    /// Before sleeping on [`IoQpair::interrupt_fd`]: clears the eventfd, then looks at
+    /// the queue once more. Returns true when there is something to reap (a new CQ entry,
+    /// a completion waiting for delivery, a request waiting in the software queue or for a
+    /// retry) and the caller must poll instead of sleeping. A completion posted after this
+    /// check signals the eventfd again, so none is missed.
+    pub fn arm_interrupt(&mut self) -> bool {
+        if let Some((_, fd)) = &self.irq {
+            crate::hw::transport::clear_eventfd(fd);
+        }
+        self.rings.cq_ready()
+            || !self.deferred.is_empty()
+            || !self.pending.is_empty()
+            || !self.delayed.is_empty()
     }
     /// The doorbell mode.
     pub fn doorbell_mode(&self) -> DoorbellMode {

@@ -81,6 +81,7 @@ impl IoQpair {
             self.rings.depth(),
             self.rings.sq_iova(),
             self.rings.cq_iova(),
+            self.irq.as_ref().map(|(v, _)| *v),
         ) {
             tracing::error!(
                 "qid {}: recreating the queue after reset failed: {err}",
