@@ -162,6 +162,14 @@ if bind nvme; then
             check "the kernel shows nsid $n" false
             continue
         }
+        # Separate metadata without PI: the guest kernel's nvme driver (6.1) mishandles it
+        # on QEMU (a DMAR write fault on its own metadata mapping, then an oops in
+        # nvme_free_prps), so it is no cross-check target.
+        if [[ " ${KESTREL_NS_NO_KERNEL:-} " == *" $n "* ]]; then
+            say "SKIP cross-check on nsid $n: separate metadata without PI, which the guest kernel's nvme driver does not carry safely"
+            skipped_x="$skipped_x $n"
+            continue
+        fi
         # The kernel's nvme driver hides (capacity 0) a namespace whose metadata it cannot
         # carry (extended LBAs, separate metadata without PI, metadata beyond the PI on
         # older kernels): no cross-check there, said so.
