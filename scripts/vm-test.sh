@@ -164,7 +164,7 @@ run_mode() {
     if [[ -n $guest_cmd ]]; then
         cmd=$guest_cmd
     else
-        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
+        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_NO_KERNEL_WRITE='5' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"

@@ -188,6 +188,14 @@ fi
 if bind vfio-pci; then
     for n in $KESTREL_NS_SUPPORTED; do
         [[ " $skipped_x " == *" $n "* ]] && continue
+        # 16 bytes of metadata with the PI in the last 8: blocks the guest's 6.1 kernel
+        # writes there fail QEMU's own guard check when read back (End-to-end Guard Check
+        # Error from the controller), while the kernel reads Kestrel's blocks with its PI
+        # checked; only that direction is a cross-check here.
+        if [[ " ${KESTREL_NS_NO_KERNEL_WRITE:-} " == *" $n "* ]]; then
+            say "SKIP kestrel reading the kernel's blocks on nsid $n: the guest kernel writes PI there that the controller's own check rejects"
+            continue
+        fi
         check "kestrel reads what the kernel wrote on nsid $n" \
             bash -c "$K read --target pci:$BDF/ns=$n ${noi[*]} --offset 1M --length 1M --output /tmp/r$n.bin && cmp /tmp/r$n.bin /tmp/l$n.bin"
     done
