@@ -47,6 +47,9 @@ cargo fmt --all --check
 log "layer check: no upward import, no module cycle in driver/src (driver/tests/layers.rs)"
 cargo test --release -p kestrel --test layers
 
+log "size check: no file over 800 lines, no function over 80 in driver/src and app/src (scripts/check-size.sh)"
+scripts/check-size.sh
+
 log "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 

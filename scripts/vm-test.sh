@@ -25,7 +25,8 @@
 # extended LBA, 5 4 KiB + 16 B separate metadata with PI type 1, 6 512 B + 8 B
 # separate metadata without PI, 7 zoned (4 KiB, 8 MiB zones), 8 4 KiB + 16 B
 # metadata with 64-bit guard PI type 1. Kestrel serves 1 to 6 (4 to 6 with the
-# caller's metadata, PI generated in software) and refuses 7 and 8.
+# caller's metadata, PI generated in software) and 7 as zoned (zone-write and
+# zone-append perf runs, the suite's zoned cases), and refuses 8.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
@@ -133,8 +134,8 @@ VM_NVME_NAMESPACES=(
 )
 # Served: plain 512 B and 4 KiB, 8-byte PI type 1, extended LBAs, 16 bytes of separate
 # metadata with PI type 1, separate metadata without PI (the last three need the caller's
-# metadata: ns_md). Refused: zoned, and the 64-bit guard.
-ns_supported='1 2 3 4 5 6' ns_md='4 5 6' ns_refused='7 8'
+# metadata: ns_md); zoned (ns_zoned). Refused: the 64-bit guard.
+ns_supported='1 2 3 4 5 6' ns_md='4 5 6' ns_zoned='7' ns_refused='8'
 vm_check_payload "$binary"
 binary=$(realpath "$binary")
 
@@ -164,7 +165,7 @@ run_mode() {
     if [[ -n $guest_cmd ]]; then
         cmd=$guest_cmd
     else
-        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_NO_KERNEL_WRITE='5' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
+        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_NO_KERNEL_WRITE='5' KESTREL_NS_ZONED='$ns_zoned' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"

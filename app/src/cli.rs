@@ -229,6 +229,14 @@ be set up. What the run used where it differs from what was asked (a ring clampe
 controller's queue size, shadow doorbells not offered, the emulator sharing the pollers'
 cores) is printed as a warning on stderr and listed in the report (warnings in JSON).
 
+Zoned namespaces (docs/formats.md) take -w zone-write (sequential writes at each zone's
+write pointer) or -w zone-append (Zone Append; each completion's LBA is checked against the
+zone's write pointer): each outstanding I/O owns its own zones (so -q x --qpairs-per-core x
+cores must not exceed the zones, nor the namespace's max open and active zones), resets a
+zone before writing it from its start, and moves to its next zone when one is full. Other
+workloads that write are refused on a zoned namespace (and skipped with a note on a
+controller that has other namespaces); read workloads run on it as on any namespace.
+
 Ctrl-C ends the run early and still prints the report (exit status 130).
 
 On the default emulator the namespace is backed by the null store (reads return zeroes,
@@ -249,6 +257,8 @@ Examples:
   kestrel perf -q 128 -w randrw -M 70 --json
   kestrel perf -w randrw -M 70 -L --transport-stats
   kestrel perf -w randwrite --verify --target emu:store=memory
+  kestrel perf -w zone-write --verify --target emu:ns=64M+zoned+zone1M
+  kestrel perf -w zone-append -q 4 --target pci:0000:01:00.0/ns=2
   kestrel perf --doorbell immediate --shadow-doorbells off
   kestrel perf -q 1 --poll-mode hybrid
   kestrel perf --latency-plot lat.svg
@@ -312,6 +322,12 @@ pub enum Workload {
     Rw,
     /// Random mixed reads and writes (--rwmixread).
     Randrw,
+    /// Zoned namespaces: sequential writes at each zone's write pointer (each outstanding
+    /// I/O owns its zones; a full zone is reset and written again).
+    ZoneWrite,
+    /// Zoned namespaces: Zone Append to each zone (each outstanding I/O owns its zones; a
+    /// full zone is reset and appended to again).
+    ZoneAppend,
 }
 
 impl Workload {
@@ -326,7 +342,7 @@ impl Workload {
     pub fn read_pct(self, mix: u8) -> u8 {
         match self {
             Workload::Read | Workload::Randread => 100,
-            Workload::Write | Workload::Randwrite => 0,
+            Workload::Write | Workload::Randwrite | Workload::ZoneWrite | Workload::ZoneAppend => 0,
             Workload::Rw | Workload::Randrw => mix,
         }
     }
@@ -343,8 +359,27 @@ impl Workload {
             Workload::Randwrite => "randwrite",
             Workload::Rw => "rw",
             Workload::Randrw => "randrw",
+            Workload::ZoneWrite => "zone-write",
+            Workload::ZoneAppend => "zone-append",
         }
     }
+    /// The zoned workload, if it is one.
+    pub fn zoned(self) -> Option<ZonedMode> {
+        match self {
+            Workload::ZoneWrite => Some(ZonedMode::Write),
+            Workload::ZoneAppend => Some(ZonedMode::Append),
+            _ => None,
+        }
+    }
+}
+
+/// How a zoned workload writes a zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZonedMode {
+    /// Write at the write pointer.
+    Write,
+    /// Zone Append (the controller picks the LBA and returns it).
+    Append,
 }
 
 /// `--doorbell`.

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::cli::IdentifyArgs;
 use crate::error::Result;
-use crate::targets::{self, OpenOptions, Opened};
+use crate::targets::{self, FileTargetOpened, NvmeTarget, OpenOptions, Opened};
 use crate::units::{human_bytes, print_json};
 
 /// Optional NVM commands (Identify Controller ONCS), by bit.
@@ -53,6 +53,42 @@ pub struct NamespaceJson {
     /// How kestrel's I/O handles the protection information: "none", or the controller
     /// inserting and checking it (PRACT).
     pub io_protection: String,
+    /// The zone geometry of a zoned namespace kestrel serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zoned: Option<ZonedJson>,
+}
+
+/// The zones of a zoned namespace (Zoned Namespace Command Set).
+#[derive(Serialize, Debug)]
+pub struct ZonedJson {
+    /// ZSZE: zone size in LBAs.
+    pub zone_size_lbas: u64,
+    /// Zone size in bytes.
+    pub zone_size_bytes: u64,
+    /// Number of zones.
+    pub zones: u64,
+    /// Maximum open zones (MOR + 1); null: no limit.
+    pub max_open: Option<u32>,
+    /// Maximum active zones (MAR + 1); null: no limit.
+    pub max_active: Option<u32>,
+    /// The largest Zone Append in bytes (ZASL; MDTS when ZASL is 0).
+    pub zasl_bytes: u64,
+    /// ZOC, raw.
+    pub zoc: u16,
+}
+
+impl ZonedJson {
+    fn of(z: &kestrel::ZoneGeometry, block_size: u32) -> Self {
+        ZonedJson {
+            zone_size_lbas: z.zone_size,
+            zone_size_bytes: z.zone_size * u64::from(block_size),
+            zones: z.zones,
+            max_open: z.max_open,
+            max_active: z.max_active,
+            zasl_bytes: z.zasl_bytes,
+            zoc: z.zoc,
+        }
+    }
 }
 
 /// A namespace's format: LBA format, metadata, end-to-end protection, command set.
@@ -206,106 +242,114 @@ fn dealloc_reads(dlfeat: u8) -> &'static str {
 /// Describes an opened target.
 pub fn describe(o: &Opened) -> TargetJson {
     match o {
-        Opened::Nvme(n) => {
-            let c = &n.ctrlr;
-            let id = c.identify();
-            let selected = n.spec.nsid();
-            let namespaces = c
-                .namespaces()
-                .iter()
-                .filter(|ns| selected.is_none_or(|k| k == ns.nsid))
-                .map(|ns| NamespaceJson {
-                    nsid: ns.nsid,
-                    lba_size: ns.block_size,
-                    size_lbas: ns.num_blocks,
-                    size_bytes: ns.size_bytes(),
-                    capacity_lbas: ns.identify.ncap,
-                    utilization_lbas: ns.identify.nuse,
-                    dlfeat: ns.identify.dlfeat,
-                    deallocated_reads: dealloc_reads(ns.identify.dlfeat),
-                    write_zeroes_deallocates: ns.identify.write_zeroes_deallocates(),
-                    format: FormatJson::of(&ns.format),
-                    io_supported: ns.supported(),
-                    unsupported_reason: ns.unsupported.as_ref().map(|u| u.why.clone()),
-                    io_protection: ns.protection.describe(),
-                })
-                .collect();
-            TargetJson::Nvme(Box::new(ControllerJson {
-                kind: "nvme",
-                target: n.spec.to_string(),
-                transport: c.describe().to_string(),
-                vs: c.version().to_string(),
-                model: id.mn.clone(),
-                serial: id.sn.clone(),
-                firmware: id.fr.clone(),
-                vid: id.vid,
-                ssvid: id.ssvid,
-                cntlid: id.cntlid,
-                mqes: c.cap().mqes(),
-                max_queue_entries: c.cap().max_queue_entries(),
-                mdts: id.mdts,
-                mdts_bytes: (c.max_transfer_bytes() != u64::MAX).then_some(c.max_transfer_bytes()),
-                io_queues: c.io_queues_granted(),
-                shadow_doorbells_supported: id.supports_shadow_doorbells(),
-                shadow_doorbells_enabled: c.shadow_doorbells(),
-                volatile_write_cache: id.has_volatile_write_cache(),
-                oncs: id.oncs,
-                oncs_features: ONCS_NAMES
-                    .iter()
-                    .filter(|(bit, _)| id.oncs & bit != 0)
-                    .map(|(_, n)| *n)
-                    .collect(),
-                nn: id.nn,
-                error_log_entries: id.elpe as u16 + 1,
-                namespaces,
-                emulator: n.emu.clone(),
-            }))
-        }
-        Opened::File(f) => {
-            let t = &f.target;
-            let info = kestrel::Target::info(t.as_ref());
-            let capacity = info.num_blocks * info.block_size as u64;
-            TargetJson::File(FileJson {
-                kind: "file",
-                target: f.spec.to_string(),
-                path: t.path().display().to_string(),
-                file_kind: match t.kind() {
-                    kestrel::target::file::FileKind::Regular => "regular",
-                    kestrel::target::file::FileKind::BlockDevice => "block_device",
-                },
-                block_size: info.block_size,
-                size_lbas: info.num_blocks,
-                capacity_bytes: capacity,
-                direct: t.is_direct(),
-                mem_align: t.mem_align(),
-                namespaces: vec![NamespaceJson {
-                    nsid: info.nsid,
-                    lba_size: info.block_size,
-                    size_lbas: info.num_blocks,
-                    size_bytes: capacity,
-                    capacity_lbas: info.num_blocks,
-                    utilization_lbas: info.num_blocks,
-                    dlfeat: 0,
-                    deallocated_reads: if info.deallocate_reads_zeroes {
-                        "zeroes"
-                    } else {
-                        "unreported"
-                    },
-                    write_zeroes_deallocates: false,
-                    format: FormatJson {
-                        lba_data_size: info.block_size,
-                        metadata: "none",
-                        pi_location: "none",
-                        command_set: "file",
-                        ..Default::default()
-                    },
-                    io_supported: true,
-                    io_protection: "none".into(),
-                    unsupported_reason: None,
-                }],
-            })
-        }
+        Opened::Nvme(n) => describe_nvme(n),
+        Opened::File(f) => describe_file(f),
     }
+}
+
+/// An NVMe controller and its namespaces (the selected one with `/ns=N`).
+fn describe_nvme(n: &NvmeTarget) -> TargetJson {
+    let c = &n.ctrlr;
+    let id = c.identify();
+    let selected = n.spec.nsid();
+    let namespaces = c
+        .namespaces()
+        .iter()
+        .filter(|ns| selected.is_none_or(|k| k == ns.nsid))
+        .map(|ns| NamespaceJson {
+            nsid: ns.nsid,
+            lba_size: ns.block_size,
+            size_lbas: ns.num_blocks,
+            size_bytes: ns.size_bytes(),
+            capacity_lbas: ns.identify.ncap,
+            utilization_lbas: ns.identify.nuse,
+            dlfeat: ns.identify.dlfeat,
+            deallocated_reads: dealloc_reads(ns.identify.dlfeat),
+            write_zeroes_deallocates: ns.identify.write_zeroes_deallocates(),
+            format: FormatJson::of(&ns.format),
+            io_supported: ns.supported(),
+            unsupported_reason: ns.unsupported.as_ref().map(|u| u.why.clone()),
+            io_protection: ns.protection.describe(),
+            zoned: ns.zones.as_ref().map(|z| ZonedJson::of(z, ns.block_size)),
+        })
+        .collect();
+    TargetJson::Nvme(Box::new(ControllerJson {
+        kind: "nvme",
+        target: n.spec.to_string(),
+        transport: c.describe().to_string(),
+        vs: c.version().to_string(),
+        model: id.mn.clone(),
+        serial: id.sn.clone(),
+        firmware: id.fr.clone(),
+        vid: id.vid,
+        ssvid: id.ssvid,
+        cntlid: id.cntlid,
+        mqes: c.cap().mqes(),
+        max_queue_entries: c.cap().max_queue_entries(),
+        mdts: id.mdts,
+        mdts_bytes: (c.max_transfer_bytes() != u64::MAX).then_some(c.max_transfer_bytes()),
+        io_queues: c.io_queues_granted(),
+        shadow_doorbells_supported: id.supports_shadow_doorbells(),
+        shadow_doorbells_enabled: c.shadow_doorbells(),
+        volatile_write_cache: id.has_volatile_write_cache(),
+        oncs: id.oncs,
+        oncs_features: ONCS_NAMES
+            .iter()
+            .filter(|(bit, _)| id.oncs & bit != 0)
+            .map(|(_, n)| *n)
+            .collect(),
+        nn: id.nn,
+        error_log_entries: id.elpe as u16 + 1,
+        namespaces,
+        emulator: n.emu.clone(),
+    }))
+}
+
+/// A file target, as one namespace.
+fn describe_file(f: &FileTargetOpened) -> TargetJson {
+    let t = &f.target;
+    let info = kestrel::Target::info(t.as_ref());
+    let capacity = info.num_blocks * info.block_size as u64;
+    TargetJson::File(FileJson {
+        kind: "file",
+        target: f.spec.to_string(),
+        path: t.path().display().to_string(),
+        file_kind: match t.kind() {
+            kestrel::target::file::FileKind::Regular => "regular",
+            kestrel::target::file::FileKind::BlockDevice => "block_device",
+        },
+        block_size: info.block_size,
+        size_lbas: info.num_blocks,
+        capacity_bytes: capacity,
+        direct: t.is_direct(),
+        mem_align: t.mem_align(),
+        namespaces: vec![NamespaceJson {
+            nsid: info.nsid,
+            lba_size: info.block_size,
+            size_lbas: info.num_blocks,
+            size_bytes: capacity,
+            capacity_lbas: info.num_blocks,
+            utilization_lbas: info.num_blocks,
+            dlfeat: 0,
+            deallocated_reads: if info.deallocate_reads_zeroes {
+                "zeroes"
+            } else {
+                "unreported"
+            },
+            write_zeroes_deallocates: false,
+            format: FormatJson {
+                lba_data_size: info.block_size,
+                metadata: "none",
+                pi_location: "none",
+                command_set: "file",
+                ..Default::default()
+            },
+            io_supported: true,
+            io_protection: "none".into(),
+            unsupported_reason: None,
+            zoned: None,
+        }],
+    })
 }
 
 /// The text form.
@@ -313,123 +357,138 @@ pub fn render_text(t: &TargetJson) -> String {
     let mut s = String::new();
     match t {
         TargetJson::Nvme(c) => {
-            let _ = writeln!(s, "NVMe controller: {} ({})", c.transport, c.target);
-            let row = |s: &mut String, k: &str, v: String| {
-                let _ = writeln!(s, "  {k:<26} {v}");
-            };
-            row(&mut s, "Model (MN)", c.model.clone());
-            row(&mut s, "Serial (SN)", c.serial.clone());
-            row(&mut s, "Firmware (FR)", c.firmware.clone());
-            row(
-                &mut s,
-                "PCI vendor / subsystem",
-                format!("{:#06x} / {:#06x}", c.vid, c.ssvid),
-            );
-            row(&mut s, "NVMe version (VS)", c.vs.clone());
-            row(
-                &mut s,
-                "Max queue entries",
-                format!("{} (CAP.MQES {})", c.max_queue_entries, c.mqes),
-            );
-            row(
-                &mut s,
-                "Max data transfer (MDTS)",
-                match c.mdts_bytes {
-                    Some(b) => format!("{b} bytes ({}; MDTS {})", human_bytes(b), c.mdts),
-                    None => "no limit (MDTS 0)".into(),
-                },
-            );
-            row(&mut s, "I/O queues granted", c.io_queues.to_string());
-            row(
-                &mut s,
-                "Shadow doorbells",
-                match (c.shadow_doorbells_supported, c.shadow_doorbells_enabled) {
-                    (true, true) => "supported, in use".into(),
-                    (true, false) => "supported, not in use".into(),
-                    _ => "not supported".to_string(),
-                },
-            );
-            row(
-                &mut s,
-                "Volatile write cache",
-                if c.volatile_write_cache {
-                    "present"
-                } else {
-                    "none"
-                }
-                .into(),
-            );
-            row(
-                &mut s,
-                "Optional NVM cmds (ONCS)",
-                format!(
-                    "{:#06x}: {}",
-                    c.oncs,
-                    if c.oncs_features.is_empty() {
-                        "none".to_string()
-                    } else {
-                        c.oncs_features.join(", ").replace('_', " ")
-                    }
-                ),
-            );
-            row(
-                &mut s,
-                "Namespaces",
-                format!(
-                    "{} active of {} (NN), kestrel does i/o to {}",
-                    c.namespaces.len(),
-                    c.nn,
-                    c.namespaces.iter().filter(|n| n.io_supported).count()
-                ),
-            );
-            if let Some(e) = &c.emulator {
-                row(
-                    &mut s,
-                    "Emulator",
-                    format!(
-                        "store {}, thread {}, latency {} ns{}",
-                        e.store,
-                        e.core
-                            .map_or("unpinned".to_string(), |c| format!("on core {c}")),
-                        e.latency_ns,
-                        e.faults
-                            .as_deref()
-                            .map_or(String::new(), |f| format!(", faults {f}"))
-                    ),
-                );
-            }
-            for ns in &c.namespaces {
-                render_ns(&mut s, ns);
-            }
+            render_identity(&mut s, c);
+            render_features(&mut s, c);
         }
-        TargetJson::File(f) => {
-            let _ = writeln!(s, "File target: {} ({})", f.path, f.target);
-            let _ = writeln!(s, "  {:<26} {}", "Kind", f.file_kind.replace('_', " "));
-            let _ = writeln!(s, "  {:<26} {} bytes", "Block size", f.block_size);
-            let _ = writeln!(
-                s,
-                "  {:<26} {} blocks, {} bytes ({})",
-                "Capacity",
-                f.size_lbas,
-                f.capacity_bytes,
-                human_bytes(f.capacity_bytes)
-            );
-            let _ = writeln!(
-                s,
-                "  {:<26} {}",
-                "I/O",
-                if f.direct {
-                    format!(
-                        "direct (O_DIRECT, buffers aligned to {} bytes)",
-                        f.mem_align
-                    )
-                } else {
-                    "buffered (page cache)".to_string()
-                }
-            );
-        }
+        TargetJson::File(f) => render_file(&mut s, f),
     }
     s
+}
+
+/// One row of the controller table.
+fn row(s: &mut String, k: &str, v: String) {
+    let _ = writeln!(s, "  {k:<26} {v}");
+}
+
+/// The controller: who it is and its limits.
+fn render_identity(s: &mut String, c: &ControllerJson) {
+    let _ = writeln!(s, "NVMe controller: {} ({})", c.transport, c.target);
+    row(s, "Model (MN)", c.model.clone());
+    row(s, "Serial (SN)", c.serial.clone());
+    row(s, "Firmware (FR)", c.firmware.clone());
+    row(
+        s,
+        "PCI vendor / subsystem",
+        format!("{:#06x} / {:#06x}", c.vid, c.ssvid),
+    );
+    row(s, "NVMe version (VS)", c.vs.clone());
+    row(
+        s,
+        "Max queue entries",
+        format!("{} (CAP.MQES {})", c.max_queue_entries, c.mqes),
+    );
+    row(
+        s,
+        "Max data transfer (MDTS)",
+        match c.mdts_bytes {
+            Some(b) => format!("{b} bytes ({}; MDTS {})", human_bytes(b), c.mdts),
+            None => "no limit (MDTS 0)".into(),
+        },
+    );
+}
+
+/// The controller: queues, doorbells, cache, commands, namespaces (each one below).
+fn render_features(s: &mut String, c: &ControllerJson) {
+    row(s, "I/O queues granted", c.io_queues.to_string());
+    row(
+        s,
+        "Shadow doorbells",
+        match (c.shadow_doorbells_supported, c.shadow_doorbells_enabled) {
+            (true, true) => "supported, in use".into(),
+            (true, false) => "supported, not in use".into(),
+            _ => "not supported".to_string(),
+        },
+    );
+    row(
+        s,
+        "Volatile write cache",
+        if c.volatile_write_cache {
+            "present"
+        } else {
+            "none"
+        }
+        .into(),
+    );
+    row(
+        s,
+        "Optional NVM cmds (ONCS)",
+        format!(
+            "{:#06x}: {}",
+            c.oncs,
+            if c.oncs_features.is_empty() {
+                "none".to_string()
+            } else {
+                c.oncs_features.join(", ").replace('_', " ")
+            }
+        ),
+    );
+    row(
+        s,
+        "Namespaces",
+        format!(
+            "{} active of {} (NN), kestrel does i/o to {}",
+            c.namespaces.len(),
+            c.nn,
+            c.namespaces.iter().filter(|n| n.io_supported).count()
+        ),
+    );
+    if let Some(e) = &c.emulator {
+        row(
+            s,
+            "Emulator",
+            format!(
+                "store {}, thread {}, latency {} ns{}",
+                e.store,
+                e.core
+                    .map_or("unpinned".to_string(), |c| format!("on core {c}")),
+                e.latency_ns,
+                e.faults
+                    .as_deref()
+                    .map_or(String::new(), |f| format!(", faults {f}"))
+            ),
+        );
+    }
+    for ns in &c.namespaces {
+        render_ns(s, ns);
+    }
+}
+
+/// A file target.
+fn render_file(s: &mut String, f: &FileJson) {
+    let _ = writeln!(s, "File target: {} ({})", f.path, f.target);
+    let _ = writeln!(s, "  {:<26} {}", "Kind", f.file_kind.replace('_', " "));
+    let _ = writeln!(s, "  {:<26} {} bytes", "Block size", f.block_size);
+    let _ = writeln!(
+        s,
+        "  {:<26} {} blocks, {} bytes ({})",
+        "Capacity",
+        f.size_lbas,
+        f.capacity_bytes,
+        human_bytes(f.capacity_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "  {:<26} {}",
+        "I/O",
+        if f.direct {
+            format!(
+                "direct (O_DIRECT, buffers aligned to {} bytes)",
+                f.mem_align
+            )
+        } else {
+            "buffered (page cache)".to_string()
+        }
+    );
 }
 
 fn render_ns(s: &mut String, ns: &NamespaceJson) {
@@ -464,6 +523,20 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
             Some(why) => format!("refused: {why} (see docs/formats.md)"),
         }
     );
+    if let Some(z) = &ns.zoned {
+        let limit = |v: Option<u32>| v.map_or("no limit".to_string(), |n| n.to_string());
+        let _ = writeln!(
+            s,
+            "    {:<24} zoned: {} zones of {} LBAs ({}), max open {}, max active {}, zone append up to {} (ZASL)",
+            "Zones",
+            z.zones,
+            z.zone_size_lbas,
+            human_bytes(z.zone_size_bytes),
+            limit(z.max_open),
+            limit(z.max_active),
+            human_bytes(z.zasl_bytes)
+        );
+    }
     let _ = writeln!(
         s,
         "    {:<24} {} LBAs x {} bytes = {} bytes ({})",

@@ -176,18 +176,27 @@ fn bytes_of(v: u128) -> String {
 
 /// The text form.
 pub fn render_text(r: &SmartReport) -> String {
-    let m = &r.smart;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "SMART / Health Information: {} ({})",
         r.transport, r.target
     );
-    let row = |s: &mut String, k: &str, v: String| {
-        let _ = writeln!(s, "  {k:<34} {v}");
-    };
+    render_health(&mut s, &r.smart);
+    render_counters(&mut s, &r.smart);
+    render_error_log(&mut s, r);
+    s
+}
+
+/// One row of the SMART table.
+fn row(s: &mut String, k: &str, v: String) {
+    let _ = writeln!(s, "  {k:<34} {v}");
+}
+
+/// Health: the critical warning, temperatures, spare and wear.
+fn render_health(s: &mut String, m: &SmartJson) {
     row(
-        &mut s,
+        s,
         "Critical warning",
         if m.critical_warnings.is_empty() {
             format!("{:#04x}: none", m.critical_warning)
@@ -200,7 +209,7 @@ pub fn render_text(r: &SmartReport) -> String {
         },
     );
     row(
-        &mut s,
+        s,
         "Temperature",
         match m.temperature_celsius {
             Some(c) => format!("{c} °C ({} K)", m.temperature_kelvin),
@@ -209,33 +218,29 @@ pub fn render_text(r: &SmartReport) -> String {
     );
     for (i, t) in m.temperature_sensors_celsius.iter().enumerate() {
         row(
-            &mut s,
+            s,
             &format!("Temperature sensor {}", i + 1),
             format!("{t} °C"),
         );
     }
+    row(s, "Available spare", format!("{} %", m.available_spare_pct));
     row(
-        &mut s,
-        "Available spare",
-        format!("{} %", m.available_spare_pct),
-    );
-    row(
-        &mut s,
+        s,
         "Available spare threshold",
         format!("{} %", m.available_spare_threshold_pct),
     );
+    row(s, "Percentage used", format!("{} %", m.percentage_used));
+}
+
+/// The counters: data moved, commands, busy time, power, errors, time at temperature.
+fn render_counters(s: &mut String, m: &SmartJson) {
     row(
-        &mut s,
-        "Percentage used",
-        format!("{} %", m.percentage_used),
-    );
-    row(
-        &mut s,
+        s,
         "Data units read",
         format!("{} ({})", m.data_units_read, bytes_of(m.data_read_bytes)),
     );
     row(
-        &mut s,
+        s,
         "Data units written",
         format!(
             "{} ({})",
@@ -243,38 +248,34 @@ pub fn render_text(r: &SmartReport) -> String {
             bytes_of(m.data_written_bytes)
         ),
     );
+    row(s, "Host read commands", m.host_read_commands.to_string());
+    row(s, "Host write commands", m.host_write_commands.to_string());
     row(
-        &mut s,
-        "Host read commands",
-        m.host_read_commands.to_string(),
-    );
-    row(
-        &mut s,
-        "Host write commands",
-        m.host_write_commands.to_string(),
-    );
-    row(
-        &mut s,
+        s,
         "Controller busy time",
         format!("{} min", m.controller_busy_time_min),
     );
-    row(&mut s, "Power cycles", m.power_cycles.to_string());
-    row(&mut s, "Power-on hours", m.power_on_hours.to_string());
-    row(&mut s, "Unsafe shutdowns", m.unsafe_shutdowns.to_string());
+    row(s, "Power cycles", m.power_cycles.to_string());
+    row(s, "Power-on hours", m.power_on_hours.to_string());
+    row(s, "Unsafe shutdowns", m.unsafe_shutdowns.to_string());
     row(
-        &mut s,
+        s,
         "Media and data integrity errors",
         m.media_errors.to_string(),
     );
-    row(&mut s, "Error log entries", m.error_log_entries.to_string());
+    row(s, "Error log entries", m.error_log_entries.to_string());
     row(
-        &mut s,
+        s,
         "Warning / critical temp. time",
         format!(
             "{} / {} min",
             m.warning_temp_time_min, m.critical_temp_time_min
         ),
     );
+}
+
+/// The Error Information log entries.
+fn render_error_log(s: &mut String, r: &SmartReport) {
     if r.error_log.is_empty() {
         let _ = writeln!(s, "Error Information log: no entries");
     } else {
@@ -299,7 +300,6 @@ pub fn render_text(r: &SmartReport) -> String {
             );
         }
     }
-    s
 }
 
 /// Runs `kestrel smart`.

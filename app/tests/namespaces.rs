@@ -32,8 +32,8 @@ fn json(o: &Output) -> serde_json::Value {
 }
 
 /// Two namespaces the driver serves (4 KiB and 512 B blocks) and one of every format it
-/// refuses: 64- and 32-bit guard protection information, zoned, Key Value.
-const MIXED: &str = "emu:ns=16M+4096,ns=8M+512,ns=16M+4096+md16+pi1+guard64,ns=8M+512+md16+ext+pi3+guard32,ns=16M+4096+zoned+zone4M,ns=4M+csi1";
+/// refuses: 64- and 32-bit guard protection information, zoned with metadata, Key Value.
+const MIXED: &str = "emu:ns=16M+4096,ns=8M+512,ns=16M+4096+md16+pi1+guard64,ns=8M+512+md16+ext+pi3+guard32,ns=16M+4096+md8+pi1+zoned+zone4M,ns=4M+csi1";
 
 fn perf(target: &str) -> Output {
     kestrel(&[
@@ -94,7 +94,7 @@ fn perf_runs_on_every_supported_namespace_and_skips_the_others() {
     for (s, want) in skipped.iter().zip([
         "64-bit guard (pif 2)",
         "32-bit guard (pif 1)",
-        "Zoned Namespace Command Set",
+        "a zoned namespace with metadata",
         "Key Value Command Set",
     ]) {
         let r = s["reason"].as_str().unwrap();
@@ -134,7 +134,7 @@ fn perf_refuses_a_selected_namespace_of_a_refused_format() {
     );
     assert!(!err.contains("panicked"), "{err}");
     // A controller kestrel can do no I/O to at all: every reason, no run.
-    let o = perf("emu:ns=8M+md16+pi1+guard64,ns=8M+zoned+zone1M");
+    let o = perf("emu:ns=8M+md16+pi1+guard64,ns=8M+md8+pi1+zoned+zone1M");
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
@@ -152,7 +152,7 @@ fn perf_asks_for_queues_for_every_namespace() {
     let o = kestrel(&[
         "perf",
         "--target",
-        "emu:ns=8M,ns=8M+512,ns=8M+md16+pi2+guard64,ns=8M,ns=8M+512,ns=8M+zoned+zone1M",
+        "emu:ns=8M,ns=8M+512,ns=8M+md16+pi2+guard64,ns=8M,ns=8M+512,ns=8M+md8+pi1+zoned+zone1M",
         "-t",
         "100ms",
         "--warmup",
@@ -205,13 +205,13 @@ fn identify_shows_every_namespace_with_its_format() {
     assert_eq!(row(1), (2, 512, 0, "none", 0, 0, true));
     assert_eq!(row(2), (3, 4096, 16, "separate", 1, 0, false));
     assert_eq!(row(3), (4, 512, 16, "extended", 3, 0, false));
-    assert_eq!(row(4), (5, 4096, 0, "none", 0, 2, false));
+    assert_eq!(row(4), (5, 4096, 8, "separate", 1, 2, false));
     assert_eq!(row(5), (6, 4096, 0, "none", 0, 1, false));
     assert_eq!(ns[2]["format"]["pi_location"], "last");
     assert!(ns[4]["unsupported_reason"]
         .as_str()
         .unwrap()
-        .contains("Zoned Namespace Command Set"));
+        .contains("a zoned namespace with metadata"));
     // /ns=N shows that one only.
     let v = json(&kestrel(&[
         "identify",

@@ -293,9 +293,9 @@ fn an_accepted_string_means_what_it_says() {
     );
     assert_eq!(
         c_api(
-            "emu:ns=4M+zoned+zone1M",
+            "emu:ns=4M+md8+pi1+zoned+zone1M",
             d,
-            "Zoned Namespace Command Set",
+            "a zoned namespace with metadata",
             true
         ),
         Outcome::Failed

@@ -47,6 +47,21 @@ extern "C" {
 #define KESTREL_OP_DISCARD 4      /* buf, iov NULL */
 #define KESTREL_OP_READV 5        /* into iov[0..iovcnt) */
 #define KESTREL_OP_WRITEV 6       /* from iov[0..iovcnt) */
+/* Zoned namespaces (KESTREL_INFO_ZONED; see docs/formats.md). offset is the byte
+ * offset of a zone's start (report: any byte of the first zone reported). */
+#define KESTREL_OP_ZONE_APPEND 7  /* len bytes from buf (dma memory) to the zone's write
+                                     pointer; event.value = the LBA written */
+#define KESTREL_OP_ZONE_OPEN 8    /* buf, iov NULL, len 0; flags may be ZONE_ALL */
+#define KESTREL_OP_ZONE_CLOSE 9   /* likewise */
+#define KESTREL_OP_ZONE_FINISH 10 /* likewise */
+#define KESTREL_OP_ZONE_RESET 11  /* likewise */
+#define KESTREL_OP_REPORT_ZONES 12 /* len bytes into buf (dma memory): a 64-byte header
+                                      (uint64_t number of descriptors), then 64-byte zone
+                                      descriptors as the NVMe ZNS specification lays them out */
+
+/* struct kestrel_iocb.flags of KESTREL_OP_ZONE_OPEN..RESET: every zone the action
+ * applies to (Select All); offset ignored. */
+#define KESTREL_IOCB_ZONE_ALL 1u
 
 /* What a cancel did (struct kestrel_event.cancel). */
 #define KESTREL_CANCEL_NONE 0      /* no cancel was asked for */
@@ -75,6 +90,7 @@ extern "C" {
 #define KESTREL_INFO_DISCARD_ZEROES (1u << 2)
 #define KESTREL_INFO_FLUSH (1u << 3)
 #define KESTREL_INFO_READ_ONLY (1u << 4)
+#define KESTREL_INFO_ZONED (1u << 5) /* kestrel_get_zone_info() has its zones */
 
 /* struct kestrel_info.md_flags (namespaces formatted with metadata, md_size > 0) */
 #define KESTREL_MD_EXTENDED (1u << 0) /* metadata interleaved with the data (extended LBA) */
@@ -82,7 +98,7 @@ extern "C" {
 #define KESTREL_MD_REQUIRED (1u << 2) /* every read and write must carry the metadata */
 
 /* struct kestrel_iocb.flags */
-#define KESTREL_IOCB_MD (1u << 0) /* carries metadata: md_buf (separate), or in buf (extended) */
+#define KESTREL_IOCB_MD (1u << 1) /* carries metadata: md_buf (separate), or in buf (extended) */
 
 #define KESTREL_MAX_IOV 8
 #define KESTREL_NAME_LEN 64
@@ -149,6 +165,15 @@ struct kestrel_event {
     uint8_t more;
     uint8_t cancel;     /* KESTREL_CANCEL_* */
     uint8_t reserved[2];
+    uint64_t value;     /* KESTREL_OP_ZONE_APPEND: the LBA written; 0 otherwise */
+};
+
+struct kestrel_zone_info {
+    uint64_t zone_size_blocks;
+    uint64_t zones;
+    uint64_t zasl_bytes;  /* the largest zone append */
+    uint32_t max_open;    /* 0: no limit */
+    uint32_t max_active;  /* 0: no limit */
 };
 
 /* How kestrel_open_params() opens a target; zero-initialised, it means what
@@ -190,6 +215,8 @@ int kestrel_open_params(const char *target, const struct kestrel_open_params *pa
 /* Closes the handle; open contexts keep the target alive until destroyed. */
 int kestrel_close(kestrel_t *k);
 int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out);
+/* The zones of a zoned namespace; -ENOTSUP for any other target. */
+int kestrel_get_zone_info(const kestrel_t *k, struct kestrel_zone_info *out);
 uint32_t kestrel_block_size(const kestrel_t *k); /* 0 for a bad handle */
 uint64_t kestrel_capacity(const kestrel_t *k);   /* bytes; 0 for a bad handle */
 

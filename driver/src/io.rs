@@ -21,16 +21,110 @@ pub enum IoOp {
     WriteZeroes,
     /// Deallocate (discard, trim) the range (no data segments).
     Deallocate,
+    /// Zone Append (zoned namespaces): write the data segments at the write pointer of the
+    /// zone that starts at `lba`; the completion's [`Completion::value`] is the LBA the
+    /// data was written at.
+    ZoneAppend,
+    /// Zone Management Send (zoned namespaces): `action` on the zone that starts at `lba`,
+    /// or, with `all`, on every zone the action applies to (`lba` ignored). No data.
+    ZoneSend {
+        /// What to do to the zone.
+        action: ZoneAction,
+        /// Select All: every zone in a state the action applies to.
+        all: bool,
+    },
+    /// Zone Management Receive, Report Zones (zoned namespaces): the zone descriptors from
+    /// the zone holding `lba` on, into the data segments (a 64-byte header, then one
+    /// 64-byte descriptor per zone; a partial report: the header counts the descriptors
+    /// returned). `nlb` is ignored. Parse with [`crate::spec::zns::parse_report`].
+    ReportZones,
+}
+
+/// The zone actions of Zone Management Send that [`IoOp::ZoneSend`] carries.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum ZoneAction {
+    /// Open Zone: explicitly open (takes an open and an active resource).
+    Open,
+    /// Close Zone: an open zone becomes Closed (keeps its active resource).
+    Close,
+    /// Finish Zone: the zone becomes Full.
+    Finish,
+    /// Reset Zone: the zone becomes Empty, its write pointer back at its start.
+    Reset,
+}
+
+impl ZoneAction {
+    /// ZSA: the Zone Send Action code.
+    pub const fn zsa(self) -> u8 {
+        use crate::spec::zns::zsa;
+        match self {
+            ZoneAction::Open => zsa::OPEN,
+            ZoneAction::Close => zsa::CLOSE,
+            ZoneAction::Finish => zsa::FINISH,
+            ZoneAction::Reset => zsa::RESET,
+        }
+    }
+    /// A short name for messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ZoneAction::Open => "open",
+            ZoneAction::Close => "close",
+            ZoneAction::Finish => "finish",
+            ZoneAction::Reset => "reset",
+        }
+    }
+}
+
+/// The zone geometry of a zoned namespace (Zoned Namespace Command Set), as the driver
+/// learnt it at bring-up: plain `Copy` data for targets, queues and reports.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
+pub struct ZoneGeometry {
+    /// ZSZE: zone size in logical blocks (every zone starts at a multiple of it).
+    pub zone_size: u64,
+    /// Number of zones (NSZE / ZSZE).
+    pub zones: u64,
+    /// Maximum open zones (MOR + 1); `None`: no limit.
+    pub max_open: Option<u32>,
+    /// Maximum active zones (MAR + 1); `None`: no limit.
+    pub max_active: Option<u32>,
+    /// ZASL: the largest Zone Append in bytes (MDTS when ZASL is 0). A Zone Append is
+    /// never split: a larger one is refused before it reaches the device.
+    pub zasl_bytes: u64,
+    /// ZOC: Zone Operation Characteristics as reported.
+    pub zoc: u16,
+}
+
+impl ZoneGeometry {
+    /// The start (ZSLBA) of the zone holding `lba`.
+    pub const fn zone_start(&self, lba: u64) -> u64 {
+        if self.zone_size == 0 {
+            return lba;
+        }
+        lba - lba % self.zone_size
+    }
 }
 
 impl IoOp {
     /// Whether the operation moves data through the segments.
     pub const fn has_data(self) -> bool {
-        matches!(self, IoOp::Read | IoOp::Write)
+        matches!(
+            self,
+            IoOp::Read | IoOp::Write | IoOp::ZoneAppend | IoOp::ReportZones
+        )
     }
-    /// Whether the operation addresses an LBA range.
+    /// Whether the operation addresses an LBA range (`lba` and `nlb`).
     pub const fn has_range(self) -> bool {
-        !matches!(self, IoOp::Flush)
+        !matches!(
+            self,
+            IoOp::Flush | IoOp::ZoneSend { .. } | IoOp::ReportZones
+        )
+    }
+    /// Whether the operation belongs to the Zoned Namespace Command Set.
+    pub const fn is_zoned(self) -> bool {
+        matches!(
+            self,
+            IoOp::ZoneAppend | IoOp::ZoneSend { .. } | IoOp::ReportZones
+        )
     }
     /// A short name for messages.
     pub const fn name(self) -> &'static str {
@@ -40,6 +134,20 @@ impl IoOp {
             IoOp::Flush => "flush",
             IoOp::WriteZeroes => "write-zeroes",
             IoOp::Deallocate => "deallocate",
+            IoOp::ZoneAppend => "zone append",
+            IoOp::ZoneSend { action, all: false } => match action {
+                ZoneAction::Open => "zone open",
+                ZoneAction::Close => "zone close",
+                ZoneAction::Finish => "zone finish",
+                ZoneAction::Reset => "zone reset",
+            },
+            IoOp::ZoneSend { action, all: true } => match action {
+                ZoneAction::Open => "zone open (all)",
+                ZoneAction::Close => "zone close (all)",
+                ZoneAction::Finish => "zone finish (all)",
+                ZoneAction::Reset => "zone reset (all)",
+            },
+            IoOp::ReportZones => "report zones",
         }
     }
 }
@@ -94,6 +202,16 @@ impl Segments {
     /// The segments.
     pub fn as_slice(&self) -> &[DmaSlice] {
         &self.segs[..self.n as usize]
+    }
+    /// The segment, when there is exactly one (the common case the I/O path checks
+    /// first, without forming a slice).
+    #[inline]
+    pub fn single(&self) -> Option<&DmaSlice> {
+        if self.n == 1 {
+            Some(&self.segs[0])
+        } else {
+            None
+        }
     }
     /// Number of segments.
     pub fn len(&self) -> usize {
@@ -322,6 +440,42 @@ impl IoRequest {
     pub const fn with_meta(self, meta: IoMeta) -> Self {
         IoRequest { meta, ..self }
     }
+    /// A Zone Append of `nlb` blocks from `buf` to the zone starting at `zslba`; the
+    /// completion's [`Completion::value`] is the LBA written.
+    pub fn zone_append(nsid: u32, zslba: u64, nlb: u32, buf: DmaSlice, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::ZoneAppend,
+            ..Self::read(nsid, zslba, nlb, buf, token)
+        }
+    }
+    /// Zone Management Send: `action` on the zone starting at `zslba`.
+    pub fn zone_send(nsid: u32, zslba: u64, action: ZoneAction, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::ZoneSend { action, all: false },
+            nsid,
+            lba: zslba,
+            nlb: 0,
+            data: Segments::none(),
+            token,
+            meta: IoMeta::NONE,
+        }
+    }
+    /// Zone Management Send with Select All: `action` on every zone it applies to.
+    pub fn zone_send_all(nsid: u32, action: ZoneAction, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::ZoneSend { action, all: true },
+            ..Self::zone_send(nsid, 0, action, token)
+        }
+    }
+    /// Report Zones from the zone holding `slba` into `buf` (header and descriptors;
+    /// [`crate::spec::zns::parse_report`] reads them).
+    pub fn report_zones(nsid: u32, slba: u64, buf: DmaSlice, token: u64) -> Self {
+        IoRequest {
+            op: IoOp::ReportZones,
+            nlb: 0,
+            ..Self::read(nsid, slba, 0, buf, token)
+        }
+    }
     /// Convenience: a read into the whole of `buf`.
     pub fn read_buf(nsid: u32, lba: u64, nlb: u32, buf: &DmaBuf, token: u64) -> Self {
         Self::read(nsid, lba, nlb, buf.slice_all(), token)
@@ -416,6 +570,11 @@ pub struct Completion {
     pub token: u64,
     /// Success, or why not.
     pub result: Result<(), IoError>,
+    /// The command specific result of a successful command: completion queue entry
+    /// Dword 0 in the low 32 bits, Dword 1 in the high ones. For a Zone Append, the LBA the
+    /// data was written at; 0 when the command has none (and for file targets and
+    /// failures).
+    pub value: u64,
 }
 
 /// Returned by a submit that could not take the request: every slot and the software
@@ -524,6 +683,38 @@ pub enum InvalidRequest {
         extended: bool,
         /// The rule broken.
         why: &'static str,
+    },
+    /// A zoned operation on a namespace that is not zoned.
+    #[error("{op} on nsid {nsid}, which is not a zoned namespace")]
+    NotZoned {
+        /// Operation.
+        op: &'static str,
+        /// Namespace.
+        nsid: u32,
+    },
+    /// A Zone Append, or a write to a zoned namespace, larger than one command may carry
+    /// (the Zone Append Size Limit, or MDTS): it cannot be split, since the pieces could
+    /// reach the write pointer out of order.
+    #[error("{op} of {bytes} bytes on a zoned namespace is larger than {max} bytes, the most one command carries (zasl for zone append, mdts for write), and is not split (the pieces could reach the write pointer out of order): issue commands of at most {max} bytes")]
+    ZonedTooLarge {
+        /// Operation.
+        op: &'static str,
+        /// Bytes asked for.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A zone operation whose LBA is not the start of a zone.
+    #[error("{op} at lba {lba}, which is not the start of a zone (zones are {zone_size} blocks: the zone holding it starts at {zslba})")]
+    NotZoneStart {
+        /// Operation.
+        op: &'static str,
+        /// The LBA given.
+        lba: u64,
+        /// Zone size in blocks.
+        zone_size: u64,
+        /// The start of its zone.
+        zslba: u64,
     },
     /// Data segments given to an operation that takes none, or too many segments.
     #[error("{op} with {n} data segments: {why}")]

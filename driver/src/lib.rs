@@ -58,7 +58,9 @@ pub use target::file;
 pub use aio::reactor;
 pub use aio::{AioError, CancelOutcome, ContextOptions, Event, IoBuf, IoContext, Iocb, Opcode};
 pub use hw::dma::{DmaBuf, DmaPool, DmaSlice};
-pub use io::{Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError};
+pub use io::{
+    Completion, IoError, IoOp, IoRequest, QueueStats, SubmitError, ZoneAction, ZoneGeometry,
+};
 pub use nvme::ctrlr::{Controller, ControllerOptions};
 pub use nvme::qpair::{DoorbellMode, IoQpair, QpairOptions};
 pub use reactor::{IdlePolicy, Reactor, ReactorBuilder, ReactorError};

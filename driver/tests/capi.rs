@@ -307,6 +307,26 @@ fn header_matches_the_rust_definitions() {
         ("KESTREL_OP_DISCARD", KESTREL_OP_DISCARD as u64),
         ("KESTREL_OP_READV", KESTREL_OP_READV as u64),
         ("KESTREL_OP_WRITEV", KESTREL_OP_WRITEV as u64),
+        ("KESTREL_OP_ZONE_APPEND", KESTREL_OP_ZONE_APPEND as u64),
+        ("KESTREL_OP_ZONE_OPEN", KESTREL_OP_ZONE_OPEN as u64),
+        ("KESTREL_OP_ZONE_CLOSE", KESTREL_OP_ZONE_CLOSE as u64),
+        ("KESTREL_OP_ZONE_FINISH", KESTREL_OP_ZONE_FINISH as u64),
+        ("KESTREL_OP_ZONE_RESET", KESTREL_OP_ZONE_RESET as u64),
+        ("KESTREL_OP_REPORT_ZONES", KESTREL_OP_REPORT_ZONES as u64),
+        ("KESTREL_IOCB_ZONE_ALL", KESTREL_IOCB_ZONE_ALL as u64),
+        ("KESTREL_INFO_ZONED", KESTREL_INFO_ZONED as u64),
+        (
+            "sizeof(struct kestrel_zone_info)",
+            size_of::<KestrelZoneInfo>() as u64,
+        ),
+        (
+            "offsetof(struct kestrel_zone_info, max_active)",
+            offset_of!(KestrelZoneInfo, max_active) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_event, value)",
+            offset_of!(KestrelEvent, value) as u64,
+        ),
         ("KESTREL_CANCEL_NONE", KESTREL_CANCEL_NONE as u64),
         ("KESTREL_CANCEL_CANCELLED", KESTREL_CANCEL_CANCELLED as u64),
         ("KESTREL_CANCEL_ABORTED", KESTREL_CANCEL_ABORTED as u64),
@@ -427,7 +447,12 @@ fn run_example(exe: &Path, target: &str) {
 }
 
 fn run_example_on(exe: &Path, target: &str, cores: &str) {
-    let out = run(Command::new(exe).arg(target).arg(cores));
+    let mut cmd = Command::new(exe);
+    cmd.arg(target);
+    if !cores.is_empty() {
+        cmd.arg(cores);
+    }
+    let out = run(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("all checks passed"),
@@ -448,6 +473,30 @@ fn c_example_against_the_emulator() {
         .map(|c| c.id.to_string())
         .collect();
     run_example_on(&exe, "emu:size=16M,lba=512", &ids.join(","));
+}
+
+/// The zoned example: zone info, reset, appends returning distinct LBAs, Zone Invalid
+/// Write, report zones, Zone Is Full, reset; and on a namespace that is not zoned,
+/// `kestrel_get_zone_info` is -ENOTSUP.
+#[test]
+fn c_zoned_example_against_the_emulator() {
+    let Some(gcc) = gcc() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("kestrel_zoned");
+    compile(
+        &gcc,
+        &manifest_dir().join("examples/c/kestrel_zoned.c"),
+        &exe,
+        &dynamic_link(),
+    );
+    run_example_on(&exe, "emu:ns=16M+4096+zoned+zone1M", "");
+    let out = Command::new(&exe).arg("emu:size=16M").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("kestrel_get_zone_info"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -57,9 +57,9 @@ fn unsupported() -> Vec<(EmuFormat, u32, &'static [&'static str])> {
             &["dps 0x02", "32-bit guard (pif 1)"],
         ),
         (
-            f(0, false, 0, false, csi::ZONED),
+            f(8, false, 1, false, csi::ZONED),
             4096,
-            &["Zoned Namespace Command Set (csi 0x02)"],
+            &["a zoned namespace with metadata (ms 8, dps 0x01)"],
         ),
         (
             f(0, false, 0, false, csi::KEY_VALUE),

@@ -144,6 +144,10 @@ const PER_NAMESPACE: &[&str] = &[
     "error_lba_range",
     "cross_qpair_visibility",
     "mixed_workload_verify",
+    "zoned_report_zones",
+    "zoned_write_pointer",
+    "zoned_append",
+    "zoned_reset",
 ];
 
 /// A case's row in the results.
@@ -166,6 +170,9 @@ macro_rules! ensure {
         }
     };
 }
+
+mod zoned;
+use zoned::{zoned_append, zoned_report_zones, zoned_reset, zoned_write_pointer};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// LBAs the suite may overwrite on a real device: the first 64 MiB of each namespace it
@@ -266,6 +273,11 @@ fn ns_of(c: &Controller, nsid: u32) -> Result<Ns, CaseError> {
              suite's data path cases send none (kestrel perf --verify and driver/tests/\
              formats.rs cover this format)",
             ns.protection.describe()
+        )));
+    }
+    if ns.zones.is_some() {
+        return Err(CaseError::Skip(format!(
+            "nsid {nsid} is a zoned namespace: writes go at the zones' write pointers (the zoned_* cases cover it)"
         )));
     }
     Ok(Ns {
@@ -1348,14 +1360,30 @@ pub fn cases() -> Vec<Case> {
             mixed_workload_verify,
             "random overwrites at queue depth verify against a shadow copy"
         ),
+        case!(
+            zoned_report_zones,
+            "zoned: report zones lists every zone from the one asked"
+        ),
+        case!(
+            zoned_write_pointer,
+            "zoned: writes at the write pointer; elsewhere Zone Invalid Write"
+        ),
+        case!(
+            zoned_append,
+            "zoned: zone appends return distinct lbas in the zone, holding their data"
+        ),
+        case!(
+            zoned_reset,
+            "zoned: finish makes a zone full, reset makes it writable again"
+        ),
     ]
 }
 
-/// The active namespaces of `device` and why the suite does no I/O to each it does not:
-/// the driver refuses its format, or the format needs metadata with every read and write,
-/// which the suite's cases do not send. Read from one bring-up (released before the cases
-/// run).
-fn namespaces_of(device: &Device) -> Result<Vec<(u32, Option<String>)>, String> {
+/// The active namespaces of `device`, why the suite does no I/O to each it does not (the
+/// driver refuses its format, or the format needs metadata with every read and write,
+/// which the suite's cases do not send) and whether it is zoned. Read from one bring-up
+/// (released before the cases run).
+fn namespaces_of(device: &Device) -> Result<Vec<(u32, Option<String>, bool)>, String> {
     let c = device.open()?;
     Ok(c.namespaces()
         .iter()
@@ -1371,7 +1399,7 @@ fn namespaces_of(device: &Device) -> Result<Vec<(u32, Option<String>)>, String> 
                     )
                 })
             });
-            (n.nsid, why)
+            (n.nsid, why, n.zones.is_some())
         })
         .collect())
 }
@@ -1416,10 +1444,13 @@ pub fn run(device: &Device, filter: &str) -> Vec<CaseReport> {
                 .collect();
         }
     };
+    // The controller cases do conventional writes: the first namespace served that is not
+    // zoned, else the first served.
     let first_io = namespaces
         .iter()
-        .find(|(_, refused)| refused.is_none())
-        .map_or(0, |(n, _)| *n);
+        .find(|(_, refused, zoned)| refused.is_none() && !zoned)
+        .or_else(|| namespaces.iter().find(|(_, refused, _)| refused.is_none()))
+        .map_or(0, |(n, _, _)| *n);
     let mut out = Vec::new();
     for c in selected.iter().filter(|c| !c.per_namespace) {
         let start = Instant::now();
@@ -1431,7 +1462,7 @@ pub fn run(device: &Device, filter: &str) -> Vec<CaseReport> {
             elapsed: start.elapsed(),
         });
     }
-    for (nsid, refused) in &namespaces {
+    for (nsid, refused, _) in &namespaces {
         for c in selected.iter().filter(|c| c.per_namespace) {
             let start = Instant::now();
             let outcome = match refused {

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Runs in the guest that scripts/vm-test.sh boots (its default guest command), on
 # QEMU's NVMe controller with the namespaces of several formats that vm-test.sh gives it
-# (KESTREL_NS_SUPPORTED / KESTREL_NS_REFUSED: the nsids kestrel should serve and refuse).
+# (KESTREL_NS_SUPPORTED / KESTREL_NS_ZONED / KESTREL_NS_REFUSED: the nsids kestrel should
+# serve as conventional, serve as zoned, and refuse).
 #
 #   1. kestrel identify lists every namespace, kestrel perf --verify runs on the whole
 #      controller (the supported namespaces, the others skipped with a note), and
@@ -9,7 +10,9 @@
 #      perf in busy, hybrid and interrupt poll mode at QD 1 and 32 (figures printed;
 #      interrupt mode must be woken by MSI-X);
 #   2. the conformance suite ($KESTREL_PAYLOAD) passes; its data path cases pass on every
-#      supported namespace and are skipped, with the refusal, on every refused one;
+#      supported namespace and are skipped, with the refusal, on every refused one; its
+#      zoned cases pass on every zoned namespace (the conventional ones skip there), and
+#      kestrel perf -w zone-write and -w zone-append --verify run on each;
 #   3. cross-check with the kernel's nvme driver on each supported namespace the kernel
 #      serves (it hides metadata formats it cannot carry): what kestrel wrote, the kernel
 #      reads back (checking the PI kestrel generated); what the kernel wrote, kestrel
@@ -22,6 +25,7 @@ export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 K=/kestrel/bin/kestrel
 HW=$KESTREL_PAYLOAD
 : "${BDF:?}" "${KESTREL_NS_SUPPORTED:?}" "${KESTREL_NS_REFUSED:?}"
+KESTREL_NS_ZONED=${KESTREL_NS_ZONED:-}
 noi=()
 [ "${KESTREL_NOIOMMU:-0}" = 1 ] && noi=(--noiommu)
 sys=/sys/bus/pci/devices/$BDF
@@ -76,7 +80,7 @@ kernel_dev() {
 # a block of an earlier perf run, not the suite's patterns.
 $K identify --json --target "pci:$BDF" "${noi[@]}" >/tmp/identify.json 2>/tmp/identify.err
 cat /tmp/identify.json
-total=$(($(echo "$KESTREL_NS_SUPPORTED" | wc -w) + $(echo "$KESTREL_NS_REFUSED" | wc -w)))
+total=$(($(echo "$KESTREL_NS_SUPPORTED $KESTREL_NS_ZONED" | wc -w) + $(echo "$KESTREL_NS_REFUSED" | wc -w)))
 check "identify lists all $total namespaces" [ "$(grep -c '"nsid":' /tmp/identify.json)" = "$total" ]
 check "identify marks $(echo "$KESTREL_NS_REFUSED" | wc -w) refused" \
     [ "$(grep -c '"io_supported": false' /tmp/identify.json)" = "$(echo "$KESTREL_NS_REFUSED" | wc -w)" ]
@@ -86,6 +90,24 @@ cat /tmp/perf.txt
 check "perf --verify on the whole controller (exit $perf_rc)" [ "$perf_rc" = 0 ]
 for n in $KESTREL_NS_SUPPORTED; do
     check "perf ran on nsid $n" grep -q "target \[[0-9]*\] .*ns$n:" /tmp/perf.txt
+done
+for n in $KESTREL_NS_ZONED; do
+    check "identify shows nsid $n zoned" grep -q '"zone_size_lbas"' /tmp/identify.json
+    check "perf -w randrw skipped zoned nsid $n with a note" \
+        grep -q "note: pci:$BDF: skipping nsid $n (.*): a zoned namespace" /tmp/perf.txt
+    # Zoned workloads: 128 KiB writes (appends) by 2 slots, each with its own zones, through
+    # resets of full zones; 0 errors and the data verified.
+    for w in zone-write zone-append; do
+        $K perf --target "pci:$BDF/ns=$n" "${noi[@]}" -t 120 --warmup 0 --number-ios 600 -o 128k \
+            -w "$w" -q 2 --cores 0 --verify >"/tmp/$w.txt" 2>&1
+        rc=$?
+        grep -E "Result|Verify|^Total|error" "/tmp/$w.txt"
+        check "perf -w $w --verify on zoned nsid $n (exit $rc)" [ "$rc" = 0 ]
+    done
+    $K perf --target "pci:$BDF/ns=$n" "${noi[@]}" -t 1 -w randwrite --cores 0 >/tmp/zrand.txt 2>&1
+    rc=$?
+    check "perf -w randwrite on zoned nsid $n is refused (exit $rc)" \
+        bash -c "[ $rc = 2 ] && grep -q 'Zone Invalid Write' /tmp/zrand.txt"
 done
 # No system call in the poll loop of a queue pair on the real VFIO path: every call the
 # poller makes in the window is counted (seccomp user notification). The guest's
@@ -141,7 +163,11 @@ for n in $KESTREL_NS_SUPPORTED; do
         continue
     fi
     check "suite: data path cases pass on nsid $n" \
-        bash -c "grep -E ' ns=$n +pass ' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +(FAIL|skip) ' /tmp/suite.txt"
+        bash -c "grep -E ' ns=$n +pass ' /tmp/suite.txt >/dev/null && ! grep -vE '^zoned_' /tmp/suite.txt | grep -E ' ns=$n +(FAIL|skip) '"
+done
+for n in $KESTREL_NS_ZONED; do
+    check "suite: the 4 zoned cases pass on nsid $n" \
+        bash -c "[ \$(grep -cE '^zoned_.* ns=$n +pass ' /tmp/suite.txt) = 4 ] && ! grep -E ' ns=$n +FAIL ' /tmp/suite.txt"
 done
 for n in $KESTREL_NS_REFUSED; do
     check "suite: data path cases skipped on nsid $n with the refusal" \

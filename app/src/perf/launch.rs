@@ -95,6 +95,7 @@ fn spawn(
             number_ios: args.number_ios.unwrap_or(u64::MAX),
             count_syscalls: args.count_syscalls,
             io_timeout_ns: args.io_timeout.as_nanos() as u64,
+            zoned: args.workload.zoned(),
             sleep_after_ns: match args.poll_mode {
                 PollModeArg::Busy => None,
                 PollModeArg::Interrupt => Some(0),

@@ -60,21 +60,31 @@ pub(super) fn lay_out(args: &PerfArgs, plan: &Plan, opened: &[Opened]) -> Result
     for o in opened {
         let ts = o.block_targets()?;
         let mut placed = false;
-        for r in o.refused() {
-            // Said even with --quiet: part of the run is not done.
-            let msg = format!("{}: skipping {r}", o.spec());
-            eprintln!("kestrel perf: note: {msg}");
-            l.skipped.push(json!({
-                "spec": o.spec().to_string(),
-                "nsid": r.nsid,
-                "reason": r.to_string(),
-            }));
-        }
+        l.skip_refused(o);
         if let Opened::Nvme(n) = o {
             check_granted(args, plan, n, ts.len())?;
         }
+        let alone = o.spec().nsid().is_some() || ts.len() == 1;
         for t in ts {
             let info = t.info().clone();
+            if let Some(why) = zone_mismatch(args, &info) {
+                if alone {
+                    return Err(AppError::usage(format!("{}: {why}", info.name)));
+                }
+                // Said even with --quiet: part of the run is not done.
+                eprintln!(
+                    "kestrel perf: note: {}: skipping nsid {} ({}): {why}",
+                    o.spec(),
+                    info.nsid,
+                    info.name
+                );
+                l.skipped.push(json!({
+                    "spec": o.spec().to_string(),
+                    "nsid": info.nsid,
+                    "reason": why,
+                }));
+                continue;
+            }
             let idx = l.blocks.len();
             check_fits(args, plan, &info)?;
             let bs = info.block_size as u64;
@@ -123,8 +133,52 @@ pub(super) fn lay_out(args: &PerfArgs, plan: &Plan, opened: &[Opened]) -> Result
             l.blocks.push(t);
         }
     }
+    if l.blocks.is_empty() {
+        return Err(AppError::usage(format!(
+            "no namespace of the targets suits -w {} (see the notes above)",
+            args.workload.name()
+        )));
+    }
     check_buffers(args, plan, l.blocks.len())?;
     Ok(l)
+}
+
+/// Why the workload cannot run on a target, as zoned or not: the zoned workloads need a
+/// zoned namespace (and I/Os one command carries); the others may only read one.
+fn zone_mismatch(args: &PerfArgs, info: &TargetInfo) -> Option<String> {
+    let w = args.workload;
+    match (w.zoned(), info.zones) {
+        (Some(_), None) => Some(format!(
+            "not a zoned namespace: -w {} runs only on zoned namespaces (docs/perf.md)",
+            w.name()
+        )),
+        (Some(mode), Some(z)) => {
+            let (max, what) = if mode == crate::cli::ZonedMode::Append {
+                (
+                    z.zasl_bytes.min(info.max_transfer_bytes),
+                    "zone append size limit (zasl)",
+                )
+            } else {
+                (info.max_transfer_bytes, "largest transfer (mdts)")
+            };
+            (args.io_size > max).then(|| {
+                format!(
+                    "--io-size {} is larger than the namespace's {what} of {}: zoned writes are \
+                     never split; use --io-size {} or less",
+                    human_bytes(args.io_size),
+                    human_bytes(max),
+                    human_bytes(max)
+                )
+            })
+        }
+        (None, Some(_)) if w.writes(args.rwmixread) => Some(format!(
+            "a zoned namespace: -w {} writes where the zones' write pointers are not, which the \
+             device fails with Zone Invalid Write; use -w zone-write or -w zone-append, or a \
+             read workload (docs/perf.md)",
+            w.name()
+        )),
+        (None, _) => None,
+    }
 }
 
 /// The controller granted enough I/O queues for `namespaces` namespaces.
@@ -207,6 +261,20 @@ fn check_buffers(args: &PerfArgs, plan: &Plan, targets: usize) -> Result<()> {
 }
 
 impl Layout {
+    /// The namespaces of `o` that cannot be run (their format), each said on stderr.
+    fn skip_refused(&mut self, o: &Opened) {
+        for r in o.refused() {
+            // Said even with --quiet: part of the run is not done.
+            let msg = format!("{}: skipping {r}", o.spec());
+            eprintln!("kestrel perf: note: {msg}");
+            self.skipped.push(json!({
+                "spec": o.spec().to_string(),
+                "nsid": r.nsid,
+                "reason": r.to_string(),
+            }));
+        }
+    }
+
     /// An NVMe namespace: its queues as the controller allows them, its doorbells.
     fn describe_nvme(
         &mut self,

@@ -158,6 +158,8 @@ impl Core {
         let nsid = check_target(&view.info, iocb).map_err(Prep::Invalid)?;
         let (lba, nlb) = if iocb.opcode == Opcode::Flush {
             (0, 0)
+        } else if matches!(iocb.opcode, Opcode::ZoneSend { .. } | Opcode::ReportZones) {
+            (zone_lba(&view.info, iocb).map_err(Prep::Invalid)?, 0)
         } else {
             blocks(&view.info, iocb).map_err(Prep::Invalid)?
         };
@@ -305,6 +307,7 @@ impl Core {
         s.gen = wire::next_gen(s.gen);
         let ev = Event {
             user_data: s.user_data,
+            value: if res.is_ok() { c.value } else { 0 },
             res,
             cancel,
         };
@@ -345,12 +348,39 @@ fn check_target(info: &TargetInfo, iocb: &Iocb) -> Result<u32, IocbError> {
     let unsupported = match iocb.opcode {
         Opcode::WriteZeroes => !info.write_zeroes,
         Opcode::Discard => !info.deallocate,
+        op if op.is_zoned() => info.zones.is_none(),
         _ => false,
     };
     if unsupported {
         return Err(IocbError::Unsupported { op, target });
     }
     Ok(info.nsid)
+}
+
+/// The LBA of a zone management or report iocb: its offset, a whole block inside the
+/// target (the length is that of the buffer, or 0).
+fn zone_lba(info: &TargetInfo, iocb: &Iocb) -> Result<u64, IocbError> {
+    let op = iocb.opcode.name();
+    let bs = info.block_size as u64;
+    if iocb.offset % bs != 0 {
+        return Err(IocbError::Misaligned {
+            op,
+            what: "offset",
+            value: iocb.offset,
+            block_size: info.block_size,
+        });
+    }
+    let capacity = info.num_blocks.saturating_mul(bs);
+    let all = matches!(iocb.opcode, Opcode::ZoneSend { all: true, .. });
+    if !all && iocb.offset >= capacity {
+        return Err(IocbError::OutOfRange {
+            op,
+            offset: iocb.offset,
+            len: iocb.len,
+            capacity,
+        });
+    }
+    Ok(iocb.offset / bs)
 }
 
 /// The blocks a (non-flush) iocb covers: offset and length whole blocks, not zero, not
@@ -456,8 +486,27 @@ fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, Io
     };
     let wrong = |why| IocbError::WrongBuffer { op, why };
     match (iocb.opcode, iocb.buf) {
-        (Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard, IoBuf::None) => {
-            Ok(Segments::none())
+        (
+            Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard | Opcode::ZoneSend { .. },
+            IoBuf::None,
+        ) => Ok(Segments::none()),
+        (Opcode::ZoneSend { .. }, _) => Err(wrong("takes no buffer (IoBuf::None)")),
+        (Opcode::ZoneAppend | Opcode::ReportZones, IoBuf::Dma(s)) => {
+            if (s.len as u64) < iocb.len {
+                return Err(too_short(s.len));
+            }
+            if !view.contains(s.vaddr, iocb.len as usize) {
+                return Err(IocbError::ForeignBuffer {
+                    addr: s.vaddr,
+                    len: s.len,
+                });
+            }
+            Ok(Segments::one(
+                s.sub(0, iocb.len as usize).expect("length checked above"),
+            ))
+        }
+        (Opcode::ZoneAppend | Opcode::ReportZones, _) => {
+            Err(wrong("takes one buffer of dma memory (IoBuf::Dma)"))
         }
         (Opcode::Flush, _) => Ok(Segments::none()),
         (Opcode::WriteZeroes | Opcode::Discard, _) => Err(wrong("takes no buffer (IoBuf::None)")),

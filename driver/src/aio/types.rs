@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::hw::dma::{DmaBuf, DmaSlice};
-use crate::io::{IoError, IoMeta, IoOp, Segments};
+use crate::io::{IoError, IoMeta, IoOp, Segments, ZoneAction};
 use crate::spec::Status;
 use crate::target::QueueOptions;
 
@@ -31,6 +31,21 @@ pub enum Opcode {
     Readv,
     /// Write from several buffers ([`IoBuf::Vectored`]).
     Writev,
+    /// Zoned namespaces: Zone Append of `len` bytes from one DMA buffer to the zone that
+    /// starts at `offset`; the event's `value` is the LBA the data was written at.
+    ZoneAppend,
+    /// Zoned namespaces: Zone Management Send, `action` on the zone that starts at
+    /// `offset` (or on every zone it applies to with `all`); no buffer, `len` 0.
+    ZoneSend {
+        /// The action.
+        action: ZoneAction,
+        /// Select All.
+        all: bool,
+    },
+    /// Zoned namespaces: Report Zones from the zone holding `offset` into one DMA buffer
+    /// of `len` bytes (a 64-byte header, then 64-byte zone descriptors; parse with
+    /// [`crate::spec::zns::parse_report`]).
+    ReportZones,
 }
 
 impl Opcode {
@@ -44,21 +59,39 @@ impl Opcode {
             Opcode::Discard => "discard",
             Opcode::Readv => "readv",
             Opcode::Writev => "writev",
+            Opcode::ZoneAppend | Opcode::ZoneSend { .. } | Opcode::ReportZones => {
+                self.io_op().name()
+            }
         }
     }
-    pub(super) fn io_op(self) -> IoOp {
+    /// Whether the opcode belongs to the Zoned Namespace Command Set.
+    pub const fn is_zoned(self) -> bool {
+        matches!(
+            self,
+            Opcode::ZoneAppend | Opcode::ZoneSend { .. } | Opcode::ReportZones
+        )
+    }
+    pub(super) const fn io_op(self) -> IoOp {
         match self {
             Opcode::Read | Opcode::Readv => IoOp::Read,
             Opcode::Write | Opcode::Writev => IoOp::Write,
             Opcode::Flush => IoOp::Flush,
             Opcode::WriteZeroes => IoOp::WriteZeroes,
             Opcode::Discard => IoOp::Deallocate,
+            Opcode::ZoneAppend => IoOp::ZoneAppend,
+            Opcode::ZoneSend { action, all } => IoOp::ZoneSend { action, all },
+            Opcode::ReportZones => IoOp::ReportZones,
         }
     }
     pub(super) fn writes(self) -> bool {
         matches!(
             self,
-            Opcode::Write | Opcode::Writev | Opcode::WriteZeroes | Opcode::Discard
+            Opcode::Write
+                | Opcode::Writev
+                | Opcode::WriteZeroes
+                | Opcode::Discard
+                | Opcode::ZoneAppend
+                | Opcode::ZoneSend { .. }
         )
     }
 }
@@ -218,6 +251,36 @@ impl Iocb {
     pub fn discard(offset: u64, len: u64, user_data: u64) -> Self {
         Self::new(Opcode::Discard, offset, len, IoBuf::None, user_data)
     }
+    /// Zone Append of `buf.len` bytes to the zone starting at byte `offset`.
+    pub fn zone_append(offset: u64, buf: DmaSlice, user_data: u64) -> Self {
+        Self::new(
+            Opcode::ZoneAppend,
+            offset,
+            buf.len as u64,
+            IoBuf::Dma(buf),
+            user_data,
+        )
+    }
+    /// Zone Management Send: `action` on the zone starting at byte `offset`.
+    pub fn zone_send(offset: u64, action: ZoneAction, user_data: u64) -> Self {
+        let op = Opcode::ZoneSend { action, all: false };
+        Self::new(op, offset, 0, IoBuf::None, user_data)
+    }
+    /// Zone Management Send with Select All: `action` on every zone it applies to.
+    pub fn zone_send_all(action: ZoneAction, user_data: u64) -> Self {
+        let op = Opcode::ZoneSend { action, all: true };
+        Self::new(op, 0, 0, IoBuf::None, user_data)
+    }
+    /// Report Zones from the zone holding byte `offset` into `buf`.
+    pub fn report_zones(offset: u64, buf: DmaSlice, user_data: u64) -> Self {
+        Self::new(
+            Opcode::ReportZones,
+            offset,
+            buf.len as u64,
+            IoBuf::Dma(buf),
+            user_data,
+        )
+    }
     /// The same iocb aimed at target `t`.
     pub fn on_target(mut self, t: u16) -> Self {
         self.target = t;
@@ -254,6 +317,9 @@ pub struct Event {
     pub res: Result<u64, IoError>,
     /// What a cancel did, if one was asked for.
     pub cancel: CancelOutcome,
+    /// The command specific result of a successful request: for a Zone Append, the LBA
+    /// the data was written at; 0 otherwise.
+    pub value: u64,
 }
 
 impl Default for Event {
@@ -262,6 +328,7 @@ impl Default for Event {
             user_data: 0,
             res: Ok(0),
             cancel: CancelOutcome::NotRequested,
+            value: 0,
         }
     }
 }

@@ -24,6 +24,21 @@ pub const KESTREL_OP_DISCARD: u16 = 4;
 pub const KESTREL_OP_READV: u16 = 5;
 /// `KESTREL_OP_WRITEV`.
 pub const KESTREL_OP_WRITEV: u16 = 6;
+/// `KESTREL_OP_ZONE_APPEND`: Zone Append; the event's `value` is the LBA written.
+pub const KESTREL_OP_ZONE_APPEND: u16 = 7;
+/// `KESTREL_OP_ZONE_OPEN`: Open Zone.
+pub const KESTREL_OP_ZONE_OPEN: u16 = 8;
+/// `KESTREL_OP_ZONE_CLOSE`: Close Zone.
+pub const KESTREL_OP_ZONE_CLOSE: u16 = 9;
+/// `KESTREL_OP_ZONE_FINISH`: Finish Zone.
+pub const KESTREL_OP_ZONE_FINISH: u16 = 10;
+/// `KESTREL_OP_ZONE_RESET`: Reset Zone.
+pub const KESTREL_OP_ZONE_RESET: u16 = 11;
+/// `KESTREL_OP_REPORT_ZONES`: Report Zones into `buf`.
+pub const KESTREL_OP_REPORT_ZONES: u16 = 12;
+/// `kestrel_iocb.flags` of a zone open, close, finish or reset: every zone it applies
+/// to (Select All), `offset` ignored.
+pub const KESTREL_IOCB_ZONE_ALL: u16 = 1;
 
 /// `KESTREL_CANCEL_NONE`: no cancel was asked for.
 pub const KESTREL_CANCEL_NONE: u8 = 0;
@@ -70,6 +85,8 @@ pub const KESTREL_INFO_DISCARD_ZEROES: u32 = 1 << 2;
 pub const KESTREL_INFO_FLUSH: u32 = 1 << 3;
 /// `kestrel_info.flags`: read-only.
 pub const KESTREL_INFO_READ_ONLY: u32 = 1 << 4;
+/// `kestrel_info.flags`: a zoned namespace (`kestrel_get_zone_info` has its zones).
+pub const KESTREL_INFO_ZONED: u32 = 1 << 5;
 /// `kestrel_info.md_flags`: the metadata is interleaved with the data (extended LBAs).
 pub const KESTREL_MD_EXTENDED: u8 = 1 << 0;
 /// `kestrel_info.md_flags`: the PI is the first 8 bytes of the metadata (else the last).
@@ -78,7 +95,7 @@ pub const KESTREL_MD_PI_FIRST: u8 = 1 << 1;
 pub const KESTREL_MD_REQUIRED: u8 = 1 << 2;
 /// `kestrel_iocb.flags`: the read or write carries metadata (`md_buf`, or interleaved in
 /// `buf` for extended LBAs).
-pub const KESTREL_IOCB_MD: u16 = 1 << 0;
+pub const KESTREL_IOCB_MD: u16 = 1 << 1;
 
 /// Bytes of `kestrel_info.name`, NUL included.
 pub const KESTREL_NAME_LEN: usize = 64;
@@ -182,6 +199,24 @@ pub struct KestrelEvent {
     pub cancel: u8,
     /// Zero.
     pub reserved: [u8; 2],
+    /// The command specific result: for a zone append, the LBA written; 0 otherwise.
+    pub value: u64,
+}
+
+/// `struct kestrel_zone_info`: the zones of a zoned namespace.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KestrelZoneInfo {
+    /// Zone size in blocks.
+    pub zone_size_blocks: u64,
+    /// Number of zones.
+    pub zones: u64,
+    /// The largest zone append in bytes (ZASL).
+    pub zasl_bytes: u64,
+    /// Maximum open zones; 0: no limit.
+    pub max_open: u32,
+    /// Maximum active zones; 0: no limit.
+    pub max_active: u32,
 }
 
 /// `struct kestrel_open_params`: how [`super::kestrel_open_params`] opens a target.
@@ -245,7 +280,13 @@ const _: () = assert!(offset_of!(KestrelIocb, nsid) == 44);
 const _: () = assert!(offset_of!(KestrelIocb, opcode) == 48);
 const _: () = assert!(offset_of!(KestrelIocb, flags) == 50);
 const _: () = assert!(offset_of!(KestrelIocb, reserved) == 52);
-const _: () = assert!(size_of::<KestrelEvent>() == 24);
+const _: () = assert!(size_of::<KestrelEvent>() == 32);
+const _: () = assert!(offset_of!(KestrelEvent, value) == 24);
+const _: () = assert!(size_of::<KestrelZoneInfo>() == 32);
+const _: () = assert!(offset_of!(KestrelZoneInfo, zones) == 8);
+const _: () = assert!(offset_of!(KestrelZoneInfo, zasl_bytes) == 16);
+const _: () = assert!(offset_of!(KestrelZoneInfo, max_open) == 24);
+const _: () = assert!(offset_of!(KestrelZoneInfo, max_active) == 28);
 const _: () = assert!(offset_of!(KestrelEvent, res) == 8);
 const _: () = assert!(offset_of!(KestrelEvent, has_status) == 16);
 const _: () = assert!(offset_of!(KestrelEvent, sct) == 17);

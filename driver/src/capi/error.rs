@@ -72,7 +72,7 @@ pub enum CapiError {
         len: usize,
     },
     /// An unknown opcode.
-    #[error("iocb {index}: unknown opcode {opcode} (KESTREL_OP_READ .. KESTREL_OP_WRITEV)")]
+    #[error("iocb {index}: unknown opcode {opcode} (KESTREL_OP_READ .. KESTREL_OP_REPORT_ZONES)")]
     BadOpcode {
         /// Index in the batch.
         index: usize,
@@ -86,6 +86,12 @@ pub enum CapiError {
         what: &'static str,
         /// "0" or "NULL".
         want: &'static str,
+    },
+    /// A zoned call on a target that is not a zoned namespace.
+    #[error("{target} is not a zoned namespace")]
+    NotZoned {
+        /// The target's name.
+        target: String,
     },
     /// A panic inside the library (a bug), or a context left unusable by one.
     #[error("internal error: {0}; the context can only be destroyed")]
@@ -117,6 +123,7 @@ impl CapiError {
             }
             CapiError::Dma(DmaError::MapperFailed { .. }) => libc::EIO,
             CapiError::Dma(_) => libc::ENOMEM,
+            CapiError::NotZoned { .. } => libc::ENOTSUP,
             _ => libc::EINVAL,
         }
     }

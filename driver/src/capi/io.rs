@@ -13,7 +13,7 @@ use crate::aio::{
     Opcode,
 };
 use crate::hw::dma::{DmaBuf, DmaSlice};
-use crate::io::{IoMeta, MAX_SEGMENTS};
+use crate::io::{IoMeta, ZoneAction, MAX_SEGMENTS};
 
 use super::abi::*;
 use super::dma::{lookup, lookup_rest};
@@ -103,7 +103,7 @@ pub unsafe extern "C" fn kestrel_io_setup_params(
     )
 }
 
-fn opcode(index: usize, v: u16) -> Result<Opcode, CapiError> {
+fn opcode(index: usize, v: u16, flags: u16) -> Result<Opcode, CapiError> {
     Ok(match v {
         KESTREL_OP_READ => Opcode::Read,
         KESTREL_OP_WRITE => Opcode::Write,
@@ -112,6 +112,17 @@ fn opcode(index: usize, v: u16) -> Result<Opcode, CapiError> {
         KESTREL_OP_DISCARD => Opcode::Discard,
         KESTREL_OP_READV => Opcode::Readv,
         KESTREL_OP_WRITEV => Opcode::Writev,
+        KESTREL_OP_ZONE_APPEND => Opcode::ZoneAppend,
+        KESTREL_OP_REPORT_ZONES => Opcode::ReportZones,
+        KESTREL_OP_ZONE_OPEN..=KESTREL_OP_ZONE_RESET => Opcode::ZoneSend {
+            action: match v {
+                KESTREL_OP_ZONE_OPEN => ZoneAction::Open,
+                KESTREL_OP_ZONE_CLOSE => ZoneAction::Close,
+                KESTREL_OP_ZONE_FINISH => ZoneAction::Finish,
+                _ => ZoneAction::Reset,
+            },
+            all: flags == KESTREL_IOCB_ZONE_ALL,
+        },
         _ => return Err(CapiError::BadOpcode { index, opcode: v }),
     })
 }
@@ -128,14 +139,21 @@ unsafe fn convert(
     bufs: &BTreeMap<usize, DmaBuf>,
     bounce: bool,
 ) -> Result<Iocb, CapiError> {
-    if c.flags & !KESTREL_IOCB_MD != 0 || c.reserved != 0 {
+    // Zone open, close, finish and reset may say Select All; every other operation may
+    // say it carries metadata (refused later where it cannot).
+    let allowed = if (KESTREL_OP_ZONE_OPEN..=KESTREL_OP_ZONE_RESET).contains(&c.opcode) {
+        KESTREL_IOCB_ZONE_ALL
+    } else {
+        KESTREL_IOCB_MD
+    };
+    if c.flags & !allowed != 0 || c.reserved != 0 {
         return Err(CapiError::MustBeZero {
-            what: "iocb.flags other than KESTREL_IOCB_MD, and iocb.reserved",
+            what: "iocb.flags (but KESTREL_IOCB_ZONE_ALL on a zone open, close, finish or reset, KESTREL_IOCB_MD elsewhere) and iocb.reserved",
             want: "0",
         });
     }
     let kestrel_meta = iocb_meta(c, bufs)?;
-    let op = opcode(index, c.opcode)?;
+    let op = opcode(index, c.opcode, c.flags)?;
     let len = usize::try_from(c.len)
         .ok()
         .filter(|&l| l <= isize::MAX as usize)
@@ -147,12 +165,15 @@ unsafe fn convert(
     let buf = match op {
         // SAFETY: the caller's contract.
         Opcode::Read | Opcode::Write => unsafe { one_buf(c, len, bufs, bounce) }?,
+        // SAFETY: the caller's contract. Zoned data goes through DMA memory only.
+        Opcode::ZoneAppend | Opcode::ReportZones => unsafe { one_buf(c, len, bufs, false) }?,
         // SAFETY: the caller's contract.
         Opcode::Readv | Opcode::Writev => unsafe { segments(c, bufs) }?,
-        Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard => {
+        Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard | Opcode::ZoneSend { .. } => {
             if !c.buf.is_null() || !c.iov.is_null() {
                 return Err(CapiError::MustBeZero {
-                    what: "iocb.buf and iocb.iov of a flush, write-zeroes or discard",
+                    what:
+                        "iocb.buf and iocb.iov of a flush, write-zeroes, discard or zone management",
                     want: "NULL",
                 });
             }
@@ -367,6 +388,7 @@ pub unsafe extern "C" fn kestrel_io_submit(
 fn to_c_event(e: &Event) -> KestrelEvent {
     let mut k = KestrelEvent {
         user_data: e.user_data,
+        value: e.value,
         res: match e.res {
             Ok(n) => n as i64,
             Err(err) => -(err.errno() as i64),

@@ -41,7 +41,7 @@ pub use io::{
 };
 pub use open::{
     kestrel_abi_version, kestrel_block_size, kestrel_capacity, kestrel_close, kestrel_get_info,
-    kestrel_open, kestrel_open_params,
+    kestrel_get_zone_info, kestrel_open, kestrel_open_params,
 };
 pub use reactor::{kestrel_reactor_io_setup, kestrel_reactor_start, kestrel_reactor_stop};
 

@@ -152,7 +152,8 @@ fn info_of(t: &dyn Target) -> KestrelInfo {
             | flag(i.deallocate, KESTREL_INFO_DISCARD)
             | flag(i.deallocate_reads_zeroes, KESTREL_INFO_DISCARD_ZEROES)
             | flag(i.flush, KESTREL_INFO_FLUSH)
-            | flag(i.read_only, KESTREL_INFO_READ_ONLY),
+            | flag(i.read_only, KESTREL_INFO_READ_ONLY)
+            | flag(i.zones.is_some(), KESTREL_INFO_ZONED),
         md_size: i.metadata.map_or(0, |m| m.ms),
         pi_type: i.metadata.map_or(0, |m| m.pi_type),
         md_flags: i.metadata.map_or(0, |m| {
@@ -162,6 +163,39 @@ fn info_of(t: &dyn Target) -> KestrelInfo {
         }),
         name,
     }
+}
+
+/// `int kestrel_get_zone_info(const kestrel_t *k, struct kestrel_zone_info *out)`: the
+/// zones of a zoned namespace; `-ENOTSUP` for any other target.
+///
+/// # Safety
+/// `k` is from `kestrel_open`; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kestrel_get_zone_info(
+    k: *const KestrelHandle,
+    out: *mut KestrelZoneInfo,
+) -> c_int {
+    guard(
+        || {
+            // SAFETY: the caller's contract.
+            let h = unsafe { shared(k, "k") }?;
+            // SAFETY: the caller's contract.
+            let out = unsafe { out_ptr(out, "out") }?;
+            let info = h.inner.target.info();
+            let z = info.zones.ok_or_else(|| CapiError::NotZoned {
+                target: info.name.clone(),
+            })?;
+            *out = KestrelZoneInfo {
+                zone_size_blocks: z.zone_size,
+                zones: z.zones,
+                zasl_bytes: z.zasl_bytes,
+                max_open: z.max_open.unwrap_or(0),
+                max_active: z.max_active.unwrap_or(0),
+            };
+            Ok(0)
+        },
+        || {},
+    )
 }
 
 /// `int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out)`.

@@ -141,9 +141,8 @@ impl Zones {
         }
         let zone = self.zones[z];
         let lba = if append { zone.wp } else { slba };
-        if lba + nlb as u64 > self.end(z) {
-            return Err(Status::ZONE_BOUNDARY_ERROR.with_dnr(true));
-        }
+        // The zone's state first, then the write pointer, then the boundary: the order of
+        // QEMU's model, so a Zone Append to a Full zone is Zone Is Full.
         match zone.state {
             ZoneState::Full => return Err(Status::ZONE_IS_FULL.with_dnr(true)),
             ZoneState::ReadOnly => return Err(Status::ZONE_IS_READ_ONLY.with_dnr(true)),
@@ -152,6 +151,9 @@ impl Zones {
         }
         if lba != zone.wp {
             return Err(Status::ZONE_INVALID_WRITE.with_dnr(true));
+        }
+        if lba + nlb as u64 > self.end(z) {
+            return Err(Status::ZONE_BOUNDARY_ERROR.with_dnr(true));
         }
         let close = self.open_room(z)?;
         Ok(ZoneWrite {

@@ -40,7 +40,8 @@ pub const MAX_DATA_SIZE: u32 = 4096;
 /// What the driver supports, for messages.
 pub const SUPPORTED: &str = "kestrel does i/o only to namespaces of the NVM Command Set with \
     an lba data size of 512 to 4096 bytes, any metadata (separate or extended) and, within \
-    it, protection information of type 1, 2 or 3 with a 16-bit guard";
+    it, protection information of type 1, 2 or 3 with a 16-bit guard, and to zoned namespaces \
+    (Zoned Namespace Command Set) of such a size without metadata";
 
 /// What every Read, Write and Write Zeroes to a namespace carries for its metadata and
 /// protection information.
@@ -216,7 +217,14 @@ pub struct UnsupportedFormat {
 /// Checks that the driver implements `format`; the error says what it does not.
 pub fn check(nsid: u32, format: &NsFormat) -> Result<(), UnsupportedFormat> {
     let mut why: Vec<String> = Vec::new();
-    if format.csi != csi::NVM {
+    let zoned = format.csi == csi::ZONED;
+    if zoned && (format.ms != 0 || format.pi_type != 0) {
+        why.push(format!(
+            "a zoned namespace with metadata (ms {}, dps {:#04x}) is not implemented: only \
+             zoned namespaces without metadata are",
+            format.ms, format.dps
+        ));
+    } else if format.csi != csi::NVM && !zoned {
         why.push(format!(
             "the {} (csi {:#04x}) is not implemented",
             csi::name(format.csi),
@@ -286,6 +294,10 @@ mod tests {
         }
         // FLBAS bit 4 means nothing without metadata.
         assert_eq!(check(1, &fmt(12, 0, true, 0, csi::NVM)), Ok(()));
+        // Zoned namespaces without metadata.
+        for lbads in [9, 12] {
+            assert_eq!(check(1, &fmt(lbads, 0, false, 0, csi::ZONED)), Ok(()));
+        }
     }
 
     #[test]
@@ -390,8 +402,8 @@ mod tests {
                 &["in 4 bytes of metadata is invalid"],
             ),
             (
-                fmt(12, 0, false, 0, csi::ZONED),
-                &["Zoned Namespace Command Set (csi 0x02)"],
+                fmt(12, 8, false, 1, csi::ZONED),
+                &["a zoned namespace with metadata (ms 8, dps 0x01)"],
             ),
             (
                 fmt(12, 0, false, 0, csi::KEY_VALUE),

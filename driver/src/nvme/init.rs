@@ -2,9 +2,11 @@
 //! the layer's error that names them; one step function, [`Bringup::step`]),
 //! as in SPDK's `nvme_ctrlr.c` and the spec's section 3.5.1 ("Memory-based Controller
 //! Initialization"): read CAP/VS → disable (CC.EN = 0, wait CSTS.RDY = 0) → program
-//! AQA/ASQ/ACQ → write CC (IOSQES = 6, IOCQES = 4, MPS = 4 KiB, CSS = NVM) → enable → wait
-//! CSTS.RDY = 1 within CAP.TO × 500 ms → Identify Controller → Set Features (Number of
-//! Queues) → identify the active namespaces → Doorbell Buffer Config when offered. A timeout
+//! AQA/ASQ/ACQ → write CC (IOSQES = 6, IOCQES = 4, MPS = 4 KiB, CSS = all I/O command sets
+//! when CAP.CSS offers them, else NVM) → enable → wait CSTS.RDY = 1 within CAP.TO × 500 ms →
+//! Identify Controller → Set Features (Number of Queues) → identify the active namespaces
+//! (with the Zoned Namespace Identify data for zoned ones) → Doorbell Buffer Config when
+//! offered. A timeout
 //! or CSTS.CFS stops bring-up with an error naming the state.
 //!
 //! A controller reset runs the same machine from [`InitState::Disable`] with what the first
@@ -16,8 +18,10 @@ use std::time::{Duration, Instant};
 
 use crate::hw::dma::DmaPool;
 use crate::hw::mmio::Bar;
+use crate::io::ZoneGeometry;
 use crate::spec::identify::parse_active_ns_list;
-use crate::spec::regs::shutdown;
+use crate::spec::regs::{css, shutdown};
+use crate::spec::zns::{IdentifyNsZoned, ID_CTRL_ZONED_ZASL, NO_LIMIT};
 use crate::spec::{
     cns, csi, Aqa, Cap, Cc, Cqe, IdentifyController, IdentifyNamespace, NsFormat, NsIdDescriptors,
     Sqe, Vs, IDENTIFY_SIZE,
@@ -89,6 +93,9 @@ pub struct NsInfo {
     /// What each Read, Write and Write Zeroes carries for the protection information
     /// (PRACT, checks, reference tag; none without PI). See [`crate::nvme::format`].
     pub protection: super::format::IoProtection,
+    /// The zone geometry of a zoned namespace (Zoned Namespace Command Set) the driver
+    /// serves; `None` for every other namespace.
+    pub zones: Option<ZoneGeometry>,
 }
 
 impl NsInfo {
@@ -126,6 +133,9 @@ pub(super) struct Learned {
     pub max_command_bytes: u64,
     /// The shadow doorbell pages, when Doorbell Buffer Config was accepted.
     pub shadow: Option<Arc<ShadowPages>>,
+    /// ZASL of the zoned Identify Controller (CNS 06h, CSI 02h), read with the first zoned
+    /// namespace: `Some(Err)` when the controller refused it.
+    pub zasl: Option<Result<u8, String>>,
 }
 
 /// The admin queue bring-up works with: allocated by the first bring-up, the controller's
@@ -322,11 +332,18 @@ impl<'a> Bringup<'a> {
     }
 
     fn enable(&mut self) -> Result<(), CtrlrError> {
+        // All I/O command sets when the controller offers the choice (CAP.CSS bit 6): the
+        // commands of the Zoned Namespace Command Set need it; NVM namespaces behave the same.
+        let sets = if self.learned.cap.css() & css::CAP_IO_COMMAND_SETS != 0 {
+            css::CC_ALL_IO
+        } else {
+            css::CC_NVM
+        };
         let cc = Cc::default()
             .with_iosqes(6)
             .with_iocqes(4)
             .with_mps(0)
-            .with_css(0)
+            .with_css(sets)
             .with_ams(0)
             .with_shn(0);
         self.bar.set_cc(cc);
@@ -411,24 +428,15 @@ impl<'a> Bringup<'a> {
             Err(e) => return Err(e),
         };
         let mut format = NsFormat::of(&ns, csi);
-        // The guard's size: a controller with extended LBA formats (CTRATT.ELBAS) says in
-        // the NVM Command Set Identify Namespace whether the PI has a 16-, 32- or 64-bit
-        // guard; only the first is implemented, so a protected namespace whose PIF cannot be
-        // read is treated as not 16-bit (refused).
-        if format.pi_type != 0 && csi == csi::NVM && self.learned.identify.extended_lba_formats() {
-            format.pif = match self.admin(
-                Sqe::identify_csi(cns::NAMESPACE_CSI, nsid, csi::NVM, 0),
-                Some(&mut *buf),
-            ) {
-                Ok(_) => crate::spec::identify::nvm_elbaf_pif(
-                    (&*buf).try_into().expect("4096 bytes"),
-                    format.lbaf_index as usize,
-                ),
-                Err(CtrlrError::AdminCommand { .. }) => 3,
-                Err(e) => return Err(e),
-            };
+        format.pif = self.guard_format(nsid, &format, buf)?;
+        let mut unsupported = super::format::check(nsid, &format).err();
+        let mut zones = None;
+        if unsupported.is_none() && csi == csi::ZONED {
+            match self.zone_geometry(nsid, &ns, &format, buf)? {
+                Ok(z) => zones = Some(z),
+                Err(why) => unsupported = Some(UnsupportedFormat { nsid, format, why }),
+            }
         }
-        let unsupported = super::format::check(nsid, &format).err();
         let protection = match unsupported {
             None => super::format::IoProtection::of(&format),
             Some(_) => super::format::IoProtection::NONE,
@@ -447,6 +455,110 @@ impl<'a> Bringup<'a> {
             format,
             unsupported,
             protection,
+            zones,
+        }))
+    }
+
+    /// The guard's size (PIF) of namespace `nsid`'s format: a controller with extended LBA
+    /// formats (CTRATT.ELBAS) says in the NVM Command Set Identify Namespace whether the
+    /// PI has a 16-, 32- or 64-bit guard; only the first is implemented, so a protected
+    /// namespace whose PIF cannot be read is treated as not 16-bit (refused). 0 without PI
+    /// or without extended LBA formats.
+    fn guard_format(
+        &mut self,
+        nsid: u32,
+        format: &NsFormat,
+        buf: &mut [u8],
+    ) -> Result<u8, CtrlrError> {
+        if format.pi_type == 0
+            || format.csi != csi::NVM
+            || !self.learned.identify.extended_lba_formats()
+        {
+            return Ok(format.pif);
+        }
+        match self.admin(
+            Sqe::identify_csi(cns::NAMESPACE_CSI, nsid, csi::NVM, 0),
+            Some(&mut *buf),
+        ) {
+            Ok(_) => Ok(crate::spec::identify::nvm_elbaf_pif(
+                (&*buf).try_into().expect("4096 bytes"),
+                format.lbaf_index as usize,
+            )),
+            Err(CtrlrError::AdminCommand { .. }) => Ok(3),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The zone geometry of zoned namespace `nsid`: its zoned Identify Namespace (CNS 05h)
+    /// and the controller's ZASL (CNS 06h, read once). `Ok(Err(why))`: the namespace
+    /// cannot be served.
+    fn zone_geometry(
+        &mut self,
+        nsid: u32,
+        ns: &IdentifyNamespace,
+        format: &NsFormat,
+        buf: &mut [u8],
+    ) -> Result<Result<ZoneGeometry, String>, CtrlrError> {
+        if self.learned.cap.css() & css::CAP_IO_COMMAND_SETS == 0 {
+            return Ok(Err(format!(
+                "the controller cannot be enabled with all i/o command sets (CAP.CSS {:#x} \
+                 lacks bit 6), so the zoned commands are not available",
+                self.learned.cap.css()
+            )));
+        }
+        if self.learned.zasl.is_none() {
+            let sqe = Sqe::identify_csi(cns::CONTROLLER_CSI, 0, csi::ZONED, 0);
+            self.learned.zasl = Some(match self.admin(sqe, Some(&mut *buf)) {
+                Ok(_) => Ok(buf[ID_CTRL_ZONED_ZASL]),
+                Err(CtrlrError::AdminCommand { status, .. }) => Err(format!(
+                    "the zoned identify controller (cns 06h, csi 02h) failed: {status}"
+                )),
+                Err(e) => return Err(e),
+            });
+        }
+        let zasl = match self.learned.zasl.clone().expect("read above") {
+            Ok(z) => z,
+            Err(why) => return Ok(Err(why)),
+        };
+        let sqe = Sqe::identify_csi(cns::NAMESPACE_CSI, nsid, csi::ZONED, 0);
+        match self.admin(sqe, Some(&mut *buf)) {
+            Ok(_) => {}
+            Err(CtrlrError::AdminCommand { status, .. }) => {
+                return Ok(Err(format!(
+                    "the zoned identify namespace (cns 05h, csi 02h) failed: {status}"
+                )))
+            }
+            Err(e) => return Err(e),
+        }
+        let z = IdentifyNsZoned::parse(
+            (&*buf).try_into().expect("4096 bytes"),
+            format.lbaf_index as usize,
+        );
+        if z.zsze == 0 || z.zsze > ns.nsze {
+            return Ok(Err(format!(
+                "the zone size (zsze {}) is zero or larger than the namespace ({} blocks)",
+                z.zsze, ns.nsze
+            )));
+        }
+        let limit = |v: u32| (v != NO_LIMIT).then(|| v.saturating_add(1));
+        let mdts = self.learned.max_command_bytes;
+        let zasl_bytes = if zasl == 0 {
+            mdts
+        } else {
+            let shift = 12 + u32::from(self.learned.cap.mpsmin()) + u32::from(zasl);
+            if shift >= 63 {
+                u64::MAX
+            } else {
+                1u64 << shift
+            }
+        };
+        Ok(Ok(ZoneGeometry {
+            zone_size: z.zsze,
+            zones: ns.nsze / z.zsze,
+            max_open: limit(z.mor),
+            max_active: limit(z.mar),
+            zasl_bytes,
+            zoc: z.zoc,
         }))
     }
 

@@ -20,11 +20,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::hw::dma::{DmaBuf, DmaError, DmaPool};
 use crate::spec::{Cqe, Sqe, Status};
 
-/// The dwords of a reaped completion entry that the driver uses (dword 1 is reserved).
+/// The dwords of a reaped completion entry.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Reaped {
     /// Dword 0: the command-specific result.
     pub dw0: u32,
+    /// Dword 1: the command-specific result, continued (Zone Append: the high 32 bits of
+    /// the LBA written).
+    pub dw1: u32,
     /// Dword 2: SQ Head Pointer (15:0) and SQ Identifier (31:16).
     pub dw2: u32,
     /// Dword 3: CID (15:0), phase (16), status (31:17).
@@ -32,6 +35,11 @@ pub struct Reaped {
 }
 
 impl Reaped {
+    /// The command specific result: Dword 0 in the low 32 bits, Dword 1 in the high ones.
+    #[inline]
+    pub fn value(&self) -> u64 {
+        u64::from(self.dw0) | u64::from(self.dw1) << 32
+    }
     /// The command identifier.
     #[inline]
     pub fn cid(&self) -> u16 {
@@ -54,7 +62,7 @@ impl Reaped {
     }
     /// The whole entry.
     pub fn to_cqe(self) -> Cqe {
-        Cqe::from_dwords(self.dw0, 0, self.dw2, self.dw3)
+        Cqe::from_dwords(self.dw0, self.dw1, self.dw2, self.dw3)
     }
 }
 
@@ -132,11 +140,26 @@ impl RingPair {
     /// (fewer than `depth` entries outstanding).
     #[inline]
     pub fn push(&mut self, sqe: &Sqe) {
+        self.push_qwords(sqe.to_qwords());
+    }
+
+    /// Places the SQE whose eight quadwords (bytes 0..8, 8..16, ...; see
+    /// [`Sqe::to_qwords`]) are `q` at the tail and moves the tail on: eight volatile
+    /// 8-byte stores straight into the slot, so a command built in registers is written
+    /// once, in place, with no copy on the stack. The caller knows the slot is free.
+    #[inline]
+    pub fn push_qwords(&mut self, q: [u64; 8]) {
         let slot = self.sq_tail;
         assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
-        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`;
-        // see the module doc for why the controller is not reading it now.
-        unsafe { self.sq.as_ptr().add(slot as usize).write_volatile(*sqe) };
+        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`
+        // (page aligned, so every quadword is 8-byte aligned); see the module doc for why
+        // the controller is not reading it now.
+        unsafe {
+            let p = self.sq.as_ptr().add(slot as usize).cast::<u64>();
+            for (i, v) in q.into_iter().enumerate() {
+                p.add(i).write_volatile(v.to_le());
+            }
+        }
         self.sq_tail = if slot + 1 == self.depth { 0 } else { slot + 1 };
     }
 
@@ -144,24 +167,38 @@ impl RingPair {
     /// (flipping the phase at the end of the ring).
     #[inline]
     pub fn pop(&mut self) -> Option<Reaped> {
-        let dw3 = self.cq_dw3(self.cq_head);
+        let head = self.cq_head;
+        assert!(head < self.depth, "cq slot {head} out of {}", self.depth);
+        // SAFETY: head < depth, so the 16-byte entry is inside the CQ memory held by
+        // `mem` (4-byte aligned: the ring is page aligned).
+        let p = unsafe { self.cq.as_ptr().add(head as usize).cast::<u32>() };
+        // SAFETY: dword 3 of the entry, inside the CQ memory (above); the controller
+        // writes it concurrently, which an atomic load allows.
+        let dw3 = unsafe { AtomicU32::from_ptr(p.add(3)) };
+        // Acquire: pairs with the controller's write of the entry (a release store in the
+        // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
+        // this are those of the same completion.
+        let dw3 = dw3.load(Ordering::Acquire);
         if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
             return None;
         }
-        // SAFETY: cq_head < depth (checked in `cq_dw3`), so the entry is inside the CQ
-        // memory held by `mem`; the acquire load of its dword 3 ordered these reads after
-        // the controller's writes, and it will not rewrite the slot before we move the
-        // head doorbell past it.
-        let (dw0, dw2) = unsafe {
-            let p = self.cq.as_ptr().add(self.cq_head as usize).cast::<u32>();
-            (p.read_volatile(), p.add(2).read_volatile())
+        // SAFETY: the entry is inside the CQ memory (above); the acquire load of its dword
+        // 3 ordered these reads after the controller's writes, and it will not rewrite the
+        // slot before we move the head doorbell past it.
+        let (dw0, dw1, dw2) = unsafe {
+            (
+                p.read_volatile(),
+                p.add(1).read_volatile(),
+                p.add(2).read_volatile(),
+            )
         };
-        self.cq_head += 1;
-        if self.cq_head == self.depth {
+        if head + 1 == self.depth {
             self.cq_head = 0;
             self.cq_phase = !self.cq_phase;
+        } else {
+            self.cq_head = head + 1;
         }
-        Some(Reaped { dw0, dw2, dw3 })
+        Some(Reaped { dw0, dw1, dw2, dw3 })
     }
 
     /// Whether the entry at the CQ head is new (its phase tag says so), without taking it.

@@ -335,45 +335,57 @@ fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
             return Err(format!("+{a}: {key} is given twice"));
         }
         seen.push(key);
-        match key {
-            "lba" => n.lba = Some(if a == "512" { 512 } else { 4096 }),
-            "md" => match attr_number(a, "md", MAX_EMU_METADATA as u64)? {
-                0 => return Err("+md0: metadata needs at least 1 byte (leave +md out for none)".into()),
-                m => n.ms = m as u16,
-            },
-            "ext" if a == "ext" => n.extended = true,
-            "pi" => match attr_number(a, "pi", 3)? {
-                0 => return Err("+pi0: protection types are 1, 2 and 3 (leave +pi out for none)".into()),
-                t => n.pi_type = t as u8,
-            },
-            "pifirst" if a == "pifirst" => n.pi_first = true,
-            "guard" => {
-                n.pif = match attr_number(a, "guard", 64)? {
-                    16 => 0,
-                    32 => 1,
-                    64 => 2,
-                    _ => return Err(format!("+{a}: the guard is 16, 32 or 64 bits")),
-                }
-            }
-            "zoned" if a == "zoned" => n.zoned = true,
-            "zone" => {
-                let z = parse_size(&a[4..]).map_err(|e| format!("+{a}: {e}"))?;
-                if z == 0 {
-                    return Err(format!("+{a}: a zone needs at least one block"));
-                }
-                n.zone_size = Some(z);
-                n.zoned = true;
-            }
-            "open" => n.max_open = attr_number(a, "open", u32::MAX as u64)? as u32,
-            "active" => n.max_active = attr_number(a, "active", u32::MAX as u64)? as u32,
-            "csi" => n.csi = Some(attr_number(a, "csi", 255)? as u8),
-            _ => {
-                return Err(format!(
-                    "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, guard16, guard32, guard64, zoned, zoneSIZE, openN, activeN, csiN)"
-                ))
+        ns_attribute(&mut n, a, key)?;
+    }
+    check_ns(&n)?;
+    Ok(n)
+}
+
+/// One `+attribute` of a namespace, its `key` (the word without its number).
+fn ns_attribute(n: &mut EmuNsSpec, a: &str, key: &str) -> Result<(), String> {
+    match key {
+        "lba" => n.lba = Some(if a == "512" { 512 } else { 4096 }),
+        "md" => match attr_number(a, "md", MAX_EMU_METADATA as u64)? {
+            0 => return Err("+md0: metadata needs at least 1 byte (leave +md out for none)".into()),
+            m => n.ms = m as u16,
+        },
+        "ext" if a == "ext" => n.extended = true,
+        "pi" => match attr_number(a, "pi", 3)? {
+            0 => return Err("+pi0: protection types are 1, 2 and 3 (leave +pi out for none)".into()),
+            t => n.pi_type = t as u8,
+        },
+        "pifirst" if a == "pifirst" => n.pi_first = true,
+        "guard" => {
+            n.pif = match attr_number(a, "guard", 64)? {
+                16 => 0,
+                32 => 1,
+                64 => 2,
+                _ => return Err(format!("+{a}: the guard is 16, 32 or 64 bits")),
             }
         }
+        "zoned" if a == "zoned" => n.zoned = true,
+        "zone" => {
+            let z = parse_size(&a[4..]).map_err(|e| format!("+{a}: {e}"))?;
+            if z == 0 {
+                return Err(format!("+{a}: a zone needs at least one block"));
+            }
+            n.zone_size = Some(z);
+            n.zoned = true;
+        }
+        "open" => n.max_open = attr_number(a, "open", u32::MAX as u64)? as u32,
+        "active" => n.max_active = attr_number(a, "active", u32::MAX as u64)? as u32,
+        "csi" => n.csi = Some(attr_number(a, "csi", 255)? as u8),
+        _ => {
+            return Err(format!(
+                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, guard16, guard32, guard64, zoned, zoneSIZE, openN, activeN, csiN)"
+            ))
+        }
     }
+    Ok(())
+}
+
+/// The attributes of a namespace agree with each other and with its size.
+fn check_ns(n: &EmuNsSpec) -> Result<(), String> {
     let lba = n.lba.unwrap_or(4096) as u64;
     if n.extended && n.ms == 0 {
         return Err("+ext: an extended lba needs metadata (add +md8, for example)".into());
@@ -403,20 +415,22 @@ fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
         ));
     }
     if let Some(lba) = n.lba {
-        if size % lba as u64 != 0 {
+        if n.size % lba as u64 != 0 {
             return Err(format!(
-                "{size} bytes is not a whole number of {lba}-byte blocks"
+                "{} bytes is not a whole number of {lba}-byte blocks",
+                n.size
             ));
         }
     }
     if let Some(z) = n.zone_size {
-        if size % z != 0 || (n.lba.is_some() && z % lba != 0) {
+        if n.size % z != 0 || (n.lba.is_some() && z % lba != 0) {
             return Err(format!(
-                "a zone of {z} bytes must be a whole number of {lba}-byte blocks and divide the namespace size ({size} bytes)"
+                "a zone of {z} bytes must be a whole number of {lba}-byte blocks and divide the namespace size ({} bytes)",
+                n.size
             ));
         }
     }
-    Ok(n)
+    Ok(())
 }
 
 fn parse_emu(opts: &str) -> Result<EmuSpec, String> {
@@ -563,263 +577,4 @@ pub fn parse_target(input: &str) -> Result<TargetSpec, ParseError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn targets() {
-        assert_eq!(parse_target("emu"), Ok(TargetSpec::Emu(EmuSpec::default())));
-        assert_eq!(
-            parse_target("emu:"),
-            Ok(TargetSpec::Emu(EmuSpec::default()))
-        );
-        for s in [
-            "pci:0000:01:00.0",
-            "01:00.0",
-            "pci:0:1:0.0",
-            " pci:0000:01:00.0 ",
-        ] {
-            assert_eq!(
-                parse_target(s),
-                Ok(TargetSpec::Pci {
-                    bdf: "0000:01:00.0".into(),
-                    nsid: None
-                }),
-                "{s}"
-            );
-        }
-        assert_eq!(
-            parse_target("file:/tmp/x.img,size=1G,direct=off"),
-            Ok(TargetSpec::File(FileSpec {
-                path: "/tmp/x.img".into(),
-                size: Some(1 << 30),
-                direct: Some(false)
-            }))
-        );
-        assert_eq!(
-            parse_target("file:/dev/nvme0n1"),
-            Ok(TargetSpec::File(FileSpec {
-                path: "/dev/nvme0n1".into(),
-                size: None,
-                direct: None
-            }))
-        );
-        // Options in any order, faults among them (its grammar has no comma).
-        let e = parse_target(
-            "emu:size=64M,lba=512,namespaces=2,faults=status/read/read-error/1%+seed/7,latency=1.5us,store=null,mdts=5,queues=8,core=1",
-        )
-        .unwrap();
-        assert_eq!(
-            e,
-            TargetSpec::Emu(EmuSpec {
-                size: Some(64 << 20),
-                lba: Some(512),
-                namespaces: Some(2),
-                latency: Some(Duration::from_nanos(1500)),
-                store: Some(StoreSpec::Null),
-                mdts: Some(5),
-                queues: Some(8),
-                core: Some(CoreSpec::Core(1)),
-                faults: Some("status/read/read-error/1%+seed/7".into()),
-                ..Default::default()
-            })
-        );
-        assert_eq!(
-            parse_target("emu:store=/tmp/s.img,core=none"),
-            Ok(TargetSpec::Emu(EmuSpec {
-                store: Some(StoreSpec::File("/tmp/s.img".into())),
-                core: Some(CoreSpec::None),
-                ..Default::default()
-            }))
-        );
-    }
-
-    #[test]
-    fn namespace_definitions_and_selection() {
-        let TargetSpec::Emu(e) = parse_target(
-            "emu:lba=512,ns=256M+4096+md8+pi1,ns=64M,ns=32M+md16+ext+pi3+pifirst,ns=1G+4096+zoned+zone64M+open4+active8,ns=4M+csi1/ns=2",
-        )
-        .unwrap() else {
-            panic!("not emu")
-        };
-        assert_eq!(e.nsid, Some(2));
-        assert_eq!(e.lba, Some(512));
-        let base = EmuNsSpec {
-            size: 0,
-            lba: None,
-            ms: 0,
-            extended: false,
-            pi_type: 0,
-            pi_first: false,
-            pif: 0,
-            zoned: false,
-            zone_size: None,
-            max_open: 0,
-            max_active: 0,
-            csi: None,
-        };
-        assert_eq!(
-            e.ns,
-            vec![
-                EmuNsSpec {
-                    size: 256 << 20,
-                    lba: Some(4096),
-                    ms: 8,
-                    pi_type: 1,
-                    ..base.clone()
-                },
-                EmuNsSpec {
-                    size: 64 << 20,
-                    ..base.clone()
-                },
-                EmuNsSpec {
-                    size: 32 << 20,
-                    ms: 16,
-                    extended: true,
-                    pi_type: 3,
-                    pi_first: true,
-                    ..base.clone()
-                },
-                EmuNsSpec {
-                    size: 1 << 30,
-                    lba: Some(4096),
-                    zoned: true,
-                    zone_size: Some(64 << 20),
-                    max_open: 4,
-                    max_active: 8,
-                    ..base.clone()
-                },
-                EmuNsSpec {
-                    size: 4 << 20,
-                    csi: Some(1),
-                    ..base.clone()
-                },
-            ]
-        );
-        assert_eq!(e.ns[3].csi(), 2);
-        assert_eq!(e.ns[4].csi(), 1);
-        assert_eq!(e.ns[0].csi(), 0);
-        for (s, nsid) in [
-            ("pci:0000:01:00.0/ns=3", Some(3)),
-            ("01:00.0/ns=1", Some(1)),
-            ("pci:0000:01:00.0", None),
-        ] {
-            let t = parse_target(s).unwrap();
-            assert_eq!(
-                t,
-                TargetSpec::Pci {
-                    bdf: "0000:01:00.0".into(),
-                    nsid
-                },
-                "{s}"
-            );
-            assert_eq!(t.nsid(), nsid);
-        }
-        assert_eq!(
-            parse_target("pci:01:00.0/ns=7").unwrap().to_string(),
-            "pci:0000:01:00.0/ns=7"
-        );
-        assert_eq!(parse_target("emu/ns=1").unwrap().nsid(), Some(1));
-        assert_eq!(
-            parse_target("emu:namespaces=3/ns=3").unwrap().to_string(),
-            "emu/ns=3"
-        );
-        // A store path with "/ns=" in it that is not a namespace number stays a path.
-        assert_eq!(
-            parse_target("emu:store=/tmp/ns=a/x.img").unwrap(),
-            TargetSpec::Emu(EmuSpec {
-                store: Some(StoreSpec::File("/tmp/ns=a/x.img".into())),
-                ..Default::default()
-            })
-        );
-    }
-
-    #[test]
-    fn refuses_with_reasons_and_the_grammar() {
-        for (s, want) in [
-            ("emu:lba=1024", "512 and 4096"),
-            ("emu:size=4q", "invalid size"),
-            ("emu:size=0", "at least one block"),
-            ("emu:size=1000,lba=4096", "whole number of 4096-byte blocks"),
-            ("emu:namespaces=0", "1 to 64"),
-            ("emu:namespaces=65", "1 to 64"),
-            ("emu:size=1G,size=2G", "given twice"),
-            ("emu:bogus=1", "unknown option 'bogus'"),
-            ("emu:size", "has no value"),
-            ("emu:size=1G,,lba=512", "empty option"),
-            ("emu:latency=10", "a unit is required"),
-            ("emu:mdts=16", "0 (no limit) to 15"),
-            ("emu:core=4096", "0 to 4095"),
-            ("emu:faults=", "faults= is empty"),
-            ("emu:ns=", "starts with no size"),
-            ("emu:ns=0", "at least one block"),
-            ("emu:ns=1M+1024", "unknown attribute '+1024'"),
-            ("emu:ns=1M+md0", "at least 1 byte"),
-            ("emu:ns=1M+md257", "0 to 256"),
-            ("emu:ns=1M+mdx", "unknown attribute '+mdx'"),
-            ("emu:ns=1M+open", "open needs a number"),
-            ("emu:ns=1M+ext", "needs metadata"),
-            ("emu:ns=1M+md4+pi1", "at least 8 bytes of metadata"),
-            ("emu:ns=1M+md8+pi4", "0 to 3"),
-            ("emu:ns=1M+md8+pi0", "types are 1, 2 and 3"),
-            ("emu:ns=1M+pifirst", "needs a protection type"),
-            ("emu:ns=1M+open2", "only a zoned namespace"),
-            ("emu:ns=1M+zoned+open4+active2", "more open zones"),
-            ("emu:ns=1M+zone3M", "divide the namespace size"),
-            ("emu:ns=1M+zone0", "at least one block"),
-            ("emu:ns=1M+md8+md16", "md is given twice"),
-            ("emu:ns=1M+512+4096", "lba is given twice"),
-            ("emu:ns=1000+512", "whole number of 512-byte blocks"),
-            ("emu:ns=6K", "whole number of 4096-byte blocks"),
-            ("emu:ns=1M+csi256", "0 to 255"),
-            ("emu:ns=1M+bogus", "known: 512, 4096, mdN"),
-            ("emu:ns=1M,namespaces=2", "leave out namespaces= and size="),
-            ("emu:size=1M,ns=1M", "leave out namespaces= and size="),
-            ("emu:ns=1M,ns=1M/ns=3", "given 2 namespaces (nsid 1 to 2)"),
-            ("emu/ns=2", "given 1 namespace (nsid 1 to 1)"),
-            ("pci:0000:01:00.0/ns=0", "from 1 to 4294967294"),
-            ("pci:0000:01:00.0/ns=x", "from 1 to 4294967294"),
-            ("emu/ns=", "from 1 to 4294967294"),
-            ("file:", "needs a path"),
-            ("file:/x,direct=maybe", "on or off"),
-            ("file:/x,o_direct=on", "unknown option"),
-            ("file:/x,size=0", "at least one block"),
-            ("pci:zz", "not a PCI address"),
-            ("pci:00:1g.0", "not a PCI address"),
-            ("nvme0", "no known kind"),
-            ("", "it is empty"),
-        ] {
-            let e = parse_target(s).unwrap_err().to_string();
-            assert!(e.contains(want), "{s}: {e}");
-            assert!(e.contains(&format!("'{s}'")), "{s}: {e}");
-            assert!(e.contains("expected pci:"), "{s}: {e}");
-        }
-        let e = parse_target(&"x".repeat(MAX_SPEC_LEN + 1))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("longer than 4096 bytes"), "{e}");
-    }
-
-    #[test]
-    fn parsers_never_panic() {
-        // A cheap deterministic sweep over short strings of the interesting characters.
-        let alphabet = b"0129aAfkKMGiBx:.,-=[]eumfilpcsz\xc2\xb5";
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let len = (x % 12) as usize;
-            let bytes: Vec<u8> = (0..len)
-                .map(|i| alphabet[((x >> (i * 5)) as usize) % alphabet.len()])
-                .collect();
-            let s = String::from_utf8_lossy(&bytes);
-            let _ = parse_size(&s);
-            let _ = parse_duration(&s);
-            let _ = super::super::parse_cores(&s);
-            let _ = parse_bdf(&s);
-            let _ = parse_target(&s);
-            let _ = parse_target(&format!("emu:{s}"));
-        }
-    }
-}
+mod tests;

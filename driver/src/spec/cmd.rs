@@ -202,6 +202,23 @@ impl Sqe {
     pub const fn nlb(&self) -> u32 {
         (self.cdw12 & 0xFFFF) + 1
     }
+    /// The entry as its eight quadwords in order (bytes 0..8, 8..16, ...), each the
+    /// little-endian value of those bytes: CDW0 and NSID, CDW2 and CDW3, MPTR, PRP1, PRP2,
+    /// CDW10 and CDW11, CDW12 and CDW13, CDW14 and CDW15. How the rings write an entry.
+    #[inline]
+    pub fn to_qwords(&self) -> [u64; 8] {
+        let pair = |lo: u32, hi: u32| (lo as u64) | ((hi as u64) << 32);
+        [
+            pair(self.cdw0, self.nsid),
+            pair(self.cdw2, self.cdw3),
+            self.mptr,
+            self.prp1,
+            self.prp2,
+            pair(self.cdw10, self.cdw11),
+            pair(self.cdw12, self.cdw13),
+            pair(self.cdw14, self.cdw15),
+        ]
+    }
     /// The entry as little-endian bytes, as it sits in the submission queue.
     pub fn to_bytes(&self) -> [u8; 64] {
         let mut b = [0u8; 64];
@@ -491,6 +508,10 @@ mod tests {
         assert_eq!(b[0], nvm_opc::READ);
         assert_eq!(u16::from_le_bytes([b[2], b[3]]), 0xBEEF);
         assert_eq!(Sqe::from_bytes(&b), c);
+        let q = c.to_qwords();
+        for (i, v) in q.iter().enumerate() {
+            assert_eq!(&b[8 * i..8 * i + 8], &v.to_le_bytes(), "quadword {i}");
+        }
         assert_eq!(c.slba(), 0x1_2345_6789);
         assert_eq!(c.nlb(), 8);
         assert_eq!(c.cid(), 0xBEEF);

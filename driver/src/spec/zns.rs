@@ -326,6 +326,19 @@ impl IdentifyNsZoned {
 /// MDTS applies) in the zoned Identify Controller data structure (CNS 06h, CSI 02h).
 pub const ID_CTRL_ZONED_ZASL: usize = 0;
 
+/// The zone descriptors of a Report Zones answer in `buf` (header, then descriptors):
+/// those the header counts and the buffer holds, in order. Never panics.
+pub fn parse_report(buf: &[u8]) -> impl Iterator<Item = ZoneDescriptor> + '_ {
+    let nz = buf.get(..ZONE_DESCRIPTOR_SIZE).map_or(0, |h| {
+        ReportZonesHeader::from_bytes(h.try_into().expect("64 bytes")).nz
+    });
+    let room = (buf.len() / ZONE_DESCRIPTOR_SIZE).saturating_sub(1) as u64;
+    buf.chunks_exact(ZONE_DESCRIPTOR_SIZE)
+        .skip(1)
+        .take(nz.min(room) as usize)
+        .map(|d| ZoneDescriptor::from_bytes(d.try_into().expect("64 bytes")))
+}
+
 impl Sqe {
     /// Zone Append of `nlb` blocks (1..=65536) to the zone starting at `zslba`.
     pub fn zone_append(nsid: u32, zslba: u64, nlb: u32, prp1: u64, prp2: u64) -> Self {
@@ -406,6 +419,21 @@ mod tests {
         assert!(!ZoneState::Full.is_active());
         assert_eq!(zra::state(0x05), Some(ZoneState::Full));
         assert_eq!(zra::state(0x00), None);
+    }
+
+    #[test]
+    fn report_parsing_takes_what_header_and_buffer_allow() {
+        let mut b = vec![0u8; 4 * ZONE_DESCRIPTOR_SIZE];
+        b[..64].copy_from_slice(&ReportZonesHeader::new(5).to_bytes());
+        for i in 0..3u64 {
+            let d = ZoneDescriptor::new(ZoneState::Empty, i * 16, 16, i * 16);
+            b[64 * (i as usize + 1)..][..64].copy_from_slice(&d.to_bytes());
+        }
+        let got: Vec<_> = parse_report(&b).map(|d| d.zslba).collect();
+        assert_eq!(got, vec![0, 16, 32], "5 counted, room for 3");
+        b[..64].copy_from_slice(&ReportZonesHeader::new(1).to_bytes());
+        assert_eq!(parse_report(&b).count(), 1);
+        assert_eq!(parse_report(&b[..10]).count(), 0);
     }
 
     #[test]

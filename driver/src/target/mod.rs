@@ -47,6 +47,9 @@ pub struct TargetInfo {
     /// extended, protection information): reads and writes then carry an
     /// [`IoMeta`](crate::io::IoMeta) as the layout requires. `None`: no metadata.
     pub metadata: Option<crate::io::MetaLayout>,
+    /// The zone geometry of a zoned namespace (writes go at a zone's write pointer; Zone
+    /// Append, Zone Management and Report Zones apply); `None`: not zoned.
+    pub zones: Option<crate::io::ZoneGeometry>,
 }
 
 /// Options for a queue created on a target.
@@ -128,6 +131,13 @@ pub trait TargetQueue: Send {
     /// Queues one request. It goes to the device at the next [`TargetQueue::flush`] or
     /// [`TargetQueue::poll`] (batched doorbells); never blocks.
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError>;
+    /// As [`TargetQueue::submit`], reading the request where the caller keeps it: a
+    /// request is several hundred bytes (its segments are inline), and a caller that
+    /// keeps one per slot spares the copy. Targets that keep nothing of the request
+    /// (NVMe queue pairs) take it as it lies; the default copies it into `submit`.
+    fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.submit(*req)
+    }
     /// Makes submitted requests visible to the device (one doorbell write or one
     /// `io_uring_enter` for the whole batch).
     fn flush(&mut self);

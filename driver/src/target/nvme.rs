@@ -39,6 +39,7 @@ impl NvmeNamespace {
             flush: id.has_volatile_write_cache(),
             read_only: false,
             metadata: ns.protection.layout(),
+            zones: ns.zones,
         };
         let qpair_defaults = QpairOptions {
             timeout: ctrlr.io_timeout(),
@@ -88,7 +89,10 @@ impl Target for NvmeNamespace {
 
 impl TargetQueue for IoQpair {
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        IoQpair::submit(self, req)
+        IoQpair::submit_ref(self, &req)
+    }
+    fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        IoQpair::submit_ref(self, req)
     }
     fn flush(&mut self) {
         IoQpair::flush(self)

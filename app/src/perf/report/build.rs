@@ -156,6 +156,24 @@ impl Acc {
     }
 }
 
+/// Everything added up over the pollers.
+struct Totals {
+    /// Outcomes per target and in total.
+    per_target: Vec<OutcomeAcc>,
+    outcomes: OutcomeAcc,
+    /// Throughput and latency in total and per target.
+    total: Acc,
+    target_acc: Vec<Acc>,
+    /// Busy time over all pollers, and busy time per I/O.
+    busy_total: u64,
+    busy_hist: Histogram<u64>,
+    /// The longest window.
+    seconds: f64,
+    verify: VerifyJson,
+    /// The first failure of each poller and target.
+    errors: Vec<String>,
+}
+
 /// Builds the report. `names[i]` is target `i`'s name.
 pub fn build(
     cores: &[CoreResult],
@@ -163,68 +181,93 @@ pub fn build(
     config: serde_json::Value,
     mut targets: Vec<serde_json::Value>,
 ) -> (Report, Histogram<u64>) {
-    let mut per_target: Vec<OutcomeAcc> = names.iter().map(|_| OutcomeAcc::default()).collect();
-    let mut total_outcomes = OutcomeAcc::default();
-    let mut total = Acc::new();
-    let mut per_core = Vec::new();
-    let mut busy_total = 0u64;
-    let mut busy_hist = new_histogram();
-    let mut target_acc: Vec<Acc> = names.iter().map(|_| Acc::new()).collect();
-    let mut seconds = 0f64;
-    let mut verify = VerifyJson::default();
-    let mut errors = Vec::new();
-    for c in cores {
+    let mut t = Totals {
+        per_target: names.iter().map(|_| OutcomeAcc::default()).collect(),
+        outcomes: OutcomeAcc::default(),
+        total: Acc::new(),
+        target_acc: names.iter().map(|_| Acc::new()).collect(),
+        busy_total: 0,
+        busy_hist: new_histogram(),
+        seconds: 0.0,
+        verify: VerifyJson::default(),
+        errors: Vec::new(),
+    };
+    let per_core: Vec<CoreJson> = cores.iter().map(|c| t.add_core(c, names)).collect();
+    let busy_pct = if per_core.is_empty() {
+        0.0
+    } else {
+        (per_core.iter().map(|c| c.busy_pct).sum::<f64>() / per_core.len() as f64 * 10.0).round()
+            / 10.0
+    };
+    let target_outcomes: Vec<(String, OutcomesJson)> = names
+        .iter()
+        .zip(&t.per_target)
+        .map(|(n, acc)| (n.clone(), acc.json()))
+        .collect();
+    let target_totals: Vec<(String, TargetTotalJson)> = names
+        .iter()
+        .zip(&t.target_acc)
+        .map(|(n, acc)| (n.clone(), acc.target_total(t.seconds)))
+        .collect();
+    for ((tj, (_, o)), (_, tt)) in targets.iter_mut().zip(&target_outcomes).zip(&target_totals) {
+        if let Some(obj) = tj.as_object_mut() {
+            obj.insert(
+                "outcomes".into(),
+                serde_json::to_value(o).unwrap_or_default(),
+            );
+            obj.insert("total".into(), serde_json::to_value(tt).unwrap_or_default());
+        }
+    }
+    let outcomes = t.outcomes.json();
+    let mut report = Report {
+        config,
+        targets,
+        total: t.total_json(busy_pct),
+        transport: transport(&t.total.stats),
+        per_core,
+        verify: None,
+        io_errors: outcomes.failed(),
+        outcomes,
+        errors: std::mem::take(&mut t.errors),
+        warnings: Vec::new(),
+        conditions: Vec::new(),
+        placement: PlacementJson::default(),
+        progress: Vec::new(),
+        target_lines: Vec::new(),
+        show: Show::default(),
+        result: ResultJson::default(),
+        target_totals,
+        target_outcomes,
+    };
+    let all = t.total.all();
+    if all.clamped > 0 {
+        report.conditions.push(format!(
+            "{} I/Os took longer than the histograms' {} s bound: they count as {} s in the percentiles and histogram (avg, stdev and max are exact)",
+            all.clamped,
+            crate::perf::latency::LATENCY_MAX_NS / 1_000_000_000,
+            crate::perf::latency::LATENCY_MAX_NS / 1_000_000_000
+        ));
+    }
+    if config_verify(&report.config) {
+        report.verify = Some(t.verify);
+    }
+    (report, all.hist)
+}
+
+impl Totals {
+    /// Adds up one poller; returns its row of the per-core table.
+    fn add_core(&mut self, c: &CoreResult, names: &[String]) -> CoreJson {
         let secs = c.window_ns as f64 / 1e9;
-        seconds = seconds.max(secs);
+        self.seconds = self.seconds.max(secs);
         let mut core_acc = Acc::new();
         let mut rows = Vec::new();
         for (ti, t) in c.targets.iter().enumerate() {
             core_acc.add(t);
-            total.add(t);
-            if let Some(a) = target_acc.get_mut(ti) {
-                a.add(t);
-            }
-            let mut row_acc = Acc::new();
-            row_acc.add(t);
-            verify.blocks_checked += t.blocks_verified;
-            verify.mismatches += t.mismatches;
-            verify.readback_reads += t.readback_ios;
-            for m in &t.mismatch_list {
-                if verify.first_mismatches.len() < 16 {
-                    verify.first_mismatches.push(*m);
-                }
-            }
-            let mut row_outcomes = OutcomeAcc::default();
-            row_outcomes.add(t);
-            total_outcomes.add(t);
-            if let Some(acc) = per_target.get_mut(ti) {
-                acc.add(t);
-            }
-            let outcomes = row_outcomes.json();
-            if let Some(e) = &t.first_error {
-                errors.push(e.clone());
-            }
-            rows.push(CoreTargetJson {
-                target: ti,
-                name: names.get(ti).cloned().unwrap_or_default(),
-                ios: t.ios,
-                reads: t.reads,
-                writes: t.writes,
-                iops: rate(t.ios, secs),
-                mib_per_s: mib(t.bytes, secs),
-                latency_us: row_acc.latency(),
-                read: row_acc.op(0, secs),
-                write: row_acc.op(1, secs),
-                transport: transport(&t.stats),
-                lba_first: t.lba_range.0,
-                lba_count: t.lba_range.1,
-                io_errors: outcomes.failed(),
-                outcomes,
-            });
+            rows.push(self.add_row(ti, t, secs, names));
         }
-        busy_total += c.busy_ns;
-        let _ = busy_hist.add(&c.busy_per_io);
-        per_core.push(CoreJson {
+        self.busy_total += c.busy_ns;
+        let _ = self.busy_hist.add(&c.busy_per_io);
+        CoreJson {
             core: c.core,
             ios: core_acc.ios,
             seconds: secs,
@@ -252,38 +295,65 @@ pub fn build(
             first_syscall_nr: c.syscalls.and_then(|s| s.1),
             transport: transport(&core_acc.stats),
             targets: rows,
-        });
-    }
-    let busy_pct = if per_core.is_empty() {
-        0.0
-    } else {
-        (per_core.iter().map(|c| c.busy_pct).sum::<f64>() / per_core.len() as f64 * 10.0).round()
-            / 10.0
-    };
-    let target_outcomes: Vec<(String, OutcomesJson)> = names
-        .iter()
-        .zip(&per_target)
-        .map(|(n, acc)| (n.clone(), acc.json()))
-        .collect();
-    let target_totals: Vec<(String, TargetTotalJson)> = names
-        .iter()
-        .zip(&target_acc)
-        .map(|(n, acc)| (n.clone(), acc.target_total(seconds)))
-        .collect();
-    for ((tj, (_, o)), (_, tt)) in targets.iter_mut().zip(&target_outcomes).zip(&target_totals) {
-        if let Some(obj) = tj.as_object_mut() {
-            obj.insert(
-                "outcomes".into(),
-                serde_json::to_value(o).unwrap_or_default(),
-            );
-            obj.insert("total".into(), serde_json::to_value(tt).unwrap_or_default());
         }
     }
-    let outcomes = total_outcomes.json();
-    let report = Report {
-        config,
-        targets,
-        total: TotalJson {
+
+    /// Adds up one poller's results on target `ti`; returns their row.
+    fn add_row(
+        &mut self,
+        ti: usize,
+        t: &TargetResult,
+        secs: f64,
+        names: &[String],
+    ) -> CoreTargetJson {
+        self.total.add(t);
+        if let Some(a) = self.target_acc.get_mut(ti) {
+            a.add(t);
+        }
+        let mut row_acc = Acc::new();
+        row_acc.add(t);
+        let verify = &mut self.verify;
+        verify.blocks_checked += t.blocks_verified;
+        verify.mismatches += t.mismatches;
+        verify.readback_reads += t.readback_ios;
+        for m in &t.mismatch_list {
+            if verify.first_mismatches.len() < 16 {
+                verify.first_mismatches.push(*m);
+            }
+        }
+        let mut row_outcomes = OutcomeAcc::default();
+        row_outcomes.add(t);
+        self.outcomes.add(t);
+        if let Some(acc) = self.per_target.get_mut(ti) {
+            acc.add(t);
+        }
+        let outcomes = row_outcomes.json();
+        if let Some(e) = &t.first_error {
+            self.errors.push(e.clone());
+        }
+        CoreTargetJson {
+            target: ti,
+            name: names.get(ti).cloned().unwrap_or_default(),
+            ios: t.ios,
+            reads: t.reads,
+            writes: t.writes,
+            iops: rate(t.ios, secs),
+            mib_per_s: mib(t.bytes, secs),
+            latency_us: row_acc.latency(),
+            read: row_acc.op(0, secs),
+            write: row_acc.op(1, secs),
+            transport: transport(&t.stats),
+            lba_first: t.lba_range.0,
+            lba_count: t.lba_range.1,
+            io_errors: outcomes.failed(),
+            outcomes,
+        }
+    }
+
+    /// The `total` section.
+    fn total_json(&self, busy_pct: f64) -> TotalJson {
+        let (total, seconds, busy_total) = (&self.total, self.seconds, self.busy_total);
+        TotalJson {
             ios: total.ios,
             reads: total.reads,
             writes: total.writes,
@@ -296,40 +366,11 @@ pub fn build(
             write: total.op(1, seconds),
             ns_per_io_cpu: (total.ios > 0)
                 .then(|| (busy_total as f64 / total.ios as f64 * 10.0).round() / 10.0),
-            ns_per_io_cpu_p50: (total.ios > 0).then(|| median(&busy_hist)),
+            ns_per_io_cpu_p50: (total.ios > 0).then(|| median(&self.busy_hist)),
             busy_ns: busy_total,
             busy_pct,
-        },
-        transport: transport(&total.stats),
-        per_core,
-        verify: None,
-        io_errors: outcomes.failed(),
-        outcomes,
-        errors,
-        warnings: Vec::new(),
-        conditions: Vec::new(),
-        placement: PlacementJson::default(),
-        progress: Vec::new(),
-        target_lines: Vec::new(),
-        show: Show::default(),
-        result: ResultJson::default(),
-        target_totals,
-        target_outcomes,
-    };
-    let mut report = report;
-    let all = total.all();
-    if all.clamped > 0 {
-        report.conditions.push(format!(
-            "{} I/Os took longer than the histograms' {} s bound: they count as {} s in the percentiles and histogram (avg, stdev and max are exact)",
-            all.clamped,
-            crate::perf::latency::LATENCY_MAX_NS / 1_000_000_000,
-            crate::perf::latency::LATENCY_MAX_NS / 1_000_000_000
-        ));
+        }
     }
-    if config_verify(&report.config) {
-        report.verify = Some(verify);
-    }
-    (report, all.hist)
 }
 
 fn median(h: &Histogram<u64>) -> f64 {

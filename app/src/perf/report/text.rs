@@ -92,6 +92,19 @@ fn render_histogram(s: &mut String, title: &str, l: &LatencyJson) {
 /// The text tables.
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
+    render_header(&mut s, r);
+    render_devices(&mut s, r);
+    render_latency(&mut s, r);
+    if r.show.transport {
+        render_transport(&mut s, r);
+    }
+    render_cpu(&mut s, r);
+    render_verdict(&mut s, r);
+    s
+}
+
+/// What ran where: the targets, the placement of the threads, the conditions.
+fn render_header(s: &mut String, r: &Report) {
     if !r.target_lines.is_empty() {
         let _ = writeln!(s, "Targets:");
         for t in &r.target_lines {
@@ -129,6 +142,10 @@ pub fn render_text(r: &Report) -> String {
     if !s.is_empty() {
         s.push('\n');
     }
+}
+
+/// The Device Information table: per core and target, per target, total.
+fn render_devices(s: &mut String, r: &Report) {
     let _ = writeln!(s, "{:=<1$}", "", LABEL + 71);
     let _ = writeln!(s, "{:>w$}", "Latency(us)", w = LABEL + 71 - 19);
     let _ = writeln!(
@@ -139,7 +156,7 @@ pub fn render_text(r: &Report) -> String {
     for c in &r.per_core {
         for t in &c.targets {
             lat_rows(
-                &mut s,
+                s,
                 &row_label(c.core, t),
                 t.iops,
                 t.mib_per_s,
@@ -152,7 +169,7 @@ pub fn render_text(r: &Report) -> String {
     if r.per_core.len() > 1 {
         for (i, (name, tt)) in r.target_totals.iter().enumerate() {
             lat_rows(
-                &mut s,
+                s,
                 &short(&format!("[{i}] {name}, all cores"), LABEL),
                 tt.iops,
                 tt.mib_per_s,
@@ -163,7 +180,7 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(s, "{:=<1$}", "", LABEL + 71);
     lat_rows(
-        &mut s,
+        s,
         "Total",
         r.total.iops,
         r.total.mib_per_s,
@@ -178,9 +195,11 @@ pub fn render_text(r: &Report) -> String {
             r.outcomes.submitted
         );
     }
+}
 
-    // Percentiles: one column per core/target row that has latencies, and the total (read
-    // and write apart in a mixed workload).
+/// Latency percentiles: one column per core/target row that has latencies, and the
+/// total (read and write apart in a mixed workload); the histograms under `-L`.
+fn render_latency(s: &mut String, r: &Report) {
     let mut cols: Vec<(String, &LatencyJson)> = Vec::new();
     if r.per_core.len() * r.per_core.first().map_or(0, |c| c.targets.len()) > 1 {
         for c in &r.per_core {
@@ -212,17 +231,17 @@ pub fn render_text(r: &Report) -> String {
                 s.push('\n');
             }
             if r.show.histogram > 0 {
-                render_histogram(&mut s, "Total", tl);
+                render_histogram(s, "Total", tl);
                 if let (Some(rd), Some(wr)) = (&r.total.read, &r.total.write) {
-                    render_histogram(&mut s, "Total, reads", &rd.latency_us);
-                    render_histogram(&mut s, "Total, writes", &wr.latency_us);
+                    render_histogram(s, "Total, reads", &rd.latency_us);
+                    render_histogram(s, "Total, writes", &wr.latency_us);
                 }
             }
             if r.show.histogram > 1 {
                 for c in &r.per_core {
                     for t in &c.targets {
                         if let Some(l) = &t.latency_us {
-                            render_histogram(&mut s, &row_label(c.core, t), l);
+                            render_histogram(s, &row_label(c.core, t), l);
                         }
                     }
                 }
@@ -235,47 +254,51 @@ pub fn render_text(r: &Report) -> String {
             );
         }
     }
+}
 
-    if r.show.transport {
-        let _ = writeln!(s, "\nTransport:");
+/// `--transport-stats`: the queue counters, per core and target and in total.
+fn render_transport(s: &mut String, r: &Report) {
+    let _ = writeln!(s, "\nTransport:");
+    let _ = writeln!(
+        s,
+        "{:<LABEL$} {:>11} {:>11} {:>10} {:>10} {:>6} {:>10} {:>11} {:>11} {:>8}",
+        "",
+        "submitted",
+        "completed",
+        "SQ db",
+        "CQ db",
+        "db/io",
+        "shadow",
+        "polls",
+        "idle polls",
+        "sw-queued"
+    );
+    let trow = |s: &mut String, name: &str, t: &TransportJson| {
         let _ = writeln!(
             s,
-            "{:<LABEL$} {:>11} {:>11} {:>10} {:>10} {:>6} {:>10} {:>11} {:>11} {:>8}",
-            "",
-            "submitted",
-            "completed",
-            "SQ db",
-            "CQ db",
-            "db/io",
-            "shadow",
-            "polls",
-            "idle polls",
-            "sw-queued"
+            "{:<LABEL$} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>10} {:>11} {:>11} {:>8}",
+            name,
+            t.submitted,
+            t.completed,
+            t.sq_doorbell_writes,
+            t.cq_doorbell_writes,
+            t.doorbell_writes_per_io,
+            t.shadow_doorbell_updates,
+            t.polls,
+            t.idle_polls,
+            t.software_queued
         );
-        let trow = |s: &mut String, name: &str, t: &TransportJson| {
-            let _ = writeln!(
-                s,
-                "{:<LABEL$} {:>11} {:>11} {:>10} {:>10} {:>6.3} {:>10} {:>11} {:>11} {:>8}",
-                name,
-                t.submitted,
-                t.completed,
-                t.sq_doorbell_writes,
-                t.cq_doorbell_writes,
-                t.doorbell_writes_per_io,
-                t.shadow_doorbell_updates,
-                t.polls,
-                t.idle_polls,
-                t.software_queued
-            );
-        };
-        for c in &r.per_core {
-            for t in &c.targets {
-                trow(&mut s, &row_label(c.core, t), &t.transport);
-            }
+    };
+    for c in &r.per_core {
+        for t in &c.targets {
+            trow(s, &row_label(c.core, t), &t.transport);
         }
-        trow(&mut s, "Total", &r.transport);
     }
+    trow(s, "Total", &r.transport);
+}
 
+/// CPU: busy time, CPU per I/O and iterations per poller, and in total.
+fn render_cpu(s: &mut String, r: &Report) {
     let _ = writeln!(
         s,
         "\nCPU (busy = iterations of the poll loop that completed I/O):"
@@ -319,6 +342,10 @@ pub fn render_text(r: &Report) -> String {
         r.total.seconds,
         cpu_per_io(r.total.ns_per_io_cpu, r.total.ns_per_io_cpu_p50)
     );
+}
+
+/// The end: verify, outcomes, first failures, warnings and the result.
+fn render_verdict(s: &mut String, r: &Report) {
     if let Some(v) = &r.verify {
         let _ = writeln!(
             s,
@@ -329,7 +356,7 @@ pub fn render_text(r: &Report) -> String {
             let _ = writeln!(s, "  {m}");
         }
     }
-    render_outcomes(&mut s, r);
+    render_outcomes(s, r);
     if !r.errors.is_empty() {
         let _ = writeln!(s, "First failures:");
         for e in &r.errors {
@@ -351,7 +378,6 @@ pub fn render_text(r: &Report) -> String {
     } else {
         let _ = writeln!(s, "\nResult: ok");
     }
-    s
 }
 
 fn cpu_per_io(avg: Option<f64>, p50: Option<f64>) -> String {

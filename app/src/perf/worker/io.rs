@@ -2,7 +2,7 @@
 //! unit under `--verify`), submitting it, and accounting for its completion (latency,
 //! outcome, data check).
 
-use kestrel::io::{Completion, IoError, IoMeta, IoRequest, SubmitError};
+use kestrel::io::{Completion, IoError, IoOp, SubmitError};
 
 use super::metadata::{check_metadata, fill_metadata, pi_mismatch, ref_tag, APP_TAG};
 use super::{record_error, Slot, Worker, WorkerError, BUSY, MISMATCHES_KEPT, UNKNOWN};
@@ -12,6 +12,9 @@ impl Worker<'_> {
     /// Picks the next I/O's unit and direction and submits it in `slot`.
     pub(super) fn submit(&mut self, qi: usize, slot: usize, now: u64) -> Result<(), WorkerError> {
         let cfg = self.cfg;
+        if cfg.zoned.is_some() {
+            return self.submit_zoned(qi, slot, now);
+        }
         let ts = &mut self.targets[self.queues[qi].target];
         let write = cfg.read_pct < 100 && (cfg.read_pct == 0 || self.rng.u8(..100) >= cfg.read_pct);
         let mut unit = if cfg.random {
@@ -56,59 +59,37 @@ impl Worker<'_> {
                 } else {
                     g + 1
                 };
-                let data = &mut self.scratch[..ts.io_bytes];
-                let md = &mut self.md_scratch[..ts.md_bytes];
-                for (i, b) in data.chunks_exact_mut(ts.host_bs).enumerate() {
-                    verify::fill_block(&mut b[..ts.block_size], lba + i as u64, gen as u64);
-                }
-                if let Some(m) = ts.md {
-                    fill_metadata(&m, ts.block_size, data, md, lba, gen as u64);
-                }
-                if let Some(f) = ts.pi {
-                    f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
-                }
-                q.buf
-                    .write_at(slot * q.stride, data)
-                    .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
-                if let Some(b) = &mut q.md_buf {
-                    b.write_at(slot * q.md_stride, md)
-                        .map_err(|e| format!("verify: filling the metadata buffer: {e}"))?;
-                }
             }
-        } else if let (true, Some(f)) = (write, ts.pi) {
-            // The format needs the caller's PI: it must match whatever the buffer holds
-            // now (a read may have filled it), so the guards are computed for each write.
-            let data = &mut self.scratch[..ts.io_bytes];
-            let md = &mut self.md_scratch[..ts.md_bytes];
-            q.buf
-                .read_at(slot * q.stride, data)
-                .map_err(|e| format!("pi: reading the write buffer: {e}"))?;
-            f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
-            match &mut q.md_buf {
-                Some(b) => b.write_at(slot * q.md_stride, md),
-                None => q.buf.write_at(slot * q.stride, data),
-            }
-            .map_err(|e| format!("pi: filling the metadata: {e}"))?;
         }
-        let mut req = if write {
-            IoRequest::write(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
+        if write {
+            self.fill_write(qi, slot, lba, gen)?;
+        }
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let req = &mut q.reqs[slot];
+        if write && cfg.zoned == Some(crate::cli::ZonedMode::Append) {
+            // One append in flight per zone: it lands at the write pointer, `lba`.
+            req.op = IoOp::ZoneAppend;
+            req.lba = lba - lba % ts.zone_blocks;
         } else {
-            IoRequest::read(ts.nsid, lba, ts.io_blocks, q.slices[slot], slot as u64)
-        };
-        if let Some(m) = &ts.md {
-            let buf = q.md_slices.get(slot).copied().unwrap_or(IoMeta::NONE.buf);
-            let first = ts.pi.map_or(0, |f| ref_tag(&f, lba));
+            req.op = if write { IoOp::Write } else { IoOp::Read };
+            req.lba = lba;
+        }
+        req.nsid = ts.nsid;
+        req.nlb = ts.io_blocks;
+        if let Some(f) = &ts.pi {
             // Under --verify the controller checks the application tag too.
             let mask = if cfg.verify { 0xFFFF } else { 0 };
-            req = req.with_meta(IoMeta::for_layout(m, buf).with_tags(first, APP_TAG, mask));
+            req.meta = req.meta.with_tags(ref_tag(f, lba), APP_TAG, mask);
         }
         q.slots[slot] = Slot {
             submit_raw: now,
             unit,
             gen,
             write,
+            reset: false,
         };
-        match q.q.submit(req) {
+        match q.q.submit_ref(&q.reqs[slot]) {
             Ok(()) => {
                 ts.res.outcomes.submitted += 1;
                 Ok(())
@@ -153,6 +134,9 @@ impl Worker<'_> {
                 cfg.core, c.token
             ));
         };
+        if slot.reset {
+            return self.reset_done(qi, slot_i, c);
+        }
         let r = &mut ts.res;
         r.outcomes.record(c.result);
         // Throughput and latency are of successful I/Os only; the warmup's are seen by
@@ -177,6 +161,12 @@ impl Worker<'_> {
             }
         }
         let lba0 = (ts.first_unit + slot.unit) * ts.io_blocks as u64;
+        if cfg.zoned.is_some() && slot.write {
+            self.zone_written(qi, slot_i, lba0, &c)?;
+        }
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let r = &mut ts.res;
         if let Err(e) = c.result {
             if e == IoError::DeviceRemoved {
                 self.dead += usize::from(!q.dead);
@@ -196,11 +186,27 @@ impl Worker<'_> {
         if !cfg.verify {
             return Ok(());
         }
-        let g = ts.gens[slot.unit as usize] & !BUSY;
         if slot.write {
             ts.gens[slot.unit as usize] = slot.gen;
             return Ok(());
         }
+        self.check_read(qi, slot_i, slot, lba0)
+    }
+
+    /// `--verify`: checks the data of a successful read in `slot_i` against the
+    /// generation its unit was last written with.
+    fn check_read(
+        &mut self,
+        qi: usize,
+        slot_i: usize,
+        slot: Slot,
+        lba0: u64,
+    ) -> Result<(), WorkerError> {
+        let core = self.cfg.core;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let r = &mut ts.res;
+        let g = ts.gens[slot.unit as usize] & !BUSY;
         ts.gens[slot.unit as usize] = g;
         let expect = match g {
             0 => Expect::Unwritten,
@@ -220,7 +226,7 @@ impl Worker<'_> {
         let mut mismatch = |m: Mismatch| {
             r.mismatches += 1;
             if r.mismatch_list.len() < MISMATCHES_KEPT {
-                tracing::error!("core {}: verify: {m}", cfg.core);
+                tracing::error!("core {core}: verify: {m}");
                 r.mismatch_list.push(m);
             }
         };
@@ -240,6 +246,49 @@ impl Worker<'_> {
             if let Err((b, e)) = f.check(data, md, ts.io_blocks as usize, first, APP_TAG, 0xFFFF) {
                 mismatch(pi_mismatch(lba0 + b as u64, e));
             }
+        }
+        Ok(())
+    }
+
+    /// Fills the write buffer of `slot` before its write of `lba`: under `--verify` (`gen`
+    /// non-zero) the generation's pattern, its metadata and PI; otherwise, when the format
+    /// needs the caller's PI, PI that matches whatever the buffer holds now (a read may
+    /// have filled it), so the guards are computed for each write.
+    fn fill_write(
+        &mut self,
+        qi: usize,
+        slot: usize,
+        lba: u64,
+        gen: u32,
+    ) -> Result<(), WorkerError> {
+        let q = &mut self.queues[qi];
+        let ts = &self.targets[q.target];
+        if gen == 0 && ts.pi.is_none() {
+            return Ok(());
+        }
+        let data = &mut self.scratch[..ts.io_bytes];
+        let md = &mut self.md_scratch[..ts.md_bytes];
+        if gen != 0 {
+            for (i, b) in data.chunks_exact_mut(ts.host_bs).enumerate() {
+                verify::fill_block(&mut b[..ts.block_size], lba + i as u64, gen as u64);
+            }
+            if let Some(m) = ts.md {
+                fill_metadata(&m, ts.block_size, data, md, lba, gen as u64);
+            }
+        } else {
+            q.buf
+                .read_at(slot * q.stride, data)
+                .map_err(|e| format!("pi: reading the write buffer: {e}"))?;
+        }
+        if let Some(f) = ts.pi {
+            f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
+        }
+        q.buf
+            .write_at(slot * q.stride, data)
+            .map_err(|e| format!("filling the write buffer: {e}"))?;
+        if let Some(b) = &mut q.md_buf {
+            b.write_at(slot * q.md_stride, md)
+                .map_err(|e| format!("filling the metadata buffer: {e}"))?;
         }
         Ok(())
     }

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 use crossbeam_utils::CachePadded;
-use kestrel::io::{Completion, IoError, QueueStats};
-use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
+use kestrel::io::{Completion, IoError, IoRequest, QueueStats};
+use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
 
 pub use super::latency::{LATENCY_MAX_NS, LATENCY_SIGFIG};
 
@@ -36,6 +36,7 @@ mod setup;
 #[cfg(test)]
 mod tests;
 mod window;
+mod zoned;
 
 pub use result::{CoreResult, TargetResult};
 
@@ -96,6 +97,8 @@ pub struct WorkerConfig {
     /// The I/O timeout (what `queue.timeout` asks, or the target's default): bounds the
     /// drain after the run (see [`DRAIN_TIMEOUTS`]).
     pub io_timeout_ns: u64,
+    /// A zoned workload (`-w zone-write`, `-w zone-append`): every target is zoned.
+    pub zoned: Option<crate::cli::ZonedMode>,
     /// `--poll-mode`: `None` busy-polls; `Some(spin)` sleeps on the queues' interrupts
     /// once no completion came for `spin` ns (0: interrupt mode, [`HYBRID_SPIN_NS`]:
     /// hybrid), after clearing and checking each queue (`TargetQueue::arm_interrupt`).
@@ -173,6 +176,8 @@ struct Slot {
     unit: u64,
     gen: u32,
     write: bool,
+    /// A zone reset (zoned workloads), not counted as an I/O.
+    reset: bool,
 }
 
 struct TargetState {
@@ -194,6 +199,8 @@ struct TargetState {
     seq_next: u64,
     gens: Vec<u32>,
     res: TargetResult,
+    /// Zone size in blocks (zoned workloads; 0 otherwise).
+    zone_blocks: u64,
 }
 
 struct QueueState {
@@ -201,14 +208,19 @@ struct QueueState {
     target: usize,
     /// The device is gone: nothing more is submitted.
     dead: bool,
-    slices: Box<[DmaSlice]>,
+    /// One request per slot, its buffer and token set once: an I/O fills in the
+    /// operation and the blocks and submits it where it lies (`submit_ref`), so the
+    /// several-hundred-byte request is neither rebuilt nor copied per I/O.
+    reqs: Box<[IoRequest]>,
     stride: usize,
     buf: DmaBuf,
-    /// Separate metadata: one region of `md_stride` bytes per slot.
-    md_slices: Box<[DmaSlice]>,
+    /// Separate metadata: one region of `md_stride` bytes per slot (each slot's request
+    /// points at its own).
     md_stride: usize,
     md_buf: Option<DmaBuf>,
     slots: Box<[Slot]>,
+    /// Per slot, the zones it owns (zoned workloads; empty otherwise).
+    zslots: Box<[zoned::ZoneSlot]>,
     done: Vec<Completion>,
     base: QueueStats,
 }

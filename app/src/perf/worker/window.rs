@@ -12,6 +12,30 @@ use super::{
     LATENCY_SIGFIG,
 };
 
+/// What the loop measured.
+struct Window {
+    /// The measured window began (else the run was aborted in the warmup).
+    measuring: bool,
+    /// Raw clock at its start and end.
+    start: u64,
+    end: u64,
+    /// The thread's CPU time and run-queue wait at the start and the end (when the
+    /// kernel says).
+    wait_start: Option<(u64, u64)>,
+    wait_end: Option<(u64, u64)>,
+    /// Busy time, iterations and idle iterations in the window.
+    busy: u64,
+    iters: u64,
+    idle: u64,
+    /// Busy time per completion, per iteration that reaped any.
+    busy_per_io: Histogram<u64>,
+    /// Completions counted in the window, and when the latest was reaped.
+    done: u64,
+    last_completion: u64,
+    /// `--poll-mode`: the sleeps on interrupts in the window.
+    sleeps: u64,
+}
+
 impl Worker<'_> {
     /// Ends the counted part of the window (before anything that makes a system call).
     #[inline]
@@ -21,134 +45,187 @@ impl Worker<'_> {
         }
     }
 
+    /// Runs the poller: fill, the window (warmup included), drain, results.
     pub(super) fn run_loop(&mut self) -> Result<CoreResult, WorkerError> {
-        let cfg = self.cfg;
-        let shared = self.shared;
-        let clock = &shared.clock;
-        let start = shared.start_raw.load(Ordering::Acquire);
-        let idx = cfg.index;
-        // Fill every queue to its depth.
-        let now = clock.now_ns();
+        self.fill()?;
+        let w = self.window()?;
+        self.finish(w)
+    }
+
+    /// Fills every queue to its depth.
+    fn fill(&mut self) -> Result<(), WorkerError> {
+        let now = self.shared.clock.now_ns();
         for qi in 0..self.queues.len() {
-            for s in 0..cfg.queue_depth as usize {
+            for s in 0..self.cfg.queue_depth as usize {
                 self.submit(qi, s, now)?;
             }
             self.queues[qi].q.flush();
         }
+        Ok(())
+    }
+
+    /// The loop itself, until the window ends (time, `--number-ios`, abort, or every
+    /// device gone): poll every queue, account for the iteration's busy time, publish the
+    /// progress totals.
+    fn window(&mut self) -> Result<Window, WorkerError> {
+        let cfg = self.cfg;
+        let shared = self.shared;
+        let clock = &shared.clock;
+        let start = shared.start_raw.load(Ordering::Acquire);
         let warm_end = cfg.warmup_ns;
         let end = cfg.warmup_ns + cfg.time_ns;
-        let mut measuring = false;
-        let mut window_start = 0u64;
-        let mut wait_start = None;
-        let wait_end;
-        let window_end;
-        let (mut busy, mut iters, mut idle) = (0u64, 0u64, 0u64);
-        // --poll-mode: when the queues last had work, and the sleeps in the window.
-        let (mut idle_since, mut sleeps) = (None::<u64>, 0u64);
+        let mut w = Window {
+            measuring: false,
+            start: 0,
+            end: 0,
+            wait_start: None,
+            wait_end: None,
+            busy: 0,
+            iters: 0,
+            idle: 0,
+            busy_per_io: Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+                .map_err(|e| format!("busy histogram: {e}"))?,
+            done: 0,
+            last_completion: 0,
+            sleeps: 0,
+        };
+        // --poll-mode: when the queues last had work.
+        let mut idle_since = None::<u64>;
         let irq_wait = self.interrupt_wait()?;
         let mut completed_total = 0u64;
-        // Completions counted in the window, and when the latest was reaped.
-        let mut window_done = 0u64;
-        let mut last_completion = 0u64;
-        let mut busy_per_io = Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
-            .map_err(|e| format!("busy histogram: {e}"))?;
         let mut t0 = clock.now_ns();
         loop {
             let elapsed = t0.saturating_sub(start);
-            if !measuring && elapsed >= warm_end {
-                measuring = true;
-                // Read outside the window's busy time: the iteration restarts its clock.
-                wait_start = thread_sched_ns();
-                if let Some(c) = &self.syscalls {
-                    c.arm();
-                }
-                t0 = clock.now_ns();
-                window_start = t0;
-                for q in &mut self.queues {
-                    q.base = q.q.stats();
-                }
-                shared.phase[idx].store(1, Ordering::Relaxed);
+            if !w.measuring && elapsed >= warm_end {
+                t0 = self.begin_window(&mut w);
             }
             if elapsed >= end || shared.abort.load(Ordering::Relaxed) {
-                window_end = t0;
-                self.disarm_syscalls();
-                wait_end = thread_sched_ns();
+                self.end_window(&mut w, t0);
                 break;
             }
-            if window_done >= cfg.number_ios {
-                window_end = last_completion;
-                self.disarm_syscalls();
-                wait_end = thread_sched_ns();
+            if w.done >= cfg.number_ios {
+                let last = w.last_completion;
+                self.end_window(&mut w, last);
                 break;
             }
-            let mut work = 0u32;
-            for qi in 0..self.queues.len() {
-                let q = &mut self.queues[qi];
-                q.done.clear();
-                let done = &mut q.done;
-                let n = q.q.poll(self.max, &mut |c| done.push(c));
-                if n == 0 && q.done.is_empty() {
-                    continue;
-                }
-                let t = clock.now_ns();
-                last_completion = t;
-                for i in 0..self.queues[qi].done.len() {
-                    let c = self.queues[qi].done[i];
-                    // Past --number-ios the window is over: the rest completes uncounted.
-                    let counted = measuring && window_done < cfg.number_ios;
-                    window_done += u64::from(counted);
-                    self.complete(qi, c, t, counted)?;
-                    if !self.queues[qi].dead {
-                        self.submit(qi, c.token as usize, t)?;
-                    }
-                }
-                work += self.queues[qi].done.len() as u32;
-                self.queues[qi].q.flush();
-            }
+            let work = self.poll_all(&mut w)?;
             // Every device of this poller gone and nothing left to reap: the run is over
             // for it (a removed device is not measured at zero for the rest of -t).
             if self.dead == self.queues.len() && self.queues.iter().all(|q| q.q.outstanding() == 0)
             {
-                window_end = clock.now_ns();
-                self.disarm_syscalls();
-                wait_end = thread_sched_ns();
+                self.end_window(&mut w, clock.now_ns());
                 break;
             }
-            if measuring {
-                iters += 1;
+            if w.measuring {
+                w.iters += 1;
             }
             if work > 0 {
                 completed_total += work as u64;
                 let t1 = clock.now_ns();
-                if measuring {
+                if w.measuring {
                     let d = t1.saturating_sub(t0);
-                    busy += d;
-                    busy_per_io.saturating_record_n((d / work as u64).max(1), work as u64);
+                    w.busy += d;
+                    w.busy_per_io
+                        .saturating_record_n((d / work as u64).max(1), work as u64);
                 }
-                let p = &shared.progress[idx];
-                p.completed.store(completed_total, Ordering::Relaxed);
-                p.succeeded.store(self.prog_ok, Ordering::Relaxed);
-                p.latency_ns.store(self.prog_lat_ns, Ordering::Relaxed);
-                p.errors.store(self.prog_err, Ordering::Relaxed);
+                self.publish_progress(completed_total);
                 t0 = t1;
                 idle_since = None;
             } else {
-                if measuring {
-                    idle += 1;
+                if w.measuring {
+                    w.idle += 1;
                 }
-                if let (Some(w), Some(spin)) = (&irq_wait, cfg.sleep_after_ns) {
+                if let (Some(iw), Some(spin)) = (&irq_wait, cfg.sleep_after_ns) {
                     let since = *idle_since.get_or_insert(t0);
-                    if t0 - since >= spin && self.sleep_on_interrupts(w) {
-                        sleeps += u64::from(measuring);
+                    if t0 - since >= spin && self.sleep_on_interrupts(iw) {
+                        w.sleeps += u64::from(w.measuring);
                         idle_since = None;
                     }
                 }
                 t0 = clock.now_ns();
             }
         }
-        if !measuring {
+        Ok(w)
+    }
+
+    /// The warmup is over: the window starts (its counters based, the system call count
+    /// armed). Returns the clock the iteration restarts from.
+    #[inline]
+    fn begin_window(&mut self, w: &mut Window) -> u64 {
+        w.measuring = true;
+        // Read outside the window's busy time: the iteration restarts its clock.
+        w.wait_start = thread_sched_ns();
+        if let Some(c) = &self.syscalls {
+            c.arm();
+        }
+        let t0 = self.shared.clock.now_ns();
+        w.start = t0;
+        for q in &mut self.queues {
+            q.base = q.q.stats();
+        }
+        self.shared.phase[self.cfg.index].store(1, Ordering::Relaxed);
+        t0
+    }
+
+    /// The window ends at raw clock `end`.
+    #[inline]
+    fn end_window(&self, w: &mut Window, end: u64) {
+        w.end = end;
+        self.disarm_syscalls();
+        w.wait_end = thread_sched_ns();
+    }
+
+    /// One pass over the queues: poll each, account for its completions, resubmit in the
+    /// freed slots and flush (one doorbell per queue). Returns the completions reaped.
+    #[inline]
+    fn poll_all(&mut self, w: &mut Window) -> Result<u32, WorkerError> {
+        let cfg = self.cfg;
+        let clock = &self.shared.clock;
+        let mut work = 0u32;
+        for qi in 0..self.queues.len() {
+            let q = &mut self.queues[qi];
+            q.done.clear();
+            let done = &mut q.done;
+            let n = q.q.poll(self.max, &mut |c| done.push(c));
+            if n == 0 && q.done.is_empty() {
+                continue;
+            }
+            let t = clock.now_ns();
+            w.last_completion = t;
+            for i in 0..self.queues[qi].done.len() {
+                let c = self.queues[qi].done[i];
+                // Past --number-ios the window is over: the rest completes uncounted.
+                let counted = w.measuring && w.done < cfg.number_ios;
+                w.done += u64::from(counted);
+                self.complete(qi, c, t, counted)?;
+                if !self.queues[qi].dead {
+                    self.submit(qi, c.token as usize, t)?;
+                }
+            }
+            work += self.queues[qi].done.len() as u32;
+            self.queues[qi].q.flush();
+        }
+        Ok(work)
+    }
+
+    /// The running totals the progress lines read.
+    #[inline]
+    fn publish_progress(&self, completed_total: u64) {
+        let p = &self.shared.progress[self.cfg.index];
+        p.completed.store(completed_total, Ordering::Relaxed);
+        p.succeeded.store(self.prog_ok, Ordering::Relaxed);
+        p.latency_ns.store(self.prog_lat_ns, Ordering::Relaxed);
+        p.errors.store(self.prog_err, Ordering::Relaxed);
+    }
+
+    /// After the window: the window's queue counters, the drain, the `--verify`
+    /// read-back, the run's counters, and the poller's results.
+    fn finish(&mut self, mut w: Window) -> Result<CoreResult, WorkerError> {
+        let cfg = self.cfg;
+        let shared = self.shared;
+        if !w.measuring {
             // Aborted before measuring began.
-            window_start = window_end;
+            w.start = w.end;
             for q in &mut self.queues {
                 q.base = q.q.stats();
             }
@@ -157,7 +234,7 @@ impl Worker<'_> {
             let d = stats_diff(&q.q.stats(), &q.base);
             self.targets[q.target].res.stats.accumulate(&d);
         }
-        shared.phase[idx].store(2, Ordering::Relaxed);
+        shared.phase[cfg.index].store(2, Ordering::Relaxed);
         let mut undrained = self.drain()?;
         if cfg.verify
             && cfg.read_pct < 100
@@ -174,22 +251,22 @@ impl Worker<'_> {
         Ok(CoreResult {
             core: cfg.core,
             targets: self.targets.iter().map(|t| t.res.clone()).collect(),
-            window_ns: window_end.saturating_sub(window_start),
-            busy_ns: busy,
-            busy_per_io,
-            iterations: iters,
-            idle_iterations: idle,
+            window_ns: w.end.saturating_sub(w.start),
+            busy_ns: w.busy,
+            busy_per_io: w.busy_per_io,
+            iterations: w.iters,
+            idle_iterations: w.idle,
             undrained,
             syscalls: self.syscalls.as_ref().map(|c| c.result()),
-            descheduled_ns: match (wait_start, wait_end) {
-                (Some(a), Some(b)) if measuring => Some(b.1.saturating_sub(a.1)),
+            descheduled_ns: match (w.wait_start, w.wait_end) {
+                (Some(a), Some(b)) if w.measuring => Some(b.1.saturating_sub(a.1)),
                 _ => None,
             },
-            cpu_ns: match (wait_start, wait_end) {
-                (Some(a), Some(b)) if measuring => Some(b.0.saturating_sub(a.0)),
+            cpu_ns: match (w.wait_start, w.wait_end) {
+                (Some(a), Some(b)) if w.measuring => Some(b.0.saturating_sub(a.0)),
                 _ => None,
             },
-            sleeps,
+            sleeps: w.sleeps,
         })
     }
 

@@ -598,9 +598,21 @@ fn submit_error_result(e: &SubmitError, warned: &mut bool, core: usize) -> IoErr
 
 /// Posts a completion for a context-level token to a ring (unpublished).
 fn post(c: &mut Chan, report: &mut PollerReport, token: u64, result: Result<(), IoError>) {
+    post_value(c, report, token, result, 0)
+}
+
+/// [`post`] with the command specific result (Zone Append: the LBA written).
+fn post_value(
+    c: &mut Chan,
+    report: &mut PollerReport,
+    token: u64,
+    result: Result<(), IoError>,
+    value: u64,
+) {
     let comp = Completion {
         token: wire::context_part(token),
         result,
+        value,
     };
     report.completions += 1;
     c.posted = true;
@@ -616,7 +628,7 @@ fn route(chans: &mut [Option<Chan>], report: &mut PollerReport, c: Completion) {
     match chans.get_mut(id).and_then(|x| x.as_mut()) {
         Some(ch) => {
             ch.in_queue = ch.in_queue.saturating_sub(1);
-            post(ch, report, c.token, c.result);
+            post_value(ch, report, c.token, c.result, c.value);
         }
         None => report.bogus += 1,
     }

@@ -271,16 +271,27 @@ fn zone_append_returns_the_lba_it_wrote() {
     let s = Sqe::read(2, z + 1, 2, r.iova(), r.iova() + 4096);
     assert_ok(&h.io(&mut q, s));
     assert_eq!(r.to_vec(), pattern(8192, 2));
-    // The SLBA must be the zone start; past the zone's capacity is a boundary error.
+    // The SLBA must be the zone start; past the zone's capacity is a boundary error; a
+    // Full zone is Zone Is Full (its state is checked first, as QEMU does).
     let c = h.io(&mut q, Sqe::zone_append(2, z + 1, 1, b.iova(), 0));
     assert_status(&c, Status::INVALID_FIELD);
+    // The write pointer is at z + 4: seven writes of 32 blocks take it to z + 228, and
+    // an append of 32 more would cross the zone's end at z + 256.
+    let big = h.buf(32 * 4096);
+    let list = super::prp_list_for(&h, &big);
+    for k in 0..7 {
+        let s = Sqe::write(2, z + 4 + 32 * k, 32, big.iova(), list);
+        assert_ok(&h.io(&mut q, s));
+    }
+    let c = h.io(&mut q, Sqe::zone_append(2, z, 32, big.iova(), list));
+    assert_status(&c, Status::ZONE_BOUNDARY_ERROR);
     assert_ok(&send(&mut h, &mut q, z, zsa::FINISH, false));
     let c = h.io(&mut q, Sqe::zone_append(2, z, 1, b.iova(), 0));
-    assert_status(&c, Status::ZONE_BOUNDARY_ERROR);
+    assert_status(&c, Status::ZONE_IS_FULL);
     // Not zoned: the opcode is not one of the namespace's.
     let c = h.io(&mut q, Sqe::zone_append(1, 0, 1, b.iova(), 0));
     assert_status(&c, Status::INVALID_OPCODE);
-    assert_eq!(h.emu.stats().zone_appends, 6);
+    assert_eq!(h.emu.stats().zone_appends, 7);
 }
 
 #[test]

@@ -53,6 +53,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use vfio_bindings::bindings::vfio::vfio_region_info;
 use vfio_bindings::bindings::vfio::{
     VFIO_TYPE1v2_IOMMU, VFIO_API_VERSION, VFIO_DEVICE_FLAGS_PCI, VFIO_GROUP_FLAGS_VIABLE,
     VFIO_NOIOMMU_IOMMU, VFIO_PCI_BAR0_REGION_INDEX, VFIO_PCI_CONFIG_REGION_INDEX,
@@ -359,6 +360,154 @@ impl core::fmt::Debug for VfioTransport {
     }
 }
 
+/// The error of a failed VFIO ioctl `op` on `path`.
+fn ioctl_err(bdf: Bdf, op: &'static str, path: &Path) -> impl FnOnce(io::Error) -> VfioError {
+    let path = path.to_path_buf();
+    move |source| VfioError::Ioctl {
+        bdf,
+        op,
+        path,
+        source,
+    }
+}
+
+/// Opens the VFIO container, checks its API and IOMMU type, checks the group is viable,
+/// and puts the group in the container with that IOMMU. Returns the container and its path.
+fn attach_container(
+    bdf: Bdf,
+    pf: &Preflight,
+    group: &mut sys::Group,
+    group_path: &Path,
+    opts: &VfioOptions,
+) -> Result<(Arc<sys::Container>, PathBuf), VfioError> {
+    let cpath = opts.dev_root.join("vfio/vfio");
+    let container = match sys::Container::open(&cpath) {
+        Ok(c) => Arc::new(c),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(VfioError::VfioNotLoaded { path: cpath })
+        }
+        Err(e) => return Err(open_error(bdf, &cpath, e, false)),
+    };
+    let version =
+        container
+            .api_version()
+            .map_err(ioctl_err(bdf, "VFIO_GET_API_VERSION", &cpath))?;
+    if version != VFIO_API_VERSION as i32 {
+        return Err(VfioError::ApiVersion {
+            path: cpath,
+            got: version,
+        });
+    }
+    let iommu_type = if opts.noiommu {
+        VFIO_NOIOMMU_IOMMU
+    } else {
+        VFIO_TYPE1v2_IOMMU
+    };
+    if !container.check_extension(iommu_type).map_err(ioctl_err(
+        bdf,
+        "VFIO_CHECK_EXTENSION",
+        &cpath,
+    ))? {
+        return Err(if opts.noiommu {
+            VfioError::NoiommuUnsupported { bdf }
+        } else {
+            VfioError::NoType1 { bdf }
+        });
+    }
+    let flags = group
+        .status()
+        .map_err(ioctl_err(bdf, "VFIO_GROUP_GET_STATUS", group_path))?;
+    if flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
+        // The kernel knows better than the sysfs check; show every other member.
+        let roots = SysRoots::new(&opts.sysfs_root, "/proc");
+        let others = pci::group_members(&roots, pf.group)?
+            .into_iter()
+            .filter(|m| m.bdf != bdf)
+            .collect();
+        return Err(VfioError::GroupNotViable {
+            bdf,
+            group: pf.group,
+            others,
+        });
+    }
+    group.set_container(&container).map_err(ioctl_err(
+        bdf,
+        "VFIO_GROUP_SET_CONTAINER",
+        group_path,
+    ))?;
+    container
+        .set_iommu(iommu_type)
+        .map_err(ioctl_err(bdf, "VFIO_SET_IOMMU", &cpath))?;
+    Ok((container, cpath))
+}
+
+/// The DMA mapper: type1 IOMMU mappings, or physical addresses in noiommu mode.
+fn make_mapper(
+    bdf: Bdf,
+    opts: &VfioOptions,
+    container: &sys::Container,
+    cpath: &Path,
+    group: &Arc<sys::Group>,
+) -> Result<Arc<dyn DmaMapper>, VfioError> {
+    let mapper: Arc<dyn DmaMapper> = if opts.noiommu {
+        tracing::warn!(
+            %bdf,
+            "vfio noiommu mode: dma of {bdf} is NOT confined by an iommu; the device can read and write all physical memory"
+        );
+        Arc::new(mapper::NoIommuMapper::new(
+            Some(Arc::clone(group)),
+            format!("vfio noiommu {bdf}"),
+            opts.page_kind.size(),
+        ))
+    } else {
+        let info = container
+            .iommu_info()
+            .map_err(ioctl_err(bdf, "VFIO_IOMMU_GET_INFO", cpath))?;
+        let pgsizes = info.pgsizes.unwrap_or(4096);
+        let ranges = info
+            .iova_ranges
+            .clone()
+            .unwrap_or_else(|| iova::DEFAULT_RANGES.to_vec());
+        tracing::info!(%bdf, iova_pgsizes = format_args!("{pgsizes:#x}"), ?ranges, "vfio type1 iommu");
+        Arc::new(mapper::Type1Mapper::new(
+            Arc::clone(group),
+            format!("vfio type1 {bdf}"),
+            pgsizes,
+            &ranges,
+        ))
+    };
+    Ok(mapper)
+}
+
+/// The device's info (a PCI device with a config region) and its BAR0 and config
+/// regions.
+fn device_regions(
+    bdf: Bdf,
+    file: &File,
+) -> Result<(vfio_region_info, vfio_region_info), VfioError> {
+    let devpath = PathBuf::from(format!("vfio device fd of {bdf}"));
+    let dinfo = sys::device_info(file).map_err(ioctl_err(bdf, "VFIO_DEVICE_GET_INFO", &devpath))?;
+    if dinfo.flags & VFIO_DEVICE_FLAGS_PCI == 0 || dinfo.num_regions <= VFIO_PCI_CONFIG_REGION_INDEX
+    {
+        return Err(VfioError::NotPciDevice {
+            bdf,
+            flags: dinfo.flags,
+            regions: dinfo.num_regions,
+        });
+    }
+    let bar0 = sys::region_info(file, VFIO_PCI_BAR0_REGION_INDEX).map_err(ioctl_err(
+        bdf,
+        "VFIO_DEVICE_GET_REGION_INFO (bar0)",
+        &devpath,
+    ))?;
+    let cfg = sys::region_info(file, VFIO_PCI_CONFIG_REGION_INDEX).map_err(ioctl_err(
+        bdf,
+        "VFIO_DEVICE_GET_REGION_INFO (config)",
+        &devpath,
+    ))?;
+    Ok((bar0, cfg))
+}
+
 impl VfioTransport {
     /// Opens the controller at `bdf` (`0000:01:00.0` or `01:00.0`), which must be bound to
     /// vfio-pci (`scripts/setup.sh config`). See the module documentation for the steps.
@@ -367,117 +516,17 @@ impl VfioTransport {
         let pf = preflight(bdf, opts)?;
         let (mut group, group_path) = open_group(&pf, opts)?;
 
-        let cpath = opts.dev_root.join("vfio/vfio");
-        let container = match sys::Container::open(&cpath) {
-            Ok(c) => Arc::new(c),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(VfioError::VfioNotLoaded { path: cpath })
-            }
-            Err(e) => return Err(open_error(bdf, &cpath, e, false)),
-        };
-        let ioctl_err = |op: &'static str, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| VfioError::Ioctl {
-                bdf,
-                op,
-                path,
-                source,
-            }
-        };
-        let version = container
-            .api_version()
-            .map_err(ioctl_err("VFIO_GET_API_VERSION", &cpath))?;
-        if version != VFIO_API_VERSION as i32 {
-            return Err(VfioError::ApiVersion {
-                path: cpath,
-                got: version,
-            });
-        }
-        let iommu_type = if opts.noiommu {
-            VFIO_NOIOMMU_IOMMU
-        } else {
-            VFIO_TYPE1v2_IOMMU
-        };
-        if !container
-            .check_extension(iommu_type)
-            .map_err(ioctl_err("VFIO_CHECK_EXTENSION", &cpath))?
-        {
-            return Err(if opts.noiommu {
-                VfioError::NoiommuUnsupported { bdf }
-            } else {
-                VfioError::NoType1 { bdf }
-            });
-        }
-        let flags = group
-            .status()
-            .map_err(ioctl_err("VFIO_GROUP_GET_STATUS", &group_path))?;
-        if flags & VFIO_GROUP_FLAGS_VIABLE == 0 {
-            // The kernel knows better than the sysfs check; show every other member.
-            let roots = SysRoots::new(&opts.sysfs_root, "/proc");
-            let others = pci::group_members(&roots, pf.group)?
-                .into_iter()
-                .filter(|m| m.bdf != bdf)
-                .collect();
-            return Err(VfioError::GroupNotViable {
-                bdf,
-                group: pf.group,
-                others,
-            });
-        }
-        group
-            .set_container(&container)
-            .map_err(ioctl_err("VFIO_GROUP_SET_CONTAINER", &group_path))?;
-        container
-            .set_iommu(iommu_type)
-            .map_err(ioctl_err("VFIO_SET_IOMMU", &cpath))?;
+        let (container, cpath) = attach_container(bdf, &pf, &mut group, &group_path, opts)?;
         let group = Arc::new(group);
 
-        let mapper: Arc<dyn DmaMapper> = if opts.noiommu {
-            tracing::warn!(
-                %bdf,
-                "vfio noiommu mode: dma of {bdf} is NOT confined by an iommu; the device can read and write all physical memory"
-            );
-            Arc::new(mapper::NoIommuMapper::new(
-                Some(Arc::clone(&group)),
-                format!("vfio noiommu {bdf}"),
-                opts.page_kind.size(),
-            ))
-        } else {
-            let info = container
-                .iommu_info()
-                .map_err(ioctl_err("VFIO_IOMMU_GET_INFO", &cpath))?;
-            let pgsizes = info.pgsizes.unwrap_or(4096);
-            let ranges = info
-                .iova_ranges
-                .clone()
-                .unwrap_or_else(|| iova::DEFAULT_RANGES.to_vec());
-            tracing::info!(%bdf, iova_pgsizes = format_args!("{pgsizes:#x}"), ?ranges, "vfio type1 iommu");
-            Arc::new(mapper::Type1Mapper::new(
-                Arc::clone(&group),
-                format!("vfio type1 {bdf}"),
-                pgsizes,
-                &ranges,
-            ))
-        };
+        let mapper = make_mapper(bdf, opts, &container, &cpath, &group)?;
 
-        let file = group
-            .device_fd(&bdf.to_string())
-            .map_err(ioctl_err("VFIO_GROUP_GET_DEVICE_FD", &group_path))?;
-        let devpath = PathBuf::from(format!("vfio device fd of {bdf}"));
-        let dinfo = sys::device_info(&file).map_err(ioctl_err("VFIO_DEVICE_GET_INFO", &devpath))?;
-        if dinfo.flags & VFIO_DEVICE_FLAGS_PCI == 0
-            || dinfo.num_regions <= VFIO_PCI_CONFIG_REGION_INDEX
-        {
-            return Err(VfioError::NotPciDevice {
-                bdf,
-                flags: dinfo.flags,
-                regions: dinfo.num_regions,
-            });
-        }
-        let bar0 = sys::region_info(&file, VFIO_PCI_BAR0_REGION_INDEX)
-            .map_err(ioctl_err("VFIO_DEVICE_GET_REGION_INFO (bar0)", &devpath))?;
-        let cfg = sys::region_info(&file, VFIO_PCI_CONFIG_REGION_INDEX)
-            .map_err(ioctl_err("VFIO_DEVICE_GET_REGION_INFO (config)", &devpath))?;
+        let file = group.device_fd(&bdf.to_string()).map_err(ioctl_err(
+            bdf,
+            "VFIO_GROUP_GET_DEVICE_FD",
+            &group_path,
+        ))?;
+        let (bar0, cfg) = device_regions(bdf, &file)?;
         let bar0_len = check_bar0(bdf, bar0.size, bar0.flags)?;
         let device = Arc::new(Device {
             file,

@@ -4,10 +4,17 @@
 //! thread (its poller): `Send`, not `Sync`, every method `&mut self`, no locks and no
 //! atomics beyond the MMIO and ring accesses themselves.
 //!
-//! - **Inline command slots.** One `Tracker` per command identifier, allocated with
-//!   the qpair, each with its own PRP list pages in DMA memory and the caller's token
-//!   copied in. Free trackers are an index queue, reused FIFO. There are `depth - 1` trackers, so the
-//!   submission ring and the completion ring can never overflow.
+//! - **One check per request.** A request is checked once, against a per-qpair table of
+//!   its namespace's facts (capacity, block size, command size, protection bits), found by
+//!   NSID with one index; what is built from it below (tracker, PRPs, SQE) trusts that
+//!   check. The common 4 KiB read or write is decided in a few comparisons.
+//! - **Inline command slots.** One `Tracker` (one cache line) per command identifier,
+//!   allocated with the qpair, each with its own PRP list pages in DMA memory. It holds
+//!   the command in compact form and the caller's token; the SQE is built from it straight
+//!   into the SQ slot (eight 8-byte stores, no copy), and rebuilt from it for retries and
+//!   resubmission after a reset. Free command identifiers are a ring of CIDs, reused FIFO.
+//!   There are `depth - 1` trackers, so the submission ring and the completion ring can
+//!   never overflow.
 //! - **Doorbell batching.** [`IoQpair::submit`] writes the SQE and moves the local
 //!   `sq_tail`; the SQ tail doorbell is written once when the batch ends
 //!   ([`IoQpair::flush`], or the start of [`IoQpair::process_completions`]), as SPDK's
@@ -27,15 +34,21 @@
 //!   split into child commands; the parent completes once, after all of them, with the
 //!   first error if any.
 //! - **Retries.** A completion with a retryable status (DNR clear) is resubmitted, with
-//!   the same tracker and SQE, up to a bound.
+//!   the same tracker and the same SQE rebuilt from it, up to a bound.
+//! - **Completion fast path.** A successful completion of a whole command whose tracker
+//!   holds nothing else (no timeout, cancel or injection) is retired in one test and a
+//!   few stores; everything else takes the general path.
 //!
-//! The layouts of [`IoQpair`] (hot part first, five cache lines) and of a tracker (two
-//! lines) are fixed and checked at compile time where they are declared.
+//! The layouts of [`IoQpair`] (hot part first, five cache lines) and of a tracker (one
+//! line) are fixed and checked at compile time where they are declared.
 
 mod complete;
+mod ns;
 mod recovery;
 mod split;
 mod submit;
+
+use ns::{ns_flags, IoNs};
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -46,11 +59,10 @@ use crate::hw::clock::Clock;
 use crate::hw::dma::DmaBuf;
 use crate::hw::mmio::Doorbell;
 use crate::io::{Completion, IoError, IoRequest, QueueStats};
-use crate::nvme::init::NsInfo;
 use crate::nvme::prp::PrpListMem;
 use crate::nvme::ring::{RingPair, ShadowSlot};
 use crate::nvme::shared::CtrlrShared;
-use crate::spec::{Sqe, Status, PAGE_SIZE};
+use crate::spec::{Status, PAGE_SIZE};
 
 /// How the SQ tail doorbell is rung.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
@@ -158,64 +170,193 @@ const TICK_MAX_MS: u32 = 100;
 /// Polls between coarse clock reads.
 const HOUSEKEEPING_EVERY: u32 = 64;
 
-/// One inline command slot: two cache lines, starting on a line boundary.
-///
-/// - line 0 (bytes 0..64): the command as submitted, kept for retries and resubmission
-///   after a reset; written at submission, read only to resubmit.
-/// - line 1 (bytes 64..128): what a completion reads and writes: the caller's token, the
-///   position in the SQ, the PRP list pages, the state flags and the retry count. It ends
-///   at byte 120 (`TRACKER_LINE1_END`); the last 8 bytes are free.
-///
-/// Protection information needs no field here: what a command carries for it is in the
-/// SQE on line 0 (PRACT and the checks in CDW12, the reference tag in CDW14, a metadata
-/// pointer in MPTR), written by `split::issue` for whole and child commands and resent with
-/// the SQE on a retry or after a reset. Per-command PI state that cannot be
-/// recomputed from the SQE (an expected reference tag to check on completion, say) takes
-/// the free bytes of line 1.
-#[repr(C, align(64))]
-struct Tracker {
-    sqe: Sqe,
-    token: u64,
-    /// Position of the command's SQ entry in the count of entries pushed since the queue
-    /// was created (see `sq_seq`).
-    sq_seq: u64,
-    prp: PrpListMem,
-    submit_tick: u32,
-    parent: u16,
-    retries: u8,
-    active: bool,
-    timed_out: bool,
-    /// A cancel sent an Abort for this command: its error completion is final (no retry).
-    abort_requested: bool,
-    inject: Option<Status>,
+/// [`Tracker::state`] bits. A tracker whose state is exactly `ACTIVE` is a whole command
+/// in flight with nothing special about it: the completion fast path tests for that one
+/// value.
+mod state {
+    /// The tracker holds a command at the device (or retried, or held over a reset).
+    pub const ACTIVE: u8 = 1 << 0;
+    /// Its timeout passed and it was aborted: it completes with `IoError::Timeout`.
+    pub const TIMED_OUT: u8 = 1 << 1;
+    /// A cancel sent an Abort for it: its error completion is final (no retry).
+    pub const ABORT_REQUESTED: u8 = 1 << 2;
+    /// An error injection rule rewrites its completion status (`IoQpair::injected`).
+    pub const INJECTED: u8 = 1 << 3;
+    /// The command is a child of a split request (`Tracker::parent`).
+    pub const CHILD: u8 = 1 << 4;
+    /// The command carries the caller's metadata: its MPTR, CDW14 and CDW15 are in the
+    /// per-CID side array (`IoQpair::meta_dw`), merged into the SQE wherever it is
+    /// written ([`IoQpair::sqe_of`]).
+    pub const META: u8 = 1 << 5;
 }
 
-const _: () = assert!(std::mem::size_of::<Tracker>() == 128);
-const _: () = assert!(std::mem::offset_of!(Tracker, sqe) == 0);
-const _: () = assert!(std::mem::offset_of!(Tracker, token) == 64);
-const _: () = assert!(std::mem::offset_of!(Tracker, inject) < 128);
-/// Where line 1 of a tracker ends: bytes 120..128 are free. A field added to a tracker goes
-/// there (and this value moves with it), never onto line 0 or a third line.
-const TRACKER_LINE1_END: usize =
-    std::mem::offset_of!(Tracker, inject) + std::mem::size_of::<Option<Status>>();
-const _: () = assert!(TRACKER_LINE1_END == 120);
+/// The SQE fields of a command carrying the caller's metadata that its tracker has no
+/// room for: one entry per CID, written and read only for such commands (`state::META`).
+#[derive(Clone, Copy, Default)]
+struct MetaDwords {
+    /// MPTR: the separate metadata of the command's first block (0 for extended LBAs).
+    mptr: u64,
+    /// CDW14: the expected initial reference tag.
+    cdw14: u32,
+    /// CDW15: the application tag and mask.
+    cdw15: u32,
+}
+
+/// One inline command slot: one cache line, on a line boundary.
+///
+/// It holds the command in compact form: every SQE field that is not zero or derived
+/// (CDW0 is the opcode and the CID, CDW14 the starting LBA's low 32 bits or zero, the rest
+/// zero). The SQE is built from these fields straight into its SQ slot
+/// ([`IoQpair::place`]), by the same code for the first submission, a retry and a
+/// resubmission after a reset, so nothing keeps a 64-byte copy of it. Raw commands
+/// ([`IoQpair::submit_raw`]) carry fields this form has no room for; they are never
+/// resubmitted (their retry budget starts spent), so their SQE goes to the ring as given.
+///
+/// The rest is what a completion reads and writes: the state, the token, the SQ position,
+/// the parent and the retry count. Bytes 60..64 are free (`TRACKER_END`): a field added
+/// goes there; one that does not fit goes to a per-CID side
+/// array touched only by the commands that need it, as the injected status does, never to
+/// a second line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Tracker {
+    /// The caller's token, returned in the completion.
+    token: u64,
+    /// PRP1: the data's first address (the Dataset Management range page for a
+    /// Deallocate).
+    prp1: u64,
+    /// PRP2: the second page or the PRP list.
+    prp2: u64,
+    /// CDW10 and CDW11: the starting LBA of a Read, Write or Write Zeroes.
+    cdw10_11: u64,
+    nsid: u32,
+    /// CDW12: NLB (zero-based) and the protection information bits.
+    cdw12: u32,
+    /// Low 32 bits of the command's position in the count of entries pushed since the
+    /// queue was created (`IoQpair::sq_seq`), compared with wrapping arithmetic: fewer
+    /// than a ring's worth separate any two that are compared.
+    sq_seq: u32,
+    submit_tick: u32,
+    parent: u16,
+    opc: u8,
+    retries: u8,
+    /// [`state`] bits.
+    state: u8,
+    /// CDW14 is the low 32 bits of the starting LBA (the initial reference tag of
+    /// protection information types 1 and 2), else zero.
+    reftag: bool,
+    /// CDW13: the zone action or report options of a zone management command, else zero.
+    cdw13: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Tracker>() == 64);
+const _: () = assert!(std::mem::offset_of!(Tracker, token) == 0);
+/// Where the used part of a tracker ends: bytes 60..64 are free. A field added to a
+/// tracker goes there (and this value moves with it), never onto a second line.
+const TRACKER_END: usize = std::mem::offset_of!(Tracker, cdw13) + 4;
+const _: () = assert!(TRACKER_END == 60);
 
 impl Tracker {
-    /// A free tracker whose PRP list pages are `prp`.
-    fn idle(prp: PrpListMem) -> Self {
-        Tracker {
-            sqe: Sqe::default(),
-            token: 0,
-            sq_seq: 0,
-            prp,
-            submit_tick: 0,
-            parent: NO_PARENT,
-            retries: 0,
-            active: false,
-            timed_out: false,
-            abort_requested: false,
-            inject: None,
+    /// A free tracker.
+    const IDLE: Tracker = Tracker {
+        token: 0,
+        prp1: 0,
+        prp2: 0,
+        cdw10_11: 0,
+        nsid: 0,
+        cdw12: 0,
+        sq_seq: 0,
+        submit_tick: 0,
+        parent: NO_PARENT,
+        opc: 0,
+        retries: 0,
+        state: 0,
+        reftag: false,
+        cdw13: 0,
+    };
+
+    #[inline]
+    fn active(&self) -> bool {
+        self.state & state::ACTIVE != 0
+    }
+    #[inline]
+    fn timed_out(&self) -> bool {
+        self.state & state::TIMED_OUT != 0
+    }
+
+    /// The SQE of the command this tracker holds under CID `cid`, as quadwords
+    /// ([`Sqe::to_qwords`](crate::spec::Sqe::to_qwords)): the one place a tracker's
+    /// compact fields become a command.
+    #[inline]
+    fn sqe_qwords(&self, cid: u16) -> [u64; 8] {
+        let cdw14 = if self.reftag { self.cdw10_11 as u32 } else { 0 };
+        [
+            self.opc as u64 | (cid as u64) << 16 | (self.nsid as u64) << 32,
+            0,
+            0,
+            self.prp1,
+            self.prp2,
+            self.cdw10_11,
+            self.cdw12 as u64 | (self.cdw13 as u64) << 32,
+            cdw14 as u64,
+        ]
+    }
+}
+
+/// Slots of a [`CidRing`]: a power of two above [`MAX_TRACKERS`], the same for every
+/// qpair, so a position masked with `CID_RING - 1` is a valid index the compiler can see.
+const CID_RING: usize = (MAX_TRACKERS as usize + 1).next_power_of_two();
+const _: () = assert!(CID_RING > MAX_TRACKERS as usize && CID_RING <= 1 << 16);
+
+/// The free command identifiers, reused FIFO: a ring of CIDs with free-running
+/// positions (no wrap test, no bounds check, no growth path). It never holds more than
+/// the qpair's trackers, fewer than its slots.
+struct CidRing {
+    slots: Box<[u16; CID_RING]>,
+    head: u32,
+    tail: u32,
+}
+
+impl CidRing {
+    /// A ring holding CIDs `0..n`, CID 0 first.
+    fn full(n: u16) -> Self {
+        let mut slots: Box<[u16; CID_RING]> = vec![0u16; CID_RING]
+            .into_boxed_slice()
+            .try_into()
+            .expect("a vector of CID_RING entries");
+        for (i, s) in slots.iter_mut().take(n as usize).enumerate() {
+            *s = i as u16;
         }
+        CidRing {
+            slots,
+            head: 0,
+            tail: n as u32,
+        }
+    }
+    #[inline]
+    fn len(&self) -> usize {
+        self.tail.wrapping_sub(self.head) as usize
+    }
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.tail == self.head
+    }
+    #[inline]
+    fn pop(&mut self) -> Option<u16> {
+        if self.is_empty() {
+            return None;
+        }
+        let cid = self.slots[self.head as usize % CID_RING];
+        self.head = self.head.wrapping_add(1);
+        Some(cid)
+    }
+    /// Returns a CID. There are never more CIDs than trackers, fewer than the slots, so
+    /// this cannot overwrite one.
+    #[inline]
+    fn push(&mut self, cid: u16) {
+        debug_assert!(self.len() < CID_RING);
+        self.slots[self.tail as usize % CID_RING] = cid;
+        self.tail = self.tail.wrapping_add(1);
     }
 }
 
@@ -234,7 +375,8 @@ fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
 #[derive(Clone, Copy)]
 struct Parent {
     req: IoRequest,
-    chunk_blocks: u32,
+    /// The request's namespace.
+    ns: IoNs,
     issued_blocks: u32,
     outstanding: u32,
     first_error: Option<IoError>,
@@ -252,7 +394,7 @@ impl Parent {
             token: 0,
             meta: crate::io::IoMeta::NONE,
         },
-        chunk_blocks: 0,
+        ns: IoNs::NONE,
         issued_blocks: 0,
         outstanding: 0,
         first_error: None,
@@ -263,21 +405,23 @@ impl Parent {
 ///
 /// The layout is fixed (`repr(C)`, offsets checked below). The hot part, what submission,
 /// doorbells and completion touch, is the first five cache lines:
-/// - line 0: the ring positions ([`RingPair`]) and the free CID queue;
+/// - line 0: the rings ([`RingPair`]: where they are, the positions in them), the free
+///   CIDs and the trackers;
 /// - line 1: the software queue and the completions waiting for delivery;
-/// - line 2: the shadow doorbell slots and the trackers;
-/// - line 3: the SQ and CQ doorbells and the SQ position counters;
-/// - line 4: the controller (epoch, namespaces) and the epoch seen, the commands in
-///   flight, the coarse clock, the completion cap, the request being split, the doorbell
-///   mode and flags.
+/// - line 2: the shadow doorbell slots, the SQ position counter (which also counts the
+///   commands placed) and the coarse clock;
+/// - line 3: the SQ and CQ doorbells and the namespace table;
+/// - line 4: the controller (epoch) and the epoch seen, the completion cap, the request
+///   being split, the doorbell mode and flags.
 ///
 /// Then the counters on lines of their own (5 and 6: written by every submission and
-/// completion), then the fields no I/O touches.
+/// completion), then the fields no I/O of one or two pages touches.
 #[repr(C, align(64))]
 pub struct IoQpair {
     // ---- line 0 ----
     rings: RingPair,
-    free: VecDeque<u16>,
+    free: CidRing,
+    trackers: Box<[Tracker]>,
     // ---- line 1 ----
     pending: VecDeque<IoRequest>,
     deferred: VecDeque<Completion>,
@@ -285,23 +429,26 @@ pub struct IoQpair {
     /// The shadow doorbell slots (SQ, CQ) when the controller was set up with them: kept
     /// current even when `event_idx` is off.
     shadow: Option<(ShadowSlot, ShadowSlot)>,
-    trackers: Box<[Tracker]>,
+    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
+    sq_seq: u64,
+    tick: u32,
     // ---- line 3 ----
     sq_db: Doorbell,
     cq_db: Doorbell,
-    /// SQ entries pushed since the queue was (re)created; `sq_seq % depth == sq_tail`.
-    sq_seq: u64,
-    /// The controller's SQ head as a count like `sq_seq`, from the SQ Head of completions.
-    head_seq: u64,
+    /// The controller's namespaces as the I/O path needs them, in the controller's order
+    /// (NSID n at index n - 1 when the NSIDs are 1..=N).
+    ns: Box<[IoNs]>,
     // ---- line 4 ----
     ctrlr: Arc<CtrlrShared>,
     epoch: u64,
-    in_flight: u32,
-    tick: u32,
     polls_since_housekeeping: u32,
     max_completions: u32,
     splitting: Option<u16>,
     sq_tail_rung: u16,
+    /// Requests may start at once: the controller is up, the device present, nothing waits
+    /// in the software queue and no request is being split. Cleared wherever one of those
+    /// stops holding; set again only by the general submission path, which checks them.
+    direct: bool,
     mode: DoorbellMode,
     /// Skip MMIO writes the controller's EventIdx does not ask for.
     event_idx: bool,
@@ -310,8 +457,20 @@ pub struct IoQpair {
     max_retries: u8,
     // ---- lines 5 and 6 ----
     stats: LineAligned<QueueStats>,
-    // ---- fields below this point are not touched on the I/O path ----
+    // ---- fields below this point are not touched by I/O of one or two pages ----
+    /// The PRP list pages of tracker 0 (`pages` of them); tracker `cid`'s follow at
+    /// `cid * pages` pages from there ([`IoQpair::prp_list`]).
+    prp_lists: PrpListMem,
+    /// The status an injection rule gives the command in tracker `cid` (meaningful while
+    /// its state has `INJECTED`); empty until the first rule is added.
+    injected: Vec<Status>,
+    /// MPTR, CDW14 and CDW15 of the command in tracker `cid` (meaningful while its state
+    /// has `META`), allocated with the trackers.
+    meta_dw: Box<[MetaDwords]>,
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
+    /// What `stats.commands` adds to `sq_seq`: the entries pushed before the last reset
+    /// (which starts `sq_seq` again from 0).
+    commands_before: u64,
     delayed: VecDeque<(u16, u32)>,
     abort_timeout: Duration,
     timeout: Duration,
@@ -320,7 +479,6 @@ pub struct IoQpair {
     parents: Box<[Parent]>,
     parent_free: Vec<u16>,
     sw_queue_cap: usize,
-    max_command_bytes: u64,
     timeout_ticks: u32,
     /// The coarse clock's source (the calibrated TSC where there is one: no system call)
     /// and its reading when the qpair was created.
@@ -336,18 +494,19 @@ pub struct IoQpair {
 const _: () = {
     use std::mem::offset_of;
     assert!(offset_of!(IoQpair, rings) == 0);
+    assert!(offset_of!(IoQpair, trackers) + 16 == 64);
     assert!(offset_of!(IoQpair, pending) == 64);
     assert!(offset_of!(IoQpair, shadow) == 2 * 64);
+    assert!(offset_of!(IoQpair, tick) + 4 <= 3 * 64);
     assert!(offset_of!(IoQpair, sq_db) == 3 * 64);
-    assert!(offset_of!(IoQpair, head_seq) + 8 == 4 * 64);
+    assert!(offset_of!(IoQpair, ns) + 16 == 4 * 64);
     assert!(offset_of!(IoQpair, ctrlr) == 4 * 64);
-    assert!(offset_of!(IoQpair, max_retries) < 5 * 64);
-    // Line 4 ends at byte 299: 21 bytes are free for a hot field (a per-queue protection
-    // information setting, say) before the counters' lines; move this with it.
-    assert!(offset_of!(IoQpair, max_retries) + 1 == 299);
+    // Line 4 ends at byte 292: 28 bytes are free for a hot field before the counters'
+    // lines; move this with it.
+    assert!(offset_of!(IoQpair, max_retries) + 1 == 292);
     assert!(offset_of!(IoQpair, stats) == 5 * 64);
     assert!(std::mem::size_of::<LineAligned<QueueStats>>() == 2 * 64);
-    assert!(offset_of!(IoQpair, injections) <= 7 * 64);
+    assert!(offset_of!(IoQpair, prp_lists) == 7 * 64);
 };
 
 /// A value that starts on a cache line of its own (and fills whole lines), so writes to it
@@ -386,22 +545,17 @@ impl IoQpair {
         let depth = parts.rings.depth();
         let ntrk = (depth as u32 - 1).min(MAX_TRACKERS) as usize;
         let ppt = parts.prp_pages_per_tracker;
-        let trackers: Box<[Tracker]> = (0..ntrk)
-            .map(|i| {
-                // The tracker's list pages inside the qpair's PRP buffer.
-                let off = i * ppt * PAGE_SIZE;
-                Tracker::idle(PrpListMem {
-                    vaddr: parts.prp_mem.as_ptr().wrapping_add(off).cast::<u64>(),
-                    iova: parts.prp_mem.iova() + off as u64,
-                    pages: ppt,
-                })
-            })
-            .collect();
+        let trackers: Box<[Tracker]> = (0..ntrk).map(|_| Tracker::IDLE).collect();
         // Pop order: CID 0 first.
         // FIFO reuse: a freed CID goes to the back and is the last to be taken again, so
         // a late duplicate completion for it (a controller bug) almost always finds it
         // idle and is counted as bogus instead of completing a new command.
-        let free: VecDeque<u16> = (0..ntrk as u16).collect();
+        let free = CidRing::full(ntrk as u16);
+        let ns: Box<[IoNs]> = ctrlr
+            .namespaces
+            .iter()
+            .map(|n| IoNs::of(n, parts.max_command_bytes))
+            .collect();
         let parents: Box<[Parent]> = (0..ntrk).map(|_| Parent::IDLE).collect();
         let parent_free: Vec<u16> = (0..ntrk as u16).rev().collect();
         let sw = opts.sw_queue_depth.min(MAX_SW_QUEUE) as usize;
@@ -414,6 +568,7 @@ impl IoQpair {
         IoQpair {
             rings: parts.rings,
             sq_tail_rung: 0,
+            direct: false,
             mode: opts.doorbell,
             sq_db: parts.sq_db,
             cq_db: parts.cq_db,
@@ -421,7 +576,7 @@ impl IoQpair {
             shadow: parts.shadow,
             trackers,
             free,
-            in_flight: 0,
+            commands_before: 0,
             pending: VecDeque::with_capacity(sw),
             splitting: None,
             deferred: VecDeque::with_capacity(ntrk + sw),
@@ -431,8 +586,15 @@ impl IoQpair {
             epoch: ctrlr.epoch(),
             injecting: false,
             sq_seq: 0,
-            head_seq: 0,
+            ns,
             stats: LineAligned(QueueStats::default()),
+            prp_lists: PrpListMem {
+                vaddr: parts.prp_mem.as_ptr().cast::<u64>(),
+                iova: parts.prp_mem.iova(),
+                pages: ppt,
+            },
+            injected: Vec::new(),
+            meta_dw: vec![MetaDwords::default(); ntrk].into_boxed_slice(),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
             abort_timeout: opts.abort_timeout.min(timeout),
@@ -441,7 +603,6 @@ impl IoQpair {
             parents,
             parent_free,
             sw_queue_cap: sw,
-            max_command_bytes: parts.max_command_bytes,
             max_retries: opts.max_retries,
             timeout_ticks,
             clock,
@@ -490,13 +651,17 @@ impl IoQpair {
         self.pending.len()
     }
     /// Commands at the device.
+    #[inline]
     pub fn in_flight(&self) -> u32 {
-        self.in_flight
+        (self.trackers.len() - self.free.len()) as u32
     }
     /// Counters.
     #[inline]
     pub fn stats(&self) -> QueueStats {
-        *self.stats
+        QueueStats {
+            commands: self.commands_before + self.sq_seq,
+            ..*self.stats
+        }
     }
     /// The cap on completions per reaping pass used when the caller gives none
     /// ([`QpairOptions::max_completions`], resolved).
@@ -572,14 +737,36 @@ impl IoQpair {
     pub fn memory_bytes(&self) -> usize {
         self.rings.depth() as usize * (64 + 16)
             + self.trackers.len()
-                * (std::mem::size_of::<Tracker>() + self.trackers[0].prp.pages * PAGE_SIZE)
+                * (std::mem::size_of::<Tracker>() + self.prp_lists.pages * PAGE_SIZE)
             + self.parents.len() * std::mem::size_of::<Parent>()
             + self.sw_queue_cap * std::mem::size_of::<IoRequest>()
             + self.deferred.capacity() * std::mem::size_of::<Completion>()
     }
 
-    fn ns(&self, nsid: u32) -> Option<&NsInfo> {
-        self.ctrlr.ns_info(nsid)
+    /// The entry of namespace `nsid`: one bounds-checked load when the NSIDs are 1..=N, a
+    /// search of the table otherwise.
+    #[inline]
+    fn ns_entry(&self, nsid: u32) -> Option<&IoNs> {
+        match self.ns.get(nsid.wrapping_sub(1) as usize) {
+            Some(n) if n.nsid == nsid => Some(n),
+            _ => self.ns_search(nsid),
+        }
+    }
+
+    #[cold]
+    fn ns_search(&self, nsid: u32) -> Option<&IoNs> {
+        self.ns.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// The PRP list pages of tracker `cid`.
+    #[inline]
+    fn prp_list(&self, cid: u16) -> PrpListMem {
+        let off = cid as usize * self.prp_lists.pages * PAGE_SIZE;
+        PrpListMem {
+            vaddr: self.prp_lists.vaddr.wrapping_add(off / 8),
+            iova: self.prp_lists.iova + off as u64,
+            pages: self.prp_lists.pages,
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 
 use crate::io::{AbortOutcome, Completion, IoError};
 use crate::nvme::shared::CtrlrState;
+use crate::spec::Status;
 
-use super::{ErrorInjection, IoQpair, MAX_INJECTIONS};
+use super::{state, ErrorInjection, IoQpair, MAX_INJECTIONS};
 
 impl IoQpair {
     /// Fails every request the qpair holds (in flight, delayed, queued, being split) with
@@ -21,6 +22,7 @@ impl IoQpair {
                 let c = Completion {
                     token: p.req.token,
                     result: Err(err),
+                    value: 0,
                 };
                 self.parent_free.push(pi);
                 self.deferred.push_back(c);
@@ -28,7 +30,7 @@ impl IoQpair {
         }
         self.delayed.clear();
         for cid in 0..self.trackers.len() as u16 {
-            if self.trackers[cid as usize].active {
+            if self.trackers[cid as usize].active() {
                 if let Some(c) = self.retire(cid, Err(err)) {
                     self.deferred.push_back(c);
                 }
@@ -38,6 +40,7 @@ impl IoQpair {
             self.deferred.push_back(Completion {
                 token: r.token,
                 result: Err(err),
+                value: 0,
             });
         }
     }
@@ -45,6 +48,9 @@ impl IoQpair {
     /// The controller's epoch moved: a reset started, finished or failed, or the device
     /// went away.
     pub(super) fn on_epoch_change(&mut self) {
+        // Whatever the change, the next submission finds out afresh whether requests may
+        // start at once.
+        self.direct = false;
         let e = self.ctrlr.epoch();
         match CtrlrState::from_epoch(e) {
             // Hold everything; new requests queue in software until the reset ends.
@@ -72,8 +78,8 @@ impl IoQpair {
     /// what was in flight (each resubmission counts as a retry).
     pub(super) fn recreate_after_reset(&mut self, e: u64) {
         self.rings.rewind();
+        self.commands_before += self.sq_seq;
         self.sq_seq = 0;
-        self.head_seq = 0;
         self.sq_tail_rung = 0;
         self.delayed.clear();
         if let Err(err) = self.ctrlr.create_io_queue(
@@ -95,10 +101,10 @@ impl IoQpair {
         let max_retries = self.max_retries;
         for cid in 0..self.trackers.len() as u16 {
             let t = &mut self.trackers[cid as usize];
-            if !t.active {
+            if !t.active() {
                 continue;
             }
-            t.timed_out = false;
+            t.state &= !state::TIMED_OUT;
             t.submit_tick = self.tick;
             if t.retries >= max_retries {
                 if let Some(c) = self.retire(cid, Err(IoError::Aborted)) {
@@ -107,9 +113,8 @@ impl IoQpair {
                 continue;
             }
             t.retries += 1;
-            let sqe = t.sqe;
             self.stats.retries += 1;
-            self.push_sqe(&sqe);
+            self.place(cid);
         }
         self.drain_pending();
         self.ring_sq();
@@ -131,7 +136,7 @@ impl IoQpair {
         let last = self.tick;
         self.tick = now_tick;
         self.restamp_after_gap(last, now_tick);
-        if self.in_flight == 0 && self.pending.is_empty() {
+        if self.in_flight() == 0 && self.pending.is_empty() {
             return;
         }
         if CtrlrState::from_epoch(self.epoch) != CtrlrState::Ready || self.removed {
@@ -150,9 +155,9 @@ impl IoQpair {
     /// then busy again) those stamped with the old tick may be much younger than it says:
     /// take them as submitted just now rather than time them out early.
     fn restamp_after_gap(&mut self, last: u32, now_tick: u32) {
-        if now_tick.wrapping_sub(last) > 1 && self.in_flight > 0 {
+        if now_tick.wrapping_sub(last) > 1 && self.in_flight() > 0 {
             for t in self.trackers.iter_mut() {
-                if t.active && !t.timed_out && t.submit_tick == last {
+                if t.active() && !t.timed_out() && t.submit_tick == last {
                     t.submit_tick = now_tick.wrapping_sub(1);
                 }
             }
@@ -193,8 +198,7 @@ impl IoQpair {
                 break;
             };
             if now_tick.wrapping_sub(at) as i32 >= 0 {
-                let sqe = self.trackers[cid as usize].sqe;
-                self.push_sqe(&sqe);
+                self.place(cid);
             } else {
                 self.delayed.push_back((cid, at));
             }
@@ -208,13 +212,13 @@ impl IoQpair {
         let mut need_reset = false;
         for cid in 0..self.trackers.len() as u16 {
             let t = &self.trackers[cid as usize];
-            if !t.active || t.timed_out || now_tick.wrapping_sub(t.submit_tick) <= limit {
+            if !t.active() || t.timed_out() || now_tick.wrapping_sub(t.submit_tick) <= limit {
                 continue;
             }
             if self.delayed.iter().any(|&(c, _)| c == cid) {
                 continue;
             }
-            self.trackers[cid as usize].timed_out = true;
+            self.trackers[cid as usize].state |= state::TIMED_OUT;
             self.stats.timeouts += 1;
             need_reset |= self.abort_timed_out(cid, need_reset);
         }
@@ -222,8 +226,8 @@ impl IoQpair {
         // stuck too: after another timeout period, reset.
         if !need_reset {
             need_reset = self.trackers.iter().any(|t| {
-                t.active
-                    && t.timed_out
+                t.active()
+                    && t.timed_out()
                     && now_tick.wrapping_sub(t.submit_tick) > limit.saturating_mul(2)
             });
         }
@@ -302,7 +306,7 @@ impl IoQpair {
     pub fn cid_of(&self, token: u64) -> Option<u16> {
         self.trackers
             .iter()
-            .position(|t| t.active && t.token == token)
+            .position(|t| t.active() && t.token == token)
             .map(|i| i as u16)
     }
 
@@ -316,10 +320,10 @@ impl IoQpair {
         let mut outcome = AbortOutcome::NotFound;
         for cid in 0..self.trackers.len() {
             let t = &mut self.trackers[cid];
-            if !(t.active && t.token == token) {
+            if !(t.active() && t.token == token) {
                 continue;
             }
-            t.abort_requested = true;
+            t.state |= state::ABORT_REQUESTED;
             self.stats.aborts += 1;
             let r = self
                 .ctrlr
@@ -352,6 +356,9 @@ impl IoQpair {
             Some(slot) => {
                 *slot = Some(rule);
                 self.injecting = true;
+                if self.injected.is_empty() {
+                    self.injected = vec![Status::SUCCESS; self.trackers.len()];
+                }
                 true
             }
             None => false,
@@ -380,7 +387,8 @@ impl IoQpair {
         let (status, submit) = (rule.status, rule.submit);
         self.injecting = self.injections.iter().flatten().any(|r| r.count > 0);
         if submit {
-            self.trackers[cid as usize].inject = Some(status);
+            self.injected[cid as usize] = status;
+            self.trackers[cid as usize].state |= state::INJECTED;
             return false;
         }
         if let Some(c) = self.retire(cid, Err(IoError::Nvme(status))) {

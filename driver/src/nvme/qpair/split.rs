@@ -1,86 +1,101 @@
-//! Starting a request: one command, or, past MDTS (or 65536 blocks), child commands of at
-//! most that size issued as trackers free up; building each command's SQE and PRPs.
+//! Starting a checked request: one command, or, past MDTS (or 65536 blocks), child
+//! commands of at most that size issued as trackers free up; filling each command's
+//! tracker and PRPs, from which its SQE is written in place.
 
-use crate::io::{IoError, IoOp, IoRequest};
-use crate::nvme::format::IoProtection;
+use crate::io::{IoError, IoOp, IoRequest, Segments};
 use crate::nvme::prp;
-use crate::spec::{DsmRange, Sqe, Status};
+use crate::spec::zns::zra;
+use crate::spec::{nvm_opc, DsmRange, Sqe, Status, PAGE_SIZE};
 
-use super::{IoQpair, Parent, NO_PARENT};
+use super::{ns_flags, state, IoNs, IoQpair, MetaDwords, Parent, Tracker, NO_PARENT};
+use crate::nvme::format::IoProtection;
+
+const PAGE: u64 = PAGE_SIZE as u64;
 
 impl IoQpair {
-    /// Blocks per command for a namespace: MDTS (and our PRP list size) in bytes, and at
-    /// most 65536 blocks (the NLB field is 16 bits, zero-based).
-    pub(super) fn chunk_blocks(&self, block_size: u32) -> u32 {
-        ((self.max_command_bytes / block_size as u64).min(65536) as u32).max(1)
-    }
-
-    /// Starts a validated request; false if no tracker (or parent slot) is free. Takes the
-    /// request by reference: it is several hundred bytes, and only a split copies it.
+    /// Starts a request [`IoQpair::check`] accepted (`ns`: its namespace); false if no
+    /// tracker (or parent slot) is free. Takes the request by reference: it is several
+    /// hundred bytes, and only a split copies it.
     #[inline]
-    pub(super) fn try_start(&mut self, req: &IoRequest) -> bool {
-        let Some((block_size, prot)) = self.ns(req.nsid).map(|n| {
-            (
-                n.protection.host_block_size(n.block_size, req.meta.with),
-                n.protection,
-            )
-        }) else {
-            // The namespace went away between validation and now (a reset shrank the
-            // list): complete with the status a controller would give.
-            self.defer(
-                req.token,
-                Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)),
-            );
-            return true;
-        };
-        let chunk = self.chunk_blocks(block_size);
-        if matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes) && req.nlb > chunk {
-            let Some(pi) = self.parent_free.pop() else {
-                return false;
-            };
-            self.parents[pi as usize] = Parent {
-                req: *req,
-                chunk_blocks: chunk,
-                issued_blocks: 0,
-                outstanding: 0,
-                first_error: None,
-            };
-            self.stats.split += 1;
-            self.splitting = Some(pi);
-            self.continue_split(block_size, prot);
-            return true;
+    pub(super) fn try_start(&mut self, req: &IoRequest, ns: IoNs) -> bool {
+        if req.nlb > ns.chunk_blocks
+            && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes)
+        {
+            return self.start_split(req, ns);
         }
-        let Some(cid) = self.free.pop_front() else {
+        let Some(cid) = self.free.pop() else {
             return false;
         };
-        self.issue(cid, req, 0, req.nlb, NO_PARENT, block_size, prot);
+        self.issue_any(cid, req, 0, req.nlb, NO_PARENT, &ns);
         true
     }
 
-    /// Issues children of the parent being split while trackers are free. `block_size`:
-    /// bytes per block in the data buffer (with interleaved metadata, if any).
-    pub(super) fn continue_split(&mut self, block_size: u32, prot: IoProtection) {
+    /// Starts a request that was checked when it was submitted and waited in the software
+    /// queue since.
+    pub(super) fn try_start_queued(&mut self, req: &IoRequest) -> bool {
+        match self.ns_entry(req.nsid) {
+            // A request with the caller's metadata is built from the entry as it sees it
+            // (extended LBAs: bigger blocks), as when it was checked.
+            Some(&ns) if req.meta.with => self.try_start(req, ns.with_meta()),
+            Some(&ns) => self.try_start(req, ns),
+            None => {
+                // The table is the controller's namespace list, fixed while the qpair
+                // lives, so a checked request always finds its namespace; should it not,
+                // it completes with the status a controller would give.
+                self.defer(
+                    req.token,
+                    Err(IoError::Nvme(Status::INVALID_NAMESPACE_OR_FORMAT)),
+                );
+                true
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn start_split(&mut self, req: &IoRequest, ns: IoNs) -> bool {
+        let Some(pi) = self.parent_free.pop() else {
+            return false;
+        };
+        self.parents[pi as usize] = Parent {
+            req: *req,
+            ns,
+            issued_blocks: 0,
+            outstanding: 0,
+            first_error: None,
+        };
+        self.stats.split += 1;
+        self.splitting = Some(pi);
+        self.direct = false;
+        self.continue_split();
+        true
+    }
+
+    /// Issues children of the parent being split while trackers are free.
+    pub(super) fn continue_split(&mut self) {
         while let Some(pi) = self.splitting {
-            let p = self.parents[pi as usize];
+            let p = &self.parents[pi as usize];
             if p.issued_blocks >= p.req.nlb {
                 self.splitting = None;
                 break;
             }
-            let Some(cid) = self.free.pop_front() else {
+            let Some(cid) = self.free.pop() else {
                 break;
             };
-            let nlb = p.chunk_blocks.min(p.req.nlb - p.issued_blocks);
-            let par = &mut self.parents[pi as usize];
-            par.issued_blocks += nlb;
-            par.outstanding += 1;
-            self.issue(cid, &p.req, p.issued_blocks, nlb, pi, block_size, prot);
+            let p = &mut self.parents[pi as usize];
+            let (blk_off, ns) = (p.issued_blocks, p.ns);
+            let nlb = ns.chunk_blocks.min(p.req.nlb - blk_off);
+            p.issued_blocks += nlb;
+            p.outstanding += 1;
+            let req = p.req;
+            self.issue_any(cid, &req, blk_off, nlb, pi, &ns);
         }
     }
 
-    /// Builds the command for blocks `[blk_off, blk_off + nlb)` of `req` in tracker `cid`
-    /// and places it in the SQ. `bs`: bytes per block in the data buffer; `prot`: the
-    /// namespace's metadata and protection information handling.
-    #[allow(clippy::too_many_arguments)]
+    /// Fills tracker `cid` with the command for blocks `[blk_off, blk_off + nlb)` of
+    /// `req` (checked; `ns` its namespace) and writes its SQE into the SQ slot at the
+    /// tail, from the same compact fields a retry rebuilds it from.
+    #[inline]
     pub(super) fn issue(
         &mut self,
         cid: u16,
@@ -88,31 +103,172 @@ impl IoQpair {
         blk_off: u32,
         nlb: u32,
         parent: u16,
-        bs: u32,
-        prot: IoProtection,
+        ns: &IoNs,
     ) {
-        let t = &mut self.trackers[cid as usize];
+        let t = self.build(cid, req, blk_off, nlb, parent, ns);
+        self.trackers[cid as usize] = t;
+        if self.injecting && self.apply_injection(cid, t.opc) {
+            return;
+        }
+        self.push_qwords(t.sqe_qwords(cid));
+    }
+
+    /// [`IoQpair::issue`] for a request that may carry the caller's metadata (the general
+    /// path: the fast path's check lets none through).
+    #[inline]
+    fn issue_any(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        ns: &IoNs,
+    ) {
+        if req.meta.with {
+            self.issue_meta(cid, req, blk_off, nlb, parent, ns);
+        } else {
+            self.issue(cid, req, blk_off, nlb, parent, ns);
+        }
+    }
+
+    /// [`IoQpair::issue`] for a Read or Write carrying the caller's metadata: separate
+    /// (MPTR into its buffer, `ms` bytes per block from this piece's first block) or
+    /// interleaved in the data (`ns` then counts blocks with their metadata). Its PI is
+    /// sent as it is, without PRACT, and checked by the controller: CDW12's PRCHK bits,
+    /// CDW14 (the initial reference tag) and CDW15 (application tag and mask) come from
+    /// [`IoProtection::caller_dwords`]; MPTR, CDW14 and CDW15 go to the CID's side entry
+    /// (`state::META`), from which every write of the SQE takes them.
+    #[cold]
+    #[inline(never)]
+    fn issue_meta(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        ns: &IoNs,
+    ) {
+        let mut t = self.build(cid, req, blk_off, nlb, parent, ns);
+        let prot = self
+            .ctrlr
+            .ns_info(req.nsid)
+            .map_or(IoProtection::NONE, |n| n.protection);
         let lba = req.lba + blk_off as u64;
-        let mut sqe = match req.op {
-            IoOp::Read | IoOp::Write => {
-                let (prp1, prp2) = prp::build(
-                    req.data.as_slice(),
-                    blk_off as usize * bs as usize,
-                    nlb as usize * bs as usize,
-                    &t.prp,
-                )
-                // Validation checked the whole transfer; a piece of it within one command's
-                // size always fits the tracker's list.
-                .expect("validated transfer fits the tracker's prp list");
-                if req.op == IoOp::Read {
-                    Sqe::read(req.nsid, lba, nlb, prp1, prp2)
-                } else {
-                    Sqe::write(req.nsid, lba, nlb, prp1, prp2)
-                }
+        let (cdw12, cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
+        // NLB stays; the namespace's PRACT bits give way to the caller's checks.
+        t.cdw12 = (t.cdw12 & 0xFFFF) | cdw12;
+        t.reftag = false;
+        t.state |= state::META;
+        let mptr = if ns.has(ns_flags::EXTENDED) {
+            0
+        } else {
+            req.meta.buf.iova + u64::from(blk_off) * u64::from(ns.ms)
+        };
+        self.meta_dw[cid as usize] = MetaDwords { mptr, cdw14, cdw15 };
+        self.trackers[cid as usize] = t;
+        if self.injecting && self.apply_injection(cid, t.opc) {
+            return;
+        }
+        let q = self.sqe_of(cid);
+        self.push_qwords(q);
+    }
+
+    /// The tracker of the command for blocks `[blk_off, blk_off + nlb)` of `req`
+    /// (checked; `ns` its namespace), its PRPs written where they go.
+    #[inline]
+    fn build(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        ns: &IoNs,
+    ) -> Tracker {
+        let lba = req.lba + blk_off as u64;
+        let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
+        let c = if let IoOp::Read | IoOp::Write = req.op {
+            let bs = ns.block_size as usize;
+            let (prp1, prp2) = self.prps(cid, &req.data, blk_off as usize * bs, nlb as usize * bs);
+            let opc = if req.op == IoOp::Read {
+                nvm_opc::READ
+            } else {
+                nvm_opc::WRITE
+            };
+            Compact {
+                opc,
+                prp1,
+                prp2,
+                cdw10_11: lba,
+                cdw12: nlb0 | ns.rw_cdw12,
+                cdw13: 0,
+                reftag: ns.has(ns_flags::REFTAG),
             }
-            IoOp::Flush => Sqe::flush(req.nsid),
-            IoOp::WriteZeroes => Sqe::write_zeroes(req.nsid, lba, nlb, false),
+        } else {
+            self.other_command(cid, req, lba, nlb, ns)
+        };
+        Tracker {
+            token: req.token,
+            prp1: c.prp1,
+            prp2: c.prp2,
+            cdw10_11: c.cdw10_11,
+            nsid: req.nsid,
+            cdw12: c.cdw12,
+            sq_seq: self.sq_seq as u32,
+            submit_tick: self.tick,
+            parent,
+            opc: c.opc,
+            retries: 0,
+            state: if parent == NO_PARENT {
+                state::ACTIVE
+            } else {
+                state::ACTIVE | state::CHILD
+            },
+            reftag: c.reftag,
+            cdw13: c.cdw13,
+        }
+    }
+
+    /// The compact fields of a Flush, Write Zeroes, Deallocate (which writes its range
+    /// into tracker `cid`'s first PRP list page) or zoned command.
+    #[inline(never)]
+    fn other_command(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        lba: u64,
+        nlb: u32,
+        ns: &IoNs,
+    ) -> Compact {
+        let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
+        match req.op {
+            IoOp::WriteZeroes => Compact {
+                opc: nvm_opc::WRITE_ZEROES,
+                cdw10_11: lba,
+                cdw12: nlb0 | ns.wz_cdw12,
+                reftag: ns.has(ns_flags::REFTAG),
+                ..Compact::NONE
+            },
+            IoOp::ZoneAppend | IoOp::ReportZones => {
+                let len = if req.op == IoOp::ReportZones {
+                    self.report_bytes(req, ns)
+                } else {
+                    nlb as usize * ns.block_size as usize
+                };
+                let (prp1, prp2) = self.prps(cid, &req.data, 0, len);
+                Compact::of(&if req.op == IoOp::ZoneAppend {
+                    Sqe::zone_append(req.nsid, lba, nlb, prp1, prp2)
+                } else {
+                    Sqe::report_zones(req.nsid, lba, len as u32, zra::ALL, true, prp1, prp2)
+                })
+            }
+            IoOp::ZoneSend { action, all } => {
+                Compact::of(&Sqe::zone_mgmt_send(req.nsid, lba, action.zsa(), all))
+            }
             IoOp::Deallocate => {
+                let list = self.prp_list(cid);
                 let range = DsmRange {
                     cattr: 0,
                     nlb,
@@ -121,48 +277,89 @@ impl IoQpair {
                 // SAFETY: the tracker's first PRP page (4 KiB) is ours until its command
                 // completes; the range is 16 bytes at its start; the controller reads it
                 // only after submission.
-                unsafe { t.prp.vaddr.cast::<DsmRange>().write_volatile(range) };
-                Sqe::deallocate(req.nsid, 1, t.prp.iova)
+                unsafe { list.vaddr.cast::<DsmRange>().write_volatile(range) };
+                // One range (NR = 0 in CDW10), AD (attribute deallocate) in CDW11.
+                Compact {
+                    opc: nvm_opc::DATASET_MANAGEMENT,
+                    prp1: list.iova,
+                    cdw10_11: (1u64 << 2) << 32,
+                    ..Compact::NONE
+                }
             }
-        };
-        if req.meta.with {
-            // The caller's metadata: separate (MPTR into its buffer, `ms` bytes per block
-            // from this piece's first block) or already interleaved in the data; its PI is
-            // sent as it is and checked by the controller.
-            if !prot.extended {
-                sqe.mptr = req.meta.buf.iova + u64::from(blk_off) * u64::from(prot.ms);
+            IoOp::Flush => Compact {
+                opc: nvm_opc::FLUSH,
+                ..Compact::NONE
+            },
+            IoOp::Read | IoOp::Write => unreachable!("reads and writes are built in issue"),
+        }
+    }
+
+    /// PRP1 and PRP2 for the byte range `[off, off + len)` of checked data: one segment
+    /// holding the range and touching at most two pages (the common case) is computed
+    /// here; anything else writes the PRP list into tracker `cid`'s list pages.
+    #[inline]
+    fn prps(&self, cid: u16, data: &Segments, off: usize, len: usize) -> (u64, u64) {
+        if let Some(s) = data.single() {
+            let start = s.iova + off as u64;
+            // Bytes from the start to the end of its page.
+            let first = PAGE - (start & (PAGE - 1));
+            if len as u64 <= first {
+                return (start, 0);
             }
-            let (cdw12, cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
-            sqe.cdw12 |= cdw12;
-            sqe.cdw14 = cdw14;
-            sqe.cdw15 = cdw15;
-        } else if prot.pi_type != 0
-            && matches!(req.op, IoOp::Read | IoOp::Write | IoOp::WriteZeroes)
-        {
-            // PRACT: the controller inserts the PI on writes and checks and strips it on
-            // reads; the reference tag of the command's first block is its LBA.
-            let (cdw12, cdw14) = if req.op == IoOp::WriteZeroes {
-                prot.write_zeroes_dwords(lba)
-            } else {
-                prot.command_dwords(lba)
-            };
-            sqe.cdw12 |= cdw12;
-            sqe.cdw14 = cdw14;
+            if len as u64 <= first + PAGE {
+                return (start, (start & !(PAGE - 1)) + PAGE);
+            }
         }
-        sqe.set_cid(cid);
-        t.token = req.token;
-        t.parent = parent;
-        t.retries = 0;
-        t.active = true;
-        t.timed_out = false;
-        t.inject = None;
-        t.abort_requested = false;
-        t.submit_tick = self.tick;
-        t.sqe = sqe;
-        self.in_flight += 1;
-        if self.injecting && self.apply_injection(cid, sqe.opc()) {
-            return;
+        self.prps_list(cid, data, off, len)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn prps_list(&self, cid: u16, data: &Segments, off: usize, len: usize) -> (u64, u64) {
+        prp::build(data.as_slice(), off, len, &self.prp_list(cid))
+            // The check accepted the whole transfer; a piece of it within one command's
+            // size always fits the tracker's list.
+            .expect("checked transfer fits the tracker's prp list")
+    }
+}
+
+/// A command in the tracker's compact form ([`Tracker`]): what [`IoQpair::issue`] fills
+/// the tracker with.
+#[derive(Clone, Copy)]
+struct Compact {
+    opc: u8,
+    prp1: u64,
+    prp2: u64,
+    cdw10_11: u64,
+    cdw12: u32,
+    cdw13: u32,
+    /// CDW14 carries the starting LBA's low 32 bits (the initial reference tag).
+    reftag: bool,
+}
+
+impl Compact {
+    const NONE: Compact = Compact {
+        opc: 0,
+        prp1: 0,
+        prp2: 0,
+        cdw10_11: 0,
+        cdw12: 0,
+        cdw13: 0,
+        reftag: false,
+    };
+
+    /// The compact form of a command built by the spec's constructors; it must need
+    /// nothing the form lacks (metadata pointer, CDW2-3, CDW14-15).
+    fn of(sqe: &Sqe) -> Compact {
+        debug_assert!(sqe.mptr == 0 && sqe.cdw14 == 0 && sqe.cdw15 == 0);
+        Compact {
+            opc: sqe.opc(),
+            prp1: sqe.prp1,
+            prp2: sqe.prp2,
+            cdw10_11: sqe.cdw10 as u64 | (sqe.cdw11 as u64) << 32,
+            cdw12: sqe.cdw12,
+            cdw13: sqe.cdw13,
+            reftag: false,
         }
-        self.push_sqe(&sqe);
     }
 }

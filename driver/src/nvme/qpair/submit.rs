@@ -9,7 +9,7 @@ use crate::nvme::ring::{need_event, ShadowSlot};
 use crate::nvme::shared::CtrlrState;
 use crate::spec::Sqe;
 
-use super::{DoorbellMode, IoQpair, NO_PARENT};
+use super::{ns_flags, state, DoorbellMode, IoNs, IoQpair, Tracker, NO_PARENT};
 
 /// Publishes a queue's new doorbell value in its shadow slot, when shadow doorbells are in
 /// use, and says whether the MMIO write may be skipped. The shadow value goes first,
@@ -38,25 +38,70 @@ pub(super) fn publish_shadow(
 impl IoQpair {
     /// Checks a request against the namespace and the PRP rules.
     pub fn validate(&self, req: &IoRequest) -> Result<(), InvalidRequest> {
+        self.check(req).map(|_| ())
+    }
+
+    /// The one check of a request: against its namespace and the PRP rules. What it
+    /// returns, the namespace's entry, is what the layers below (starting, splitting,
+    /// building the command and its PRPs) work from; they check nothing again.
+    #[inline]
+    pub(super) fn check(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
+        match self.check_common(req) {
+            Some(ns) => Ok(ns),
+            None => self.check_full(req),
+        }
+    }
+
+    /// The check of the common request, decided in a few comparisons: a Read or Write of
+    /// one dword-aligned segment holding the blocks, inside a namespace the driver serves
+    /// (and, with `whole`, within one command: no split). `None` is not a verdict: the
+    /// request goes through [`IoQpair::check_full`], which gives every other request its
+    /// answer.
+    #[inline]
+    fn check_common_as(&self, req: &IoRequest, whole: bool) -> Option<IoNs> {
+        let ns = self.ns_entry(req.nsid)?;
+        let s = req.data.single()?;
+        // Blocks a command may carry: a whole one's chunk, or any count that fits the
+        // 32-bit field; `nlb - 1 < limit` also refuses 0.
+        let limit = if whole { ns.chunk_blocks } else { u32::MAX };
+        // A zoned namespace's write goes out as one command (pieces of a split one could
+        // reach the write pointer out of order): only `whole` requests pass here for it.
+        // Requests with the caller's metadata, and namespaces that need it, take the full
+        // check.
+        (matches!(req.op, IoOp::Read | IoOp::Write)
+            && ns.flags & (ns_flags::SERVED | ns_flags::NEEDS_META) == ns_flags::SERVED
+            && !req.meta.with
+            && (whole || !ns.has(ns_flags::ZONED))
+            && req.nlb.wrapping_sub(1) < limit
+            && req
+                .lba
+                .checked_add(req.nlb as u64)
+                .is_some_and(|end| end <= ns.num_blocks)
+            && s.len as u64 >= req.nlb as u64 * ns.block_size as u64
+            && s.iova % 4 == 0)
+            .then_some(*ns)
+    }
+
+    #[inline]
+    fn check_common(&self, req: &IoRequest) -> Option<IoNs> {
+        self.check_common_as(req, false)
+    }
+
+    /// Every rule, for every operation: the error a request that breaks one gets.
+    #[cold]
+    #[inline(never)]
+    fn check_full(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
         let ns = self
-            .ns(req.nsid)
+            .ns_entry(req.nsid)
             .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
-        if ns.unsupported.is_some() {
+        if !ns.has(ns_flags::SERVED) {
             return Err(InvalidRequest::UnsupportedFormat { nsid: req.nsid });
         }
-        let op = req.op.name();
-        let prot = ns.protection;
-        let meta_err = |why: &'static str| InvalidRequest::Metadata {
-            op,
-            nsid: req.nsid,
-            nlb: req.nlb,
-            ms: prot.ms,
-            extended: prot.extended,
-            why,
-        };
-        if req.meta.with && !req.op.has_data() {
-            return Err(meta_err("only reads and writes carry metadata"));
+        if ns.has(ns_flags::ZONED) || req.op.is_zoned() {
+            let zones = self.ctrlr.ns_info(req.nsid).and_then(|n| n.zones);
+            self.validate_zoned(req, zones, ns)?;
         }
+        let op = req.op.name();
         if !req.op.has_data() && !req.data.is_empty() {
             return Err(InvalidRequest::BadSegments {
                 op,
@@ -81,12 +126,19 @@ impl IoQpair {
                 });
             }
         }
+        let ns = if req.meta.with || ns.has(ns_flags::NEEDS_META) {
+            self.check_meta(req, ns)?
+        } else {
+            *ns
+        };
         match req.op {
-            IoOp::WriteZeroes if !ns.write_zeroes => {
+            IoOp::WriteZeroes if !ns.has(ns_flags::WRITE_ZEROES) => {
                 return Err(InvalidRequest::Unsupported { op })
             }
-            IoOp::Deallocate if !ns.deallocate => return Err(InvalidRequest::Unsupported { op }),
-            IoOp::Read | IoOp::Write => {
+            IoOp::Deallocate if !ns.has(ns_flags::DEALLOCATE) => {
+                return Err(InvalidRequest::Unsupported { op })
+            }
+            IoOp::Read | IoOp::Write | IoOp::ZoneAppend | IoOp::ReportZones => {
                 if req.data.is_empty() {
                     return Err(InvalidRequest::BadSegments {
                         op,
@@ -94,42 +146,17 @@ impl IoQpair {
                         why: "reads and writes need a buffer",
                     });
                 }
-                let with = req.meta.with;
-                if with && prot.ms == 0 {
-                    return Err(meta_err("metadata given for a namespace without metadata"));
-                }
-                if !with && prot.required() {
-                    return Err(meta_err(
-                        "the format needs the metadata with every read and write (IoMeta: a \
-                         separate buffer of nlb x ms bytes, or the metadata interleaved with \
-                         the data)",
-                    ));
-                }
-                if with && !prot.extended {
-                    let m = &req.meta.buf;
-                    if (m.len as u64) < req.nlb as u64 * prot.ms as u64 {
-                        return Err(meta_err(if m.len == 0 {
-                            "no metadata buffer given for separate metadata"
-                        } else {
-                            "the metadata buffer is smaller than nlb x ms bytes"
-                        }));
-                    }
-                    if m.iova % 4 != 0 {
-                        return Err(meta_err("the metadata buffer must be dword aligned (MPTR)"));
-                    }
-                } else if with && req.meta.buf.len != 0 {
-                    return Err(meta_err(
-                        "extended lbas carry the metadata in the data buffer, not a separate one",
-                    ));
-                }
-                let bs = prot.host_block_size(ns.block_size, with);
-                let need = req.nlb as u64 * bs as u64;
+                let need = if req.op == IoOp::ReportZones {
+                    self.report_bytes(req, &ns) as u64
+                } else {
+                    req.nlb as u64 * ns.block_size as u64
+                };
                 let have = req.data.total_len() as u64;
                 if have < need {
                     return Err(InvalidRequest::LengthMismatch {
                         op,
                         nlb: req.nlb,
-                        block_size: bs,
+                        block_size: ns.block_size,
                         need,
                         have,
                     });
@@ -153,19 +180,176 @@ impl IoQpair {
             }
             _ => {}
         }
+        Ok(ns)
+    }
+
+    /// The metadata rules of a request: metadata only with reads and writes, to a
+    /// namespace that has some; every read and write with it where the format needs it;
+    /// a separate buffer of at least `nlb x ms` bytes, dword aligned (MPTR), or none for
+    /// extended LBAs. Returns the entry the request is built from ([`IoNs::with_meta`]).
+    #[cold]
+    #[inline(never)]
+    fn check_meta(&self, req: &IoRequest, ns: &IoNs) -> Result<IoNs, InvalidRequest> {
+        let extended = ns.has(ns_flags::EXTENDED);
+        let err = |why: &'static str| InvalidRequest::Metadata {
+            op: req.op.name(),
+            nsid: req.nsid,
+            nlb: req.nlb,
+            ms: ns.ms,
+            extended,
+            why,
+        };
+        let with = req.meta.with;
+        let rw = matches!(req.op, IoOp::Read | IoOp::Write);
+        if with && !rw {
+            return Err(err("only reads and writes carry metadata"));
+        }
+        if !rw {
+            // Write Zeroes, Deallocate and Flush need none.
+            return Ok(*ns);
+        }
+        if with && ns.ms == 0 {
+            return Err(err("metadata given for a namespace without metadata"));
+        }
+        if !with {
+            return Err(err(
+                "the format needs the metadata with every read and write (IoMeta: a separate \
+                 buffer of nlb x ms bytes, or the metadata interleaved with the data)",
+            ));
+        }
+        let m = &req.meta.buf;
+        if !extended {
+            if (m.len as u64) < req.nlb as u64 * ns.ms as u64 {
+                return Err(err(if m.len == 0 {
+                    "no metadata buffer given for separate metadata"
+                } else {
+                    "the metadata buffer is smaller than nlb x ms bytes"
+                }));
+            }
+            if m.iova % 4 != 0 {
+                return Err(err("the metadata buffer must be dword aligned (MPTR)"));
+            }
+        } else if m.len != 0 {
+            return Err(err(
+                "extended lbas carry the metadata in the data buffer, not a separate one",
+            ));
+        }
+        Ok(ns.with_meta())
+    }
+
+    /// The zone rules the driver checks before a command reaches a zoned namespace (the
+    /// write-pointer rule is the device's): zoned operations only on zoned namespaces, at a
+    /// zone start, within the namespace; no Zone Append or write larger than one command.
+    #[cold]
+    fn validate_zoned(
+        &self,
+        req: &IoRequest,
+        zones: Option<crate::io::ZoneGeometry>,
+        ns: &IoNs,
+    ) -> Result<(), InvalidRequest> {
+        let block_size = ns.block_size;
+        let op = req.op.name();
+        let Some(z) = zones else {
+            return Err(InvalidRequest::NotZoned { op, nsid: req.nsid });
+        };
+        let capacity = z.zones * z.zone_size;
+        let one_command = ns.chunk_blocks as u64 * block_size as u64;
+        let bytes = req.nlb as u64 * block_size as u64;
+        match req.op {
+            IoOp::ZoneAppend | IoOp::Write => {
+                let max = if req.op == IoOp::ZoneAppend {
+                    z.zasl_bytes.min(one_command)
+                } else {
+                    one_command
+                };
+                if bytes > max {
+                    return Err(InvalidRequest::ZonedTooLarge { op, bytes, max });
+                }
+            }
+            IoOp::ZoneSend { all: true, .. } => return Ok(()),
+            IoOp::ReportZones | IoOp::ZoneSend { .. } if req.lba >= capacity => {
+                return Err(InvalidRequest::OutOfRange {
+                    nsid: req.nsid,
+                    lba: req.lba,
+                    nlb: 1,
+                    capacity,
+                });
+            }
+            IoOp::ReportZones => {
+                if self.report_bytes(req, ns) < crate::spec::zns::ZONE_DESCRIPTOR_SIZE * 2 {
+                    return Err(InvalidRequest::LengthMismatch {
+                        op,
+                        nlb: 0,
+                        block_size,
+                        need: crate::spec::zns::ZONE_DESCRIPTOR_SIZE as u64 * 2,
+                        have: req.data.total_len() as u64,
+                    });
+                }
+                return Ok(());
+            }
+            IoOp::ZoneSend { .. } => {}
+            _ => return Ok(()),
+        }
+        if req.op != IoOp::Write && req.lba % z.zone_size != 0 {
+            return Err(InvalidRequest::NotZoneStart {
+                op,
+                lba: req.lba,
+                zone_size: z.zone_size,
+                zslba: z.zone_start(req.lba),
+            });
+        }
         Ok(())
+    }
+
+    /// Bytes a Report Zones transfers: its buffer, at most one command's worth, whole
+    /// dwords.
+    pub(super) fn report_bytes(&self, req: &IoRequest, ns: &IoNs) -> usize {
+        let one_command = ns.chunk_blocks as u64 * ns.block_size as u64;
+        (req.data.total_len() as u64).min(one_command) as usize & !3
     }
 
     /// Submits one request. It reaches the device at the next doorbell write (now in
     /// immediate mode, else at [`IoQpair::flush`] or the next reaping pass). Never blocks.
+    ///
+    /// A request is several hundred bytes (its segments are inline): where the caller
+    /// keeps requests, [`IoQpair::submit_ref`] spares the copy into the argument.
     #[inline]
     pub fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
-        if let Err(reason) = self.validate(&req) {
-            return Err(SubmitError::Invalid {
-                token: req.token,
-                reason,
-            });
+        self.submit_ref(&req)
+    }
+
+    /// Submits one request, read where the caller keeps it (nothing is kept of it but its
+    /// command, unless it has to wait in the software queue). As [`IoQpair::submit`].
+    #[inline]
+    pub fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The common case straight through: a whole Read or Write that passes the check
+        // in a few comparisons, on a queue open to direct submission, with a free tracker.
+        if self.direct {
+            if let Some(ns) = self.check_common_as(req, true) {
+                if let Some(cid) = self.free.pop() {
+                    self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+                    self.stats.submitted += 1;
+                    return Ok(());
+                }
+            }
         }
+        self.submit_general(req)
+    }
+
+    /// Every other submission: the full check, any operation, a split, the software
+    /// queue, a queue whose device is gone.
+    #[cold]
+    #[inline(never)]
+    fn submit_general(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        let ns = match self.check(req) {
+            Ok(ns) => ns,
+            Err(reason) => {
+                return Err(SubmitError::Invalid {
+                    token: req.token,
+                    reason,
+                })
+            }
+        };
         if self.removed {
             // Accepted and completed with DeviceRemoved, like everything before it, while
             // the deferred queue has room; refused at once past that.
@@ -176,13 +360,15 @@ impl IoQpair {
             self.defer(req.token, Err(IoError::DeviceRemoved));
             return Ok(());
         }
-        let ready = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready;
-        if ready && self.pending.is_empty() && self.splitting.is_none() {
-            if self.try_start(&req) {
-                self.stats.submitted += 1;
-                return Ok(());
-            }
-            return self.enqueue(req);
+        // Requests start at once only while nothing waits before them and the
+        // controller is up; `direct` caches that for the fast path (the places that can
+        // close the queue clear it, and it is set again only here).
+        self.direct = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready
+            && self.pending.is_empty()
+            && self.splitting.is_none();
+        if self.direct && self.try_start(req, ns) {
+            self.stats.submitted += 1;
+            return Ok(());
         }
         self.enqueue(req)
     }
@@ -192,7 +378,7 @@ impl IoQpair {
     pub fn submit_batch(&mut self, reqs: &[IoRequest]) -> Result<usize, SubmitError> {
         let mut n = 0;
         for r in reqs {
-            match self.submit(*r) {
+            match self.submit_ref(r) {
                 Ok(()) => n += 1,
                 Err(e) if n == 0 => {
                     self.flush();
@@ -205,15 +391,16 @@ impl IoQpair {
         Ok(n)
     }
 
-    pub(super) fn enqueue(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+    pub(super) fn enqueue(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         if self.pending.len() >= self.sw_queue_cap {
             return Err(SubmitError::Busy(Busy {
-                request: req,
-                in_flight: self.in_flight,
+                request: *req,
+                in_flight: self.in_flight(),
                 queued: self.pending.len() as u32,
             }));
         }
-        self.pending.push_back(req);
+        self.pending.push_back(*req);
+        self.direct = false;
         self.stats.submitted += 1;
         self.stats.sw_queued += 1;
         Ok(())
@@ -223,60 +410,96 @@ impl IoQpair {
     /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
     /// validation beyond the PRP rules and the format rule (nothing goes to a namespace
     /// whose format the driver does not implement): the device judges the rest. Used by
-    /// conformance tests to check device-reported errors.
+    /// conformance tests to check device-reported errors. Raw commands are never retried,
+    /// nor resubmitted after a reset (they complete with `IoError::Aborted` then).
     pub fn submit_raw(
         &mut self,
         mut sqe: Sqe,
         data: Option<DmaSlice>,
         token: u64,
     ) -> Result<(), SubmitError> {
-        if self.ns(sqe.nsid).is_some_and(|n| n.unsupported.is_some()) {
+        if self
+            .ns_entry(sqe.nsid)
+            .is_some_and(|n| !n.has(ns_flags::SERVED))
+        {
             return Err(SubmitError::Invalid {
                 token,
                 reason: InvalidRequest::UnsupportedFormat { nsid: sqe.nsid },
             });
         }
-        let Some(cid) = self.free.pop_front() else {
+        let Some(cid) = self.free.pop() else {
             return Err(SubmitError::Busy(Busy {
                 request: IoRequest::flush(sqe.nsid, token),
-                in_flight: self.in_flight,
+                in_flight: self.in_flight(),
                 queued: self.pending.len() as u32,
             }));
         };
-        let t = &mut self.trackers[cid as usize];
         if let Some(d) = data {
-            match prp::build(&[d], 0, d.len, &t.prp) {
+            match prp::build(&[d], 0, d.len, &self.prp_list(cid)) {
                 Ok((p1, p2)) => {
                     sqe.prp1 = p1;
                     sqe.prp2 = p2;
                 }
                 Err(reason) => {
-                    self.free.push_back(cid);
+                    self.free.push(cid);
                     return Err(SubmitError::Invalid { token, reason });
                 }
             }
         }
         sqe.set_cid(cid);
-        t.token = token;
-        t.parent = NO_PARENT;
-        t.retries = self.max_retries; // raw commands are never retried
-        t.active = true;
-        t.abort_requested = false;
-        t.submit_tick = self.tick;
-        t.sqe = sqe;
-        self.in_flight += 1;
+        // The compact fields a raw command fits (for `cid_of`, diagnostics); its SQE goes
+        // to the ring as given, and is never rebuilt from them.
+        self.trackers[cid as usize] = Tracker {
+            token,
+            prp1: sqe.prp1,
+            prp2: sqe.prp2,
+            cdw10_11: sqe.slba(),
+            nsid: sqe.nsid,
+            cdw12: sqe.cdw12,
+            sq_seq: self.sq_seq as u32,
+            submit_tick: self.tick,
+            parent: NO_PARENT,
+            opc: sqe.opc(),
+            retries: self.max_retries, // raw commands are never retried
+            state: state::ACTIVE,
+            reftag: false,
+            cdw13: sqe.cdw13,
+        };
         self.stats.submitted += 1;
-        self.push_sqe(&sqe);
+        self.push_qwords(sqe.to_qwords());
         Ok(())
     }
 
+    /// Writes the command held in tracker `cid` into the SQ slot at the tail again (a
+    /// retry, a resubmission after a reset), from the tracker's compact fields, as
+    /// [`IoQpair::issue`] first wrote it.
+    pub(super) fn place(&mut self, cid: u16) {
+        let seq = self.sq_seq as u32;
+        self.trackers[cid as usize].sq_seq = seq;
+        let q = self.sqe_of(cid);
+        self.push_qwords(q);
+    }
+
+    /// The SQE of the command in tracker `cid`: its compact fields, and for a command
+    /// carrying the caller's metadata the MPTR, CDW14 and CDW15 kept beside it.
     #[inline]
-    pub(super) fn push_sqe(&mut self, sqe: &Sqe) {
-        self.rings.push(sqe);
-        // Every SQE comes from the tracker its CID names.
-        self.trackers[sqe.cid() as usize].sq_seq = self.sq_seq;
+    pub(super) fn sqe_of(&self, cid: u16) -> [u64; 8] {
+        let t = &self.trackers[cid as usize];
+        let mut q = t.sqe_qwords(cid);
+        if t.state & state::META != 0 {
+            let m = &self.meta_dw[cid as usize];
+            q[2] = m.mptr;
+            q[7] = m.cdw14 as u64 | (m.cdw15 as u64) << 32;
+        }
+        q
+    }
+
+    /// Places the SQE `q` at the SQ tail (straight into the slot) and rings at once in
+    /// immediate mode. The command's tracker records `sq_seq` as its position first.
+    #[inline]
+    pub(super) fn push_qwords(&mut self, q: [u64; 8]) {
+        self.rings.push_qwords(q);
         self.sq_seq += 1;
-        self.stats.commands += 1;
         if self.mode == DoorbellMode::Immediate {
             self.ring_sq();
         }

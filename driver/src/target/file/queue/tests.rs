@@ -194,7 +194,8 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
         done,
         vec![Completion {
             token: 2,
-            result: Ok(())
+            result: Ok(()),
+            value: 0,
         }]
     );
     assert_eq!(r.to_vec(), data);
@@ -216,7 +217,8 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
             result: Err(IoError::ShortTransfer {
                 done: 0,
                 want: 8 * bs as u32
-            })
+            }),
+            value: 0,
         }]
     );
     assert_eq!(q.outstanding(), 0);

@@ -1,0 +1,179 @@
+//! Zoned namespaces through the CLI, on the emulator: `identify` shows the zone geometry,
+//! `perf -w zone-write` and `-w zone-append` write zones through resets with 0 errors and
+//! verified data, and the writing workloads that would break the write-pointer rule are
+//! refused with a clear message.
+
+use std::process::{Command, Output};
+
+fn kestrel(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run kestrel")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(
+        o.status.success(),
+        "kestrel failed ({:?}): {}",
+        o.status,
+        stderr(o)
+    );
+    serde_json::from_slice(&o.stdout).expect("json")
+}
+
+/// 16 MiB zoned, 256 KiB zones (64 zones of 64 blocks), at most 8 open and active.
+const ZONED: &str = "emu:store=memory,ns=16M+4096+zoned+zone256K+open8+active8";
+
+fn perf(workload: &str, target: &str, ios: &str) -> Output {
+    kestrel(&[
+        "perf",
+        "--target",
+        target,
+        "-w",
+        workload,
+        "-q",
+        "4",
+        "--cores",
+        "0",
+        "-t",
+        "60",
+        "--warmup",
+        "0",
+        "--number-ios",
+        ios,
+        "--verify",
+        "--json",
+    ])
+}
+
+#[test]
+fn identify_shows_the_zone_geometry() {
+    let v = json(&kestrel(&["identify", "--json", "--target", ZONED]));
+    let ns = &v["namespaces"][0];
+    assert_eq!(ns["io_supported"], true);
+    assert_eq!(ns["format"]["command_set"], "Zoned Namespace Command Set");
+    let z = &ns["zoned"];
+    assert_eq!(z["zone_size_lbas"], 64);
+    assert_eq!(z["zone_size_bytes"], 256 * 1024);
+    assert_eq!(z["zones"], 64);
+    assert_eq!(z["max_open"], 8);
+    assert_eq!(z["max_active"], 8);
+    assert_eq!(z["zasl_bytes"], v["mdts_bytes"]);
+    let o = kestrel(&["identify", "--target", ZONED]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("zoned: 64 zones of 64 LBAs") && out.contains("max open 8, max active 8"),
+        "{out}"
+    );
+    // A namespace that is not zoned has no zone geometry.
+    let v = json(&kestrel(&["identify", "--json", "--target", "emu:ns=8M"]));
+    assert!(v["namespaces"][0].get("zoned").is_none());
+}
+
+/// Each of the 4 slots owns 16 zones of 64 blocks; 1000 writes of 4 KiB are 250 per slot,
+/// so every slot fills (and resets) three zones and more.
+#[test]
+fn zone_write_and_zone_append_run_through_resets_with_no_errors() {
+    for w in ["zone-write", "zone-append"] {
+        let o = perf(w, ZONED, "1000");
+        let v = json(&o);
+        assert_eq!(v["result"]["ok"], true, "{w}: {}", stderr(&o));
+        let out = &v["outcomes"];
+        assert_eq!(out["errors"], 0, "{w}: {out}");
+        assert_eq!(out["lost"], 0, "{w}: {out}");
+        // The resets are outcomes too: 4 at the start, then one per filled zone.
+        let ok = out["succeeded"].as_u64().unwrap();
+        assert!(ok >= 1000 + 4 + 12, "{w}: {ok} outcomes: too few resets");
+        assert_eq!(v["verify"]["mismatches"], 0, "{w}");
+        assert!(v["verify"]["blocks_checked"].as_u64().unwrap() > 0, "{w}");
+        assert_eq!(v["config"]["workload"], w);
+    }
+}
+
+#[test]
+fn writing_workloads_are_refused_on_a_zoned_namespace() {
+    for w in ["randwrite", "write", "randrw"] {
+        let o = perf(w, ZONED, "100");
+        assert_eq!(o.status.code(), Some(2), "{w}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(
+            e.contains("a zoned namespace")
+                && e.contains("Zone Invalid Write")
+                && e.contains("-w zone-write"),
+            "{w}: {e}"
+        );
+    }
+    // Reads run on it as on any namespace.
+    let v = json(&perf("randread", ZONED, "200"));
+    assert_eq!(v["result"]["ok"], true);
+    // On a controller with other namespaces the zoned one is skipped with a note.
+    let o = perf(
+        "randwrite",
+        "emu:store=memory,ns=8M,ns=8M+zoned+zone1M",
+        "200",
+    );
+    let v = json(&o);
+    assert_eq!(v["targets"].as_array().unwrap().len(), 1);
+    assert_eq!(v["config"]["skipped_namespaces"][0]["nsid"], 2);
+    assert!(
+        stderr(&o).contains("skipping nsid 2 (emulator ns2): a zoned namespace"),
+        "{}",
+        stderr(&o)
+    );
+    // And the zoned workloads need a zoned namespace.
+    let o = perf("zone-write", "emu:store=memory,ns=8M", "100");
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not a zoned namespace"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn zoned_workload_limits_are_clear_errors() {
+    // Larger than the zone append size limit.
+    let o = kestrel(&[
+        "perf",
+        "--target",
+        ZONED,
+        "-w",
+        "zone-append",
+        "-o",
+        "1M",
+        "-q",
+        "1",
+        "--cores",
+        "0",
+        "-t",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("zone append size limit (zasl)"),
+        "{}",
+        stderr(&o)
+    );
+    // More outstanding I/Os than open zones.
+    let o = kestrel(&[
+        "perf",
+        "--target",
+        ZONED,
+        "-w",
+        "zone-write",
+        "-q",
+        "16",
+        "--cores",
+        "0",
+        "-t",
+        "1",
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("max open zones (8)"), "{}", stderr(&o));
+}

@@ -1,0 +1,239 @@
+//! The zoned namespace cases: report zones, writes at and away from the write pointer,
+//! Zone Append returning the LBA it wrote, reset. They run on every zoned namespace the
+//! driver serves and skip, with the reason, on every other namespace. Each uses the last
+//! zone of the namespace (reset first, so an earlier run's data does not matter).
+
+use kestrel::io::{Completion, IoRequest, ZoneAction, ZoneGeometry};
+use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
+use kestrel::spec::Status;
+use kestrel::{Controller, DmaBuf, IoQpair};
+
+use super::{
+    alloc, expect_nvme, pattern, qpair, reap, run_one, CaseError, CaseResult, Device, Outcome,
+};
+
+/// The zone geometry of `nsid`, or a skip saying why the case does not apply.
+fn zones_of(c: &Controller, nsid: u32) -> Result<(ZoneGeometry, usize), CaseError> {
+    if nsid == 0 {
+        return Err(CaseError::Skip(super::no_io_namespace(c)));
+    }
+    let ns = c.namespace(nsid).map_err(|e| e.to_string())?;
+    if let Some(u) = &ns.unsupported {
+        return Err(CaseError::Skip(u.to_string()));
+    }
+    match ns.zones {
+        Some(z) => Ok((z, ns.block_size as usize)),
+        None => Err(CaseError::Skip(format!(
+            "nsid {nsid} is not a zoned namespace (csi {:#04x})",
+            ns.format.csi
+        ))),
+    }
+}
+
+/// The descriptors Report Zones gives from the zone holding `slba`.
+fn report(
+    qp: &mut IoQpair,
+    nsid: u32,
+    buf: &DmaBuf,
+    slba: u64,
+) -> Result<Vec<ZoneDescriptor>, String> {
+    let r = run_one(qp, IoRequest::report_zones(nsid, slba, buf.slice_all(), 7))?;
+    ensure!(r.is_ok(), "report zones from lba {slba}: {r:?}");
+    let mut bytes = vec![0u8; buf.len()];
+    buf.read_at(0, &mut bytes).map_err(|e| e.to_string())?;
+    Ok(parse_report(&bytes).collect())
+}
+
+/// The last zone, reset: its start and capacity.
+fn fresh_zone(
+    qp: &mut IoQpair,
+    nsid: u32,
+    z: &ZoneGeometry,
+    rep: &DmaBuf,
+) -> Result<(u64, u64), String> {
+    let zslba = (z.zones - 1) * z.zone_size;
+    let r = run_one(qp, IoRequest::zone_send(nsid, zslba, ZoneAction::Reset, 8))?;
+    ensure!(r.is_ok(), "reset of the zone at lba {zslba}: {r:?}");
+    let d = report(qp, nsid, rep, zslba)?;
+    let d = d.first().ok_or("report zones returned no descriptor")?;
+    ensure!(
+        d.zslba == zslba && d.wp == zslba && d.state() == Some(ZoneState::Empty),
+        "after reset: zslba {} wp {} state {:?}, want {zslba}, {zslba}, Empty",
+        d.zslba,
+        d.wp,
+        d.state()
+    );
+    ensure!(d.zcap >= 8, "zone capacity {} is below 8 blocks", d.zcap);
+    Ok((zslba, d.zcap))
+}
+
+pub(super) fn zoned_report_zones(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let (z, _) = zones_of(&c, nsid)?;
+    let mut qp = qpair(&c, 8)?;
+    let rep = alloc(&c, 4096)?;
+    let all = report(&mut qp, nsid, &rep, 0)?;
+    let want = z.zones.min(4096 / 64 - 1) as usize;
+    ensure!(all.len() == want, "{} descriptors, want {want}", all.len());
+    for (i, d) in all.iter().enumerate() {
+        let zslba = i as u64 * z.zone_size;
+        ensure!(
+            d.zslba == zslba,
+            "descriptor {i}: zslba {}, want {zslba}",
+            d.zslba
+        );
+        ensure!(
+            d.zcap > 0 && d.zcap <= z.zone_size,
+            "descriptor {i}: zcap {} outside 1..={}",
+            d.zcap,
+            z.zone_size
+        );
+        ensure!(
+            d.state().is_some(),
+            "descriptor {i}: reserved state {:#x}",
+            d.zs >> 4
+        );
+    }
+    // From the middle of the last zone: that zone first.
+    let last = (z.zones - 1) * z.zone_size;
+    let tail = report(&mut qp, nsid, &rep, last + 1)?;
+    ensure!(
+        tail.len() == 1 && tail[0].zslba == last,
+        "report from lba {}: {:?}",
+        last + 1,
+        tail.iter().map(|d| d.zslba).collect::<Vec<_>>()
+    );
+    Ok(Outcome::Pass)
+}
+
+pub(super) fn zoned_write_pointer(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let (z, bs) = zones_of(&c, nsid)?;
+    let mut qp = qpair(&c, 8)?;
+    let rep = alloc(&c, 4096)?;
+    let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
+    let mut w = alloc(&c, 4 * bs)?;
+    let data = pattern(4 * bs, u64::from(nsid) + 77);
+    w.write_at(0, &data).map_err(|e| e.to_string())?;
+    let s = |off: usize, n: usize| w.slice(off * bs, n * bs).map_err(|e| e.to_string());
+    let r = run_one(&mut qp, IoRequest::write(nsid, zslba, 2, s(0, 2)?, 1))?;
+    ensure!(r.is_ok(), "write at the write pointer {zslba}: {r:?}");
+    // Behind and ahead of the write pointer: Zone Invalid Write, by name.
+    for lba in [zslba, zslba + 3] {
+        let r = run_one(&mut qp, IoRequest::write(nsid, lba, 1, s(0, 1)?, 2))?;
+        expect_nvme(
+            r,
+            Status::ZONE_INVALID_WRITE,
+            &format!("write at lba {lba}, write pointer {}", zslba + 2),
+        )?;
+    }
+    let r = run_one(&mut qp, IoRequest::write(nsid, zslba + 2, 2, s(2, 2)?, 3))?;
+    ensure!(r.is_ok(), "write at the write pointer {}: {r:?}", zslba + 2);
+    let d = report(&mut qp, nsid, &rep, zslba)?;
+    ensure!(
+        d[0].wp == zslba + 4,
+        "write pointer {}, want {}",
+        d[0].wp,
+        zslba + 4
+    );
+    let rbuf = alloc(&c, 4 * bs)?;
+    let r = run_one(&mut qp, IoRequest::read_buf(nsid, zslba, 4, &rbuf, 4))?;
+    ensure!(r.is_ok(), "read back: {r:?}");
+    ensure!(rbuf.to_vec() == data, "data read back differs");
+    Ok(Outcome::Pass)
+}
+
+pub(super) fn zoned_append(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let (z, bs) = zones_of(&c, nsid)?;
+    let mut qp = qpair(&c, 8)?;
+    let rep = alloc(&c, 4096)?;
+    let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
+    let n = 4usize;
+    let mut w = alloc(&c, n * bs)?;
+    let data = pattern(n * bs, u64::from(nsid) + 99);
+    w.write_at(0, &data).map_err(|e| e.to_string())?;
+    for i in 0..n {
+        let s = w.slice(i * bs, bs).map_err(|e| e.to_string())?;
+        qp.submit(IoRequest::zone_append(nsid, zslba, 1, s, i as u64))
+            .map_err(|e| e.to_string())?;
+    }
+    qp.flush();
+    let done: Vec<Completion> = reap(&mut qp, n)?;
+    let mut lbas = Vec::new();
+    for c in &done {
+        ensure!(c.result.is_ok(), "append {}: {:?}", c.token, c.result);
+        ensure!(
+            (zslba..zslba + n as u64).contains(&c.value),
+            "append {} landed at lba {}, outside {zslba}..{}",
+            c.token,
+            c.value,
+            zslba + n as u64
+        );
+        lbas.push(c.value);
+    }
+    let mut sorted = lbas.clone();
+    sorted.sort();
+    sorted.dedup();
+    ensure!(
+        sorted.len() == n,
+        "appends returned lbas {lbas:?}: not distinct"
+    );
+    // Each append's data is at the LBA its completion named.
+    let rbuf = alloc(&c, bs)?;
+    for c in &done {
+        let r = run_one(&mut qp, IoRequest::read_buf(nsid, c.value, 1, &rbuf, 50))?;
+        ensure!(r.is_ok(), "read of lba {}: {r:?}", c.value);
+        let i = c.token as usize;
+        ensure!(
+            rbuf.to_vec() == data[i * bs..(i + 1) * bs],
+            "lba {} does not hold append {i}'s data",
+            c.value
+        );
+    }
+    Ok(Outcome::Pass)
+}
+
+pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let (z, bs) = zones_of(&c, nsid)?;
+    let mut qp = qpair(&c, 8)?;
+    let rep = alloc(&c, 4096)?;
+    let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
+    let w = alloc(&c, bs)?;
+    let r = run_one(&mut qp, IoRequest::write_buf(nsid, zslba, 1, &w, 1))?;
+    ensure!(r.is_ok(), "write at {zslba}: {r:?}");
+    // Finish: Full, and an append is then Zone Is Full.
+    let r = run_one(
+        &mut qp,
+        IoRequest::zone_send(nsid, zslba, ZoneAction::Finish, 2),
+    )?;
+    ensure!(r.is_ok(), "finish: {r:?}");
+    let d = report(&mut qp, nsid, &rep, zslba)?;
+    ensure!(
+        d[0].state() == Some(ZoneState::Full),
+        "after finish: {:?}",
+        d[0].state()
+    );
+    let r = run_one(
+        &mut qp,
+        IoRequest::zone_append(nsid, zslba, 1, w.slice_all(), 3),
+    )?;
+    expect_nvme(r, Status::ZONE_IS_FULL, "append to a full zone")?;
+    // Reset: Empty, and writable from its start.
+    let r = run_one(
+        &mut qp,
+        IoRequest::zone_send(nsid, zslba, ZoneAction::Reset, 4),
+    )?;
+    ensure!(r.is_ok(), "reset: {r:?}");
+    let d = report(&mut qp, nsid, &rep, zslba)?;
+    ensure!(
+        d[0].state() == Some(ZoneState::Empty) && d[0].wp == zslba,
+        "after reset: {:?} wp {}",
+        d[0].state(),
+        d[0].wp
+    );
+    let r = run_one(&mut qp, IoRequest::write_buf(nsid, zslba, 1, &w, 5))?;
+    ensure!(r.is_ok(), "write at the start of the reset zone: {r:?}");
+    Ok(Outcome::Pass)
+}
