@@ -333,7 +333,9 @@ fn perf_text_table() {
     let o = kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "2000",
         "--warmup",
         "0",
         "-w",
@@ -529,7 +531,9 @@ fn verify_passes_on_an_honest_store() {
     let j = json(&kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "2000",
         "--warmup",
         "0",
         "-w",
@@ -554,7 +558,9 @@ fn verify_reads_back_what_a_write_workload_wrote() {
     let j = json(&kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "2000",
         "--warmup",
         "0",
         "-w",
@@ -716,7 +722,9 @@ fn latency_plot_is_an_svg() {
     let o = kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "2000",
         "--warmup",
         "0",
         "-q",
@@ -738,7 +746,11 @@ fn perf_on_a_file_target_and_two_namespaces() {
     let j = json(&kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        // Enough I/Os that the slowest target (the file, a hundredth of the emulator's
+        // rate or less) sees reads and writes.
+        "--number-ios",
+        "300000",
         "--warmup",
         "0",
         "-q",
@@ -836,7 +848,9 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
     let j = json(&kestrel(&[
         "perf",
         "-t",
-        "1",
+        "60",
+        "--number-ios",
+        "2000",
         "--warmup",
         "0",
         "-q",
@@ -981,10 +995,15 @@ fn an_emulator_without_a_core_of_its_own_is_reported() {
         return;
     }
     let cores = format!("0-{}", ids - 1);
+    // The window ends after 200 I/Os per poller (or a minute): a poller that shares its
+    // core with the emulator and other load cannot be left with an empty window, as a
+    // 200 ms one was once.
     let o = kestrel(&[
         "perf",
         "-t",
-        "200ms",
+        "60",
+        "--number-ios",
+        "200",
         "--warmup",
         "0",
         "-q",
@@ -1103,7 +1122,17 @@ fn perf_mixed_workload_reports_reads_and_writes_apart() {
     assert!(conds.iter().any(|c| c.contains("null store")), "{conds:?}");
     // A read workload has no write figures.
     let j = json(&kestrel(&[
-        "perf", "-t", "200ms", "--warmup", "0", "-q", "4", "--json", "--quiet",
+        "perf",
+        "-t",
+        "60",
+        "--number-ios",
+        "2000",
+        "--warmup",
+        "0",
+        "-q",
+        "4",
+        "--json",
+        "--quiet",
     ]));
     assert!(j["total"]["write"].is_null());
     assert!(j["total"]["read"]["latency_us"].is_object());
@@ -1114,7 +1143,9 @@ fn perf_mixed_workload_reports_reads_and_writes_apart() {
     let o = kestrel(&[
         "perf",
         "-t",
-        "300ms",
+        "60",
+        "--number-ios",
+        "2000",
         "--warmup",
         "0",
         "-q",

@@ -8,7 +8,8 @@
 #      controller (the supported namespaces, the others skipped with a note), and
 #      kestrel perf on a refused namespace (/ns=N) fails before any I/O naming its format;
 #      perf in busy, hybrid and interrupt poll mode at QD 1 and 32 (figures printed;
-#      interrupt mode must be woken by MSI-X);
+#      interrupt mode must be woken by MSI-X); perf at QD 2048 on queues of 2048
+#      entries;
 #   2. the conformance suite ($KESTREL_PAYLOAD) passes; its data path cases pass on every
 #      supported namespace and are skipped, with the refusal, on every refused one; its
 #      zoned cases pass on every zoned namespace (the conventional ones skip there), and
@@ -140,6 +141,15 @@ for qd in 1 32; do
 done
 check "interrupt mode at QD 1 is woken by MSI-X (above 300 IOPS)" \
     bash -c "[ \"\$(awk '\$1 == \"Total\" {print int(\$2); exit}' /tmp/poll-interrupt-1.txt)\" -gt 300 ]"
+# Deep queues: QEMU's NVMe allows I/O queues of 2048 entries (CAP.MQES 7FFh). At QD 2048
+# perf asks for more, gets a queue of 2048 entries (2047 commands at the device, the rest
+# in the software queue) and must run clean in both modes.
+$K perf --target "pci:$BDF/ns=$first_ns" "${noi[@]}" -t 120 --number-ios 20000 --warmup 0 \
+    -q 2048 -o 4k -w randread --cores 0 >/tmp/qd2048.txt 2>&1
+rc=$?
+grep -E "entries|^Total|error" /tmp/qd2048.txt | head -n 5
+check "perf -q 2048 (exit $rc)" [ "$rc" = 0 ]
+check "perf -q 2048 uses queues of 2048 entries" grep -q "2048 entries" /tmp/qd2048.txt
 for n in $KESTREL_NS_REFUSED; do
     check "perf skipped nsid $n with a note" grep -q "note: pci:$BDF: skipping nsid $n: " /tmp/perf.txt
     $K perf --target "pci:$BDF/ns=$n" "${noi[@]}" -t 1 --cores 0 >/tmp/refused.txt 2>&1

@@ -71,66 +71,10 @@ pub(super) fn lay_out(args: &PerfArgs, plan: &Plan, opened: &[Opened]) -> Result
                 if alone {
                     return Err(AppError::usage(format!("{}: {why}", info.name)));
                 }
-                // Said even with --quiet: part of the run is not done.
-                eprintln!(
-                    "kestrel perf: note: {}: skipping nsid {} ({}): {why}",
-                    o.spec(),
-                    info.nsid,
-                    info.name
-                );
-                l.skipped.push(json!({
-                    "spec": o.spec().to_string(),
-                    "nsid": info.nsid,
-                    "reason": why,
-                }));
+                l.skip_zone_mismatch(o, &info, why);
                 continue;
             }
-            let idx = l.blocks.len();
-            check_fits(args, plan, &info)?;
-            let bs = info.block_size as u64;
-            let mut tj = json!({
-                "index": idx,
-                "spec": o.spec().to_string(),
-                "name": info.name,
-                "block_size": info.block_size,
-                "num_blocks": info.num_blocks,
-                "size_bytes": info.num_blocks * bs,
-                "max_transfer_bytes": info.max_transfer_bytes,
-            });
-            let mut desc = format!(
-                "target [{idx}] {}: {} LBAs of {} bytes ({})",
-                info.name,
-                info.num_blocks,
-                info.block_size,
-                human_bytes(info.num_blocks * bs)
-            );
-            match o {
-                Opened::Nvme(n) => {
-                    l.describe_nvme(args, plan, n, idx, &info.name, &mut tj);
-                    if let Some(e) = &n.emu {
-                        l.describe_emu(plan, e, idx, &info.name, &mut tj, &mut desc, &mut placed);
-                    }
-                    l.emus.push(n.emu_ctrlr.clone());
-                }
-                Opened::File(f) => {
-                    tj["kind"] = json!("file");
-                    tj["direct"] = json!(f.target.is_direct());
-                    desc.push_str(if f.target.is_direct() {
-                        ", direct I/O"
-                    } else {
-                        ", buffered I/O (page cache)"
-                    });
-                    l.emus.push(None);
-                }
-            }
-            note(args, desc.clone());
-            l.target_lines.push(
-                desc.strip_prefix("target ")
-                    .map_or(desc.clone(), str::to_string),
-            );
-            l.names.push(info.name.clone());
-            l.target_json.push(tj);
-            l.blocks.push(t);
+            l.add_target(args, plan, o, t, &info, &mut placed)?;
         }
     }
     if l.blocks.is_empty() {
@@ -141,6 +85,84 @@ pub(super) fn lay_out(args: &PerfArgs, plan: &Plan, opened: &[Opened]) -> Result
     }
     check_buffers(args, plan, l.blocks.len())?;
     Ok(l)
+}
+
+impl Layout {
+    /// Leaves out a namespace of a controller target that the workload cannot run on, as
+    /// zoned or not, and says so (even with --quiet: part of the run is not done).
+    fn skip_zone_mismatch(&mut self, o: &Opened, info: &TargetInfo, why: String) {
+        eprintln!(
+            "kestrel perf: note: {}: skipping nsid {} ({}): {why}",
+            o.spec(),
+            info.nsid,
+            info.name
+        );
+        self.skipped.push(json!({
+            "spec": o.spec().to_string(),
+            "nsid": info.nsid,
+            "reason": why,
+        }));
+    }
+
+    /// Checks block target `t` of `o` and adds it to the run, with its description (text
+    /// and JSON) and, for an emulated controller, where its thread runs.
+    fn add_target(
+        &mut self,
+        args: &PerfArgs,
+        plan: &Plan,
+        o: &Opened,
+        t: Arc<dyn Target>,
+        info: &TargetInfo,
+        placed: &mut bool,
+    ) -> Result<()> {
+        let idx = self.blocks.len();
+        check_fits(args, plan, info)?;
+        let bs = info.block_size as u64;
+        let mut tj = json!({
+            "index": idx,
+            "spec": o.spec().to_string(),
+            "name": info.name,
+            "block_size": info.block_size,
+            "num_blocks": info.num_blocks,
+            "size_bytes": info.num_blocks * bs,
+            "max_transfer_bytes": info.max_transfer_bytes,
+        });
+        let mut desc = format!(
+            "target [{idx}] {}: {} LBAs of {} bytes ({})",
+            info.name,
+            info.num_blocks,
+            info.block_size,
+            human_bytes(info.num_blocks * bs)
+        );
+        match o {
+            Opened::Nvme(n) => {
+                self.describe_nvme(args, plan, n, idx, &info.name, &mut tj);
+                if let Some(e) = &n.emu {
+                    self.describe_emu(plan, e, idx, &info.name, &mut tj, &mut desc, placed);
+                }
+                self.emus.push(n.emu_ctrlr.clone());
+            }
+            Opened::File(f) => {
+                tj["kind"] = json!("file");
+                tj["direct"] = json!(f.target.is_direct());
+                desc.push_str(if f.target.is_direct() {
+                    ", direct I/O"
+                } else {
+                    ", buffered I/O (page cache)"
+                });
+                self.emus.push(None);
+            }
+        }
+        note(args, desc.clone());
+        self.target_lines.push(
+            desc.strip_prefix("target ")
+                .map_or(desc.clone(), str::to_string),
+        );
+        self.names.push(info.name.clone());
+        self.target_json.push(tj);
+        self.blocks.push(t);
+        Ok(())
+    }
 }
 
 /// Why the workload cannot run on a target, as zoned or not: the zoned workloads need a
