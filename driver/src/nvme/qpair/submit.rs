@@ -139,48 +139,56 @@ impl IoQpair {
                 return Err(InvalidRequest::Unsupported { op })
             }
             IoOp::Read | IoOp::Write | IoOp::ZoneAppend | IoOp::ReportZones => {
-                if req.data.is_empty() {
-                    return Err(InvalidRequest::BadSegments {
-                        op,
-                        n: 0,
-                        why: "reads and writes need a buffer",
-                    });
-                }
-                let need = if req.op == IoOp::ReportZones {
-                    self.report_bytes(req, &ns) as u64
-                } else {
-                    req.nlb as u64 * ns.block_size as u64
-                };
-                let have = req.data.total_len() as u64;
-                if have < need {
-                    return Err(InvalidRequest::LengthMismatch {
-                        op,
-                        nlb: req.nlb,
-                        block_size: ns.block_size,
-                        need,
-                        have,
-                    });
-                }
-                match req.data.as_slice() {
-                    // One segment is one contiguous IOVA range: its pages after the first
-                    // are page aligned by construction, so the only PRP rule left is the
-                    // dword alignment of the start; no need to walk the pages.
-                    [s] => {
-                        if s.iova % 4 != 0 {
-                            return Err(InvalidRequest::Misaligned {
-                                index: 0,
-                                iova: s.iova,
-                                len: (need as usize).min(s.len),
-                                why: "the first data address must be dword aligned",
-                            });
-                        }
-                    }
-                    segs => prp::for_each_page(segs, 0, need as usize, |_| {})?,
-                }
+                self.check_data(req, &ns)?
             }
             _ => {}
         }
         Ok(ns)
+    }
+
+    /// The data rules of a transfer: a buffer holding the blocks (or the report), whose
+    /// pages follow the PRP rules.
+    fn check_data(&self, req: &IoRequest, ns: &IoNs) -> Result<(), InvalidRequest> {
+        let op = req.op.name();
+        if req.data.is_empty() {
+            return Err(InvalidRequest::BadSegments {
+                op,
+                n: 0,
+                why: "reads and writes need a buffer",
+            });
+        }
+        let need = if req.op == IoOp::ReportZones {
+            self.report_bytes(req, ns) as u64
+        } else {
+            req.nlb as u64 * ns.block_size as u64
+        };
+        let have = req.data.total_len() as u64;
+        if have < need {
+            return Err(InvalidRequest::LengthMismatch {
+                op,
+                nlb: req.nlb,
+                block_size: ns.block_size,
+                need,
+                have,
+            });
+        }
+        match req.data.as_slice() {
+            // One segment is one contiguous IOVA range: its pages after the first
+            // are page aligned by construction, so the only PRP rule left is the
+            // dword alignment of the start; no need to walk the pages.
+            [s] => {
+                if s.iova % 4 != 0 {
+                    return Err(InvalidRequest::Misaligned {
+                        index: 0,
+                        iova: s.iova,
+                        len: (need as usize).min(s.len),
+                        why: "the first data address must be dword aligned",
+                    });
+                }
+            }
+            segs => prp::for_each_page(segs, 0, need as usize, |_| {})?,
+        }
+        Ok(())
     }
 
     /// The metadata rules of a request: metadata only with reads and writes, to a
