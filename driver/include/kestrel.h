@@ -37,6 +37,9 @@
 extern "C" {
 #endif
 
+/* Version 2: zoned namespaces (the zone opcodes, kestrel_event.value, 32-byte events)
+ * and metadata (kestrel_iocb md_buf..app_mask, KESTREL_IOCB_MD; kestrel_info md_size,
+ * pi_type, md_flags). */
 #define KESTREL_ABI_VERSION 2
 
 /* Opcodes (struct kestrel_iocb.opcode). */

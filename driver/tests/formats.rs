@@ -589,3 +589,86 @@ fn metadata_formats_do_io_with_the_caller_s_metadata() {
         assert_quiet(&mut qp);
     }
 }
+
+/// A command carrying the caller's metadata keeps it through a retry: the SQE written
+/// again from the tracker carries the same MPTR, initial reference tag (type 2: the
+/// caller's) and application tag and mask, so the retried write and read pass the
+/// controller's PI checks and move the same data and metadata.
+#[test]
+fn a_retried_metadata_command_carries_its_metadata_again() {
+    use kestrel::nvme::qpair::ErrorInjection;
+    use kestrel::spec::pi::{PiFormat, PiType};
+    use kestrel::spec::{nvm_opc, Status};
+    for extended in [false, true] {
+        let what = format!("type 2, ms 16, extended {extended}");
+        let (ms, lba, nlb) = (16u16, 512u32, 8u32);
+        let (_emu, c) = emu_with(EmuConfig {
+            namespaces: vec![EmuNamespace {
+                format: EmuFormat {
+                    ms,
+                    extended,
+                    pi_type: 2,
+                    ..Default::default()
+                },
+                ..EmuNamespace::new(4 << 20, lba, EmuStore::Memory)
+            }],
+            ..Default::default()
+        });
+        let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+        let hbs = (lba + if extended { u32::from(ms) } else { 0 }) as usize;
+        let dlen = nlb as usize * hbs;
+        let mlen = if extended {
+            0
+        } else {
+            nlb as usize * ms as usize
+        };
+        let mut data = pattern(dlen, 7);
+        let mut md = pattern(mlen, 8);
+        let f = PiFormat {
+            data_size: lba as usize,
+            ms: ms as usize,
+            extended,
+            pi_first: false,
+            pi_type: PiType::from_dps(2).unwrap(),
+        };
+        let (ref0, app) = (0x5000, 0x4B45);
+        f.fill(&mut data, &mut md, nlb as usize, ref0, app);
+        let moff = dlen.next_multiple_of(4096);
+        let mut w = c.dma_pool().alloc(moff + mlen.max(1)).unwrap();
+        w.write_at(0, &data).unwrap();
+        w.write_at(moff, &md).unwrap();
+        let r = c.dma_pool().alloc(moff + mlen.max(1)).unwrap();
+        let meta = |b: &kestrel::DmaBuf| {
+            let m = if extended {
+                IoMeta::extended()
+            } else {
+                IoMeta::separate(b.slice(moff, mlen).unwrap())
+            };
+            m.with_tags(ref0, app, 0xFFFF)
+        };
+        for (opc, buf, token) in [(nvm_opc::WRITE, &w, 1), (nvm_opc::READ, &r, 2)] {
+            // Submitted, then completed with a retryable status: resubmitted once.
+            assert!(qp.inject_error(ErrorInjection {
+                opcode: Some(opc),
+                status: Status::NAMESPACE_NOT_READY,
+                count: 1,
+                submit: true,
+            }));
+            let d = buf.slice(0, dlen).unwrap();
+            let req = if opc == nvm_opc::WRITE {
+                IoRequest::write(1, 100, nlb, d, token)
+            } else {
+                IoRequest::read(1, 100, nlb, d, token)
+            };
+            qp.submit(req.with_meta(meta(buf))).unwrap();
+            assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: opcode {opc}");
+        }
+        assert_eq!(qp.stats().retries, 2, "{what}: both commands were retried");
+        let got = r.to_vec();
+        assert!(got[..dlen] == data[..], "{what}: data read back differs");
+        assert!(
+            got[moff..moff + mlen] == md[..],
+            "{what}: metadata read back differs"
+        );
+    }
+}

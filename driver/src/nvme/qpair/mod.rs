@@ -215,8 +215,9 @@ struct MetaDwords {
 /// The rest is what a completion reads and writes: the state, the token, the SQ position,
 /// the parent and the retry count. Bytes 60..64 are free (`TRACKER_END`): a field added
 /// goes there; one that does not fit goes to a per-CID side
-/// array touched only by the commands that need it, as the injected status does, never to
-/// a second line.
+/// array touched only by the commands that need it, as the injected status does (and the
+/// MPTR, CDW14 and CDW15 of a command carrying the caller's metadata, `state::META`),
+/// never to a second line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Tracker {
