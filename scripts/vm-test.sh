@@ -22,10 +22,11 @@
 #
 # The controller has one namespace per format (QEMU nvme-ns): nsid 1 512 B,
 # 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
-# extended LBA, 5 zoned (4 KiB, 8 MiB zones), 6 4 KiB + 16 B metadata with
-# 64-bit guard PI type 1. Kestrel serves 1, 2 and 3 (8-byte PI metadata, with
-# PRACT) and 5 as zoned (zone-write and zone-append perf runs, the suite's zoned
-# cases), and refuses the others.
+# extended LBA, 5 4 KiB + 16 B separate metadata with PI type 1, 6 512 B + 8 B
+# separate metadata without PI, 7 zoned (4 KiB, 8 MiB zones), 8 4 KiB + 16 B
+# metadata with 64-bit guard PI type 1. Kestrel serves 1 to 6 (4 to 6 with the
+# caller's metadata, PI generated in software) and 7 as zoned (zone-write and
+# zone-append perf runs, the suite's zoned cases), and refuses 8.
 #   --keep       keep the run directory (disk image, initramfs, logs).
 #   --shell      an interactive shell in the guest instead of the command
 #                (no timeout); its exit status is reported.
@@ -126,10 +127,15 @@ VM_NVME_NAMESPACES=(
     "256:logical_block_size=4096,physical_block_size=4096"
     "64:logical_block_size=4096,physical_block_size=4096,ms=8,pi=1"
     "64:logical_block_size=512,physical_block_size=512,ms=8,mset=1"
+    "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1"
+    "64:logical_block_size=512,physical_block_size=512,ms=8"
     "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M"
     "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1,pif=2"
 )
-ns_supported='1 2 3' ns_zoned='5' ns_refused='4 6'
+# Served: plain 512 B and 4 KiB, 8-byte PI type 1, extended LBAs, 16 bytes of separate
+# metadata with PI type 1, separate metadata without PI (the last three need the caller's
+# metadata: ns_md); zoned (ns_zoned). Refused: the 64-bit guard.
+ns_supported='1 2 3 4 5 6' ns_md='4 5 6' ns_zoned='7' ns_refused='8'
 vm_check_payload "$binary"
 binary=$(realpath "$binary")
 
@@ -159,7 +165,7 @@ run_mode() {
     if [[ -n $guest_cmd ]]; then
         cmd=$guest_cmd
     else
-        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_ZONED='$ns_zoned' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
+        cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_NO_KERNEL_WRITE='5' KESTREL_NS_ZONED='$ns_zoned' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"

@@ -44,9 +44,10 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         sw_queue_depth: 4,
         ..QueueOptions::default()
     })?;
+    let md = Meta::of(&info);
     let buf = t
         .dma_pool()
-        .alloc(chunk as usize)
+        .alloc(md.buf_len(chunk as usize / bs as usize, bs as usize))
         .map_err(kestrel::Error::from)?;
     let mut out: Box<dyn Write> = match &a.output {
         Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
@@ -63,11 +64,13 @@ pub fn run(a: &ReadArgs) -> Result<()> {
     while off < end {
         let n = chunk.min(end - off);
         let nlb = (n / bs) as u32;
-        let slice = buf.slice(0, n as usize).map_err(kestrel::Error::from)?;
-        let req = IoRequest::read(info.nsid, off / bs, nlb, slice, off);
+        let (req, data_len) = md.request(
+            IoRequest::read(info.nsid, off / bs, nlb, buf.slice_all(), off),
+            &buf,
+            bs as usize,
+        )?;
         run_one(&mut *q, req, &format!("read at byte {off}"))?;
-        buf.read_at(0, &mut copy[..n as usize])
-            .map_err(kestrel::Error::from)?;
+        md.read_data(&buf, data_len, bs as usize, &mut copy[..n as usize])?;
         out.write_all(&copy[..n as usize])
             .map_err(|source| AppError::Os {
                 context: "writing the output".into(),
@@ -102,4 +105,133 @@ pub(crate) fn run_one(q: &mut dyn TargetQueue, req: IoRequest, what: &str) -> Re
         return Err(AppError::runtime(format!("{what}: {e}")));
     }
     Ok(())
+}
+
+/// The metadata `kestrel read` and `kestrel write` carry on a namespace whose format needs
+/// it: zeroes outside the protection information, PI generated in software on writes (the
+/// reference tag of type 1 and 2 is the LBA, the application tag 0) and checked by the
+/// controller; none on other namespaces (an 8-byte PI is then inserted and checked by the
+/// controller). One buffer holds the data (interleaved with the metadata for extended
+/// LBAs) and, after it, the separate metadata.
+pub(crate) struct Meta {
+    layout: Option<kestrel::io::MetaLayout>,
+    pi: Option<kestrel::spec::pi::PiFormat>,
+}
+
+impl Meta {
+    pub(crate) fn of(info: &kestrel::target::TargetInfo) -> Self {
+        let layout = info.metadata.filter(|m| m.required());
+        let pi = layout.and_then(|m| {
+            kestrel::spec::pi::PiType::from_dps(m.pi_type).map(|t| kestrel::spec::pi::PiFormat {
+                data_size: info.block_size as usize,
+                ms: m.ms as usize,
+                extended: m.extended,
+                pi_first: m.pi_first,
+                pi_type: t,
+            })
+        });
+        Meta { layout, pi }
+    }
+
+    /// Bytes of the buffer for `nlb` blocks of `bs` bytes: data (+ interleaved metadata),
+    /// then separate metadata.
+    pub(crate) fn buf_len(&self, nlb: usize, bs: usize) -> usize {
+        match self.layout {
+            None => nlb * bs,
+            Some(m) => nlb * (bs + m.ms as usize),
+        }
+    }
+
+    /// `req` (whose data is all of `buf`) with its data and metadata placed in `buf`, and
+    /// the bytes of its data part.
+    pub(crate) fn request(
+        &self,
+        req: IoRequest,
+        buf: &kestrel::DmaBuf,
+        bs: usize,
+    ) -> Result<(IoRequest, usize)> {
+        let nlb = req.nlb as usize;
+        let e = |e: kestrel::hw::dma::DmaError| AppError::from(kestrel::Error::from(e));
+        let Some(m) = self.layout else {
+            let slice = buf.slice(0, nlb * bs).map_err(e)?;
+            return Ok((
+                IoRequest {
+                    data: kestrel::io::Segments::one(slice),
+                    ..req
+                },
+                nlb * bs,
+            ));
+        };
+        let ms = m.ms as usize;
+        let data_len = nlb * m.host_block_size(bs as u32, true) as usize;
+        let data = buf.slice(0, data_len).map_err(e)?;
+        let meta = if m.extended {
+            kestrel::io::IoMeta::extended()
+        } else {
+            kestrel::io::IoMeta::separate(buf.slice(data_len, nlb * ms).map_err(e)?)
+        };
+        let first = req.lba as u32;
+        Ok((
+            IoRequest {
+                data: kestrel::io::Segments::one(data),
+                ..req
+            }
+            .with_meta(meta.with_tags(first, 0, 0)),
+            data_len,
+        ))
+    }
+
+    /// Copies the data of the blocks in `buf` (without interleaved metadata) into `out`.
+    pub(crate) fn read_data(
+        &self,
+        buf: &kestrel::DmaBuf,
+        data_len: usize,
+        bs: usize,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let e = |e: kestrel::hw::dma::DmaError| AppError::from(kestrel::Error::from(e));
+        match self.layout {
+            Some(m) if m.extended => {
+                let hbs = bs + m.ms as usize;
+                let mut all = vec![0u8; data_len];
+                buf.read_at(0, &mut all).map_err(e)?;
+                for (o, b) in out.chunks_exact_mut(bs).zip(all.chunks_exact(hbs)) {
+                    o.copy_from_slice(&b[..bs]);
+                }
+                Ok(())
+            }
+            _ => buf.read_at(0, out).map_err(e),
+        }
+    }
+
+    /// Places `data` (whole blocks of `bs` bytes, at `lba`) into `buf` with zeroed metadata
+    /// and, on a PI format, PI generated in software.
+    pub(crate) fn write_data(
+        &self,
+        buf: &mut kestrel::DmaBuf,
+        data: &[u8],
+        lba: u64,
+        bs: usize,
+    ) -> Result<()> {
+        let e = |e: kestrel::hw::dma::DmaError| AppError::from(kestrel::Error::from(e));
+        let Some(m) = self.layout else {
+            return buf.write_at(0, data).map_err(e);
+        };
+        let nlb = data.len() / bs;
+        let ms = m.ms as usize;
+        let (mut d, mut md) = if m.extended {
+            let mut d = vec![0u8; nlb * (bs + ms)];
+            for (dst, src) in d.chunks_exact_mut(bs + ms).zip(data.chunks_exact(bs)) {
+                dst[..bs].copy_from_slice(src);
+            }
+            (d, Vec::new())
+        } else {
+            (data.to_vec(), vec![0u8; nlb * ms])
+        };
+        if let Some(f) = self.pi {
+            f.fill(&mut d, &mut md, nlb, lba as u32, 0);
+        }
+        buf.write_at(0, &d).map_err(e)?;
+        buf.write_at(d.len(), &md).map_err(e)
+    }
 }

@@ -58,9 +58,10 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         sw_queue_depth: 4,
         ..QueueOptions::default()
     })?;
+    let md = crate::read::Meta::of(&info);
     let mut buf = t
         .dma_pool()
-        .alloc(chunk as usize)
+        .alloc(md.buf_len(chunk as usize / bs as usize, bs as usize))
         .map_err(kestrel::Error::from)?;
     let mut copy = vec![0u8; chunk as usize];
     let mut off = a.offset;
@@ -70,10 +71,12 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         input
             .read_exact(&mut copy[..n as usize])
             .map_err(os(format!("reading {}", a.input.display())))?;
-        buf.write_at(0, &copy[..n as usize])
-            .map_err(kestrel::Error::from)?;
-        let slice = buf.slice(0, n as usize).map_err(kestrel::Error::from)?;
-        let req = IoRequest::write(info.nsid, off / bs, (n / bs) as u32, slice, off);
+        md.write_data(&mut buf, &copy[..n as usize], off / bs, bs as usize)?;
+        let (req, _) = md.request(
+            IoRequest::write(info.nsid, off / bs, (n / bs) as u32, buf.slice_all(), off),
+            &buf,
+            bs as usize,
+        )?;
         run_one(&mut *q, req, &format!("write at byte {off}"))?;
         off += n;
     }

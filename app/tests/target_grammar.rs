@@ -186,7 +186,9 @@ fn c_api(spec: &str, dir: &Path, needle: &str, nvme: bool) -> Outcome {
         block_size: 0,
         nsid: 0,
         flags: 0,
-        reserved: 0,
+        md_size: 0,
+        pi_type: 0,
+        md_flags: 0,
         name: [0; 64],
     };
     // SAFETY: a live handle and a valid out-pointer; the handle is closed once.
@@ -271,7 +273,7 @@ fn an_accepted_string_means_what_it_says() {
     };
     assert_eq!((block_size, blocks), (4096, 1024));
     // Without /ns=N a single-target user gets the first namespace kestrel serves ...
-    let o = c_api("emu:ns=4M+md16+pi1,ns=8M+512", d, "", true);
+    let o = c_api("emu:ns=4M+md16+pi1+guard64,ns=8M+512", d, "", true);
     let Outcome::Opened {
         block_size, blocks, ..
     } = o
@@ -282,7 +284,7 @@ fn an_accepted_string_means_what_it_says() {
     // ... and selecting one it refuses fails, naming the format.
     assert_eq!(
         c_api(
-            "emu:ns=4M+md16+pi1,ns=8M+512/ns=1",
+            "emu:ns=4M+md16+pi1+guard64,ns=8M+512/ns=1",
             d,
             "ms 16 B in a separate buffer",
             true

@@ -37,6 +37,9 @@
 extern "C" {
 #endif
 
+/* Version 2: zoned namespaces (the zone opcodes, kestrel_event.value, 32-byte events)
+ * and metadata (kestrel_iocb md_buf..app_mask, KESTREL_IOCB_MD; kestrel_info md_size,
+ * pi_type, md_flags). */
 #define KESTREL_ABI_VERSION 2
 
 /* Opcodes (struct kestrel_iocb.opcode). */
@@ -92,6 +95,14 @@ extern "C" {
 #define KESTREL_INFO_READ_ONLY (1u << 4)
 #define KESTREL_INFO_ZONED (1u << 5) /* kestrel_get_zone_info() has its zones */
 
+/* struct kestrel_info.md_flags (namespaces formatted with metadata, md_size > 0) */
+#define KESTREL_MD_EXTENDED (1u << 0) /* metadata interleaved with the data (extended LBA) */
+#define KESTREL_MD_PI_FIRST (1u << 1) /* the PI is the first 8 bytes of the metadata */
+#define KESTREL_MD_REQUIRED (1u << 2) /* every read and write must carry the metadata */
+
+/* struct kestrel_iocb.flags */
+#define KESTREL_IOCB_MD (1u << 1) /* carries metadata: md_buf (separate), or in buf (extended) */
+
 #define KESTREL_MAX_IOV 8
 #define KESTREL_NAME_LEN 64
 #define KESTREL_DEFAULT_BOUNCE_BUFFERS 64
@@ -108,7 +119,9 @@ struct kestrel_info {
     uint32_t block_size;
     uint32_t nsid;
     uint32_t flags; /* KESTREL_INFO_* */
-    uint32_t reserved;
+    uint16_t md_size; /* metadata bytes per block; 0: none */
+    uint8_t pi_type;  /* protection information type: 0 none, 1, 2, 3 (16-bit guard) */
+    uint8_t md_flags; /* KESTREL_MD_* */
     char name[KESTREL_NAME_LEN]; /* NUL-terminated */
 };
 
@@ -128,8 +141,21 @@ struct kestrel_iocb {
     uint32_t iovcnt;    /* 1..KESTREL_MAX_IOV for READV/WRITEV */
     uint32_t nsid;      /* 0: the target's namespace */
     uint16_t opcode;    /* KESTREL_OP_* */
-    uint16_t flags;     /* 0 */
+    uint16_t flags;     /* KESTREL_IOCB_*; 0 without metadata */
     uint32_t reserved;  /* 0 */
+    /* Metadata (KESTREL_IOCB_MD, READ/WRITE/READV/WRITEV): separate metadata in md_buf
+     * (from kestrel_dma_alloc(), md_len >= len / block_size * md_size); for extended
+     * LBAs md_buf is NULL and buf holds block_size + md_size bytes per block (len still
+     * counts the data only). With protection information the PI in the metadata is the
+     * caller's and the controller checks it: the guard, the reference tag (type 1: the
+     * LBA's low 32 bits; type 2: ref_tag, counting up per block) and the application
+     * tag under app_mask. Without KESTREL_IOCB_MD, on a namespace whose metadata is
+     * exactly the 8-byte PI, the controller inserts and strips it. */
+    void *md_buf;
+    uint64_t md_len;
+    uint32_t ref_tag;
+    uint16_t app_tag;
+    uint16_t app_mask;
 };
 
 struct kestrel_event {

@@ -4,6 +4,9 @@
 use crate::hw::dma::{DmaBuf, DmaSlice};
 use crate::spec::Status;
 
+mod meta;
+pub use meta::{IoMeta, MetaLayout};
+
 /// The most data segments one request may carry (vectored I/O).
 pub const MAX_SEGMENTS: usize = 8;
 
@@ -241,6 +244,9 @@ pub struct IoRequest {
     pub data: Segments,
     /// The caller's token, returned in the completion.
     pub token: u64,
+    /// Metadata and protection information (read and write on a namespace formatted with
+    /// metadata; [`IoMeta::NONE`] otherwise).
+    pub meta: IoMeta,
 }
 
 impl IoRequest {
@@ -253,6 +259,7 @@ impl IoRequest {
             nlb,
             data: Segments::one(buf),
             token,
+            meta: IoMeta::NONE,
         }
     }
     /// A write of `nlb` blocks at `lba` from `buf`.
@@ -278,6 +285,7 @@ impl IoRequest {
             nlb,
             data: Segments::from_slices(segs)?,
             token,
+            meta: IoMeta::NONE,
         })
     }
     /// A flush.
@@ -289,6 +297,7 @@ impl IoRequest {
             nlb: 0,
             data: Segments::none(),
             token,
+            meta: IoMeta::NONE,
         }
     }
     /// Write zeroes over `nlb` blocks at `lba`.
@@ -300,6 +309,7 @@ impl IoRequest {
             nlb,
             data: Segments::none(),
             token,
+            meta: IoMeta::NONE,
         }
     }
     /// Deallocate `nlb` blocks at `lba`.
@@ -308,6 +318,10 @@ impl IoRequest {
             op: IoOp::Deallocate,
             ..Self::write_zeroes(nsid, lba, nlb, token)
         }
+    }
+    /// The same request with metadata (see [`IoMeta`]).
+    pub const fn with_meta(self, meta: IoMeta) -> Self {
+        IoRequest { meta, ..self }
     }
     /// A Zone Append of `nlb` blocks from `buf` to the zone starting at `zslba`; the
     /// completion's [`Completion::value`] is the LBA written.
@@ -326,6 +340,7 @@ impl IoRequest {
             nlb: 0,
             data: Segments::none(),
             token,
+            meta: IoMeta::NONE,
         }
     }
     /// Zone Management Send with Select All: `action` on every zone it applies to.
@@ -353,6 +368,10 @@ impl IoRequest {
         Self::write(nsid, lba, nlb, buf.slice_all(), token)
     }
 }
+
+// The request is copied into the software queue and split parents: 360 bytes of op, LBA
+// range, inline segments and token, and 56 of metadata (IoMeta).
+const _: () = assert!(std::mem::size_of::<IoRequest>() == 416);
 
 /// Why an I/O failed. `Copy` and small, so completions carry it without allocation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
@@ -530,6 +549,23 @@ pub enum InvalidRequest {
     WrongThread {
         /// Requests in flight on the owning thread.
         in_flight: u32,
+    },
+    /// A read or write without the metadata its namespace's format needs, with metadata its
+    /// namespace has none of, or with a metadata buffer too small or misaligned.
+    #[error("{op} of {nlb} blocks on nsid {nsid}: {why} (the namespace has {ms} bytes of metadata per block{}; see IoMeta and docs/formats.md)", if *.extended { ", interleaved with the data" } else { ", in a separate buffer" })]
+    Metadata {
+        /// Operation.
+        op: &'static str,
+        /// Namespace.
+        nsid: u32,
+        /// Block count.
+        nlb: u32,
+        /// Metadata bytes per block of the namespace (0: none).
+        ms: u16,
+        /// Whether its metadata is interleaved with the data.
+        extended: bool,
+        /// The rule broken.
+        why: &'static str,
     },
     /// A zoned operation on a namespace that is not zoned.
     #[error("{op} on nsid {nsid}, which is not a zoned namespace")]

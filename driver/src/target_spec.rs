@@ -245,6 +245,7 @@ pub fn emu_namespace(d: &EmuNsSpec, lba: u32, store: EmuStore) -> EmuNamespace {
             extended: d.extended,
             pi_type: d.pi_type,
             pi_first: d.pi_first,
+            pif: d.pif,
             csi: d.csi(),
             zones: EmuZones {
                 zone_size: d.zone_size.unwrap_or(dflt.zone_size),

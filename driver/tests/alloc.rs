@@ -81,3 +81,107 @@ fn no_allocation_across_100k_ios() {
     );
     assert_eq!(n, 0, "heap allocations on the i/o path");
 }
+
+/// The same with metadata: separate metadata with PI (MPTR, PRCHK, split pieces) and an
+/// extended-LBA namespace beside it, the PI generated and checked in software on the same
+/// thread: still no allocation.
+#[test]
+fn no_allocation_with_metadata_and_software_pi() {
+    use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
+    use kestrel::io::IoMeta;
+    use kestrel::spec::pi::{PiFormat, PiType};
+    let ns = |ms, extended, pi_type| EmuNamespace {
+        format: EmuFormat {
+            ms,
+            extended,
+            pi_type,
+            ..Default::default()
+        },
+        ..EmuNamespace::new(16 << 20, 512, EmuStore::Memory)
+    };
+    let (_emu, c) = emu_with(EmuConfig {
+        namespaces: vec![ns(16, false, 1), ns(8, true, 0)],
+        ..Default::default()
+    });
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            depth: 64,
+            sw_queue_depth: 256,
+            ..Default::default()
+        })
+        .unwrap();
+    // Slot i: 8 blocks of 512 B data (+8 B interleaved for nsid 2), 8 x 16 B metadata.
+    let (dstride, mstride) = (8 * 520, 8 * 16);
+    let data = c.dma_pool().alloc(128 * dstride).unwrap();
+    let mut md = c.dma_pool().alloc(128 * mstride).unwrap();
+    let big = c.dma_pool().alloc(1 << 20).unwrap();
+    let bigmd = c.dma_pool().alloc(2048 * 16).unwrap();
+    let pif = PiFormat {
+        data_size: 512,
+        ms: 16,
+        extended: false,
+        pi_first: false,
+        pi_type: PiType::Type1,
+    };
+    let mut scratch = vec![0u8; dstride];
+    let mut mscratch = vec![0u8; mstride];
+    // The big write: PI for 2048 blocks of zeroes at LBA 8192, generated once.
+    let mut bigmd_bytes = vec![0u8; 2048 * 16];
+    pif.fill(&mut vec![0u8; 1 << 20], &mut bigmd_bytes, 2048, 8192, 0);
+    let mut bigmd = bigmd;
+    bigmd.write_at(0, &bigmd_bytes).unwrap();
+    let mut run = |qp: &mut kestrel::IoQpair, n: u64| {
+        let mut done = 0u64;
+        let mut issued = 0u64;
+        while done < n {
+            // At most 100 outstanding over 128 slots: a slot's buffers are never shared by
+            // two requests in flight (a write's PI must match its data when it executes).
+            while issued < n && issued - done < 100 {
+                let i = issued;
+                let s = (i % 128) as usize;
+                let lba = (i % 1000) * 8;
+                let d = data.slice(s * dstride, dstride).unwrap();
+                let m = md.slice(s * mstride, mstride).unwrap();
+                let req = match i % 40 {
+                    0 => IoRequest::write(1, 8192, 2048, big.slice_all(), i)
+                        .with_meta(IoMeta::separate(bigmd.slice_all())),
+                    n if n % 4 == 1 => {
+                        IoRequest::write(2, lba, 8, d, i).with_meta(IoMeta::extended())
+                    }
+                    n if n % 4 == 2 => {
+                        IoRequest::read(2, lba, 8, d, i).with_meta(IoMeta::extended())
+                    }
+                    n if n % 2 == 0 => {
+                        // Software PI over the slot's data, into its metadata.
+                        data.read_at(s * dstride, &mut scratch[..8 * 512]).unwrap();
+                        pif.fill(&mut scratch[..8 * 512], &mut mscratch, 8, lba as u32, 0);
+                        assert_eq!(
+                            pif.check(&scratch[..8 * 512], &mscratch, 8, lba as u32, 0, 0),
+                            Ok(())
+                        );
+                        md.write_at(s * mstride, &mscratch).unwrap();
+                        IoRequest::write(1, lba, 8, d, i).with_meta(IoMeta::separate(m))
+                    }
+                    _ => IoRequest::read(1, lba, 8, d, i).with_meta(IoMeta::separate(m)),
+                };
+                qp.submit(req).unwrap();
+                issued += 1;
+            }
+            qp.flush();
+            qp.process_completions(64, &mut |c| {
+                assert!(c.result.is_ok(), "{c:?}");
+                done += 1;
+            });
+        }
+    };
+    run(&mut qp, 2_000);
+    let counter = Counter::new();
+    counter.watch_this_thread();
+    counter.arm();
+    run(&mut qp, 50_000);
+    let n = counter.disarm();
+    unwatch_this_thread();
+    let st = qp.stats();
+    assert!(st.split > 0 && st.sw_queued > 0, "{st:?}");
+    assert_eq!(n, 0, "heap allocations on the i/o path");
+}

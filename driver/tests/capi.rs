@@ -124,8 +124,16 @@ fn header_matches_the_rust_definitions() {
             offset_of!(KestrelInfo, flags) as u64,
         ),
         (
-            "offsetof(struct kestrel_info, reserved)",
-            offset_of!(KestrelInfo, reserved) as u64,
+            "offsetof(struct kestrel_info, md_size)",
+            offset_of!(KestrelInfo, md_size) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, pi_type)",
+            offset_of!(KestrelInfo, pi_type) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_info, md_flags)",
+            offset_of!(KestrelInfo, md_flags) as u64,
         ),
         (
             "offsetof(struct kestrel_info, name)",
@@ -187,6 +195,30 @@ fn header_matches_the_rust_definitions() {
             "offsetof(struct kestrel_iocb, reserved)",
             offset_of!(KestrelIocb, reserved) as u64,
         ),
+        (
+            "offsetof(struct kestrel_iocb, md_buf)",
+            offset_of!(KestrelIocb, md_buf) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, md_len)",
+            offset_of!(KestrelIocb, md_len) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, ref_tag)",
+            offset_of!(KestrelIocb, ref_tag) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, app_tag)",
+            offset_of!(KestrelIocb, app_tag) as u64,
+        ),
+        (
+            "offsetof(struct kestrel_iocb, app_mask)",
+            offset_of!(KestrelIocb, app_mask) as u64,
+        ),
+        ("KESTREL_IOCB_MD", KESTREL_IOCB_MD as u64),
+        ("KESTREL_MD_EXTENDED", KESTREL_MD_EXTENDED as u64),
+        ("KESTREL_MD_PI_FIRST", KESTREL_MD_PI_FIRST as u64),
+        ("KESTREL_MD_REQUIRED", KESTREL_MD_REQUIRED as u64),
         (
             "sizeof(struct kestrel_event)",
             size_of::<KestrelEvent>() as u64,
@@ -579,6 +611,159 @@ fn open_params_set_the_timeouts_from_c() {
     let src = dir.path().join("open_params.c");
     std::fs::write(&src, OPEN_PARAMS_C).unwrap();
     let exe = dir.path().join("open_params");
+    compile(&gcc, &src, &exe, &dynamic_link());
+    let out = run(&mut Command::new(&exe));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+}
+
+/// Metadata from C: `kestrel_get_info` describes the format; a separate-metadata PI type 1
+/// namespace is written with PI computed in C (an independent bitwise CRC-16/T10-DIF) and
+/// read back with its metadata; a write without its metadata is refused before the device
+/// (-EINVAL); a wrong guard comes back as End-to-end Guard Check Error (sct 2, sc 82h);
+/// and an extended-LBA namespace carries the metadata inside the data buffer.
+const METADATA_C: &str = r#"
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include "kestrel.h"
+
+#define CHECK(c)                                                                  \
+    do {                                                                          \
+        if (!(c)) {                                                               \
+            fprintf(stderr, "line %d: %s (last error: %s)\n", __LINE__, #c,       \
+                    kestrel_last_error());                                        \
+            return 1;                                                             \
+        }                                                                         \
+    } while (0)
+
+static uint16_t crc16(uint16_t crc, const uint8_t *p, size_t n)
+{
+    while (n--) {
+        crc ^= (uint16_t)(*p++) << 8;
+        for (int i = 0; i < 8; i++)
+            crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x8BB7) : (uint16_t)(crc << 1);
+    }
+    return crc;
+}
+
+static int one(kestrel_ctx_t *ctx, struct kestrel_iocb *io, struct kestrel_event *ev)
+{
+    struct timespec limit = {20, 0};
+    if (kestrel_io_submit(ctx, 1, io) != 1)
+        return -1;
+    return kestrel_io_getevents(ctx, 1, 1, ev, &limit) == 1 ? 0 : -1;
+}
+
+int main(void)
+{
+    kestrel_t *k = NULL;
+    struct kestrel_info info;
+    CHECK(kestrel_open("emu:ns=8M+512+md16+pi1", &k) == 0);
+    CHECK(kestrel_get_info(k, &info) == 0);
+    CHECK(info.block_size == 512 && info.md_size == 16 && info.pi_type == 1);
+    CHECK(info.md_flags == KESTREL_MD_REQUIRED);
+    uint8_t *data = NULL, *md = NULL, *rd = NULL, *rmd = NULL;
+    CHECK(kestrel_dma_alloc(k, 4096, (void **)&data) == 0);
+    CHECK(kestrel_dma_alloc(k, 4096, (void **)&md) == 0);
+    CHECK(kestrel_dma_alloc(k, 4096, (void **)&rd) == 0);
+    CHECK(kestrel_dma_alloc(k, 4096, (void **)&rmd) == 0);
+    uint64_t lba = 40;
+    for (int i = 0; i < 4096; i++)
+        data[i] = (uint8_t)(i * 7 + 3);
+    for (int b = 0; b < 8; b++) {
+        uint8_t *m = md + 16 * b;
+        for (int j = 0; j < 8; j++)
+            m[j] = (uint8_t)(b * 16 + j); /* the caller's own metadata before the PI */
+        uint16_t g = crc16(crc16(0, data + 512 * b, 512), m, 8);
+        uint32_t ref = (uint32_t)(lba + b);
+        m[8] = g >> 8; m[9] = g & 0xff; m[10] = 0x12; m[11] = 0x34;
+        m[12] = ref >> 24; m[13] = ref >> 16; m[14] = ref >> 8; m[15] = ref;
+    }
+    kestrel_ctx_t *ctx = NULL;
+    CHECK(kestrel_io_setup(k, 4, &ctx) == 0);
+    struct kestrel_iocb io;
+    struct kestrel_event ev;
+    memset(&io, 0, sizeof io);
+    io.opcode = KESTREL_OP_WRITE;
+    io.offset = lba * 512;
+    io.len = 4096;
+    io.buf = data;
+    /* No metadata on a format that needs it: refused before the device. */
+    CHECK(kestrel_io_submit(ctx, 1, &io) == -EINVAL);
+    CHECK(strstr(kestrel_last_error(), "needs the metadata") != NULL);
+    io.flags = KESTREL_IOCB_MD;
+    io.md_buf = md;
+    io.md_len = 8 * 16;
+    io.app_tag = 0x1234;
+    io.app_mask = 0xffff;
+    CHECK(one(ctx, &io, &ev) == 0);
+    printf("write: res %lld\n", (long long)ev.res);
+    CHECK(ev.res == 4096);
+    memset(&io, 0, sizeof io);
+    io.opcode = KESTREL_OP_READ;
+    io.offset = lba * 512;
+    io.len = 4096;
+    io.buf = rd;
+    io.flags = KESTREL_IOCB_MD;
+    io.md_buf = rmd;
+    io.md_len = 8 * 16;
+    io.app_tag = 0x1234;
+    io.app_mask = 0xffff;
+    CHECK(one(ctx, &io, &ev) == 0 && ev.res == 4096);
+    CHECK(memcmp(rd, data, 4096) == 0 && memcmp(rmd, md, 8 * 16) == 0);
+    /* A wrong guard: the controller refuses the write by name. */
+    md[8] ^= 1;
+    memset(&io, 0, sizeof io);
+    io.opcode = KESTREL_OP_WRITE;
+    io.offset = lba * 512;
+    io.len = 512;
+    io.buf = data;
+    io.flags = KESTREL_IOCB_MD;
+    io.md_buf = md;
+    io.md_len = 16;
+    CHECK(one(ctx, &io, &ev) == 0);
+    printf("bad guard: res %lld sct %d sc %#x\n", (long long)ev.res, ev.sct, ev.sc);
+    CHECK(ev.res == -EIO && ev.has_status && ev.sct == 2 && ev.sc == 0x82);
+    CHECK(kestrel_io_destroy(ctx) == 0);
+    CHECK(kestrel_close(k) == 0);
+
+    /* Extended LBAs: 520 bytes per block in buf, len counts the data. */
+    CHECK(kestrel_open("emu:ns=8M+512+md8+ext", &k) == 0);
+    CHECK(kestrel_get_info(k, &info) == 0);
+    CHECK(info.md_size == 8 && info.pi_type == 0);
+    CHECK(info.md_flags == (KESTREL_MD_EXTENDED | KESTREL_MD_REQUIRED));
+    CHECK(kestrel_dma_alloc(k, 8192, (void **)&data) == 0);
+    CHECK(kestrel_dma_alloc(k, 8192, (void **)&rd) == 0);
+    for (int i = 0; i < 8 * 520; i++)
+        data[i] = (uint8_t)(i * 13 + 1);
+    CHECK(kestrel_io_setup(k, 4, &ctx) == 0);
+    memset(&io, 0, sizeof io);
+    io.opcode = KESTREL_OP_WRITE;
+    io.len = 4096;
+    io.buf = data;
+    io.flags = KESTREL_IOCB_MD;
+    CHECK(one(ctx, &io, &ev) == 0 && ev.res == 4096);
+    io.opcode = KESTREL_OP_READ;
+    io.buf = rd;
+    CHECK(one(ctx, &io, &ev) == 0 && ev.res == 4096);
+    CHECK(memcmp(rd, data, 8 * 520) == 0);
+    CHECK(kestrel_io_destroy(ctx) == 0);
+    CHECK(kestrel_close(k) == 0);
+    puts("all checks passed");
+    return 0;
+}
+"#;
+
+#[test]
+fn metadata_and_protection_information_from_c() {
+    let Some(gcc) = gcc() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("metadata.c");
+    std::fs::write(&src, METADATA_C).unwrap();
+    let exe = dir.path().join("metadata");
     compile(&gcc, &src, &exe, &dynamic_link());
     let out = run(&mut Command::new(&exe));
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -267,6 +267,14 @@ fn ns_of(c: &Controller, nsid: u32) -> Result<Ns, CaseError> {
     if let Some(u) = &ns.unsupported {
         return Err(CaseError::Skip(u.to_string()));
     }
+    if ns.protection.required() {
+        return Err(CaseError::Skip(format!(
+            "nsid {nsid}: the format needs metadata with every read and write ({}); the \
+             suite's data path cases send none (kestrel perf --verify and driver/tests/\
+             formats.rs cover this format)",
+            ns.protection.describe()
+        )));
+    }
     if ns.zones.is_some() {
         return Err(CaseError::Skip(format!(
             "nsid {nsid} is a zoned namespace: writes go at the zones' write pointers (the zoned_* cases cover it)"
@@ -1371,18 +1379,27 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// The active namespaces of `device` and why the driver refuses each it refuses, read
-/// from one bring-up (released before the cases run).
+/// The active namespaces of `device`, why the suite does no I/O to each it does not (the
+/// driver refuses its format, or the format needs metadata with every read and write,
+/// which the suite's cases do not send) and whether it is zoned. Read from one bring-up
+/// (released before the cases run).
 fn namespaces_of(device: &Device) -> Result<Vec<(u32, Option<String>, bool)>, String> {
     let c = device.open()?;
     Ok(c.namespaces()
         .iter()
         .map(|n| {
-            (
-                n.nsid,
-                n.unsupported.as_ref().map(|u| u.to_string()),
-                n.zones.is_some(),
-            )
+            let why = n.unsupported.as_ref().map(|u| u.to_string()).or_else(|| {
+                n.protection.required().then(|| {
+                    format!(
+                        "nsid {}: the format needs metadata with every read and write ({}); \
+                         the suite's cases send none (kestrel perf --verify and \
+                         driver/tests/formats.rs cover this format)",
+                        n.nsid,
+                        n.protection.describe()
+                    )
+                })
+            });
+            (n.nsid, why, n.zones.is_some())
         })
         .collect())
 }

@@ -14,8 +14,10 @@
 #      supported namespace and are skipped, with the refusal, on every refused one; its
 #      zoned cases pass on every zoned namespace (the conventional ones skip there), and
 #      kestrel perf -w zone-write and -w zone-append --verify run on each;
-#   3. cross-check with the kernel's nvme driver on each supported namespace: what
-#      kestrel wrote, the kernel reads back; what the kernel wrote, kestrel reads back;
+#   3. cross-check with the kernel's nvme driver on each supported namespace the kernel
+#      serves (it hides metadata formats it cannot carry): what kestrel wrote, the kernel
+#      reads back (checking the PI kestrel generated); what the kernel wrote, kestrel
+#      reads back;
 #   4. iommu mode: no DMAR fault in the kernel log.
 #
 # Prints "guest-formats: PASS|FAIL <check>" per check; exit status: the failures.
@@ -163,6 +165,13 @@ suite_rc=$?
 cat /tmp/suite.txt
 check "conformance suite (exit $suite_rc)" [ "$suite_rc" = 0 ]
 for n in $KESTREL_NS_SUPPORTED; do
+    if [[ " ${KESTREL_NS_MD:-} " == *" $n "* ]]; then
+        # The suite's data path cases send no metadata: skipped with the reason on a
+        # format that needs it (perf --verify above carries it).
+        check "suite: data path cases skipped on nsid $n (metadata required)" \
+            bash -c "grep -E ' ns=$n +skip .*needs metadata' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +FAIL ' /tmp/suite.txt"
+        continue
+    fi
     check "suite: data path cases pass on nsid $n" \
         bash -c "grep -E ' ns=$n +pass ' /tmp/suite.txt >/dev/null && ! grep -vE '^zoned_' /tmp/suite.txt | grep -E ' ns=$n +(FAIL|skip) '"
 done
@@ -175,7 +184,9 @@ for n in $KESTREL_NS_REFUSED; do
         bash -c "grep -E ' ns=$n +skip .*is not supported' /tmp/suite.txt >/dev/null && ! grep -E ' ns=$n +(pass|FAIL) ' /tmp/suite.txt"
 done
 
-# --- 3. cross-check with the kernel's nvme driver
+# --- 3. cross-check with the kernel's nvme driver (kestrel write and read carry the
+# metadata a format needs, with PI generated in software: the kernel checks that PI)
+skipped_x=
 for n in $KESTREL_NS_SUPPORTED; do
     head -c 1048576 /dev/urandom >"/tmp/k$n.bin"
     head -c 1048576 /dev/urandom >"/tmp/l$n.bin"
@@ -187,6 +198,22 @@ if bind nvme; then
             check "the kernel shows nsid $n" false
             continue
         }
+        # Separate metadata without PI: the guest kernel's nvme driver (6.1) mishandles it
+        # on QEMU (a DMAR write fault on its own metadata mapping, then an oops in
+        # nvme_free_prps), so it is no cross-check target.
+        if [[ " ${KESTREL_NS_NO_KERNEL:-} " == *" $n "* ]]; then
+            say "SKIP cross-check on nsid $n: separate metadata without PI, which the guest kernel's nvme driver does not carry safely"
+            skipped_x="$skipped_x $n"
+            continue
+        fi
+        # The kernel's nvme driver hides (capacity 0) a namespace whose metadata it cannot
+        # carry (extended LBAs, separate metadata without PI, metadata beyond the PI on
+        # older kernels): no cross-check there, said so.
+        if [ "$(cat "/sys/block/$(basename "$dev")/size")" = 0 ]; then
+            say "SKIP cross-check on nsid $n: the kernel shows $dev with capacity 0 (a metadata format it does not carry)"
+            skipped_x="$skipped_x $n"
+            continue
+        fi
         check "kernel ($dev) reads what kestrel wrote on nsid $n" \
             bash -c "dd if=$dev bs=1M count=1 2>/dev/null | cmp - /tmp/k$n.bin"
         check "kernel ($dev) writes nsid $n" \
@@ -196,6 +223,15 @@ if bind nvme; then
 fi
 if bind vfio-pci; then
     for n in $KESTREL_NS_SUPPORTED; do
+        [[ " $skipped_x " == *" $n "* ]] && continue
+        # 16 bytes of metadata with the PI in the last 8: blocks the guest's 6.1 kernel
+        # writes there fail QEMU's own guard check when read back (End-to-end Guard Check
+        # Error from the controller), while the kernel reads Kestrel's blocks with its PI
+        # checked; only that direction is a cross-check here.
+        if [[ " ${KESTREL_NS_NO_KERNEL_WRITE:-} " == *" $n "* ]]; then
+            say "SKIP kestrel reading the kernel's blocks on nsid $n: the guest kernel writes PI there that the controller's own check rejects"
+            continue
+        fi
         check "kestrel reads what the kernel wrote on nsid $n" \
             bash -c "$K read --target pci:$BDF/ns=$n ${noi[*]} --offset 1M --length 1M --output /tmp/r$n.bin && cmp /tmp/r$n.bin /tmp/l$n.bin"
     done

@@ -163,9 +163,14 @@ impl Core {
         } else {
             blocks(&view.info, iocb).map_err(Prep::Invalid)?
         };
+        check_meta(view, iocb, nlb).map_err(Prep::Invalid)?;
         let (data, bounce, user_addr) = match (iocb.opcode, iocb.buf) {
             (Opcode::Read | Opcode::Write, IoBuf::User(u)) => self.bounce_in(iocb, u)?,
-            _ => (dma_data(view, iocb).map_err(Prep::Invalid)?, NO_BOUNCE, 0),
+            _ => (
+                dma_data(view, iocb, nlb).map_err(Prep::Invalid)?,
+                NO_BOUNCE,
+                0,
+            ),
         };
         let Some(idx) = self.free.pop() else {
             if bounce != NO_BOUNCE {
@@ -195,6 +200,7 @@ impl Core {
             nlb,
             data,
             token: self.token(idx),
+            meta: iocb.meta,
         };
         Ok((idx, req))
     }
@@ -424,7 +430,54 @@ fn blocks(info: &TargetInfo, iocb: &Iocb) -> Result<(u64, u32), IocbError> {
 
 /// The data of an iocb that is not bounced: none, or DMA memory of the target's pool of
 /// the kind its opcode takes, long enough.
-fn dma_data(view: &mut TargetView, iocb: &Iocb) -> Result<Segments, IocbError> {
+/// The metadata of an iocb: only on reads and writes of DMA memory (no bounce path), a
+/// separate buffer from the target's pool. The queue checks it against the format.
+fn check_meta(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<(), IocbError> {
+    let m = &iocb.meta;
+    if !m.with {
+        return Ok(());
+    }
+    let op = iocb.opcode.name();
+    let wrong = |why| IocbError::WrongBuffer { op, why };
+    match (iocb.opcode, iocb.buf) {
+        (Opcode::Read | Opcode::Write | Opcode::Readv | Opcode::Writev, IoBuf::User(_)) => {
+            return Err(wrong(
+                "metadata needs dma buffers: the bounce path does not carry it",
+            ))
+        }
+        (Opcode::Read | Opcode::Write | Opcode::Readv | Opcode::Writev, _) => {}
+        _ => return Err(wrong("only reads and writes carry metadata")),
+    }
+    let Some(layout) = view.info.metadata else {
+        return Err(wrong("metadata given for a target without metadata"));
+    };
+    if !layout.extended && m.buf.len != 0 {
+        let need = nlb as usize * layout.ms as usize;
+        if !view.contains(m.buf.vaddr, m.buf.len.min(need)) {
+            return Err(IocbError::ForeignBuffer {
+                addr: m.buf.vaddr,
+                len: m.buf.len,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of the data buffer of an iocb of `nlb` blocks: its length, plus the interleaved
+/// metadata of an extended LBA format when it carries metadata.
+fn data_len(view: &TargetView, iocb: &Iocb, nlb: u32) -> u64 {
+    match view.info.metadata {
+        Some(l) if l.extended && iocb.meta.with => iocb.len + nlb as u64 * l.ms as u64,
+        _ => iocb.len,
+    }
+}
+
+fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, IocbError> {
+    let data_len = data_len(view, iocb, nlb);
+    let iocb = &Iocb {
+        len: data_len,
+        ..*iocb
+    };
     let op = iocb.opcode.name();
     let too_short = |buf_len: usize| IocbError::BufferTooShort {
         op,

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::hw::dma::{DmaBuf, DmaSlice};
-use crate::io::{IoError, IoOp, Segments, ZoneAction};
+use crate::io::{IoError, IoMeta, IoOp, Segments, ZoneAction};
 use crate::spec::Status;
 use crate::target::QueueOptions;
 
@@ -174,6 +174,12 @@ pub struct Iocb {
     pub buf: IoBuf,
     /// Returned in the event.
     pub user_data: u64,
+    /// Metadata of a read or write on a namespace formatted with metadata
+    /// ([`TargetInfo::metadata`](crate::target::TargetInfo::metadata)): a separate DMA
+    /// buffer of the target's pool, or interleaved in `buf` (extended LBAs: `offset` and
+    /// `len` count the data only, `buf` holds `len / block_size * (block_size + ms)`
+    /// bytes). [`IoMeta::NONE`] otherwise.
+    pub meta: IoMeta,
 }
 
 impl Iocb {
@@ -186,7 +192,12 @@ impl Iocb {
             len,
             buf,
             user_data,
+            meta: IoMeta::NONE,
         }
+    }
+    /// The same iocb with metadata (see [`Iocb::meta`]).
+    pub fn with_meta(self, meta: IoMeta) -> Self {
+        Iocb { meta, ..self }
     }
     /// Read `buf.len` bytes at `offset` into `buf`.
     pub fn read(offset: u64, buf: DmaSlice, user_data: u64) -> Self {

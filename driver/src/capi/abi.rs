@@ -87,6 +87,15 @@ pub const KESTREL_INFO_FLUSH: u32 = 1 << 3;
 pub const KESTREL_INFO_READ_ONLY: u32 = 1 << 4;
 /// `kestrel_info.flags`: a zoned namespace (`kestrel_get_zone_info` has its zones).
 pub const KESTREL_INFO_ZONED: u32 = 1 << 5;
+/// `kestrel_info.md_flags`: the metadata is interleaved with the data (extended LBAs).
+pub const KESTREL_MD_EXTENDED: u8 = 1 << 0;
+/// `kestrel_info.md_flags`: the PI is the first 8 bytes of the metadata (else the last).
+pub const KESTREL_MD_PI_FIRST: u8 = 1 << 1;
+/// `kestrel_info.md_flags`: every read and write must carry the metadata.
+pub const KESTREL_MD_REQUIRED: u8 = 1 << 2;
+/// `kestrel_iocb.flags`: the read or write carries metadata (`md_buf`, or interleaved in
+/// `buf` for extended LBAs).
+pub const KESTREL_IOCB_MD: u16 = 1 << 1;
 
 /// Bytes of `kestrel_info.name`, NUL included.
 pub const KESTREL_NAME_LEN: usize = 64;
@@ -111,8 +120,12 @@ pub struct KestrelInfo {
     pub nsid: u32,
     /// `KESTREL_INFO_*`.
     pub flags: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Metadata bytes per block (0: none).
+    pub md_size: u16,
+    /// Protection information type (0: none; 1, 2, 3).
+    pub pi_type: u8,
+    /// `KESTREL_MD_*`.
+    pub md_flags: u8,
     /// NUL-terminated name.
     pub name: [c_char; KESTREL_NAME_LEN],
 }
@@ -147,10 +160,21 @@ pub struct KestrelIocb {
     pub nsid: u32,
     /// `KESTREL_OP_*`.
     pub opcode: u16,
-    /// Zero.
+    /// `KESTREL_IOCB_*` (0 for no metadata).
     pub flags: u16,
     /// Zero.
     pub reserved: u32,
+    /// With `KESTREL_IOCB_MD` on separate metadata: `md_len` bytes (at least
+    /// `len / block_size * md_size`) of a buffer from `kestrel_dma_alloc()`; NULL otherwise.
+    pub md_buf: *mut c_void,
+    /// Bytes at `md_buf`.
+    pub md_len: u64,
+    /// Protection information type 2: the expected reference tag of the first block.
+    pub ref_tag: u32,
+    /// The expected application tag (checked under `app_mask`).
+    pub app_tag: u16,
+    /// Which application tag bits are checked (0: none).
+    pub app_mask: u16,
 }
 
 /// `struct kestrel_event`.
@@ -233,12 +257,19 @@ const _: () = assert!(offset_of!(KestrelInfo, max_transfer_bytes) == 16);
 const _: () = assert!(offset_of!(KestrelInfo, block_size) == 24);
 const _: () = assert!(offset_of!(KestrelInfo, nsid) == 28);
 const _: () = assert!(offset_of!(KestrelInfo, flags) == 32);
-const _: () = assert!(offset_of!(KestrelInfo, reserved) == 36);
+const _: () = assert!(offset_of!(KestrelInfo, md_size) == 36);
+const _: () = assert!(offset_of!(KestrelInfo, pi_type) == 38);
+const _: () = assert!(offset_of!(KestrelInfo, md_flags) == 39);
 const _: () = assert!(offset_of!(KestrelInfo, name) == 40);
 const _: () = assert!(size_of::<KestrelIovec>() == 16);
 const _: () = assert!(offset_of!(KestrelIovec, len) == 8);
 const _: () = assert!(size_of::<KestrelIovec>() == size_of::<libc::iovec>());
-const _: () = assert!(size_of::<KestrelIocb>() == 56);
+const _: () = assert!(size_of::<KestrelIocb>() == 80);
+const _: () = assert!(offset_of!(KestrelIocb, md_buf) == 56);
+const _: () = assert!(offset_of!(KestrelIocb, md_len) == 64);
+const _: () = assert!(offset_of!(KestrelIocb, ref_tag) == 72);
+const _: () = assert!(offset_of!(KestrelIocb, app_tag) == 76);
+const _: () = assert!(offset_of!(KestrelIocb, app_mask) == 78);
 const _: () = assert!(offset_of!(KestrelIocb, user_data) == 0);
 const _: () = assert!(offset_of!(KestrelIocb, offset) == 8);
 const _: () = assert!(offset_of!(KestrelIocb, len) == 16);

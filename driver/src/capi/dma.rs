@@ -18,6 +18,15 @@ pub(super) fn lookup(bufs: &BTreeMap<usize, DmaBuf>, addr: usize, len: usize) ->
         .flatten()
 }
 
+/// The registered buffer holding `addr`, from `addr` to its end.
+pub(super) fn lookup_rest(bufs: &BTreeMap<usize, DmaBuf>, addr: usize) -> Option<DmaSlice> {
+    let (&start, buf) = bufs.range(..=addr).next_back()?;
+    let off = addr - start;
+    (off < buf.len())
+        .then(|| buf.slice(off, buf.len() - off).ok())
+        .flatten()
+}
+
 /// `int kestrel_dma_alloc(kestrel_t *k, size_t len, void **out)`: zeroed, page-aligned
 /// DMA memory of the target's pool.
 ///

@@ -13,10 +13,10 @@ use crate::aio::{
     Opcode,
 };
 use crate::hw::dma::{DmaBuf, DmaSlice};
-use crate::io::{ZoneAction, MAX_SEGMENTS};
+use crate::io::{IoMeta, ZoneAction, MAX_SEGMENTS};
 
 use super::abi::*;
-use super::dma::lookup;
+use super::dma::{lookup, lookup_rest};
 use super::error::{guard, CapiError};
 use super::handle::{
     aligned, context, out_ptr, poison, release, shared, KestrelCtx, KestrelHandle,
@@ -139,14 +139,20 @@ unsafe fn convert(
     bufs: &BTreeMap<usize, DmaBuf>,
     bounce: bool,
 ) -> Result<Iocb, CapiError> {
-    let zone_all_ok = (KESTREL_OP_ZONE_OPEN..=KESTREL_OP_ZONE_RESET).contains(&c.opcode)
-        && c.flags == KESTREL_IOCB_ZONE_ALL;
-    if (c.flags != 0 && !zone_all_ok) || c.reserved != 0 {
+    // Zone open, close, finish and reset may say Select All; every other operation may
+    // say it carries metadata (refused later where it cannot).
+    let allowed = if (KESTREL_OP_ZONE_OPEN..=KESTREL_OP_ZONE_RESET).contains(&c.opcode) {
+        KESTREL_IOCB_ZONE_ALL
+    } else {
+        KESTREL_IOCB_MD
+    };
+    if c.flags & !allowed != 0 || c.reserved != 0 {
         return Err(CapiError::MustBeZero {
-            what: "iocb.flags (but KESTREL_IOCB_ZONE_ALL on a zone open, close, finish or reset) and iocb.reserved",
+            what: "iocb.flags (but KESTREL_IOCB_ZONE_ALL on a zone open, close, finish or reset, KESTREL_IOCB_MD elsewhere) and iocb.reserved",
             want: "0",
         });
     }
+    let kestrel_meta = iocb_meta(c, bufs)?;
     let op = opcode(index, c.opcode, c.flags)?;
     let len = usize::try_from(c.len)
         .ok()
@@ -182,7 +188,42 @@ unsafe fn convert(
         len: c.len,
         buf,
         user_data: c.user_data,
+        meta: kestrel_meta,
     })
+}
+
+/// The metadata of an iocb: none without `KESTREL_IOCB_MD`; with it, `md_buf` (NULL for
+/// extended LBAs) must lie in a registered DMA buffer.
+fn iocb_meta(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<IoMeta, CapiError> {
+    if c.flags & KESTREL_IOCB_MD == 0 {
+        if !c.md_buf.is_null() || c.md_len != 0 {
+            return Err(CapiError::MustBeZero {
+                what: "iocb.md_buf and iocb.md_len without KESTREL_IOCB_MD",
+                want: "NULL and 0",
+            });
+        }
+        return Ok(IoMeta::NONE);
+    }
+    let tags = |m: IoMeta| m.with_tags(c.ref_tag, c.app_tag, c.app_mask);
+    if c.md_buf.is_null() {
+        return Ok(tags(IoMeta::extended()));
+    }
+    let len = usize::try_from(c.md_len)
+        .ok()
+        .filter(|&l| l <= isize::MAX as usize && (c.md_buf as usize).checked_add(l).is_some())
+        .ok_or(CapiError::Range {
+            what: "iocb.md_len",
+            value: c.md_len,
+            why: "larger than the address space",
+        })?;
+    match lookup(bufs, c.md_buf as usize, len) {
+        Some(s) => Ok(tags(IoMeta::separate(s))),
+        None => Err(CapiError::Range {
+            what: "iocb.md_buf",
+            value: c.md_buf as u64,
+            why: "is not inside a buffer from kestrel_dma_alloc() (md_len bytes from it)",
+        }),
+    }
 }
 
 /// The buffer of a read or write of `len` bytes: a slice of a registered DMA buffer, or
@@ -213,7 +254,18 @@ unsafe fn one_buf(
             why: "wraps around the address space",
         });
     }
-    match lookup(bufs, addr, len) {
+    // With metadata interleaved (extended LBAs: KESTREL_IOCB_MD without md_buf) the buffer
+    // holds more than `len` bytes: the slice runs to the end of its DMA buffer and the
+    // context checks it against data + metadata.
+    let interleaved = c.flags & KESTREL_IOCB_MD != 0 && c.md_buf.is_null();
+    let found = lookup(bufs, addr, len).map(|s| {
+        if interleaved {
+            lookup_rest(bufs, addr).unwrap_or(s)
+        } else {
+            s
+        }
+    });
+    match found {
         Some(s) => Ok(IoBuf::Dma(s)),
         // SAFETY: the header's contract for bounced buffers (see `convert`).
         None if bounce && len > 0 => Ok(unsafe { IoBuf::user(c.buf.cast(), len) }),

@@ -154,7 +154,13 @@ fn info_of(t: &dyn Target) -> KestrelInfo {
             | flag(i.flush, KESTREL_INFO_FLUSH)
             | flag(i.read_only, KESTREL_INFO_READ_ONLY)
             | flag(i.zones.is_some(), KESTREL_INFO_ZONED),
-        reserved: 0,
+        md_size: i.metadata.map_or(0, |m| m.ms),
+        pi_type: i.metadata.map_or(0, |m| m.pi_type),
+        md_flags: i.metadata.map_or(0, |m| {
+            (if m.extended { KESTREL_MD_EXTENDED } else { 0 })
+                | (if m.pi_first { KESTREL_MD_PI_FIRST } else { 0 })
+                | (if m.required() { KESTREL_MD_REQUIRED } else { 0 })
+        }),
         name,
     }
 }

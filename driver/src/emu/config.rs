@@ -106,6 +106,10 @@ pub struct EmuFormat {
     pub pi_type: u8,
     /// DPS bit 3: protection information in the first bytes of the metadata.
     pub pi_first: bool,
+    /// The Protection Information Format reported in the NVM Command Set Identify
+    /// Namespace (ELBAF PIF): 0 the 16-bit guard, 1 32-bit, 2 64-bit. Reported only: the
+    /// controller checks and generates 16-bit guards whatever this says.
+    pub pif: u8,
     /// The Command Set Identifier reported in the Namespace Identification Descriptor
     /// list (0: NVM, 2: zoned, anything else: reported as is, no I/O).
     pub csi: u8,

@@ -11,17 +11,24 @@
 //! (`NvmeNamespace::new`, in the target layer) and at submission (the qpair), before anything
 //! reaches the device.
 //!
-//! Protection information is implemented the way the Linux driver does it when it has no
-//! integrity buffer to offer: for a namespace whose metadata is exactly the 8-byte
-//! protection information (type 1, 2 or 3; extended or separate), every Read, Write and
-//! Write Zeroes carries PRACT, so the controller generates the PI on writes and checks and
-//! strips it on reads. Only data crosses the wire (no MPTR, no interleaved metadata); the
-//! controller still checks the guard (and, for types 1 and 2, the reference tag, which the
-//! driver sets to the low 32 bits of the command's first LBA) and fails a command whose
-//! check fails with the End-to-end ... Check Error statuses. See [`IoProtection`].
+//! Metadata crosses the wire with every Read and Write that carries it ([`IoMeta`]): in a
+//! separate buffer (MPTR, one contiguous region per command) or interleaved with the data
+//! (extended LBAs, where the data buffer, its PRPs and MDTS count data + metadata).
+//!
+//! Protection information (16-bit guard, types 1, 2 and 3, first or last bytes of the
+//! metadata) is handled in one of two ways per request. With the caller's metadata, the PI
+//! in it is sent as it is, without PRACT, and the controller checks it (PRCHK: the guard,
+//! the reference tag for types 1 and 2 against the initial reference tag of the command —
+//! the low 32 bits of its first LBA for type 1, the caller's for type 2 — and the
+//! application tag under the caller's mask). Without metadata, on a namespace whose
+//! metadata is exactly the 8-byte PI, every Read, Write and Write Zeroes carries PRACT, as
+//! the Linux driver does when it has no integrity buffer: the controller generates the PI
+//! on writes and checks and strips it on reads, and only data crosses the wire. See
+//! [`IoProtection`].
 //!
 //! Pure policy over [`NsFormat`]: no I/O, no `unsafe`.
 
+use crate::io::{IoMeta, MetaLayout};
 use crate::spec::pi::{Prinfo, PI_SIZE};
 use crate::spec::{csi, NsFormat};
 
@@ -32,53 +39,92 @@ pub const MAX_DATA_SIZE: u32 = 4096;
 
 /// What the driver supports, for messages.
 pub const SUPPORTED: &str = "kestrel does i/o only to namespaces of the NVM Command Set with \
-    an lba data size of 512 to 4096 bytes and either no metadata (ms 0, dps 0) or metadata \
-    that is exactly the 8-byte protection information of type 1, 2 or 3 (ms 8, which the \
-    controller inserts and checks), and to zoned namespaces (Zoned Namespace Command Set) \
-    of such a size without metadata";
+    an lba data size of 512 to 4096 bytes, any metadata (separate or extended) and, within \
+    it, protection information of type 1, 2 or 3 with a 16-bit guard, and to zoned namespaces \
+    (Zoned Namespace Command Set) of such a size without metadata";
 
-/// What every Read, Write and Write Zeroes to a namespace carries for its protection
-/// information: nothing for a namespace without metadata; PRACT, the checks and the
-/// reference tag for one whose 8 bytes of metadata are the PI.
+/// What every Read, Write and Write Zeroes to a namespace carries for its metadata and
+/// protection information.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct IoProtection {
     /// The PI type (0: none).
     pub pi_type: u8,
-    /// PRINFO, placed in CDW12.
+    /// PRINFO for a request without the caller's metadata, placed in CDW12: PRACT and the
+    /// checks (PI formats whose metadata is exactly the PI); 0 otherwise.
     pub prinfo: Prinfo,
-    /// Whether CDW14 carries the expected initial reference tag: the low 32 bits of the
-    /// command's first LBA (types 1 and 2).
+    /// Whether CDW14 carries the expected initial reference tag (types 1 and 2).
     pub ref_tag: bool,
+    /// MS: metadata bytes per block (0: none).
+    pub ms: u16,
+    /// The metadata is interleaved with the data (an extended LBA).
+    pub extended: bool,
+    /// The PI is the first bytes of the metadata (DPS bit 3).
+    pub pi_first: bool,
 }
 
 impl IoProtection {
-    /// No protection information.
+    /// No metadata, no protection information.
     pub const NONE: IoProtection = IoProtection {
         pi_type: 0,
         prinfo: Prinfo(0),
         ref_tag: false,
+        ms: 0,
+        extended: false,
+        pi_first: false,
     };
 
     /// What `format` needs (call [`check`] first: this assumes a supported format).
     pub fn of(format: &NsFormat) -> IoProtection {
-        match format.pi_type {
-            1 | 2 => IoProtection {
-                pi_type: format.pi_type,
-                prinfo: Prinfo(Prinfo::PRACT | Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF),
-                ref_tag: true,
-            },
+        let pi_type = if format.pi_type <= 3 {
+            format.pi_type
+        } else {
+            0
+        };
+        let pract = pi_type != 0 && usize::from(format.ms) == PI_SIZE;
+        let checks = match pi_type {
+            1 | 2 => Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF,
             // Type 3: the reference tag is not defined; the guard is checked.
-            3 => IoProtection {
-                pi_type: 3,
-                prinfo: Prinfo(Prinfo::PRACT | Prinfo::PRCHK_GUARD),
-                ref_tag: false,
-            },
-            _ => IoProtection::NONE,
+            3 => Prinfo::PRCHK_GUARD,
+            _ => 0,
+        };
+        IoProtection {
+            pi_type,
+            prinfo: Prinfo(if pract { Prinfo::PRACT | checks } else { 0 }),
+            ref_tag: matches!(pi_type, 1 | 2),
+            ms: format.ms,
+            extended: format.extended,
+            pi_first: format.pi_first,
         }
     }
 
-    /// CDW12 bits for a Read or Write of `lba`, and the CDW14 value (the initial
-    /// reference tag).
+    /// The metadata layout, or `None` without metadata.
+    pub fn layout(&self) -> Option<MetaLayout> {
+        (self.ms != 0).then_some(MetaLayout {
+            ms: self.ms,
+            extended: self.extended,
+            pi_type: self.pi_type,
+            pi_first: self.pi_first,
+        })
+    }
+
+    /// Whether every read and write must carry the caller's metadata (all but the 8-byte
+    /// PI, which PRACT can insert and strip).
+    pub fn required(&self) -> bool {
+        self.ms != 0 && !self.prinfo.pract()
+    }
+
+    /// Bytes per block in the data buffer of a request with or without metadata.
+    #[inline]
+    pub fn host_block_size(&self, data_size: u32, with_metadata: bool) -> u32 {
+        if self.extended && with_metadata {
+            data_size + u32::from(self.ms)
+        } else {
+            data_size
+        }
+    }
+
+    /// CDW12 bits for a Read or Write of `lba` without the caller's metadata, and the CDW14
+    /// value (the initial reference tag).
     #[inline]
     pub fn command_dwords(&self, lba: u64) -> (u32, u32) {
         (
@@ -87,26 +133,66 @@ impl IoProtection {
         )
     }
 
+    /// CDW12 bits, CDW14 and CDW15 of a Read or Write of `lba`, block `blk_off` of a
+    /// request that carries the caller's metadata `meta`: no PRACT; PRCHK the guard, the
+    /// reference tag (types 1 and 2) and the application tag when the mask asks; the
+    /// initial reference tag (type 1: the LBA, type 2: the caller's, counted on by
+    /// `blk_off`; type 3: none); the application tag and mask.
+    #[inline]
+    pub fn caller_dwords(&self, lba: u64, blk_off: u32, meta: &IoMeta) -> (u32, u32, u32) {
+        let (mut chk, ilbrt) = match self.pi_type {
+            1 => (Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF, lba as u32),
+            2 => (
+                Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF,
+                meta.ref_tag.wrapping_add(blk_off),
+            ),
+            3 => (Prinfo::PRCHK_GUARD, 0),
+            _ => return (0, 0, 0),
+        };
+        if meta.app_mask != 0 {
+            chk |= Prinfo::PRCHK_APP;
+        }
+        (
+            Prinfo(chk).to_cdw12(),
+            ilbrt,
+            u32::from(meta.app_tag) | u32::from(meta.app_mask) << 16,
+        )
+    }
+
     /// The same for a Write Zeroes: PRACT (the controller generates the zeroed blocks' PI
     /// from the reference tag) without checks, since no data comes from the host to check
     /// (controllers such as QEMU's refuse PRCHK on Write Zeroes).
     #[inline]
     pub fn write_zeroes_dwords(&self, lba: u64) -> (u32, u32) {
-        let (_, cdw14) = self.command_dwords(lba);
-        (Prinfo(self.prinfo.0 & Prinfo::PRACT).to_cdw12(), cdw14)
+        let cdw14 = if self.ref_tag { lba as u32 } else { 0 };
+        let pract = if self.pi_type != 0 { Prinfo::PRACT } else { 0 };
+        (Prinfo(pract).to_cdw12(), cdw14)
     }
 
-    /// In words, for reports: "none", or what the controller does.
+    /// In words, for reports: how the metadata and PI are served.
     pub fn describe(&self) -> String {
-        match self.pi_type {
-            0 => "none".into(),
-            t => format!(
-                "pi type {t} inserted and checked by the controller (PRACT; guard{} checked)",
-                if self.ref_tag {
-                    " and reference tag"
-                } else {
-                    ""
-                }
+        let checks = if self.ref_tag {
+            "guard and reference tag"
+        } else {
+            "guard"
+        };
+        let md = if self.extended {
+            format!("{} bytes of metadata per block interleaved with the data (extended lba: data buffers carry {} more bytes per block)", self.ms, self.ms)
+        } else {
+            format!(
+                "{} bytes of metadata per block in a separate buffer (mptr)",
+                self.ms
+            )
+        };
+        match (self.ms, self.pi_type, self.prinfo.pract()) {
+            (0, _, _) => "none".into(),
+            (_, 0, _) => format!("{md}, required with every read and write; no protection information"),
+            (_, t, true) => format!(
+                "pi type {t}: inserted and checked by the controller (PRACT; {checks} checked) when the caller gives no metadata, else {md} with the caller's PI checked by the controller (PRCHK)"
+            ),
+            (_, t, false) => format!(
+                "{md}, required with every read and write; pi type {t} in its {} 8 bytes, from the caller, checked by the controller (PRCHK {checks})",
+                if self.pi_first { "first" } else { "last" }
             ),
         }
     }
@@ -152,36 +238,25 @@ pub fn check(nsid: u32, format: &NsFormat) -> Result<(), UnsupportedFormat> {
         }
         Some(_) => {}
     }
-    let pi_only = format.pi_type != 0 && usize::from(format.ms) == PI_SIZE;
     if format.pi_type > 3 {
         why.push(format!(
             "end-to-end protection of reserved type {} is not implemented",
             format.pi_type
         ));
-    } else if format.pi_type != 0 && !pi_only {
+    } else if format.pi_type != 0 && usize::from(format.ms) < PI_SIZE {
         why.push(format!(
-            "end-to-end protection (type {}) with {} bytes of metadata is not implemented: only \
-             metadata that is exactly the 8-byte protection information is ({} metadata \
-             beyond it would have to cross the wire)",
-            format.pi_type,
-            format.ms,
-            if format.extended {
-                "extended-lba"
-            } else {
-                "separate"
-            }
+            "end-to-end protection (type {}) in {} bytes of metadata is invalid: the \
+             protection information takes 8",
+            format.pi_type, format.ms
         ));
-    } else if format.ms != 0 && format.pi_type == 0 {
-        why.push(if format.extended {
-            format!(
-                "extended-lba metadata ({} bytes per block) is not implemented",
-                format.ms
-            )
-        } else {
-            format!(
-                "separate metadata ({} bytes per block) is not implemented",
-                format.ms
-            )
+    } else if format.pi_type != 0 && format.pif != 0 {
+        why.push(match format.pif {
+            1 => "protection information with a 32-bit guard (pif 1) is not implemented".into(),
+            2 => "protection information with a 64-bit guard (pif 2) is not implemented".into(),
+            p => format!(
+                "the protection information format (pif {p}) is reserved or could not be read \
+                 (NVM Command Set Identify Namespace)"
+            ),
         });
     }
     if why.is_empty() {
@@ -239,6 +314,7 @@ mod tests {
                     let f = fmt(lbads, 8, ext, dps, csi::NVM);
                     assert_eq!(check(1, &f), Ok(()), "{f}");
                     let p = IoProtection::of(&f);
+                    assert!(!p.required(), "{f}: PRACT serves requests without metadata");
                     assert_eq!(p.prinfo, Prinfo(Prinfo::PRACT | checks), "{f}");
                     assert_eq!(p.pi_type, dps & 7);
                     let (cdw12, cdw14) = p.command_dwords(0x1_2345_6789);
@@ -261,29 +337,70 @@ mod tests {
     }
 
     #[test]
+    fn metadata_formats_are_accepted_with_the_caller_s_metadata() {
+        for ext in [false, true] {
+            for (ms, dps) in [(8, 0), (16, 0), (64, 0), (16, 1), (16, 0x0A), (64, 3)] {
+                let f = fmt(12, ms, ext, dps, csi::NVM);
+                assert_eq!(check(1, &f), Ok(()), "{f}");
+                let p = IoProtection::of(&f);
+                assert!(p.required(), "{f}: only the 8-byte PI can be left to PRACT");
+                assert!(!p.prinfo.pract());
+                assert_eq!(
+                    p.host_block_size(4096, true),
+                    4096 + if ext { ms as u32 } else { 0 }
+                );
+                assert_eq!(p.host_block_size(4096, false), 4096);
+                assert_eq!(p.layout().map(|l| l.ms), Some(ms));
+            }
+        }
+        // The caller's PI: no PRACT, PRCHK as the type allows, tags per type.
+        let m = IoMeta::extended().with_tags(500, 0xAB, 0xFF);
+        for (dps, chk, ilbrt) in [
+            (
+                1,
+                Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF | Prinfo::PRCHK_APP,
+                0x2345_6789,
+            ),
+            (
+                2,
+                Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF | Prinfo::PRCHK_APP,
+                503,
+            ),
+            (3, Prinfo::PRCHK_GUARD | Prinfo::PRCHK_APP, 0),
+        ] {
+            let p = IoProtection::of(&fmt(12, 16, false, dps, csi::NVM));
+            let (c12, c14, c15) = p.caller_dwords(0x1_2345_6789, 3, &m);
+            assert_eq!(Prinfo::from_cdw12(c12), Prinfo(chk), "type {dps}");
+            assert_eq!(
+                c14,
+                if dps == 1 { 0x2345_6789 } else { ilbrt },
+                "type {dps}"
+            );
+            assert_eq!(c15, 0x00FF_00AB);
+        }
+        // No application tag check without a mask.
+        let p = IoProtection::of(&fmt(12, 16, false, 1, csi::NVM));
+        let (c12, _, _) = p.caller_dwords(0, 0, &IoMeta::extended());
+        assert!(!Prinfo::from_cdw12(c12).check_app());
+    }
+
+    #[test]
     fn every_other_format_is_refused_with_its_reason() {
+        let mut g64 = fmt(12, 16, false, 1, csi::NVM);
+        g64.pif = 2;
+        let mut g32 = fmt(12, 16, true, 3, csi::NVM);
+        g32.pif = 1;
+        let mut unknown = fmt(12, 16, false, 2, csi::NVM);
+        unknown.pif = 3;
         let cases: &[(NsFormat, &[&str])] = &[
-            (
-                fmt(12, 8, false, 0, 0),
-                &["ms 8 B in a separate buffer", "separate metadata"],
-            ),
-            (
-                fmt(9, 8, true, 0, 0),
-                &["extended lba", "extended-lba metadata (8 bytes"],
-            ),
-            (
-                fmt(12, 64, false, 0x0B, 0),
-                &["type 3 in the first", "protection (type 3) with 64 bytes"],
-            ),
-            (
-                fmt(12, 16, true, 2, 0),
-                &[
-                    "extended",
-                    "protection (type 2) with 16 bytes",
-                    "extended-lba metadata beyond",
-                ],
-            ),
+            (g64, &["64-bit guard (pif 2)", "is not implemented"]),
+            (g32, &["32-bit guard (pif 1)", "is not implemented"]),
+            (unknown, &["pif 3", "could not be read"]),
             (fmt(12, 8, false, 5, 0), &["reserved type 5"]),
+            (
+                fmt(12, 4, false, 1, 0),
+                &["in 4 bytes of metadata is invalid"],
+            ),
             (
                 fmt(12, 8, false, 1, csi::ZONED),
                 &["a zoned namespace with metadata (ms 8, dps 0x01)"],

@@ -427,7 +427,8 @@ impl<'a> Bringup<'a> {
             Err(CtrlrError::AdminCommand { .. }) => csi::NVM,
             Err(e) => return Err(e),
         };
-        let format = NsFormat::of(&ns, csi);
+        let mut format = NsFormat::of(&ns, csi);
+        format.pif = self.guard_format(nsid, &format, buf)?;
         let mut unsupported = super::format::check(nsid, &format).err();
         let mut zones = None;
         if unsupported.is_none() && csi == csi::ZONED {
@@ -456,6 +457,36 @@ impl<'a> Bringup<'a> {
             protection,
             zones,
         }))
+    }
+
+    /// The guard's size (PIF) of namespace `nsid`'s format: a controller with extended LBA
+    /// formats (CTRATT.ELBAS) says in the NVM Command Set Identify Namespace whether the
+    /// PI has a 16-, 32- or 64-bit guard; only the first is implemented, so a protected
+    /// namespace whose PIF cannot be read is treated as not 16-bit (refused). 0 without PI
+    /// or without extended LBA formats.
+    fn guard_format(
+        &mut self,
+        nsid: u32,
+        format: &NsFormat,
+        buf: &mut [u8],
+    ) -> Result<u8, CtrlrError> {
+        if format.pi_type == 0
+            || format.csi != csi::NVM
+            || !self.learned.identify.extended_lba_formats()
+        {
+            return Ok(format.pif);
+        }
+        match self.admin(
+            Sqe::identify_csi(cns::NAMESPACE_CSI, nsid, csi::NVM, 0),
+            Some(&mut *buf),
+        ) {
+            Ok(_) => Ok(crate::spec::identify::nvm_elbaf_pif(
+                (&*buf).try_into().expect("4096 bytes"),
+                format.lbaf_index as usize,
+            )),
+            Err(CtrlrError::AdminCommand { .. }) => Ok(3),
+            Err(e) => Err(e),
+        }
     }
 
     /// The zone geometry of zoned namespace `nsid`: its zoned Identify Namespace (CNS 05h)

@@ -42,9 +42,9 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst]][+zoned[+zoneSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
 /// What a namespace definition (`ns=`) accepts, for messages.
-pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +zoned, +zoneSIZE, +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
+pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
 /// The most metadata bytes per block an emulated namespace may have.
 pub const MAX_EMU_METADATA: u16 = 256;
 
@@ -113,6 +113,9 @@ pub struct EmuNsSpec {
     pub pi_type: u8,
     /// The PI in the first bytes of the metadata (DPS bit 3).
     pub pi_first: bool,
+    /// The guard of its protection information, as the NVM Command Set's Protection
+    /// Information Format (PIF): 0 the 16-bit guard (default), 1 32-bit, 2 64-bit.
+    pub pif: u8,
     /// A zoned namespace (CSI 02h).
     pub zoned: bool,
     /// Zone size in bytes; `None`: the emulator's default.
@@ -310,6 +313,7 @@ fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
         extended: false,
         pi_type: 0,
         pi_first: false,
+        pif: 0,
         zoned: false,
         zone_size: None,
         max_open: 0,
@@ -351,6 +355,14 @@ fn ns_attribute(n: &mut EmuNsSpec, a: &str, key: &str) -> Result<(), String> {
             t => n.pi_type = t as u8,
         },
         "pifirst" if a == "pifirst" => n.pi_first = true,
+        "guard" => {
+            n.pif = match attr_number(a, "guard", 64)? {
+                16 => 0,
+                32 => 1,
+                64 => 2,
+                _ => return Err(format!("+{a}: the guard is 16, 32 or 64 bits")),
+            }
+        }
         "zoned" if a == "zoned" => n.zoned = true,
         "zone" => {
             let z = parse_size(&a[4..]).map_err(|e| format!("+{a}: {e}"))?;
@@ -365,7 +377,7 @@ fn ns_attribute(n: &mut EmuNsSpec, a: &str, key: &str) -> Result<(), String> {
         "csi" => n.csi = Some(attr_number(a, "csi", 255)? as u8),
         _ => {
             return Err(format!(
-                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, zoned, zoneSIZE, openN, activeN, csiN)"
+                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, guard16, guard32, guard64, zoned, zoneSIZE, openN, activeN, csiN)"
             ))
         }
     }
@@ -383,6 +395,12 @@ fn check_ns(n: &EmuNsSpec) -> Result<(), String> {
             "+pi{}: protection information needs at least 8 bytes of metadata (add +md8)",
             n.pi_type
         ));
+    }
+    if n.pif != 0 && (n.pi_type == 0 || n.ms < 16) {
+        return Err(
+            "+guard32/+guard64: needs a protection type and 16 bytes of metadata (add +pi1+md16)"
+                .into(),
+        );
     }
     if n.pi_first && n.pi_type == 0 {
         return Err("+pifirst: needs a protection type (+pi1, +pi2 or +pi3)".into());

@@ -330,6 +330,117 @@ impl PiCommand {
     }
 }
 
+/// Where the PI of a namespace's blocks lies, for generating and checking it in software
+/// ([`PiFormat::fill`], [`PiFormat::check`]): what a caller that supplies its own metadata
+/// needs to send PI the controller accepts, and to check what it reads back.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct PiFormat {
+    /// LBA data size in bytes.
+    pub data_size: usize,
+    /// Metadata bytes per block (at least [`PI_SIZE`]).
+    pub ms: usize,
+    /// The metadata is interleaved with the data (extended LBAs): `data` of
+    /// [`PiFormat::fill`] and [`PiFormat::check`] holds `data_size + ms` bytes per block
+    /// and `md` is unused. Else `data` holds the data and `md` the metadata, `ms` per block.
+    pub extended: bool,
+    /// The PI is the first 8 bytes of the metadata (else the last).
+    pub pi_first: bool,
+    /// The protection type.
+    pub pi_type: PiType,
+}
+
+impl PiFormat {
+    /// The block `b`'s data and metadata within the buffers.
+    fn split<'a>(&self, data: &'a [u8], md: &'a [u8], b: usize) -> (&'a [u8], &'a [u8]) {
+        if self.extended {
+            let blk = &data[b * (self.data_size + self.ms)..][..self.data_size + self.ms];
+            blk.split_at(self.data_size)
+        } else {
+            (
+                &data[b * self.data_size..][..self.data_size],
+                &md[b * self.ms..][..self.ms],
+            )
+        }
+    }
+
+    /// The command that checks or generates PI for `nlb` blocks from the first block's
+    /// reference tag (type 1: the low 32 bits of its LBA; type 2: any; type 3: any, kept)
+    /// and the application tag and mask.
+    pub const fn command(&self, first_ref_tag: u32, app_tag: u16, app_mask: u16) -> PiCommand {
+        let app = if app_mask != 0 { Prinfo::PRCHK_APP } else { 0 };
+        PiCommand {
+            pi_type: self.pi_type,
+            prinfo: Prinfo(Prinfo::PRCHK_GUARD | Prinfo::PRCHK_REF | app),
+            ilbrt: first_ref_tag,
+            app_tag,
+            app_mask,
+        }
+    }
+
+    /// Generates the PI of `nlb` blocks into their metadata: the guard over each block's
+    /// data and the metadata bytes before the PI, the application tag, and the reference
+    /// tag counting up from `first_ref_tag` (types 1 and 2; type 3 keeps it). No
+    /// allocation. Panics if the buffers are shorter than `nlb` blocks.
+    pub fn fill(
+        &self,
+        data: &mut [u8],
+        md: &mut [u8],
+        nlb: usize,
+        first_ref_tag: u32,
+        app_tag: u16,
+    ) {
+        let c = self.command(first_ref_tag, app_tag, 0);
+        let off = pi_offset(self.ms, self.pi_first);
+        for b in 0..nlb {
+            let (d, m) = self.split(data, md, b);
+            let guard = guard_of(d, &m[..off]);
+            let pi = c.generate(guard, b as u32).to_bytes();
+            let at = if self.extended {
+                b * (self.data_size + self.ms) + self.data_size + off
+            } else {
+                b * self.ms + off
+            };
+            let dst = if self.extended { &mut *data } else { &mut *md };
+            dst[at..at + PI_SIZE].copy_from_slice(&pi);
+        }
+    }
+
+    /// Checks the PI of `nlb` blocks as a controller does with every PRCHK bit set (the
+    /// application tag only under a non-zero `app_mask`; never the reference tag of type 3;
+    /// escaped blocks pass). The error names the first failing block (0-based) and what
+    /// failed, with the spec's name.
+    pub fn check(
+        &self,
+        data: &[u8],
+        md: &[u8],
+        nlb: usize,
+        first_ref_tag: u32,
+        app_tag: u16,
+        app_mask: u16,
+    ) -> Result<(), (usize, PiError)> {
+        let c = self.command(first_ref_tag, app_tag, app_mask);
+        let off = pi_offset(self.ms, self.pi_first);
+        for b in 0..nlb {
+            let (d, m) = self.split(data, md, b);
+            let pi = PiTuple::from_bytes(m[off..off + PI_SIZE].try_into().expect("8 bytes"));
+            c.check(&pi, guard_of(d, &m[..off]), b as u32)
+                .map_err(|e| (b, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The guard of a block: the CRC of its data, then of the metadata bytes before its PI.
+pub fn guard_of(data: &[u8], md_before_pi: &[u8]) -> u16 {
+    if md_before_pi.is_empty() {
+        return crc16_t10dif(data);
+    }
+    let mut g = GuardDigest::new();
+    g.update(data);
+    g.update(md_before_pi);
+    g.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -537,6 +648,55 @@ mod tests {
             ..esc
         };
         assert_eq!(cmd(PiType::Type3, all).check(&esc3, g, 0), Ok(()));
+    }
+
+    #[test]
+    fn software_pi_fills_what_it_checks_in_every_layout() {
+        for t in [PiType::Type1, PiType::Type2, PiType::Type3] {
+            for (extended, pi_first, ms) in [
+                (false, false, 8),
+                (false, false, 16),
+                (false, true, 16),
+                (true, false, 16),
+                (true, true, 64),
+            ] {
+                let f = PiFormat {
+                    data_size: 512,
+                    ms,
+                    extended,
+                    pi_first,
+                    pi_type: t,
+                };
+                let nlb = 4;
+                let dlen = nlb * (512 + if extended { ms } else { 0 });
+                let mut data = pattern(dlen, ms as u32);
+                let mut md = if extended {
+                    Vec::new()
+                } else {
+                    pattern(nlb * ms, 7)
+                };
+                f.fill(&mut data, &mut md, nlb, 1000, 0x1234);
+                assert_eq!(f.check(&data, &md, nlb, 1000, 0x1234, 0xFFFF), Ok(()));
+                // A wrong first reference tag fails types 1 and 2 at block 0.
+                let r = f.check(&data, &md, nlb, 1001, 0x1234, 0xFFFF);
+                if t == PiType::Type3 {
+                    assert_eq!(r, Ok(()));
+                } else {
+                    assert_eq!(
+                        r.unwrap_err().1.status(),
+                        Status::E2E_REFERENCE_TAG_CHECK_ERROR
+                    );
+                }
+                // A wrong application tag fails only under the mask.
+                assert!(f.check(&data, &md, nlb, 1000, 0x1235, 0xFFFF).is_err());
+                assert_eq!(f.check(&data, &md, nlb, 1000, 0x1235, 0), Ok(()));
+                // A flipped data byte of block 2 fails its guard.
+                let at = 2 * (512 + if extended { ms } else { 0 }) + 3;
+                data[at] ^= 1;
+                let (b, e) = f.check(&data, &md, nlb, 1000, 0x1234, 0).unwrap_err();
+                assert_eq!((b, e.status()), (2, Status::E2E_GUARD_CHECK_ERROR));
+            }
+        }
     }
 
     #[test]

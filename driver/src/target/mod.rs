@@ -43,6 +43,10 @@ pub struct TargetInfo {
     pub flush: bool,
     /// Writes are refused.
     pub read_only: bool,
+    /// How the namespace's metadata crosses the wire when it has any (separate or
+    /// extended, protection information): reads and writes then carry an
+    /// [`IoMeta`](crate::io::IoMeta) as the layout requires. `None`: no metadata.
+    pub metadata: Option<crate::io::MetaLayout>,
     /// The zone geometry of a zoned namespace (writes go at a zone's write pointer; Zone
     /// Append, Zone Management and Report Zones apply); `None`: not zoned.
     pub zones: Option<crate::io::ZoneGeometry>,

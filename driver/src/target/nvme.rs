@@ -38,6 +38,7 @@ impl NvmeNamespace {
             deallocate_reads_zeroes: ns.identify.deallocated_reads_zeroes(),
             flush: id.has_volatile_write_cache(),
             read_only: false,
+            metadata: ns.protection.layout(),
             zones: ns.zones,
         };
         let qpair_defaults = QpairOptions {

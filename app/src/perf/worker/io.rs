@@ -4,8 +4,9 @@
 
 use kestrel::io::{Completion, IoError, IoOp, SubmitError};
 
+use super::metadata::{check_metadata, fill_metadata, pi_mismatch, ref_tag, APP_TAG};
 use super::{record_error, Slot, Worker, WorkerError, BUSY, MISMATCHES_KEPT, UNKNOWN};
-use crate::perf::verify::{self, Expect};
+use crate::perf::verify::{self, Expect, Mismatch};
 
 impl Worker<'_> {
     /// Picks the next I/O's unit and direction and submits it in `slot`.
@@ -58,14 +59,13 @@ impl Worker<'_> {
                 } else {
                     g + 1
                 };
-                for (i, b) in self.scratch.chunks_exact_mut(ts.block_size).enumerate() {
-                    verify::fill_block(b, lba + i as u64, gen as u64);
-                }
-                q.buf
-                    .write_at(slot * q.stride, &self.scratch)
-                    .map_err(|e| format!("verify: filling the write buffer: {e}"))?;
             }
         }
+        if write {
+            self.fill_write(qi, slot, lba, gen)?;
+        }
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
         let req = &mut q.reqs[slot];
         if write && cfg.zoned == Some(crate::cli::ZonedMode::Append) {
             // One append in flight per zone: it lands at the write pointer, `lba`.
@@ -77,6 +77,11 @@ impl Worker<'_> {
         }
         req.nsid = ts.nsid;
         req.nlb = ts.io_blocks;
+        if let Some(f) = &ts.pi {
+            // Under --verify the controller checks the application tag too.
+            let mask = if cfg.verify { 0xFFFF } else { 0 };
+            req.meta = req.meta.with_tags(ref_tag(f, lba), APP_TAG, mask);
+        }
         q.slots[slot] = Slot {
             submit_raw: now,
             unit,
@@ -209,18 +214,81 @@ impl Worker<'_> {
             g => Expect::Generation(g as u64),
         };
         let off = slot_i * q.stride;
+        let data = &mut self.scratch[..ts.io_bytes];
+        let md = &mut self.md_scratch[..ts.md_bytes];
         q.buf
-            .read_at(off, &mut self.scratch)
+            .read_at(off, data)
             .map_err(|e| format!("verify: reading the read buffer: {e}"))?;
-        for (i, b) in self.scratch.chunks_exact(ts.block_size).enumerate() {
+        if let Some(b) = &q.md_buf {
+            b.read_at(slot_i * q.md_stride, md)
+                .map_err(|e| format!("verify: reading the metadata buffer: {e}"))?;
+        }
+        let mut mismatch = |m: Mismatch| {
+            r.mismatches += 1;
+            if r.mismatch_list.len() < MISMATCHES_KEPT {
+                tracing::error!("core {core}: verify: {m}");
+                r.mismatch_list.push(m);
+            }
+        };
+        for (i, b) in data.chunks_exact(ts.host_bs).enumerate() {
             r.blocks_verified += 1;
-            if let Err(m) = verify::check_block(b, lba0 + i as u64, expect) {
-                r.mismatches += 1;
-                if r.mismatch_list.len() < MISMATCHES_KEPT {
-                    tracing::error!("core {core}: verify: {m}");
-                    r.mismatch_list.push(m);
+            let lba = lba0 + i as u64;
+            if let Err(m) = verify::check_block(&b[..ts.block_size], lba, expect) {
+                mismatch(m);
+            } else if let (Some(m), Expect::Generation(g)) = (&ts.md, expect) {
+                if let Err(m) = check_metadata(m, ts.block_size, data, md, i, lba, g) {
+                    mismatch(m);
                 }
             }
+        }
+        if let Some(f) = ts.pi {
+            let first = ref_tag(&f, lba0);
+            if let Err((b, e)) = f.check(data, md, ts.io_blocks as usize, first, APP_TAG, 0xFFFF) {
+                mismatch(pi_mismatch(lba0 + b as u64, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills the write buffer of `slot` before its write of `lba`: under `--verify` (`gen`
+    /// non-zero) the generation's pattern, its metadata and PI; otherwise, when the format
+    /// needs the caller's PI, PI that matches whatever the buffer holds now (a read may
+    /// have filled it), so the guards are computed for each write.
+    fn fill_write(
+        &mut self,
+        qi: usize,
+        slot: usize,
+        lba: u64,
+        gen: u32,
+    ) -> Result<(), WorkerError> {
+        let q = &mut self.queues[qi];
+        let ts = &self.targets[q.target];
+        if gen == 0 && ts.pi.is_none() {
+            return Ok(());
+        }
+        let data = &mut self.scratch[..ts.io_bytes];
+        let md = &mut self.md_scratch[..ts.md_bytes];
+        if gen != 0 {
+            for (i, b) in data.chunks_exact_mut(ts.host_bs).enumerate() {
+                verify::fill_block(&mut b[..ts.block_size], lba + i as u64, gen as u64);
+            }
+            if let Some(m) = ts.md {
+                fill_metadata(&m, ts.block_size, data, md, lba, gen as u64);
+            }
+        } else {
+            q.buf
+                .read_at(slot * q.stride, data)
+                .map_err(|e| format!("pi: reading the write buffer: {e}"))?;
+        }
+        if let Some(f) = ts.pi {
+            f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
+        }
+        q.buf
+            .write_at(slot * q.stride, data)
+            .map_err(|e| format!("filling the write buffer: {e}"))?;
+        if let Some(b) = &mut q.md_buf {
+            b.write_at(slot * q.md_stride, md)
+                .map_err(|e| format!("filling the metadata buffer: {e}"))?;
         }
         Ok(())
     }

@@ -30,6 +30,7 @@ pub use super::latency::{LATENCY_MAX_NS, LATENCY_SIGFIG};
 
 mod drain;
 mod io;
+mod metadata;
 mod result;
 mod setup;
 #[cfg(test)]
@@ -183,6 +184,16 @@ struct TargetState {
     nsid: u32,
     io_blocks: u32,
     block_size: usize,
+    /// The namespace's metadata, when the run carries it (always under `--verify`, and
+    /// whenever the format needs it): how it crosses the wire and, with protection
+    /// information, where the PI lies for generating and checking it in software.
+    md: Option<kestrel::io::MetaLayout>,
+    pi: Option<kestrel::spec::pi::PiFormat>,
+    /// Bytes per block in the data buffer (data, plus interleaved metadata).
+    host_bs: usize,
+    /// Bytes of one I/O's data buffer and of its separate metadata (0 if none).
+    io_bytes: usize,
+    md_bytes: usize,
     first_unit: u64,
     units: u64,
     seq_next: u64,
@@ -203,6 +214,10 @@ struct QueueState {
     reqs: Box<[IoRequest]>,
     stride: usize,
     buf: DmaBuf,
+    /// Separate metadata: one region of `md_stride` bytes per slot (each slot's request
+    /// points at its own).
+    md_stride: usize,
+    md_buf: Option<DmaBuf>,
     slots: Box<[Slot]>,
     /// Per slot, the zones it owns (zoned workloads; empty otherwise).
     zslots: Box<[zoned::ZoneSlot]>,
@@ -251,6 +266,7 @@ struct Worker<'a> {
     targets: Vec<TargetState>,
     queues: Vec<QueueState>,
     scratch: Vec<u8>,
+    md_scratch: Vec<u8>,
     max: u32,
     /// Queues whose device is gone.
     dead: usize,
@@ -301,7 +317,8 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         rng: fastrand::Rng::with_seed(
             cfg.seed ^ (cfg.index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
         ),
-        scratch: vec![0u8; cfg.io_size as usize],
+        scratch: vec![0u8; targets.iter().map(|t| t.io_bytes).max().unwrap_or(0)],
+        md_scratch: vec![0u8; targets.iter().map(|t| t.md_bytes).max().unwrap_or(0)],
         max: if cfg.max_completions == 0 {
             kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL
         } else {

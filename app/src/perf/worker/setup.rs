@@ -1,7 +1,8 @@
 //! A poller's set-up before the run: its queues on every target, one DMA buffer slice per
 //! I/O slot, the completion lists and (with `--verify`) the generation table.
 
-use kestrel::io::{IoRequest, QueueStats};
+use kestrel::io::{IoMeta, IoRequest, QueueStats};
+use kestrel::spec::pi::{PiFormat, PiType};
 use kestrel::target::TargetInfo;
 use kestrel::{Target, TargetQueue};
 
@@ -37,7 +38,7 @@ impl Worker<'_> {
                 let zslots = zone
                     .as_ref()
                     .map_or_else(Default::default, |z| z.slots(cfg, qn as usize));
-                queues.push(queue_state(cfg, t.as_ref(), ti, q, zslots)?);
+                queues.push(queue_state(cfg, t.as_ref(), &targets[ti], ti, q, zslots)?);
             }
         }
         Ok((targets, queues))
@@ -60,10 +61,33 @@ fn target_state(
     if cfg.verify {
         units = units.min(VERIFY_MAX_UNITS);
     }
+    // The namespace's metadata goes with every I/O under --verify (it is checked), and
+    // whenever the format needs it.
+    let md = info.metadata.filter(|m| cfg.verify || m.required());
+    let pi = md.and_then(|m| {
+        PiType::from_dps(m.pi_type).map(|t| PiFormat {
+            data_size: info.block_size as usize,
+            ms: m.ms as usize,
+            extended: m.extended,
+            pi_first: m.pi_first,
+            pi_type: t,
+        })
+    });
+    let host_bs = md.map_or(info.block_size, |m| {
+        m.host_block_size(info.block_size, true)
+    }) as usize;
+    let md_bytes = md
+        .filter(|m| !m.extended)
+        .map_or(0, |m| io_blocks as usize * m.ms as usize);
     TargetState {
         nsid: info.nsid,
         io_blocks,
         block_size: info.block_size as usize,
+        md,
+        pi,
+        host_bs,
+        io_bytes: io_blocks as usize * host_bs,
+        md_bytes,
         first_unit,
         units,
         seq_next: 0,
@@ -95,28 +119,46 @@ fn target_state(
     }
 }
 
-/// A queue of target `ti`: its DMA buffer (one slice per I/O slot), slots and
-/// completion list.
+/// A queue of target `ti` (`ts`): its DMA buffers (one data slice, and one separate
+/// metadata slice when the run carries it, per I/O slot), requests, slots and completion
+/// list.
 fn queue_state(
     cfg: &WorkerConfig,
     t: &dyn Target,
+    ts: &TargetState,
     ti: usize,
     q: Box<dyn TargetQueue>,
     zslots: Box<[zoned::ZoneSlot]>,
 ) -> Result<QueueState, WorkerError> {
-    let io_size = cfg.io_size as usize;
-    let stride = io_size.next_multiple_of(4096);
+    let stride = ts.io_bytes.next_multiple_of(4096);
+    let md_stride = ts.md_bytes.next_multiple_of(64);
     let qd = cfg.queue_depth as usize;
+    let name = &t.info().name;
     let buf = t
         .dma_pool()
         .alloc(qd * stride)
-        .map_err(|e| format!("core {}: i/o buffers for {}: {e}", cfg.core, t.info().name))?;
+        .map_err(|e| format!("core {}: i/o buffers for {name}: {e}", cfg.core))?;
+    let md_buf = if ts.md_bytes > 0 {
+        Some(
+            t.dma_pool()
+                .alloc(qd * md_stride)
+                .map_err(|e| format!("core {}: metadata buffers for {name}: {e}", cfg.core))?,
+        )
+    } else {
+        None
+    };
     let reqs = (0..qd)
         .map(|i| {
-            buf.slice(i * stride, io_size)
-                .map(|s| IoRequest::read(0, 0, 0, s, i as u64))
+            let req = IoRequest::read(0, 0, 0, buf.slice(i * stride, ts.io_bytes)?, i as u64);
+            Ok(match (&ts.md, &md_buf) {
+                (Some(m), Some(b)) => {
+                    req.with_meta(IoMeta::for_layout(m, b.slice(i * md_stride, ts.md_bytes)?))
+                }
+                (Some(m), None) => req.with_meta(IoMeta::for_layout(m, IoMeta::NONE.buf)),
+                _ => req,
+            })
         })
-        .collect::<Result<Box<[_]>, _>>()
+        .collect::<Result<Box<[_]>, kestrel::hw::dma::DmaError>>()
         .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
     Ok(QueueState {
         q,
@@ -124,6 +166,8 @@ fn queue_state(
         dead: false,
         reqs,
         stride,
+        md_stride,
+        md_buf,
         buf,
         slots: vec![
             Slot {

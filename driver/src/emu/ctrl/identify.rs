@@ -32,7 +32,9 @@ pub(super) fn controller_data(
         cntlid: 1,
         ver: Vs::V1_4_0.0,
         oaes: 0,
-        ctratt: 0,
+        // Extended LBA formats: the NVM Command Set Identify Namespace reports each format's
+        // guard size (EmuFormat::pif).
+        ctratt: crate::spec::identify::CTRATT_ELBAS,
         // Command Retry Delay Times for CRD 1..3: 100, 200 and 500 ms.
         crdt: [1, 2, 5],
         oacs: if cfg.shadow_doorbells {
@@ -187,7 +189,12 @@ impl Ctrl {
     fn cns_namespace_csi(&self, nsid: u32, csi: u8) -> Result<Box<[u8; IDENTIFY_SIZE]>, Status> {
         let ns = self.named_ns(nsid)?;
         match (csi, &ns.zones) {
-            (crate::spec::csi::NVM, _) => Ok(Box::new([0u8; IDENTIFY_SIZE])),
+            (crate::spec::csi::NVM, _) => {
+                let mut b = Box::new([0u8; IDENTIFY_SIZE]);
+                let off = crate::spec::identify::NVM_ELBAF_OFFSET + 4 * ns.lbaf_index() as usize;
+                b[off..off + 4].copy_from_slice(&(u32::from(ns.format.pif & 3) << 7).to_le_bytes());
+                Ok(b)
+            }
             (crate::spec::csi::ZONED, Some(z)) => Ok(IdentifyNsZoned {
                 zoc: 0,
                 ozcs: OZCS_RAZB,

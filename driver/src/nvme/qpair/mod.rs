@@ -184,6 +184,22 @@ mod state {
     pub const INJECTED: u8 = 1 << 3;
     /// The command is a child of a split request (`Tracker::parent`).
     pub const CHILD: u8 = 1 << 4;
+    /// The command carries the caller's metadata: its MPTR, CDW14 and CDW15 are in the
+    /// per-CID side array (`IoQpair::meta_dw`), merged into the SQE wherever it is
+    /// written ([`IoQpair::sqe_of`]).
+    pub const META: u8 = 1 << 5;
+}
+
+/// The SQE fields of a command carrying the caller's metadata that its tracker has no
+/// room for: one entry per CID, written and read only for such commands (`state::META`).
+#[derive(Clone, Copy, Default)]
+struct MetaDwords {
+    /// MPTR: the separate metadata of the command's first block (0 for extended LBAs).
+    mptr: u64,
+    /// CDW14: the expected initial reference tag.
+    cdw14: u32,
+    /// CDW15: the application tag and mask.
+    cdw15: u32,
 }
 
 /// One inline command slot: one cache line, on a line boundary.
@@ -199,8 +215,9 @@ mod state {
 /// The rest is what a completion reads and writes: the state, the token, the SQ position,
 /// the parent and the retry count. Bytes 60..64 are free (`TRACKER_END`): a field added
 /// goes there; one that does not fit goes to a per-CID side
-/// array touched only by the commands that need it, as the injected status does, never to
-/// a second line.
+/// array touched only by the commands that need it, as the injected status does (and the
+/// MPTR, CDW14 and CDW15 of a command carrying the caller's metadata, `state::META`),
+/// never to a second line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Tracker {
@@ -376,6 +393,7 @@ impl Parent {
             nlb: 0,
             data: crate::io::Segments::none(),
             token: 0,
+            meta: crate::io::IoMeta::NONE,
         },
         ns: IoNs::NONE,
         issued_blocks: 0,
@@ -448,6 +466,9 @@ pub struct IoQpair {
     /// The status an injection rule gives the command in tracker `cid` (meaningful while
     /// its state has `INJECTED`); empty until the first rule is added.
     injected: Vec<Status>,
+    /// MPTR, CDW14 and CDW15 of the command in tracker `cid` (meaningful while its state
+    /// has `META`), allocated with the trackers.
+    meta_dw: Box<[MetaDwords]>,
     injections: [Option<ErrorInjection>; MAX_INJECTIONS],
     /// What `stats.commands` adds to `sq_seq`: the entries pushed before the last reset
     /// (which starts `sq_seq` again from 0).
@@ -583,6 +604,7 @@ impl IoQpair {
                 .collect(),
             prp_per_buf: parts.prp_trackers_per_buf.max(1),
             injected: Vec::new(),
+            meta_dw: vec![MetaDwords::default(); ntrk].into_boxed_slice(),
             injections: [None; MAX_INJECTIONS],
             delayed: VecDeque::with_capacity(ntrk),
             abort_timeout: opts.abort_timeout.min(timeout),

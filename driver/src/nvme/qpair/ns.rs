@@ -24,6 +24,8 @@ pub(super) struct IoNs {
     pub(super) wz_cdw12: u32,
     /// [`ns_flags`] bits.
     pub(super) flags: u8,
+    /// MS: metadata bytes per block (0: none).
+    pub(super) ms: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<IoNs>() == 32);
@@ -40,6 +42,11 @@ pub(super) mod ns_flags {
     pub const REFTAG: u8 = 1 << 3;
     /// A zoned namespace (its zone geometry is in the controller's `NsInfo`).
     pub const ZONED: u8 = 1 << 4;
+    /// Every Read and Write must carry the caller's metadata (`IoRequest::meta`): the
+    /// format has metadata the controller cannot insert and strip itself (PRACT).
+    pub const NEEDS_META: u8 = 1 << 5;
+    /// The metadata is interleaved with the data (an extended LBA).
+    pub const EXTENDED: u8 = 1 << 6;
 }
 
 impl IoNs {
@@ -52,6 +59,7 @@ impl IoNs {
         rw_cdw12: 0,
         wz_cdw12: 0,
         flags: 0,
+        ms: 0,
     };
 
     pub(super) fn of(n: &NsInfo, max_command_bytes: u64) -> Self {
@@ -83,7 +91,11 @@ impl IoNs {
             ns_flags::ZONED
         } else {
             0
-        };
+        } | if prot.required() {
+            ns_flags::NEEDS_META
+        } else {
+            0
+        } | if prot.extended { ns_flags::EXTENDED } else { 0 };
         IoNs {
             num_blocks: n.num_blocks,
             nsid: n.nsid,
@@ -92,6 +104,24 @@ impl IoNs {
             rw_cdw12,
             wz_cdw12,
             flags,
+            ms: prot.ms,
+        }
+    }
+
+    /// The entry as a request carrying the caller's metadata sees it: with extended LBAs
+    /// each block in the data buffer is `block_size + ms` bytes, so a command carries
+    /// fewer of them (the same bytes at most: the tracker's PRP list still covers it).
+    #[cold]
+    pub(super) fn with_meta(&self) -> IoNs {
+        if !self.has(ns_flags::EXTENDED) {
+            return *self;
+        }
+        let host = self.block_size + u32::from(self.ms);
+        let bytes = u64::from(self.chunk_blocks) * u64::from(self.block_size);
+        IoNs {
+            block_size: host,
+            chunk_blocks: ((bytes / u64::from(host)) as u32).max(1),
+            ..*self
         }
     }
     #[inline]

@@ -7,7 +7,8 @@ use crate::nvme::prp;
 use crate::spec::zns::zra;
 use crate::spec::{nvm_opc, DsmRange, Sqe, Status, PAGE_SIZE};
 
-use super::{ns_flags, state, IoNs, IoQpair, Parent, Tracker, NO_PARENT};
+use super::{ns_flags, state, IoNs, IoQpair, MetaDwords, Parent, Tracker, NO_PARENT};
+use crate::nvme::format::IoProtection;
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
@@ -25,7 +26,7 @@ impl IoQpair {
         let Some(cid) = self.free.pop() else {
             return false;
         };
-        self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+        self.issue_any(cid, req, 0, req.nlb, NO_PARENT, &ns);
         true
     }
 
@@ -33,6 +34,9 @@ impl IoQpair {
     /// queue since.
     pub(super) fn try_start_queued(&mut self, req: &IoRequest) -> bool {
         match self.ns_entry(req.nsid) {
+            // A request with the caller's metadata is built from the entry as it sees it
+            // (extended LBAs: bigger blocks), as when it was checked.
+            Some(&ns) if req.meta.with => self.try_start(req, ns.with_meta()),
             Some(&ns) => self.try_start(req, ns),
             None => {
                 // The table is the controller's namespace list, fixed while the qpair
@@ -84,7 +88,7 @@ impl IoQpair {
             p.issued_blocks += nlb;
             p.outstanding += 1;
             let req = p.req;
-            self.issue(cid, &req, blk_off, nlb, pi, &ns);
+            self.issue_any(cid, &req, blk_off, nlb, pi, &ns);
         }
     }
 
@@ -101,6 +105,88 @@ impl IoQpair {
         parent: u16,
         ns: &IoNs,
     ) {
+        let t = self.build(cid, req, blk_off, nlb, parent, ns);
+        self.trackers[cid as usize] = t;
+        if self.injecting && self.apply_injection(cid, t.opc) {
+            return;
+        }
+        self.push_qwords(t.sqe_qwords(cid));
+    }
+
+    /// [`IoQpair::issue`] for a request that may carry the caller's metadata (the general
+    /// path: the fast path's check lets none through).
+    #[inline]
+    fn issue_any(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        ns: &IoNs,
+    ) {
+        if req.meta.with {
+            self.issue_meta(cid, req, blk_off, nlb, parent, ns);
+        } else {
+            self.issue(cid, req, blk_off, nlb, parent, ns);
+        }
+    }
+
+    /// [`IoQpair::issue`] for a Read or Write carrying the caller's metadata: separate
+    /// (MPTR into its buffer, `ms` bytes per block from this piece's first block) or
+    /// interleaved in the data (`ns` then counts blocks with their metadata). Its PI is
+    /// sent as it is, without PRACT, and checked by the controller: CDW12's PRCHK bits,
+    /// CDW14 (the initial reference tag) and CDW15 (application tag and mask) come from
+    /// [`IoProtection::caller_dwords`]; MPTR, CDW14 and CDW15 go to the CID's side entry
+    /// (`state::META`), from which every write of the SQE takes them.
+    #[cold]
+    #[inline(never)]
+    fn issue_meta(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        ns: &IoNs,
+    ) {
+        let mut t = self.build(cid, req, blk_off, nlb, parent, ns);
+        let prot = self
+            .ctrlr
+            .ns_info(req.nsid)
+            .map_or(IoProtection::NONE, |n| n.protection);
+        let lba = req.lba + blk_off as u64;
+        let (cdw12, cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
+        // NLB stays; the namespace's PRACT bits give way to the caller's checks.
+        t.cdw12 = (t.cdw12 & 0xFFFF) | cdw12;
+        t.reftag = false;
+        t.state |= state::META;
+        let mptr = if ns.has(ns_flags::EXTENDED) {
+            0
+        } else {
+            req.meta.buf.iova + u64::from(blk_off) * u64::from(ns.ms)
+        };
+        self.meta_dw[cid as usize] = MetaDwords { mptr, cdw14, cdw15 };
+        self.trackers[cid as usize] = t;
+        if self.injecting && self.apply_injection(cid, t.opc) {
+            return;
+        }
+        let q = self.sqe_of(cid);
+        self.push_qwords(q);
+    }
+
+    /// The tracker of the command for blocks `[blk_off, blk_off + nlb)` of `req`
+    /// (checked; `ns` its namespace), its PRPs written where they go.
+    #[inline]
+    fn build(
+        &mut self,
+        cid: u16,
+        req: &IoRequest,
+        blk_off: u32,
+        nlb: u32,
+        parent: u16,
+        ns: &IoNs,
+    ) -> Tracker {
         let lba = req.lba + blk_off as u64;
         let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
         let c = if let IoOp::Read | IoOp::Write = req.op {
@@ -123,7 +209,7 @@ impl IoQpair {
         } else {
             self.other_command(cid, req, lba, nlb, ns)
         };
-        let t = Tracker {
+        Tracker {
             token: req.token,
             prp1: c.prp1,
             prp2: c.prp2,
@@ -142,12 +228,7 @@ impl IoQpair {
             },
             reftag: c.reftag,
             cdw13: c.cdw13,
-        };
-        self.trackers[cid as usize] = t;
-        if self.injecting && self.apply_injection(cid, c.opc) {
-            return;
         }
-        self.push_qwords(t.sqe_qwords(cid));
     }
 
     /// The compact fields of a Flush, Write Zeroes, Deallocate (which writes its range

@@ -66,8 +66,11 @@ impl IoQpair {
         let limit = if whole { ns.chunk_blocks } else { u32::MAX };
         // A zoned namespace's write goes out as one command (pieces of a split one could
         // reach the write pointer out of order): only `whole` requests pass here for it.
+        // Requests with the caller's metadata, and namespaces that need it, take the full
+        // check.
         (matches!(req.op, IoOp::Read | IoOp::Write)
-            && ns.has(ns_flags::SERVED)
+            && ns.flags & (ns_flags::SERVED | ns_flags::NEEDS_META) == ns_flags::SERVED
+            && !req.meta.with
             && (whole || !ns.has(ns_flags::ZONED))
             && req.nlb.wrapping_sub(1) < limit
             && req
@@ -123,6 +126,11 @@ impl IoQpair {
                 });
             }
         }
+        let ns = if req.meta.with || ns.has(ns_flags::NEEDS_META) {
+            self.check_meta(req, ns)?
+        } else {
+            *ns
+        };
         match req.op {
             IoOp::WriteZeroes if !ns.has(ns_flags::WRITE_ZEROES) => {
                 return Err(InvalidRequest::Unsupported { op })
@@ -131,48 +139,110 @@ impl IoQpair {
                 return Err(InvalidRequest::Unsupported { op })
             }
             IoOp::Read | IoOp::Write | IoOp::ZoneAppend | IoOp::ReportZones => {
-                if req.data.is_empty() {
-                    return Err(InvalidRequest::BadSegments {
-                        op,
-                        n: 0,
-                        why: "reads and writes need a buffer",
-                    });
-                }
-                let need = if req.op == IoOp::ReportZones {
-                    self.report_bytes(req, ns) as u64
-                } else {
-                    req.nlb as u64 * ns.block_size as u64
-                };
-                let have = req.data.total_len() as u64;
-                if have < need {
-                    return Err(InvalidRequest::LengthMismatch {
-                        op,
-                        nlb: req.nlb,
-                        block_size: ns.block_size,
-                        need,
-                        have,
-                    });
-                }
-                match req.data.as_slice() {
-                    // One segment is one contiguous IOVA range: its pages after the first
-                    // are page aligned by construction, so the only PRP rule left is the
-                    // dword alignment of the start; no need to walk the pages.
-                    [s] => {
-                        if s.iova % 4 != 0 {
-                            return Err(InvalidRequest::Misaligned {
-                                index: 0,
-                                iova: s.iova,
-                                len: (need as usize).min(s.len),
-                                why: "the first data address must be dword aligned",
-                            });
-                        }
-                    }
-                    segs => prp::for_each_page(segs, 0, need as usize, |_| {})?,
-                }
+                self.check_data(req, &ns)?
             }
             _ => {}
         }
-        Ok(*ns)
+        Ok(ns)
+    }
+
+    /// The data rules of a transfer: a buffer holding the blocks (or the report), whose
+    /// pages follow the PRP rules.
+    fn check_data(&self, req: &IoRequest, ns: &IoNs) -> Result<(), InvalidRequest> {
+        let op = req.op.name();
+        if req.data.is_empty() {
+            return Err(InvalidRequest::BadSegments {
+                op,
+                n: 0,
+                why: "reads and writes need a buffer",
+            });
+        }
+        let need = if req.op == IoOp::ReportZones {
+            self.report_bytes(req, ns) as u64
+        } else {
+            req.nlb as u64 * ns.block_size as u64
+        };
+        let have = req.data.total_len() as u64;
+        if have < need {
+            return Err(InvalidRequest::LengthMismatch {
+                op,
+                nlb: req.nlb,
+                block_size: ns.block_size,
+                need,
+                have,
+            });
+        }
+        match req.data.as_slice() {
+            // One segment is one contiguous IOVA range: its pages after the first
+            // are page aligned by construction, so the only PRP rule left is the
+            // dword alignment of the start; no need to walk the pages.
+            [s] => {
+                if s.iova % 4 != 0 {
+                    return Err(InvalidRequest::Misaligned {
+                        index: 0,
+                        iova: s.iova,
+                        len: (need as usize).min(s.len),
+                        why: "the first data address must be dword aligned",
+                    });
+                }
+            }
+            segs => prp::for_each_page(segs, 0, need as usize, |_| {})?,
+        }
+        Ok(())
+    }
+
+    /// The metadata rules of a request: metadata only with reads and writes, to a
+    /// namespace that has some; every read and write with it where the format needs it;
+    /// a separate buffer of at least `nlb x ms` bytes, dword aligned (MPTR), or none for
+    /// extended LBAs. Returns the entry the request is built from ([`IoNs::with_meta`]).
+    #[cold]
+    #[inline(never)]
+    fn check_meta(&self, req: &IoRequest, ns: &IoNs) -> Result<IoNs, InvalidRequest> {
+        let extended = ns.has(ns_flags::EXTENDED);
+        let err = |why: &'static str| InvalidRequest::Metadata {
+            op: req.op.name(),
+            nsid: req.nsid,
+            nlb: req.nlb,
+            ms: ns.ms,
+            extended,
+            why,
+        };
+        let with = req.meta.with;
+        let rw = matches!(req.op, IoOp::Read | IoOp::Write);
+        if with && !rw {
+            return Err(err("only reads and writes carry metadata"));
+        }
+        if !rw {
+            // Write Zeroes, Deallocate and Flush need none.
+            return Ok(*ns);
+        }
+        if with && ns.ms == 0 {
+            return Err(err("metadata given for a namespace without metadata"));
+        }
+        if !with {
+            return Err(err(
+                "the format needs the metadata with every read and write (IoMeta: a separate \
+                 buffer of nlb x ms bytes, or the metadata interleaved with the data)",
+            ));
+        }
+        let m = &req.meta.buf;
+        if !extended {
+            if (m.len as u64) < req.nlb as u64 * ns.ms as u64 {
+                return Err(err(if m.len == 0 {
+                    "no metadata buffer given for separate metadata"
+                } else {
+                    "the metadata buffer is smaller than nlb x ms bytes"
+                }));
+            }
+            if m.iova % 4 != 0 {
+                return Err(err("the metadata buffer must be dword aligned (MPTR)"));
+            }
+        } else if m.len != 0 {
+            return Err(err(
+                "extended lbas carry the metadata in the data buffer, not a separate one",
+            ));
+        }
+        Ok(ns.with_meta())
     }
 
     /// The zone rules the driver checks before a command reaches a zoned namespace (the
@@ -413,10 +483,23 @@ impl IoQpair {
     /// [`IoQpair::issue`] first wrote it.
     pub(super) fn place(&mut self, cid: u16) {
         let seq = self.sq_seq as u32;
-        let t = &mut self.trackers[cid as usize];
-        t.sq_seq = seq;
-        let q = t.sqe_qwords(cid);
+        self.trackers[cid as usize].sq_seq = seq;
+        let q = self.sqe_of(cid);
         self.push_qwords(q);
+    }
+
+    /// The SQE of the command in tracker `cid`: its compact fields, and for a command
+    /// carrying the caller's metadata the MPTR, CDW14 and CDW15 kept beside it.
+    #[inline]
+    pub(super) fn sqe_of(&self, cid: u16) -> [u64; 8] {
+        let t = &self.trackers[cid as usize];
+        let mut q = t.sqe_qwords(cid);
+        if t.state & state::META != 0 {
+            let m = &self.meta_dw[cid as usize];
+            q[2] = m.mptr;
+            q[7] = m.cdw14 as u64 | (m.cdw15 as u64) << 32;
+        }
+        q
     }
 
     /// Places the SQE `q` at the SQ tail (straight into the slot) and rings at once in

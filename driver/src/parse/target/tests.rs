@@ -85,6 +85,7 @@ fn namespace_definitions_and_selection() {
         extended: false,
         pi_type: 0,
         pi_first: false,
+        pif: 0,
         zoned: false,
         zone_size: None,
         max_open: 0,

@@ -21,9 +21,12 @@ mod ns;
 mod tests;
 
 pub use log::{ErrorLogEntry, SmartLog};
+
+/// CTRATT bit 15: Extended LBA Formats Supported (ELBAS).
+pub const CTRATT_ELBAS: u32 = 1 << 15;
 pub use ns::{
-    encode_active_ns_list, nidt, ns_off, parse_active_ns_list, IdentifyNamespace, LbaFormat,
-    NsFormat, NsIdDescriptors, MAX_LBA_FORMATS,
+    encode_active_ns_list, nidt, ns_off, nvm_elbaf_pif, parse_active_ns_list, IdentifyNamespace,
+    LbaFormat, NsFormat, NsIdDescriptors, MAX_LBA_FORMATS, NVM_ELBAF_OFFSET,
 };
 
 fn rd_u8(b: &[u8], o: usize) -> u8 {
@@ -364,6 +367,12 @@ impl IdentifyController {
     /// Whether Dataset Management is supported (ONCS bit 2).
     pub fn supports_dsm(&self) -> bool {
         self.oncs & oncs::DATASET_MANAGEMENT != 0
+    }
+    /// Whether the controller reports extended LBA formats (CTRATT bit 15, ELBAS): the NVM
+    /// Command Set Identify Namespace (CNS 05h) then says each format's protection
+    /// information format (16-, 32- or 64-bit guard).
+    pub fn extended_lba_formats(&self) -> bool {
+        self.ctratt & CTRATT_ELBAS != 0
     }
     /// Whether a volatile write cache is present (VWC bit 0).
     pub fn has_volatile_write_cache(&self) -> bool {

@@ -241,6 +241,10 @@ pub struct NsFormat {
     pub dps: u8,
     /// The Command Set Identifier ([`crate::spec::csi`]).
     pub csi: u8,
+    /// The protection information format of the LBA format in use (ELBAF PIF of the NVM
+    /// Command Set Identify Namespace, CNS 05h): 0 the 16-bit guard, 1 the 32-bit guard,
+    /// 2 the 64-bit guard. 0 when the controller does not report extended LBA formats.
+    pub pif: u8,
 }
 
 impl NsFormat {
@@ -258,6 +262,7 @@ impl NsFormat {
             flbas: ns.flbas,
             dps: ns.dps,
             csi,
+            pif: 0,
         }
     }
     /// The LBA data size in bytes, or `None` when the format index is past NLBAF or LBADS
@@ -291,11 +296,19 @@ impl std::fmt::Display for NsFormat {
         write!(f, ", flbas {:#04x}, dps {:#04x}: ", self.flbas, self.dps)?;
         match self.pi_type {
             0 => write!(f, "no protection information")?,
-            t @ 1..=3 => write!(
-                f,
-                "protection information type {t} in the {} bytes of the metadata",
-                if self.pi_first { "first" } else { "last" }
-            )?,
+            t @ 1..=3 => {
+                write!(
+                    f,
+                    "protection information type {t} in the {} bytes of the metadata",
+                    if self.pi_first { "first" } else { "last" }
+                )?;
+                match self.pif {
+                    0 => {}
+                    1 => write!(f, ", 32-bit guard (pif 1)")?,
+                    2 => write!(f, ", 64-bit guard (pif 2)")?,
+                    p => write!(f, ", reserved guard format (pif {p})")?,
+                }
+            }
             t => write!(f, "reserved protection type {t}")?,
         }
         write!(
@@ -306,6 +319,19 @@ impl std::fmt::Display for NsFormat {
         )
     }
 }
+
+/// The Protection Information Format (PIF, bits 8:7) of extended LBA format `index` in the
+/// NVM Command Set specific Identify Namespace data structure (CNS 05h, CSI 00h): LBSTM
+/// (bytes 7:0), PIC (byte 8), reserved (11:9), then ELBAF0..ELBAF63, 4 bytes each from byte
+/// 12. 0: 16-bit guard, 1: 32-bit guard, 2: 64-bit guard.
+pub fn nvm_elbaf_pif(b: &[u8; 4096], index: usize) -> u8 {
+    let off = NVM_ELBAF_OFFSET + 4 * index.min(63);
+    let e = u32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
+    ((e >> 7) & 0x3) as u8
+}
+
+/// Byte offset of ELBAF0 in the NVM Command Set specific Identify Namespace data structure.
+pub const NVM_ELBAF_OFFSET: usize = 12;
 
 /// The Namespace Identification Descriptor list (CNS 03h), as parsed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]

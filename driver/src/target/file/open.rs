@@ -93,6 +93,7 @@ impl FileTarget {
             deallocate_reads_zeroes: discard_zeroes && discard != DiscardKind::None,
             flush: true,
             read_only: opts.read_only,
+            metadata: None,
             zones: None,
         };
         let direct = dio.direct;

@@ -122,6 +122,7 @@ impl Slot {
             nlb: 0,
             data: crate::io::Segments::none(),
             token: 0,
+            meta: crate::io::IoMeta::NONE,
         },
         state: State::Free,
         op: Op::Fsync,

@@ -39,6 +39,7 @@ impl FileQueue {
                 why: "this operation takes no data segments",
             });
         }
+        no_metadata(req, nsid)?;
         if !op.has_range() {
             return Ok(());
         }
@@ -134,4 +135,19 @@ impl FileQueue {
         }
         Ok(())
     }
+}
+
+/// A file has no metadata: a request that carries some is refused.
+fn no_metadata(req: &IoRequest, nsid: u32) -> Result<(), InvalidRequest> {
+    if !req.meta.with {
+        return Ok(());
+    }
+    Err(InvalidRequest::Metadata {
+        op: req.op.name(),
+        nsid,
+        nlb: req.nlb,
+        ms: 0,
+        extended: false,
+        why: "a file has no metadata",
+    })
 }
