@@ -213,14 +213,13 @@ impl Worker<'_> {
             UNKNOWN => Expect::Unknown,
             g => Expect::Generation(g as u64),
         };
-        let off = slot_i * q.stride;
         let data = &mut self.scratch[..ts.io_bytes];
         let md = &mut self.md_scratch[..ts.md_bytes];
         q.buf
-            .read_at(off, data)
+            .read_at(slot_i, data)
             .map_err(|e| format!("verify: reading the read buffer: {e}"))?;
         if let Some(b) = &q.md_buf {
-            b.read_at(slot_i * q.md_stride, md)
+            b.read_at(slot_i, md)
                 .map_err(|e| format!("verify: reading the metadata buffer: {e}"))?;
         }
         let mut mismatch = |m: Mismatch| {
@@ -277,17 +276,17 @@ impl Worker<'_> {
             }
         } else {
             q.buf
-                .read_at(slot * q.stride, data)
+                .read_at(slot, data)
                 .map_err(|e| format!("pi: reading the write buffer: {e}"))?;
         }
         if let Some(f) = ts.pi {
             f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
         }
         q.buf
-            .write_at(slot * q.stride, data)
+            .write_at(slot, data)
             .map_err(|e| format!("filling the write buffer: {e}"))?;
         if let Some(b) = &mut q.md_buf {
-            b.write_at(slot * q.md_stride, md)
+            b.write_at(slot, md)
                 .map_err(|e| format!("filling the metadata buffer: {e}"))?;
         }
         Ok(())

@@ -24,10 +24,11 @@ use std::sync::{Arc, Barrier};
 
 use crossbeam_utils::CachePadded;
 use kestrel::io::{Completion, IoError, IoRequest, QueueStats};
-use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
+use kestrel::{QueueOptions, Target, TargetQueue};
 
 pub use super::latency::{LATENCY_MAX_NS, LATENCY_SIGFIG};
 
+mod bufs;
 mod drain;
 mod io;
 mod metadata;
@@ -212,12 +213,9 @@ struct QueueState {
     /// operation and the blocks and submits it where it lies (`submit_ref`), so the
     /// several-hundred-byte request is neither rebuilt nor copied per I/O.
     reqs: Box<[IoRequest]>,
-    stride: usize,
-    buf: DmaBuf,
-    /// Separate metadata: one region of `md_stride` bytes per slot (each slot's request
-    /// points at its own).
-    md_stride: usize,
-    md_buf: Option<DmaBuf>,
+    buf: bufs::SlotBufs,
+    /// Separate metadata: one region per slot (each slot's request points at its own).
+    md_buf: Option<bufs::SlotBufs>,
     slots: Box<[Slot]>,
     /// Per slot, the zones it owns (zoned workloads; empty otherwise).
     zslots: Box<[zoned::ZoneSlot]>,

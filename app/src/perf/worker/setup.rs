@@ -6,6 +6,8 @@ use kestrel::spec::pi::{PiFormat, PiType};
 use kestrel::target::TargetInfo;
 use kestrel::{Target, TargetQueue};
 
+use super::bufs::SlotBufs;
+
 use super::{
     partition, zoned, QueueState, Slot, TargetResult, TargetState, Worker, WorkerConfig,
     WorkerError, MISMATCHES_KEPT, VERIFY_MAX_UNITS,
@@ -134,14 +136,11 @@ fn queue_state(
     let md_stride = ts.md_bytes.next_multiple_of(64);
     let qd = cfg.queue_depth as usize;
     let name = &t.info().name;
-    let buf = t
-        .dma_pool()
-        .alloc(qd * stride)
+    let buf = SlotBufs::alloc(t.dma_pool(), qd, stride)
         .map_err(|e| format!("core {}: i/o buffers for {name}: {e}", cfg.core))?;
     let md_buf = if ts.md_bytes > 0 {
         Some(
-            t.dma_pool()
-                .alloc(qd * md_stride)
+            SlotBufs::alloc(t.dma_pool(), qd, md_stride)
                 .map_err(|e| format!("core {}: metadata buffers for {name}: {e}", cfg.core))?,
         )
     } else {
@@ -149,10 +148,10 @@ fn queue_state(
     };
     let reqs = (0..qd)
         .map(|i| {
-            let req = IoRequest::read(0, 0, 0, buf.slice(i * stride, ts.io_bytes)?, i as u64);
+            let req = IoRequest::read(0, 0, 0, buf.slice(i, ts.io_bytes)?, i as u64);
             Ok(match (&ts.md, &md_buf) {
                 (Some(m), Some(b)) => {
-                    req.with_meta(IoMeta::for_layout(m, b.slice(i * md_stride, ts.md_bytes)?))
+                    req.with_meta(IoMeta::for_layout(m, b.slice(i, ts.md_bytes)?))
                 }
                 (Some(m), None) => req.with_meta(IoMeta::for_layout(m, IoMeta::NONE.buf)),
                 _ => req,
@@ -165,8 +164,6 @@ fn queue_state(
         target: ti,
         dead: false,
         reqs,
-        stride,
-        md_stride,
         md_buf,
         buf,
         slots: vec![
