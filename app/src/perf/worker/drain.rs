@@ -40,14 +40,9 @@ impl Worker<'_> {
         loop {
             let mut left = 0u32;
             for qi in 0..self.queues.len() {
-                let q = &mut self.queues[qi];
-                if q.q.outstanding() == 0 {
+                let Some(t) = self.poll_queue(qi) else {
                     continue;
-                }
-                q.done.clear();
-                let done = &mut q.done;
-                q.q.poll(self.max, &mut |c| done.push(c));
-                let t = clock.now_ns();
+                };
                 let ti = self.queues[qi].target;
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
@@ -77,6 +72,19 @@ impl Worker<'_> {
         }
     }
 
+    /// One poll of queue `qi` after the window, its completions into `done`: the time they
+    /// were reaped, or `None` (nothing polled) when the queue has nothing outstanding.
+    fn poll_queue(&mut self, qi: usize) -> Option<u64> {
+        let q = &mut self.queues[qi];
+        if q.q.outstanding() == 0 {
+            return None;
+        }
+        q.done.clear();
+        let done = &mut q.done;
+        q.q.poll(self.max, &mut |c| done.push(c));
+        Some(self.shared.clock.now_ns())
+    }
+
     /// How long [`Worker::drain`] waits.
     fn drain_limit_ns(&self) -> u64 {
         self.cfg
@@ -95,14 +103,9 @@ impl Worker<'_> {
         loop {
             let mut left = 0u32;
             for qi in 0..self.queues.len() {
-                let q = &mut self.queues[qi];
-                if q.q.outstanding() == 0 {
+                let Some(t) = self.poll_queue(qi) else {
                     continue;
-                }
-                q.done.clear();
-                let done = &mut q.done;
-                q.q.poll(self.max, &mut |c| done.push(c));
-                let t = clock.now_ns();
+                };
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
                     self.complete(qi, c, t, false)?;
