@@ -28,8 +28,8 @@
 #   --mode     as in scripts/vm-test.sh (default both)
 #   --seconds  length of each run (default 10)
 #   --rounds   rounds of every row per guest (default 1)
-# Exit status: 0 when every mode ran every row in every round, else 1 (a
-# row with no successful round prints "-"). Guest output:
+# Exit status: 0 when every mode ran every row in every round, 2 for a
+# usage error, else 1 (a row with no successful round prints "-"). Guest output:
 # $KESTREL_VM_CACHE/logs/compare-<mode>.txt.
 set -euo pipefail
 
