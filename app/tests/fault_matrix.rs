@@ -83,7 +83,7 @@ fn check_accounting(faults: &str, o: &Output, j: &Value) {
         "{faults}"
     );
     assert_eq!(j["result"]["ok"] == true, code == 0, "{faults}");
-    assert!(!stderr(&o).contains("panicked"), "{faults}");
+    assert!(!stderr(o).contains("panicked"), "{faults}");
 }
 
 fn emu_stats(j: &Value) -> &Value {

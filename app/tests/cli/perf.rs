@@ -483,7 +483,7 @@ fn check_mixed_json(j: &serde_json::Value) {
     assert_eq!(j["targets"][0]["total"]["ios"], t["ios"]);
     // total, its read and write, the row with its read and write, the core, the target
     // total with its read and write.
-    let n = check_latencies(&j, "$");
+    let n = check_latencies(j, "$");
     assert!(n >= 9, "{n} latency summaries");
     let prog = j["progress"].as_array().expect("progress samples");
     assert!(!prog.is_empty(), "at least the final sample");

@@ -141,7 +141,7 @@ fn connect_admin(
         }),
     });
     t.live.push(Arc::clone(&ctrl));
-    return Ok((Connected::Admin(ctrl), d));
+    Ok((Connected::Admin(ctrl), d))
 }
 
 /// A Connect on an I/O queue: bound to the host's live controller, within the queues
