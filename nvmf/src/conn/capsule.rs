@@ -175,6 +175,11 @@ impl Conn {
             return;
         }
         let _ = ctx;
+        self.send_r2t(s);
+    }
+
+    /// Asks the host for all of slot `s`'s data (its buffer is there): one R2T.
+    fn send_r2t(&mut self, s: u16) {
         let slot = &mut self.slots[s as usize];
         slot.st = St::WaitH2c;
         slot.got = 0;
@@ -197,16 +202,7 @@ impl Conn {
             let opc = self.slots[s as usize].sqe[0];
             if opc & 3 == 1 {
                 // A write: now ask for its data.
-                let slot = &mut self.slots[s as usize];
-                slot.st = St::WaitH2c;
-                slot.got = 0;
-                let r = Pdu::R2t(R2t {
-                    cccid: slot.cid,
-                    ttag: s,
-                    r2to: 0,
-                    r2tl: slot.len,
-                });
-                self.push_hdr(r, 0, 0, TxData::None, None, None);
+                self.send_r2t(s);
             } else {
                 self.io_command(s, ctx);
             }
