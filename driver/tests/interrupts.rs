@@ -280,3 +280,56 @@ fn a_controller_without_vectors_polls_only() {
     assert!(a.interrupt_fd().is_some() && b.interrupt_fd().is_some());
     assert_ne!(a.interrupt_vector(), b.interrupt_vector());
 }
+
+#[test]
+fn arming_steers_the_vector_to_the_arming_cpu_once_per_cpu() {
+    use rustix::thread::{sched_getaffinity, sched_getcpu, sched_setaffinity, CpuSet};
+    // In a thread of its own: it is pinned to CPUs here.
+    std::thread::spawn(|| {
+        let (emu, c) = emu();
+        let allowed = sched_getaffinity(None).unwrap();
+        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU)
+            .filter(|&i| allowed.is_set(i))
+            .collect();
+        let pin = |cpu: usize| {
+            let mut set = CpuSet::new();
+            set.set(cpu);
+            sched_setaffinity(None, &set).unwrap();
+            assert_eq!(sched_getcpu(), cpu, "pinned to cpu {cpu}");
+        };
+        // A queue without interrupts has nothing to steer.
+        let mut plain = c.create_io_qpair(&QpairOptions::default()).unwrap();
+        assert!(!plain.arm_interrupt());
+        assert!(emu.interrupt_steering().is_empty());
+
+        let mut q = c
+            .create_io_qpair(&QpairOptions {
+                interrupts: true,
+                ..Default::default()
+            })
+            .unwrap();
+        let qid = q.qid();
+        pin(cpus[0]);
+        assert!(!q.arm_interrupt());
+        assert_eq!(emu.interrupt_steering(), [(qid, cpus[0])]);
+        // Same CPU: not asked again.
+        for _ in 0..5 {
+            assert!(!q.arm_interrupt());
+        }
+        assert_eq!(emu.interrupt_steering(), [(qid, cpus[0])]);
+        let Some(&other) = cpus.get(1) else {
+            println!(
+                "skipping the CPU change: this process may run on cpu {} only",
+                cpus[0]
+            );
+            return;
+        };
+        // Another CPU: steered there, once.
+        pin(other);
+        assert!(!q.arm_interrupt());
+        assert!(!q.arm_interrupt());
+        assert_eq!(emu.interrupt_steering(), [(qid, cpus[0]), (qid, other)]);
+    })
+    .join()
+    .unwrap();
+}

@@ -243,6 +243,7 @@ pub mod testkit;
 mod tests;
 mod zns;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -372,7 +373,13 @@ pub struct EmuController {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     cfg: EmuConfig,
+    /// The (vector, CPU) pairs [`Transport::steer_interrupt`] was asked for, oldest first
+    /// (the last [`STEER_LOG_LEN`]): the emulator's vectors have no host IRQ to move.
+    steered: Mutex<VecDeque<(u16, usize)>>,
 }
+
+/// Steering requests [`EmuController::interrupt_steering`] remembers.
+pub const STEER_LOG_LEN: usize = 64;
 
 impl core::fmt::Debug for EmuController {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -444,7 +451,15 @@ impl EmuController {
             shared,
             thread: Mutex::new(Some(handle)),
             cfg,
+            steered: Mutex::new(VecDeque::new()),
         }))
+    }
+
+    /// The (vector, CPU) pairs the host asked to steer interrupts to, oldest first (the
+    /// last [`STEER_LOG_LEN`]). Nothing moves: this records what a driver asked for.
+    pub fn interrupt_steering(&self) -> Vec<(u16, usize)> {
+        let g = self.steered.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter().copied().collect()
     }
 
     /// The controller's counters. Exact with respect to completions: every command whose
@@ -558,5 +573,13 @@ impl Transport for EmuController {
     }
     fn interrupt(&self, vector: u16) -> std::io::Result<Arc<std::os::fd::OwnedFd>> {
         self.shared.irqs.route(vector)
+    }
+    fn steer_interrupt(&self, vector: u16, cpu: usize) -> std::io::Result<()> {
+        let mut g = self.steered.lock().unwrap_or_else(|p| p.into_inner());
+        if g.len() == STEER_LOG_LEN {
+            g.pop_front();
+        }
+        g.push_back((vector, cpu));
+        Ok(())
     }
 }

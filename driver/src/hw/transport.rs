@@ -9,6 +9,12 @@
 //! created with interrupts enabled (IEN = 1) and that vector (IV). A sleeper reads the
 //! eventfd to clear it, checks the completion queue once more, and only then waits on it
 //! (the device signals every post it makes after that check, so none is missed).
+//!
+//! Where the host takes the interrupt matters: a vector delivered to another CPU than
+//! the sleeper's needs a cross-CPU wake-up, which costs more than the I/O itself under
+//! virtualisation. [`Transport::steer_interrupt`] asks the host to deliver a vector to
+//! a given CPU; the queue pair calls it when a thread arms the vector on a CPU it has not
+//! armed it on before (never on the busy-polling path).
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -42,6 +48,13 @@ pub trait Transport: Send + Sync + 'static {
                 self.describe()
             ),
         ))
+    }
+    /// Asks the host to deliver interrupt vector `vector` on CPU `cpu` (the sleeper's), as
+    /// far as it can. Best effort: the caller logs an error and carries on. The default
+    /// does nothing (no host IRQ to steer).
+    fn steer_interrupt(&self, vector: u16, cpu: usize) -> std::io::Result<()> {
+        let _ = (vector, cpu);
+        Ok(())
     }
 }
 

@@ -25,6 +25,11 @@
 //! (vfio-pci programs the vectors; the IOMMU is not involved). Closing the device fd
 //! disables them.
 //!
+//! [`Transport::steer_interrupt`] moves a vector's host IRQ (`vfio-msix[V](BDF)` in
+//! `/proc/interrupts`, below [`VfioOptions::proc_root`]) to a CPU by writing its
+//! `smp_affinity_list` ([`affinity`]): a queue pair asks for it when a thread first
+//! sleeps on the vector, so the interrupt is taken on the sleeper's CPU.
+//!
 //! Every step that fails returns a [`VfioError`] saying what to do; what was opened so
 //! far is closed in reverse order (device fd, then group, then container).
 //!
@@ -43,6 +48,7 @@
 //! ranges, and its errors carry no errno for the messages below. The dozen ioctls are
 //! in the private `sys` module, each with its safety argument.
 
+pub mod affinity;
 mod iova;
 mod mapper;
 mod sys;
@@ -88,6 +94,9 @@ pub struct VfioOptions {
     pub sysfs_root: PathBuf,
     /// The device root (`/dev`); the VFIO nodes are in `vfio/` below it.
     pub dev_root: PathBuf,
+    /// The procfs root (`/proc`): `interrupts` and `irq/N/smp_affinity_list` below it
+    /// steer the MSI-X vectors' host IRQs ([`Transport::steer_interrupt`]).
+    pub proc_root: PathBuf,
 }
 
 impl Default for VfioOptions {
@@ -97,6 +106,7 @@ impl Default for VfioOptions {
             page_kind: PageKind::Huge2M,
             sysfs_root: PathBuf::from("/sys"),
             dev_root: PathBuf::from("/dev"),
+            proc_root: PathBuf::from("/proc"),
         }
     }
 }
@@ -347,6 +357,7 @@ pub struct VfioTransport {
     group: u32,
     noiommu: bool,
     page_kind: PageKind,
+    proc_root: PathBuf,
 }
 
 impl core::fmt::Debug for VfioTransport {
@@ -571,6 +582,7 @@ impl VfioTransport {
             group: pf.group,
             noiommu: opts.noiommu,
             page_kind: opts.page_kind,
+            proc_root: opts.proc_root.clone(),
         }))
     }
 
@@ -657,6 +669,11 @@ impl Transport for VfioTransport {
             *irqs = fds;
         }
         Ok(Arc::clone(&irqs[vector as usize]))
+    }
+    fn steer_interrupt(&self, vector: u16, cpu: usize) -> io::Result<()> {
+        let irq = affinity::steer_msix(&self.proc_root, &self.bdf, vector, cpu)?;
+        tracing::debug!(bdf = %self.bdf, vector, irq, cpu, "msi-x vector steered");
+        Ok(())
     }
 }
 

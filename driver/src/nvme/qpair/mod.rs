@@ -490,7 +490,20 @@ pub struct IoQpair {
     qid: u16,
     /// The interrupt vector of the CQ and the eventfd it signals (IEN = 1).
     irq: Option<(u16, Arc<OwnedFd>)>,
+    /// Steering of the CQ's vector to the arming thread's CPU
+    /// ([`Transport::steer_interrupt`](crate::hw::transport::Transport::steer_interrupt)).
+    irq_steer: IrqSteer,
     _prp_mem: Vec<DmaBuf>,
+}
+
+/// Where the CQ's interrupt vector was last steered, and whether steering gave up.
+#[derive(Clone, Copy, Debug, Default)]
+struct IrqSteer {
+    /// The CPU the vector was steered to (or tried to be), once asked.
+    cpu: Option<usize>,
+    /// Steering failed once: not tried again for this queue (a failure is permanent in
+    /// practice: no privilege, a managed IRQ, no such IRQ).
+    failed: bool,
 }
 
 const _: () = {
@@ -621,6 +634,7 @@ impl IoQpair {
             removed: false,
             qid: parts.qid,
             irq: parts.irq,
+            irq_steer: IrqSteer::default(),
             ctrlr,
             _prp_mem: parts.prp_mem,
         }
@@ -724,14 +738,41 @@ impl IoQpair {
     /// a completion waiting for delivery, a request waiting in the software queue or for a
     /// retry) and the caller must poll instead of sleeping. A completion posted after this
     /// check signals the eventfd again, so none is missed.
+    ///
+    /// The first time, and again whenever the calling thread is on another CPU than at
+    /// the last call, it also asks the transport to deliver the vector to this CPU
+    /// ([`Transport::steer_interrupt`](crate::hw::transport::Transport::steer_interrupt)),
+    /// so the wake-up needs no cross-CPU interrupt. A failure is logged once and steering
+    /// stops for this queue; the I/O is not affected.
     pub fn arm_interrupt(&mut self) -> bool {
-        if let Some((_, fd)) = &self.irq {
+        if let Some((vector, fd)) = &self.irq {
             crate::hw::transport::clear_eventfd(fd);
+            if !self.irq_steer.failed {
+                // vDSO getcpu: no system call.
+                let cpu = rustix::thread::sched_getcpu();
+                if self.irq_steer.cpu != Some(cpu) {
+                    self.steer_irq(*vector, cpu);
+                }
+            }
         }
         self.rings.cq_ready()
             || !self.deferred.is_empty()
             || !self.pending.is_empty()
             || !self.delayed.is_empty()
+    }
+    /// Steers the CQ's vector to `cpu` (best effort; a failure is logged once).
+    #[cold]
+    fn steer_irq(&mut self, vector: u16, cpu: usize) {
+        self.irq_steer.cpu = Some(cpu);
+        let sh = &self.ctrlr;
+        if let Err(e) = sh.transport.steer_interrupt(vector, cpu) {
+            self.irq_steer.failed = true;
+            tracing::info!(
+                "{}: qid {} interrupt vector {vector} not steered to cpu {cpu} ({e}); the wake-up may cross cpus",
+                sh.describe,
+                self.qid
+            );
+        }
     }
     /// The doorbell mode.
     pub fn doorbell_mode(&self) -> DoorbellMode {
