@@ -124,6 +124,10 @@ cp "$VM_BUILT" "$work/kestrel-perf"
             echo ": row=${r%%|*}@$round; ${r##*|}"
         done
     done
+    # Where the guest takes the queue's MSI-X interrupt while a hybrid poller runs on
+    # CPU 0 (the vector is steered to the poller's CPU): the vfio-msix lines of
+    # /proc/interrupts twice, 3 s apart, the growing count showing the CPU.
+    echo ": irq-placement; ${perf//-t $secs/-t 20} --poll-mode hybrid -q 32 >/dev/null 2>&1 & sleep 10; grep vfio-msix /proc/interrupts; sleep 3; grep vfio-msix /proc/interrupts; wait"
 } >"$work/compare.cmds"
 
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
