@@ -92,17 +92,20 @@ impl From<SteerError> for io::Error {
     }
 }
 
-/// Makes the host IRQ of MSI-X vector `vector` of `bdf` go to `cpu`: finds its number in
-/// `<proc>/interrupts`, writes `cpu` to `<proc>/irq/<N>/smp_affinity_list`. Returns the
-/// IRQ number.
-pub fn steer_msix(proc: &Path, bdf: &Bdf, vector: u16, cpu: usize) -> Result<u32, SteerError> {
+/// The host IRQ number of MSI-X vector `vector` of `bdf`, from `<proc>/interrupts`.
+pub fn msix_irq(proc: &Path, bdf: &Bdf, vector: u16) -> Result<u32, SteerError> {
     let path = proc.join("interrupts");
     let text = std::fs::read_to_string(&path).map_err(|source| SteerError::ReadInterrupts {
         path: path.clone(),
         source,
     })?;
     let name = msix_irq_name(bdf, vector);
-    let irq = find_irq(&text, &name).ok_or(SteerError::NotFound { name, path })?;
+    find_irq(&text, &name).ok_or(SteerError::NotFound { name, path })
+}
+
+/// Makes the kernel deliver IRQ `irq` on `cpu`: writes `cpu` to
+/// `<proc>/irq/<irq>/smp_affinity_list`.
+pub fn set_irq_cpu(proc: &Path, irq: u32, cpu: usize) -> Result<(), SteerError> {
     let path = proc.join(format!("irq/{irq}/smp_affinity_list"));
     // No create: the file exists for every IRQ; a missing one is an error to report.
     std::fs::OpenOptions::new()
@@ -115,7 +118,14 @@ pub fn steer_msix(proc: &Path, bdf: &Bdf, vector: u16, cpu: usize) -> Result<u32
             cpu,
             path,
             source,
-        })?;
+        })
+}
+
+/// Makes the host IRQ of MSI-X vector `vector` of `bdf` go to `cpu` ([`msix_irq`], then
+/// [`set_irq_cpu`]). Returns the IRQ number.
+pub fn steer_msix(proc: &Path, bdf: &Bdf, vector: u16, cpu: usize) -> Result<u32, SteerError> {
+    let irq = msix_irq(proc, bdf, vector)?;
+    set_irq_cpu(proc, irq, cpu)?;
     Ok(irq)
 }
 

@@ -358,6 +358,8 @@ pub struct VfioTransport {
     noiommu: bool,
     page_kind: PageKind,
     proc_root: PathBuf,
+    /// The host IRQ numbers of the vectors steered so far: (vector, IRQ).
+    irq_numbers: std::sync::Mutex<Vec<(u16, u32)>>,
 }
 
 impl core::fmt::Debug for VfioTransport {
@@ -583,6 +585,7 @@ impl VfioTransport {
             noiommu: opts.noiommu,
             page_kind: opts.page_kind,
             proc_root: opts.proc_root.clone(),
+            irq_numbers: std::sync::Mutex::new(Vec::new()),
         }))
     }
 
@@ -671,7 +674,20 @@ impl Transport for VfioTransport {
         Ok(Arc::clone(&irqs[vector as usize]))
     }
     fn steer_interrupt(&self, vector: u16, cpu: usize) -> io::Result<()> {
-        let irq = affinity::steer_msix(&self.proc_root, &self.bdf, vector, cpu)?;
+        // The IRQ numbers stay while the vectors are enabled (until the device closes):
+        // `/proc/interrupts`, long on a machine with many CPUs, is read once per vector.
+        let irq = {
+            let mut known = self.irq_numbers.lock().unwrap_or_else(|p| p.into_inner());
+            match known.iter().find(|(v, _)| *v == vector) {
+                Some(&(_, irq)) => irq,
+                None => {
+                    let irq = affinity::msix_irq(&self.proc_root, &self.bdf, vector)?;
+                    known.push((vector, irq));
+                    irq
+                }
+            }
+        };
+        affinity::set_irq_cpu(&self.proc_root, irq, cpu)?;
         tracing::debug!(bdf = %self.bdf, vector, irq, cpu, "msi-x vector steered");
         Ok(())
     }
