@@ -125,9 +125,11 @@ cp "$VM_BUILT" "$work/kestrel-perf"
         done
     done
     # Where the guest takes the queue's MSI-X interrupt while a hybrid poller runs on
-    # CPU 0 (the vector is steered to the poller's CPU): the vfio-msix lines of
-    # /proc/interrupts twice, 3 s apart, the growing count showing the CPU.
-    echo ": irq-placement; ${perf//-t $secs/-t 20} --poll-mode hybrid -q 32 >/dev/null 2>&1 & sleep 10; grep vfio-msix /proc/interrupts; sleep 3; grep vfio-msix /proc/interrupts; wait"
+    # CPU 0 (the vector is steered to the poller's CPU): the line of vector 1
+    # (its only I/O queue) in /proc/interrupts twice, 3 s apart, the growing
+    # count showing the CPU. It waits for perf alone: a bare `wait` would also
+    # wait for the guest runner's output process substitution, which never ends.
+    echo ": irq-placement; ${perf//-t $secs/-t 20} --poll-mode hybrid -q 32 >/dev/null 2>&1 & p=\$!; sleep 10; grep -F \"vfio-msix[1](\" /proc/interrupts; sleep 3; grep -F \"vfio-msix[1](\" /proc/interrupts; wait \$p"
 } >"$work/compare.cmds"
 
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
