@@ -11,7 +11,11 @@ pub use meta::{IoMeta, MetaLayout};
 pub const MAX_SEGMENTS: usize = 8;
 
 /// What a request does.
+///
+/// `repr(u8)`: the tag is the first byte, Read 0 and Write 1, so the submission fast
+/// path tells a Read or Write from the rest with one compare.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u8)]
 pub enum IoOp {
     /// Read blocks into the data segments.
     Read,

@@ -204,25 +204,31 @@ struct MetaDwords {
 
 /// One inline command slot: one cache line, on a line boundary.
 ///
-/// It holds the command in compact form: every SQE field that is not zero or derived
-/// (CDW0 is the opcode and the CID, CDW14 the starting LBA's low 32 bits or zero, the rest
-/// zero). The SQE is built from these fields straight into its SQ slot
-/// ([`IoQpair::place`]), by the same code for the first submission, a retry and a
-/// resubmission after a reset, so nothing keeps a 64-byte copy of it. Raw commands
-/// ([`IoQpair::submit_raw`]) carry fields this form has no room for; they are never
-/// resubmitted (their retry budget starts spent), so their SQE goes to the ring as given.
+/// It holds the command in compact form: every SQE field that is not zero or derived,
+/// the two quadwords that combine several fields (qword 0: CDW0 and the NSID; qword 6:
+/// CDW12 and CDW13) kept as they go into the SQE, so filling the tracker and writing the
+/// SQE share them (CDW14 is the starting LBA's low 32 bits or zero, the rest zero). The
+/// SQE is built from these fields straight into its SQ slot ([`IoQpair::place`]), by the
+/// same code for the first submission, a retry and a resubmission after a reset, so
+/// nothing keeps a 64-byte copy of it. Raw commands ([`IoQpair::submit_raw`]) carry
+/// fields this form has no room for; they are never resubmitted (their retry budget
+/// starts spent), so their SQE goes to the ring as given.
 ///
 /// The rest is what a completion reads and writes: the state, the token, the SQ position,
-/// the parent and the retry count. Bytes 60..64 are free (`TRACKER_END`): a field added
-/// goes there; one that does not fit goes to a per-CID side
-/// array touched only by the commands that need it, as the injected status does (and the
-/// MPTR, CDW14 and CDW15 of a command carrying the caller's metadata, `state::META`),
+/// the parent and the retry count (`parent`, `retries` and `state` side by side: a new
+/// whole command sets them with one 4-byte store). Bytes 61..64 are free
+/// (`TRACKER_END`): a field added goes there; one that does not fit goes to a per-CID
+/// side array touched only by the commands that need it, as the injected status does (and
+/// the MPTR, CDW14 and CDW15 of a command carrying the caller's metadata, `state::META`),
 /// never to a second line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Tracker {
     /// The caller's token, returned in the completion.
     token: u64,
+    /// SQE quadword 0: CDW0 (the opcode in bits 7:0, this tracker's CID in 31:16; no
+    /// fused operation, PRPs) and the NSID in bits 63:32.
+    cdw0_nsid: u64,
     /// PRP1: the data's first address (the Dataset Management range page for a
     /// Deallocate).
     prp1: u64,
@@ -230,51 +236,59 @@ struct Tracker {
     prp2: u64,
     /// CDW10 and CDW11: the starting LBA of a Read, Write or Write Zeroes.
     cdw10_11: u64,
-    nsid: u32,
-    /// CDW12: NLB (zero-based) and the protection information bits.
-    cdw12: u32,
+    /// SQE quadword 6: CDW12 (NLB, zero-based, and the protection information bits) and,
+    /// in bits 63:32, CDW13 (the zone action or report options of a zone management
+    /// command, else zero).
+    cdw12_13: u64,
     /// Low 32 bits of the command's position in the count of entries pushed since the
     /// queue was created (`IoQpair::sq_seq`), compared with wrapping arithmetic: fewer
     /// than a ring's worth separate any two that are compared.
     sq_seq: u32,
     submit_tick: u32,
     parent: u16,
-    opc: u8,
     retries: u8,
     /// [`state`] bits.
     state: u8,
     /// CDW14 is the low 32 bits of the starting LBA (the initial reference tag of
     /// protection information types 1 and 2), else zero.
     reftag: bool,
-    /// CDW13: the zone action or report options of a zone management command, else zero.
-    cdw13: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Tracker>() == 64);
 const _: () = assert!(std::mem::offset_of!(Tracker, token) == 0);
-/// Where the used part of a tracker ends: bytes 60..64 are free. A field added to a
+const _: () = {
+    use std::mem::offset_of;
+    // One 4-byte store sets all three for a new command.
+    assert!(offset_of!(Tracker, retries) == offset_of!(Tracker, parent) + 2);
+    assert!(offset_of!(Tracker, state) == offset_of!(Tracker, parent) + 3);
+};
+/// Where the used part of a tracker ends: bytes 61..64 are free. A field added to a
 /// tracker goes there (and this value moves with it), never onto a second line.
-const TRACKER_END: usize = std::mem::offset_of!(Tracker, cdw13) + 4;
-const _: () = assert!(TRACKER_END == 60);
+const TRACKER_END: usize = std::mem::offset_of!(Tracker, reftag) + 1;
+const _: () = assert!(TRACKER_END == 61);
 
 impl Tracker {
     /// A free tracker.
     const IDLE: Tracker = Tracker {
         token: 0,
+        cdw0_nsid: 0,
         prp1: 0,
         prp2: 0,
         cdw10_11: 0,
-        nsid: 0,
-        cdw12: 0,
+        cdw12_13: 0,
         sq_seq: 0,
         submit_tick: 0,
         parent: NO_PARENT,
-        opc: 0,
         retries: 0,
         state: 0,
         reftag: false,
-        cdw13: 0,
     };
+
+    /// SQE quadword 0 of command `opc` on namespace `nsid` under CID `cid`.
+    #[inline]
+    fn qword0(opc: u8, cid: u16, nsid: u32) -> u64 {
+        opc as u64 | (cid as u64) << 16 | (nsid as u64) << 32
+    }
 
     #[inline]
     fn active(&self) -> bool {
@@ -284,21 +298,31 @@ impl Tracker {
     fn timed_out(&self) -> bool {
         self.state & state::TIMED_OUT != 0
     }
+    /// The command's opcode.
+    #[inline]
+    fn opc(&self) -> u8 {
+        self.cdw0_nsid as u8
+    }
+    /// Replaces CDW12, keeping CDW13.
+    #[inline]
+    fn set_cdw12(&mut self, cdw12: u32) {
+        self.cdw12_13 = (self.cdw12_13 & !0xFFFF_FFFF) | cdw12 as u64;
+    }
 
-    /// The SQE of the command this tracker holds under CID `cid`, as quadwords
+    /// The SQE of the command this tracker holds, as quadwords
     /// ([`Sqe::to_qwords`](crate::spec::Sqe::to_qwords)): the one place a tracker's
     /// compact fields become a command.
     #[inline]
-    fn sqe_qwords(&self, cid: u16) -> [u64; 8] {
+    fn sqe_qwords(&self) -> [u64; 8] {
         let cdw14 = if self.reftag { self.cdw10_11 as u32 } else { 0 };
         [
-            self.opc as u64 | (cid as u64) << 16 | (self.nsid as u64) << 32,
+            self.cdw0_nsid,
             0,
             0,
             self.prp1,
             self.prp2,
             self.cdw10_11,
-            self.cdw12 as u64 | (self.cdw13 as u64) << 32,
+            self.cdw12_13,
             cdw14 as u64,
         ]
     }
@@ -370,6 +394,20 @@ fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
     // never before `timeout`, at most one tick after it.
     let timeout_ticks = (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
     (timeout, tick_ms as u32, timeout_ticks)
+}
+
+/// What the submission fast path's check ([`IoQpair::check_direct`]) found, and all that
+/// [`IoQpair::issue_direct`] needs besides the request: a whole one-segment Read or Write.
+#[derive(Clone, Copy)]
+struct Direct {
+    /// The segment's first address.
+    iova: u64,
+    /// Bytes the command transfers (at most one command's: below 4 GiB).
+    bytes: u32,
+    /// CDW12: NLB (zero-based) and the namespace's protection information bits.
+    cdw12: u32,
+    /// CDW14 carries the starting LBA's low 32 bits (the initial reference tag).
+    reftag: bool,
 }
 
 /// A request split into several commands.
@@ -446,9 +484,11 @@ pub struct IoQpair {
     max_completions: u32,
     splitting: Option<u16>,
     sq_tail_rung: u16,
-    /// Requests may start at once: the controller is up, the device present, nothing waits
-    /// in the software queue and no request is being split. Cleared wherever one of those
-    /// stops holding; set again only by the general submission path, which checks them.
+    /// Requests may take the submission fast path: the controller is up, the device
+    /// present, nothing waits in the software queue, no request is being split, the
+    /// doorbell is batched and no error injection rule is active. Cleared wherever one of
+    /// those stops holding; set again only by the general submission path, which checks
+    /// them.
     direct: bool,
     mode: DoorbellMode,
     /// Skip MMIO writes the controller's EventIdx does not ask for.
@@ -559,7 +599,8 @@ impl IoQpair {
         let ns: Box<[IoNs]> = ctrlr
             .namespaces
             .iter()
-            .map(|n| IoNs::of(n, parts.max_command_bytes))
+            .enumerate()
+            .map(|(i, n)| IoNs::of(n, parts.max_command_bytes, i))
             .collect();
         let parents: Box<[Parent]> = (0..ntrk).map(|_| Parent::IDLE).collect();
         let parent_free: Vec<u16> = (0..ntrk as u16).rev().collect();
@@ -741,6 +782,8 @@ impl IoQpair {
     pub fn set_doorbell_mode(&mut self, mode: DoorbellMode) {
         self.flush();
         self.mode = mode;
+        // The fast path is for batched mode only: the next submission decides again.
+        self.direct = false;
     }
     /// Bytes of memory the qpair holds: rings, trackers with their PRP pages, software
     /// queue.
