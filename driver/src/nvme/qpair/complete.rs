@@ -49,41 +49,48 @@ impl IoQpair {
         }
         let old_head = self.rings.cq_head();
         let mut reaped = 0u32;
-        let usable = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready && !self.removed;
-        while usable && delivered < max && reaped < max {
-            let Some(cqe) = self.rings.pop() else {
-                break;
-            };
-            reaped += 1;
-            let cid = cqe.cid();
-            // The common case in one test: a successful completion of a whole command
-            // whose tracker holds nothing but that command in flight (state exactly
-            // ACTIVE: no parent, timeout, cancel or injection), which the controller had
-            // fetched.
-            let (depth, tail, seq) = (self.rings.depth(), self.rings.sq_tail(), self.sq_seq);
-            if let Some(t) = self.trackers.get_mut(cid as usize) {
-                if t.state == state::ACTIVE
-                    && cqe.dw3 >> 17 == 0
-                    && fetched(cqe.sq_head(), t.sq_seq, depth, tail, seq)
-                {
-                    t.state = 0;
-                    let token = t.token;
-                    self.free.push(cid);
-                    // A whole command: its command specific result (Zone Append: the
-                    // LBA written) goes with it.
-                    done(Completion {
-                        token,
-                        result: Ok(()),
-                        value: cqe.value(),
-                    });
-                    delivered += 1;
-                    continue;
+        if CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready && !self.removed {
+            // At most `max` completions in all: the CQ may give what the deferred queue
+            // left. The loop counts entries reaped, one counter for the common case; an
+            // entry that delivers nothing (a retry, a piece of a split request, a bogus
+            // completion) still counts, so such a pass delivers fewer, never more.
+            let limit = max - delivered;
+            let mut silent = 0u32;
+            while reaped < limit {
+                let Some(cqe) = self.rings.pop() else {
+                    break;
+                };
+                reaped += 1;
+                let cid = cqe.cid();
+                // The common case in one test: a successful completion of a whole command
+                // whose tracker holds nothing but that command in flight (state exactly
+                // ACTIVE: no parent, timeout, cancel or injection), which the controller
+                // had fetched.
+                let (depth, tail, seq) = (self.rings.depth(), self.rings.sq_tail(), self.sq_seq);
+                if let Some(t) = self.trackers.get_mut(cid as usize) {
+                    if t.state == state::ACTIVE
+                        && cqe.dw3 >> 17 == 0
+                        && fetched(cqe.sq_head(), t.sq_seq, depth, tail, seq)
+                    {
+                        t.state = 0;
+                        let token = t.token;
+                        self.free.push(cid);
+                        // A whole command: its command specific result (Zone Append: the
+                        // LBA written) goes with it.
+                        done(Completion {
+                            token,
+                            result: Ok(()),
+                            value: cqe.value(),
+                        });
+                        continue;
+                    }
+                }
+                match self.complete(cid, cqe.status(), cqe.value(), cqe.sq_head()) {
+                    Some(c) => done(c),
+                    None => silent += 1,
                 }
             }
-            if let Some(c) = self.complete(cid, cqe.status(), cqe.value(), cqe.sq_head()) {
-                done(c);
-                delivered += 1;
-            }
+            delivered += reaped - silent;
         }
         // Every completion delivered in this pass, from the deferred queue or the CQ
         // (`done` cannot look at the counters: it cannot reach the qpair).
@@ -285,17 +292,25 @@ impl IoQpair {
 /// (fewer than the depth). The command was fetched when it is further back than that.
 /// False for an index outside the ring, or one that names more entries than were ever
 /// pushed.
+///
+/// For the command of an active tracker, as both callers have: its position is from the
+/// current queue (a reset re-places or retires every active tracker), so
+/// `since <= sq_seq` (or `sq_seq >= 2^32`, more than any `back`), and `since > back`
+/// alone already means `back < sq_seq`: an SQ Head that names more entries than were
+/// pushed fails it.
 #[inline]
 fn fetched(sq_head: u16, seq: u32, depth: u16, tail: u16, sq_seq: u64) -> bool {
-    if sq_head >= depth {
+    let (head, tail, depth) = (u32::from(sq_head), u32::from(tail), u32::from(depth));
+    if head >= depth {
         return false;
     }
-    let back = if tail >= sq_head {
-        tail - sq_head
+    // The slots from the SQ Head to the tail, going forward around the ring.
+    let back = if tail >= head {
+        tail - head
     } else {
-        tail + (depth - sq_head)
-    } as u64;
+        tail + depth - head
+    };
     // How many entries were pushed at or after the command (1 for the latest).
     let since = (sq_seq as u32).wrapping_sub(seq);
-    back < sq_seq && since as u64 > back
+    since > back
 }

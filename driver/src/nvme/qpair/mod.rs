@@ -402,8 +402,8 @@ fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
 struct Direct {
     /// The segment's first address.
     iova: u64,
-    /// Bytes the command transfers (at most one command's: below 4 GiB).
-    bytes: u32,
+    /// Bytes the command transfers.
+    bytes: u64,
     /// CDW12: NLB (zero-based) and the namespace's protection information bits.
     cdw12: u32,
     /// CDW14 carries the starting LBA's low 32 bits (the initial reference tag).

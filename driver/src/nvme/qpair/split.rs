@@ -120,7 +120,7 @@ impl IoQpair {
     /// such a request, so a retry or a resubmission rebuilds the same SQE.
     #[inline]
     pub(super) fn issue_direct(&mut self, cid: u16, req: &IoRequest, d: Direct) {
-        let (prp1, prp2) = match two_page_prps(d.iova, d.bytes as u64) {
+        let (prp1, prp2) = match two_page_prps(d.iova, d.bytes) {
             Some(p) => p,
             None => self.prps_list(cid, &req.data, 0, d.bytes as usize),
         };
@@ -355,11 +355,11 @@ impl IoQpair {
 /// pages (PRP2 zero for one, the second page for two); `None` when they need a PRP list.
 #[inline]
 fn two_page_prps(start: u64, len: u64) -> Option<(u64, u64)> {
-    // Bytes from the start to the end of its page.
-    let first = PAGE - (start & (PAGE - 1));
-    if len <= first {
+    // Where the bytes end, counted from the start of the first page.
+    let end = (start & (PAGE - 1)) + len;
+    if end <= PAGE {
         Some((start, 0))
-    } else if len <= first + PAGE {
+    } else if end <= 2 * PAGE {
         Some((start, (start & !(PAGE - 1)) + PAGE))
     } else {
         None

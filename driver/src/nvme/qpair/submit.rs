@@ -103,7 +103,7 @@ impl IoQpair {
             && s.iova % 4 == 0)
             .then_some(Direct {
                 iova: s.iova,
-                bytes: bytes as u32,
+                bytes,
                 cdw12: (nlb - 1) | ns.rw_cdw12,
                 reftag: ns.reftag,
             })
