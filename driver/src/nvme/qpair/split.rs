@@ -120,10 +120,27 @@ impl IoQpair {
     /// such a request, so a retry or a resubmission rebuilds the same SQE.
     #[inline]
     pub(super) fn issue_direct(&mut self, cid: u16, req: &IoRequest, d: Direct) {
-        let (prp1, prp2) = match two_page_prps(d.iova, d.bytes) {
-            Some(p) => p,
-            None => self.prps_list(cid, &req.data, 0, d.bytes as usize),
-        };
+        match two_page_prps(d.iova, d.bytes) {
+            Some((prp1, prp2)) => self.place_direct(cid, req, d, prp1, prp2),
+            None => self.issue_direct_listed(cid, req),
+        }
+    }
+
+    /// [`IoQpair::issue_direct`] for a transfer of more than two pages (its PRP list in
+    /// tracker `cid`'s list pages), by the general [`IoQpair::issue`], which builds the
+    /// same command. Out of line, from the request alone: nothing of the common case stays
+    /// live across the call.
+    #[cold]
+    #[inline(never)]
+    fn issue_direct_listed(&mut self, cid: u16, req: &IoRequest) {
+        // A DIRECT namespace's entry is at index nsid - 1.
+        let ns = self.ns[req.nsid as usize - 1];
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+    }
+
+    /// Fills tracker `cid` for [`IoQpair::issue_direct`] and writes the SQE from it.
+    #[inline(always)]
+    fn place_direct(&mut self, cid: u16, req: &IoRequest, d: Direct, prp1: u64, prp2: u64) {
         let opc = if req.op == IoOp::Read {
             nvm_opc::READ
         } else {
@@ -143,7 +160,11 @@ impl IoQpair {
             state: state::ACTIVE,
             reftag: d.reftag,
         };
-        self.trackers[cid as usize] = t;
+        debug_assert!((cid as usize) < self.trackers.len());
+        // SAFETY: `cid` came from the free CID ring, which holds only CIDs below the
+        // tracker count (`CidRing::full(trackers.len())`; what is pushed back is a CID
+        // popped from it or one whose tracker was just looked up).
+        unsafe { *self.trackers.get_unchecked_mut(cid as usize) = t };
         self.rings.push_qwords(t.sqe_qwords());
         self.sq_seq += 1;
     }
