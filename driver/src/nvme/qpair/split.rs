@@ -141,14 +141,9 @@ impl IoQpair {
     /// Fills tracker `cid` for [`IoQpair::issue_direct`] and writes the SQE from it.
     #[inline(always)]
     fn place_direct(&mut self, cid: u16, req: &IoRequest, d: Direct, prp1: u64, prp2: u64) {
-        let opc = if req.op == IoOp::Read {
-            nvm_opc::READ
-        } else {
-            nvm_opc::WRITE
-        };
         let t = Tracker {
             token: req.token,
-            cdw0_nsid: Tracker::qword0(opc, cid, req.nsid),
+            cdw0_nsid: Tracker::qword0(req.op.nvme_opcode(), cid, req.nsid),
             prp1,
             prp2,
             cdw10_11: req.lba,
