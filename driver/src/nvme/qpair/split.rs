@@ -373,13 +373,14 @@ impl IoQpair {
 fn two_page_prps(start: u64, len: u64) -> Option<(u64, u64)> {
     // Where the bytes end, counted from the start of the first page.
     let end = (start & (PAGE - 1)) + len;
-    if end <= PAGE {
-        Some((start, 0))
-    } else if end <= 2 * PAGE {
-        Some((start, (start & !(PAGE - 1)) + PAGE))
-    } else {
-        None
+    let mut prp2 = 0;
+    if end > PAGE {
+        if end > 2 * PAGE {
+            return None;
+        }
+        prp2 = (start & !(PAGE - 1)) + PAGE;
     }
+    Some((start, prp2))
 }
 
 /// A command in the tracker's compact form ([`Tracker`]): what [`IoQpair::issue`] fills
