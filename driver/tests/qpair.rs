@@ -512,8 +512,13 @@ fn memory_is_bounded_and_reported() {
         })
         .unwrap();
     let m = qp.memory_bytes();
-    // About one 4 KiB PRP page per slot plus the rings, the parents and the software
-    // queue's 1024 requests (each with its data segments and metadata inline).
+    // About one 4 KiB PRP page per slot plus the rings, the parents, the free CID ring
+    // (65536 16-bit slots) and the software queue's 1024 requests (each with its data
+    // segments and metadata inline).
     let sw = 1024 * std::mem::size_of::<kestrel::io::IoRequest>();
-    assert!((127 * 4096..127 * 4096 * 2 + sw / 4).contains(&m), "{m}");
+    let cids = 65536 * 2;
+    assert!(
+        (127 * 4096..127 * 4096 * 2 + cids + sw / 4).contains(&m),
+        "{m}"
+    );
 }
