@@ -405,8 +405,9 @@ struct Direct {
     iova: u64,
     /// Bytes the command transfers.
     bytes: u64,
-    /// CDW12: NLB (zero-based) and the namespace's protection information bits.
-    cdw12: u32,
+    /// CDW12: NLB (zero-based) and the namespace's protection information bits (SQE
+    /// quadword 6: CDW13 is zero).
+    cdw12: u64,
     /// CDW14 carries the starting LBA's low 32 bits (the initial reference tag).
     reftag: bool,
 }

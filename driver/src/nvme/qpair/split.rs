@@ -147,7 +147,7 @@ impl IoQpair {
             prp1,
             prp2,
             cdw10_11: req.lba,
-            cdw12_13: d.cdw12 as u64,
+            cdw12_13: d.cdw12,
             sq_seq: self.sq_seq as u32,
             submit_tick: self.tick,
             parent: NO_PARENT,

@@ -104,7 +104,7 @@ impl IoQpair {
             .then_some(Direct {
                 iova: s.iova,
                 bytes,
-                cdw12: (nlb - 1) | ns.rw_cdw12,
+                cdw12: u64::from((nlb - 1) | ns.rw_cdw12),
                 reftag: ns.reftag,
             })
     }
