@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fio through the Kestrel engine against `kestrel perf` with the same settings: one poller
 # (one fio job thread) on core CORE, 4 KiB random reads at each queue depth of QDS, the
-# emulator (null store) pinned to core EMU_CORE. For every depth it runs ROUNDS rounds; a
+# emulator (STORE: null by default, or memory, the emulator's default) pinned to core EMU_CORE. For every depth it runs ROUNDS rounds; a
 # round runs each configuration once, in turn, so drift on a shared machine hits them
 # alike, and each fio figure is divided by the `kestrel perf` figure of its own round. It
 # prints a Markdown table per depth: the median IOPS of each configuration, and the
@@ -29,7 +29,8 @@
 # verdict); only a run that produced no figure fails it. It builds nothing: it runs the
 # engine and the kestrel binary already in the target directory.
 #
-#   scripts/bench-fio.sh                  # QDS="1 32 128" ROUNDS=3 TIME=5 CORE=0 EMU_CORE=1 RT=0
+#   scripts/bench-fio.sh                  # QDS="1 32 128" ROUNDS=3 TIME=5 CORE=0 EMU_CORE=1 RT=0 STORE=null
+#   STORE=memory QDS=32 ROUNDS=5 TIME=3 RT=1 scripts/bench-fio.sh   # the emulator as `emu` gives it
 #   ROUNDS=5 TIME=5 RT=1 scripts/bench-fio.sh
 #   QDS=32 ROUNDS=9 TIME=3 RT=1 scripts/bench-fio.sh
 #   CHECK=1 scripts/bench-fio.sh
@@ -47,7 +48,12 @@ TIME=${TIME:-5}
 CORE=${CORE:-0}
 EMU_CORE=${EMU_CORE:-1}
 RT=${RT:-0}
-TARGET="emu:store=null,core=$EMU_CORE"
+STORE=${STORE:-null}
+[[ $STORE == null || $STORE == memory ]] || {
+    echo "bench-fio.sh: STORE must be null or memory, not '$STORE'" >&2
+    exit 2
+}
+TARGET="emu:store=$STORE,core=$EMU_CORE"
 PRIO=()
 ((RT)) && PRIO=(chrt -f 1)
 
@@ -147,12 +153,12 @@ for QD in $QDS; do
         read -r m _ _ <<<"$(stat3 <<<"${RATIO[${NAMES[0]}]}")"
         read -r pm _ _ <<<"$(stat3 <<<"${P[*]}")"
         read -r fm _ _ <<<"$(stat3 <<<"${IOPS[${NAMES[0]}]}")"
-        printf 'fio/kestrel perf IOPS ratio, QD %s, %s s, emulator (null store): %.2f (fio batched %.0f, kestrel perf %.0f; the goal is 0.90; a figure, not a test)\n' \
-            "$QD" "$TIME" "$m" "$fm" "$pm"
+        printf 'fio/kestrel perf IOPS ratio, QD %s, %s s, emulator (%s store): %.2f (fio batched %.0f, kestrel perf %.0f; the goal is 0.90; a figure, not a test)\n' \
+            "$QD" "$TIME" "$STORE" "$m" "$fm" "$pm"
         continue
     fi
     echo
-    echo "| QD $QD, 4 KiB randread, $ROUNDS x ${TIME} s$( ((RT)) && echo ', SCHED_FIFO') | IOPS, median | ratio to kestrel perf, median of rounds | lowest | highest |"
+    echo "| QD $QD, 4 KiB randread, $STORE store, $ROUNDS x ${TIME} s$( ((RT)) && echo ', SCHED_FIFO') | IOPS, median | ratio to kestrel perf, median of rounds | lowest | highest |"
     echo "|---|---|---|---|---|"
     read -r pm _ _ <<<"$(stat3 <<<"${P[*]}")"
     printf '| kestrel perf | %.0f | 1.00 | | |\n' "$pm"

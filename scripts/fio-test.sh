@@ -177,10 +177,15 @@ run faults-stop 1 --name=stop --ioengine="external:$SO" --thread \
 expect faults-stop 'nvme status Unrecovered Read Error'
 expect faults-stop 'err= 5'
 
-# The throughput figure of issue 17 (fio through the engine against kestrel perf, QD 32):
-# printed for the log, never a pass/fail (scripts/bench-fio.sh measures it properly).
-log "fio/kestrel perf IOPS ratio (a figure, not a test)"
-CHECK=1 timeout 120 scripts/bench-fio.sh 2>&1 | grep -v -E '^ *(Compiling|Finished|Blocking)' ||
-    log "no ratio figure (see above); not a failure"
+# The throughput figure of issue 17 (fio through the engine against kestrel perf, QD 32),
+# on the emulator as `emu` gives it (memory store: the emulator's copy bounds both) and
+# with the null store (the job thread's own work bounds both): printed for the log, never
+# a pass/fail (scripts/bench-fio.sh measures it properly).
+log "fio/kestrel perf IOPS ratios (figures, not tests)"
+for store in memory null; do
+    STORE=$store CHECK=1 timeout 120 scripts/bench-fio.sh 2>&1 |
+        grep -v -E '^ *(Compiling|Finished|Blocking)' ||
+        log "no ratio figure with the $store store (see above); not a failure"
+done
 
 log "all passed"

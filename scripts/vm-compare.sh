@@ -3,34 +3,45 @@
 # NVMe (null-co backend, so the device model and not a disk is timed),
 # 4 KiB random reads on one guest CPU through
 #
-#   - kestrel perf, the controller through VFIO, at QD 1, 32 and 128;
+#   - kestrel perf, the controller through VFIO, busy polling at QD 1, 32
+#     and 128, and with --poll-mode hybrid at QD 1 and 32;
 #   - fio with Kestrel's ioengine (fio-engine/), same device, QD 32, with
 #     fio's default batching and with batches of 32;
 #   - fio with io_uring on the guest kernel's nvme driver, polled
 #     (--hipri, poll queues) at QD 1, 32 and 128, and interrupt-driven at
 #     QD 32 with the same two batchings as the engine;
 #
-# in IOMMU and noiommu mode, then prints IOPS and mean latency of each row
-# per mode and the ratios the issues ask about (Kestrel against the
-# kernel's polled io_uring per core; the engine against io_uring, same job).
+# in IOMMU and noiommu mode. One guest per mode runs ROUNDS rounds, each
+# round every row once in turn, so that the host's drift hits all rows
+# alike. Prints, per mode, each row's median IOPS, mean latency and CPU
+# over the rounds, then the ratios the issues ask about, taken within each
+# round, as median, min and max over the rounds: hybrid against busy
+# polling (issue 18's goal: within 10 % at QD 32), Kestrel against the
+# kernel's polled io_uring per core (issue 16's: at least 1.5x at QD 32
+# and 128) and its QD 1 latency, the engine against io_uring, same job. The
+# host's load average at start and end is printed with them.
 # Not a pass/fail test: the guest runs under TCG on a shared host, so the
 # absolute figures mean little and only ratios within one run compare.
 #
 # Usage: scripts/vm-compare.sh [--mode iommu|noiommu|both] [--seconds S]
+#                              [--rounds N]
 #   --mode     as in scripts/vm-test.sh (default both)
 #   --seconds  length of each run (default 10)
-# Exit status: 0 when every mode ran every row, else 1 (the rows that
-# failed print "-"). Guest output: $KESTREL_VM_CACHE/logs/compare-<mode>.txt.
+#   --rounds   rounds of every row per guest (default 1)
+# Exit status: 0 when every mode ran every row in every round, 2 for a
+# usage error, else 1 (a row with no successful round prints "-"). Guest output:
+# $KESTREL_VM_CACHE/logs/compare-<mode>.txt.
 set -euo pipefail
 
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-mode=both secs=10
+mode=both secs=10 rounds=1
 while (($#)); do
     case $1 in
     --mode) mode=${2:?--mode needs iommu, noiommu or both} && shift 2 ;;
     --seconds) secs=${2:?--seconds needs a number} && shift 2 ;;
+    --rounds) rounds=${2:?--rounds needs a number} && shift 2 ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
         exit 0
@@ -41,15 +52,22 @@ while (($#)); do
         ;;
     esac
 done
+usage_error() {
+    vm_log "$* (see --help)"
+    exit 2
+}
 case $mode in
 iommu | noiommu) modes=("$mode") ;;
 both) modes=(iommu noiommu) ;;
-*) vm_die "--mode must be iommu, noiommu or both, not '$mode'" ;;
+*) usage_error "--mode must be iommu, noiommu or both, not '$mode'" ;;
 esac
-[[ $secs =~ ^[1-9][0-9]{0,3}$ ]] || vm_die "--seconds takes a whole number of seconds (1..9999), not '$secs'"
+[[ $secs =~ ^[1-9][0-9]{0,3}$ ]] || usage_error "--seconds takes a whole number of seconds (1..9999), not '$secs'"
+[[ $rounds =~ ^[1-9][0-9]{0,2}$ ]] || usage_error "--rounds takes a whole number (1..999), not '$rounds'"
 
-# The rows: "NAME|what it is|command". Each command is prefixed with
-# ": row=NAME;" (a no-op) so its output can be found again in the log.
+# The rows: "NAME|what it is|command", in the order a round runs them (busy
+# and hybrid side by side, so drift within a round hits both alike). Each
+# command is prefixed with ": row=NAME@ROUND;" (a no-op) so its output can be
+# found again in the log.
 fio_common="--thread --rw=randread --bs=4k --norandommap --runtime=$secs --time_based --cpus_allowed=0"
 batched="--iodepth_batch_submit=32 --iodepth_batch_complete_max=32"
 uring="--filename=\$NVME_BLK --direct=1 --ioengine=io_uring --fixedbufs --registerfiles"
@@ -57,7 +75,9 @@ engine="--ioengine=external:\$KESTREL_FIO_ENGINE --kestrel_target=pci:\$BDF \$FI
 perf="\$KESTREL_PAYLOAD perf --target pci:\$BDF \$PERF_NOIOMMU -c 0 -o 4k -w randread -t $secs"
 rows=(
     "perf-qd1|kestrel perf, QD 1|$perf -q 1"
+    "hybrid-qd1|kestrel perf --poll-mode hybrid, QD 1|$perf --poll-mode hybrid -q 1"
     "perf-qd32|kestrel perf, QD 32|$perf -q 32"
+    "hybrid-qd32|kestrel perf --poll-mode hybrid, QD 32|$perf --poll-mode hybrid -q 32"
     "perf-qd128|kestrel perf, QD 128|$perf -q 128"
     "engine-qd32|fio, Kestrel engine, QD 32|fio --name=kestrel $fio_common $engine --iodepth=32"
     "engine-qd32-b|fio, Kestrel engine, QD 32, batched|fio --name=kestrel-batched $fio_common $engine --iodepth=32 $batched"
@@ -68,6 +88,17 @@ rows=(
     "uring-qd32|fio io_uring, QD 32|fio --name=uring $fio_common $uring --iodepth=32"
     "uring-qd32-b|fio io_uring, QD 32, batched|fio --name=uring-batched $fio_common $uring --iodepth=32 $batched"
     "unbind|-|bind_vfio"
+)
+# The ratios: "A B GOAL what", IOPS of row A over row B within one round
+# (GOAL "-" when the issues set none).
+ratios=(
+    "hybrid-qd1 perf-qd1 - kestrel perf hybrid / busy, QD 1"
+    "hybrid-qd32 perf-qd32 >=0.90 kestrel perf hybrid / busy, QD 32"
+    "perf-qd1 hipri-qd1 - kestrel perf / io_uring polled, QD 1"
+    "perf-qd32 hipri-qd32 >=1.5 kestrel perf / io_uring polled, QD 32"
+    "perf-qd128 hipri-qd128 >=1.5 kestrel perf / io_uring polled, QD 128"
+    "engine-qd32 uring-qd32 - fio Kestrel engine / fio io_uring, QD 32"
+    "engine-qd32-b uring-qd32-b - fio Kestrel engine / fio io_uring, QD 32 batched"
 )
 
 # vm-bench.sh takes the cache lock for each guest.
@@ -88,29 +119,39 @@ cp "$VM_BUILT" "$work/kestrel-perf"
     echo '# generated by scripts/vm-compare.sh'
     # shellcheck disable=SC2016 # expanded in the guest
     echo 'if [ "${KESTREL_NOIOMMU:-0}" = 1 ]; then FIO_NOIOMMU=--kestrel_noiommu=1 PERF_NOIOMMU=--noiommu; else FIO_NOIOMMU=--kestrel_noiommu=0 PERF_NOIOMMU=; fi'
-    for r in "${rows[@]}"; do
-        echo ": row=${r%%|*}; ${r##*|}"
+    for ((round = 1; round <= rounds; round++)); do
+        for r in "${rows[@]}"; do
+            echo ": row=${r%%|*}@$round; ${r##*|}"
+        done
     done
 } >"$work/compare.cmds"
 
-# One guest per mode: boot, then every row at $secs plus fio's start-up under TCG.
-export KESTREL_VM_TIMEOUT=${KESTREL_VM_TIMEOUT:-$((300 + ${#rows[@]} * (secs + 30)))}
+loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+load_start=$(loadavg)
+vm_log "host: $(nproc) CPUs, load average $load_start"
+# One guest per mode: boot, then every row of every round at $secs plus fio's
+# start-up under TCG.
+export KESTREL_VM_TIMEOUT=${KESTREL_VM_TIMEOUT:-$((300 + rounds * ${#rows[@]} * (secs + 30)))}
 rc=0
+mkdir -p "$VM_CACHE/logs"
 for m in "${modes[@]}"; do
-    vm_log "mode $m: ${#rows[@]} rows of $secs s"
+    vm_log "mode $m: $rounds round(s) of ${#rows[@]} rows of $secs s"
     if ! "$VM_REPO/scripts/vm-bench.sh" --mode "$m" --binary "$work/kestrel-perf" \
         --fio-engine "$engine_so" --cmds "$work/compare.cmds" >"$work/run-$m.log" 2>&1; then
         vm_log "mode $m: the run reported failures: $(tail -n 3 "$work/run-$m.log" | tr '\n' ' ')"
         rc=1
     fi
-    if [[ -f $VM_CACHE/logs/output-$m.txt ]]; then
-        cp "$VM_CACHE/logs/output-$m.txt" "$VM_CACHE/logs/compare-$m.txt"
-    fi
+    # The guest's output, from this run's own copy of its console (the
+    # cache's output-<mode>.txt may already be another run's).
+    sed -n "s/^\[guest-$m\] //p" "$work/run-$m.log" >"$VM_CACHE/logs/compare-$m.txt"
 done
+load_end=$(loadavg)
 
-# Prints "NAME IOPS LAT_US" for every row found in guest output $1: fio's
-# "IOPS=12.3k" and "lat (usec): ... avg=..." (not clat/slat), kestrel perf's
-# "Total IOPS MiB/s Average ..." line.
+# Prints "NAME ROUND IOPS LAT_US CPU_PCT" for every row found in guest output
+# $1: fio's "IOPS=12.3k", "lat (usec): ... avg=..." (not clat/slat) and
+# "cpu : usr=X%, sys=Y%"; kestrel perf's "Total IOPS MiB/s Average ..." line
+# and its poller's "CPU N %". A figure not found, or a command that failed,
+# prints "-".
 parse() {
     awk '
     function num(v,  m) {
@@ -120,53 +161,96 @@ parse() {
         sub(/[kKmM]$/, "", v)
         return v * m
     }
+    function reset(k) { iops[k] = "-"; lat[k] = "-"; cpu[k] = "-" }
     /^=== vm-bench command [0-9]+: : row=/ {
-        row = $6; sub(/^row=/, "", row); sub(/;$/, "", row)
-        iops[row] = "-"; lat[row] = "-"; order[++n] = row; next
+        key = $6; sub(/^row=/, "", key); sub(/;$/, "", key); sub(/@/, " ", key)
+        reset(key); order[++n] = key; next
     }
-    /^=== vm-bench command [0-9]+: status/ { if ($6 != "0") { iops[row] = "-"; lat[row] = "-" }; row = ""; next }
-    row == "" { next }
-    iops[row] == "-" && match($0, /IOPS=[0-9.]+[kKmM]?/) {
-        iops[row] = sprintf("%.0f", num(substr($0, RSTART + 5, RLENGTH - 5)))
+    /^=== vm-bench command [0-9]+: status/ { if (key != "" && $6 != "0") reset(key); key = ""; next }
+    key == "" { next }
+    iops[key] == "-" && match($0, /IOPS=[0-9.]+[kKmM]?/) {
+        iops[key] = sprintf("%.0f", num(substr($0, RSTART + 5, RLENGTH - 5)))
     }
-    lat[row] == "-" && $0 ~ /^[ \t]+lat \((nsec|usec|msec)\):/ && match($0, /avg=[0-9.]+/) {
+    lat[key] == "-" && $0 ~ /^[ \t]+lat \((nsec|usec|msec)\):/ && match($0, /avg=[0-9.]+/) {
         v = substr($0, RSTART + 4, RLENGTH - 4)
         if ($0 ~ /nsec/) v /= 1000; else if ($0 ~ /msec/) v *= 1000
-        lat[row] = sprintf("%.1f", v)
+        lat[key] = sprintf("%.1f", v)
     }
-    iops[row] == "-" && $1 == "Total" && NF >= 6 && $2 ~ /^[0-9.]+$/ {
-        iops[row] = sprintf("%.0f", $2); lat[row] = sprintf("%.1f", $4)
+    cpu[key] == "-" && $1 == "cpu" && $2 == ":" && match($0, /usr=[0-9.]+%, sys=[0-9.]+/) {
+        split(substr($0, RSTART, RLENGTH), f, /[=%, ]+/)
+        cpu[key] = sprintf("%.0f", f[2] + f[4])
     }
-    END { for (i = 1; i <= n; i++) print order[i], iops[order[i]], lat[order[i]] }
+    iops[key] == "-" && $1 == "Total" && NF >= 6 && $2 ~ /^[0-9.]+$/ {
+        iops[key] = sprintf("%.0f", $2); lat[key] = sprintf("%.1f", $4)
+    }
+    cpu[key] == "-" && $1 == "core" && match($0, /CPU [0-9.]+ %/) {
+        cpu[key] = sprintf("%.0f", substr($0, RSTART + 4, RLENGTH - 6))
+    }
+    END { for (i = 1; i <= n; i++) print order[i], iops[order[i]], lat[order[i]], cpu[order[i]] }
     ' "$1"
 }
 
-declare -A IOPS LAT
+# IOPS, LAT and CPU of "MODE/NAME/ROUND".
+declare -A IOPS LAT CPU
+# shellcheck disable=SC2034 # LAT and CPU are read through over_rounds' nameref
 for m in "${modes[@]}"; do
     f=$VM_CACHE/logs/compare-$m.txt
     [[ -f $f ]] || continue
-    while read -r name i l; do
-        IOPS[$m/$name]=$i
-        LAT[$m/$name]=$l
+    while read -r name round i l c; do
+        IOPS[$m/$name/$round]=$i
+        LAT[$m/$name/$round]=$l
+        CPU[$m/$name/$round]=$c
     done < <(parse "$f")
 done
 
-ratio() { # ratio A B for mode M: IOPS of A / IOPS of B, or "-"
-    local a=${IOPS[$3/$1]:--} b=${IOPS[$3/$2]:--}
-    if [[ $a =~ ^[0-9]+$ && $b =~ ^[0-9]+$ ]] && ((b > 0)); then
-        awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", a / b }'
-    else
-        echo -
-    fi
+# "MEDIAN MIN MAX COUNT" of the numbers among the lines of stdin ("-"
+# skipped), or "- - - 0".
+stats() {
+    { grep -E '^[0-9.]+$' || true; } | sort -g |
+        awk '{ v[++n] = $1 }
+        END {
+            if (n == 0) { print "- - - 0"; exit }
+            med = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+            printf "%.10g %.10g %.10g %d\n", med, v[1], v[n], n
+        }'
+}
+# Figures of array $1 for row $3 of mode $2 over the rounds.
+over_rounds() {
+    local -n arr=$1
+    local k out=()
+    for ((k = 1; k <= rounds; k++)); do
+        out+=("${arr[$2/$3/$k]:--}")
+    done
+    printf '%s\n' "${out[@]}"
+}
+# The per-round ratios of IOPS of row $2 over row $3 in mode $1.
+round_ratios() {
+    local k a b
+    for ((k = 1; k <= rounds; k++)); do
+        a=${IOPS[$1/$2/$k]:--} b=${IOPS[$1/$3/$k]:--}
+        if [[ $a =~ ^[0-9]+$ && $b =~ ^[0-9]+$ ]] && ((b > 0)); then
+            awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f\n", a / b }'
+        else
+            echo -
+        fi
+    done
+}
+fmt() { # number $1 with $2 decimals, or "-"
+    if [[ $1 == - ]]; then echo -; else awk -v v="$1" -v d="$2" 'BEGIN { printf "%.*f", d, v }'; fi
 }
 
 echo
-echo "vm-compare: 4 KiB random reads, $secs s per row, one guest CPU, QEMU NVMe (null-co) under TCG"
+echo "vm-compare: 4 KiB random reads, $secs s per row, $rounds round(s) per mode in one guest each," \
+    "one guest CPU, QEMU NVMe (null-co) under TCG; host: $(nproc) CPUs, load average $load_start at start, $load_end at end"
+if ((rounds > 1)); then
+    echo "Each figure is the median over the rounds; a cell with fewer rounds than $rounds says how many (\"n=K\")."
+fi
+echo
 header="| row |"
 rule="|---|"
 for m in "${modes[@]}"; do
-    header+=" $m IOPS | $m mean latency (us) |"
-    rule+="---:|---:|"
+    header+=" $m IOPS | $m mean latency (us) | $m CPU % |"
+    rule+="---:|---:|---:|"
 done
 echo "$header"
 echo "$rule"
@@ -176,24 +260,67 @@ for r in "${rows[@]}"; do
     [[ $what == - ]] && continue
     line="| $what |"
     for m in "${modes[@]}"; do
-        line+=" ${IOPS[$m/$name]:--} | ${LAT[$m/$name]:--} |"
-        [[ ${IOPS[$m/$name]:--} == - ]] && rc=1
+        read -r med _ _ n < <(over_rounds IOPS "$m" "$name" | stats)
+        cell=$(fmt "$med" 0)
+        ((n > 0 && n < rounds)) && cell+=" (n=$n)"
+        ((n < rounds)) && rc=1
+        read -r lmed _ < <(over_rounds LAT "$m" "$name" | stats)
+        read -r cmed _ < <(over_rounds CPU "$m" "$name" | stats)
+        line+=" $cell | $(fmt "$lmed" 1) | $(fmt "$cmed" 0) |"
     done
     echo "$line"
 done
+
 echo
-echo "| ratio (IOPS) |$(printf ' %s |' "${modes[@]}")"
-echo "|---|$(printf -- '---:|%.0s' "${modes[@]}")"
-for pair in "perf-qd1 hipri-qd1 kestrel perf / io_uring polled, QD 1" \
-    "perf-qd32 hipri-qd32 kestrel perf / io_uring polled, QD 32" \
-    "perf-qd128 hipri-qd128 kestrel perf / io_uring polled, QD 128" \
-    "engine-qd32 uring-qd32 fio Kestrel engine / fio io_uring, QD 32" \
-    "engine-qd32-b uring-qd32-b fio Kestrel engine / fio io_uring, QD 32 batched"; do
-    read -r a b what <<<"$pair"
-    line="| $what |"
+header="| ratio of IOPS, within a round | goal |"
+rule="|---|---|"
+for m in "${modes[@]}"; do
+    if ((rounds > 1)); then
+        header+=" $m median | $m min | $m max |"
+        rule+="---:|---:|---:|"
+    else
+        header+=" $m |"
+        rule+="---:|"
+    fi
+done
+echo "$header"
+echo "$rule"
+for ratio in "${ratios[@]}"; do
+    read -r a b goal what <<<"$ratio"
+    line="| $what | ${goal/>=/≥ } |"
     for m in "${modes[@]}"; do
-        line+=" $(ratio "$a" "$b" "$m") |"
+        read -r med lo hi n < <(round_ratios "$m" "$a" "$b" | stats)
+        line+=" $(fmt "$med" 2)"
+        ((n > 0 && n < rounds)) && line+=" (n=$n)"
+        line+=" |"
+        ((rounds > 1)) && line+=" $(fmt "$lo" 2) | $(fmt "$hi" 2) |"
     done
     echo "$line"
 done
+# QD 1 latency: the two medians side by side (issue 16 asks for both).
+line="| QD 1 mean latency (us), kestrel perf busy vs io_uring polled (medians) | - |"
+for m in "${modes[@]}"; do
+    read -r kl _ < <(over_rounds LAT "$m" perf-qd1 | stats)
+    read -r ul _ < <(over_rounds LAT "$m" hipri-qd1 | stats)
+    line+=" $(fmt "$kl" 1) vs $(fmt "$ul" 1) |"
+    ((rounds > 1)) && line+=" | |"
+done
+echo "$line"
+
+if ((rounds > 1)); then
+    echo
+    echo "IOPS per round:"
+    echo
+    for m in "${modes[@]}"; do
+        echo "| $m |$(for ((k = 1; k <= rounds; k++)); do printf ' round %d |' "$k"; done)"
+        echo "|---|$(for ((k = 1; k <= rounds; k++)); do printf -- '---:|'; done)"
+        for r in "${rows[@]}"; do
+            name=${r%%|*} rest=${r#*|}
+            what=${rest%%|*}
+            [[ $what == - ]] && continue
+            echo "| $what |$(over_rounds IOPS "$m" "$name" | sed 's/^/ /; s/$/ |/' | tr -d '\n')"
+        done
+        echo
+    done
+fi
 exit "$rc"

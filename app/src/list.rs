@@ -26,8 +26,21 @@ pub struct ControllerJson {
     pub driver: Option<String>,
     /// Block devices of its namespaces.
     pub block_devices: Vec<String>,
+    /// The same block devices with what sysfs says of them.
+    pub namespaces: Vec<BlockJson>,
     /// What uses them (mounts, swap, holders).
     pub in_use: Vec<String>,
+}
+
+/// One namespace's block device (kernel-bound controllers only), for `--json`.
+#[derive(Serialize, Debug)]
+pub struct BlockJson {
+    /// Block device name (`nvme0n1`).
+    pub name: String,
+    /// Capacity in bytes, when sysfs says.
+    pub size_bytes: Option<u64>,
+    /// The kernel's zone model (`host-managed`); null for a conventional namespace.
+    pub zoned: Option<String>,
 }
 
 /// Hugepages of one size on one node, for `--json`.
@@ -70,6 +83,15 @@ pub fn run(args: &ListArgs) -> Result<()> {
                     iommu_group: c.iommu_group,
                     driver: c.driver.clone(),
                     block_devices: c.block_devices.iter().map(|b| b.name.clone()).collect(),
+                    namespaces: c
+                        .block_devices
+                        .iter()
+                        .map(|b| BlockJson {
+                            name: b.name.clone(),
+                            size_bytes: b.size_bytes,
+                            zoned: b.zoned.clone(),
+                        })
+                        .collect(),
                     in_use: c.uses().map(|u| u.to_string()).collect(),
                 })
                 .collect(),

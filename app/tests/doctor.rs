@@ -1,13 +1,15 @@
 //! `kestrel doctor` over fake sysfs/procfs/dev trees (the same builder the setup.sh tests
 //! use), and on this machine.
 
+mod common;
 #[path = "../../driver/tests/support/fakesys.rs"]
 mod fakesys;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::{assert_fails_with, kestrel_cmd, stderr, stdout, stdout_json};
 use fakesys::FakeSys;
 use serde_json::Value;
 
@@ -15,26 +17,19 @@ const A: &str = "0000:01:00.0";
 
 /// Runs `kestrel doctor --root <fake tree> args`.
 fn doctor(f: &FakeSys, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    kestrel_cmd()
         .arg("doctor")
         .arg("--root")
         .arg(f.dir.path())
         .args(args)
         .env_remove("KESTREL_SYSROOT")
-        .env_remove("RUST_LOG")
         .output()
         .expect("run kestrel doctor")
 }
 
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 fn report(f: &FakeSys) -> (Value, i32) {
     let o = doctor(f, &["--json"]);
-    let v: Value = serde_json::from_slice(&o.stdout)
-        .unwrap_or_else(|e| panic!("not json ({e}): {}", text(&o)));
-    (v, o.status.code().unwrap_or(-1))
+    (stdout_json(&o), o.status.code().unwrap_or(-1))
 }
 
 /// The checks with `id` (and, for controllers, `bdf`).
@@ -143,6 +138,39 @@ fn ready() {
     assert_eq!(v["ready_controllers"], serde_json::json!([A]));
     assert_eq!(v["perf_command"], "kestrel perf --target pci:0000:01:00.0");
     assert!(fails(&v).is_empty(), "{:?}", fails(&v));
+    check_ready_report(&v);
+    // The text form: a ✓ line per check, the verdict last; no error on stderr.
+    let o = doctor(&f, &[]);
+    assert_eq!(o.status.code(), Some(0));
+    let t = stdout(&o);
+    assert!(t.contains("✓ iommu: on (dmar0"), "{t}");
+    assert!(
+        t.contains("✓ controller 0000:01:00.0: ready: on vfio-pci"),
+        "{t}"
+    );
+    assert!(
+        t.contains("✓ perf: ready: kestrel perf --target pci:0000:01:00.0"),
+        "{t}"
+    );
+    assert!(
+        t.ends_with("ready for an NVMe device (0 ✗, 0 ⚠); exit status 0\n"),
+        "{t}"
+    );
+    assert!(o.stderr.is_empty(), "{}", stderr(&o));
+    // The same through the environment variable.
+    let o = kestrel_cmd()
+        .args(["doctor", "--json"])
+        .env("KESTREL_SYSROOT", f.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let w = stdout_json(&o);
+    assert_eq!(w["perf_command"], v["perf_command"]);
+}
+
+/// Every check of a ready machine's JSON report: ok or info, each present, and what
+/// the fake tree holds in their summaries and details.
+fn check_ready_report(v: &Value) {
     for c in v["checks"].as_array().unwrap() {
         assert!(
             c["status"] == "ok" || c["status"] == "info",
@@ -166,64 +194,33 @@ fn ready() {
         "tsc",
         "perf",
     ] {
-        assert!(!checks(&v, id).is_empty(), "no {id} check: {v:#}");
+        assert!(!checks(v, id).is_empty(), "no {id} check: {v:#}");
     }
-    assert!(one(&v, "iommu")["summary"]
+    assert!(one(v, "iommu")["summary"]
         .as_str()
         .unwrap()
         .starts_with("on (dmar0; IOMMU groups: 1)"));
-    let ctrl = one(&v, "controller");
+    let ctrl = one(v, "controller");
     assert_eq!(ctrl["bdf"], A);
     assert!(ctrl["details"][1] == "alone in its IOMMU group", "{ctrl:#}");
-    assert!(one(&v, "hugepages")["details"]
+    assert!(one(v, "hugepages")["details"]
         .as_array()
         .unwrap()
         .contains(&Value::from("node0 2048 kB: 512 free of 512")));
-    assert!(one(&v, "cpus")["summary"]
+    assert!(one(v, "cpus")["summary"]
         .as_str()
         .unwrap()
         .starts_with("4 online; isolated: 2,3 (isolcpus=2-3)"));
-    assert!(one(&v, "memlock")["summary"]
+    assert!(one(v, "memlock")["summary"]
         .as_str()
         .unwrap()
         .contains("CAP_IPC_LOCK"));
-    let node = one(&v, "vfio_container")["details"][0]
+    let node = one(v, "vfio_container")["details"][0]
         .as_str()
         .unwrap()
         .to_string();
     assert!(node.starts_with("/dev/vfio/3: owner "), "{node}");
     assert!(node.ends_with(", mode 666, opens for this user"), "{node}");
-    // The text form: a ✓ line per check, the verdict last; no error on stderr.
-    let o = doctor(&f, &[]);
-    assert_eq!(o.status.code(), Some(0));
-    let t = text(&o);
-    assert!(t.contains("✓ iommu: on (dmar0"), "{t}");
-    assert!(
-        t.contains("✓ controller 0000:01:00.0: ready: on vfio-pci"),
-        "{t}"
-    );
-    assert!(
-        t.contains("✓ perf: ready: kestrel perf --target pci:0000:01:00.0"),
-        "{t}"
-    );
-    assert!(
-        t.ends_with("ready for an NVMe device (0 ✗, 0 ⚠); exit status 0\n"),
-        "{t}"
-    );
-    assert!(
-        o.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    // The same through the environment variable.
-    let o = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .args(["doctor", "--json"])
-        .env("KESTREL_SYSROOT", f.dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0));
-    let w: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(w["perf_command"], v["perf_command"]);
 }
 
 #[test]
@@ -317,7 +314,7 @@ fn iommu_group_shared_with_a_nic() {
     // --target of another, unknown controller: still not ready, and says so.
     let o = doctor(&f, &["--target", "pci:0000:05:00.0"]);
     assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o).contains("✗ controller 0000:05:00.0: no NVMe controller at 0000:05:00.0"));
+    assert!(stdout(&o).contains("✗ controller 0000:05:00.0: no NVMe controller at 0000:05:00.0"));
 }
 
 #[test]
@@ -470,14 +467,13 @@ fn no_iommu_and_noiommu_mode() {
 fn usage_errors_exit_2() {
     let f = ready_tree();
     let o = doctor(&f, &["--target", "nope"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--target: invalid pci address `nope`"));
-    let o = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    assert_fails_with(&o, 2, "--target: invalid pci address `nope`");
+    let o = kestrel_cmd()
         .args(["doctor", "--root", "/nonexistent/kestrel-root"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
-    let o = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    let o = kestrel_cmd()
         .args(["doctor", "--frobnicate"])
         .output()
         .unwrap();
@@ -509,7 +505,7 @@ fn every_problem_in_the_fake_trees_has_a_fix() {
         "processor\t: 0\nflags\t\t: fpu tsc\n",
     )
     .unwrap();
-    let t = text(&doctor(&f, &[]));
+    let t = stdout(&doctor(&f, &[]));
     assert!(t.contains("⚠ cpus:"), "{t}");
     assert!(
         t.contains("⚠ tsc: not invariant (no constant_tsc, nonstop_tsc)"),
@@ -522,12 +518,12 @@ fn every_problem_in_the_fake_trees_has_a_fix() {
 fn on_this_machine() {
     // Whatever this machine has, doctor runs without root and prints every check; a
     // machine without IOMMU or NVMe (CI) is not ready and gets a fix for each problem.
-    let o = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    let o = kestrel_cmd()
         .arg("doctor")
         .env_remove("KESTREL_SYSROOT")
         .output()
         .unwrap();
-    let t = text(&o);
+    let t = stdout(&o);
     for id in [
         "kernel:",
         "iommu:",
@@ -548,19 +544,19 @@ fn on_this_machine() {
         assert!(t.contains(&format!(" {id}")), "no {id} line:\n{t}");
     }
     assert_every_problem_has_a_fix(&t);
-    let j = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    let j = kestrel_cmd()
         .args(["doctor", "--json"])
         .env_remove("KESTREL_SYSROOT")
         .output()
         .unwrap();
-    let v: Value = serde_json::from_slice(&j.stdout).unwrap();
+    let v = stdout_json(&j);
     let code = o.status.code().unwrap();
     assert_eq!(j.status.code().unwrap(), code);
     assert_eq!(v["exit_status"].as_i64().unwrap(), code as i64);
     if v["ready"] == false {
         assert_eq!(code, 1);
         assert!(t.contains("not ready for an NVMe device"));
-        assert!(String::from_utf8_lossy(&o.stderr).contains("kestrel: error: not ready"));
+        assert!(stderr(&o).contains("kestrel: error: not ready"));
     }
     let no_iommu = fs::read_dir("/sys/class/iommu").map_or(true, |mut d| d.next().is_none());
     if no_iommu {

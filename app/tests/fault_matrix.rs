@@ -8,9 +8,12 @@
 //! run's poller and emulator each take one): counts are deterministic where the fault has
 //! a fixed count (`max1`, `after/N`), and checked against the emulator's count otherwise.
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 use std::time::{Duration, Instant};
 
+use common::{kestrel, stderr};
 use serde_json::Value;
 
 fn perf(args: &[&str], faults: &str) -> (Output, Value, Duration) {
@@ -19,18 +22,10 @@ fn perf(args: &[&str], faults: &str) -> (Output, Value, Duration) {
     argv.extend_from_slice(args);
     argv.extend_from_slice(&["--target", &spec]);
     let start = Instant::now();
-    let o = Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .args(&argv)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run kestrel");
+    let o = kestrel(&argv);
     let took = start.elapsed();
-    let j: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{faults}: not json ({e}); stderr: {}",
-            String::from_utf8_lossy(&o.stderr)
-        )
-    });
+    let j: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{faults}: not json ({e}); stderr: {}", stderr(&o)));
     (o, j, took)
 }
 
@@ -88,10 +83,7 @@ fn check_accounting(faults: &str, o: &Output, j: &Value) {
         "{faults}"
     );
     assert_eq!(j["result"]["ok"] == true, code == 0, "{faults}");
-    assert!(
-        !String::from_utf8_lossy(&o.stderr).contains("panicked"),
-        "{faults}"
-    );
+    assert!(!stderr(o).contains("panicked"), "{faults}");
 }
 
 fn emu_stats(j: &Value) -> &Value {
@@ -100,6 +92,15 @@ fn emu_stats(j: &Value) -> &Value {
 
 #[test]
 fn every_fault_kind_is_accounted_for() {
+    status_errors();
+    timeouts();
+    fatal_and_removal();
+    ignored_faults();
+    lost_completions_end_within_the_timeout_set();
+}
+
+/// Injected error statuses: final with DNR, retried without.
+fn status_errors() {
     // Status with DNR: each injected error fails exactly its I/O, named by the spec.
     let f = "status/read/read-error/dnr/1%";
     let (o, j, _) = perf(&["-t", "1"], f);
@@ -140,7 +141,10 @@ fn every_fault_kind_is_accounted_for() {
         o.status.code(),
         Some(if u(&out["errors"]) > 0 { 3 } else { 0 })
     );
+}
 
+/// Completions dropped or held past the I/O timeout: Abort, reset, timed out.
+fn timeouts() {
     // A dropped completion: one timeout, one Abort (which finds nothing), one reset, the
     // read resubmitted and successful; the device needed recovery, so exit 3.
     let f = "drop/read/max1";
@@ -181,7 +185,10 @@ fn every_fault_kind_is_accounted_for() {
     assert_eq!(u(&emu_stats(&j)["aborted"]), 1);
     assert_eq!(u(&out["succeeded"]), u(&out["submitted"]) - 1);
     assert_eq!(o.status.code(), Some(3), "{f}");
+}
 
+/// A controller fatal status (one reset) and a surprise removal.
+fn fatal_and_removal() {
     // Controller fatal status: one reset, every I/O resubmitted and successful; exit 3.
     let f = "fatal/after/5000";
     let (o, j, _) = perf(&["-t", "1"], f);
@@ -204,7 +211,11 @@ fn every_fault_kind_is_accounted_for() {
     assert!(u(&out["succeeded"]) < 5000, "{f}: {out}");
     assert!(u(&j["total"]["ios"]) < 5000);
     assert_eq!(o.status.code(), Some(3), "{f}");
+}
 
+/// Faults that fail nothing: delays below the timeout, duplicate and spurious
+/// completions.
+fn ignored_faults() {
     // Delayed completions (latency, below the timeout): nothing fails, the delay shows
     // in the latency.
     let f = "delay/read/5ms/1%";
@@ -227,8 +238,6 @@ fn every_fault_kind_is_accounted_for() {
         assert_eq!(u(&out["errors"]), 0);
         assert_eq!(o.status.code(), Some(0), "{f}");
     }
-
-    lost_completions_end_within_the_timeout_set();
 }
 
 /// Lost completions at 1 % with a 200 ms I/O timeout on a 1 s run: recovered by Abort and

@@ -2,34 +2,11 @@
 //! `kestrel perf` runs on every namespace the driver serves and skips the others with the
 //! reason, or on the one `/ns=N` selects; `identify` shows each with its format.
 
-use std::process::{Command, Output};
+mod common;
 
-fn kestrel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run kestrel")
-}
+use std::process::Output;
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    assert!(
-        o.status.success(),
-        "kestrel failed ({:?}): {}",
-        o.status,
-        stderr(o)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not json ({e}): {}",
-            String::from_utf8_lossy(&o.stdout).into_owned()
-        )
-    })
-}
+use common::{assert_fails_with, json, kestrel, stderr, stdout, test_bytes};
 
 /// Two namespaces the driver serves (4 KiB and 512 B blocks) and one of every format it
 /// refuses: 64- and 32-bit guard protection information, zoned with metadata, Key Value.
@@ -175,12 +152,7 @@ fn perf_asks_for_queues_for_every_namespace() {
         "--cores",
         "0",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("granted 2 i/o queues; this run needs 3"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 2, "granted 2 i/o queues; this run needs 3");
 }
 
 #[test]
@@ -225,7 +197,7 @@ fn identify_shows_every_namespace_with_its_format() {
     // The text form: every namespace, the refused ones with the reason.
     let o = kestrel(&["identify", "--target", MIXED]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = stdout(&o);
     for n in 1..=6 {
         assert!(out.contains(&format!("Namespace {n}:")), "{out}");
     }
@@ -236,9 +208,7 @@ fn identify_shows_every_namespace_with_its_format() {
 fn write_then_read_one_selected_namespace() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display().to_string();
-    let data: Vec<u8> = (0..64 * 1024u32)
-        .map(|i| (i * 7 + i / 4096) as u8)
-        .collect();
+    let data = test_bytes(64 * 1024);
     let input = dir.path().join("in.bin");
     std::fs::write(&input, &data).unwrap();
     let target = format!("emu:ns=8M+512,ns=8M+4096,store={d}/s.img/ns=2");
@@ -376,7 +346,7 @@ fn perf_verify_fails_with_the_spec_named_pi_error() {
                 "--verify",
             ]);
             assert_eq!(o.status.code(), Some(3), "{fault} {ns}: {}", stderr(&o));
-            let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+            let out = format!("{}{}", stdout(&o), stderr(&o));
             assert!(out.contains(name), "{fault} {ns}: {out}");
         }
     }

@@ -4,12 +4,15 @@
 //! and an accepted string must mean the same target: the same geometry, the same largest
 //! transfer, the same files created, the same failure when it cannot be opened.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::ffi::{CStr, CString};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::{kestrel_cmd, stderr, stdout_json};
 use kestrel::capi::{kestrel_close, kestrel_get_info, kestrel_last_error, kestrel_open};
 use kestrel::capi::{KestrelHandle, KestrelInfo};
 
@@ -122,9 +125,8 @@ fn files(dir: &Path) -> BTreeSet<String> {
 
 /// Runs `kestrel identify --json --target spec`, bounded in time.
 fn cli(spec: &str, dir: &Path, needle: &str) -> Outcome {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kestrel"))
+    let mut child = kestrel_cmd()
         .args(["identify", "--json", "--target", spec])
-        .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -138,7 +140,7 @@ fn cli(spec: &str, dir: &Path, needle: &str) -> Outcome {
         std::thread::sleep(Duration::from_millis(10));
     }
     let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     match out.status.code() {
         Some(2) => Outcome::Refused,
         Some(1) => {
@@ -149,7 +151,7 @@ fn cli(spec: &str, dir: &Path, needle: &str) -> Outcome {
             Outcome::Failed
         }
         Some(0) => {
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let v = stdout_json(&out);
             let ns = &v["namespaces"][0];
             Outcome::Opened {
                 block_size: ns["lba_size"].as_u64().unwrap(),

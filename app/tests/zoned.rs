@@ -3,29 +3,11 @@
 //! verified data, and the writing workloads that would break the write-pointer rule are
 //! refused with a clear message.
 
-use std::process::{Command, Output};
+mod common;
 
-fn kestrel(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kestrel"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run kestrel")
-}
+use std::process::Output;
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    assert!(
-        o.status.success(),
-        "kestrel failed ({:?}): {}",
-        o.status,
-        stderr(o)
-    );
-    serde_json::from_slice(&o.stdout).expect("json")
-}
+use common::{assert_fails_with, json, kestrel, stderr, stdout};
 
 /// 16 MiB zoned, 256 KiB zones (64 zones of 64 blocks), at most 8 open and active.
 const ZONED: &str = "emu:store=memory,ns=16M+4096+zoned+zone256K+open8+active8";
@@ -66,7 +48,7 @@ fn identify_shows_the_zone_geometry() {
     assert_eq!(z["max_active"], 8);
     assert_eq!(z["zasl_bytes"], v["mdts_bytes"]);
     let o = kestrel(&["identify", "--target", ZONED]);
-    let out = String::from_utf8_lossy(&o.stdout);
+    let out = stdout(&o);
     assert!(
         out.contains("zoned: 64 zones of 64 LBAs") && out.contains("max open 8, max active 8"),
         "{out}"
@@ -128,12 +110,7 @@ fn writing_workloads_are_refused_on_a_zoned_namespace() {
     );
     // And the zoned workloads need a zoned namespace.
     let o = perf("zone-write", "emu:store=memory,ns=8M", "100");
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("not a zoned namespace"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 2, "not a zoned namespace");
 }
 
 #[test]
@@ -154,12 +131,7 @@ fn zoned_workload_limits_are_clear_errors() {
         "-t",
         "1",
     ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("zone append size limit (zasl)"),
-        "{}",
-        stderr(&o)
-    );
+    assert_fails_with(&o, 2, "zone append size limit (zasl)");
     // More outstanding I/Os than open zones.
     let o = kestrel(&[
         "perf",

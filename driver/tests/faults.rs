@@ -565,6 +565,43 @@ fn a_held_command_is_aborted_and_completes_as_timed_out() {
     assert_eq!(qp.free_slots(), qp.slots());
 }
 
+/// The same when the expiry is seen late (the polling thread descheduled for several
+/// timeouts after its clock had moved past the submission): the command is aborted, and
+/// the abort gets its own timeout period; the controller is not reset at once, which would
+/// discard the aborted completion already in the CQ and retry the read (here, successfully:
+/// the delay fires once), reporting a timed-out command as a success.
+#[test]
+fn a_held_command_seen_late_is_aborted_not_reset_and_retried() {
+    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(500));
+    let buf = c.dma_pool().alloc(BS).unwrap();
+    emu.faults().add(
+        FaultRule::new(
+            FaultTarget::Io(nvm_opc::READ),
+            FaultAction::Delay(Duration::from_secs(60)),
+        )
+        .max(1),
+    );
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.flush();
+    // Poll long enough for the coarse clock to move past the submission's tick (two
+    // ticks), without the command reaching its timeout...
+    let start = Instant::now();
+    while start.elapsed() < qp.tick() * 2 + qp.tick() / 2 {
+        qp.process_completions(8, &mut |c| panic!("completed early: {c:?}"));
+    }
+    // ...then stop polling for three timeouts, as a descheduled thread would.
+    std::thread::sleep(Duration::from_millis(1500));
+    let done = common::reap(&mut qp, 1);
+    assert_eq!(done[0].result, Err(IoError::Timeout));
+    let st = qp.stats();
+    assert_eq!(
+        (st.timeouts, st.aborts, st.resets, st.retries),
+        (1, 1, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(c.resets(), 0);
+}
+
 /// The qpair reads its coarse clock only while polling: a command submitted after a long
 /// pause in polling must not be taken as submitted before the pause and time out early.
 #[test]

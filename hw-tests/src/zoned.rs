@@ -8,14 +8,13 @@ use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
 use kestrel::spec::Status;
 use kestrel::{Controller, DmaBuf, IoQpair};
 
-use super::{
-    alloc, expect_nvme, pattern, qpair, reap, run_one, CaseError, CaseResult, Device, Outcome,
-};
+use crate::support::{alloc, expect_nvme, no_io_namespace, pattern, qpair, reap, run_one};
+use crate::{CaseError, CaseResult, Device, Outcome};
 
 /// The zone geometry of `nsid`, or a skip saying why the case does not apply.
 fn zones_of(c: &Controller, nsid: u32) -> Result<(ZoneGeometry, usize), CaseError> {
     if nsid == 0 {
-        return Err(CaseError::Skip(super::no_io_namespace(c)));
+        return Err(CaseError::Skip(no_io_namespace(c)));
     }
     let ns = c.namespace(nsid).map_err(|e| e.to_string())?;
     if let Some(u) = &ns.unsupported {

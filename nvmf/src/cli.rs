@@ -206,32 +206,7 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
     if a.listen.ip() == IpAddr::V4(Ipv4Addr::UNSPECIFIED) || a.listen.ip().is_unspecified() {
         tracing::warn!("listening on every interface ({}) as asked", a.listen);
     }
-    let mut parsed = Vec::new();
-    for (i, t) in a.targets.iter().enumerate() {
-        let (name, spec_s) = split_name(t);
-        let spec = target_spec::parse(spec_s).map_err(|e| CliError::Usage(e.to_string()))?;
-        let kind = match &spec {
-            TargetSpec::Pci { .. } => "pci",
-            TargetSpec::File(_) => "file",
-            TargetSpec::Emu(_) => "emu",
-        };
-        let name = match name {
-            Some(n) => n.to_string(),
-            None => {
-                let n = format!("{kind}{i}");
-                if a.targets
-                    .iter()
-                    .any(|t| split_name(t).0 == Some(n.as_str()))
-                {
-                    return Err(CliError::Usage(format!(
-                        "--target {t}: its default name {n:?} is also given to another target; name it"
-                    )));
-                }
-                n
-            }
-        };
-        parsed.push((name, spec_s.to_string(), spec));
-    }
+    let parsed = parse_targets(a)?;
     let mut opened = Vec::new();
     for (name, s, spec) in parsed {
         let t = open_target(&spec, a.noiommu).map_err(|source| CliError::Target {
@@ -241,28 +216,7 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
         opened.push((name, t));
     }
     let cfg = build_config(a, opened)?;
-    let mut lines: Vec<String> = Vec::new();
-    for s in &cfg.subsystems {
-        lines.push(format!(
-            "  {}{}",
-            s.nqn,
-            if s.allow_any_host {
-                ", any host".to_string()
-            } else {
-                format!(", hosts: {}", s.allowed_hosts.join(" "))
-            }
-        ));
-        for (k, t) in s.namespaces.iter().enumerate() {
-            let i = t.info();
-            lines.push(format!(
-                "    nsid {}: {} ({} blocks of {} bytes)",
-                k + 1,
-                i.name,
-                i.num_blocks,
-                i.block_size
-            ));
-        }
-    }
+    let lines = export_lines(&cfg);
     let server = Server::start(cfg)?;
     println!(
         "kestrel serve: listening on {}{}",
@@ -292,6 +246,64 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
     println!("kestrel serve: stopping");
     server.shutdown();
     Ok(())
+}
+
+/// The targets of `--target`, each with its name (given, or its kind and index).
+fn parse_targets(a: &ServeArgs) -> Result<Vec<(String, String, TargetSpec)>, CliError> {
+    let mut parsed = Vec::new();
+    for (i, t) in a.targets.iter().enumerate() {
+        let (name, spec_s) = split_name(t);
+        let spec = target_spec::parse(spec_s).map_err(|e| CliError::Usage(e.to_string()))?;
+        let kind = match &spec {
+            TargetSpec::Pci { .. } => "pci",
+            TargetSpec::File(_) => "file",
+            TargetSpec::Emu(_) => "emu",
+        };
+        let name = match name {
+            Some(n) => n.to_string(),
+            None => {
+                let n = format!("{kind}{i}");
+                if a.targets
+                    .iter()
+                    .any(|t| split_name(t).0 == Some(n.as_str()))
+                {
+                    return Err(CliError::Usage(format!(
+                        "--target {t}: its default name {n:?} is also given to another target; name it"
+                    )));
+                }
+                n
+            }
+        };
+        parsed.push((name, spec_s.to_string(), spec));
+    }
+    Ok(parsed)
+}
+
+/// What the server exports, a line each subsystem and namespace.
+fn export_lines(cfg: &ServerConfig) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for s in &cfg.subsystems {
+        lines.push(format!(
+            "  {}{}",
+            s.nqn,
+            if s.allow_any_host {
+                ", any host".to_string()
+            } else {
+                format!(", hosts: {}", s.allowed_hosts.join(" "))
+            }
+        ));
+        for (k, t) in s.namespaces.iter().enumerate() {
+            let i = t.info();
+            lines.push(format!(
+                "    nsid {}: {} ({} blocks of {} bytes)",
+                k + 1,
+                i.name,
+                i.num_blocks,
+                i.block_size
+            ));
+        }
+    }
+    lines
 }
 
 #[cfg(test)]

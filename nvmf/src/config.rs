@@ -130,46 +130,65 @@ impl ServerConfig {
         }
         let mut seen = std::collections::HashSet::new();
         for s in &self.subsystems {
-            if !valid_nqn(&s.nqn) || s.nqn == DISCOVERY_NQN {
-                return bad(format!(
-                    "{:?} is not a usable subsystem nqn (nqn.<date>.<domain>:<name>, printable, at most 223 bytes, not the discovery nqn)",
-                    s.nqn
-                ));
-            }
-            if s.namespaces.is_empty() || s.namespaces.len() > MAX_NAMESPACES {
-                return bad(format!(
-                    "subsystem {} has {} namespaces: give 1 to {MAX_NAMESPACES} targets",
-                    s.nqn,
-                    s.namespaces.len()
-                ));
-            }
-            if !seen.insert(s.nqn.clone()) {
-                return bad(format!("subsystem nqn {} is given twice", s.nqn));
-            }
-            for h in &s.allowed_hosts {
-                if !valid_nqn(h) {
-                    return bad(format!("allowed host {h:?} is not an nqn"));
-                }
-            }
-            if s.allow_any_host {
-                let listeners = std::iter::once(self.listen).chain(self.discovery_listen);
-                for l in listeners {
-                    if !l.ip().is_loopback() {
-                        return bad(format!(
-                            "open access (any host) to {} is allowed only on loopback, and {} is not: list the hosts instead",
-                            s.nqn, l
-                        ));
-                    }
-                }
-            }
-            if s.allowed_hosts.is_empty() && !s.allow_any_host {
-                tracing::warn!(
-                    nqn = %s.nqn,
-                    "no host is allowed to connect to this subsystem (give allowed hosts)"
-                );
+            self.validate_subsystem(s, &mut seen)?;
+        }
+        self.limits.validate()
+    }
+
+    /// Checks one subsystem: its NQN (valid, not seen before), namespaces and hosts.
+    fn validate_subsystem(
+        &self,
+        s: &SubsystemConfig,
+        seen: &mut std::collections::HashSet<String>,
+    ) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        if !valid_nqn(&s.nqn) || s.nqn == DISCOVERY_NQN {
+            return bad(format!(
+                "{:?} is not a usable subsystem nqn (nqn.<date>.<domain>:<name>, printable, at most 223 bytes, not the discovery nqn)",
+                s.nqn
+            ));
+        }
+        if s.namespaces.is_empty() || s.namespaces.len() > MAX_NAMESPACES {
+            return bad(format!(
+                "subsystem {} has {} namespaces: give 1 to {MAX_NAMESPACES} targets",
+                s.nqn,
+                s.namespaces.len()
+            ));
+        }
+        if !seen.insert(s.nqn.clone()) {
+            return bad(format!("subsystem nqn {} is given twice", s.nqn));
+        }
+        for h in &s.allowed_hosts {
+            if !valid_nqn(h) {
+                return bad(format!("allowed host {h:?} is not an nqn"));
             }
         }
-        let l = &self.limits;
+        if s.allow_any_host {
+            let listeners = std::iter::once(self.listen).chain(self.discovery_listen);
+            for l in listeners {
+                if !l.ip().is_loopback() {
+                    return bad(format!(
+                        "open access (any host) to {} is allowed only on loopback, and {} is not: list the hosts instead",
+                        s.nqn, l
+                    ));
+                }
+            }
+        }
+        if s.allowed_hosts.is_empty() && !s.allow_any_host {
+            tracing::warn!(
+                nqn = %s.nqn,
+                "no host is allowed to connect to this subsystem (give allowed hosts)"
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Limits {
+    /// Checks that the limits are in range.
+    fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        let l = self;
         if !(2..=4096).contains(&l.max_queue_size) {
             return bad(format!(
                 "queue size {} is outside 2..=4096",

@@ -195,17 +195,28 @@ impl Reactor {
 
     /// One pass; returns the completions handled.
     fn pass(&mut self) -> usize {
+        self.receive();
+        let completed = self.complete();
+        self.retry_refused();
+        for q in self.queues.iter_mut().flatten() {
+            q.flush();
+        }
+        self.transmit();
+        completed
+    }
+
+    /// Each connection reads and handles what came, retries commands waiting for buffer
+    /// room and sends what that produced.
+    fn receive(&mut self) {
         let Reactor {
             shared,
             conns,
             queues,
             retry,
-            completions,
             epoll,
             ..
         } = self;
         let depth = shared.limits.target_queue_depth;
-        // Receive.
         for (idx, e) in conns.iter_mut().enumerate() {
             let Some(e) = e.as_mut() else {
                 continue;
@@ -234,7 +245,20 @@ impl Reactor {
                 close_conn(epoll, &mut e.conn, why);
             }
         }
-        // Target completions.
+    }
+
+    /// Polls the target queues and hands each completion to its connection; returns how
+    /// many.
+    fn complete(&mut self) -> usize {
+        let Reactor {
+            shared,
+            conns,
+            queues,
+            retry,
+            completions,
+            ..
+        } = self;
+        let depth = shared.limits.target_queue_depth;
         for (sub, q) in queues.iter_mut().enumerate() {
             let Some(q) = q.as_mut() else { continue };
             if q.outstanding() == 0 {
@@ -260,7 +284,19 @@ impl Reactor {
                 }
             }
         }
-        // Requests the target refused as busy, in order.
+        completed
+    }
+
+    /// Submits again the requests the target refused as busy, in order.
+    fn retry_refused(&mut self) {
+        let Reactor {
+            shared,
+            conns,
+            queues,
+            retry,
+            ..
+        } = self;
+        let depth = shared.limits.target_queue_depth;
         while let Some(&(sub, req)) = retry.front() {
             let (idx, gen, slot) = split_token(req.token);
             let live = matches!(conns.get(idx), Some(Some(e)) if e.gen == gen && !e.conn.closing);
@@ -298,10 +334,11 @@ impl Reactor {
                 }
             }
         }
-        for q in queues.iter_mut().flatten() {
-            q.flush();
-        }
-        // Transmit what completions produced.
+    }
+
+    /// Transmits what completions produced.
+    fn transmit(&mut self) {
+        let Reactor { conns, epoll, .. } = self;
         for e in conns.iter_mut().flatten() {
             if !e.conn.closing && e.conn.has_tx() && e.conn.writable {
                 if let Err(why) = e.conn.flush() {
@@ -309,7 +346,6 @@ impl Reactor {
                 }
             }
         }
-        completed
     }
 
     fn check_controllers(&mut self) {

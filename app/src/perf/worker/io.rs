@@ -10,6 +10,7 @@ use crate::perf::verify::{self, Expect, Mismatch};
 
 impl Worker<'_> {
     /// Picks the next I/O's unit and direction and submits it in `slot`.
+    #[inline]
     pub(super) fn submit(&mut self, qi: usize, slot: usize, now: u64) -> Result<(), WorkerError> {
         let cfg = self.cfg;
         if cfg.zoned.is_some() {
@@ -35,7 +36,9 @@ impl Worker<'_> {
     }
 
     /// Submits an I/O of `unit` in `slot` (marking the unit busy and filling the buffer
-    /// under `--verify`).
+    /// under `--verify`). Inlined into the poll loop: what only `--verify`, protection
+    /// information, zoned workloads or a failure need is out of line.
+    #[inline]
     pub(super) fn issue(
         &mut self,
         qi: usize,
@@ -61,7 +64,7 @@ impl Worker<'_> {
                 };
             }
         }
-        if write {
+        if write && (gen != 0 || ts.pi.is_some()) {
             self.fill_write(qi, slot, lba, gen)?;
         }
         let q = &mut self.queues[qi];
@@ -94,7 +97,27 @@ impl Worker<'_> {
                 ts.res.outcomes.submitted += 1;
                 Ok(())
             }
-            Err(SubmitError::DeviceRemoved) => {
+            Err(e) => self.submit_failed(qi, unit, write, lba, e),
+        }
+    }
+
+    /// A submission the queue refused: a removed device ends the queue's part of the run,
+    /// anything else ends the run with a message.
+    #[cold]
+    #[inline(never)]
+    fn submit_failed(
+        &mut self,
+        qi: usize,
+        unit: u64,
+        write: bool,
+        lba: u64,
+        e: SubmitError,
+    ) -> Result<(), WorkerError> {
+        let cfg = self.cfg;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        match e {
+            SubmitError::DeviceRemoved => {
                 // Gone before it took the request: nothing was submitted.
                 self.dead += usize::from(!q.dead);
                 q.dead = true;
@@ -104,11 +127,11 @@ impl Worker<'_> {
                 }
                 Ok(())
             }
-            Err(SubmitError::Busy(b)) => Err(format!(
+            SubmitError::Busy(b) => Err(format!(
                 "core {}: queue refused an i/o with {} in flight and {} queued (queue depth {} is more than the queue holds)",
                 cfg.core, b.in_flight, b.queued, cfg.queue_depth
             )),
-            Err(e) => Err(format!(
+            e => Err(format!(
                 "core {}: submitting {} at lba {lba}: {e}",
                 cfg.core,
                 if write { "a write" } else { "a read" }
@@ -116,7 +139,9 @@ impl Worker<'_> {
         }
     }
 
-    /// Accounts for one completion at raw time `now`.
+    /// Accounts for one completion at raw time `now`. Inlined into the poll loop, as
+    /// [`Worker::issue`] is; failures and `--verify` are out of line.
+    #[inline]
     pub(super) fn complete(
         &mut self,
         qi: usize,
@@ -129,10 +154,7 @@ impl Worker<'_> {
         let ts = &mut self.targets[q.target];
         let slot_i = c.token as usize;
         let Some(slot) = q.slots.get(slot_i).copied() else {
-            return Err(format!(
-                "core {}: completion with unknown token {}",
-                cfg.core, c.token
-            ));
+            return Err(unknown_token(cfg.core, c.token));
         };
         if slot.reset {
             return self.reset_done(qi, slot_i, c);
@@ -164,33 +186,44 @@ impl Worker<'_> {
         if cfg.zoned.is_some() && slot.write {
             self.zone_written(qi, slot_i, lba0, &c)?;
         }
-        let q = &mut self.queues[qi];
-        let ts = &mut self.targets[q.target];
-        let r = &mut ts.res;
         if let Err(e) = c.result {
-            if e == IoError::DeviceRemoved {
-                self.dead += usize::from(!q.dead);
-                q.dead = true;
-                r.removed = true;
-            }
-            record_error(r, cfg.core, slot.write, lba0, e);
-            if cfg.verify {
-                ts.gens[slot.unit as usize] = if slot.write {
-                    UNKNOWN
-                } else {
-                    ts.gens[slot.unit as usize] & !BUSY
-                };
-            }
+            self.failed(qi, slot, lba0, e);
             return Ok(());
         }
         if !cfg.verify {
             return Ok(());
         }
+        let ts = &mut self.targets[self.queues[qi].target];
         if slot.write {
             ts.gens[slot.unit as usize] = slot.gen;
             return Ok(());
         }
         self.check_read(qi, slot_i, slot, lba0)
+    }
+
+    /// An I/O of `slot` (its first block `lba0`) completed with error `e`: counted, a
+    /// removed device ends the queue's part of the run, and under `--verify` its unit is
+    /// free again (after a failed write, with contents unknown).
+    #[cold]
+    #[inline(never)]
+    fn failed(&mut self, qi: usize, slot: Slot, lba0: u64, e: IoError) {
+        let cfg = self.cfg;
+        let q = &mut self.queues[qi];
+        let ts = &mut self.targets[q.target];
+        let r = &mut ts.res;
+        if e == IoError::DeviceRemoved {
+            self.dead += usize::from(!q.dead);
+            q.dead = true;
+            r.removed = true;
+        }
+        record_error(r, cfg.core, slot.write, lba0, e);
+        if cfg.verify {
+            ts.gens[slot.unit as usize] = if slot.write {
+                UNKNOWN
+            } else {
+                ts.gens[slot.unit as usize] & !BUSY
+            };
+        }
     }
 
     /// `--verify`: checks the data of a successful read in `slot_i` against the
@@ -291,4 +324,11 @@ impl Worker<'_> {
         }
         Ok(())
     }
+}
+
+/// The message of a completion whose token names no slot of its queue.
+#[cold]
+#[inline(never)]
+fn unknown_token(core: usize, token: u64) -> WorkerError {
+    format!("core {core}: completion with unknown token {token}")
 }

@@ -170,6 +170,12 @@ pub struct BlockDevice {
     pub partitions: Vec<String>,
     /// Everything that uses the device or one of its partitions.
     pub uses: Vec<BlockUse>,
+    /// Its capacity in bytes (`size`, in 512-byte sectors whatever the LBA size), when
+    /// sysfs says.
+    pub size_bytes: Option<u64>,
+    /// The kernel's zone model (`queue/zoned`: `host-managed` for a zoned namespace), when
+    /// it is not `none`.
+    pub zoned: Option<String>,
 }
 
 /// An NVMe controller found on the PCI bus.
@@ -569,10 +575,16 @@ fn block_devices(
             for p in &partitions {
                 uses.extend(usage.of(roots, p, &dir.join(p))?);
             }
+            let size_bytes =
+                read_u64(&dir.join("size"))?.map(|sectors| sectors.saturating_mul(512));
+            let zoned =
+                read_opt(&dir.join("queue/zoned"))?.filter(|z| z != "none" && !z.is_empty());
             out.push(BlockDevice {
                 name,
                 partitions,
                 uses,
+                size_bytes,
+                zoned,
             });
         }
     }

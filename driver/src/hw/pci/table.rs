@@ -53,7 +53,10 @@ pub fn format_table(ctrls: &[PciNvmeController], huge: &HugepageStatus) -> Strin
         } else {
             c.block_devices
                 .iter()
-                .map(|b| b.name.as_str())
+                .map(|b| match &b.zoned {
+                    Some(z) => format!("{} ({z})", b.name),
+                    None => b.name.clone(),
+                })
                 .collect::<Vec<_>>()
                 .join(",")
         };

@@ -84,6 +84,9 @@ fn discovery_driver_group_and_blocks() {
     let names: Vec<_> = c[0].block_devices.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["nvme0n1", "nvme0n2"]);
     assert_eq!(c[0].block_devices[0].partitions, ["nvme0n1p1"]);
+    // No `size` or `queue/zoned` in the tree: not known, not zoned.
+    assert_eq!(c[0].block_devices[1].size_bytes, None);
+    assert_eq!(c[0].block_devices[1].zoned, None);
     assert!(!c[0].in_use());
     assert_eq!(c[1].driver.as_deref(), Some("vfio-pci"));
     assert_eq!(c[1].numa_node, None);
@@ -323,4 +326,37 @@ fn real_machine_lists_without_error() {
         assert!(x.bdf.to_string().len() >= 12);
     }
     hugepage_status(&roots.sysfs).unwrap();
+}
+
+#[test]
+fn block_device_size_and_zone_model() {
+    let f = FakeSys::new();
+    f.nvme("0000:00:04.0")
+        .bind("0000:00:04.0", "nvme")
+        .namespace("0000:00:04.0", "nvme0", "nvme0n1", "259:0")
+        .namespace("0000:00:04.0", "nvme0", "nvme0n2", "259:1");
+    let ns = "devices/pci0000:00/0000:00:04.0/nvme/nvme0";
+    // `size` counts 512-byte sectors whatever the LBA size.
+    f.write(format!("{ns}/nvme0n1/size"), "2097152\n");
+    f.write(format!("{ns}/nvme0n1/queue/zoned"), "none\n");
+    f.write(format!("{ns}/nvme0n2/size"), "8388608\n");
+    f.write(format!("{ns}/nvme0n2/queue/zoned"), "host-managed\n");
+    let c = list_nvme_controllers(&f.roots()).unwrap();
+    let b = &c[0].block_devices;
+    assert_eq!(
+        (b[0].size_bytes, b[0].zoned.as_deref()),
+        (Some(1 << 30), None)
+    );
+    assert_eq!(
+        (b[1].size_bytes, b[1].zoned.as_deref()),
+        (Some(4 << 30), Some("host-managed"))
+    );
+    let t = format_table(&c, &HugepageStatus::default());
+    assert!(t.contains("nvme0n1,nvme0n2 (host-managed)"), "{t}");
+    f.write(format!("{ns}/nvme0n2/size"), "lots\n");
+    let e = list_nvme_controllers(&f.roots()).unwrap_err().to_string();
+    assert!(
+        e.contains("nvme0n2/size") && e.contains("not a number"),
+        "{e}"
+    );
 }

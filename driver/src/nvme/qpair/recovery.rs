@@ -218,17 +218,23 @@ impl IoQpair {
             if self.delayed.iter().any(|&(c, _)| c == cid) {
                 continue;
             }
-            self.trackers[cid as usize].state |= state::TIMED_OUT;
+            // From here `submit_tick` is the tick of the abort: the rule below gives the
+            // abort a whole timeout period, however late this pass saw the expiry.
+            let t = &mut self.trackers[cid as usize];
+            t.state |= state::TIMED_OUT;
+            t.submit_tick = now_tick;
             self.stats.timeouts += 1;
             need_reset |= self.abort_timed_out(cid, need_reset);
         }
         // A command whose abort was accepted but whose completion still does not come is
-        // stuck too: after another timeout period, reset.
+        // stuck too: a timeout period after the abort, reset. (Counted from the abort, not
+        // the submission: a pass that runs late, its thread descheduled, would otherwise
+        // find the command two periods old at the very pass that aborts it and reset
+        // before the aborted command's completion, already in the CQ, is reaped; the
+        // reset would then retry it.)
         if !need_reset {
             need_reset = self.trackers.iter().any(|t| {
-                t.active()
-                    && t.timed_out()
-                    && now_tick.wrapping_sub(t.submit_tick) > limit.saturating_mul(2)
+                t.active() && t.timed_out() && now_tick.wrapping_sub(t.submit_tick) > limit
             });
         }
         if need_reset {

@@ -1,0 +1,121 @@
+//! The error cases: the statuses the device reports (and the driver's own refusals) for
+//! an invalid namespace, an LBA out of range, an invalid opcode, bad queue creation.
+
+use kestrel::io::{InvalidRequest, IoRequest, SubmitError};
+use kestrel::nvme::ctrlr::CtrlrError;
+use kestrel::spec::{Sqe, Status};
+use kestrel::ControllerOptions;
+
+use crate::support::{alloc, expect_nvme, ns_of, qpair, raw_status};
+use crate::{CaseResult, Device, Outcome};
+
+pub(crate) fn error_invalid_nsid(d: &Device, _nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let buf = alloc(&c, 4096)?;
+    let bad = c.identify().nn.saturating_add(1).max(2);
+    expect_nvme(
+        raw_status(&c, Sqe::read(bad, 0, 1, 0, 0), Some(buf.slice_all()))?,
+        Status::INVALID_NAMESPACE_OR_FORMAT,
+        "read of nsid NN+1",
+    )?;
+    // And the driver refuses it before the device when asked through the checked path.
+    let mut qp = qpair(&c, 8)?;
+    match qp.submit(IoRequest::read_buf(bad, 0, 1, &buf, 1)) {
+        Err(SubmitError::Invalid {
+            reason: InvalidRequest::InactiveNamespace { .. },
+            ..
+        }) => {}
+        other => return Err(format!("driver accepted an inactive nsid: {other:?}").into()),
+    }
+    Ok(Outcome::Pass)
+}
+
+pub(crate) fn error_lba_range(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let nsze = ns_of(&c, nsid)?.nsze;
+    let buf = alloc(&c, 8192)?;
+    expect_nvme(
+        raw_status(
+            &c,
+            Sqe::read(nsid, nsze - 1, 2, 0, 0),
+            Some(buf.slice_all()),
+        )?,
+        Status::LBA_OUT_OF_RANGE,
+        "read across the end",
+    )?;
+    expect_nvme(
+        raw_status(
+            &c,
+            Sqe::write(nsid, nsze, 1, 0, 0),
+            Some(buf.slice(0, 4096).unwrap()),
+        )?,
+        Status::LBA_OUT_OF_RANGE,
+        "write past the end",
+    )?;
+    let mut qp = qpair(&c, 8)?;
+    match qp.submit(IoRequest::read_buf(nsid, nsze, 1, &buf, 1)) {
+        Err(SubmitError::Invalid {
+            reason: InvalidRequest::OutOfRange { .. },
+            ..
+        }) => {}
+        other => return Err(format!("driver accepted an out-of-range lba: {other:?}").into()),
+    }
+    Ok(Outcome::Pass)
+}
+
+pub(crate) fn error_invalid_opcode(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    ns_of(&c, nsid)?;
+    let mut sqe = Sqe::new(0x7E);
+    sqe.nsid = nsid;
+    expect_nvme(
+        raw_status(&c, sqe, None)?,
+        Status::INVALID_OPCODE,
+        "nvm opcode 7Eh",
+    )?;
+    match c.admin_command(Sqe::new(0x7F), None) {
+        Err(CtrlrError::AdminCommand { status, .. })
+            if status.same_code(Status::INVALID_OPCODE) => {}
+        other => {
+            return Err(
+                format!("admin opcode 7Fh: expected Invalid Command Opcode, got {other:?}").into(),
+            )
+        }
+    }
+    Ok(Outcome::Pass)
+}
+
+pub(crate) fn error_queue_creation(d: &Device, _nsid: u32) -> CaseResult {
+    let c = d.open_with(ControllerOptions {
+        io_queues: 2,
+        ..Default::default()
+    })?;
+    let mem = alloc(&c, 1 << 20)?;
+    let check = |sqe: Sqe, want: Status, what: &str| -> Result<(), String> {
+        match c.admin_command(sqe, None) {
+            Err(CtrlrError::AdminCommand { status, .. }) if status.same_code(want) => Ok(()),
+            other => Err(format!("{what}: expected {want}, got {other:?}")),
+        }
+    };
+    let granted = c.io_queues_granted();
+    check(
+        Sqe::create_io_cq(0, 16, mem.iova()),
+        Status::INVALID_QUEUE_IDENTIFIER,
+        "cq qid 0",
+    )?;
+    let mqes = c.cap().max_queue_entries();
+    if mqes < 65536 {
+        check(
+            Sqe::create_io_cq(1, (mqes + 1) as u16, mem.iova()),
+            Status::INVALID_QUEUE_SIZE,
+            "cq above MQES",
+        )?;
+    }
+    check(
+        Sqe::create_io_sq(1, 16, 1, mem.iova()),
+        Status::COMPLETION_QUEUE_INVALID,
+        "sq for a missing cq",
+    )?;
+    let _ = granted;
+    Ok(Outcome::Pass)
+}

@@ -1,0 +1,480 @@
+//! One NVMe/TCP connection (one queue): the receive state machine (PDU headers into a
+//! small buffer, data straight into the queue's DMA buffer), command slots, R2T flow, the
+//! transmit queue (one gathered `writev` of headers and DMA data), and the I/O commands
+//! handed to the reactor's target queue.
+//!
+//! Bounds: slots = the queue's entries (Connect SQSIZE + 1), the transmit queue holds at
+//! most three PDUs per slot, in-capsule data lands in a fixed set of buffers and read or
+//! R2T data in the queue's buddy-managed buffer; a command that finds no room waits in a
+//! FIFO bounded by the slots. Nothing is allocated per command on an I/O queue.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kestrel::io::{InvalidRequest, IoError};
+use kestrel::spec::{nvm_opc, Status};
+use kestrel::{DmaBuf, IoRequest, SubmitError};
+
+use crate::buddy::Buddy;
+use crate::ctrl::{self, AdminOutcome, Connected, Controller, Shared};
+use crate::fabrics::{self, fctype, ConnectCmd, PropertyCmd, Sgl, FABRICS_OPC};
+use crate::pdu::{
+    self, dgst, flags, CommonHeader, DataHeader, Fes, Frame, IcResp, Pdu, PduError, R2t, Receiver,
+    Rules, TermReq, CH_LEN, DIGEST_LEN,
+};
+use crate::sys::{self, RawIov};
+
+mod capsule;
+mod exec;
+mod io;
+mod recv;
+mod respond;
+mod transmit;
+
+/// In-capsule data accepted on admin queues (and before Connect): the Linux host sends
+/// Fabrics and admin data in capsule up to 8 KiB whatever IOCCSZ says.
+pub const ADMIN_ICD: usize = 8192;
+const UNBOUND_SLOTS: usize = 4;
+static ZEROS: [u8; 128] = [0u8; 128];
+
+/// What the connection serves.
+pub enum Role {
+    /// Before Connect.
+    Unbound,
+    /// The admin queue of a controller.
+    Admin(Arc<Controller>),
+    /// An I/O queue.
+    Io {
+        /// Its controller.
+        ctrl: Arc<Controller>,
+        /// QID.
+        qid: u16,
+        /// The controller's epoch at Connect.
+        epoch: u32,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum St {
+    Free,
+    /// In-capsule data or H2C data being received.
+    Recv,
+    /// Waiting for buffer room (then R2T or execution).
+    WaitBuf,
+    /// R2T sent, H2CData expected.
+    WaitH2c,
+    /// At the target (or in the reactor's retry FIFO).
+    Target,
+    /// Response queued for transmission.
+    Sending,
+    /// An AER held.
+    Held,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum BufLoc {
+    None,
+    Local,
+    /// In-capsule buffer `i` of pool group `g`.
+    Icd {
+        g: u8,
+        i: u16,
+    },
+    /// A block of pool group `g`'s queue buffer.
+    Arena {
+        g: u8,
+        off: u32,
+        order: u8,
+    },
+}
+
+/// `Slot::ns` of a command that names no active namespace.
+const NO_NS: u16 = u16::MAX;
+
+struct Slot {
+    st: St,
+    cid: u16,
+    sqe: [u8; 64],
+    /// Data length of the command.
+    len: u32,
+    /// H2C bytes received.
+    got: u32,
+    buf: BufLoc,
+    /// Index of the command's namespace in the subsystem (I/O queues), or `NO_NS`.
+    ns: u16,
+    /// The DMA pool group its data lives in (that of its namespace).
+    g: u8,
+    local: Vec<u8>,
+    /// Target requests outstanding.
+    pending: u16,
+    status: Status,
+    dw0: u32,
+    dw1: u32,
+    fua_flush: bool,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Slot {
+            st: St::Free,
+            cid: 0,
+            sqe: [0; 64],
+            len: 0,
+            got: 0,
+            buf: BufLoc::None,
+            ns: NO_NS,
+            g: 0,
+            local: Vec::new(),
+            pending: 0,
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+            fua_flush: false,
+        }
+    }
+}
+
+/// DMA memory of an I/O queue from one DMA pool (one per pool of the subsystem's
+/// namespaces).
+struct IoBufs {
+    arena: DmaBuf,
+    buddy: Buddy,
+    icd: Option<DmaBuf>,
+    icd_size: usize,
+    icd_free: Vec<u16>,
+}
+
+enum TxData {
+    None,
+    Local { slot: u16, len: u32 },
+    Arena { g: u8, off: u32, len: u32 },
+    Owned(Vec<u8>),
+}
+
+struct TxItem {
+    hdr: [u8; 32],
+    hlen: u8,
+    pad: u8,
+    data: TxData,
+    ddgst: Option<[u8; 4]>,
+    release: Option<u16>,
+    done: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Dest {
+    Discard,
+    Local(u16),
+    /// The in-capsule buffers of pool group `g`.
+    Icd(u8),
+    /// The queue buffer of pool group `g`.
+    Arena(u8),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum After {
+    Capsule(u16),
+    H2c(u16),
+    /// Data consumed for a command already answered with an error.
+    Nothing,
+    Term,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Header,
+    Pad,
+    Data,
+    Digest,
+}
+
+struct Rx {
+    phase: Phase,
+    hdr: [u8; pdu::MAX_TERM_PLEN + 8],
+    got: usize,
+    frame: Option<Frame>,
+    dest: Dest,
+    /// Offset inside the destination of the next byte.
+    dest_off: usize,
+    /// Where this PDU's data started inside the destination.
+    data_start: usize,
+    left: usize,
+    data_len: usize,
+    ddg: [u8; 4],
+    after: After,
+}
+
+/// Reactor services a connection uses: the target queues and the retry FIFO.
+pub struct Ctx<'a> {
+    /// Server state.
+    pub shared: &'a Shared,
+    /// Per namespace (`Namespace::qidx`), this reactor's queue on its target.
+    pub queues: &'a mut [Option<Box<dyn kestrel::TargetQueue>>],
+    /// Requests the target refused as busy, in order, with their queue index.
+    pub retry: &'a mut VecDeque<(usize, IoRequest)>,
+    /// This connection's token prefix.
+    pub key: u64,
+    /// Target queue depth to create with.
+    pub queue_depth: u32,
+}
+
+impl Ctx<'_> {
+    fn submit(&mut self, qidx: usize, req: IoRequest) -> Result<(), Status> {
+        if !self.retry.is_empty() {
+            self.retry.push_back((qidx, req));
+            return Ok(());
+        }
+        let Some(q) = self.queues.get_mut(qidx).and_then(|q| q.as_mut()) else {
+            return Err(Status::INTERNAL_ERROR);
+        };
+        match q.submit(req) {
+            Ok(()) => Ok(()),
+            Err(SubmitError::Busy(b)) => {
+                self.retry.push_back((qidx, b.request));
+                Ok(())
+            }
+            Err(SubmitError::Invalid { reason, .. }) => Err(invalid_status(reason)),
+            Err(SubmitError::DeviceRemoved) => Err(Status::INTERNAL_ERROR.with_dnr(true)),
+        }
+    }
+}
+
+fn invalid_status(r: InvalidRequest) -> Status {
+    match r {
+        InvalidRequest::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE.with_dnr(true),
+        InvalidRequest::ReadOnly => Status::NAMESPACE_WRITE_PROTECTED.with_dnr(true),
+        InvalidRequest::Unsupported { .. } => Status::INVALID_OPCODE.with_dnr(true),
+        InvalidRequest::InactiveNamespace { .. } | InvalidRequest::UnsupportedFormat { .. } => {
+            Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true)
+        }
+        _ => Status::INVALID_FIELD.with_dnr(true),
+    }
+}
+
+/// The NVMe status a target error becomes.
+pub fn io_status(e: IoError, write: bool) -> Status {
+    match e {
+        IoError::Nvme(s) => s,
+        IoError::Os(libc::EIO) if write => Status::WRITE_FAULT,
+        IoError::Os(libc::EIO) => Status::UNRECOVERED_READ_ERROR,
+        IoError::Os(libc::ENOSPC) => Status::CAPACITY_EXCEEDED.with_dnr(true),
+        IoError::Os(_) => Status::INTERNAL_ERROR,
+        IoError::Timeout | IoError::Aborted | IoError::Cancelled => Status::ABORT_REQUESTED,
+        IoError::DeviceRemoved => Status::INTERNAL_ERROR.with_dnr(true),
+        IoError::Resetting => Status::NAMESPACE_NOT_READY,
+        IoError::ShortTransfer { .. } => Status::DATA_TRANSFER_ERROR,
+        IoError::FileTooLarge { .. } => Status::CAPACITY_EXCEEDED.with_dnr(true),
+    }
+}
+
+/// Why a connection ends.
+#[derive(Debug)]
+pub enum Close {
+    /// The peer closed or reset it.
+    Peer,
+    /// A protocol error (TermReq sent).
+    Protocol(PduError),
+    /// The host sent H2CTermReq.
+    HostTerm(u16, u32),
+    /// The controller ended (keep-alive, reset, admin queue gone).
+    Controller(&'static str),
+    /// A socket error.
+    Io(std::io::Error),
+    /// The server stops.
+    Shutdown,
+    /// No Connect in time.
+    Idle,
+}
+
+impl std::fmt::Display for Close {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Close::Peer => f.write_str("the host closed the connection"),
+            Close::Protocol(e) => write!(f, "malformed pdu: {e}"),
+            Close::HostTerm(fes, fei) => write!(
+                f,
+                "the host terminated the connection (H2CTermReq fes {fes:#x}, fei {fei:#x})"
+            ),
+            Close::Controller(w) => f.write_str(w),
+            Close::Io(e) => write!(f, "socket error: {e}"),
+            Close::Shutdown => f.write_str("the server is stopping"),
+            Close::Idle => f.write_str("no Connect within the time allowed"),
+        }
+    }
+}
+
+/// One connection.
+pub struct Conn {
+    sock: TcpStream,
+    /// The peer.
+    pub peer: SocketAddr,
+    local: Option<SocketAddr>,
+    /// Its role.
+    pub role: Role,
+    /// ICReq/ICResp done.
+    initialized: bool,
+    hdgst: bool,
+    ddgst: bool,
+    hpda: u8,
+    sqflow_disabled: bool,
+    sqsize: u16,
+    sqhd: u16,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    wait_buf: VecDeque<u16>,
+    held_aers: usize,
+    /// Per DMA pool group of the subsystem (empty before an I/O queue connects).
+    bufs: Vec<IoBufs>,
+    rx: Rx,
+    tx: VecDeque<TxItem>,
+    /// Readable edge seen and not yet drained.
+    pub readable: bool,
+    /// Writable (no EAGAIN since the last edge).
+    pub writable: bool,
+    /// Requests at the target or in the retry FIFO.
+    pub at_target: u32,
+    /// The socket is closed; waiting for the target to finish.
+    pub closing: bool,
+    /// When it was accepted (ms since the server started).
+    pub born_ms: u64,
+    /// Subsystem index of an I/O queue.
+    pub sub: usize,
+    closing_peer: bool,
+}
+
+impl Conn {
+    /// A new connection, before ICReq.
+    pub fn new(sock: TcpStream, peer: SocketAddr, now_ms: u64) -> Self {
+        let local = sock.local_addr().ok();
+        let mut slots = Vec::with_capacity(UNBOUND_SLOTS);
+        slots.resize_with(UNBOUND_SLOTS, Slot::new);
+        Conn {
+            sock,
+            peer,
+            local,
+            role: Role::Unbound,
+            initialized: false,
+            hdgst: false,
+            ddgst: false,
+            hpda: 0,
+            sqflow_disabled: false,
+            sqsize: UNBOUND_SLOTS as u16,
+            sqhd: 0,
+            slots,
+            free: (0..UNBOUND_SLOTS as u16).rev().collect(),
+            wait_buf: VecDeque::new(),
+            held_aers: 0,
+            bufs: Vec::new(),
+            rx: Rx {
+                phase: Phase::Header,
+                hdr: [0; pdu::MAX_TERM_PLEN + 8],
+                got: 0,
+                frame: None,
+                dest: Dest::Discard,
+                dest_off: 0,
+                data_start: 0,
+                left: 0,
+                data_len: 0,
+                ddg: [0; 4],
+                after: After::Nothing,
+            },
+            tx: VecDeque::with_capacity(16),
+            readable: true,
+            writable: true,
+            at_target: 0,
+            closing: false,
+            born_ms: now_ms,
+            sub: usize::MAX,
+            closing_peer: false,
+        }
+    }
+
+    /// The socket descriptor.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// Whether the transmit queue has anything.
+    pub fn has_tx(&self) -> bool {
+        !self.tx.is_empty()
+    }
+
+    /// Whether commands wait for buffer room.
+    pub fn has_waiting(&self) -> bool {
+        !self.wait_buf.is_empty()
+    }
+
+    /// Checks the controller's state: `Some` when this connection must close.
+    pub fn check_controller(&self, shared: &Shared) -> Option<Close> {
+        match &self.role {
+            Role::Unbound => {
+                (shared.now_ms().saturating_sub(self.born_ms) > 30_000).then_some(Close::Idle)
+            }
+            Role::Admin(c) => {
+                if c.keep_alive_expired(shared.now_ms()) {
+                    Some(Close::Controller("keep alive timer expired"))
+                } else if c.dead.load(Ordering::Acquire) {
+                    Some(Close::Controller("the controller ended"))
+                } else {
+                    None
+                }
+            }
+            Role::Io { ctrl, epoch, .. } => {
+                if ctrl.dead.load(Ordering::Acquire) {
+                    Some(Close::Controller("the controller ended"))
+                } else if ctrl.epoch.load(Ordering::Acquire) != *epoch {
+                    Some(Close::Controller("the controller was reset"))
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Ends the connection's life on the wire: the controller or queue is released. The
+    /// socket is shut; target requests still finish (the reactor keeps the connection
+    /// until `at_target` is 0).
+    pub fn close(&mut self, why: &Close) {
+        if self.closing {
+            return;
+        }
+        self.closing = true;
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        match &self.role {
+            Role::Admin(c) => {
+                c.end();
+                tracing::info!(peer = %self.peer, cntlid = c.cntlid, nqn = %c.subsys.nqn, "admin queue closed ({why}); controller ended");
+            }
+            Role::Io { ctrl, qid, .. } => {
+                ctrl.release_qid(*qid);
+                tracing::debug!(peer = %self.peer, cntlid = ctrl.cntlid, qid, "i/o queue closed ({why})");
+            }
+            Role::Unbound => tracing::debug!(peer = %self.peer, "connection closed ({why})"),
+        }
+        self.tx.clear();
+        self.wait_buf.clear();
+    }
+
+    fn rules(&self) -> Rules {
+        let max_icd = match self.role {
+            Role::Io { .. } => self
+                .bufs
+                .first()
+                .map(|b| b.icd_size)
+                .unwrap_or(0)
+                .max(ADMIN_ICD),
+            _ => ADMIN_ICD,
+        };
+        Rules {
+            receiver: Receiver::Controller,
+            initialized: self.initialized,
+            hdgst: self.hdgst,
+            ddgst: self.ddgst,
+            max_data: (max_icd as u32).max(1 << 24),
+        }
+    }
+}
