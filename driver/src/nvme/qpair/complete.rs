@@ -296,16 +296,17 @@ impl IoQpair {
 /// pushed fails it.
 #[inline]
 fn fetched(sq_head: u16, seq: u32, depth: u16, tail: u16, sq_seq: u64) -> bool {
-    let (head, tail, depth) = (u32::from(sq_head), u32::from(tail), u32::from(depth));
-    if head >= depth {
+    if sq_head >= depth {
         return false;
     }
-    // The slots from the SQ Head to the tail, going forward around the ring.
-    let back = if tail >= head {
-        tail - head
+    // The slots from the SQ Head to the tail, going forward around the ring (16-bit
+    // wrapping: less than the depth either way).
+    let near = tail.wrapping_sub(sq_head);
+    let back = u32::from(if tail >= sq_head {
+        near
     } else {
-        tail + depth - head
-    };
+        near.wrapping_add(depth)
+    });
     // How many entries were pushed at or after the command (1 for the latest).
     let since = (sq_seq as u32).wrapping_sub(seq);
     since > back
