@@ -8,8 +8,9 @@
 #   - fio with Kestrel's ioengine (fio-engine/), same device, QD 32, with
 #     fio's default batching and with batches of 32;
 #   - fio with io_uring on the guest kernel's nvme driver, polled
-#     (--hipri, poll queues) at QD 1, 32 and 128, and interrupt-driven at
-#     QD 32 with the same two batchings as the engine;
+#     (--hipri, poll queues) at QD 1, 32 and 128, and at QD 32 and 128 with
+#     batches of the queue depth (the kernel's best path per core), and
+#     interrupt-driven at QD 32 with the same two batchings as the engine;
 #
 # in IOMMU and noiommu mode. One guest per mode runs ROUNDS rounds, each
 # round every row once in turn, so that the host's drift hits all rows
@@ -85,6 +86,8 @@ rows=(
     "hipri-qd1|fio io_uring polled (--hipri), QD 1|fio --name=uring-hipri $fio_common $uring --hipri --iodepth=1"
     "hipri-qd32|fio io_uring polled (--hipri), QD 32|fio --name=uring-hipri $fio_common $uring --hipri --iodepth=32"
     "hipri-qd128|fio io_uring polled (--hipri), QD 128|fio --name=uring-hipri $fio_common $uring --hipri --iodepth=128"
+    "hipri-qd32-b|fio io_uring polled (--hipri), QD 32, batched|fio --name=uring-hipri-batched $fio_common $uring --hipri --iodepth=32 $batched"
+    "hipri-qd128-b|fio io_uring polled (--hipri), QD 128, batched|fio --name=uring-hipri-batched $fio_common $uring --hipri --iodepth=128 --iodepth_batch_submit=128 --iodepth_batch_complete_max=128"
     "uring-qd32|fio io_uring, QD 32|fio --name=uring $fio_common $uring --iodepth=32"
     "uring-qd32-b|fio io_uring, QD 32, batched|fio --name=uring-batched $fio_common $uring --iodepth=32 $batched"
     "unbind|-|bind_vfio"
@@ -97,6 +100,8 @@ ratios=(
     "perf-qd1 hipri-qd1 - kestrel perf / io_uring polled, QD 1"
     "perf-qd32 hipri-qd32 >=1.5 kestrel perf / io_uring polled, QD 32"
     "perf-qd128 hipri-qd128 >=1.5 kestrel perf / io_uring polled, QD 128"
+    "perf-qd32 hipri-qd32-b >=1.5 kestrel perf / io_uring polled batched, QD 32"
+    "perf-qd128 hipri-qd128-b >=1.5 kestrel perf / io_uring polled batched, QD 128"
     "engine-qd32 uring-qd32 - fio Kestrel engine / fio io_uring, QD 32"
     "engine-qd32-b uring-qd32-b - fio Kestrel engine / fio io_uring, QD 32 batched"
 )

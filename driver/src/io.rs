@@ -2,7 +2,8 @@
 //! file target): plain `Copy` data, so the I/O path never allocates.
 
 use crate::hw::dma::{DmaBuf, DmaSlice};
-use crate::spec::Status;
+use crate::spec::zns::zns_opc;
+use crate::spec::{nvm_opc, Status};
 
 mod meta;
 pub use meta::{IoMeta, MetaLayout};
@@ -11,22 +12,27 @@ pub use meta::{IoMeta, MetaLayout};
 pub const MAX_SEGMENTS: usize = 8;
 
 /// What a request does.
+///
+/// `repr(u8)` with each operation's tag the opcode of the NVMe command it becomes: the
+/// submission fast path tells a Read or Write (opcodes 2 and 1) from the rest with one
+/// range test and puts the tag in the command as it is ([`IoOp::nvme_opcode`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u8)]
 pub enum IoOp {
     /// Read blocks into the data segments.
-    Read,
+    Read = nvm_opc::READ,
     /// Write blocks from the data segments.
-    Write,
+    Write = nvm_opc::WRITE,
     /// Make previously completed writes durable.
-    Flush,
+    Flush = nvm_opc::FLUSH,
     /// Write zeroes over the range (no data segments).
-    WriteZeroes,
+    WriteZeroes = nvm_opc::WRITE_ZEROES,
     /// Deallocate (discard, trim) the range (no data segments).
-    Deallocate,
+    Deallocate = nvm_opc::DATASET_MANAGEMENT,
     /// Zone Append (zoned namespaces): write the data segments at the write pointer of the
     /// zone that starts at `lba`; the completion's [`Completion::value`] is the LBA the
     /// data was written at.
-    ZoneAppend,
+    ZoneAppend = zns_opc::ZONE_APPEND,
     /// Zone Management Send (zoned namespaces): `action` on the zone that starts at `lba`,
     /// or, with `all`, on every zone the action applies to (`lba` ignored). No data.
     ZoneSend {
@@ -34,12 +40,29 @@ pub enum IoOp {
         action: ZoneAction,
         /// Select All: every zone in a state the action applies to.
         all: bool,
-    },
+    } = zns_opc::ZONE_MGMT_SEND,
     /// Zone Management Receive, Report Zones (zoned namespaces): the zone descriptors from
     /// the zone holding `lba` on, into the data segments (a 64-byte header, then one
     /// 64-byte descriptor per zone; a partial report: the header counts the descriptors
     /// returned). `nlb` is ignored. Parse with [`crate::spec::zns::parse_report`].
-    ReportZones,
+    ReportZones = zns_opc::ZONE_MGMT_RECV,
+}
+
+impl IoOp {
+    /// The opcode of the NVMe command the operation becomes (its tag: a plain load).
+    #[inline]
+    pub fn nvme_opcode(self) -> u8 {
+        match self {
+            IoOp::Read => nvm_opc::READ,
+            IoOp::Write => nvm_opc::WRITE,
+            IoOp::Flush => nvm_opc::FLUSH,
+            IoOp::WriteZeroes => nvm_opc::WRITE_ZEROES,
+            IoOp::Deallocate => nvm_opc::DATASET_MANAGEMENT,
+            IoOp::ZoneAppend => zns_opc::ZONE_APPEND,
+            IoOp::ZoneSend { .. } => zns_opc::ZONE_MGMT_SEND,
+            IoOp::ReportZones => zns_opc::ZONE_MGMT_RECV,
+        }
+    }
 }
 
 /// The zone actions of Zone Management Send that [`IoOp::ZoneSend`] carries.

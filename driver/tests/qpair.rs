@@ -512,8 +512,132 @@ fn memory_is_bounded_and_reported() {
         })
         .unwrap();
     let m = qp.memory_bytes();
-    // About one 4 KiB PRP page per slot plus the rings, the parents and the software
-    // queue's 1024 requests (each with its data segments and metadata inline).
+    // About one 4 KiB PRP page per slot plus the rings, the parents, the free CID ring
+    // (65536 16-bit slots) and the software queue's 1024 requests (each with its data
+    // segments and metadata inline).
     let sw = 1024 * std::mem::size_of::<kestrel::io::IoRequest>();
-    assert!((127 * 4096..127 * 4096 * 2 + sw / 4).contains(&m), "{m}");
+    let cids = 65536 * 2;
+    assert!(
+        (127 * 4096..127 * 4096 * 2 + cids + sw / 4).contains(&m),
+        "{m}"
+    );
+}
+
+/// Once a queue has taken the submission fast path (after a valid read), every request
+/// still gets every rule: each broken one gets the same error as on a fresh queue, the
+/// valid requests that follow still complete, and a transfer of more pages than two
+/// (a PRP list) goes through as well.
+#[test]
+fn every_rule_holds_once_the_fast_path_is_open() {
+    use kestrel::io::{InvalidRequest, IoMeta};
+    let (_emu, c) = emu();
+    let blocks = c.namespaces()[0].num_blocks;
+    let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+    let buf = c.dma_pool().alloc(4 * 4096).unwrap();
+    let read = |lba, nlb, token| IoRequest::read_buf(1, lba, nlb, &buf, token);
+    let refused = |qp: &mut kestrel::IoQpair, r: IoRequest| match qp.submit(r) {
+        Err(SubmitError::Invalid { reason, .. }) => reason,
+        other => panic!("{r:?} was not refused: {other:?}"),
+    };
+    for round in 0..2u64 {
+        // The first round opens the fast path; the second checks it stays right.
+        qp.submit(read(0, 1, 100 + round)).unwrap();
+        qp.flush();
+        assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+        assert!(matches!(
+            refused(&mut qp, read(0, 0, 1)),
+            InvalidRequest::ZeroBlocks { .. }
+        ));
+        assert!(matches!(
+            refused(&mut qp, read(blocks - 1, 2, 2)),
+            InvalidRequest::OutOfRange { lba, nlb: 2, .. } if lba == blocks - 1
+        ));
+        assert!(matches!(
+            refused(&mut qp, read(u64::MAX - 1, 4, 3)),
+            InvalidRequest::OutOfRange { .. }
+        ));
+        assert!(matches!(
+            refused(&mut qp, read(0, 5, 4)),
+            InvalidRequest::LengthMismatch { .. }
+        ));
+        let odd = IoRequest::read(1, 0, 1, buf.slice(2, 4096).unwrap(), 5);
+        assert!(matches!(
+            refused(&mut qp, odd),
+            InvalidRequest::Misaligned { .. }
+        ));
+        assert!(matches!(
+            refused(&mut qp, IoRequest::read_buf(7, 0, 1, &buf, 6)),
+            InvalidRequest::InactiveNamespace { nsid: 7 }
+        ));
+        assert!(matches!(
+            refused(&mut qp, IoRequest::read_buf(0, 0, 1, &buf, 7)),
+            InvalidRequest::InactiveNamespace { nsid: 0 }
+        ));
+        let mut with_meta = read(0, 1, 8);
+        with_meta.meta = IoMeta::separate(buf.slice(0, 64).unwrap());
+        assert!(matches!(
+            refused(&mut qp, with_meta),
+            InvalidRequest::Metadata { .. }
+        ));
+        // Four pages: a PRP list.
+        qp.submit(read(8, 4, 200 + round)).unwrap();
+        qp.flush();
+        assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
+    }
+    let st = qp.stats();
+    assert_eq!((st.submitted, st.completed), (4, 4));
+    assert_eq!(qp.outstanding(), 0);
+}
+
+/// What the fast path leaves out, immediate doorbells and error injection, still happens
+/// when it is turned on after the fast path has been taken.
+#[test]
+fn immediate_mode_and_injection_after_the_fast_path_opened() {
+    use kestrel::nvme::qpair::ErrorInjection;
+    use kestrel::spec::{nvm_opc, Status};
+    let (_emu, c) = emu();
+    // Every doorbell an MMIO write, so each one counts in `sq_doorbell_writes`.
+    let mut qp = c
+        .create_io_qpair(&QpairOptions {
+            shadow_doorbells: false,
+            ..Default::default()
+        })
+        .unwrap();
+    let buf = c.dma_pool().alloc(4096).unwrap();
+    for i in 0..4 {
+        qp.submit(IoRequest::read_buf(1, i, 1, &buf, i)).unwrap();
+    }
+    qp.flush();
+    reap(&mut qp, 4);
+    // Immediate mode: one SQ doorbell per command, with no flush.
+    qp.set_doorbell_mode(DoorbellMode::Immediate);
+    let before = qp.stats().sq_doorbell_writes;
+    for i in 0..4 {
+        qp.submit(IoRequest::read_buf(1, i, 1, &buf, 10 + i))
+            .unwrap();
+    }
+    assert_eq!(qp.stats().sq_doorbell_writes - before, 4);
+    reap(&mut qp, 4);
+    qp.set_doorbell_mode(DoorbellMode::Batched);
+    for i in 0..4 {
+        qp.submit(IoRequest::read_buf(1, i, 1, &buf, 20 + i))
+            .unwrap();
+    }
+    qp.flush();
+    reap(&mut qp, 4);
+    // An injection rule added now applies to the next read.
+    let status = Status::UNRECOVERED_READ_ERROR.with_dnr(true);
+    assert!(qp.inject_error(ErrorInjection {
+        opcode: Some(nvm_opc::READ),
+        status,
+        count: 1,
+        submit: false,
+    }));
+    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 30)).unwrap();
+    qp.submit(IoRequest::read_buf(1, 1, 1, &buf, 31)).unwrap();
+    qp.flush();
+    let mut done = reap(&mut qp, 2);
+    done.sort_by_key(|c| c.token);
+    assert_eq!(done[0].result, Err(kestrel::io::IoError::Nvme(status)));
+    assert_eq!(done[1].result, Ok(()));
 }

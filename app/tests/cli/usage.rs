@@ -113,10 +113,12 @@ fn durations_everywhere() {
     assert_eq!(j["config"]["warmup_s"], 0.1);
     assert_eq!(j["config"]["io_timeout_ms"], 30000.0);
     assert_eq!(j["config"]["number_ios"], serde_json::Value::Null);
-    // The window never ends before its 300 ms; how long after them the poller notices is up
-    // to the scheduler (a loaded machine stretched it past 5 s once), so no upper bound.
+    // The window is 300 ms from when the poller opens it, however late the warmup's end
+    // found it (a window counted from the run's start was once 175 ms under load); how long
+    // after them the poller notices is up to the scheduler (a loaded machine stretched it
+    // past 5 s once), so no upper bound.
     let secs = j["total"]["seconds"].as_f64().unwrap();
-    assert!(secs > 0.2, "{secs}");
+    assert!(secs >= 0.3, "{secs}");
 }
 
 #[test]

@@ -56,7 +56,7 @@ impl MetaLayout {
 ///   expected initial value is the low 32 bits of the LBA for type 1 and `ref_tag` for type 2;
 ///   the application tag under `app_mask` when the mask is not 0). Without it, on a
 ///   namespace whose metadata is exactly the PI, the controller inserts and strips the PI
-///   (PRACT). [`crate::spec::pi::fill_pi`] and [`crate::spec::pi::check_pi`] generate and
+///   (PRACT). [`PiFormat::fill`](crate::spec::pi::PiFormat::fill) and [`PiFormat::check`](crate::spec::pi::PiFormat::check) generate and
 ///   check PI in software.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct IoMeta {

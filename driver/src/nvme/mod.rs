@@ -1,7 +1,7 @@
 //! The NVMe driver proper: queues in DMA memory, controller bring-up and I/O queue pairs.
 //!
 //! Lives here, bottom up: the SQ/CQ rings ([`ring`]), PRP lists ([`prp`]), the namespace
-//! formats the driver implements ([`format`]), the admin queue (`admin`), bring-up as a
+//! formats the driver implements ([`format`](mod@format)), the admin queue (`admin`), bring-up as a
 //! state machine (`init`), the controller state the controller and its qpairs share
 //! (`shared`), the I/O queue pairs ([`qpair`]) and the controller handle ([`ctrlr`]).
 //! May import [`crate::spec`], the seam in [`crate::hw`] (`transport`, `mmio`, `dma`;

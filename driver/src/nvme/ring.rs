@@ -73,6 +73,11 @@ impl Reaped {
 ///
 /// Layout: 32 bytes, everything the hot path reads first; the ring memory is owned
 /// through a box so its handles stay off the owner's hot cache lines.
+///
+/// Invariant: `sq_tail < depth` and `cq_head < depth` (`depth >= 2`, checked in
+/// [`RingPair::new`]; the positions start at 0 and move only by the wrap in
+/// [`RingPair::push_qwords`] and [`RingPair::pop`]). The slot accesses rely on it instead
+/// of testing the index on every entry.
 #[repr(C)]
 pub struct RingPair {
     sq: NonNull<Sqe>,
@@ -82,7 +87,9 @@ pub struct RingPair {
     depth: u16,
     sq_tail: u16,
     cq_head: u16,
-    cq_phase: bool,
+    /// The phase tag a new CQE at the head carries (0 or 1), as wide as dword 3's upper
+    /// half so the test of a new entry compares it with that half in one instruction.
+    cq_phase: u16,
 }
 
 const _: () = assert!(std::mem::size_of::<RingPair>() == 32);
@@ -96,6 +103,7 @@ impl RingPair {
     /// Allocates both rings (the SQ first) of `depth` slots (2..=65536 as the spec allows;
     /// callers clamp to CAP.MQES + 1), the CQ zeroed so the first pass looks for phase 1.
     pub fn new(pool: &DmaPool, depth: u16) -> Result<Self, DmaError> {
+        assert!(depth >= 2, "a queue has at least 2 entries, not {depth}");
         let sq = pool.alloc(depth as usize * 64)?;
         let cq = pool.alloc(depth as usize * 16)?;
         Ok(RingPair {
@@ -105,7 +113,7 @@ impl RingPair {
             depth,
             sq_tail: 0,
             cq_head: 0,
-            cq_phase: true,
+            cq_phase: 1,
         })
     }
     /// Slots in each ring.
@@ -133,7 +141,15 @@ impl RingPair {
     }
     /// The phase tag a new CQE at the head carries.
     pub fn cq_phase(&self) -> bool {
-        self.cq_phase
+        self.cq_phase != 0
+    }
+
+    /// Whether dword 3 `dw3` of the CQE at the head says the entry is new: its phase tag
+    /// is the one the current pass over the ring expects.
+    #[inline]
+    fn is_new(&self, dw3: u32) -> bool {
+        // The Phase Tag is bit 16 of dword 3: bit 0 of its upper half.
+        (dw3 >> 16) as u16 & 1 == self.cq_phase
     }
 
     /// Places `sqe` at the tail and moves the tail on. The caller knows the slot is free
@@ -150,10 +166,10 @@ impl RingPair {
     #[inline]
     pub fn push_qwords(&mut self, q: [u64; 8]) {
         let slot = self.sq_tail;
-        assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
-        // SAFETY: slot < depth, so the 64-byte slot is inside the SQ memory held by `mem`
-        // (page aligned, so every quadword is 8-byte aligned); see the module doc for why
-        // the controller is not reading it now.
+        debug_assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
+        // SAFETY: slot < depth (the type's invariant), so the 64-byte slot is inside the SQ
+        // memory held by `mem` (page aligned, so every quadword is 8-byte aligned); see
+        // the module doc for why the controller is not reading it now.
         unsafe {
             let p = self.sq.as_ptr().add(slot as usize).cast::<u64>();
             for (i, v) in q.into_iter().enumerate() {
@@ -168,9 +184,9 @@ impl RingPair {
     #[inline]
     pub fn pop(&mut self) -> Option<Reaped> {
         let head = self.cq_head;
-        assert!(head < self.depth, "cq slot {head} out of {}", self.depth);
-        // SAFETY: head < depth, so the 16-byte entry is inside the CQ memory held by
-        // `mem` (4-byte aligned: the ring is page aligned).
+        debug_assert!(head < self.depth, "cq slot {head} out of {}", self.depth);
+        // SAFETY: head < depth (the type's invariant), so the 16-byte entry is inside the
+        // CQ memory held by `mem` (4-byte aligned: the ring is page aligned).
         let p = unsafe { self.cq.as_ptr().add(head as usize).cast::<u32>() };
         // SAFETY: dword 3 of the entry, inside the CQ memory (above); the controller
         // writes it concurrently, which an atomic load allows.
@@ -179,22 +195,19 @@ impl RingPair {
         // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
         // this are those of the same completion.
         let dw3 = dw3.load(Ordering::Acquire);
-        if ((dw3 >> 16) & 1 != 0) != self.cq_phase {
+        if !self.is_new(dw3) {
             return None;
         }
         // SAFETY: the entry is inside the CQ memory (above); the acquire load of its dword
         // 3 ordered these reads after the controller's writes, and it will not rewrite the
         // slot before we move the head doorbell past it.
-        let (dw0, dw1, dw2) = unsafe {
-            (
-                p.read_volatile(),
-                p.add(1).read_volatile(),
-                p.add(2).read_volatile(),
-            )
-        };
+        // Dwords 0 and 1 (the command specific result) in one 8-byte read: the entry is
+        // 16-byte aligned.
+        let (dw0_1, dw2) = unsafe { (p.cast::<u64>().read_volatile(), p.add(2).read_volatile()) };
+        let (dw0, dw1) = (dw0_1 as u32, (dw0_1 >> 32) as u32);
         if head + 1 == self.depth {
             self.cq_head = 0;
-            self.cq_phase = !self.cq_phase;
+            self.cq_phase ^= 1;
         } else {
             self.cq_head = head + 1;
         }
@@ -204,7 +217,7 @@ impl RingPair {
     /// Whether the entry at the CQ head is new (its phase tag says so), without taking it.
     #[inline]
     pub fn cq_ready(&self) -> bool {
-        ((self.cq_dw3(self.cq_head) >> 16) & 1 != 0) == self.cq_phase
+        self.is_new(self.cq_dw3(self.cq_head))
     }
 
     /// Dword 3 of CQ `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded
@@ -233,7 +246,7 @@ impl RingPair {
         unsafe { std::ptr::write_bytes(self.cq.as_ptr(), 0, self.depth as usize) };
         self.sq_tail = 0;
         self.cq_head = 0;
-        self.cq_phase = true;
+        self.cq_phase = 1;
     }
 
     /// Dword 3 of the CQ entry at the head and of the one before it, for diagnostics.

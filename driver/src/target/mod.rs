@@ -1,5 +1,5 @@
 //! One trait over the things Kestrel does block I/O to: an NVMe namespace (through I/O
-//! queue pairs, [`nvme`]) and a file or block device (through io_uring, [`file`]). The aio
+//! queue pairs, [`nvme`]) and a file or block device (through io_uring, [`file`](mod@file)). The aio
 //! API, the pollers, `kestrel perf` and the conformance suite use only this.
 //!
 //! Lives here: the [`Target`]/[`TargetQueue`] traits, their options, the layer's error

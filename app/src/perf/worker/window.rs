@@ -73,7 +73,6 @@ impl Worker<'_> {
         let clock = &shared.clock;
         let start = shared.start_raw.load(Ordering::Acquire);
         let warm_end = cfg.warmup_ns;
-        let end = cfg.warmup_ns + cfg.time_ns;
         let mut w = Window {
             measuring: false,
             start: 0,
@@ -99,7 +98,12 @@ impl Worker<'_> {
             if !w.measuring && elapsed >= warm_end {
                 t0 = self.begin_window(&mut w);
             }
-            if elapsed >= end || shared.abort.load(Ordering::Relaxed) {
+            // The window is `-t` long from the moment this poller began it: one kept off
+            // its CPU as the warmup ended still measures a whole window, not what is left
+            // of a window counted from the run's start.
+            if (w.measuring && t0.saturating_sub(w.start) >= cfg.time_ns)
+                || shared.abort.load(Ordering::Relaxed)
+            {
                 self.end_window(&mut w, t0);
                 break;
             }
@@ -132,20 +136,34 @@ impl Worker<'_> {
                 t0 = t1;
                 idle_since = None;
             } else {
-                if w.measuring {
-                    w.idle += 1;
-                }
-                if let (Some(iw), Some(spin)) = (&irq_wait, cfg.sleep_after_ns) {
-                    let since = *idle_since.get_or_insert(t0);
-                    if t0 - since >= spin && self.sleep_on_interrupts(iw) {
-                        w.sleeps += u64::from(w.measuring);
-                        idle_since = None;
-                    }
-                }
+                self.idle_pass(&mut w, irq_wait.as_ref(), &mut idle_since, t0);
                 t0 = clock.now_ns();
             }
         }
         Ok(w)
+    }
+
+    /// An iteration that found nothing: counted, and under `--poll-mode hybrid|interrupt`
+    /// a sleep on the queues' interrupts once they have been idle long enough (since
+    /// `idle_since`, set at the first idle iteration at `t0`).
+    #[inline]
+    fn idle_pass(
+        &mut self,
+        w: &mut Window,
+        irq_wait: Option<&InterruptWait>,
+        idle_since: &mut Option<u64>,
+        t0: u64,
+    ) {
+        if w.measuring {
+            w.idle += 1;
+        }
+        if let (Some(iw), Some(spin)) = (irq_wait, self.cfg.sleep_after_ns) {
+            let since = *idle_since.get_or_insert(t0);
+            if t0 - since >= spin && self.sleep_on_interrupts(iw) {
+                w.sleeps += u64::from(w.measuring);
+                *idle_since = None;
+            }
+        }
     }
 
     /// The warmup is over: the window starts (its counters based, the system call count

@@ -47,6 +47,9 @@ mod ns;
 mod recovery;
 mod split;
 mod submit;
+mod tracker;
+
+use tracker::{state, CidRing, MetaDwords, Tracker, CID_RING};
 
 use ns::{ns_flags, IoNs};
 
@@ -170,197 +173,6 @@ const TICK_MAX_MS: u32 = 100;
 /// Polls between coarse clock reads.
 const HOUSEKEEPING_EVERY: u32 = 64;
 
-/// [`Tracker::state`] bits. A tracker whose state is exactly `ACTIVE` is a whole command
-/// in flight with nothing special about it: the completion fast path tests for that one
-/// value.
-mod state {
-    /// The tracker holds a command at the device (or retried, or held over a reset).
-    pub const ACTIVE: u8 = 1 << 0;
-    /// Its timeout passed and it was aborted: it completes with `IoError::Timeout`.
-    pub const TIMED_OUT: u8 = 1 << 1;
-    /// A cancel sent an Abort for it: its error completion is final (no retry).
-    pub const ABORT_REQUESTED: u8 = 1 << 2;
-    /// An error injection rule rewrites its completion status (`IoQpair::injected`).
-    pub const INJECTED: u8 = 1 << 3;
-    /// The command is a child of a split request (`Tracker::parent`).
-    pub const CHILD: u8 = 1 << 4;
-    /// The command carries the caller's metadata: its MPTR, CDW14 and CDW15 are in the
-    /// per-CID side array (`IoQpair::meta_dw`), merged into the SQE wherever it is
-    /// written ([`IoQpair::sqe_of`]).
-    pub const META: u8 = 1 << 5;
-}
-
-/// The SQE fields of a command carrying the caller's metadata that its tracker has no
-/// room for: one entry per CID, written and read only for such commands (`state::META`).
-#[derive(Clone, Copy, Default)]
-struct MetaDwords {
-    /// MPTR: the separate metadata of the command's first block (0 for extended LBAs).
-    mptr: u64,
-    /// CDW14: the expected initial reference tag.
-    cdw14: u32,
-    /// CDW15: the application tag and mask.
-    cdw15: u32,
-}
-
-/// One inline command slot: one cache line, on a line boundary.
-///
-/// It holds the command in compact form: every SQE field that is not zero or derived
-/// (CDW0 is the opcode and the CID, CDW14 the starting LBA's low 32 bits or zero, the rest
-/// zero). The SQE is built from these fields straight into its SQ slot
-/// ([`IoQpair::place`]), by the same code for the first submission, a retry and a
-/// resubmission after a reset, so nothing keeps a 64-byte copy of it. Raw commands
-/// ([`IoQpair::submit_raw`]) carry fields this form has no room for; they are never
-/// resubmitted (their retry budget starts spent), so their SQE goes to the ring as given.
-///
-/// The rest is what a completion reads and writes: the state, the token, the SQ position,
-/// the parent and the retry count. Bytes 60..64 are free (`TRACKER_END`): a field added
-/// goes there; one that does not fit goes to a per-CID side
-/// array touched only by the commands that need it, as the injected status does (and the
-/// MPTR, CDW14 and CDW15 of a command carrying the caller's metadata, `state::META`),
-/// never to a second line.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Tracker {
-    /// The caller's token, returned in the completion.
-    token: u64,
-    /// PRP1: the data's first address (the Dataset Management range page for a
-    /// Deallocate).
-    prp1: u64,
-    /// PRP2: the second page or the PRP list.
-    prp2: u64,
-    /// CDW10 and CDW11: the starting LBA of a Read, Write or Write Zeroes.
-    cdw10_11: u64,
-    nsid: u32,
-    /// CDW12: NLB (zero-based) and the protection information bits.
-    cdw12: u32,
-    /// Low 32 bits of the command's position in the count of entries pushed since the
-    /// queue was created (`IoQpair::sq_seq`), compared with wrapping arithmetic: fewer
-    /// than a ring's worth separate any two that are compared.
-    sq_seq: u32,
-    submit_tick: u32,
-    parent: u16,
-    opc: u8,
-    retries: u8,
-    /// [`state`] bits.
-    state: u8,
-    /// CDW14 is the low 32 bits of the starting LBA (the initial reference tag of
-    /// protection information types 1 and 2), else zero.
-    reftag: bool,
-    /// CDW13: the zone action or report options of a zone management command, else zero.
-    cdw13: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<Tracker>() == 64);
-const _: () = assert!(std::mem::offset_of!(Tracker, token) == 0);
-/// Where the used part of a tracker ends: bytes 60..64 are free. A field added to a
-/// tracker goes there (and this value moves with it), never onto a second line.
-const TRACKER_END: usize = std::mem::offset_of!(Tracker, cdw13) + 4;
-const _: () = assert!(TRACKER_END == 60);
-
-impl Tracker {
-    /// A free tracker.
-    const IDLE: Tracker = Tracker {
-        token: 0,
-        prp1: 0,
-        prp2: 0,
-        cdw10_11: 0,
-        nsid: 0,
-        cdw12: 0,
-        sq_seq: 0,
-        submit_tick: 0,
-        parent: NO_PARENT,
-        opc: 0,
-        retries: 0,
-        state: 0,
-        reftag: false,
-        cdw13: 0,
-    };
-
-    #[inline]
-    fn active(&self) -> bool {
-        self.state & state::ACTIVE != 0
-    }
-    #[inline]
-    fn timed_out(&self) -> bool {
-        self.state & state::TIMED_OUT != 0
-    }
-
-    /// The SQE of the command this tracker holds under CID `cid`, as quadwords
-    /// ([`Sqe::to_qwords`](crate::spec::Sqe::to_qwords)): the one place a tracker's
-    /// compact fields become a command.
-    #[inline]
-    fn sqe_qwords(&self, cid: u16) -> [u64; 8] {
-        let cdw14 = if self.reftag { self.cdw10_11 as u32 } else { 0 };
-        [
-            self.opc as u64 | (cid as u64) << 16 | (self.nsid as u64) << 32,
-            0,
-            0,
-            self.prp1,
-            self.prp2,
-            self.cdw10_11,
-            self.cdw12 as u64 | (self.cdw13 as u64) << 32,
-            cdw14 as u64,
-        ]
-    }
-}
-
-/// Slots of a [`CidRing`]: a power of two above [`MAX_TRACKERS`], the same for every
-/// qpair, so a position masked with `CID_RING - 1` is a valid index the compiler can see.
-const CID_RING: usize = (MAX_TRACKERS as usize + 1).next_power_of_two();
-const _: () = assert!(CID_RING > MAX_TRACKERS as usize && CID_RING <= 1 << 16);
-
-/// The free command identifiers, reused FIFO: a ring of CIDs with free-running
-/// positions (no wrap test, no bounds check, no growth path). It never holds more than
-/// the qpair's trackers, fewer than its slots.
-struct CidRing {
-    slots: Box<[u16; CID_RING]>,
-    head: u32,
-    tail: u32,
-}
-
-impl CidRing {
-    /// A ring holding CIDs `0..n`, CID 0 first.
-    fn full(n: u16) -> Self {
-        let mut slots: Box<[u16; CID_RING]> = vec![0u16; CID_RING]
-            .into_boxed_slice()
-            .try_into()
-            .expect("a vector of CID_RING entries");
-        for (i, s) in slots.iter_mut().take(n as usize).enumerate() {
-            *s = i as u16;
-        }
-        CidRing {
-            slots,
-            head: 0,
-            tail: n as u32,
-        }
-    }
-    #[inline]
-    fn len(&self) -> usize {
-        self.tail.wrapping_sub(self.head) as usize
-    }
-    #[inline]
-    fn is_empty(&self) -> bool {
-        self.tail == self.head
-    }
-    #[inline]
-    fn pop(&mut self) -> Option<u16> {
-        if self.is_empty() {
-            return None;
-        }
-        let cid = self.slots[self.head as usize % CID_RING];
-        self.head = self.head.wrapping_add(1);
-        Some(cid)
-    }
-    /// Returns a CID. There are never more CIDs than trackers, fewer than the slots, so
-    /// this cannot overwrite one.
-    #[inline]
-    fn push(&mut self, cid: u16) {
-        debug_assert!(self.len() < CID_RING);
-        self.slots[self.tail as usize % CID_RING] = cid;
-        self.tail = self.tail.wrapping_add(1);
-    }
-}
-
 /// The command timeout (at least [`MIN_TIMEOUT`]), the period of the coarse clock in ms (a
 /// quarter of the timeout, within bounds) and the timeout in ticks.
 fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
@@ -370,6 +182,21 @@ fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
     // never before `timeout`, at most one tick after it.
     let timeout_ticks = (timeout.as_millis().div_ceil(tick_ms)).clamp(1, u32::MAX as u128) as u32;
     (timeout, tick_ms as u32, timeout_ticks)
+}
+
+/// What the submission fast path's check ([`IoQpair::check_direct`]) found, and all that
+/// [`IoQpair::issue_direct`] needs besides the request: a whole one-segment Read or Write.
+#[derive(Clone, Copy)]
+struct Direct {
+    /// The segment's first address.
+    iova: u64,
+    /// Bytes the command transfers.
+    bytes: u64,
+    /// CDW12: NLB (zero-based) and the namespace's protection information bits (SQE
+    /// quadword 6: CDW13 is zero).
+    cdw12: u64,
+    /// CDW14 carries the starting LBA's low 32 bits (the initial reference tag).
+    reftag: bool,
 }
 
 /// A request split into several commands.
@@ -446,9 +273,11 @@ pub struct IoQpair {
     max_completions: u32,
     splitting: Option<u16>,
     sq_tail_rung: u16,
-    /// Requests may start at once: the controller is up, the device present, nothing waits
-    /// in the software queue and no request is being split. Cleared wherever one of those
-    /// stops holding; set again only by the general submission path, which checks them.
+    /// Requests may take the submission fast path: the controller is up, the device
+    /// present, nothing waits in the software queue, no request is being split, the
+    /// doorbell is batched and no error injection rule is active. Cleared wherever one of
+    /// those stops holding; set again only by the general submission path, which checks
+    /// them.
     direct: bool,
     mode: DoorbellMode,
     /// Skip MMIO writes the controller's EventIdx does not ask for.
@@ -572,7 +401,8 @@ impl IoQpair {
         let ns: Box<[IoNs]> = ctrlr
             .namespaces
             .iter()
-            .map(|n| IoNs::of(n, parts.max_command_bytes))
+            .enumerate()
+            .map(|(i, n)| IoNs::of(n, parts.max_command_bytes, i))
             .collect();
         let parents: Box<[Parent]> = (0..ntrk).map(|_| Parent::IDLE).collect();
         let parent_free: Vec<u16> = (0..ntrk as u16).rev().collect();
@@ -782,15 +612,18 @@ impl IoQpair {
     pub fn set_doorbell_mode(&mut self, mode: DoorbellMode) {
         self.flush();
         self.mode = mode;
+        // The fast path is for batched mode only: the next submission decides again.
+        self.direct = false;
     }
-    /// Bytes of memory the qpair holds: rings, trackers with their PRP pages, software
-    /// queue.
+    /// Bytes of memory the qpair holds: rings, trackers with their PRP pages, the free CID
+    /// ring, software queue.
     pub fn memory_bytes(&self) -> usize {
         self.rings.depth() as usize * (64 + 16)
             + self.trackers.len()
                 * (std::mem::size_of::<Tracker>()
                     + self.prp_lists.first().map_or(0, |l| l.pages) * PAGE_SIZE)
             + self.parents.len() * std::mem::size_of::<Parent>()
+            + CID_RING * 2
             + self.sw_queue_cap * std::mem::size_of::<IoRequest>()
             + self.deferred.capacity() * std::mem::size_of::<Completion>()
     }

@@ -24,6 +24,10 @@ pub(super) struct IoNs {
     pub(super) wz_cdw12: u32,
     /// [`ns_flags`] bits.
     pub(super) flags: u8,
+    /// CDW14 of Reads, Writes and Write Zeroes carries the initial reference tag (the
+    /// starting LBA's low 32 bits): a byte of its own, read as the tracker's flag as it
+    /// is.
+    pub(super) reftag: bool,
     /// MS: metadata bytes per block (0: none).
     pub(super) ms: u16,
 }
@@ -38,15 +42,20 @@ pub(super) mod ns_flags {
     pub const WRITE_ZEROES: u8 = 1 << 1;
     /// Deallocate is supported (ONCS DSM).
     pub const DEALLOCATE: u8 = 1 << 2;
-    /// CDW14 of Reads, Writes and Write Zeroes carries the initial reference tag.
-    pub const REFTAG: u8 = 1 << 3;
     /// A zoned namespace (its zone geometry is in the controller's `NsInfo`).
-    pub const ZONED: u8 = 1 << 4;
+    pub const ZONED: u8 = 1 << 3;
     /// Every Read and Write must carry the caller's metadata (`IoRequest::meta`): the
     /// format has metadata the controller cannot insert and strip itself (PRACT).
-    pub const NEEDS_META: u8 = 1 << 5;
+    pub const NEEDS_META: u8 = 1 << 4;
     /// The metadata is interleaved with the data (an extended LBA).
-    pub const EXTENDED: u8 = 1 << 6;
+    pub const EXTENDED: u8 = 1 << 5;
+    /// A whole one-segment Read or Write of this namespace may take the submission fast
+    /// path (`IoQpair::check_direct`), which then needs only this one bit of the flags:
+    /// the namespace is `SERVED` without `NEEDS_META`, its entry is at index `nsid - 1`
+    /// of the table (so finding it needs no NSID compare), and it holds at least one
+    /// command's blocks (`num_blocks >= chunk_blocks`, so `num_blocks - nlb` cannot wrap
+    /// for a request of at most `chunk_blocks`).
+    pub const DIRECT: u8 = 1 << 6;
 }
 
 impl IoNs {
@@ -59,10 +68,12 @@ impl IoNs {
         rw_cdw12: 0,
         wz_cdw12: 0,
         flags: 0,
+        reftag: false,
         ms: 0,
     };
 
-    pub(super) fn of(n: &NsInfo, max_command_bytes: u64) -> Self {
+    /// The entry of namespace `n`, to be put at `index` of the table.
+    pub(super) fn of(n: &NsInfo, max_command_bytes: u64, index: usize) -> Self {
         let prot = n.protection;
         let pi = prot.pi_type != 0;
         let (rw_cdw12, wz_cdw12) = if pi {
@@ -83,10 +94,6 @@ impl IoNs {
             ns_flags::DEALLOCATE
         } else {
             0
-        } | if pi && prot.ref_tag {
-            ns_flags::REFTAG
-        } else {
-            0
         } | if n.zones.is_some() {
             ns_flags::ZONED
         } else {
@@ -96,14 +103,19 @@ impl IoNs {
         } else {
             0
         } | if prot.extended { ns_flags::EXTENDED } else { 0 };
+        let chunk_blocks = ((max_command_bytes / bs as u64).min(65536) as u32).max(1);
+        let direct = flags & (ns_flags::SERVED | ns_flags::NEEDS_META) == ns_flags::SERVED
+            && n.nsid as usize == index + 1
+            && n.num_blocks >= chunk_blocks as u64;
         IoNs {
             num_blocks: n.num_blocks,
             nsid: n.nsid,
             block_size: n.block_size,
-            chunk_blocks: ((max_command_bytes / bs as u64).min(65536) as u32).max(1),
+            chunk_blocks,
             rw_cdw12,
             wz_cdw12,
-            flags,
+            flags: flags | if direct { ns_flags::DIRECT } else { 0 },
+            reftag: pi && prot.ref_tag,
             ms: prot.ms,
         }
     }

@@ -362,6 +362,8 @@ impl IoQpair {
             Some(slot) => {
                 *slot = Some(rule);
                 self.injecting = true;
+                // Injection happens on the general path only.
+                self.direct = false;
                 if self.injected.is_empty() {
                     self.injected = vec![Status::SUCCESS; self.trackers.len()];
                 }

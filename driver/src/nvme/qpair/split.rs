@@ -7,7 +7,7 @@ use crate::nvme::prp;
 use crate::spec::zns::zra;
 use crate::spec::{nvm_opc, DsmRange, Sqe, Status, PAGE_SIZE};
 
-use super::{ns_flags, state, IoNs, IoQpair, MetaDwords, Parent, Tracker, NO_PARENT};
+use super::{ns_flags, state, Direct, IoNs, IoQpair, MetaDwords, Parent, Tracker, NO_PARENT};
 use crate::nvme::format::IoProtection;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -107,10 +107,61 @@ impl IoQpair {
     ) {
         let t = self.build(cid, req, blk_off, nlb, parent, ns);
         self.trackers[cid as usize] = t;
-        if self.injecting && self.apply_injection(cid, t.opc) {
+        if self.injecting && self.apply_injection(cid, t.opc()) {
             return;
         }
-        self.push_qwords(t.sqe_qwords(cid));
+        self.push_qwords(t.sqe_qwords());
+    }
+
+    /// [`IoQpair::issue`] for the submission fast path: a whole one-segment Read or Write
+    /// that [`IoQpair::check_direct`] accepted (`d`), on a queue whose `direct` flag says
+    /// no injection rule is active and the doorbell is batched (so the SQE is placed
+    /// without either test). The tracker gets the same fields [`IoQpair::build`] gives
+    /// such a request, so a retry or a resubmission rebuilds the same SQE.
+    #[inline]
+    pub(super) fn issue_direct(&mut self, cid: u16, req: &IoRequest, d: Direct) {
+        match two_page_prps(d.iova, d.bytes) {
+            Some((prp1, prp2)) => self.place_direct(cid, req, d, prp1, prp2),
+            None => self.issue_direct_listed(cid, req),
+        }
+    }
+
+    /// [`IoQpair::issue_direct`] for a transfer of more than two pages (its PRP list in
+    /// tracker `cid`'s list pages), by the general [`IoQpair::issue`], which builds the
+    /// same command. Out of line, from the request alone: nothing of the common case stays
+    /// live across the call.
+    #[cold]
+    #[inline(never)]
+    fn issue_direct_listed(&mut self, cid: u16, req: &IoRequest) {
+        // A DIRECT namespace's entry is at index nsid - 1.
+        let ns = self.ns[req.nsid as usize - 1];
+        self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+    }
+
+    /// Fills tracker `cid` for [`IoQpair::issue_direct`] and writes the SQE from it.
+    #[inline(always)]
+    fn place_direct(&mut self, cid: u16, req: &IoRequest, d: Direct, prp1: u64, prp2: u64) {
+        let t = Tracker {
+            token: req.token,
+            cdw0_nsid: Tracker::qword0(req.op.nvme_opcode(), cid, req.nsid),
+            prp1,
+            prp2,
+            cdw10_11: req.lba,
+            cdw12_13: d.cdw12,
+            sq_seq: self.sq_seq as u32,
+            submit_tick: self.tick,
+            parent: NO_PARENT,
+            retries: 0,
+            state: state::ACTIVE,
+            reftag: d.reftag,
+        };
+        debug_assert!((cid as usize) < self.trackers.len());
+        // SAFETY: `cid` came from the free CID ring, which holds only CIDs below the
+        // tracker count (`CidRing::full(trackers.len())`; what is pushed back is a CID
+        // popped from it or one whose tracker was just looked up).
+        unsafe { *self.trackers.get_unchecked_mut(cid as usize) = t };
+        self.rings.push_qwords(t.sqe_qwords());
+        self.sq_seq += 1;
     }
 
     /// [`IoQpair::issue`] for a request that may carry the caller's metadata (the general
@@ -158,7 +209,7 @@ impl IoQpair {
         let lba = req.lba + blk_off as u64;
         let (cdw12, cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
         // NLB stays; the namespace's PRACT bits give way to the caller's checks.
-        t.cdw12 = (t.cdw12 & 0xFFFF) | cdw12;
+        t.set_cdw12((t.cdw12_13 as u32 & 0xFFFF) | cdw12);
         t.reftag = false;
         t.state |= state::META;
         let mptr = if ns.has(ns_flags::EXTENDED) {
@@ -168,7 +219,7 @@ impl IoQpair {
         };
         self.meta_dw[cid as usize] = MetaDwords { mptr, cdw14, cdw15 };
         self.trackers[cid as usize] = t;
-        if self.injecting && self.apply_injection(cid, t.opc) {
+        if self.injecting && self.apply_injection(cid, t.opc()) {
             return;
         }
         let q = self.sqe_of(cid);
@@ -204,22 +255,21 @@ impl IoQpair {
                 cdw10_11: lba,
                 cdw12: nlb0 | ns.rw_cdw12,
                 cdw13: 0,
-                reftag: ns.has(ns_flags::REFTAG),
+                reftag: ns.reftag,
             }
         } else {
             self.other_command(cid, req, lba, nlb, ns)
         };
         Tracker {
             token: req.token,
+            cdw0_nsid: Tracker::qword0(c.opc, cid, req.nsid),
             prp1: c.prp1,
             prp2: c.prp2,
             cdw10_11: c.cdw10_11,
-            nsid: req.nsid,
-            cdw12: c.cdw12,
+            cdw12_13: c.cdw12 as u64 | (c.cdw13 as u64) << 32,
             sq_seq: self.sq_seq as u32,
             submit_tick: self.tick,
             parent,
-            opc: c.opc,
             retries: 0,
             state: if parent == NO_PARENT {
                 state::ACTIVE
@@ -227,7 +277,6 @@ impl IoQpair {
                 state::ACTIVE | state::CHILD
             },
             reftag: c.reftag,
-            cdw13: c.cdw13,
         }
     }
 
@@ -248,7 +297,7 @@ impl IoQpair {
                 opc: nvm_opc::WRITE_ZEROES,
                 cdw10_11: lba,
                 cdw12: nlb0 | ns.wz_cdw12,
-                reftag: ns.has(ns_flags::REFTAG),
+                reftag: ns.reftag,
                 ..Compact::NONE
             },
             IoOp::ZoneAppend | IoOp::ReportZones => {
@@ -299,16 +348,11 @@ impl IoQpair {
     /// here; anything else writes the PRP list into tracker `cid`'s list pages.
     #[inline]
     fn prps(&self, cid: u16, data: &Segments, off: usize, len: usize) -> (u64, u64) {
-        if let Some(s) = data.single() {
-            let start = s.iova + off as u64;
-            // Bytes from the start to the end of its page.
-            let first = PAGE - (start & (PAGE - 1));
-            if len as u64 <= first {
-                return (start, 0);
-            }
-            if len as u64 <= first + PAGE {
-                return (start, (start & !(PAGE - 1)) + PAGE);
-            }
+        if let Some(p) = data
+            .single()
+            .and_then(|s| two_page_prps(s.iova + off as u64, len as u64))
+        {
+            return p;
         }
         self.prps_list(cid, data, off, len)
     }
@@ -321,6 +365,22 @@ impl IoQpair {
             // size always fits the tracker's list.
             .expect("checked transfer fits the tracker's prp list")
     }
+}
+
+/// PRP1 and PRP2 of `len` contiguous bytes from IOVA `start` when they touch at most two
+/// pages (PRP2 zero for one, the second page for two); `None` when they need a PRP list.
+#[inline]
+fn two_page_prps(start: u64, len: u64) -> Option<(u64, u64)> {
+    // Where the bytes end, counted from the start of the first page.
+    let end = (start & (PAGE - 1)) + len;
+    let mut prp2 = 0;
+    if end > PAGE {
+        if end > 2 * PAGE {
+            return None;
+        }
+        prp2 = (start & !(PAGE - 1)) + PAGE;
+    }
+    Some((start, prp2))
 }
 
 /// A command in the tracker's compact form ([`Tracker`]): what [`IoQpair::issue`] fills

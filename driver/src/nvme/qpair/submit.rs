@@ -9,7 +9,7 @@ use crate::nvme::ring::{need_event, ShadowSlot};
 use crate::nvme::shared::CtrlrState;
 use crate::spec::Sqe;
 
-use super::{ns_flags, state, DoorbellMode, IoNs, IoQpair, Tracker, NO_PARENT};
+use super::{ns_flags, state, Direct, DoorbellMode, IoNs, IoQpair, Tracker, NO_PARENT};
 
 /// Publishes a queue's new doorbell value in its shadow slot, when shadow doorbells are in
 /// use, and says whether the MMIO write may be skipped. The shadow value goes first,
@@ -52,27 +52,23 @@ impl IoQpair {
         }
     }
 
-    /// The check of the common request, decided in a few comparisons: a Read or Write of
-    /// one dword-aligned segment holding the blocks, inside a namespace the driver serves
-    /// (and, with `whole`, within one command: no split). `None` is not a verdict: the
-    /// request goes through [`IoQpair::check_full`], which gives every other request its
-    /// answer.
+    /// The check of the common request for the general path, decided in a few
+    /// comparisons: a Read or Write of one dword-aligned segment holding the blocks
+    /// (any count the 32-bit field holds: it may be split), inside a namespace the driver
+    /// serves. `None` is not a verdict: the request goes through [`IoQpair::check_full`],
+    /// which gives every other request its answer.
     #[inline]
-    fn check_common_as(&self, req: &IoRequest, whole: bool) -> Option<IoNs> {
+    fn check_common(&self, req: &IoRequest) -> Option<IoNs> {
         let ns = self.ns_entry(req.nsid)?;
         let s = req.data.single()?;
-        // Blocks a command may carry: a whole one's chunk, or any count that fits the
-        // 32-bit field; `nlb - 1 < limit` also refuses 0.
-        let limit = if whole { ns.chunk_blocks } else { u32::MAX };
         // A zoned namespace's write goes out as one command (pieces of a split one could
-        // reach the write pointer out of order): only `whole` requests pass here for it.
-        // Requests with the caller's metadata, and namespaces that need it, take the full
-        // check.
+        // reach the write pointer out of order): its requests take the full check here.
+        // Requests with the caller's metadata, and namespaces that need it, too.
         (matches!(req.op, IoOp::Read | IoOp::Write)
-            && ns.flags & (ns_flags::SERVED | ns_flags::NEEDS_META) == ns_flags::SERVED
+            && ns.flags & (ns_flags::SERVED | ns_flags::NEEDS_META | ns_flags::ZONED)
+                == ns_flags::SERVED
             && !req.meta.with
-            && (whole || !ns.has(ns_flags::ZONED))
-            && req.nlb.wrapping_sub(1) < limit
+            && req.nlb != 0
             && req
                 .lba
                 .checked_add(req.nlb as u64)
@@ -82,9 +78,35 @@ impl IoQpair {
             .then_some(*ns)
     }
 
+    /// The check of the submission fast path: a whole (at most one command's blocks) Read
+    /// or Write of one dword-aligned segment holding the blocks, without the caller's
+    /// metadata, on a namespace marked [`ns_flags::DIRECT`] (served, needs no metadata,
+    /// found at index `nsid - 1`, at least one command long). The same rules as
+    /// [`IoQpair::check_full`] applies, in fewer comparisons; `None` is not a verdict (the
+    /// request takes the general path, whose check answers). What passes is what
+    /// [`IoQpair::issue_direct`] builds the command from.
     #[inline]
-    fn check_common(&self, req: &IoRequest) -> Option<IoNs> {
-        self.check_common_as(req, false)
+    fn check_direct(&self, req: &IoRequest) -> Option<Direct> {
+        let ns = self.ns.get(req.nsid.wrapping_sub(1) as usize)?;
+        let s = req.data.single()?;
+        let nlb = req.nlb;
+        let bytes = nlb as u64 * ns.block_size as u64;
+        // `nlb - 1 < chunk_blocks` refuses 0 and more than one command; then
+        // `nlb <= chunk_blocks <= num_blocks` (DIRECT), so `num_blocks - nlb` cannot wrap
+        // and `lba <= num_blocks - nlb` is `lba + nlb <= num_blocks` without an overflow.
+        (ns.has(ns_flags::DIRECT)
+            && matches!(req.op, IoOp::Read | IoOp::Write)
+            && !req.meta.with
+            && nlb.wrapping_sub(1) < ns.chunk_blocks
+            && req.lba <= ns.num_blocks - nlb as u64
+            && s.len as u64 >= bytes
+            && s.iova % 4 == 0)
+            .then_some(Direct {
+                iova: s.iova,
+                bytes,
+                cdw12: u64::from((nlb - 1) | ns.rw_cdw12),
+                reftag: ns.reftag,
+            })
     }
 
     /// Every rule, for every operation: the error a request that breaks one gets.
@@ -333,9 +355,9 @@ impl IoQpair {
         // The common case straight through: a whole Read or Write that passes the check
         // in a few comparisons, on a queue open to direct submission, with a free tracker.
         if self.direct {
-            if let Some(ns) = self.check_common_as(req, true) {
+            if let Some(d) = self.check_direct(req) {
                 if let Some(cid) = self.free.pop() {
-                    self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+                    self.issue_direct(cid, req, d);
                     self.stats.submitted += 1;
                     return Ok(());
                 }
@@ -369,12 +391,15 @@ impl IoQpair {
             return Ok(());
         }
         // Requests start at once only while nothing waits before them and the
-        // controller is up; `direct` caches that for the fast path (the places that can
-        // close the queue clear it, and it is set again only here).
-        self.direct = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready
+        // controller is up. `direct` caches that for the fast path, together with what the
+        // fast path leaves out (the doorbell per command of immediate mode, error
+        // injection): the places that can change any of it clear the flag, and it is set
+        // again only here.
+        let may_start = CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready
             && self.pending.is_empty()
             && self.splitting.is_none();
-        if self.direct && self.try_start(req, ns) {
+        self.direct = may_start && self.mode == DoorbellMode::Batched && !self.injecting;
+        if may_start && self.try_start(req, ns) {
             self.stats.submitted += 1;
             return Ok(());
         }
@@ -457,24 +482,23 @@ impl IoQpair {
         sqe.set_cid(cid);
         // The compact fields a raw command fits (for `cid_of`, diagnostics); its SQE goes
         // to the ring as given, and is never rebuilt from them.
+        let q = sqe.to_qwords();
         self.trackers[cid as usize] = Tracker {
             token,
+            cdw0_nsid: q[0],
             prp1: sqe.prp1,
             prp2: sqe.prp2,
-            cdw10_11: sqe.slba(),
-            nsid: sqe.nsid,
-            cdw12: sqe.cdw12,
+            cdw10_11: q[5],
+            cdw12_13: q[6],
             sq_seq: self.sq_seq as u32,
             submit_tick: self.tick,
             parent: NO_PARENT,
-            opc: sqe.opc(),
             retries: self.max_retries, // raw commands are never retried
             state: state::ACTIVE,
             reftag: false,
-            cdw13: sqe.cdw13,
         };
         self.stats.submitted += 1;
-        self.push_qwords(sqe.to_qwords());
+        self.push_qwords(q);
         Ok(())
     }
 
@@ -493,7 +517,7 @@ impl IoQpair {
     #[inline]
     pub(super) fn sqe_of(&self, cid: u16) -> [u64; 8] {
         let t = &self.trackers[cid as usize];
-        let mut q = t.sqe_qwords(cid);
+        let mut q = t.sqe_qwords();
         if t.state & state::META != 0 {
             let m = &self.meta_dw[cid as usize];
             q[2] = m.mptr;
