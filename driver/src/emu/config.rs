@@ -55,7 +55,10 @@ impl Default for EmuConfig {
             mqes: 1023,
             cqr: true,
             dstrd: 0,
-            timeout_500ms: 4,
+            // 15 s, in the range real controllers report: readiness comes at once, so
+            // this only bounds the wait of a controller thread starved by other load
+            // (2 s was once exceeded beside a stress run).
+            timeout_500ms: 30,
             ready_delay: Duration::ZERO,
             never_ready: false,
             mdts: 5,

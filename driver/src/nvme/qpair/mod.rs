@@ -184,6 +184,27 @@ fn clock_for(timeout: Duration) -> (Duration, u32, u32) {
     (timeout, tick_ms as u32, timeout_ticks)
 }
 
+/// The part of a checked request one command carries: blocks `[blk_off, blk_off + nlb)`
+/// of it, and the parent slot when it is a piece of a split request (else `NO_PARENT`).
+#[derive(Clone, Copy, Debug)]
+struct Piece {
+    blk_off: u32,
+    nlb: u32,
+    parent: u16,
+}
+
+impl Piece {
+    /// All of `req`, in one command.
+    #[inline]
+    fn whole(req: &IoRequest) -> Piece {
+        Piece {
+            blk_off: 0,
+            nlb: req.nlb,
+            parent: NO_PARENT,
+        }
+    }
+}
+
 /// What the submission fast path's check ([`IoQpair::check_direct`]) found, and all that
 /// [`IoQpair::issue_direct`] needs besides the request: a whole one-segment Read or Write.
 #[derive(Clone, Copy)]

@@ -7,7 +7,9 @@ use crate::nvme::prp;
 use crate::spec::zns::zra;
 use crate::spec::{nvm_opc, DsmRange, Sqe, Status, PAGE_SIZE};
 
-use super::{ns_flags, state, Direct, IoNs, IoQpair, MetaDwords, Parent, Tracker, NO_PARENT};
+use super::{
+    ns_flags, state, Direct, IoNs, IoQpair, MetaDwords, Parent, Piece, Tracker, NO_PARENT,
+};
 use crate::nvme::format::IoProtection;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -26,7 +28,7 @@ impl IoQpair {
         let Some(cid) = self.free.pop() else {
             return false;
         };
-        self.issue_any(cid, req, 0, req.nlb, NO_PARENT, &ns);
+        self.issue_any(cid, req, Piece::whole(req), &ns);
         true
     }
 
@@ -88,7 +90,16 @@ impl IoQpair {
             p.issued_blocks += nlb;
             p.outstanding += 1;
             let req = p.req;
-            self.issue_any(cid, &req, blk_off, nlb, pi, &ns);
+            self.issue_any(
+                cid,
+                &req,
+                Piece {
+                    blk_off,
+                    nlb,
+                    parent: pi,
+                },
+                &ns,
+            );
         }
     }
 
@@ -96,16 +107,8 @@ impl IoQpair {
     /// `req` (checked; `ns` its namespace) and writes its SQE into the SQ slot at the
     /// tail, from the same compact fields a retry rebuilds it from.
     #[inline]
-    pub(super) fn issue(
-        &mut self,
-        cid: u16,
-        req: &IoRequest,
-        blk_off: u32,
-        nlb: u32,
-        parent: u16,
-        ns: &IoNs,
-    ) {
-        let t = self.build(cid, req, blk_off, nlb, parent, ns);
+    pub(super) fn issue(&mut self, cid: u16, req: &IoRequest, piece: Piece, ns: &IoNs) {
+        let t = self.build(cid, req, piece, ns);
         self.trackers[cid as usize] = t;
         if self.injecting && self.apply_injection(cid, t.opc()) {
             return;
@@ -135,7 +138,7 @@ impl IoQpair {
     fn issue_direct_listed(&mut self, cid: u16, req: &IoRequest) {
         // A DIRECT namespace's entry is at index nsid - 1.
         let ns = self.ns[req.nsid as usize - 1];
-        self.issue(cid, req, 0, req.nlb, NO_PARENT, &ns);
+        self.issue(cid, req, Piece::whole(req), &ns);
     }
 
     /// Fills tracker `cid` for [`IoQpair::issue_direct`] and writes the SQE from it.
@@ -167,19 +170,11 @@ impl IoQpair {
     /// [`IoQpair::issue`] for a request that may carry the caller's metadata (the general
     /// path: the fast path's check lets none through).
     #[inline]
-    fn issue_any(
-        &mut self,
-        cid: u16,
-        req: &IoRequest,
-        blk_off: u32,
-        nlb: u32,
-        parent: u16,
-        ns: &IoNs,
-    ) {
+    fn issue_any(&mut self, cid: u16, req: &IoRequest, piece: Piece, ns: &IoNs) {
         if req.meta.with {
-            self.issue_meta(cid, req, blk_off, nlb, parent, ns);
+            self.issue_meta(cid, req, piece, ns);
         } else {
-            self.issue(cid, req, blk_off, nlb, parent, ns);
+            self.issue(cid, req, piece, ns);
         }
     }
 
@@ -192,16 +187,9 @@ impl IoQpair {
     /// (`state::META`), from which every write of the SQE takes them.
     #[cold]
     #[inline(never)]
-    fn issue_meta(
-        &mut self,
-        cid: u16,
-        req: &IoRequest,
-        blk_off: u32,
-        nlb: u32,
-        parent: u16,
-        ns: &IoNs,
-    ) {
-        let mut t = self.build(cid, req, blk_off, nlb, parent, ns);
+    fn issue_meta(&mut self, cid: u16, req: &IoRequest, piece: Piece, ns: &IoNs) {
+        let mut t = self.build(cid, req, piece, ns);
+        let blk_off = piece.blk_off;
         let prot = self
             .ctrlr
             .ns_info(req.nsid)
@@ -229,15 +217,12 @@ impl IoQpair {
     /// The tracker of the command for blocks `[blk_off, blk_off + nlb)` of `req`
     /// (checked; `ns` its namespace), its PRPs written where they go.
     #[inline]
-    fn build(
-        &mut self,
-        cid: u16,
-        req: &IoRequest,
-        blk_off: u32,
-        nlb: u32,
-        parent: u16,
-        ns: &IoNs,
-    ) -> Tracker {
+    fn build(&mut self, cid: u16, req: &IoRequest, piece: Piece, ns: &IoNs) -> Tracker {
+        let Piece {
+            blk_off,
+            nlb,
+            parent,
+        } = piece;
         let lba = req.lba + blk_off as u64;
         let nlb0 = nlb.wrapping_sub(1) & 0xFFFF;
         let c = if let IoOp::Read | IoOp::Write = req.op {
