@@ -408,11 +408,25 @@ pub(crate) struct QpairParts {
     pub irq: Option<(u16, Arc<OwnedFd>)>,
 }
 
+impl QpairParts {
+    /// Where each buffer of PRP list pages is, for the qpair's PRP building (each
+    /// tracker's pages are `prp_pages_per_tracker` long).
+    fn prp_list_mems(&self) -> Box<[PrpListMem]> {
+        self.prp_mem
+            .iter()
+            .map(|b| PrpListMem {
+                vaddr: b.as_ptr().cast::<u64>(),
+                iova: b.iova(),
+                pages: self.prp_pages_per_tracker,
+            })
+            .collect()
+    }
+}
+
 impl IoQpair {
     pub(crate) fn new(ctrlr: Arc<CtrlrShared>, parts: QpairParts, opts: &QpairOptions) -> Self {
         let depth = parts.rings.depth();
         let ntrk = (depth as u32 - 1).min(MAX_TRACKERS) as usize;
-        let ppt = parts.prp_pages_per_tracker;
         let trackers: Box<[Tracker]> = (0..ntrk).map(|_| Tracker::IDLE).collect();
         // Pop order: CID 0 first.
         // FIFO reuse: a freed CID goes to the back and is the last to be taken again, so
@@ -432,6 +446,7 @@ impl IoQpair {
             0 => (depth as u32 / 4).clamp(1, MAX_COMPLETIONS_PER_POLL),
             n => n.min(MAX_COMPLETIONS_PER_POLL),
         };
+        let prp_lists = parts.prp_list_mems();
         let (timeout, tick_ms, timeout_ticks) = clock_for(opts.timeout);
         let clock = Clock::get();
         IoQpair {
@@ -457,15 +472,7 @@ impl IoQpair {
             sq_seq: 0,
             ns,
             stats: LineAligned(QueueStats::default()),
-            prp_lists: parts
-                .prp_mem
-                .iter()
-                .map(|b| PrpListMem {
-                    vaddr: b.as_ptr().cast::<u64>(),
-                    iova: b.iova(),
-                    pages: ppt,
-                })
-                .collect(),
+            prp_lists,
             prp_per_buf: parts.prp_trackers_per_buf.max(1),
             injected: Vec::new(),
             meta_dw: vec![MetaDwords::default(); ntrk].into_boxed_slice(),
