@@ -542,11 +542,11 @@ fn a_lost_completion_is_recovered_within_the_timeout_set() {
     );
 }
 
-/// A command the controller holds past the timeout is aborted, and the Abort wins: the
-/// I/O completes with `Timeout` (not retried), no reset.
-#[test]
-fn a_held_command_is_aborted_and_completes_as_timed_out() {
-    let (emu, c, mut qp) = timed_qpair(Duration::from_secs(1));
+/// A qpair from [`timed_qpair`] with one read at the device whose completion the controller holds back for 60 s
+/// (far past any timeout here); the read's buffer is returned to keep it alive.
+fn held_read(
+    (emu, c, mut qp): (Arc<EmuController>, Controller, IoQpair),
+) -> (Arc<EmuController>, Controller, IoQpair, DmaBuf) {
     let buf = c.dma_pool().alloc(BS).unwrap();
     emu.faults().add(
         FaultRule::new(
@@ -557,6 +557,14 @@ fn a_held_command_is_aborted_and_completes_as_timed_out() {
     );
     qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
     qp.flush();
+    (emu, c, qp, buf)
+}
+
+/// A command the controller holds past the timeout is aborted, and the Abort wins: the
+/// I/O completes with `Timeout` (not retried), no reset.
+#[test]
+fn a_held_command_is_aborted_and_completes_as_timed_out() {
+    let (_emu, c, mut qp, _buf) = held_read(timed_qpair(Duration::from_secs(1)));
     let done = common::reap(&mut qp, 1);
     assert_eq!(done[0].result, Err(IoError::Timeout));
     let st = qp.stats();
@@ -572,17 +580,7 @@ fn a_held_command_is_aborted_and_completes_as_timed_out() {
 /// the delay fires once), reporting a timed-out command as a success.
 #[test]
 fn a_held_command_seen_late_is_aborted_not_reset_and_retried() {
-    let (emu, c, mut qp) = timed_qpair(Duration::from_millis(500));
-    let buf = c.dma_pool().alloc(BS).unwrap();
-    emu.faults().add(
-        FaultRule::new(
-            FaultTarget::Io(nvm_opc::READ),
-            FaultAction::Delay(Duration::from_secs(60)),
-        )
-        .max(1),
-    );
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
-    qp.flush();
+    let (_emu, c, mut qp, _buf) = held_read(timed_qpair(Duration::from_millis(500)));
     // Poll long enough for the coarse clock to move past the submission's tick (two
     // ticks), without the command reaching its timeout...
     let start = Instant::now();
