@@ -25,10 +25,13 @@
 # absolute figures mean little and only ratios within one run compare.
 #
 # Usage: scripts/vm-compare.sh [--mode iommu|noiommu|both] [--seconds S]
-#                              [--rounds N]
+#                              [--rounds N] [--rows NAME,...]
 #   --mode     as in scripts/vm-test.sh (default both)
 #   --seconds  length of each run (default 10)
 #   --rounds   rounds of every row per guest (default 1)
+#   --rows     only these rows (names as in the rows list below, e.g.
+#              perf-qd32,hybrid-qd32: more rounds of one comparison in the
+#              same time); the ratios between rows not run are left out
 # Exit status: 0 when every mode ran every row in every round, 2 for a
 # usage error, else 1 (a row with no successful round prints "-"). Guest output:
 # $KESTREL_VM_CACHE/logs/compare-<mode>.txt.
@@ -37,12 +40,13 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-mode=both secs=10 rounds=1
+mode=both secs=10 rounds=1 only=
 while (($#)); do
     case $1 in
     --mode) mode=${2:?--mode needs iommu, noiommu or both} && shift 2 ;;
     --seconds) secs=${2:?--seconds needs a number} && shift 2 ;;
     --rounds) rounds=${2:?--rounds needs a number} && shift 2 ;;
+    --rows) only=${2:?--rows needs a comma-separated list of row names} && shift 2 ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
         exit 0
@@ -92,6 +96,36 @@ rows=(
     "uring-qd32-b|fio io_uring, QD 32, batched|fio --name=uring-batched $fio_common $uring --iodepth=32 $batched"
     "unbind|-|bind_vfio"
 )
+# --rows: keep the rows asked for (and the kernel binding around the io_uring
+# rows when one of them is asked for); an unknown name is a usage error.
+if [[ -n $only ]]; then
+    declare -A want=()
+    IFS=, read -ra asked <<<"$only"
+    for a in "${asked[@]}"; do
+        found=0
+        for r in "${rows[@]}"; do
+            [[ ${r%%|*} == "$a" && $a != bind && $a != unbind ]] && found=1
+        done
+        if ((!found)); then
+            names=()
+            for r in "${rows[@]}"; do [[ ${r%%|*} == bind || ${r%%|*} == unbind ]] || names+=("${r%%|*}"); done
+            usage_error "--rows: no row named '$a' (rows: ${names[*]})"
+        fi
+        want[$a]=1
+    done
+    kernel=0
+    for a in "${!want[@]}"; do [[ $a == hipri-* || $a == uring-* ]] && kernel=1; done
+    if ((kernel)); then want[bind]=1 want[unbind]=1; fi
+    kept=()
+    for r in "${rows[@]}"; do [[ -n ${want[${r%%|*}]:-} ]] && kept+=("$r"); done
+    rows=("${kept[@]}")
+fi
+has_row() {
+    local r
+    for r in "${rows[@]}"; do [[ ${r%%|*} == "$1" ]] && return 0; done
+    return 1
+}
+
 # The ratios: "A B GOAL what", IOPS of row A over row B within one round
 # (GOAL "-" when the issues set none).
 ratios=(
@@ -298,6 +332,7 @@ echo "$header"
 echo "$rule"
 for ratio in "${ratios[@]}"; do
     read -r a b goal what <<<"$ratio"
+    if ! has_row "$a" || ! has_row "$b"; then continue; fi
     line="| $what | ${goal/>=/≥ } |"
     for m in "${modes[@]}"; do
         read -r med lo hi n < <(round_ratios "$m" "$a" "$b" | stats)
@@ -309,14 +344,16 @@ for ratio in "${ratios[@]}"; do
     echo "$line"
 done
 # QD 1 latency: the two medians side by side (issue 16 asks for both).
-line="| QD 1 mean latency (us), kestrel perf busy vs io_uring polled (medians) | - |"
-for m in "${modes[@]}"; do
-    read -r kl _ < <(over_rounds LAT "$m" perf-qd1 | stats)
-    read -r ul _ < <(over_rounds LAT "$m" hipri-qd1 | stats)
-    line+=" $(fmt "$kl" 1) vs $(fmt "$ul" 1) |"
-    ((rounds > 1)) && line+=" | |"
-done
-echo "$line"
+if has_row perf-qd1 && has_row hipri-qd1; then
+    line="| QD 1 mean latency (us), kestrel perf busy vs io_uring polled (medians) | - |"
+    for m in "${modes[@]}"; do
+        read -r kl _ < <(over_rounds LAT "$m" perf-qd1 | stats)
+        read -r ul _ < <(over_rounds LAT "$m" hipri-qd1 | stats)
+        line+=" $(fmt "$kl" 1) vs $(fmt "$ul" 1) |"
+        ((rounds > 1)) && line+=" | |"
+    done
+    echo "$line"
+fi
 
 if ((rounds > 1)); then
     echo
