@@ -49,18 +49,50 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let require = env::var("KESTREL_FIO_REQUIRE").is_ok_and(|v| !v.is_empty() && v != "0");
-    let fio = find_fio()?;
-    let src_env = env::var_os("FIO_SRC").map(PathBuf::from);
-    let installed = match &fio {
+    let installed = match find_fio()? {
         Some(bin) => {
             println!("cargo:rerun-if-changed={}", bin.display());
-            Some((bin.clone(), fio_version(bin)?))
+            let ver = fio_version(&bin)?;
+            Some((bin, ver))
         }
         None => None,
     };
+    let Some(src) = source_tree(&installed, require)? else {
+        return Ok(());
+    };
+    let src_ver = check_source(&src, &installed)?;
+    if !src.join("config-host.h").is_file() {
+        println!(
+            "cargo:warning=configuring the fio source at {} (./configure --disable-native)",
+            src.display()
+        );
+        configure(&src)?;
+    }
+    let ioops = ioops_version(&src)?;
+    for f in ["config-host.h", "ioengines.h", "fio.h"] {
+        println!("cargo:rerun-if-changed={}", src.join(f).display());
+    }
+    compile_shim(&src, &src_ver)?;
+    println!("cargo:rustc-cfg=kestrel_fio_shim");
+    println!("cargo:rustc-env=KFIO_FIO_VERSION={src_ver}");
+    println!("cargo:rustc-env=KFIO_IOOPS_VERSION={ioops}");
+    // fio dlclose()s the engine when the last job using it ends, while a shared emulator
+    // or controller may still have threads running in this library: never unload it.
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
+    Ok(())
+}
+
+/// The fio source tree to build against (canonical): `$FIO_SRC`, else the cached source
+/// of the installed fio. `None` (after a warning) when the build goes on without the
+/// shim: no fio at all, or its source cannot be had and the build was not asked for.
+fn source_tree(
+    installed: &Option<(PathBuf, String)>,
+    require: bool,
+) -> Result<Option<PathBuf>, String> {
+    let src_env = env::var_os("FIO_SRC").map(PathBuf::from);
     let explicit =
         require || env::var_os("FIO").is_some_and(|v| !v.is_empty()) || src_env.is_some();
-    let src = match (&installed, src_env) {
+    let src = match (installed, src_env) {
         (_, Some(s)) => s,
         (Some((bin, ver)), None) => match cached_source(bin, ver) {
             Ok(s) => s,
@@ -70,30 +102,37 @@ fn run() -> Result<(), String> {
                      load it): {}; rebuild with KESTREL_FIO_REQUIRE=1 to retry",
                     e.replace('\n', " ")
                 );
-                return Ok(());
+                return Ok(None);
             }
             Err(e) => return Err(e),
         },
-        (None, None) => {
-            // Install fio and this reruns (a directory in PATH changes).
-            for dir in env::split_paths(&env::var_os("PATH").unwrap_or_default()) {
-                if dir.is_dir() {
-                    println!("cargo:rerun-if-changed={}", dir.display());
-                }
-            }
-            let msg = "no fio found (not on PATH, FIO and FIO_SRC unset): libkestrel_fio.so \
-                       is built without its fio glue and cannot be loaded by fio; install fio \
-                       (apt-get install fio) or set FIO_SRC, and rebuild";
-            if require {
-                return Err(format!("{msg} (KESTREL_FIO_REQUIRE is set)"));
-            }
-            println!("cargo:warning={msg}");
-            return Ok(());
-        }
+        (None, None) => return no_fio(require).map(|()| None),
     };
-    let src = src
-        .canonicalize()
-        .map_err(|e| format!("fio source tree {}: {e}", src.display()))?;
+    src.canonicalize()
+        .map(Some)
+        .map_err(|e| format!("fio source tree {}: {e}", src.display()))
+}
+
+/// No fio binary and no `$FIO_SRC`: a warning, or an error if the build was required.
+fn no_fio(require: bool) -> Result<(), String> {
+    // Install fio and this reruns (a directory in PATH changes).
+    for dir in env::split_paths(&env::var_os("PATH").unwrap_or_default()) {
+        if dir.is_dir() {
+            println!("cargo:rerun-if-changed={}", dir.display());
+        }
+    }
+    let msg = "no fio found (not on PATH, FIO and FIO_SRC unset): libkestrel_fio.so \
+               is built without its fio glue and cannot be loaded by fio; install fio \
+               (apt-get install fio) or set FIO_SRC, and rebuild";
+    if require {
+        return Err(format!("{msg} (KESTREL_FIO_REQUIRE is set)"));
+    }
+    println!("cargo:warning={msg}");
+    Ok(())
+}
+
+/// Checks that `src` is a fio source tree of the installed fio's version; its version.
+fn check_source(src: &Path, installed: &Option<(PathBuf, String)>) -> Result<String, String> {
     if !src.join("ioengines.h").is_file() || !src.join("fio.h").is_file() {
         return Err(format!(
             "{} is not a fio source tree (no fio.h / ioengines.h); FIO_SRC must name the top \
@@ -101,8 +140,8 @@ fn run() -> Result<(), String> {
             src.display()
         ));
     }
-    let src_ver = source_version(&src)?;
-    match &installed {
+    let src_ver = source_version(src)?;
+    match installed {
         Some((bin, ver)) if *ver != src_ver => {
             return Err(format!(
                 "fio version mismatch: the fio that will load the engine is {ver} ({}), but the \
@@ -121,28 +160,15 @@ fn run() -> Result<(), String> {
             src.display()
         ),
     }
-    if !src.join("config-host.h").is_file() {
-        println!(
-            "cargo:warning=configuring the fio source at {} (./configure --disable-native)",
-            src.display()
-        );
-        configure(&src)?;
-    }
-    let ioops = ioops_version(&src)?;
-    println!(
-        "cargo:rerun-if-changed={}",
-        src.join("config-host.h").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        src.join("ioengines.h").display()
-    );
-    println!("cargo:rerun-if-changed={}", src.join("fio.h").display());
+    Ok(src_ver)
+}
 
+/// Compiles `src/shim.c` with the headers and configuration of the fio tree `src`.
+fn compile_shim(src: &Path, src_ver: &str) -> Result<(), String> {
     let mut b = cc::Build::new();
     b.file("src/shim.c")
         .include("src")
-        .include(&src)
+        .include(src)
         .flag("-std=gnu99")
         .flag("-include")
         .flag(
@@ -164,14 +190,7 @@ fn run() -> Result<(), String> {
             "compiling src/shim.c against the fio source at {}: {e}",
             src.display()
         )
-    })?;
-    println!("cargo:rustc-cfg=kestrel_fio_shim");
-    println!("cargo:rustc-env=KFIO_FIO_VERSION={src_ver}");
-    println!("cargo:rustc-env=KFIO_IOOPS_VERSION={ioops}");
-    // fio dlclose()s the engine when the last job using it ends, while a shared emulator
-    // or controller may still have threads running in this library: never unload it.
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
-    Ok(())
+    })
 }
 
 /// `$FIO` or `fio` on `PATH`.

@@ -2,6 +2,12 @@
 //! emulator. Each test names its own target string, so tests running at once never share
 //! a target through the process-wide list.
 
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::ffi::*;
+use super::shared::users_of;
 use super::*;
 
 #[path = "../../driver/tests/support/counting_alloc.rs"]

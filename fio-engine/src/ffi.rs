@@ -1,0 +1,363 @@
+//! The C entry points of `kfio.h` that the glue calls, and `get_ioengine`, which fio looks
+//! up: raw pointers are turned into a [`Job`] here, and every call runs under
+//! `catch_unwind` so that nothing unwinds into fio.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+use crate::job::Job;
+
+/// Copies `s` into the C buffer `msg` of `len` bytes, truncated and NUL-terminated.
+///
+/// # Safety
+/// `msg` is null or valid for writes of `len` bytes.
+pub(crate) unsafe fn write_msg(msg: *mut c_char, len: usize, s: &str) {
+    if msg.is_null() || len == 0 {
+        return;
+    }
+    let mut n = s.len().min(len - 1);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    // SAFETY: `msg` has room for `len` bytes and n + 1 <= len; `s` is a distinct Rust
+    // string, so the ranges do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), msg.cast::<u8>(), n);
+        *msg.add(n) = 0;
+    }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// Runs `f`, turning a panic into `on_panic()` (and a message on stderr). `on_panic` is
+/// a closure so that the I/O path builds no error value unless one is needed.
+pub(crate) fn guard<T>(what: &str, on_panic: impl FnOnce() -> T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(p) => {
+            eprintln!(
+                "kestrel: internal error in {what}: {}; the job fails",
+                panic_text(&*p)
+            );
+            on_panic()
+        }
+    }
+}
+
+fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .try_init();
+        }
+    });
+}
+
+/// # Safety
+/// `job` is null or a pointer returned by [`kfio_job_open`] and not yet closed, used by
+/// one thread at a time.
+unsafe fn job_mut<'a>(job: *mut Job) -> Option<&'a mut Job> {
+    // SAFETY: the caller's contract.
+    unsafe { job.as_mut() }
+}
+
+/// Opens or joins a target; see `kfio.h`.
+///
+/// # Safety
+/// `target` is a NUL-terminated string; `err` is null or writable; `msg` is null or
+/// writable for `msglen` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_open(
+    target: *const c_char,
+    flags: u32,
+    err: *mut c_int,
+    msg: *mut c_char,
+    msglen: usize,
+) -> *mut Job {
+    let r = guard(
+        "kfio_job_open",
+        || Err((libc::EIO, "panic".into())),
+        || {
+            init_logging();
+            if target.is_null() {
+                return Err((libc::EINVAL, "no target string".into()));
+            }
+            // SAFETY: the caller passes a NUL-terminated string.
+            let spec = unsafe { CStr::from_ptr(target) };
+            let spec = spec
+                .to_str()
+                .map_err(|_| (libc::EINVAL, "the target string is not UTF-8".to_string()))?;
+            Job::open(spec, flags)
+        },
+    );
+    match r {
+        Ok(job) => Box::into_raw(Box::new(job)),
+        Err((e, m)) => {
+            // SAFETY: the caller's contract on err and msg.
+            unsafe {
+                if !err.is_null() {
+                    *err = e;
+                }
+                write_msg(msg, msglen, &m);
+            }
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// Capacity of the job's target in bytes.
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_size(job: *const Job) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { job.as_ref() }.map_or(0, |j| j.num_blocks * j.block_size)
+}
+
+/// Logical block size of the job's target.
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_block_size(job: *const Job) -> u32 {
+    // SAFETY: the caller's contract.
+    unsafe { job.as_ref() }.map_or(0, |j| j.block_size as u32)
+}
+
+/// The target's name, NUL-terminated, valid while the job lives.
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_name(job: *const Job) -> *const c_char {
+    // SAFETY: the caller's contract.
+    unsafe { job.as_ref() }.map_or(c"?".as_ptr(), |j| j.name.as_ptr())
+}
+
+/// Creates the job's queue pair, on the job's thread.
+///
+/// # Safety
+/// As [`job_mut`]; `msg` as in [`kfio_job_open`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_start(
+    job: *mut Job,
+    iodepth: u32,
+    queue_size: u32,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    let r = guard(
+        "kfio_job_start",
+        || Err("panic".into()),
+        || j.start(iodepth, queue_size),
+    );
+    match r {
+        Ok(()) => 0,
+        Err(m) => {
+            // SAFETY: the caller's contract on msg.
+            unsafe { write_msg(msg, msglen, &m) };
+            -libc::EINVAL
+        }
+    }
+}
+
+/// Allocates fio's I/O buffers from the target's DMA memory.
+///
+/// # Safety
+/// As [`job_mut`]; `ptr` is writable; `msg` as in [`kfio_job_open`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_iomem_alloc(
+    job: *mut Job,
+    len: usize,
+    ptr: *mut *mut c_void,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    match guard(
+        "kfio_job_iomem_alloc",
+        || Err("panic".into()),
+        || j.iomem_alloc(len),
+    ) {
+        Ok(p) => {
+            // SAFETY: the caller passes a writable pointer.
+            unsafe { *ptr = p.cast() };
+            0
+        }
+        Err(m) => {
+            // SAFETY: the caller's contract on msg.
+            unsafe { write_msg(msg, msglen, &m) };
+            -libc::ENOMEM
+        }
+    }
+}
+
+/// Frees the I/O buffers (after outstanding I/O completes).
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_iomem_free(job: *mut Job) {
+    // SAFETY: the caller's contract.
+    if let Some(j) = unsafe { job_mut(job) } {
+        guard("kfio_job_iomem_free", || (), || j.iomem_free());
+    }
+}
+
+/// Queues one request; see `kfio.h`.
+///
+/// # Safety
+/// As [`job_mut`]; `msg` as in [`kfio_job_open`].
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn kfio_job_queue(
+    job: *mut Job,
+    op: c_int,
+    offset: u64,
+    len: u64,
+    buf: *mut c_void,
+    index: u32,
+    io_u: *mut c_void,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    let r = guard(
+        "kfio_job_queue",
+        || Err((libc::EIO, Some("panic".into()))),
+        || j.queue(op, offset, len, buf as usize, index, io_u as usize),
+    );
+    match r {
+        Ok(v) => v,
+        Err((e, m)) => {
+            if let Some(m) = m {
+                // SAFETY: the caller's contract on msg.
+                unsafe { write_msg(msg, msglen, &m) };
+            }
+            -e
+        }
+    }
+}
+
+/// Rings the doorbell once for everything queued since the last commit.
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_commit(job: *mut Job) {
+    // SAFETY: the caller's contract.
+    if let Some(j) = unsafe { job_mut(job) } {
+        guard("kfio_job_commit", || (), || j.commit());
+    }
+}
+
+/// Polls for completions; see `kfio.h`.
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_getevents(
+    job: *mut Job,
+    min: u32,
+    max: u32,
+    timeout_ns: i64,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    guard(
+        "kfio_job_getevents",
+        || -libc::EIO,
+        || j.getevents(min, max, timeout_ns),
+    )
+}
+
+/// The i-th completion of the last getevents: its io_u and errno.
+///
+/// # Safety
+/// As [`job_mut`]; `err` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_event(job: *mut Job, i: u32, err: *mut c_int) -> *mut c_void {
+    // SAFETY: the caller's contract.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return std::ptr::null_mut();
+    };
+    let (io_u, e) = guard("kfio_job_event", || (0, libc::EIO), || j.event(i));
+    if !err.is_null() {
+        // SAFETY: the caller passes a writable pointer.
+        unsafe { *err = e };
+    }
+    io_u as *mut c_void
+}
+
+/// Why the last request of I/O unit `index` failed, as a malloc()ed string.
+///
+/// # Safety
+/// As [`job_mut`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_errdetails(job: *mut Job, index: u32) -> *mut c_char {
+    // SAFETY: the caller's contract.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return std::ptr::null_mut();
+    };
+    let s = guard("kfio_job_errdetails", String::new, || j.errdetails(index));
+    // SAFETY: malloc of the string's length plus the NUL; a null result is returned as is.
+    unsafe {
+        let p = libc::malloc(s.len() + 1).cast::<c_char>();
+        write_msg(p, s.len() + 1, &s);
+        p
+    }
+}
+
+/// Closes the job.
+///
+/// # Safety
+/// `job` is null or a pointer from [`kfio_job_open`], not used again after this.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_close(job: *mut Job) {
+    if job.is_null() {
+        return;
+    }
+    // SAFETY: the pointer came from Box::into_raw in kfio_job_open and is closed once.
+    let b = unsafe { Box::from_raw(job) };
+    guard("kfio_job_close", || (), || drop(b));
+}
+
+/// What fio calls to find the engine (`dlsym(handle, "get_ioengine")`): the
+/// `struct ioengine_ops` defined by the glue compiled against fio's headers.
+///
+/// # Safety
+/// `ops` is writable.
+#[cfg(all(kestrel_fio_shim, not(test)))]
+#[no_mangle]
+pub unsafe extern "C" fn get_ioengine(ops: *mut *mut c_void) {
+    extern "C" {
+        fn kfio_shim_ops() -> *mut c_void;
+    }
+    if !ops.is_null() {
+        // SAFETY: kfio_shim_ops returns the address of a static; ops is writable.
+        unsafe { *ops = kfio_shim_ops() };
+    }
+}

@@ -1,0 +1,191 @@
+//! One fio job thread's state: the target it shares, its queue pair, the DMA memory fio's
+//! buffers are carved from, and the per-I/O-unit tables; set up when fio initialises the
+//! thread and torn down (draining what is still at the device) when it ends. The I/O path
+//! itself is in [`io`].
+
+use std::ffi::CString;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kestrel::io::IoError;
+use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
+
+use crate::shared::{acquire, release};
+use crate::{DRAIN_TIMEOUT, MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU};
+
+mod io;
+
+/// One fio job thread's state.
+pub struct Job {
+    key: String,
+    pub(crate) target: Arc<dyn Target>,
+    pub(crate) name: CString,
+    nsid: u32,
+    pub(crate) block_size: u64,
+    pub(crate) num_blocks: u64,
+    deallocate: bool,
+    pub(crate) queue: Option<Box<dyn TargetQueue>>,
+    mem: Option<DmaBuf>,
+    /// Per I/O unit index: the io_u of the request in flight.
+    io_us: Box<[usize]>,
+    /// Per I/O unit index: why its last request failed.
+    errors: Box<[Option<IoError>]>,
+    /// Completions reaped by the last getevents: (index, errno).
+    events: Vec<(u32, i32)>,
+    /// Messages already printed (one per kind per job, not one per I/O).
+    warned: u32,
+}
+
+const WARN_ALIGN: u32 = 1 << 0;
+const WARN_RANGE: u32 = 1 << 1;
+const WARN_TRIM: u32 = 1 << 2;
+const WARN_BUF: u32 = 1 << 3;
+const WARN_INVALID: u32 = 1 << 4;
+const WARN_OP: u32 = 1 << 5;
+
+/// A failure: a positive errno and, unless already said, a message.
+type Failure = (i32, Option<String>);
+
+impl Job {
+    pub(crate) fn open(spec: &str, flags: u32) -> Result<Job, (i32, String)> {
+        if flags & !OPEN_NOIOMMU != 0 {
+            return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));
+        }
+        let target = acquire(spec, flags & OPEN_NOIOMMU != 0)?;
+        let info = target.info().clone();
+        Ok(Job {
+            key: spec.to_string(),
+            name: CString::new(info.name.replace('\0', " ")).unwrap_or_default(),
+            nsid: info.nsid,
+            block_size: info.block_size as u64,
+            num_blocks: info.num_blocks,
+            deallocate: info.deallocate,
+            target,
+            queue: None,
+            mem: None,
+            io_us: Box::new([]),
+            errors: Box::new([]),
+            events: Vec::new(),
+            warned: 0,
+        })
+    }
+
+    pub(crate) fn start(&mut self, iodepth: u32, queue_size: u32) -> Result<(), String> {
+        if iodepth == 0 || iodepth > MAX_IODEPTH {
+            return Err(format!("iodepth={iodepth}: expected 1 to {MAX_IODEPTH}"));
+        }
+        let depth = match queue_size {
+            0 => (2 * iodepth + 1).clamp(MIN_QUEUE_SIZE, MAX_AUTO_QUEUE_SIZE.max(iodepth + 1)),
+            n if n <= iodepth => {
+                return Err(format!(
+                    "kestrel_queue_size={n} must be more than iodepth={iodepth} (a ring of N \
+                     entries holds N - 1 commands)"
+                ))
+            }
+            n => n,
+        };
+        let opts = QueueOptions {
+            depth,
+            ..QueueOptions::default()
+        };
+        let q = self.target.create_queue(&opts).map_err(|e| {
+            format!(
+                "creating a queue pair of {depth} entries on {}: {e}",
+                self.name.to_string_lossy()
+            )
+        })?;
+        self.queue = Some(q);
+        let n = iodepth as usize;
+        self.io_us = vec![0; n].into_boxed_slice();
+        self.errors = vec![None; n].into_boxed_slice();
+        self.events = Vec::with_capacity(n);
+        Ok(())
+    }
+
+    pub(crate) fn iomem_alloc(&mut self, len: usize) -> Result<*mut u8, String> {
+        if self.mem.is_some() {
+            return Err("I/O memory is already allocated for this job".into());
+        }
+        let buf = self.target.dma_pool().alloc(len).map_err(|e| {
+            format!(
+                "allocating {len} bytes of I/O buffers from {}'s DMA memory: {e} (reduce \
+                 iodepth or bs)",
+                self.name.to_string_lossy()
+            )
+        })?;
+        let p = buf.as_ptr();
+        self.mem = Some(buf);
+        Ok(p)
+    }
+
+    /// Waits (bounded) for requests still at the device; false if some never completed.
+    fn drain(&mut self) -> bool {
+        let Some(q) = self.queue.as_mut() else {
+            return true;
+        };
+        let end = Instant::now() + DRAIN_TIMEOUT;
+        while q.outstanding() > 0 {
+            if Instant::now() >= end {
+                return false;
+            }
+            q.poll(u32::MAX, &mut |_| {});
+            std::hint::spin_loop();
+        }
+        true
+    }
+
+    pub(crate) fn iomem_free(&mut self) {
+        if let Some(mem) = self.mem.take() {
+            if !self.drain() {
+                // The device may still write into it: keep it out of the pool for good.
+                eprintln!(
+                    "kestrel: {}: requests still outstanding after {} s; their buffers are \
+                     not reused",
+                    self.name.to_string_lossy(),
+                    DRAIN_TIMEOUT.as_secs()
+                );
+                std::mem::forget(mem);
+            }
+        }
+    }
+
+    /// `msg(target name)`, the first time a message of this kind comes up in the job.
+    fn say(&mut self, kind: u32, msg: impl FnOnce(&str) -> String) -> Option<String> {
+        if self.warned & kind != 0 {
+            return None;
+        }
+        self.warned |= kind;
+        Some(msg(&self.name.to_string_lossy()))
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(q) = self.queue.as_ref() {
+            let s = q.stats();
+            tracing::info!(
+                "{}: queue pair: {} requests, {} completions, {} commands, {} sq doorbell writes, \
+                 {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle)",
+                self.name.to_string_lossy(),
+                s.submitted,
+                s.completed,
+                s.commands,
+                s.sq_doorbell_writes,
+                s.cq_doorbell_writes,
+                s.shadow_doorbell_updates,
+                s.polls,
+                s.idle_polls
+            );
+        }
+        self.iomem_free();
+        if !self.drain() {
+            eprintln!(
+                "kestrel: {}: closing its queue pair with requests outstanding",
+                self.name.to_string_lossy()
+            );
+        }
+        // The queue pair goes before the target it was made on.
+        self.queue = None;
+        release(&self.key);
+    }
+}

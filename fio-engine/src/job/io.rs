@@ -1,0 +1,272 @@
+//! The per-I/O path of a job: `queue` checks one fio I/O unit and submits it, `commit`
+//! rings the doorbell for what was queued, `getevents` polls for completions, and `event`
+//! and `errdetails` read back what it reaped.
+
+use std::ffi::c_int;
+use std::time::{Duration, Instant};
+
+use kestrel::io::{IoRequest, SubmitError};
+
+use super::{Failure, Job, WARN_ALIGN, WARN_BUF, WARN_INVALID, WARN_OP, WARN_RANGE, WARN_TRIM};
+use crate::{BUSY, OP_FLUSH, OP_READ, OP_TRIM, OP_WRITE, QUEUED};
+
+impl Job {
+    /// Queues one request for fio's I/O unit `io_u` (slot `index`): QUEUED, BUSY (the
+    /// ring is full: fio reaps and retries), or a failure.
+    #[inline]
+    pub(crate) fn queue(
+        &mut self,
+        op: c_int,
+        offset: u64,
+        len: u64,
+        buf: usize,
+        index: u32,
+        io_u: usize,
+    ) -> Result<c_int, Failure> {
+        let i = self.unit(index)?;
+        let req = self.request(op, offset, len, buf, index as u64)?;
+        self.submit(req, i, io_u)
+    }
+
+    /// The slot of I/O unit `index`, once the queue pair exists.
+    #[inline]
+    fn unit(&self, index: u32) -> Result<usize, Failure> {
+        if self.queue.is_none() {
+            return Err(not_started());
+        }
+        let i = index as usize;
+        if i >= self.io_us.len() {
+            return Err(beyond_iodepth(index, self.io_us.len()));
+        }
+        Ok(i)
+    }
+
+    /// The request fio's operation `op` on `len` bytes at `offset` (buffer `buf`) makes.
+    #[inline]
+    fn request(
+        &mut self,
+        op: c_int,
+        offset: u64,
+        len: u64,
+        buf: usize,
+        token: u64,
+    ) -> Result<IoRequest, Failure> {
+        if op == OP_FLUSH {
+            return Ok(IoRequest::flush(self.nsid, token));
+        }
+        if !matches!(op, OP_READ | OP_WRITE | OP_TRIM) {
+            return Err(self.unknown_op(op));
+        }
+        let (lba, nlb) = self.blocks(offset, len)?;
+        if op == OP_TRIM {
+            if !self.deallocate {
+                return Err(self.no_deallocate());
+            }
+            return Ok(IoRequest::deallocate(self.nsid, lba, nlb, token));
+        }
+        let Some(slice) = self.mem.as_ref().and_then(|m| {
+            let off = buf.checked_sub(m.as_ptr() as usize)?;
+            m.slice(off, len as usize).ok()
+        }) else {
+            return Err(self.foreign_buffer());
+        };
+        Ok(if op == OP_READ {
+            IoRequest::read(self.nsid, lba, nlb, slice, token)
+        } else {
+            IoRequest::write(self.nsid, lba, nlb, slice, token)
+        })
+    }
+
+    /// `len` bytes at `offset` as (first LBA, block count): whole blocks inside the target.
+    #[inline]
+    fn blocks(&mut self, offset: u64, len: u64) -> Result<(u64, u32), Failure> {
+        let bs = self.block_size;
+        if len == 0 || offset % bs != 0 || len % bs != 0 || len / bs > u32::MAX as u64 {
+            return Err(self.misaligned(offset, len));
+        }
+        let (lba, nlb) = (offset / bs, (len / bs) as u32);
+        if lba + nlb as u64 > self.num_blocks {
+            return Err(self.out_of_range(offset, len));
+        }
+        Ok((lba, nlb))
+    }
+
+    /// Hands `req` to the queue pair; on success slot `i` remembers `io_u`.
+    #[inline]
+    fn submit(&mut self, req: IoRequest, i: usize, io_u: usize) -> Result<c_int, Failure> {
+        let q = self.queue.as_mut().expect("checked by unit");
+        match q.submit(req) {
+            Ok(()) => {
+                self.io_us[i] = io_u;
+                self.errors[i] = None;
+                Ok(QUEUED)
+            }
+            Err(SubmitError::Busy(_)) => Ok(BUSY),
+            Err(SubmitError::DeviceRemoved) => Err(self.device_removed()),
+            Err(e @ SubmitError::Invalid { .. }) => Err(self.invalid(e)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unknown_op(&mut self, op: c_int) -> Failure {
+        (
+            libc::EINVAL,
+            self.say(WARN_OP, |_| format!("unknown operation {op}")),
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn misaligned(&mut self, offset: u64, len: u64) -> Failure {
+        let bs = self.block_size;
+        (
+            libc::EINVAL,
+            self.say(WARN_ALIGN, |name| {
+                format!(
+                    "I/O at offset {offset} of {len} bytes is not whole {bs}-byte blocks \
+                     of {}: check bs=, bsrange=, bssplit=, offset=, offset_increment= \
+                     and blockalign=",
+                    name
+                )
+            }),
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn out_of_range(&mut self, offset: u64, len: u64) -> Failure {
+        let capacity = self.num_blocks * self.block_size;
+        (
+            libc::EINVAL,
+            self.say(WARN_RANGE, |name| {
+                format!(
+                    "I/O at offset {offset} of {len} bytes ends past the end of {} ({} \
+                     bytes): check size=, offset= and filesize=",
+                    name, capacity
+                )
+            }),
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn no_deallocate(&mut self) -> Failure {
+        (
+            libc::EOPNOTSUPP,
+            self.say(WARN_TRIM, |name| {
+                format!("trim: {} does not support Deallocate", name)
+            }),
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn foreign_buffer(&mut self) -> Failure {
+        (
+            libc::EFAULT,
+            self.say(WARN_BUF, |_| {
+                "an I/O buffer is not in the engine's DMA memory (do not set mem= or \
+                 iomem=: the engine allocates fio's buffers itself)"
+                    .to_string()
+            }),
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn device_removed(&self) -> Failure {
+        (
+            libc::ENODEV,
+            Some(format!("{}: device removed", self.name.to_string_lossy())),
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn invalid(&mut self, e: SubmitError) -> Failure {
+        (
+            libc::EINVAL,
+            self.say(WARN_INVALID, |name| format!("{}: {e}", name)),
+        )
+    }
+
+    /// Rings the doorbell once for everything queued since the last commit.
+    #[inline]
+    pub(crate) fn commit(&mut self) {
+        if let Some(q) = self.queue.as_mut() {
+            q.flush();
+        }
+    }
+
+    pub(crate) fn getevents(&mut self, min: u32, max: u32, timeout_ns: i64) -> c_int {
+        self.events.clear();
+        let Some(q) = self.queue.as_mut() else {
+            return 0;
+        };
+        let cap = self.events.capacity() as u32;
+        let max = max.min(cap);
+        let min = min.min(max);
+        let deadline =
+            (timeout_ns >= 0).then(|| Instant::now() + Duration::from_nanos(timeout_ns as u64));
+        let (events, errors) = (&mut self.events, &mut self.errors);
+        loop {
+            let want = max - events.len() as u32;
+            if want > 0 {
+                q.poll(want, &mut |c| {
+                    let index = c.token as u32;
+                    let err = match c.result {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            if let Some(slot) = errors.get_mut(index as usize) {
+                                *slot = Some(e);
+                            }
+                            e.errno()
+                        }
+                    };
+                    events.push((index, err));
+                });
+            }
+            let n = events.len() as u32;
+            if n >= min || n >= max || q.outstanding() == 0 {
+                return n as c_int;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return n as c_int;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    pub(crate) fn event(&self, i: u32) -> (usize, c_int) {
+        match self.events.get(i as usize) {
+            Some(&(index, err)) => (self.io_us.get(index as usize).copied().unwrap_or(0), err),
+            None => (0, libc::EINVAL),
+        }
+    }
+
+    pub(crate) fn errdetails(&self, index: u32) -> String {
+        match self.errors.get(index as usize).copied().flatten() {
+            Some(e) => format!("kestrel: {}: {e}", self.name.to_string_lossy()),
+            None => format!(
+                "kestrel: {}: no error recorded",
+                self.name.to_string_lossy()
+            ),
+        }
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn not_started() -> Failure {
+    (libc::EINVAL, Some("I/O before the engine's init".into()))
+}
+
+#[cold]
+#[inline(never)]
+fn beyond_iodepth(index: u32, iodepth: usize) -> Failure {
+    (
+        libc::EINVAL,
+        Some(format!("I/O unit {index} beyond iodepth={iodepth}")),
+    )
+}
