@@ -1,9 +1,10 @@
 /*
  * The interface between the fio glue (shim.c, compiled against fio's headers) and the
- * Rust half of the engine (lib.rs). Only plain integers and pointers cross it, so nothing
- * here depends on fio's struct layouts. Every function is safe to call with any job
- * pointer it returned; none unwinds. Functions that can fail write a one-line message
- * (NUL-terminated, truncated to msglen) to msg and return a negative errno.
+ * Rust half of the engine (its entry points in ffi.rs). Only plain integers and pointers
+ * cross it, so nothing here depends on fio's struct layouts. Every function is safe to
+ * call with any job pointer it returned; none unwinds. Functions that can fail write a
+ * one-line message (NUL-terminated, truncated to msglen) to msg and return a negative
+ * errno.
  */
 #ifndef KESTREL_FIO_KFIO_H
 #define KESTREL_FIO_KFIO_H

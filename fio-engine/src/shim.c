@@ -1,8 +1,8 @@
 /*
  * The fio half of the Kestrel ioengine. It is compiled against the configured source of
  * the fio that loads it (build.rs), so struct thread_data, io_u, fio_file and
- * ioengine_ops have fio's own layouts here; the Rust half (lib.rs) sees only the plain
- * integers and pointers of kfio.h.
+ * ioengine_ops have fio's own layouts here; the Rust half (lib.rs and its modules) sees
+ * only the plain integers and pointers of kfio.h.
  *
  * Which configure results matter: of the headers an engine includes, only CONFIG_CUDA
  * (fields at the end of struct thread_data) and the async-API union at the end of struct
@@ -356,7 +356,7 @@ static struct ioengine_ops ioengine = {
 	.options = options,
 };
 
-/* Called by get_ioengine (lib.rs), which fio looks up with dlsym. */
+/* Called by get_ioengine (ffi.rs), which fio looks up with dlsym. */
 struct ioengine_ops *kfio_shim_ops(void);
 struct ioengine_ops *kfio_shim_ops(void)
 {
