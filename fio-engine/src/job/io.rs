@@ -6,13 +6,27 @@ use std::ffi::c_int;
 use std::time::{Duration, Instant};
 
 use kestrel::io::{IoRequest, SubmitError};
+use kestrel::DmaSlice;
 
 use super::{Failure, Job, WARN_ALIGN, WARN_BUF, WARN_INVALID, WARN_OP, WARN_RANGE, WARN_TRIM};
 use crate::{BUSY, OP_FLUSH, OP_READ, OP_TRIM, OP_WRITE, QUEUED};
 
+/// Why an I/O's bytes are not a run of the target's blocks.
+#[derive(Clone, Copy)]
+enum Outside {
+    /// Not whole blocks (or none, or more than one command can carry).
+    Misaligned,
+    /// Ends past the target's last block.
+    PastEnd,
+}
+
 impl Job {
     /// Queues one request for fio's I/O unit `io_u` (slot `index`): QUEUED, BUSY (the
     /// ring is full: fio reaps and retries), or a failure.
+    ///
+    /// The request is built here, as a plain local handed straight to the queue pair, and
+    /// the checks return small values (the failures are made out of line): a step
+    /// returning the request, or a `Failure`, inside a `Result` costs copies of it per I/O.
     #[inline]
     pub(crate) fn queue(
         &mut self,
@@ -23,14 +37,6 @@ impl Job {
         index: u32,
         io_u: usize,
     ) -> Result<c_int, Failure> {
-        let i = self.unit(index)?;
-        let req = self.request(op, offset, len, buf, index as u64)?;
-        self.submit(req, i, io_u)
-    }
-
-    /// The slot of I/O unit `index`, once the queue pair exists.
-    #[inline]
-    fn unit(&self, index: u32) -> Result<usize, Failure> {
         if self.queue.is_none() {
             return Err(not_started());
         }
@@ -38,63 +44,61 @@ impl Job {
         if i >= self.io_us.len() {
             return Err(beyond_iodepth(index, self.io_us.len()));
         }
-        Ok(i)
-    }
-
-    /// The request fio's operation `op` on `len` bytes at `offset` (buffer `buf`) makes.
-    #[inline]
-    fn request(
-        &mut self,
-        op: c_int,
-        offset: u64,
-        len: u64,
-        buf: usize,
-        token: u64,
-    ) -> Result<IoRequest, Failure> {
-        if op == OP_FLUSH {
-            return Ok(IoRequest::flush(self.nsid, token));
-        }
-        if !matches!(op, OP_READ | OP_WRITE | OP_TRIM) {
-            return Err(self.unknown_op(op));
-        }
-        let (lba, nlb) = self.blocks(offset, len)?;
-        if op == OP_TRIM {
-            if !self.deallocate {
-                return Err(self.no_deallocate());
+        let token = index as u64;
+        let req = match op {
+            OP_FLUSH => IoRequest::flush(self.nsid, token),
+            OP_READ | OP_WRITE | OP_TRIM => {
+                let (lba, nlb) = match self.blocks(offset, len) {
+                    Ok(b) => b,
+                    Err(e) => return Err(self.outside(e, offset, len)),
+                };
+                if op == OP_TRIM {
+                    if !self.deallocate {
+                        return Err(self.no_deallocate());
+                    }
+                    IoRequest::deallocate(self.nsid, lba, nlb, token)
+                } else {
+                    let Some(slice) = self.buffer(buf, len) else {
+                        return Err(self.foreign_buffer());
+                    };
+                    if op == OP_READ {
+                        IoRequest::read(self.nsid, lba, nlb, slice, token)
+                    } else {
+                        IoRequest::write(self.nsid, lba, nlb, slice, token)
+                    }
+                }
             }
-            return Ok(IoRequest::deallocate(self.nsid, lba, nlb, token));
-        }
-        let Some(slice) = self.mem.as_ref().and_then(|m| {
-            let off = buf.checked_sub(m.as_ptr() as usize)?;
-            m.slice(off, len as usize).ok()
-        }) else {
-            return Err(self.foreign_buffer());
+            _ => return Err(self.unknown_op(op)),
         };
-        Ok(if op == OP_READ {
-            IoRequest::read(self.nsid, lba, nlb, slice, token)
-        } else {
-            IoRequest::write(self.nsid, lba, nlb, slice, token)
-        })
+        self.submit(req, i, io_u)
     }
 
     /// `len` bytes at `offset` as (first LBA, block count): whole blocks inside the target.
     #[inline]
-    fn blocks(&mut self, offset: u64, len: u64) -> Result<(u64, u32), Failure> {
+    fn blocks(&self, offset: u64, len: u64) -> Result<(u64, u32), Outside> {
         let bs = self.block_size;
         if len == 0 || offset % bs != 0 || len % bs != 0 || len / bs > u32::MAX as u64 {
-            return Err(self.misaligned(offset, len));
+            return Err(Outside::Misaligned);
         }
         let (lba, nlb) = (offset / bs, (len / bs) as u32);
         if lba + nlb as u64 > self.num_blocks {
-            return Err(self.out_of_range(offset, len));
+            return Err(Outside::PastEnd);
         }
         Ok((lba, nlb))
+    }
+
+    /// The `len` bytes of the job's DMA memory at address `buf`.
+    #[inline]
+    fn buffer(&self, buf: usize, len: u64) -> Option<DmaSlice> {
+        let m = self.mem.as_ref()?;
+        let off = buf.checked_sub(m.as_ptr() as usize)?;
+        m.slice(off, len as usize).ok()
     }
 
     /// Hands `req` to the queue pair; on success slot `i` remembers `io_u`.
     #[inline]
     fn submit(&mut self, req: IoRequest, i: usize, io_u: usize) -> Result<c_int, Failure> {
-        let q = self.queue.as_mut().expect("checked by unit");
+        let q = self.queue.as_mut().expect("checked at the top of queue");
         match q.submit(req) {
             Ok(()) => {
                 self.io_us[i] = io_u;
@@ -118,6 +122,13 @@ impl Job {
 
     #[cold]
     #[inline(never)]
+    fn outside(&mut self, e: Outside, offset: u64, len: u64) -> Failure {
+        match e {
+            Outside::Misaligned => self.misaligned(offset, len),
+            Outside::PastEnd => self.out_of_range(offset, len),
+        }
+    }
+
     fn misaligned(&mut self, offset: u64, len: u64) -> Failure {
         let bs = self.block_size;
         (
@@ -133,8 +144,6 @@ impl Job {
         )
     }
 
-    #[cold]
-    #[inline(never)]
     fn out_of_range(&mut self, offset: u64, len: u64) -> Failure {
         let capacity = self.num_blocks * self.block_size;
         (
@@ -199,6 +208,9 @@ impl Job {
         }
     }
 
+    /// Polls for at least `min` (at most `max`) completions, until none is outstanding or
+    /// `timeout_ns` (if not negative) has passed; their count.
+    #[inline]
     pub(crate) fn getevents(&mut self, min: u32, max: u32, timeout_ns: i64) -> c_int {
         self.events.clear();
         let Some(q) = self.queue.as_mut() else {
@@ -238,6 +250,8 @@ impl Job {
         }
     }
 
+    /// The i-th completion of the last getevents: its io_u and errno.
+    #[inline]
     pub(crate) fn event(&self, i: u32) -> (usize, c_int) {
         match self.events.get(i as usize) {
             Some(&(index, err)) => (self.io_us.get(index as usize).copied().unwrap_or(0), err),
