@@ -150,7 +150,7 @@ pub fn state_file(f: &FakeSys) -> Option<String> {
 }
 
 /// Runs the script with `path` after the stubs as PATH and `bash` as the shell, in an
-/// environment holding nothing else, under a 60 s `timeout` when there is one.
+/// environment holding nothing else, under a 60 s `timeout` when /usr/bin/timeout exists.
 pub fn run_full(
     f: &FakeSys,
     args: &[&str],
@@ -161,7 +161,16 @@ pub fn run_full(
 ) -> Run {
     let st = stubs(working);
     let path = format!("{}:{path}", st.path().display());
-    let mut c = Command::new(bash);
+    // Bounded: a script that hangs (a wait that never ends) fails its test with status
+    // 124 after a minute instead of holding the test run.
+    let timeout = Path::new("/usr/bin/timeout");
+    let mut c = if timeout.exists() {
+        let mut c = Command::new(timeout);
+        c.args(["60", bash]);
+        c
+    } else {
+        Command::new(bash)
+    };
     c.arg(script()).args(args);
     script_env(&mut c, f, &path);
     for (k, v) in env {
