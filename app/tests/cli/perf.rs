@@ -3,20 +3,15 @@
 
 use std::process::{Command, Output};
 
-use crate::common::{
-    assert_usage_error, file_target, json, kestrel, kestrel_cmd, stderr, stdout, stdout_json,
-};
+use crate::common::{assert_usage_error, file_target, kestrel, stderr, stdout, stdout_json};
+use crate::perf_run::{array_at, f64_at, target_rows, u64_at, Perf};
 
 #[test]
 fn perf_json_is_consistent() {
-    let j = json(&kestrel(&[
-        "perf", "-t", "1", "--warmup", "0", "-q", "16", "--json", "--quiet",
-    ]));
+    let j = Perf::timed("1").args(&["-q", "16"]).json();
     let t = &j["total"];
-    let ios = t["ios"].as_u64().unwrap();
-    let secs = t["seconds"].as_f64().unwrap();
-    let iops = t["iops"].as_f64().unwrap();
-    assert!(ios > 0);
+    let (ios, secs, iops) = (u64_at(t, "/ios"), f64_at(t, "/seconds"), f64_at(t, "/iops"));
+    assert!(ios > 0, "{t}");
     // The window spans -t from the pollers' first and last loop iterations past the
     // marks; a descheduled poller can stretch or shrink it, so only a loose bound.
     assert!((0.5..10.0).contains(&secs), "window {secs} s for -t 1");
@@ -24,38 +19,40 @@ fn perf_json_is_consistent() {
         (iops - ios as f64 / secs).abs() <= 0.01,
         "iops {iops} != {ios} / {secs}"
     );
-    let mib = t["mib_per_s"].as_f64().unwrap();
+    let mib = f64_at(t, "/mib_per_s");
     assert!((mib - iops * 4096.0 / 1048576.0).abs() <= 0.01 + mib * 1e-9);
     let l = &t["latency_us"];
     for k in ["avg", "min", "max", "p50", "p99", "p99_9", "p1", "p99_99"] {
         assert!(l[k].is_number(), "latency_us.{k}");
     }
-    let (min, avg, max) = (
-        l["min"].as_f64().unwrap(),
-        l["avg"].as_f64().unwrap(),
-        l["max"].as_f64().unwrap(),
-    );
+    let (min, avg, max) = (f64_at(l, "/min"), f64_at(l, "/avg"), f64_at(l, "/max"));
     assert!(min > 0.0 && min <= avg && avg <= max, "{min} {avg} {max}");
-    assert!(l["p50"].as_f64().unwrap() <= l["p99"].as_f64().unwrap());
-    assert!(t["ns_per_io_cpu"].as_f64().unwrap() > 0.0);
-    assert!(t["ns_per_io_cpu_p50"].as_f64().unwrap() > 0.0);
-    let busy = t["busy_ns"].as_u64().unwrap();
+    assert!(f64_at(l, "/p50") <= f64_at(l, "/p99"), "{l}");
+    let ns_per_io = f64_at(t, "/ns_per_io_cpu");
+    assert!(ns_per_io > 0.0, "{t}");
+    assert!(f64_at(t, "/ns_per_io_cpu_p50") > 0.0, "{t}");
+    let busy = u64_at(t, "/busy_ns");
     assert!(
-        (t["ns_per_io_cpu"].as_f64().unwrap() - busy as f64 / ios as f64).abs() <= 0.06,
-        "ns_per_io_cpu is busy_ns / ios"
+        (ns_per_io - busy as f64 / ios as f64).abs() <= 0.06,
+        "ns_per_io_cpu is busy_ns / ios: {ns_per_io} != {busy} / {ios}"
     );
     let tr = &j["transport"];
     // Completions counted by the transport over the window are the I/Os measured.
-    assert_eq!(tr["completed"].as_u64().unwrap(), ios);
-    let sq = tr["sq_doorbell_writes"].as_u64().unwrap();
-    let cq = tr["cq_doorbell_writes"].as_u64().unwrap();
-    let per = tr["doorbell_writes_per_io"].as_f64().unwrap();
-    assert!((per - (sq + cq) as f64 / ios as f64).abs() < 1e-3);
-    let per_core = j["per_core"].as_array().unwrap();
+    assert_eq!(u64_at(tr, "/completed"), ios, "{tr}");
+    let (sq, cq) = (
+        u64_at(tr, "/sq_doorbell_writes"),
+        u64_at(tr, "/cq_doorbell_writes"),
+    );
+    let per = f64_at(tr, "/doorbell_writes_per_io");
+    assert!(
+        (per - (sq + cq) as f64 / ios as f64).abs() < 1e-3,
+        "{per} != ({sq} + {cq}) / {ios}"
+    );
+    let per_core = array_at(&j, "/per_core");
     assert_eq!(per_core.len(), 1);
     assert_eq!(per_core[0]["core"], 0);
-    assert_eq!(per_core[0]["ios"].as_u64().unwrap(), ios);
-    assert_eq!(per_core[0]["targets"].as_array().unwrap().len(), 1);
+    assert_eq!(u64_at(&per_core[0], "/ios"), ios);
+    assert_eq!(target_rows(&j).len(), 1);
     assert_eq!(j["config"]["queue_depth"], 16);
     assert_eq!(j["config"]["io_queue_size"], 64);
     assert_eq!(j["config"]["io_size"], 4096);
@@ -66,25 +63,10 @@ fn perf_json_is_consistent() {
 
 #[test]
 fn perf_text_table() {
-    let o = kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        "--number-ios",
-        "2000",
-        "--warmup",
-        "0",
-        "-w",
-        "randwrite",
-        "-o",
-        "8k",
-        "-q",
-        "4",
-        "--doorbell",
-        "immediate",
-        "--transport-stats",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = Perf::counted(2000)
+        .args(&["-w", "randwrite", "-o", "8k", "-q", "4"])
+        .args(&["--doorbell", "immediate", "--transport-stats"])
+        .text_ok();
     let out = stdout(&o);
     for s in [
         "Device Information",
@@ -113,24 +95,10 @@ fn perf_text_table() {
 #[test]
 fn number_ios_ends_the_window_after_exactly_that_many() {
     for (cores, q) in [("0", "8"), ("0", "1")] {
-        let j = json(&kestrel(&[
-            "perf",
-            "-t",
-            "60",
-            "--warmup",
-            "0",
-            "-q",
-            q,
-            "-c",
-            cores,
-            "--number-ios",
-            "777",
-            "--json",
-            "--quiet",
-        ]));
+        let j = Perf::counted(777).args(&["-q", q, "-c", cores]).json();
         assert_eq!(j["config"]["number_ios"], 777);
         assert_eq!(j["total"]["ios"], 777, "{q}");
-        let secs = j["total"]["seconds"].as_f64().unwrap();
+        let secs = f64_at(&j, "/total/seconds");
         assert!(secs > 0.0 && secs < 60.0, "{secs}");
     }
     let o = kestrel(&["perf", "--number-ios", "0"]);
@@ -141,21 +109,15 @@ fn number_ios_ends_the_window_after_exactly_that_many() {
 fn latency_plot_is_an_svg() {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("lat.svg");
-    let o = kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        "--number-ios",
-        "2000",
-        "--warmup",
-        "0",
-        "-q",
-        "8",
-        "--quiet",
-        "--latency-plot",
-        svg.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    Perf::counted(2000)
+        .args(&[
+            "-q",
+            "8",
+            "--quiet",
+            "--latency-plot",
+            svg.to_str().unwrap(),
+        ])
+        .text_ok();
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(s.starts_with("<svg"), "{}", &s[..80.min(s.len())]);
     assert!(s.contains("Latency CDF") && s.contains("<rect") && s.contains("<polyline"));
@@ -165,47 +127,36 @@ fn latency_plot_is_an_svg() {
 fn perf_on_a_file_target_and_two_namespaces() {
     let dir = tempfile::tempdir().unwrap();
     let file = file_target(dir.path(), "f.img", "8M");
-    let j = json(&kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        // Enough I/Os that the slowest target (the file, a hundredth of the emulator's
-        // rate or less) sees reads and writes.
-        "--number-ios",
-        "300000",
-        "--warmup",
-        "0",
-        "-q",
-        "4",
-        "-w",
-        "randrw",
-        "--json",
-        "--quiet",
-        "--target",
-        &file,
-        "--target",
-        "emu:namespaces=2,size=16M",
-    ]));
-    let targets = j["targets"].as_array().unwrap();
+    // Enough I/Os that the slowest target (the file, a hundredth of the emulator's rate
+    // or less) sees reads and writes.
+    let j = Perf::counted(300000)
+        .args(&["-q", "4", "-w", "randrw"])
+        .target(&file)
+        .target("emu:namespaces=2,size=16M")
+        .json();
+    let targets = array_at(&j, "/targets");
     assert_eq!(targets.len(), 3);
     assert_eq!(targets[0]["kind"], "file");
     assert_eq!(targets[2]["name"], "emulator ns2");
-    let rows = j["per_core"][0]["targets"].as_array().unwrap();
+    let rows = target_rows(&j);
     assert_eq!(rows.len(), 3);
-    let sum: u64 = rows.iter().map(|r| r["ios"].as_u64().unwrap()).sum();
-    assert_eq!(sum, j["total"]["ios"].as_u64().unwrap());
+    let sum: u64 = rows.iter().map(|r| u64_at(r, "/ios")).sum();
+    assert_eq!(
+        sum,
+        u64_at(&j, "/total/ios"),
+        "the rows add up to the total"
+    );
     for r in rows {
-        assert!(r["ios"].as_u64().unwrap() > 0, "{r}");
-        assert!(r["reads"].as_u64().unwrap() > 0 && r["writes"].as_u64().unwrap() > 0);
+        assert!(u64_at(r, "/ios") > 0, "{r}");
+        assert!(u64_at(r, "/reads") > 0 && u64_at(r, "/writes") > 0, "{r}");
     }
 }
 
 #[test]
 fn ctrl_c_stops_the_run_and_still_reports() {
-    let child = kestrel_cmd()
-        .args([
-            "perf", "-t", "60", "--warmup", "0", "-q", "4", "--json", "--quiet",
-        ])
+    let child = Perf::timed("60")
+        .args(&["-q", "4"])
+        .json_command()
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -220,9 +171,9 @@ fn ctrl_c_stops_the_run_and_still_reports() {
     assert!(start.elapsed() < std::time::Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
     let j = stdout_json(&o);
-    let secs = j["total"]["seconds"].as_f64().unwrap();
+    let secs = f64_at(&j, "/total/seconds");
     assert!(secs > 0.0 && secs < 60.0, "{secs}");
-    assert!(j["total"]["ios"].as_u64().unwrap() > 0);
+    assert!(u64_at(&j, "/total/ios") > 0, "{}", j["total"]);
     assert!(stderr(&o).contains("interrupted"), "{}", stderr(&o));
 }
 
@@ -233,47 +184,29 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
         eprintln!("skipped: needs 2 cores, this machine has {cores}");
         return;
     }
-    let j = json(&kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        "--number-ios",
-        "2000",
-        "--warmup",
-        "0",
-        "-q",
-        "4",
-        "-c",
-        "0-1",
-        "--qpairs-per-core",
-        "2",
-        "--json",
-        "--quiet",
-        "--target",
+    let j = Perf::counted(2000)
+        .args(&["-q", "4", "-c", "0-1", "--qpairs-per-core", "2"])
         // Both cores poll: the emulator shares them (unpinned), as asked.
-        "emu:size=64M,core=none",
-    ]));
-    let pc = j["per_core"].as_array().unwrap();
+        .target("emu:size=64M,core=none")
+        .json();
+    let pc = array_at(&j, "/per_core");
     assert_eq!(pc.len(), 2);
     assert_eq!(pc[0]["core"], 0);
     assert_eq!(pc[1]["core"], 1);
-    let r0 = &pc[0]["targets"][0];
-    let r1 = &pc[1]["targets"][0];
-    let (f0, n0) = (
-        r0["lba_first"].as_u64().unwrap(),
-        r0["lba_count"].as_u64().unwrap(),
-    );
-    let (f1, n1) = (
-        r1["lba_first"].as_u64().unwrap(),
-        r1["lba_count"].as_u64().unwrap(),
-    );
+    let (r0, r1) = (&pc[0]["targets"][0], &pc[1]["targets"][0]);
+    let (f0, n0) = (u64_at(r0, "/lba_first"), u64_at(r0, "/lba_count"));
+    let (f1, n1) = (u64_at(r1, "/lba_first"), u64_at(r1, "/lba_count"));
     assert_eq!((f0, f0 + n0), (0, f1), "disjoint and adjacent");
     assert_eq!(f1 + n1, (64 << 20) / 4096, "together the whole namespace");
-    let total: u64 = pc.iter().map(|c| c["ios"].as_u64().unwrap()).sum();
-    assert_eq!(total, j["total"]["ios"].as_u64().unwrap());
+    let total: u64 = pc.iter().map(|c| u64_at(c, "/ios")).sum();
+    assert_eq!(
+        total,
+        u64_at(&j, "/total/ios"),
+        "the cores add up to the total"
+    );
     // Two queue pairs per core, each filled to the queue depth at the start.
     for c in pc {
-        assert!(c["transport"]["submitted"].as_u64().unwrap() > 0);
+        assert!(u64_at(c, "/transport/submitted") > 0, "{}", c["transport"]);
     }
 }
 
@@ -281,18 +214,15 @@ fn two_pollers_with_two_qpairs_each_split_the_lba_space() {
 #[test]
 fn a_run_where_nothing_succeeds_fails_and_says_why() {
     let spec = "emu:faults=status/read/read-error/dnr";
-    let o = kestrel(&[
-        "perf", "-t", "300ms", "--warmup", "0", "-q", "4", "--json", "--quiet", "--target", spec,
-    ]);
-    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    let j = stdout_json(&o);
+    let run = Perf::timed("300ms").args(&["-q", "4"]).target(spec);
+    let (j, err) = run.report(3);
     assert_eq!(j["total"]["ios"], 0);
     assert_eq!(j["total"]["iops"], 0.0);
     assert_eq!(j["total"]["mib_per_s"], 0.0);
     assert!(j["total"]["latency_us"].is_null(), "{}", j["total"]);
     assert!(j["total"]["ns_per_io_cpu"].is_null());
     let out = &j["outcomes"];
-    assert!(out["errors"].as_u64().unwrap() > 0);
+    assert!(u64_at(out, "/errors") > 0, "{out}");
     assert_eq!(out["succeeded"], 0);
     assert_eq!(out["errors"], out["submitted"]);
     assert_eq!(
@@ -309,15 +239,10 @@ fn a_run_where_nothing_succeeds_fails_and_says_why() {
         "{}",
         j["result"]
     );
-    let err = stderr(&o);
     assert!(err.contains("kestrel: error: no I/O succeeded"), "{err}");
     assert!(err.contains("Unrecovered Read Error"), "{err}");
     // The text report has no percentiles of zero.
-    let o = kestrel(&[
-        "perf", "-t", "300ms", "--warmup", "0", "-q", "4", "--quiet", "--target", spec,
-    ]);
-    assert_eq!(o.status.code(), Some(3));
-    let text = stdout(&o);
+    let text = stdout(&run.args(&["--quiet"]).text_exit(3));
     assert!(!text.contains("Latency percentiles"), "{text}");
     assert!(text.contains("no I/O succeeded"), "{text}");
     assert!(text.contains("Result: FAILED (exit status 3)"), "{text}");
@@ -338,40 +263,21 @@ fn an_emulator_without_a_core_of_its_own_is_reported() {
     // The window ends after 200 I/Os per poller (or a minute): a poller that shares its
     // core with the emulator and other load cannot be left with an empty window, as a
     // 200 ms one was once.
-    let o = kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        "--number-ios",
-        "200",
-        "--warmup",
-        "0",
-        "-q",
-        "2",
-        "-c",
-        &cores,
+    let (j, err) = Perf::counted(200)
+        .args(&["-q", "2", "-c", &cores])
         // Busy pollers on every core are refused (below); sleeping ones may share.
-        "--poll-mode",
-        "hybrid",
-        "--json",
-        "--quiet",
-        "--target",
-        "emu:size=64M",
-    ]);
-    let j = json(&o);
+        .args(&["--poll-mode", "hybrid"])
+        .target("emu:size=64M")
+        .report(0);
     assert_eq!(j["config"]["poll_mode"], "hybrid");
-    let w = j["warnings"].as_array().unwrap();
+    let w = array_at(&j, "/warnings");
     assert!(
         w.iter()
             .any(|w| w.as_str().unwrap().contains("leave a core free")),
         "{w:?}"
     );
     assert_eq!(j["targets"][0]["emulator"]["shares_poller_cores"], true);
-    assert!(
-        stderr(&o).contains("kestrel perf: warning:"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(err.contains("kestrel perf: warning:"), "{err}");
 }
 
 /// Every latency summary in a perf JSON report: percentiles within [min, max] and never
@@ -381,8 +287,8 @@ fn check_latencies(v: &serde_json::Value, path: &str) -> usize {
     match v {
         serde_json::Value::Object(m) => {
             if let Some(l) = m.get("latency_us").filter(|l| l.is_object()) {
-                let (min, max) = (l["min"].as_f64().unwrap(), l["max"].as_f64().unwrap());
-                assert!(l["stdev"].as_f64().unwrap() >= 0.0, "{path}: stdev");
+                let (min, max) = (f64_at(l, "/min"), f64_at(l, "/max"));
+                assert!(f64_at(l, "/stdev") >= 0.0, "{path}: stdev");
                 let mut prev = min;
                 for k in [
                     "p1", "p5", "p10", "p20", "p30", "p40", "p50", "p60", "p70", "p80", "p90",
@@ -395,7 +301,7 @@ fn check_latencies(v: &serde_json::Value, path: &str) -> usize {
                     prev = p;
                 }
                 let hist = l["histogram"].as_array().expect("histogram");
-                let n: u64 = hist.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+                let n: u64 = hist.iter().map(|b| u64_at(b, "/count")).sum();
                 if let Some(ios) = m.get("ios").and_then(|i| i.as_u64()) {
                     assert_eq!(n, ios, "{path}: histogram counts");
                 }
@@ -422,46 +328,21 @@ fn check_latencies(v: &serde_json::Value, path: &str) -> usize {
 /// depend on how much CPU the run gets.
 #[test]
 fn perf_mixed_workload_reports_reads_and_writes_apart() {
-    let j = json(&kestrel(&[
-        "perf", "-t", "300ms", "--warmup", "0", "-q", "8", "-w", "randrw", "-M", "70", "--json",
-        "--quiet",
-    ]));
+    let j = Perf::timed("300ms")
+        .args(&["-q", "8", "-w", "randrw", "-M", "70"])
+        .json();
     check_mixed_json(&j);
     // A read workload has no write figures.
-    let j = json(&kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        "--number-ios",
-        "2000",
-        "--warmup",
-        "0",
-        "-q",
-        "4",
-        "--json",
-        "--quiet",
-    ]));
+    let j = Perf::counted(2000).args(&["-q", "4"]).json();
     assert!(j["total"]["write"].is_null());
     assert!(j["total"]["read"]["latency_us"].is_object());
     check_latencies(&j, "$");
 
     // Text: the read and write rows, the histogram (-L), the progress lines (--progress
     // prints them on a pipe too), no transport table unless asked.
-    let o = kestrel(&[
-        "perf",
-        "-t",
-        "60",
-        "--number-ios",
-        "2000",
-        "--warmup",
-        "0",
-        "-q",
-        "8",
-        "-w",
-        "randrw",
-        "-L",
-        "--progress",
-    ]);
+    let o = Perf::counted(2000)
+        .args(&["-q", "8", "-w", "randrw", "-L", "--progress"])
+        .text_ok();
     check_mixed_text(&o);
 }
 
@@ -472,8 +353,9 @@ fn check_mixed_json(j: &serde_json::Value) {
     let t = &j["total"];
     let (rd, wr) = (&t["read"], &t["write"]);
     assert_eq!(
-        rd["ios"].as_u64().unwrap() + wr["ios"].as_u64().unwrap(),
-        t["ios"].as_u64().unwrap()
+        u64_at(rd, "/ios") + u64_at(wr, "/ios"),
+        u64_at(t, "/ios"),
+        "reads and writes add up to the total"
     );
     assert_eq!(rd["ios"], t["reads"]);
     assert_eq!(wr["ios"], t["writes"]);
@@ -508,7 +390,6 @@ fn check_mixed_json(j: &serde_json::Value) {
 /// The text of a mixed workload with -L and --progress: the read and write rows, the
 /// histograms, no transport table, the progress lines on stderr.
 fn check_mixed_text(o: &Output) {
-    assert!(o.status.success(), "{}", stderr(o));
     let out = stdout(o);
     let rows = |what: &str| {
         out.lines()
@@ -552,31 +433,21 @@ fn count_syscalls_finds_none_in_a_polled_nvme_window_and_the_file_targets_enters
     let file = format!("file:{}", img.display());
     let mut counted = Vec::new();
     for target in ["emu", file.as_str()] {
-        let o = kestrel(&[
-            "perf",
-            "-t",
-            "60",
-            "--number-ios",
-            "20000",
-            "--warmup",
-            "100ms",
-            "-q",
-            "16",
-            "--count-syscalls",
-            "--json",
-            "--quiet",
-            "--target",
-            target,
-        ]);
+        let run = Perf::counted(20000)
+            .warmup("100ms")
+            .args(&["-q", "16", "--count-syscalls"])
+            .target(target);
+        let o = run.run_json();
         if !o.status.success() && stderr(&o).contains("seccomp user notification refused") {
             eprintln!("skipped: {}", stderr(&o).trim());
             return;
         }
-        let j = json(&o);
+        run.assert_exit(&o, true, 0);
+        let j = stdout_json(&o);
         assert_eq!(j["config"]["count_syscalls"], true);
         let c = &j["per_core"][0];
         counted.push((
-            c["syscalls_in_window"].as_u64().unwrap(),
+            u64_at(c, "/syscalls_in_window"),
             c["first_syscall_nr"].clone(),
         ));
     }
