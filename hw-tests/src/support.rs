@@ -22,31 +22,28 @@ pub(crate) fn qpair(c: &Controller, depth: u32) -> Result<IoQpair, String> {
     .map_err(|e| e.to_string())
 }
 
+/// Polls `qp` until the `n` requests it has outstanding (all of them) have completed,
+/// with the driver's `IoQpair::drain`, and returns their completions; an error with the
+/// queue's state when they have not within [`WAIT`].
 pub(crate) fn reap(qp: &mut IoQpair, n: usize) -> Result<Vec<Completion>, String> {
     let mut out = Vec::with_capacity(n);
-    let deadline = Instant::now() + WAIT;
-    let mut idle = 0u32;
-    while out.len() < n {
-        if qp.process_completions(128, &mut |c| out.push(c)) == 0 {
-            idle += 1;
-            if idle > 256 {
-                std::thread::yield_now();
-            }
-        } else {
-            idle = 0;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "only {} of {n} completions within {WAIT:?} (qid {}, {} in flight, {}, stats {:?})",
-                out.len(),
-                qp.qid(),
-                qp.in_flight(),
-                qp.doorbell_state(),
-                qp.stats()
-            ));
-        }
+    let left = qp.drain(WAIT, &mut |c| out.push(c));
+    if left == 0 && out.len() >= n {
+        return Ok(out);
     }
-    Ok(out)
+    let why = if left > 0 {
+        format!("within {WAIT:?}")
+    } else {
+        "and nothing else outstanding".into()
+    };
+    Err(format!(
+        "only {} of {n} completions {why} (qid {}, {} in flight, {}, stats {:?})",
+        out.len(),
+        qp.qid(),
+        qp.in_flight(),
+        qp.doorbell_state(),
+        qp.stats()
+    ))
 }
 
 pub(crate) fn quiet(qp: &mut IoQpair) -> Result<(), String> {
