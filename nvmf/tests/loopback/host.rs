@@ -9,7 +9,7 @@ use std::time::Duration;
 use kestrel::spec::Status;
 use kestrel_nvmf::fabrics::{self, ConnectCmd, ConnectData, PropertyCmd, Sgl};
 use kestrel_nvmf::pdu::{
-    self, dgst, flags, CommonHeader, DataHeader, IcReq, Pdu, Receiver, Rules, CH_LEN,
+    self, dgst, flags, CommonHeader, DataHeader, IcReq, Pdu, R2t, Receiver, Rules, CH_LEN,
 };
 
 use crate::common::{HOSTID, HOSTNQN};
@@ -32,6 +32,31 @@ pub struct Cqe {
     pub sqhd: u16,
     cid: u16,
     pub status: Status,
+}
+
+impl Cqe {
+    /// The completion a response capsule carries.
+    fn parse(c: &[u8; 16]) -> Cqe {
+        Cqe {
+            dw0: u32::from_le_bytes(c[0..4].try_into().unwrap()),
+            dw1: u32::from_le_bytes(c[4..8].try_into().unwrap()),
+            sqhd: u16::from_le_bytes([c[8], c[9]]),
+            cid: u16::from_le_bytes([c[12], c[13]]),
+            status: Status::from_cqe_status(u16::from_le_bytes([c[14], c[15]])),
+        }
+    }
+
+    /// The completion a C2HData PDU with the SUCCESS flag stands for (no response capsule:
+    /// SQ flow control off, so no SQHD).
+    fn implied_success(cid: u16) -> Cqe {
+        Cqe {
+            dw0: 0,
+            dw1: 0,
+            sqhd: 0xffff,
+            cid,
+            status: Status::SUCCESS,
+        }
+    }
 }
 
 impl Host {
@@ -120,11 +145,46 @@ impl Host {
     /// C2H data collected. Returns the completion and the data received.
     pub fn cmd(
         &mut self,
-        mut sqe: [u8; 64],
+        sqe: [u8; 64],
         out: &[u8],
         in_capsule: bool,
         in_len: u32,
     ) -> (Cqe, Vec<u8>) {
+        let cid = self.submit(sqe, out, in_capsule, in_len);
+        let mut data = vec![0u8; in_len as usize];
+        let mut got = 0usize;
+        loop {
+            let (p, ch, d) = self.recv().expect("a pdu from the target");
+            match p {
+                Pdu::R2t(r) => self.answer_r2t(cid, &r, out),
+                Pdu::C2HData(h) => {
+                    assert_eq!(h.cccid, cid);
+                    let o = h.datao as usize;
+                    data[o..o + d.len()].copy_from_slice(&d);
+                    got += d.len();
+                    if ch.flags & flags::SUCCESS != 0 {
+                        assert!(ch.flags & flags::LAST_PDU != 0);
+                        assert_eq!(got, in_len as usize);
+                        return (Cqe::implied_success(cid), data);
+                    }
+                }
+                Pdu::CapsuleResp(c) => {
+                    let r = Cqe::parse(&c);
+                    assert_eq!(r.cid, cid);
+                    assert_eq!(u16::from_le_bytes([c[10], c[11]]), self.qid, "sqid");
+                    if r.status.is_success() {
+                        assert_eq!(got, in_len as usize, "all data before the response");
+                    }
+                    return (r, data);
+                }
+                other => panic!("unexpected pdu {other:?}"),
+            }
+        }
+    }
+
+    /// Sends the command capsule with the next CID and an SGL for its data: in the capsule,
+    /// or left to the transport (R2T for `out`, C2HData for `in_len` bytes). Returns the CID.
+    fn submit(&mut self, mut sqe: [u8; 64], out: &[u8], in_capsule: bool, in_len: u32) -> u16 {
         let cid = self.next_cid();
         sqe[2..4].copy_from_slice(&cid.to_le_bytes());
         sqe[1] = 0x40;
@@ -142,69 +202,30 @@ impl Host {
         };
         sgl.encode(&mut sqe);
         self.send(Pdu::CapsuleCmd(sqe), 0, if in_capsule { out } else { &[] });
-        let mut data = vec![0u8; in_len as usize];
-        let mut got = 0usize;
-        loop {
-            let (p, ch, d) = self.recv().expect("a pdu from the target");
-            match p {
-                Pdu::R2t(r) => {
-                    assert_eq!(r.cccid, cid);
-                    assert!(r.r2to as usize + r.r2tl as usize <= out.len());
-                    let mut off = r.r2to;
-                    let end = r.r2to + r.r2tl;
-                    while off < end {
-                        let n = (end - off).min(self.maxh2c);
-                        let last = off + n == end;
-                        self.send(
-                            Pdu::H2CData(DataHeader {
-                                cccid: cid,
-                                ttag: r.ttag,
-                                datao: off,
-                                datal: n,
-                            }),
-                            if last { flags::LAST_PDU } else { 0 },
-                            &out[off as usize..(off + n) as usize],
-                        );
-                        off += n;
-                    }
-                }
-                Pdu::C2HData(h) => {
-                    assert_eq!(h.cccid, cid);
-                    let o = h.datao as usize;
-                    data[o..o + d.len()].copy_from_slice(&d);
-                    got += d.len();
-                    if ch.flags & flags::SUCCESS != 0 {
-                        assert!(ch.flags & flags::LAST_PDU != 0);
-                        assert_eq!(got, in_len as usize);
-                        return (
-                            Cqe {
-                                dw0: 0,
-                                dw1: 0,
-                                sqhd: 0xffff,
-                                cid,
-                                status: Status::SUCCESS,
-                            },
-                            data,
-                        );
-                    }
-                }
-                Pdu::CapsuleResp(c) => {
-                    let r = Cqe {
-                        dw0: u32::from_le_bytes(c[0..4].try_into().unwrap()),
-                        dw1: u32::from_le_bytes(c[4..8].try_into().unwrap()),
-                        sqhd: u16::from_le_bytes([c[8], c[9]]),
-                        cid: u16::from_le_bytes([c[12], c[13]]),
-                        status: Status::from_cqe_status(u16::from_le_bytes([c[14], c[15]])),
-                    };
-                    assert_eq!(r.cid, cid);
-                    assert_eq!(u16::from_le_bytes([c[10], c[11]]), self.qid, "sqid");
-                    if r.status.is_success() {
-                        assert_eq!(got, in_len as usize, "all data before the response");
-                    }
-                    return (r, data);
-                }
-                other => panic!("unexpected pdu {other:?}"),
-            }
+        cid
+    }
+
+    /// Sends the range an R2T asks for as H2CData PDUs of at most MAXH2CDATA bytes, the
+    /// last one flagged.
+    fn answer_r2t(&mut self, cid: u16, r: &R2t, out: &[u8]) {
+        assert_eq!(r.cccid, cid);
+        assert!(r.r2to as usize + r.r2tl as usize <= out.len());
+        let mut off = r.r2to;
+        let end = r.r2to + r.r2tl;
+        while off < end {
+            let n = (end - off).min(self.maxh2c);
+            let last = off + n == end;
+            self.send(
+                Pdu::H2CData(DataHeader {
+                    cccid: cid,
+                    ttag: r.ttag,
+                    datao: off,
+                    datal: n,
+                }),
+                if last { flags::LAST_PDU } else { 0 },
+                &out[off as usize..(off + n) as usize],
+            );
+            off += n;
         }
     }
 
