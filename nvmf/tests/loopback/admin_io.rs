@@ -16,7 +16,32 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
     let mut a = Host::connect(addr, hdgst, ddgst);
     let cntlid = a.admin_up(NQN, 10_000);
     assert!((1..=0xffef).contains(&cntlid));
-    let idc = identify(&mut a, 1, 0);
+    identify_controller_and_namespace(&mut a, cntlid);
+    admin_commands(&mut a);
+
+    // The I/O queue.
+    let mut io = Host::connect(addr, hdgst, ddgst);
+    let cattr = if sqflow_off { CATTR_DISABLE_SQFLOW } else { 0 };
+    let c = io.fabric_connect(1, 127, cntlid, cattr, 0, NQN, HOSTNQN);
+    assert!(c.status.is_success(), "io connect: {:?}", c.status);
+    // The same QID twice is refused.
+    let mut dup = Host::connect(addr, hdgst, ddgst);
+    let c = dup.fabric_connect(1, 127, cntlid, 0, 0, NQN, HOSTNQN);
+    assert_eq!((c.status.sct, c.status.sc), (Sct::CommandSpecific, 0x82));
+
+    let big = writes_read_back(&mut io, sqflow_off);
+    flush_write_zeroes_and_deallocate(&mut io);
+    error_statuses(&mut io);
+    pipelined_reads(&mut io, &big);
+    drop(io);
+    drop(a);
+    srv.shutdown();
+}
+
+/// Identify Controller, Namespace, the active namespace list and the namespace
+/// identification descriptors.
+fn identify_controller_and_namespace(a: &mut Host, cntlid: u16) {
+    let idc = identify(a, 1, 0);
     assert_eq!(u16::from_le_bytes([idc[78], idc[79]]), cntlid);
     assert_eq!(&idc[768..768 + NQN.len()], NQN.as_bytes());
     assert_eq!(idc[768 + NQN.len()], 0);
@@ -31,18 +56,22 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
     assert_eq!(sgls & 3, 1);
     assert_eq!(idc[77], 5, "MDTS 128 KiB");
     assert!(u16::from_le_bytes([idc[514], idc[515]]) >= 128, "MAXCMD");
-    let idn = identify(&mut a, 0, 1);
+    let idn = identify(a, 0, 1);
     assert_eq!(
         u64::from_le_bytes(idn[0..8].try_into().unwrap()),
         4096,
         "NSZE"
     );
     assert_eq!(idn[128 + 2], 12, "LBADS 4 KiB");
-    let list = identify(&mut a, 2, 0);
+    let list = identify(a, 2, 0);
     assert_eq!(&list[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
-    let desc = identify(&mut a, 3, 1);
+    let desc = identify(a, 3, 1);
     let d = kestrel::spec::NsIdDescriptors::parse(&desc.try_into().unwrap());
     assert_eq!(d.nguid.unwrap(), idn[104..120]);
+}
+
+/// Set Features Number of Queues, the SMART log, Keep Alive and an unknown opcode.
+fn admin_commands(a: &mut Host) {
     // Set Features Number of Queues: 4 asked, 4 granted.
     let mut s = sqe(0x09, 0);
     s[40] = 0x07;
@@ -61,18 +90,11 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
     // An unknown admin opcode.
     let (c, _) = a.cmd(sqe(0x7e, 0), &[], false, 0);
     assert!(c.status.same_code(Status::INVALID_OPCODE));
+}
 
-    // The I/O queue.
-    let mut io = Host::connect(addr, hdgst, ddgst);
-    let cattr = if sqflow_off { CATTR_DISABLE_SQFLOW } else { 0 };
-    let c = io.fabric_connect(1, 127, cntlid, cattr, 0, NQN, HOSTNQN);
-    assert!(c.status.is_success(), "io connect: {:?}", c.status);
-    // The same QID twice is refused.
-    let mut dup = Host::connect(addr, hdgst, ddgst);
-    let c = dup.fabric_connect(1, 127, cntlid, 0, 0, NQN, HOSTNQN);
-    assert_eq!((c.status.sct, c.status.sc), (Sct::CommandSpecific, 0x82));
-
-    // Write 4 KiB in capsule at LBA 0, 64 KiB through R2T at LBA 8, 128 KiB at LBA 100.
+/// Writes 4 KiB in capsule at LBA 0, 64 KiB through R2T at LBA 8, 128 KiB at LBA 100, and
+/// reads them back; returns the 128 KiB written.
+fn writes_read_back(io: &mut Host, sqflow_off: bool) -> Vec<u8> {
     let small = pattern(4096, 1);
     let (c, _) = io.cmd(rw(0x01, 0, 1), &small, true, 0);
     assert!(c.status.is_success(), "{:?}", c.status);
@@ -94,6 +116,11 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
     let (c, d) = io.cmd(rw(0x02, 100, 32), &[], false, 128 << 10);
     assert!(c.status.is_success());
     assert!(d == big, "128 KiB read back");
+    big
+}
+
+/// Flush, Write Zeroes (the range then reads zeroes) and a Dataset Management deallocate.
+fn flush_write_zeroes_and_deallocate(io: &mut Host) {
     // Flush, Write Zeroes, then the range reads zeroes.
     let (c, _) = io.cmd(sqe(0x00, 1), &[], false, 0);
     assert!(c.status.is_success());
@@ -109,7 +136,10 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
     range[4..8].copy_from_slice(&1u32.to_le_bytes());
     let (c, _) = io.cmd(dsm, &range, true, 0);
     assert!(c.status.is_success(), "{:?}", c.status);
-    // Errors come back with the target's statuses.
+}
+
+/// Errors come back with the target's statuses.
+fn error_statuses(io: &mut Host) {
     let (c, _) = io.cmd(rw(0x02, 4095, 2), &[], false, 8192);
     assert!(
         c.status.same_code(Status::LBA_OUT_OF_RANGE),
@@ -122,7 +152,11 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
     s[4] = 2;
     let (c, _) = io.cmd(s, &[], false, 4096);
     assert!(c.status.same_code(Status::INVALID_NAMESPACE_OR_FORMAT));
-    // Many outstanding at once: 32 reads pipelined, answered by CID.
+}
+
+/// Many outstanding at once: 32 reads pipelined, answered by CID; the data of LBAs 100 to
+/// 131 is `big`.
+fn pipelined_reads(io: &mut Host, big: &[u8]) {
     let mut cids = Vec::new();
     for i in 0..32u16 {
         let mut s = rw(0x02, 100 + (i as u64 % 32), 1);
@@ -153,9 +187,6 @@ fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
             other => panic!("{other:?}"),
         }
     }
-    drop(io);
-    drop(a);
-    srv.shutdown();
 }
 
 #[test]
