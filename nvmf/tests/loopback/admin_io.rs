@@ -7,7 +7,7 @@ use kestrel_nvmf::fabrics::{Sgl, CATTR_DISABLE_SQFLOW};
 use kestrel_nvmf::pdu::{flags, Pdu};
 
 use crate::common::{identify, pattern, rw, server, sqe, HOSTNQN, NQN};
-use crate::host::Host;
+use crate::host::{Cqe, Host};
 
 /// The whole life of a host: admin queue, identify, an I/O queue, writes and reads.
 fn exercise(hdgst: bool, ddgst: bool, sqflow_off: bool) {
@@ -180,9 +180,9 @@ fn pipelined_reads(io: &mut Host, big: &[u8]) {
                 }
             }
             Pdu::CapsuleResp(c) => {
-                let cid = u16::from_le_bytes([c[12], c[13]]);
-                assert_eq!(u16::from_le_bytes([c[14], c[15]]) >> 1, 0);
-                seen.insert(cid, ());
+                let r = Cqe::parse(&c);
+                assert_eq!(r.status, Status::SUCCESS, "pipelined read cid {}", r.cid);
+                seen.insert(r.cid, ());
             }
             other => panic!("{other:?}"),
         }

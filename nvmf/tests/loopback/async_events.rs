@@ -6,18 +6,17 @@ use kestrel_nvmf::fabrics::{self, PropertyCmd, Sgl};
 use kestrel_nvmf::pdu::Pdu;
 
 use crate::common::{identify, server, sqe, NQN};
-use crate::host::Host;
+use crate::host::{Cqe, Host};
 
 /// Reads PDUs until `n` response capsules came; returns (cid, status, dw0) of each.
 fn responses(h: &mut Host, n: usize) -> Vec<(u16, Status, u32)> {
     let mut v = Vec::new();
     while v.len() < n {
         match h.recv().expect("a response").0 {
-            Pdu::CapsuleResp(c) => v.push((
-                u16::from_le_bytes([c[12], c[13]]),
-                Status::from_cqe_status(u16::from_le_bytes([c[14], c[15]])),
-                u32::from_le_bytes(c[0..4].try_into().unwrap()),
-            )),
+            Pdu::CapsuleResp(c) => {
+                let r = Cqe::parse(&c);
+                v.push((r.cid, r.status, r.dw0));
+            }
             other => panic!("unexpected pdu {other:?}"),
         }
     }

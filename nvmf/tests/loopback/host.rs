@@ -30,13 +30,13 @@ pub struct Cqe {
     pub dw0: u32,
     pub dw1: u32,
     pub sqhd: u16,
-    cid: u16,
+    pub cid: u16,
     pub status: Status,
 }
 
 impl Cqe {
     /// The completion a response capsule carries.
-    fn parse(c: &[u8; 16]) -> Cqe {
+    pub fn parse(c: &[u8; 16]) -> Cqe {
         Cqe {
             dw0: u32::from_le_bytes(c[0..4].try_into().unwrap()),
             dw1: u32::from_le_bytes(c[4..8].try_into().unwrap()),
