@@ -343,7 +343,12 @@ fn c_zoned_example_against_the_emulator() {
         &dynamic_link(),
     );
     run_example_on(&exe, "emu:ns=16M+4096+zoned+zone1M", "");
-    let out = Command::new(&exe).arg("emu:size=16M").output().unwrap();
+    // Without cargo's LD_LIBRARY_PATH, as in `run` (which fails on the exit code wanted here).
+    let out = Command::new(&exe)
+        .arg("emu:size=16M")
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("kestrel_get_zone_info"),
