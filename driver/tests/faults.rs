@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::emu::{FaultAction, FaultPlan, FaultRule, FaultTarget};
-use kestrel::io::{IoError, IoRequest};
+use kestrel::io::{Completion, IoError, IoRequest};
 use kestrel::spec::{nvm_opc, Status};
 use kestrel::{Controller, ControllerOptions, DmaBuf, IoQpair, QpairOptions};
 
@@ -120,11 +120,8 @@ fn prefill(r: &mut Rig) -> Vec<Vec<u8>> {
             buf.write_at(i as usize * BS, &p).unwrap();
             shadow.push(p);
         }
-        r.qp.submit(IoRequest::write_buf(1, chunk * 64, 64, &buf, chunk))
-            .unwrap();
-        r.qp.flush();
-        let c = common::reap(&mut r.qp, 1);
-        assert_eq!(c[0].result, Ok(()));
+        let req = IoRequest::write_buf(1, chunk * 64, 64, &buf, chunk);
+        assert_eq!(common::complete_one(&mut r.qp, req), Ok(()));
     }
     shadow
 }
@@ -169,25 +166,90 @@ fn run_case(fault: Fault, op: Op, qd: u32) {
 
 fn run_case_depth(fault: Fault, op: Op, qd: u32, depth: u32, per_poll: u32) {
     let mut r = rig(qd, depth, io_timeout(fault));
-    let mut shadow = prefill(&mut r);
-    // Blocks a failed write may or may not have reached: old or new contents allowed.
-    let mut maybe: HashMap<u64, Vec<u8>> = HashMap::new();
+    let shadow = prefill(&mut r);
     r.emu.faults().set(plan(fault, op));
+    let mut case = Case::new(fault, op, qd, shadow);
+    case.run(&mut r, per_poll);
+    r.emu.faults().clear();
 
-    let mut free_bufs: Vec<usize> = (0..qd as usize).collect();
-    let mut inflight: HashMap<u64, (usize, u64)> = HashMap::new(); // token -> (buf, lba)
-    let mut seen: HashMap<u64, u32> = HashMap::new();
-    let mut results: Vec<(u64, Result<(), IoError>)> = Vec::new();
-    let mut next = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut removed_at: Option<Instant> = None;
-    let mut last_done = Instant::now();
-    while (results.len() as u64) < IOS {
-        while next < IOS && !free_bufs.is_empty() {
-            let b = free_bufs.pop().unwrap();
+    case.assert_each_completed_once(&mut r);
+    if fault == Fault::SurpriseRemoval {
+        case.assert_removal_failed_everything_at_once(&mut r);
+    } else {
+        case.assert_errors_match_the_fault(&r);
+        case.assert_region_matches_the_shadow(&mut r);
+    }
+}
+
+/// One case of the matrix: `IOS` single-block I/Os on distinct blocks, at most `qd` in
+/// flight, and what they must leave behind.
+struct Case {
+    fault: Fault,
+    op: Op,
+    qd: u32,
+    /// The contents every block must have.
+    shadow: Vec<Vec<u8>>,
+    /// Blocks a failed write may or may not have reached: old or new contents allowed.
+    maybe: HashMap<u64, Vec<u8>>,
+    free_bufs: Vec<usize>,
+    /// token -> (buf, lba)
+    inflight: HashMap<u64, (usize, u64)>,
+    /// How many completions each token got.
+    seen: HashMap<u64, u32>,
+    results: Vec<(u64, Result<(), IoError>)>,
+    /// The token of the next I/O.
+    next: u64,
+    removed_at: Option<Instant>,
+    last_done: Instant,
+}
+
+impl Case {
+    fn new(fault: Fault, op: Op, qd: u32, shadow: Vec<Vec<u8>>) -> Self {
+        Case {
+            fault,
+            op,
+            qd,
+            shadow,
+            maybe: HashMap::new(),
+            free_bufs: (0..qd as usize).collect(),
+            inflight: HashMap::new(),
+            seen: HashMap::new(),
+            results: Vec::new(),
+            next: 0,
+            removed_at: None,
+            last_done: Instant::now(),
+        }
+    }
+
+    /// Submits while buffers are free and reaps until every I/O has completed (or
+    /// panics after 30 s, naming the I/Os stuck).
+    fn run(&mut self, r: &mut Rig, per_poll: u32) {
+        let (fault, op, qd) = (self.fault, self.op, self.qd);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while (self.results.len() as u64) < IOS {
+            self.submit_while_buffers_are_free(r);
+            r.qp.flush();
+            let mut done = Vec::new();
+            r.qp.process_completions(per_poll, &mut |c| done.push(c));
+            for c in done {
+                self.complete(r, c);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{fault:?} {op:?} qd {qd}: {} of {IOS} completed; stuck: {:?}; stats {:?}",
+                self.results.len(),
+                self.inflight.keys().collect::<Vec<_>>(),
+                r.qp.stats()
+            );
+        }
+    }
+
+    fn submit_while_buffers_are_free(&mut self, r: &mut Rig) {
+        while self.next < IOS && !self.free_bufs.is_empty() {
+            let (b, next) = (self.free_bufs.pop().unwrap(), self.next);
             // Distinct blocks for every I/O, spread over the region.
             let lba = (next * 5) % BLOCKS;
-            let req = match op {
+            let req = match self.op {
                 Op::Read => IoRequest::read_buf(1, lba, 1, &r.bufs[b], next),
                 Op::Write => {
                     r.bufs[b]
@@ -198,145 +260,150 @@ fn run_case_depth(fault: Fault, op: Op, qd: u32, depth: u32, per_poll: u32) {
             };
             r.qp.submit(req)
                 .unwrap_or_else(|e| panic!("submit {next}: {e}"));
-            inflight.insert(next, (b, lba));
-            next += 1;
+            self.inflight.insert(next, (b, lba));
+            self.next += 1;
         }
-        r.qp.flush();
-        let mut done = Vec::new();
-        r.qp.process_completions(per_poll, &mut |c| done.push(c));
-        for c in done {
-            *seen.entry(c.token).or_insert(0) += 1;
-            let (b, lba) = inflight.remove(&c.token).unwrap_or_else(|| {
-                panic!(
-                    "completion for token {} that is not in flight ({fault:?} {op:?} qd {qd})",
-                    c.token
-                )
-            });
-            match (op, &c.result) {
-                (Op::Read, Ok(())) => {
-                    let got = r.bufs[b].to_vec();
-                    assert!(
-                        got == shadow[lba as usize],
-                        "read of lba {lba} returned wrong data ({fault:?} qd {qd})"
-                    );
-                }
-                (Op::Write, Ok(())) => shadow[lba as usize] = block_pattern(lba, c.token + 1),
-                (Op::Write, Err(_)) => {
-                    maybe.insert(lba, block_pattern(lba, c.token + 1));
-                }
-                (Op::Read, Err(_)) => {}
-            }
-            if c.result == Err(IoError::DeviceRemoved) && removed_at.is_none() {
-                removed_at = Some(Instant::now());
-            }
-            results.push((c.token, c.result));
-            free_bufs.push(b);
-            last_done = Instant::now();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{fault:?} {op:?} qd {qd}: {} of {IOS} completed; stuck: {:?}; stats {:?}",
-            results.len(),
-            inflight.keys().collect::<Vec<_>>(),
-            r.qp.stats()
-        );
     }
-    r.emu.faults().clear();
 
-    // Exactly once, every one.
-    assert_eq!(seen.len() as u64, IOS);
-    assert!(
-        seen.values().all(|&n| n == 1),
-        "a completion was delivered twice"
-    );
-    common::assert_quiet(&mut r.qp);
-    assert_eq!(r.qp.outstanding(), 0, "outstanding after quiesce");
-    assert_eq!(r.qp.free_slots(), r.qp.slots(), "trackers leaked");
-
-    let st = r.qp.stats();
-    let errs: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
-    let injected = r.emu.faults().injected();
-    match fault {
-        Fault::RetryableStatus => {
-            assert!(injected > 0 && st.retries > 0, "{st:?}");
-            for (t, e) in &errs {
+    /// Takes one completion: checks a read's data, records what a write left, frees its
+    /// buffer.
+    fn complete(&mut self, r: &Rig, c: Completion) {
+        let (fault, op, qd) = (self.fault, self.op, self.qd);
+        *self.seen.entry(c.token).or_insert(0) += 1;
+        let (b, lba) = self.inflight.remove(&c.token).unwrap_or_else(|| {
+            panic!(
+                "completion for token {} that is not in flight ({fault:?} {op:?} qd {qd})",
+                c.token
+            )
+        });
+        match (op, &c.result) {
+            (Op::Read, Ok(())) => {
+                let got = r.bufs[b].to_vec();
                 assert!(
-                    matches!(e, Err(IoError::Nvme(s)) if s.same_code(Status::INTERNAL_ERROR)),
-                    "token {t}: {e:?}"
+                    got == self.shadow[lba as usize],
+                    "read of lba {lba} returned wrong data ({fault:?} qd {qd})"
                 );
             }
-        }
-        Fault::DnrStatus => {
-            assert_eq!(st.retries, 0, "dnr statuses must not be retried");
-            assert_eq!(
-                errs.len() as u64,
-                injected,
-                "each injected error fails exactly its i/o"
-            );
-            assert!(injected > 0);
-        }
-        Fault::Delay
-        | Fault::Duplicate
-        | Fault::Spurious
-        | Fault::Drop
-        | Fault::ControllerFatal => {
-            assert!(errs.is_empty(), "{fault:?}: errors {errs:?}");
-            match fault {
-                Fault::Duplicate | Fault::Spurious => assert!(st.bogus_completions > 0, "{st:?}"),
-                Fault::Drop => assert!(st.timeouts > 0, "{st:?}"),
-                _ => {}
+            (Op::Write, Ok(())) => self.shadow[lba as usize] = block_pattern(lba, c.token + 1),
+            (Op::Write, Err(_)) => {
+                self.maybe.insert(lba, block_pattern(lba, c.token + 1));
             }
+            (Op::Read, Err(_)) => {}
         }
-        Fault::SurpriseRemoval => {
-            for (t, e) in &errs {
-                assert_eq!(*e, Err(IoError::DeviceRemoved), "token {t}");
+        if c.result == Err(IoError::DeviceRemoved) && self.removed_at.is_none() {
+            self.removed_at = Some(Instant::now());
+        }
+        self.results.push((c.token, c.result));
+        self.free_bufs.push(b);
+        self.last_done = Instant::now();
+    }
+
+    fn errors(&self) -> Vec<&(u64, Result<(), IoError>)> {
+        self.results.iter().filter(|(_, r)| r.is_err()).collect()
+    }
+
+    /// Exactly once, every one, and no tracker left behind.
+    fn assert_each_completed_once(&self, r: &mut Rig) {
+        assert_eq!(self.seen.len() as u64, IOS);
+        assert!(
+            self.seen.values().all(|&n| n == 1),
+            "a completion was delivered twice"
+        );
+        common::assert_quiet(&mut r.qp);
+        assert_eq!(r.qp.outstanding(), 0, "outstanding after quiesce");
+        assert_eq!(r.qp.free_slots(), r.qp.slots(), "trackers leaked");
+    }
+
+    /// The errors each fault may cause, and the counters that prove it was injected.
+    fn assert_errors_match_the_fault(&self, r: &Rig) {
+        let fault = self.fault;
+        let st = r.qp.stats();
+        let errs = self.errors();
+        let injected = r.emu.faults().injected();
+        match fault {
+            Fault::RetryableStatus => {
+                assert!(injected > 0 && st.retries > 0, "{st:?}");
+                for (t, e) in &errs {
+                    assert!(
+                        matches!(e, Err(IoError::Nvme(s)) if s.same_code(Status::INTERNAL_ERROR)),
+                        "token {t}: {e:?}"
+                    );
+                }
             }
-            let at = removed_at.expect("some i/o saw the removal");
-            assert!(
-                last_done.duration_since(at) < Duration::from_secs(1),
-                "all i/o completed within 1 s of detection"
-            );
-            // Later submissions complete with DeviceRemoved too, and the poller lives on.
-            r.qp.submit(IoRequest::read_buf(1, 0, 1, &r.bufs[0], 9999))
-                .unwrap();
-            let c = common::reap(&mut r.qp, 1);
-            assert_eq!(c[0].result, Err(IoError::DeviceRemoved));
-            return;
+            Fault::DnrStatus => {
+                assert_eq!(st.retries, 0, "dnr statuses must not be retried");
+                assert_eq!(
+                    errs.len() as u64,
+                    injected,
+                    "each injected error fails exactly its i/o"
+                );
+                assert!(injected > 0);
+            }
+            Fault::Delay
+            | Fault::Duplicate
+            | Fault::Spurious
+            | Fault::Drop
+            | Fault::ControllerFatal => {
+                assert!(errs.is_empty(), "{fault:?}: errors {errs:?}");
+                match fault {
+                    Fault::Duplicate | Fault::Spurious => {
+                        assert!(st.bogus_completions > 0, "{st:?}")
+                    }
+                    Fault::Drop => assert!(st.timeouts > 0, "{st:?}"),
+                    _ => {}
+                }
+            }
+            Fault::SurpriseRemoval => {
+                unreachable!("see assert_removal_failed_everything_at_once")
+            }
         }
     }
 
-    // The whole region against the shadow copy: completed writes read back, failed ones
-    // left their block old or new, and nothing else changed.
-    let mut buf = r._ctrlr.dma_pool().alloc(64 * BS).unwrap();
-    let mut mismatches = HashSet::new();
-    for chunk in 0..BLOCKS / 64 {
-        buf.fill(0xEE);
-        r.qp.submit(IoRequest::read_buf(
-            1,
-            chunk * 64,
-            64,
-            &buf,
-            1_000_000 + chunk,
-        ))
-        .unwrap();
-        r.qp.flush();
-        let c = common::reap(&mut r.qp, 1);
-        assert_eq!(c[0].result, Ok(()), "verify read");
-        let v = buf.to_vec();
-        for i in 0..64u64 {
-            let lba = chunk * 64 + i;
-            let got = &v[i as usize * BS..(i as usize + 1) * BS];
-            let ok = got == shadow[lba as usize].as_slice()
-                || maybe.get(&lba).is_some_and(|m| got == m.as_slice());
-            if !ok {
-                mismatches.insert(lba);
+    /// After a surprise removal every failed I/O says so, all completed within 1 s of
+    /// detection, and later submissions complete with `DeviceRemoved` too (the poller lives
+    /// on). The region cannot be read back.
+    fn assert_removal_failed_everything_at_once(&self, r: &mut Rig) {
+        for (t, e) in &self.errors() {
+            assert_eq!(*e, Err(IoError::DeviceRemoved), "token {t}");
+        }
+        let at = self.removed_at.expect("some i/o saw the removal");
+        assert!(
+            self.last_done.duration_since(at) < Duration::from_secs(1),
+            "all i/o completed within 1 s of detection"
+        );
+        let req = IoRequest::read_buf(1, 0, 1, &r.bufs[0], 9999);
+        assert_eq!(
+            common::complete_one(&mut r.qp, req),
+            Err(IoError::DeviceRemoved)
+        );
+    }
+
+    /// The whole region against the shadow copy: completed writes read back, failed ones
+    /// left their block old or new, and nothing else changed.
+    fn assert_region_matches_the_shadow(&self, r: &mut Rig) {
+        let mut buf = r._ctrlr.dma_pool().alloc(64 * BS).unwrap();
+        let mut mismatches = HashSet::new();
+        for chunk in 0..BLOCKS / 64 {
+            buf.fill(0xEE);
+            let req = IoRequest::read_buf(1, chunk * 64, 64, &buf, 1_000_000 + chunk);
+            assert_eq!(common::complete_one(&mut r.qp, req), Ok(()), "verify read");
+            let v = buf.to_vec();
+            for i in 0..64u64 {
+                let lba = chunk * 64 + i;
+                let got = &v[i as usize * BS..(i as usize + 1) * BS];
+                let ok = got == self.shadow[lba as usize].as_slice()
+                    || self.maybe.get(&lba).is_some_and(|m| got == m.as_slice());
+                if !ok {
+                    mismatches.insert(lba);
+                }
             }
         }
+        let (fault, op, qd) = (self.fault, self.op, self.qd);
+        assert!(
+            mismatches.is_empty(),
+            "{fault:?} {op:?} qd {qd}: blocks differ from the shadow copy: {mismatches:?}"
+        );
     }
-    assert!(
-        mismatches.is_empty(),
-        "{fault:?} {op:?} qd {qd}: blocks differ from the shadow copy: {mismatches:?}"
-    );
 }
 
 macro_rules! matrix {

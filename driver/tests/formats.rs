@@ -8,12 +8,54 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::*;
-use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
-use kestrel::io::{InvalidRequest, IoMeta, IoRequest};
+use kestrel::emu::{EmuConfig, EmuController, EmuFormat, EmuNamespace, EmuStore};
+use kestrel::format::IoProtection;
+use kestrel::io::{InvalidRequest, IoError, IoMeta, IoRequest};
 use kestrel::nvme::ctrlr::CtrlrError;
-use kestrel::spec::{csi, Sqe};
-use kestrel::{NvmeNamespace, QpairOptions, SubmitError};
+use kestrel::spec::pi::{PiFormat, PiType};
+use kestrel::spec::{csi, Sqe, Status};
+use kestrel::{Controller, DmaBuf, IoQpair, NvmeNamespace, QpairOptions, SubmitError, Target};
+
+/// The application tag the tests write with their PI.
+const APP_TAG: u16 = 0x4B45;
+
+/// A namespace of `bytes` in memory, in `format` with `lba`-byte blocks.
+fn formatted(format: EmuFormat, bytes: u64, lba: u32) -> EmuNamespace {
+    EmuNamespace {
+        format,
+        ..EmuNamespace::new(bytes, lba, EmuStore::Memory)
+    }
+}
+
+/// An emulated controller with these namespaces, brought up by the driver.
+fn emu_of(namespaces: Vec<EmuNamespace>) -> (Arc<EmuController>, Controller) {
+    emu_with(EmuConfig {
+        namespaces,
+        ..Default::default()
+    })
+}
+
+/// nsid 1: a plain 16 MiB namespace of 4 KiB blocks; nsid 2: 16 MiB in `format`.
+fn beside_a_plain_namespace(format: EmuFormat, lba: u32) -> (Arc<EmuController>, Controller) {
+    emu_of(vec![
+        EmuNamespace::new(16 << 20, 4096, EmuStore::Memory),
+        formatted(format, 16 << 20, lba),
+    ])
+}
+
+/// An NVM format with `ms` metadata bytes per block and PI of `pi_type` (0: none).
+fn meta_format(ms: u16, extended: bool, pi_type: u8, pi_first: bool) -> EmuFormat {
+    EmuFormat {
+        ms,
+        extended,
+        pi_type,
+        pi_first,
+        ..Default::default()
+    }
+}
 
 /// The formats a real SSD can ship with that the driver does not implement, with words
 /// the refusal must contain.
@@ -82,111 +124,107 @@ fn io_commands(emu: &kestrel::emu::EmuController) -> u64 {
 #[test]
 fn unsupported_formats_are_listed_refused_and_never_reach_the_device() {
     for (format, lba, words) in unsupported() {
-        let (emu, c) = emu_with(EmuConfig {
-            namespaces: vec![
-                EmuNamespace::new(16 << 20, 4096, EmuStore::Memory),
-                EmuNamespace {
-                    format,
-                    ..EmuNamespace::new(16 << 20, lba, EmuStore::Memory)
-                },
-            ],
-            ..Default::default()
-        });
-        // Listed, with its format and the reason.
-        let all = c.namespaces();
-        assert_eq!(all.iter().map(|n| n.nsid).collect::<Vec<_>>(), [1, 2]);
-        assert!(all[0].supported());
-        let why = all[1]
-            .unsupported
-            .as_ref()
-            .expect("nsid 2 refused")
-            .to_string();
-        for w in words
-            .iter()
-            .chain(&["nsid 2", "is not supported", "docs/formats.md"])
-        {
-            assert!(why.contains(w), "{format:?}: {why:?} lacks {w:?}");
-        }
-        assert_eq!(c.io_namespaces().map(|n| n.nsid).collect::<Vec<_>>(), [1]);
-
-        // Opening it is an error that names the format.
-        match NvmeNamespace::new(c.clone(), 2) {
-            Err(e @ CtrlrError::UnsupportedFormat { .. }) => {
-                let m = e.to_string();
-                assert!(m.contains("nsid 2") && m.contains("flbas"), "{m}");
-            }
-            Err(e) => panic!("{format:?}: wrong error {e}"),
-            Ok(_) => panic!("{format:?}: nsid 2 opened for i/o"),
-        }
+        let (emu, c) = beside_a_plain_namespace(format, lba);
+        assert_listed_with_the_reason(&c, &format, words);
+        assert_opening_names_the_format(&c, &format);
 
         // Every submission path refuses it before the device.
         let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
         let buf = c.dma_pool().alloc(8192).unwrap();
-        let md = IoMeta::separate(buf.slice(4096, 256).unwrap());
-        let reqs = [
-            IoRequest::read(2, 0, 1, buf.slice(0, lba as usize).unwrap(), 1),
-            IoRequest::write(2, 0, 1, buf.slice(0, lba as usize).unwrap(), 2),
-            IoRequest::write(2, 0, 1, buf.slice(0, lba as usize).unwrap(), 2).with_meta(md),
-            IoRequest::read(2, 0, 1, buf.slice(0, 4096).unwrap(), 2).with_meta(IoMeta::extended()),
-            IoRequest::flush(2, 3),
-            IoRequest::write_zeroes(2, 0, 1, 4),
-            IoRequest::deallocate(2, 0, 1, 5),
-        ];
-        for r in reqs {
-            let got = qp.submit(r);
-            assert!(
-                matches!(
-                    got,
-                    Err(SubmitError::Invalid {
-                        reason: InvalidRequest::UnsupportedFormat { nsid: 2 },
-                        ..
-                    })
-                ),
-                "{format:?}: {got:?}"
-            );
-        }
-        let raw = qp.submit_raw(
-            Sqe::read(2, 0, 1, 0, 0),
-            Some(buf.slice(0, 4096).unwrap()),
-            6,
-        );
-        assert!(
-            matches!(
-                raw,
-                Err(SubmitError::Invalid {
-                    reason: InvalidRequest::UnsupportedFormat { nsid: 2 },
-                    ..
-                })
-            ),
-            "{format:?}: {raw:?}"
-        );
+        assert_every_submission_path_refuses(&mut qp, &buf, &format, lba);
         qp.flush();
         assert_quiet(&mut qp);
         assert_eq!(io_commands(&emu), 0, "{format:?}: i/o reached the device");
 
         // The namespace the driver implements works beside it.
-        qp.submit(IoRequest::write(1, 0, 1, buf.slice(0, 4096).unwrap(), 7))
-            .unwrap();
-        let done = reap(&mut qp, 1);
-        assert!(done[0].result.is_ok(), "{done:?}");
+        let write = IoRequest::write(1, 0, 1, buf.slice(0, 4096).unwrap(), 7);
+        let done = complete_one(&mut qp, write);
+        assert!(done.is_ok(), "{done:?}");
         assert_eq!(emu.stats().writes, 1);
     }
 }
 
+/// nsid 2 is listed, with its format and the reason; nsid 1 alone is served.
+fn assert_listed_with_the_reason(c: &Controller, format: &EmuFormat, words: &[&str]) {
+    let all = c.namespaces();
+    assert_eq!(all.iter().map(|n| n.nsid).collect::<Vec<_>>(), [1, 2]);
+    assert!(all[0].supported());
+    let why = all[1]
+        .unsupported
+        .as_ref()
+        .expect("nsid 2 refused")
+        .to_string();
+    for w in words
+        .iter()
+        .chain(&["nsid 2", "is not supported", "docs/formats.md"])
+    {
+        assert!(why.contains(w), "{format:?}: {why:?} lacks {w:?}");
+    }
+    assert_eq!(c.io_namespaces().map(|n| n.nsid).collect::<Vec<_>>(), [1]);
+}
+
+/// Opening nsid 2 is an error that names the format.
+fn assert_opening_names_the_format(c: &Controller, format: &EmuFormat) {
+    match NvmeNamespace::new(c.clone(), 2) {
+        Err(e @ CtrlrError::UnsupportedFormat { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("nsid 2") && m.contains("flbas"), "{m}");
+        }
+        Err(e) => panic!("{format:?}: wrong error {e}"),
+        Ok(_) => panic!("{format:?}: nsid 2 opened for i/o"),
+    }
+}
+
+/// Every kind of request to nsid 2, and a raw command, is refused as of an unsupported
+/// format (`buf`: 8 KiB).
+fn assert_every_submission_path_refuses(
+    qp: &mut IoQpair,
+    buf: &DmaBuf,
+    format: &EmuFormat,
+    lba: u32,
+) {
+    let md = IoMeta::separate(buf.slice(4096, 256).unwrap());
+    let reqs = [
+        IoRequest::read(2, 0, 1, buf.slice(0, lba as usize).unwrap(), 1),
+        IoRequest::write(2, 0, 1, buf.slice(0, lba as usize).unwrap(), 2),
+        IoRequest::write(2, 0, 1, buf.slice(0, lba as usize).unwrap(), 2).with_meta(md),
+        IoRequest::read(2, 0, 1, buf.slice(0, 4096).unwrap(), 2).with_meta(IoMeta::extended()),
+        IoRequest::flush(2, 3),
+        IoRequest::write_zeroes(2, 0, 1, 4),
+        IoRequest::deallocate(2, 0, 1, 5),
+    ];
+    for r in reqs {
+        let got = qp.submit(r);
+        assert!(refused_as_unsupported(&got), "{format:?}: {got:?}");
+    }
+    let raw = qp.submit_raw(
+        Sqe::read(2, 0, 1, 0, 0),
+        Some(buf.slice(0, 4096).unwrap()),
+        6,
+    );
+    assert!(refused_as_unsupported(&raw), "{format:?}: {raw:?}");
+}
+
+fn refused_as_unsupported<T>(got: &Result<T, SubmitError>) -> bool {
+    matches!(
+        got,
+        Err(SubmitError::Invalid {
+            reason: InvalidRequest::UnsupportedFormat { nsid: 2 },
+            ..
+        })
+    )
+}
+
 #[test]
 fn a_controller_whose_only_namespace_is_refused_still_comes_up_for_identify() {
-    let (emu, c) = emu_with(EmuConfig {
-        namespaces: vec![EmuNamespace {
-            format: EmuFormat {
-                ms: 16,
-                pi_type: 1,
-                pif: 2,
-                ..Default::default()
-            },
-            ..EmuNamespace::new(16 << 20, 4096, EmuStore::Memory)
-        }],
-        ..Default::default()
-    });
+    let (emu, c) = emu_of(vec![formatted(
+        EmuFormat {
+            pif: 2,
+            ..meta_format(16, false, 1, false)
+        },
+        16 << 20,
+        4096,
+    )]);
     assert_eq!(c.namespaces().len(), 1);
     assert_eq!(c.io_namespaces().count(), 0);
     assert!(NvmeNamespace::new(c.clone(), 1).is_err());
@@ -199,33 +237,15 @@ fn a_controller_whose_only_namespace_is_refused_still_comes_up_for_identify() {
 /// a PI the medium corrupted fails the read with the End-to-end status, never with data.
 #[test]
 fn pi_only_namespaces_do_io_with_the_controller_inserting_and_checking() {
-    use kestrel::format::IoProtection;
-    use kestrel::io::IoError;
-    use kestrel::spec::Status;
     for pi_type in 1..=3u8 {
         for (extended, pi_first, lba) in [
             (false, false, 512u32),
             (true, true, 4096),
             (true, false, 512),
         ] {
-            let format = EmuFormat {
-                ms: 8,
-                extended,
-                pi_type,
-                pi_first,
-                ..Default::default()
-            };
             let what = format!("type {pi_type}, extended {extended}, {lba} B");
-            let (emu, c) = emu_with(EmuConfig {
-                namespaces: vec![
-                    EmuNamespace::new(16 << 20, 4096, EmuStore::Memory),
-                    EmuNamespace {
-                        format,
-                        ..EmuNamespace::new(16 << 20, lba, EmuStore::Memory)
-                    },
-                ],
-                ..Default::default()
-            });
+            let format = meta_format(8, extended, pi_type, pi_first);
+            let (emu, c) = beside_a_plain_namespace(format, lba);
             let ns = &c.namespaces()[1];
             assert!(ns.supported(), "{what}: {:?}", ns.unsupported);
             assert_eq!(ns.block_size, lba, "{what}: data only, no metadata");
@@ -237,75 +257,105 @@ fn pi_only_namespaces_do_io_with_the_controller_inserting_and_checking() {
             // More than one command's worth (MDTS), at an LBA where a wrong reference tag
             // in any piece fails type 1's command check and the read's tag check.
             let nlb = (256 << 10) / lba + 3;
-            let len = (nlb * lba) as usize;
             let slba = ns.num_blocks / 2 + 1;
-            let mut w = c.dma_pool().alloc(len).unwrap();
-            let data = pattern(len, u64::from(pi_type) << 8 | u64::from(extended));
-            w.write_at(0, &data).unwrap();
-            qp.submit(IoRequest::write(2, slba, nlb, w.slice(0, len).unwrap(), 1))
-                .unwrap();
-            let done = reap(&mut qp, 1);
-            assert_eq!(done[0].result, Ok(()), "{what}: write");
-            let r = c.dma_pool().alloc(len).unwrap();
-            qp.submit(IoRequest::read(2, slba, nlb, r.slice(0, len).unwrap(), 2))
-                .unwrap();
-            let done = reap(&mut qp, 1);
-            assert_eq!(done[0].result, Ok(()), "{what}: read");
-            assert!(r.to_vec() == data, "{what}: read back other data");
+            let seed = u64::from(pi_type) << 8 | u64::from(extended);
+            let r = assert_data_only_write_reads_back(&c, &mut qp, slba, nlb, lba, seed, &what);
             assert!(emu.stats().writes >= 2, "{what}: the write was split");
 
             // A block whose PI the medium corrupted: the read fails with its typed status.
-            for (fault, status, checked) in [
-                ("pi-guard/read/max1", Status::E2E_GUARD_CHECK_ERROR, true),
-                (
-                    "pi-ref/read/max1",
-                    Status::E2E_REFERENCE_TAG_CHECK_ERROR,
-                    pi_type != 3,
-                ),
-            ] {
-                emu.faults().set_spec(fault).unwrap();
-                qp.submit(IoRequest::read(
-                    2,
-                    slba,
-                    1,
-                    r.slice(0, lba as usize).unwrap(),
-                    3,
-                ))
-                .unwrap();
-                let got = reap(&mut qp, 1)[0].result;
-                if checked {
-                    match got {
-                        Err(IoError::Nvme(s)) => {
-                            assert!(s.same_code(status), "{what} {fault}: {s}")
-                        }
-                        other => panic!("{what} {fault}: {other:?}"),
-                    }
-                } else {
-                    // Type 3 has no reference tag to check.
-                    assert_eq!(got, Ok(()), "{what} {fault}");
-                }
-                emu.faults().clear();
-            }
+            let read_one = || IoRequest::read(2, slba, 1, r.slice(0, lba as usize).unwrap(), 3);
+            let faults = &medium_pi_faults(pi_type)[..2];
+            assert_corrupted_pi_fails_the_read(&emu, &mut qp, faults, read_one, &what);
 
-            // Write Zeroes generates the PI too: the zeroed blocks read back clean.
-            qp.submit(IoRequest::write_zeroes(2, slba, 4, 4)).unwrap();
-            assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: write zeroes");
-            qp.submit(IoRequest::read(
-                2,
-                slba,
-                4,
-                r.slice(0, 4 * lba as usize).unwrap(),
-                5,
-            ))
-            .unwrap();
-            assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: read of zeroes");
-            assert!(
-                r.to_vec()[..4 * lba as usize].iter().all(|&b| b == 0),
-                "{what}"
-            );
+            assert_write_zeroes_reads_back_zeroes(&mut qp, &r, slba, lba, &what);
             assert_quiet(&mut qp);
         }
     }
+}
+
+/// Writes `nlb` blocks of a pattern at `slba` of nsid 2, data only, and reads them back
+/// into the buffer it returns.
+fn assert_data_only_write_reads_back(
+    c: &Controller,
+    qp: &mut IoQpair,
+    slba: u64,
+    nlb: u32,
+    lba: u32,
+    seed: u64,
+    what: &str,
+) -> DmaBuf {
+    let len = (nlb * lba) as usize;
+    let mut w = c.dma_pool().alloc(len).unwrap();
+    let data = pattern(len, seed);
+    w.write_at(0, &data).unwrap();
+    let write = IoRequest::write(2, slba, nlb, w.slice(0, len).unwrap(), 1);
+    assert_eq!(complete_one(qp, write), Ok(()), "{what}: write");
+    let r = c.dma_pool().alloc(len).unwrap();
+    let read = IoRequest::read(2, slba, nlb, r.slice(0, len).unwrap(), 2);
+    assert_eq!(complete_one(qp, read), Ok(()), "{what}: read");
+    assert!(r.to_vec() == data, "{what}: read back other data");
+    r
+}
+
+/// The PI faults the emulator injects on the medium of one read, the End-to-end status
+/// each must fail the read with, and whether PI of `pi_type` checks it (type 3 has no
+/// reference tag to check).
+fn medium_pi_faults(pi_type: u8) -> [(&'static str, Status, bool); 3] {
+    [
+        ("pi-guard/read/max1", Status::E2E_GUARD_CHECK_ERROR, true),
+        (
+            "pi-ref/read/max1",
+            Status::E2E_REFERENCE_TAG_CHECK_ERROR,
+            pi_type != 3,
+        ),
+        (
+            "pi-app/read/max1",
+            Status::E2E_APPLICATION_TAG_CHECK_ERROR,
+            true,
+        ),
+    ]
+}
+
+/// For each fault, `read` fails with the fault's End-to-end status by name, or succeeds
+/// where the PI type checks nothing the fault corrupts.
+fn assert_corrupted_pi_fails_the_read(
+    emu: &EmuController,
+    qp: &mut IoQpair,
+    faults: &[(&str, Status, bool)],
+    read: impl Fn() -> IoRequest,
+    what: &str,
+) {
+    for &(fault, status, checked) in faults {
+        emu.faults().set_spec(fault).unwrap();
+        let res = complete_one(qp, read());
+        emu.faults().clear();
+        match (checked, res) {
+            (true, Err(IoError::Nvme(s))) => {
+                assert!(s.same_code(status), "{what} {fault}: {s}");
+                assert!(s.to_string().contains("End-to-end"), "{what}: {s}");
+            }
+            (false, Ok(())) => {}
+            (_, other) => panic!("{what} {fault}: {other:?}"),
+        }
+    }
+}
+
+/// Write Zeroes generates the PI too: the zeroed blocks read back clean.
+fn assert_write_zeroes_reads_back_zeroes(
+    qp: &mut IoQpair,
+    r: &DmaBuf,
+    slba: u64,
+    lba: u32,
+    what: &str,
+) {
+    let zeroes = IoRequest::write_zeroes(2, slba, 4, 4);
+    assert_eq!(complete_one(qp, zeroes), Ok(()), "{what}: write zeroes");
+    let read = IoRequest::read(2, slba, 4, r.slice(0, 4 * lba as usize).unwrap(), 5);
+    assert_eq!(complete_one(qp, read), Ok(()), "{what}: read of zeroes");
+    assert!(
+        r.to_vec()[..4 * lba as usize].iter().all(|&b| b == 0),
+        "{what}"
+    );
 }
 
 /// The same namespace through a command built without PRACT: the controller expects the
@@ -314,20 +364,12 @@ fn pi_only_namespaces_do_io_with_the_controller_inserting_and_checking() {
 /// driver's tags above were checked, not ignored.
 #[test]
 fn a_type1_command_with_a_wrong_reference_tag_is_refused_by_the_controller() {
-    use kestrel::io::IoError;
     use kestrel::spec::pi::Prinfo;
-    use kestrel::spec::Status;
-    let (_emu, c) = emu_with(EmuConfig {
-        namespaces: vec![EmuNamespace {
-            format: EmuFormat {
-                ms: 8,
-                pi_type: 1,
-                ..Default::default()
-            },
-            ..EmuNamespace::new(16 << 20, 4096, EmuStore::Memory)
-        }],
-        ..Default::default()
-    });
+    let (_emu, c) = emu_of(vec![formatted(
+        meta_format(8, false, 1, false),
+        16 << 20,
+        4096,
+    )]);
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let buf = c.dma_pool().alloc(4096).unwrap();
     let mut sqe = Sqe::read(1, 9, 1, 0, 0);
@@ -342,7 +384,6 @@ fn a_type1_command_with_a_wrong_reference_tag_is_refused_by_the_controller() {
         other => panic!("{other:?}"),
     }
 }
-
 /// Every metadata format the driver serves, with the caller's metadata: separate (MPTR) and
 /// extended, without PI and with PI of types 1 to 3, first or last, 512 B and 4 KiB. A
 /// write larger than MDTS is split (each piece's MPTR and reference tag advance with it);
@@ -352,9 +393,6 @@ fn a_type1_command_with_a_wrong_reference_tag_is_refused_by_the_controller() {
 /// metadata its format needs, or with too small a buffer, never reaches the controller.
 #[test]
 fn metadata_formats_do_io_with_the_caller_s_metadata() {
-    use kestrel::io::IoError;
-    use kestrel::spec::pi::{PiFormat, PiType};
-    use kestrel::spec::Status;
     let cases: &[(u16, bool, u8, bool, u32)] = &[
         (8, false, 0, false, 4096),
         (64, false, 0, false, 512),
@@ -370,69 +408,169 @@ fn metadata_formats_do_io_with_the_caller_s_metadata() {
     ];
     for &(ms, extended, pi_type, pi_first, lba) in cases {
         let what = format!("ms {ms} ext {extended} pi {pi_type} first {pi_first} {lba} B");
-        let (emu, c) = emu_with(EmuConfig {
-            namespaces: vec![EmuNamespace {
-                format: EmuFormat {
-                    ms,
-                    extended,
-                    pi_type,
-                    pi_first,
-                    ..Default::default()
-                },
-                ..EmuNamespace::new(16 << 20, lba, EmuStore::Memory)
-            }],
-            ..Default::default()
-        });
+        let format = meta_format(ms, extended, pi_type, pi_first);
+        let (emu, c) = emu_of(vec![formatted(format, 16 << 20, lba)]);
         let ns = c.namespaces()[0].clone();
         assert!(ns.supported(), "{what}: {:?}", ns.unsupported);
         let t = NvmeNamespace::new(c.clone(), 1).expect("opens");
-        use kestrel::Target;
         let layout = t.info().metadata.expect("metadata layout");
         assert_eq!(
             (layout.ms, layout.extended, layout.pi_type),
             (ms, extended, pi_type)
         );
-        let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
 
-        let nlb = (256 << 10) / lba + 3;
-        let hbs = (lba + if extended { ms as u32 } else { 0 }) as usize;
-        let dlen = nlb as usize * hbs;
-        let mlen = if extended {
-            0
-        } else {
-            nlb as usize * ms as usize
-        };
         let slba = ns.num_blocks / 2 + 1;
         let ref0 = if pi_type == 1 { slba as u32 } else { 0x5000 };
-        let mut data = pattern(dlen, u64::from(ms) << 8 | u64::from(pi_type));
-        let mut md = pattern(mlen, 99);
-        let pif = PiType::from_dps(pi_type).map(|t| PiFormat {
+        let nlb = (256 << 10) / lba + 3;
+        let seeds = (u64::from(ms) << 8 | u64::from(pi_type), 99);
+        let io = MetaIo::new(&format, lba, nlb, ref0, seeds);
+        let mut case = MetaCase::new(&c, emu, what, io, slba);
+        case.assert_refused_before_the_sq(layout.required());
+        case.assert_written_and_read_back();
+        if let Some(f) = case.io.pif {
+            case.assert_pi_checked_both_ways(f);
+        }
+        if (pi_type == 1 || pi_type == 3) && ms == 8 {
+            case.assert_pract_read_strips_the_pi();
+        }
+        assert_quiet(&mut case.qp);
+    }
+}
+
+/// An I/O of `nlb` blocks with the caller's metadata, laid out for a format: the data (and,
+/// extended, the metadata interleaved with it) at 0 of its buffers, separate metadata at
+/// `moff`; its contents a pattern, with PI generated in software where the format has PI.
+struct MetaIo {
+    lba: usize,
+    ms: usize,
+    extended: bool,
+    pi_first: bool,
+    pi_type: u8,
+    nlb: u32,
+    /// Bytes per block in the data buffer.
+    hbs: usize,
+    dlen: usize,
+    mlen: usize,
+    moff: usize,
+    ref0: u32,
+    pif: Option<PiFormat>,
+    data: Vec<u8>,
+    md: Vec<u8>,
+}
+
+impl MetaIo {
+    /// The I/O for `format` with `lba`-byte blocks, its first reference tag `ref0`, its
+    /// data and metadata patterns from `seeds`.
+    fn new(format: &EmuFormat, lba: u32, nlb: u32, ref0: u32, seeds: (u64, u64)) -> Self {
+        let (ms, extended, pi_first) = (usize::from(format.ms), format.extended, format.pi_first);
+        let hbs = lba as usize + if extended { ms } else { 0 };
+        let dlen = nlb as usize * hbs;
+        let mlen = if extended { 0 } else { nlb as usize * ms };
+        let pif = PiType::from_dps(format.pi_type).map(|t| PiFormat {
             data_size: lba as usize,
-            ms: ms as usize,
+            ms,
             extended,
             pi_first,
             pi_type: t,
         });
+        let mut data = pattern(dlen, seeds.0);
+        let mut md = pattern(mlen, seeds.1);
         if let Some(f) = pif {
-            f.fill(&mut data, &mut md, nlb as usize, ref0, 0x4B45);
+            f.fill(&mut data, &mut md, nlb as usize, ref0, APP_TAG);
         }
-        let mut w = c.dma_pool().alloc(dlen + mlen + 4096).unwrap();
-        w.write_at(0, &data).unwrap();
-        let moff = dlen.next_multiple_of(4096);
-        w.write_at(moff, &md).unwrap();
-        let meta = |b: &kestrel::DmaBuf| {
-            let m = if extended {
-                IoMeta::extended()
-            } else {
-                IoMeta::separate(b.slice(moff, mlen).unwrap())
-            };
-            m.with_tags(ref0, 0x4B45, 0xFFFF)
-        };
+        MetaIo {
+            lba: lba as usize,
+            ms,
+            extended,
+            pi_first,
+            pi_type: format.pi_type,
+            nlb,
+            hbs,
+            dlen,
+            mlen,
+            moff: dlen.next_multiple_of(4096),
+            ref0,
+            pif,
+            data,
+            md,
+        }
+    }
 
-        // Refused before the SQ: no metadata, a short buffer.
-        let writes_before = emu.stats().writes;
-        if layout.required() {
-            let no_md = qp.submit(IoRequest::write(1, slba, nlb, w.slice(0, dlen).unwrap(), 9));
+    /// The metadata argument of a request on `b`, with the tags to check.
+    fn meta(&self, b: &DmaBuf) -> IoMeta {
+        let m = if self.extended {
+            IoMeta::extended()
+        } else {
+            IoMeta::separate(b.slice(self.moff, self.mlen).unwrap())
+        };
+        m.with_tags(self.ref0, APP_TAG, 0xFFFF)
+    }
+
+    /// Puts the data and the separate metadata into `w`.
+    fn store(&self, w: &mut DmaBuf) {
+        w.write_at(0, &self.data).unwrap();
+        w.write_at(self.moff, &self.md).unwrap();
+    }
+
+    fn write(&self, slba: u64, w: &DmaBuf, token: u64) -> IoRequest {
+        let data = w.slice(0, self.dlen).unwrap();
+        IoRequest::write(1, slba, self.nlb, data, token).with_meta(self.meta(w))
+    }
+
+    fn read(&self, slba: u64, r: &DmaBuf, token: u64) -> IoRequest {
+        let data = r.slice(0, self.dlen).unwrap();
+        IoRequest::read(1, slba, self.nlb, data, token).with_meta(self.meta(r))
+    }
+
+    /// `got`, a buffer read back, holds the data and the metadata as written.
+    fn assert_read_back(&self, got: &[u8], what: &str) {
+        assert!(
+            got[..self.dlen] == self.data[..],
+            "{what}: data read back differs"
+        );
+        assert!(
+            got[self.moff..self.moff + self.mlen] == self.md[..],
+            "{what}: metadata read back differs"
+        );
+    }
+}
+
+/// One metadata format under test: a queue on its namespace (nsid 1), the I/O it does at
+/// `slba`, and the buffers it writes from and reads into.
+struct MetaCase {
+    what: String,
+    emu: Arc<EmuController>,
+    qp: IoQpair,
+    io: MetaIo,
+    slba: u64,
+    w: DmaBuf,
+    r: DmaBuf,
+}
+
+impl MetaCase {
+    fn new(c: &Controller, emu: Arc<EmuController>, what: String, io: MetaIo, slba: u64) -> Self {
+        let qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+        let mut w = c.dma_pool().alloc(io.dlen + io.mlen + 4096).unwrap();
+        io.store(&mut w);
+        let r = c.dma_pool().alloc(io.dlen + io.mlen + 4096).unwrap();
+        MetaCase {
+            what,
+            emu,
+            qp,
+            io,
+            slba,
+            w,
+            r,
+        }
+    }
+
+    /// Refused before the SQ: no metadata (where the format needs it), a short buffer.
+    fn assert_refused_before_the_sq(&mut self, required: bool) {
+        let (what, io, w, slba) = (&self.what, &self.io, &self.w, self.slba);
+        let writes_before = self.emu.stats().writes;
+        if required {
+            let data = w.slice(0, io.dlen).unwrap();
+            let no_md = self.qp.submit(IoRequest::write(1, slba, io.nlb, data, 9));
             assert!(
                 matches!(
                     no_md,
@@ -444,149 +582,106 @@ fn metadata_formats_do_io_with_the_caller_s_metadata() {
                 "{what}: {no_md:?}"
             );
         }
-        if !extended {
-            let short = IoMeta::separate(w.slice(moff, mlen - 1).unwrap());
-            let e = qp
-                .submit(
-                    IoRequest::write(1, slba, nlb, w.slice(0, dlen).unwrap(), 9).with_meta(short),
-                )
-                .unwrap_err();
+        if !io.extended {
+            let short = IoMeta::separate(w.slice(io.moff, io.mlen - 1).unwrap());
+            let data = w.slice(0, io.dlen).unwrap();
+            let write = IoRequest::write(1, slba, io.nlb, data, 9).with_meta(short);
+            let e = self.qp.submit(write).unwrap_err();
             assert!(
                 e.to_string().contains("smaller than nlb x ms"),
                 "{what}: {e}"
             );
         } else {
             // The data buffer must hold the interleaved metadata too.
-            let e = qp
-                .submit(
-                    IoRequest::write(
-                        1,
-                        slba,
-                        nlb,
-                        w.slice(0, nlb as usize * lba as usize).unwrap(),
-                        9,
-                    )
-                    .with_meta(meta(&w)),
-                )
-                .unwrap_err();
+            let data = w.slice(0, io.nlb as usize * io.lba).unwrap();
+            let write = IoRequest::write(1, slba, io.nlb, data, 9).with_meta(io.meta(w));
+            let e = self.qp.submit(write).unwrap_err();
             assert!(e.to_string().contains("needs"), "{what}: {e}");
         }
-        qp.flush();
+        self.qp.flush();
         assert_eq!(
-            emu.stats().writes,
+            self.emu.stats().writes,
             writes_before,
             "{what}: a refused request reached the device"
         );
+    }
 
-        qp.submit(IoRequest::write(1, slba, nlb, w.slice(0, dlen).unwrap(), 1).with_meta(meta(&w)))
-            .unwrap();
-        assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: write");
+    /// The write, larger than MDTS, is split; the read returns the data and the metadata.
+    fn assert_written_and_read_back(&mut self) {
+        let (what, io, slba) = (&self.what, &self.io, self.slba);
+        let writes_before = self.emu.stats().writes;
+        let write = io.write(slba, &self.w, 1);
+        assert_eq!(complete_one(&mut self.qp, write), Ok(()), "{what}: write");
         assert!(
-            emu.stats().writes >= writes_before + 2,
+            self.emu.stats().writes >= writes_before + 2,
             "{what}: the write was split"
         );
+        let read = io.read(slba, &self.r, 2);
+        assert_eq!(complete_one(&mut self.qp, read), Ok(()), "{what}: read");
+        io.assert_read_back(&self.r.to_vec(), what);
+    }
 
-        let r = c.dma_pool().alloc(dlen + mlen + 4096).unwrap();
-        qp.submit(IoRequest::read(1, slba, nlb, r.slice(0, dlen).unwrap(), 2).with_meta(meta(&r)))
-            .unwrap();
-        assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: read");
-        let got = r.to_vec();
-        assert!(got[..dlen] == data[..], "{what}: data read back differs");
-        assert!(
-            got[moff..moff + mlen] == md[..],
-            "{what}: metadata read back differs"
+    /// The PI read back passes a software check; PI corrupted on the medium fails the read
+    /// by name; PI written wrong by the caller is refused by the controller on the write.
+    fn assert_pi_checked_both_ways(&mut self, f: PiFormat) {
+        let (what, io, slba) = (&self.what, &self.io, self.slba);
+        let got = self.r.to_vec();
+        assert_eq!(
+            f.check(
+                &got[..io.dlen],
+                &got[io.moff..io.moff + io.mlen],
+                io.nlb as usize,
+                io.ref0,
+                APP_TAG,
+                0xFFFF
+            ),
+            Ok(()),
+            "{what}: software check of the PI read back"
         );
-        if let Some(f) = pif {
-            assert_eq!(
-                f.check(
-                    &got[..dlen],
-                    &got[moff..moff + mlen],
-                    nlb as usize,
-                    ref0,
-                    0x4B45,
-                    0xFFFF
-                ),
-                Ok(()),
-                "{what}: software check of the PI read back"
+        // Corrupted on the medium: the controller's check fails the read by name.
+        let read = || io.read(slba, &self.r, 3);
+        let faults = &medium_pi_faults(io.pi_type);
+        assert_corrupted_pi_fails_the_read(&self.emu, &mut self.qp, faults, read, what);
+
+        // The first block's guard, flipped.
+        let pi_at = if io.pi_first { 0 } else { io.ms - 8 };
+        if io.extended {
+            let mut bad = io.data.clone();
+            bad[io.lba + pi_at] ^= 0xFF;
+            self.w.write_at(0, &bad).unwrap();
+        } else {
+            let mut badmd = io.md.clone();
+            badmd[pi_at] ^= 0xFF;
+            self.w.write_at(io.moff, &badmd).unwrap();
+        }
+        let one = self.w.slice(0, io.hbs).unwrap();
+        let write = IoRequest::write(1, slba, 1, one, 4).with_meta(io.meta(&self.w));
+        match complete_one(&mut self.qp, write) {
+            Err(IoError::Nvme(s)) => {
+                assert!(s.same_code(Status::E2E_GUARD_CHECK_ERROR), "{what}: {s}")
+            }
+            other => panic!("{what}: bad guard written: {other:?}"),
+        }
+    }
+
+    /// 8-byte PI: without metadata the controller checks and strips it on a read (PRACT,
+    /// whose type 2 reference tag is the LBA, not this test's 0x5000: type 1 and 3 only).
+    fn assert_pract_read_strips_the_pi(&mut self) {
+        let (what, io) = (&self.what, &self.io);
+        let data = self.r.slice(0, io.nlb as usize * io.lba).unwrap();
+        let read = IoRequest::read(1, self.slba, io.nlb, data, 5);
+        assert_eq!(
+            complete_one(&mut self.qp, read),
+            Ok(()),
+            "{what}: PRACT read"
+        );
+        let plain = self.r.to_vec();
+        for b in 0..io.nlb as usize {
+            assert!(
+                plain[b * io.lba..(b + 1) * io.lba] == io.data[b * io.hbs..b * io.hbs + io.lba],
+                "{what}: PRACT read of block {b}"
             );
-            // Corrupted on the medium: the controller's check fails the read by name.
-            for (fault, status, checked) in [
-                ("pi-guard/read/max1", Status::E2E_GUARD_CHECK_ERROR, true),
-                (
-                    "pi-ref/read/max1",
-                    Status::E2E_REFERENCE_TAG_CHECK_ERROR,
-                    pi_type != 3,
-                ),
-                (
-                    "pi-app/read/max1",
-                    Status::E2E_APPLICATION_TAG_CHECK_ERROR,
-                    true,
-                ),
-            ] {
-                emu.faults().set_spec(fault).unwrap();
-                qp.submit(
-                    IoRequest::read(1, slba, nlb, r.slice(0, dlen).unwrap(), 3).with_meta(meta(&r)),
-                )
-                .unwrap();
-                let res = reap(&mut qp, 1)[0].result;
-                emu.faults().clear();
-                match (checked, res) {
-                    (true, Err(IoError::Nvme(s))) => {
-                        assert!(s.same_code(status), "{what} {fault}: {s}");
-                        assert!(s.to_string().contains("End-to-end"), "{what}: {s}");
-                    }
-                    (false, Ok(())) => {}
-                    (_, other) => panic!("{what} {fault}: {other:?}"),
-                }
-            }
-            // PI written wrong by the caller is refused by the controller on the write.
-            let mut bad = data.clone();
-            let at = if extended {
-                lba as usize + if pi_first { 0 } else { ms as usize - 8 }
-            } else {
-                0
-            };
-            if extended {
-                bad[at] ^= 0xFF; // the first block's guard
-                w.write_at(0, &bad).unwrap();
-            } else {
-                let mut badmd = md.clone();
-                badmd[if pi_first { 0 } else { ms as usize - 8 }] ^= 0xFF;
-                w.write_at(moff, &badmd).unwrap();
-            }
-            qp.submit(
-                IoRequest::write(1, slba, 1, w.slice(0, hbs).unwrap(), 4).with_meta(meta(&w)),
-            )
-            .unwrap();
-            match reap(&mut qp, 1)[0].result {
-                Err(IoError::Nvme(s)) => {
-                    assert!(s.same_code(Status::E2E_GUARD_CHECK_ERROR), "{what}: {s}")
-                }
-                other => panic!("{what}: bad guard written: {other:?}"),
-            }
         }
-        // 8-byte PI: without metadata the controller checks and strips it on a read (PRACT,
-        // whose type 2 reference tag is the LBA, not this test's 0x5000: type 1 and 3 only).
-        if (pi_type == 1 || pi_type == 3) && ms == 8 {
-            qp.submit(IoRequest::read(
-                1,
-                slba,
-                nlb,
-                r.slice(0, nlb as usize * lba as usize).unwrap(),
-                5,
-            ))
-            .unwrap();
-            assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: PRACT read");
-            let plain = r.to_vec();
-            for b in 0..nlb as usize {
-                assert!(
-                    plain[b * lba as usize..(b + 1) * lba as usize]
-                        == data[b * hbs..b * hbs + lba as usize],
-                    "{what}: PRACT read of block {b}"
-                );
-            }
-        }
-        assert_quiet(&mut qp);
     }
 }
 
@@ -597,55 +692,17 @@ fn metadata_formats_do_io_with_the_caller_s_metadata() {
 #[test]
 fn a_retried_metadata_command_carries_its_metadata_again() {
     use kestrel::nvme::qpair::ErrorInjection;
-    use kestrel::spec::pi::{PiFormat, PiType};
-    use kestrel::spec::{nvm_opc, Status};
+    use kestrel::spec::nvm_opc;
     for extended in [false, true] {
         let what = format!("type 2, ms 16, extended {extended}");
-        let (ms, lba, nlb) = (16u16, 512u32, 8u32);
-        let (_emu, c) = emu_with(EmuConfig {
-            namespaces: vec![EmuNamespace {
-                format: EmuFormat {
-                    ms,
-                    extended,
-                    pi_type: 2,
-                    ..Default::default()
-                },
-                ..EmuNamespace::new(4 << 20, lba, EmuStore::Memory)
-            }],
-            ..Default::default()
-        });
+        let (lba, nlb) = (512u32, 8u32);
+        let format = meta_format(16, extended, 2, false);
+        let (_emu, c) = emu_of(vec![formatted(format, 4 << 20, lba)]);
         let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-        let hbs = (lba + if extended { u32::from(ms) } else { 0 }) as usize;
-        let dlen = nlb as usize * hbs;
-        let mlen = if extended {
-            0
-        } else {
-            nlb as usize * ms as usize
-        };
-        let mut data = pattern(dlen, 7);
-        let mut md = pattern(mlen, 8);
-        let f = PiFormat {
-            data_size: lba as usize,
-            ms: ms as usize,
-            extended,
-            pi_first: false,
-            pi_type: PiType::from_dps(2).unwrap(),
-        };
-        let (ref0, app) = (0x5000, 0x4B45);
-        f.fill(&mut data, &mut md, nlb as usize, ref0, app);
-        let moff = dlen.next_multiple_of(4096);
-        let mut w = c.dma_pool().alloc(moff + mlen.max(1)).unwrap();
-        w.write_at(0, &data).unwrap();
-        w.write_at(moff, &md).unwrap();
-        let r = c.dma_pool().alloc(moff + mlen.max(1)).unwrap();
-        let meta = |b: &kestrel::DmaBuf| {
-            let m = if extended {
-                IoMeta::extended()
-            } else {
-                IoMeta::separate(b.slice(moff, mlen).unwrap())
-            };
-            m.with_tags(ref0, app, 0xFFFF)
-        };
+        let io = MetaIo::new(&format, lba, nlb, 0x5000, (7, 8));
+        let mut w = c.dma_pool().alloc(io.moff + io.mlen.max(1)).unwrap();
+        io.store(&mut w);
+        let r = c.dma_pool().alloc(io.moff + io.mlen.max(1)).unwrap();
         for (opc, buf, token) in [(nvm_opc::WRITE, &w, 1), (nvm_opc::READ, &r, 2)] {
             // Submitted, then completed with a retryable status: resubmitted once.
             assert!(qp.inject_error(ErrorInjection {
@@ -654,21 +711,14 @@ fn a_retried_metadata_command_carries_its_metadata_again() {
                 count: 1,
                 submit: true,
             }));
-            let d = buf.slice(0, dlen).unwrap();
             let req = if opc == nvm_opc::WRITE {
-                IoRequest::write(1, 100, nlb, d, token)
+                io.write(100, buf, token)
             } else {
-                IoRequest::read(1, 100, nlb, d, token)
+                io.read(100, buf, token)
             };
-            qp.submit(req.with_meta(meta(buf))).unwrap();
-            assert_eq!(reap(&mut qp, 1)[0].result, Ok(()), "{what}: opcode {opc}");
+            assert_eq!(complete_one(&mut qp, req), Ok(()), "{what}: opcode {opc}");
         }
         assert_eq!(qp.stats().retries, 2, "{what}: both commands were retried");
-        let got = r.to_vec();
-        assert!(got[..dlen] == data[..], "{what}: data read back differs");
-        assert!(
-            got[moff..moff + mlen] == md[..],
-            "{what}: metadata read back differs"
-        );
+        io.assert_read_back(&r.to_vec(), &what);
     }
 }

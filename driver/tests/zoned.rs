@@ -5,9 +5,14 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use common::*;
+use kestrel::aio::{Event, IoContext, Iocb};
 use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore, EmuZones};
 use kestrel::io::{Completion, InvalidRequest, IoError, IoRequest, ZoneAction};
+use kestrel::reactor::{Backoff, IdlePolicy, Reactor};
 use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
 use kestrel::spec::{csi, Status};
 use kestrel::{DmaBuf, IoQpair, NvmeNamespace, QpairOptions, SubmitError, Target};
@@ -335,41 +340,10 @@ fn the_driver_refuses_zone_requests_it_can_judge_before_the_device() {
 /// report zones; zoned iocbs on a namespace that is not zoned are refused.
 #[test]
 fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
-    use kestrel::aio::{Event, IoContext, Iocb};
-    use kestrel::reactor::{Backoff, IdlePolicy, Reactor};
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    fn events(ctx: &mut IoContext, n: usize) -> Vec<Event> {
-        let mut out = Vec::new();
-        let mut buf = vec![Event::default(); 16];
-        let deadline = std::time::Instant::now() + WAIT;
-        while out.len() < n {
-            let want = (n - out.len()).min(16);
-            let got = ctx
-                .getevents(1, &mut buf[..want], Some(Duration::from_millis(100)))
-                .unwrap();
-            out.extend_from_slice(&buf[..got]);
-            assert!(std::time::Instant::now() < deadline, "events missing");
-        }
-        out
-    }
-
     let (_emu, c) = emu_with(zoned(0, 0));
     let t: Arc<dyn Target> = Arc::new(NvmeNamespace::new(c.clone(), 2).unwrap());
     let plain: Arc<dyn Target> = Arc::new(NvmeNamespace::new(c, 1).unwrap());
-    let reactor = Reactor::builder()
-        .cores(vec![core_affinity::get_core_ids().unwrap()[0].id])
-        .target(Arc::clone(&t))
-        // Back off when idle: the poller shares the cores with the emulator and the test.
-        .idle(IdlePolicy::Backoff(Backoff {
-            spin_passes: 64,
-            pause_passes: 64,
-            yield_passes: 256,
-            max_sleep: Duration::from_millis(50),
-        }))
-        .start()
-        .unwrap();
+    let reactor = one_core_reactor(&t);
     let contexts = [
         IoContext::setup(Arc::clone(&t), 16).unwrap(),
         reactor.context(16).unwrap(),
@@ -377,48 +351,16 @@ fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
     let mut buf = t.dma_pool().alloc(8 * BS as usize).unwrap();
     buf.write_at(0, &pattern(8 * BS as usize, 9)).unwrap();
     let rep = t.dma_pool().alloc(4096).unwrap();
-    let zb = ZONE_BLOCKS * BS as u64;
     for (round, mut ctx) in contexts.into_iter().enumerate() {
         let z = 7 + round as u64; // zone 7, then zone 8
-        let iocbs: Vec<Iocb> = (0..8)
-            .map(|i| Iocb::zone_append(z * zb, buf.slice(i * 4096, 4096).unwrap(), i as u64))
-            .collect();
-        assert_eq!(ctx.submit(&iocbs).unwrap(), 8);
-        let mut lbas: Vec<u64> = events(&mut ctx, 8)
-            .iter()
-            .map(|e| {
-                assert_eq!(e.res, Ok(4096), "{e:?}");
-                e.value
-            })
-            .collect();
-        lbas.sort();
-        let want: Vec<u64> = (0..8).map(|i| z * ZONE_BLOCKS + i).collect();
-        assert_eq!(lbas, want, "round {round}: distinct lbas in the zone");
+        assert_appends_get_distinct_lbas(&mut ctx, &buf, z, round);
         // Not at the write pointer.
-        ctx.submit(&[Iocb::write(z * zb, buf.slice(0, 4096).unwrap(), 50)])
+        ctx.submit(&[Iocb::write(z * ZONE_BYTES, buf.slice(0, 4096).unwrap(), 50)])
             .unwrap();
         let e = events(&mut ctx, 1)[0];
         let s = e.nvme_status().expect("an nvme status");
         assert!(s.same_code(Status::ZONE_INVALID_WRITE), "{s}");
-        // Report, finish, report again.
-        ctx.submit(&[Iocb::report_zones(z * zb, rep.slice_all(), 51)])
-            .unwrap();
-        assert_eq!(events(&mut ctx, 1)[0].res, Ok(4096));
-        let mut bytes = vec![0u8; 4096];
-        rep.read_at(0, &mut bytes).unwrap();
-        let d = parse_report(&bytes).next().unwrap();
-        assert_eq!((d.zslba, d.wp), (z * ZONE_BLOCKS, z * ZONE_BLOCKS + 8));
-        ctx.submit(&[Iocb::zone_send(z * zb, ZoneAction::Finish, 52)])
-            .unwrap();
-        assert_eq!(events(&mut ctx, 1)[0].res, Ok(0));
-        ctx.submit(&[Iocb::report_zones(z * zb, rep.slice_all(), 53)])
-            .unwrap();
-        events(&mut ctx, 1);
-        rep.read_at(0, &mut bytes).unwrap();
-        assert_eq!(
-            parse_report(&bytes).next().unwrap().state(),
-            Some(ZoneState::Full)
-        );
+        assert_report_finish_report(&mut ctx, &rep, z);
     }
     // A namespace that is not zoned refuses zoned iocbs before the device.
     let mut ctx = IoContext::setup(Arc::clone(&plain), 4).unwrap();
@@ -427,4 +369,78 @@ fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
         .submit(&[Iocb::zone_append(0, b.slice_all(), 1)])
         .unwrap_err();
     assert!(e.to_string().contains("zone append"), "{e}");
+}
+
+/// Collects `n` events from `ctx` (or panics after WAIT).
+fn events(ctx: &mut IoContext, n: usize) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut buf = vec![Event::default(); 16];
+    let deadline = std::time::Instant::now() + WAIT;
+    while out.len() < n {
+        let want = (n - out.len()).min(16);
+        let got = ctx
+            .getevents(1, &mut buf[..want], Some(Duration::from_millis(100)))
+            .unwrap();
+        out.extend_from_slice(&buf[..got]);
+        assert!(std::time::Instant::now() < deadline, "events missing");
+    }
+    out
+}
+
+/// A reactor polling `t` on the first core.
+fn one_core_reactor(t: &Arc<dyn Target>) -> Reactor {
+    Reactor::builder()
+        .cores(vec![core_affinity::get_core_ids().unwrap()[0].id])
+        .target(Arc::clone(t))
+        // Back off when idle: the poller shares the cores with the emulator and the test.
+        .idle(IdlePolicy::Backoff(Backoff {
+            spin_passes: 64,
+            pause_passes: 64,
+            yield_passes: 256,
+            max_sleep: Duration::from_millis(50),
+        }))
+        .start()
+        .unwrap()
+}
+
+/// Eight 4 KiB appends to zone `z` (empty) complete with the eight first LBAs of the zone.
+fn assert_appends_get_distinct_lbas(ctx: &mut IoContext, buf: &DmaBuf, z: u64, round: usize) {
+    let iocbs: Vec<Iocb> = (0..8)
+        .map(|i| Iocb::zone_append(z * ZONE_BYTES, buf.slice(i * 4096, 4096).unwrap(), i as u64))
+        .collect();
+    assert_eq!(ctx.submit(&iocbs).unwrap(), 8);
+    let mut lbas: Vec<u64> = events(ctx, 8)
+        .iter()
+        .map(|e| {
+            assert_eq!(e.res, Ok(4096), "{e:?}");
+            e.value
+        })
+        .collect();
+    lbas.sort();
+    let want: Vec<u64> = (0..8).map(|i| z * ZONE_BLOCKS + i).collect();
+    assert_eq!(lbas, want, "round {round}: distinct lbas in the zone");
+}
+
+/// Zone `z`, eight blocks written: reported with its write pointer, finished, reported
+/// full.
+fn assert_report_finish_report(ctx: &mut IoContext, rep: &DmaBuf, z: u64) {
+    let zb = z * ZONE_BYTES;
+    ctx.submit(&[Iocb::report_zones(zb, rep.slice_all(), 51)])
+        .unwrap();
+    assert_eq!(events(ctx, 1)[0].res, Ok(4096));
+    let mut bytes = vec![0u8; 4096];
+    rep.read_at(0, &mut bytes).unwrap();
+    let d = parse_report(&bytes).next().unwrap();
+    assert_eq!((d.zslba, d.wp), (z * ZONE_BLOCKS, z * ZONE_BLOCKS + 8));
+    ctx.submit(&[Iocb::zone_send(zb, ZoneAction::Finish, 52)])
+        .unwrap();
+    assert_eq!(events(ctx, 1)[0].res, Ok(0));
+    ctx.submit(&[Iocb::report_zones(zb, rep.slice_all(), 53)])
+        .unwrap();
+    events(ctx, 1);
+    rep.read_at(0, &mut bytes).unwrap();
+    assert_eq!(
+        parse_report(&bytes).next().unwrap().state(),
+        Some(ZoneState::Full)
+    );
 }

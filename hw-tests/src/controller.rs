@@ -9,6 +9,7 @@ use kestrel::spec::Sqe;
 use kestrel::{Controller, ControllerOptions};
 
 use crate::support::{all_ok, alloc, ns_of, pattern, qpair, raw_status, reap, run_one};
+use crate::verify::read_compare;
 use crate::{CaseResult, Device, Outcome};
 
 pub(crate) fn bring_up_and_shutdown(d: &Device, _nsid: u32) -> CaseResult {
@@ -115,13 +116,16 @@ pub(crate) fn reset_and_reinit(d: &Device, nsid: u32) -> CaseResult {
     ensure!(c.csts().rdy(), "not ready after reinitialisation");
     let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
-    let r_buf = alloc(&c, 16 * ns.bs)?;
-    let r = run_one(&mut qp, IoRequest::read_buf(nsid, 9000, 16, &r_buf, 1))?;
-    ensure!(r.is_ok(), "read after reset: {r:?}");
-    ensure!(
-        r_buf.to_vec() == data,
-        "data written before the reset did not read back after it"
-    );
+    let mut r_buf = alloc(&c, 16 * ns.bs)?;
+    read_compare(
+        &mut qp,
+        nsid,
+        &mut r_buf,
+        9000,
+        ns.bs,
+        &data,
+        "data written before the reset, read after it",
+    )?;
     Ok(Outcome::Pass)
 }
 

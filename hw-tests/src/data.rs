@@ -7,9 +7,8 @@ use std::collections::HashMap;
 use kestrel::io::{IoOp, IoRequest};
 use kestrel::QpairOptions;
 
-use crate::support::{
-    all_ok, alloc, mdts, ns_of, pattern, qpair, quiet, reap, run_one, write_read,
-};
+use crate::support::{all_ok, alloc, mdts, ns_of, pattern, qpair, quiet, reap, run_one};
+use crate::verify::{compare, read_compare, write_read};
 use crate::{CaseResult, Device, Outcome};
 
 pub(crate) fn rw_sizes(d: &Device, nsid: u32) -> CaseResult {
@@ -108,7 +107,8 @@ pub(crate) fn rw_queue_depths(d: &Device, nsid: u32) -> CaseResult {
         }
         qp.flush();
         all_ok(&reap(&mut qp, qd)?)?;
-        ensure!(r.to_vec() == data, "data mismatch at queue depth {qd}");
+        compare(&r.to_vec(), &data, ns.bs)
+            .map_err(|e| format!("data mismatch at queue depth {qd}: {e}"))?;
         lba += qd as u64;
     }
     Ok(Outcome::Pass)
@@ -137,10 +137,16 @@ pub(crate) fn vectored_io(d: &Device, nsid: u32) -> CaseResult {
         IoRequest::vectored(IoOp::Write, nsid, 3000, nlb, &segs, 1).ok_or("too many segments")?;
     let res = run_one(&mut qp, req)?;
     ensure!(res.is_ok(), "vectored write: {res:?}");
-    let r = alloc(&c, total)?;
-    let res = run_one(&mut qp, IoRequest::read_buf(nsid, 3000, nlb, &r, 2))?;
-    ensure!(res.is_ok(), "read: {res:?}");
-    ensure!(r.to_vec() == data, "vectored write did not read back");
+    let mut r = alloc(&c, total)?;
+    read_compare(
+        &mut qp,
+        nsid,
+        &mut r,
+        3000,
+        ns.bs,
+        &data,
+        "vectored write read back",
+    )?;
     // And a vectored read into the three buffers.
     for b in bufs.iter_mut() {
         b.fill(0);
@@ -153,7 +159,7 @@ pub(crate) fn vectored_io(d: &Device, nsid: u32) -> CaseResult {
     for b in &bufs {
         got.extend(b.to_vec());
     }
-    ensure!(got == data, "vectored read mismatch");
+    compare(&got, &data, ns.bs).map_err(|e| format!("vectored read mismatch: {e}"))?;
     Ok(Outcome::Pass)
 }
 
@@ -283,17 +289,13 @@ pub(crate) fn cross_qpair_visibility(d: &Device, nsid: u32) -> CaseResult {
     let mut a = qpair(&c, 16)?;
     let mut b = qpair(&c, 16)?;
     let mut w = alloc(&c, 4 * ns.bs)?;
-    let r = alloc(&c, 4 * ns.bs)?;
+    let mut r = alloc(&c, 4 * ns.bs)?;
     let data = pattern(4 * ns.bs, 4242);
     w.write_at(0, &data).map_err(|e| e.to_string())?;
     let res = run_one(&mut a, IoRequest::write_buf(nsid, 12_000, 4, &w, 1))?;
     ensure!(res.is_ok(), "write on qid {}: {res:?}", a.qid());
-    let res = run_one(&mut b, IoRequest::read_buf(nsid, 12_000, 4, &r, 2))?;
-    ensure!(res.is_ok(), "read on qid {}: {res:?}", b.qid());
-    ensure!(
-        r.to_vec() == data,
-        "a write on one qpair was not visible to a read on another"
-    );
+    let what = format!("a write on qid {} read on qid {}", a.qid(), b.qid());
+    read_compare(&mut b, nsid, &mut r, 12_000, ns.bs, &data, &what)?;
     Ok(Outcome::Pass)
 }
 

@@ -172,6 +172,7 @@ mod data;
 mod errors;
 mod queues;
 mod support;
+mod verify;
 mod zoned;
 
 use controller::{

@@ -8,9 +8,8 @@ use kestrel::io::{IoRequest, SubmitError};
 use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::{ControllerOptions, DoorbellMode, QpairOptions};
 
-use crate::support::{
-    all_ok, alloc, ns_of, pattern, qpair, quiet, reap, run_one, write_read, WAIT,
-};
+use crate::support::{all_ok, alloc, ns_of, pattern, qpair, quiet, reap, run_one, WAIT};
+use crate::verify::{read_compare, write_read};
 use crate::{CaseError, CaseResult, Device, Outcome};
 
 pub(crate) fn queues_granted(d: &Device, _nsid: u32) -> CaseResult {
@@ -193,7 +192,7 @@ pub(crate) fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
     );
     let ns = ns_of(&c, nsid)?;
     let mut w = alloc(&c, 32 * ns.bs)?;
-    let r = alloc(&c, 32 * ns.bs)?;
+    let mut r = alloc(&c, 32 * ns.bs)?;
     let data = pattern(32 * ns.bs, 11);
     w.write_at(0, &data).map_err(|e| e.to_string())?;
     for round in 0..10u64 {
@@ -211,9 +210,15 @@ pub(crate) fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
         qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
         all_ok(&reap(&mut qp, 32)?)?;
     }
-    let res = run_one(&mut qp, IoRequest::read_buf(nsid, 7000, 32, &r, 1))?;
-    ensure!(res.is_ok(), "read: {res:?}");
-    ensure!(r.to_vec() == data, "data mismatch with shadow doorbells");
+    read_compare(
+        &mut qp,
+        nsid,
+        &mut r,
+        7000,
+        ns.bs,
+        &data,
+        "data written with shadow doorbells",
+    )?;
     let st = qp.stats();
     ensure!(
         st.shadow_doorbell_updates + st.sq_doorbell_writes > 0,

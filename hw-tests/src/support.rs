@@ -1,5 +1,5 @@
 //! What the cases share: qpairs, reaping completions, data patterns, the namespace a
-//! case does its I/O on, write-then-read-back, status checks.
+//! case does its I/O on, status checks (write, read back and compare: `verify`).
 
 use std::time::{Duration, Instant};
 
@@ -22,31 +22,28 @@ pub(crate) fn qpair(c: &Controller, depth: u32) -> Result<IoQpair, String> {
     .map_err(|e| e.to_string())
 }
 
+/// Polls `qp` until the `n` requests it has outstanding (all of them) have completed,
+/// with the driver's `IoQpair::drain`, and returns their completions; an error with the
+/// queue's state when they have not within [`WAIT`].
 pub(crate) fn reap(qp: &mut IoQpair, n: usize) -> Result<Vec<Completion>, String> {
     let mut out = Vec::with_capacity(n);
-    let deadline = Instant::now() + WAIT;
-    let mut idle = 0u32;
-    while out.len() < n {
-        if qp.process_completions(128, &mut |c| out.push(c)) == 0 {
-            idle += 1;
-            if idle > 256 {
-                std::thread::yield_now();
-            }
-        } else {
-            idle = 0;
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "only {} of {n} completions within {WAIT:?} (qid {}, {} in flight, {}, stats {:?})",
-                out.len(),
-                qp.qid(),
-                qp.in_flight(),
-                qp.doorbell_state(),
-                qp.stats()
-            ));
-        }
+    let left = qp.drain(WAIT, &mut |c| out.push(c));
+    if left == 0 && out.len() >= n {
+        return Ok(out);
     }
-    Ok(out)
+    let why = if left > 0 {
+        format!("within {WAIT:?}")
+    } else {
+        "and nothing else outstanding".into()
+    };
+    Err(format!(
+        "only {} of {n} completions {why} (qid {}, {} in flight, {}, stats {:?})",
+        out.len(),
+        qp.qid(),
+        qp.in_flight(),
+        qp.doorbell_state(),
+        qp.stats()
+    ))
 }
 
 pub(crate) fn quiet(qp: &mut IoQpair) -> Result<(), String> {
@@ -146,41 +143,6 @@ pub(crate) fn mdts(c: &Controller) -> u64 {
 
 pub(crate) fn alloc(c: &Controller, len: usize) -> Result<DmaBuf, String> {
     c.dma_pool().alloc(len).map_err(|e| e.to_string())
-}
-
-/// Writes `data` at `lba` through `wbuf[off..]` and reads it back through `rbuf[off..]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn write_read(
-    qp: &mut IoQpair,
-    nsid: u32,
-    wbuf: &mut DmaBuf,
-    rbuf: &mut DmaBuf,
-    lba: u64,
-    bs: usize,
-    off: usize,
-    data: &[u8],
-) -> Result<(), String> {
-    let nlb = (data.len() / bs) as u32;
-    wbuf.write_at(off, data).map_err(|e| e.to_string())?;
-    rbuf.fill(0);
-    let w = wbuf.slice(off, data.len()).map_err(|e| e.to_string())?;
-    let r = rbuf.slice(off, data.len()).map_err(|e| e.to_string())?;
-    let res = run_one(qp, IoRequest::write(nsid, lba, nlb, w, 1))?;
-    ensure!(res.is_ok(), "write of {nlb} blocks at lba {lba}: {res:?}");
-    let res = run_one(qp, IoRequest::read(nsid, lba, nlb, r, 2))?;
-    ensure!(res.is_ok(), "read of {nlb} blocks at lba {lba}: {res:?}");
-    let mut got = vec![0u8; data.len()];
-    rbuf.read_at(off, &mut got).map_err(|e| e.to_string())?;
-    if got != data {
-        let first = got.iter().zip(data).position(|(a, b)| a != b).unwrap_or(0);
-        return Err(format!(
-            "data mismatch: {nlb} blocks at lba {lba}, buffer offset {off}: first bad byte {first} (block {}): got {:#04x} want {:#04x}",
-            first / bs,
-            got[first],
-            data[first]
-        ));
-    }
-    Ok(())
 }
 
 pub(crate) fn expect_nvme(r: Result<(), IoError>, want: Status, what: &str) -> Result<(), String> {

@@ -10,6 +10,7 @@ use kestrel::io::{Completion, IoOp, IoRequest, SubmitError};
 use kestrel::target::{QueueOptions, Target, TargetQueue};
 use kestrel::{Controller, ControllerOptions, NvmeNamespace};
 
+use crate::support::pattern;
 use crate::{CaseReport, Device, Outcome};
 
 /// Something that opens a fresh target for each case.
@@ -125,18 +126,6 @@ fn one(q: &mut dyn TargetQueue, req: IoRequest) -> Result<(), String> {
     let c = reap(q, 1)?;
     c[0].result
         .map_err(|e| format!("{:?} of {} blocks at lba {}: {e}", req.op, req.nlb, req.lba))
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn t_rw_sizes(t: &dyn Target) -> Result<Outcome, String> {

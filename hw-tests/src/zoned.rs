@@ -9,6 +9,7 @@ use kestrel::spec::Status;
 use kestrel::{Controller, DmaBuf, IoQpair};
 
 use crate::support::{alloc, expect_nvme, no_io_namespace, pattern, qpair, reap, run_one};
+use crate::verify::read_compare;
 use crate::{CaseError, CaseResult, Device, Outcome};
 
 /// The zone geometry of `nsid`, or a skip saying why the case does not apply.
@@ -135,10 +136,16 @@ pub(super) fn zoned_write_pointer(d: &Device, nsid: u32) -> CaseResult {
         d[0].wp,
         zslba + 4
     );
-    let rbuf = alloc(&c, 4 * bs)?;
-    let r = run_one(&mut qp, IoRequest::read_buf(nsid, zslba, 4, &rbuf, 4))?;
-    ensure!(r.is_ok(), "read back: {r:?}");
-    ensure!(rbuf.to_vec() == data, "data read back differs");
+    let mut rbuf = alloc(&c, 4 * bs)?;
+    read_compare(
+        &mut qp,
+        nsid,
+        &mut rbuf,
+        zslba,
+        bs,
+        &data,
+        "the zone's data",
+    )?;
     Ok(Outcome::Pass)
 }
 
@@ -179,16 +186,12 @@ pub(super) fn zoned_append(d: &Device, nsid: u32) -> CaseResult {
         "appends returned lbas {lbas:?}: not distinct"
     );
     // Each append's data is at the LBA its completion named.
-    let rbuf = alloc(&c, bs)?;
+    let mut rbuf = alloc(&c, bs)?;
     for c in &done {
-        let r = run_one(&mut qp, IoRequest::read_buf(nsid, c.value, 1, &rbuf, 50))?;
-        ensure!(r.is_ok(), "read of lba {}: {r:?}", c.value);
         let i = c.token as usize;
-        ensure!(
-            rbuf.to_vec() == data[i * bs..(i + 1) * bs],
-            "lba {} does not hold append {i}'s data",
-            c.value
-        );
+        let want = &data[i * bs..(i + 1) * bs];
+        let what = format!("append {i}'s data at the lba its completion named");
+        read_compare(&mut qp, nsid, &mut rbuf, c.value, bs, want, &what)?;
     }
     Ok(Outcome::Pass)
 }

@@ -5,7 +5,7 @@
 mod counting_alloc;
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use counting_alloc::Counter;
@@ -50,10 +50,10 @@ fn exchange(s: &mut TcpStream, pdu: &[u8], c2h: &mut [u8], resp: &mut [u8; 24]) 
     assert_eq!(u16::from_le_bytes([resp[22], resp[23]]) >> 1, 0, "success");
 }
 
-#[test]
-fn the_reactor_allocates_nothing_per_io() {
+/// One subsystem with an emulated namespace, one reactor, this test's host allowed.
+fn start_server() -> Server {
     let target = kestrel::target_spec::open("emu:size=16M,core=none").unwrap();
-    let srv = Server::start(ServerConfig {
+    Server::start(ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         discovery_listen: None,
         reactors: vec![None],
@@ -65,47 +65,52 @@ fn the_reactor_allocates_nothing_per_io() {
         }],
         limits: Limits::default(),
     })
-    .unwrap();
-    let addr = srv.local_addr();
-    let open = || {
-        let s = TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        s.set_nodelay(true).unwrap();
-        let mut b = [0u8; 128];
-        Pdu::IcReq(IcReq::default()).encode(&mut b, false, false, 0, 0, 0);
-        (&s).write_all(&b).unwrap();
-        (&s).read_exact(&mut b).unwrap();
-        assert_eq!(b[0], 1, "ICResp");
-        s
-    };
-    let connect = |s: &mut TcpStream, qid: u16, cntlid: u16| -> u16 {
-        let data = ConnectData {
-            hostid: [1; 16],
-            cntlid,
-            subnqn: NQN.into(),
-            hostnqn: HOSTNQN.into(),
-        }
-        .encode();
-        let sqe = ConnectCmd {
-            recfmt: 0,
-            qid,
-            sqsize: 31,
-            cattr: 0,
-            kato_ms: 0,
-        }
-        .encode(
-            1,
-            Sgl::InCapsule {
-                offset: 0,
-                len: 1024,
-            },
-        );
-        let mut resp = [0u8; 24];
-        exchange(s, &capsule(sqe, &data), &mut [], &mut resp);
-        u16::from_le_bytes([resp[8], resp[9]])
-    };
-    let mut admin = open();
-    let cntlid = connect(&mut admin, 0, 0xffff);
+    .unwrap()
+}
+
+/// A TCP connection past ICReq/ICResp.
+fn open(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_nodelay(true).unwrap();
+    let mut b = [0u8; 128];
+    Pdu::IcReq(IcReq::default()).encode(&mut b, false, false, 0, 0, 0);
+    (&s).write_all(&b).unwrap();
+    (&s).read_exact(&mut b).unwrap();
+    assert_eq!(b[0], 1, "ICResp");
+    s
+}
+
+/// Fabrics Connect of queue `qid`; returns the CNTLID of the response.
+fn connect(s: &mut TcpStream, qid: u16, cntlid: u16) -> u16 {
+    let data = ConnectData {
+        hostid: [1; 16],
+        cntlid,
+        subnqn: NQN.into(),
+        hostnqn: HOSTNQN.into(),
+    }
+    .encode();
+    let sqe = ConnectCmd {
+        recfmt: 0,
+        qid,
+        sqsize: 31,
+        cattr: 0,
+        kato_ms: 0,
+    }
+    .encode(
+        1,
+        Sgl::InCapsule {
+            offset: 0,
+            len: 1024,
+        },
+    );
+    let mut resp = [0u8; 24];
+    exchange(s, &capsule(sqe, &data), &mut [], &mut resp);
+    u16::from_le_bytes([resp[8], resp[9]])
+}
+
+/// Property Set CC.EN (with the queue entry sizes) on the admin queue.
+fn enable(admin: &mut TcpStream) {
     let cc = PropertyCmd {
         size8: false,
         ofst: 0x14,
@@ -113,56 +118,78 @@ fn the_reactor_allocates_nothing_per_io() {
     }
     .encode(2, true);
     let mut resp = [0u8; 24];
-    exchange(&mut admin, &capsule(cc, &[]), &mut [], &mut resp);
-    let mut io = open();
-    connect(&mut io, 1, cntlid);
+    exchange(admin, &capsule(cc, &[]), &mut [], &mut resp);
+}
 
-    // Prebuilt PDUs and buffers: the loop below allocates nothing on this side either.
-    let block = [0x5au8; 4096];
-    let big = vec![0xa5u8; 16384];
-    let read = capsule(rw(0x02, 10, 0, 1, Sgl::Transport { len: 4096 }), &[]);
-    let write_icd = capsule(
-        rw(
-            0x01,
-            11,
-            1,
-            1,
-            Sgl::InCapsule {
-                offset: 0,
-                len: 4096,
-            },
-        ),
-        &block,
-    );
-    let write_r2t = capsule(rw(0x01, 12, 8, 4, Sgl::Transport { len: 16384 }), &[]);
-    let mut c2h = vec![0u8; 24 + 4096];
-    let mut r2t = [0u8; 24];
-    let mut h2c_hdr = [0u8; 24];
-    Pdu::H2CData(DataHeader {
-        cccid: 12,
-        ttag: 0,
-        datao: 0,
-        datal: 16384,
-    })
-    .encode(&mut h2c_hdr, false, false, 4, 16384, 0);
-    let mut round = |io: &mut TcpStream| {
-        exchange(io, &read, &mut c2h, &mut resp);
-        exchange(io, &write_icd, &mut [], &mut resp);
-        io.write_all(&write_r2t).unwrap();
-        io.read_exact(&mut r2t).unwrap();
-        assert_eq!(r2t[0], 9, "R2T");
-        // The transfer tag is the target's choice.
-        h2c_hdr[10..12].copy_from_slice(&r2t[10..12]);
-        io.write_all(&h2c_hdr).unwrap();
-        io.write_all(&big).unwrap();
-        io.read_exact(&mut resp).unwrap();
-        assert_eq!(u16::from_le_bytes([resp[22], resp[23]]) >> 1, 0);
-    };
-    for _ in 0..200 {
-        round(&mut io);
+/// A read, an in-capsule write and an R2T write, with prebuilt PDUs and buffers: a round
+/// allocates nothing on this side either.
+struct Round {
+    big: Vec<u8>,
+    read: Vec<u8>,
+    write_icd: Vec<u8>,
+    write_r2t: Vec<u8>,
+    c2h: Vec<u8>,
+    r2t: [u8; 24],
+    h2c_hdr: [u8; 24],
+    resp: [u8; 24],
+}
+
+impl Round {
+    fn new() -> Round {
+        let block = [0x5au8; 4096];
+        let read = capsule(rw(0x02, 10, 0, 1, Sgl::Transport { len: 4096 }), &[]);
+        let write_icd = capsule(
+            rw(
+                0x01,
+                11,
+                1,
+                1,
+                Sgl::InCapsule {
+                    offset: 0,
+                    len: 4096,
+                },
+            ),
+            &block,
+        );
+        let write_r2t = capsule(rw(0x01, 12, 8, 4, Sgl::Transport { len: 16384 }), &[]);
+        let mut h2c_hdr = [0u8; 24];
+        Pdu::H2CData(DataHeader {
+            cccid: 12,
+            ttag: 0,
+            datao: 0,
+            datal: 16384,
+        })
+        .encode(&mut h2c_hdr, false, false, 4, 16384, 0);
+        Round {
+            big: vec![0xa5u8; 16384],
+            read,
+            write_icd,
+            write_r2t,
+            c2h: vec![0u8; 24 + 4096],
+            r2t: [0u8; 24],
+            h2c_hdr,
+            resp: [0u8; 24],
+        }
     }
-    // The reactor thread's TID, by its name.
-    let reactor_tid = std::fs::read_dir("/proc/self/task")
+
+    fn run(&mut self, io: &mut TcpStream) {
+        exchange(io, &self.read, &mut self.c2h, &mut self.resp);
+        exchange(io, &self.write_icd, &mut [], &mut self.resp);
+        io.write_all(&self.write_r2t).unwrap();
+        io.read_exact(&mut self.r2t).unwrap();
+        assert_eq!(self.r2t[0], 9, "R2T");
+        // The transfer tag is the target's choice.
+        self.h2c_hdr[10..12].copy_from_slice(&self.r2t[10..12]);
+        io.write_all(&self.h2c_hdr).unwrap();
+        io.write_all(&self.big).unwrap();
+        io.read_exact(&mut self.resp).unwrap();
+        assert_eq!(u16::from_le_bytes([self.resp[22], self.resp[23]]) >> 1, 0);
+    }
+}
+
+/// The reactor thread's TID, by its name.
+fn reactor_tid() -> i32 {
+    std::fs::read_dir("/proc/self/task")
         .unwrap()
         .filter_map(|e| e.ok())
         .find(|e| {
@@ -171,12 +198,40 @@ fn the_reactor_allocates_nothing_per_io() {
                 .unwrap_or(false)
         })
         .and_then(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .expect("the reactor thread is named nvmf-reactor-0");
+        .expect("the reactor thread is named nvmf-reactor-0")
+}
+
+/// An Identify Controller capsule (CID 3, the data through C2HData).
+fn identify_capsule() -> Vec<u8> {
+    let mut ident = [0u8; 64];
+    ident[0] = 0x06;
+    ident[1] = 0x40;
+    ident[2] = 3;
+    ident[40] = 1;
+    Sgl::Transport { len: 4096 }.encode(&mut ident);
+    capsule(ident, &[])
+}
+
+#[test]
+fn the_reactor_allocates_nothing_per_io() {
+    let srv = start_server();
+    let addr = srv.local_addr();
+    let mut admin = open(addr);
+    let cntlid = connect(&mut admin, 0, 0xffff);
+    enable(&mut admin);
+    let mut io = open(addr);
+    connect(&mut io, 1, cntlid);
+
+    let mut round = Round::new();
+    for _ in 0..200 {
+        round.run(&mut io);
+    }
+    let reactor_tid = reactor_tid();
     let counter = Counter::new();
     counter.watch_thread_id(reactor_tid);
     counter.arm();
     for _ in 0..2000 {
-        round(&mut io);
+        round.run(&mut io);
     }
     let allocs = counter.disarm();
     assert_eq!(
@@ -185,15 +240,9 @@ fn the_reactor_allocates_nothing_per_io() {
     );
     // The count is real: an admin command (Identify builds its data in a vector) does
     // allocate on the same thread.
-    let mut ident = [0u8; 64];
-    ident[0] = 0x06;
-    ident[1] = 0x40;
-    ident[2] = 3;
-    ident[40] = 1;
-    Sgl::Transport { len: 4096 }.encode(&mut ident);
-    let ident = capsule(ident, &[]);
+    let ident = identify_capsule();
     counter.arm();
-    exchange(&mut admin, &ident, &mut c2h, &mut resp);
+    exchange(&mut admin, &ident, &mut round.c2h, &mut round.resp);
     let allocs = counter.disarm();
     counter.unwatch_thread_id(reactor_tid);
     assert!(allocs > 0, "the counter sees the reactor");

@@ -108,26 +108,41 @@ impl RawQueue {
         bar.write32(self.doorbell(DoorbellKind::SqTail), self.tail);
     }
 
-    /// The next CQE if the controller posted one; consumes it and rings the CQ head
-    /// doorbell (and its shadow entry, as in [`RawQueue::ring`]).
-    pub fn try_reap(&mut self, bar: &Bar, shadow: Option<&DmaBuf>) -> Option<Cqe> {
-        let off = self.head as usize * CQE_SIZE;
+    /// Whether the controller has posted a CQE at the head (nothing is consumed).
+    pub fn pending(&self) -> bool {
         // Acquire on dword 3: the controller release-stores it after dwords 0-2.
-        let dw3 = host::load_u32(&self.cq, off + 12);
-        if (dw3 >> 16) & 1 != self.phase as u32 {
+        let dw3 = host::load_u32(&self.cq, self.head as usize * CQE_SIZE + 12);
+        (dw3 >> 16) & 1 == self.phase as u32
+    }
+
+    /// The next CQE if the controller posted one, consumed (the head and phase move on)
+    /// without telling the controller: the caller publishes the head, through the
+    /// doorbell or a shadow page of its own.
+    pub fn pop(&mut self) -> Option<Cqe> {
+        if !self.pending() {
             return None;
         }
+        let off = self.head as usize * CQE_SIZE;
+        // The acquire load of dword 3 in `pending` ordered these reads after the
+        // controller's writes of the entry.
         let c = Cqe::from_dwords(
             host::load_u32(&self.cq, off),
             host::load_u32(&self.cq, off + 4),
             host::load_u32(&self.cq, off + 8),
-            dw3,
+            host::load_u32(&self.cq, off + 12),
         );
         self.head += 1;
         if self.head == self.size {
             self.head = 0;
             self.phase = !self.phase;
         }
+        Some(c)
+    }
+
+    /// The next CQE if the controller posted one; consumes it and rings the CQ head
+    /// doorbell (and its shadow entry, as in [`RawQueue::ring`]).
+    pub fn try_reap(&mut self, bar: &Bar, shadow: Option<&DmaBuf>) -> Option<Cqe> {
+        let c = self.pop()?;
         if let Some(s) = shadow {
             host::store_u32(
                 s,

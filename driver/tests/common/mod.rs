@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController};
-use kestrel::io::Completion;
+use kestrel::io::{Completion, IoError, IoRequest};
 use kestrel::{Controller, ControllerOptions, IoQpair};
 
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -35,6 +35,13 @@ pub fn reap(qp: &mut IoQpair, n: usize) -> Vec<Completion> {
         }
     }
     out
+}
+
+/// Submits one request, rings the doorbell and waits for its completion: its result.
+pub fn complete_one(qp: &mut IoQpair, req: IoRequest) -> Result<(), IoError> {
+    qp.submit(req).unwrap();
+    qp.flush();
+    reap(qp, 1)[0].result
 }
 
 /// Polls one more short while and asserts nothing else completes.

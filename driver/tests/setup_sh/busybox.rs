@@ -6,6 +6,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::fake_kernel::FakeKernel;
+use crate::fakesys::FakeSys;
 use crate::fixture::{
     config_tree, fresh_tree, run_full, snapshot, state_file, table, without_overrides,
 };
@@ -82,18 +83,12 @@ fn runs_with_busybox_tools_only() {
 /// rebinding no kernel does, with the shell `bash` and the tools in `bb` only.
 fn on_a_tree_with_two_controllers(bb: &str, bash: &str) {
     let f = config_tree();
-    let a = "0000:01:00.0";
-    f.nvme(a)
-        .bind(a, "nvme")
-        .group(a, 3)
-        .numa(a, 0)
-        .namespace(a, "nvme0", "nvme0n1", "259:0")
-        .partition(a, "nvme0", "nvme0n1", "nvme0n1p1")
+    let (a, b) = (FakeSys::ON_NVME, FakeSys::ON_VFIO);
+    f.two_controllers()
         .holder(a, "nvme0/nvme0n1", "dm-1", Some("vg-x"))
-        .mount("/dev/nvme0n1p1", "/boot");
-    let b = "0000:02:00.0";
-    f.nvme(b).bind(b, "vfio-pci").group(b, 4).dev_vfio("4");
-    f.hugepages(Some(0), 2048, 1, 2);
+        .mount("/dev/nvme0n1p1", "/boot")
+        .dev_vfio("4")
+        .hugepages(Some(0), 2048, 1, 2);
     let r = run_full(&f, &["status"], &[], bb, bash, false);
     assert_eq!(r.code(), 0, "{}", r.stderr());
     assert_eq!(r.stdout(), table(&f));

@@ -11,15 +11,10 @@ use crate::fixture::{run, script, table};
 fn status_prints_the_library_table_over_a_fake_tree() {
     need_bash!();
     let f = FakeSys::new();
-    let a = "0000:01:00.0";
-    f.nvme(a)
-        .bind(a, "nvme")
-        .group(a, 3)
-        .numa(a, 0)
-        .namespace(a, "nvme0", "nvme0n1", "259:0")
+    let a = FakeSys::ON_NVME;
+    f.two_controllers()
         .namespace(a, "nvme0", "nvme0n10", "259:9")
         .namespace(a, "nvme0", "nvme0n2", "259:1")
-        .partition(a, "nvme0", "nvme0n1", "nvme0n1p1")
         .partition(a, "nvme0", "nvme0n1", "nvme0n1p2")
         .partition(a, "nvme0", "nvme0n1", "nvme0n1p3")
         .holder(a, "nvme0/nvme0n1/nvme0n1p3", "dm-0", Some("vg0-root"))
@@ -28,9 +23,6 @@ fn status_prints_the_library_table_over_a_fake_tree() {
         .mount("/dev/nvme0n1p1", "/mnt/again")
         .mount("/dev/sda1", "/")
         .swap("/dev/nvme0n1p2");
-    f.nvme("0000:02:00.0")
-        .bind("0000:02:00.0", "vfio-pci")
-        .group("0000:02:00.0", 4);
     f.nvme("0000:00:0a.0").numa("0000:00:0a.0", 1);
     f.pci("0000:00:03.0", 0x020000, 0x8086, 0x100e)
         .bind("0000:00:03.0", "e1000");

@@ -43,6 +43,11 @@ pub struct FakeSys {
 }
 
 impl FakeSys {
+    /// The controller [`FakeSys::two_controllers`] leaves on the kernel's `nvme` driver.
+    pub const ON_NVME: &'static str = "0000:01:00.0";
+    /// The controller [`FakeSys::two_controllers`] leaves on `vfio-pci`.
+    pub const ON_VFIO: &'static str = "0000:02:00.0";
+
     pub fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
         for d in ["sys/bus/pci/devices", "sys/class/block", "proc", "dev/vfio"] {
@@ -91,6 +96,26 @@ impl FakeSys {
     }
     pub fn nvme(&self, bdf: &str) -> &Self {
         self.pci(bdf, 0x010802, 0x1b36, 0x0010)
+    }
+    /// The machine the `pci` discovery test and the `setup.sh` status and busybox tests
+    /// start from (each adds what it checks on top), two NVMe controllers (QEMU's model,
+    /// 1b36:0010):
+    /// - [`Self::ON_NVME`] bound to `nvme`, in IOMMU group 3, on NUMA node 0, with one
+    ///   namespace `nvme0n1` (259:0) holding one partition `nvme0n1p1`; nothing mounted,
+    ///   used as swap or held;
+    /// - [`Self::ON_VFIO`] bound to `vfio-pci`, in IOMMU group 4, no NUMA node, no block
+    ///   device (and no `/dev/vfio/4` node).
+    ///
+    /// Adds to the tree as it is, so it goes on a prepared one too (`config_tree`).
+    pub fn two_controllers(&self) -> &Self {
+        let (a, b) = (Self::ON_NVME, Self::ON_VFIO);
+        self.nvme(a)
+            .bind(a, "nvme")
+            .group(a, 3)
+            .numa(a, 0)
+            .namespace(a, "nvme0", "nvme0n1", "259:0")
+            .partition(a, "nvme0", "nvme0n1", "nvme0n1p1");
+        self.nvme(b).bind(b, "vfio-pci").group(b, 4)
     }
     pub fn numa(&self, bdf: &str, node: i32) -> &Self {
         fs::write(self.real_dir(bdf).join("numa_node"), format!("{node}\n")).unwrap();

@@ -478,7 +478,7 @@ fn async_events_and_doorbell_errors() {
 
     // CQ head moved past the entries posted.
     h.bar
-        .write32(doorbell_offset(0, 1, DoorbellKind::CqHead), q.head + 3);
+        .write32(doorbell_offset(0, 1, DoorbellKind::CqHead), q.head() + 3);
     let c = h.admin.reap(&h.bar);
     assert_eq!(c.dw0, 0x01 << 16 | 0x01 << 8);
     // Two AERs left, the controller is still fine.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::mem::host;
+use super::testkit::RawQueue;
 use super::*;
 use crate::hw::dma::{DmaBuf, DmaPool, DmaPoolOptions};
 use crate::hw::mmio::Bar;
@@ -53,45 +54,33 @@ fn assert_ok(c: &Cqe) {
     assert_status(c, Status::SUCCESS);
 }
 
-/// A queue pair in DMA memory, driven by the test.
-struct Queue {
-    qid: u16,
-    size: u32,
-    sq: DmaBuf,
-    cq: DmaBuf,
-    tail: u32,
-    head: u32,
-    phase: bool,
-    dstrd: u8,
+/// A queue pair in DMA memory, driven by the test: [`RawQueue`] (its rings and positions,
+/// reached through `Deref`) on MMIO doorbells, with a reap that waits.
+struct Queue(RawQueue);
+
+impl std::ops::Deref for Queue {
+    type Target = RawQueue;
+    fn deref(&self) -> &RawQueue {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Queue {
+    fn deref_mut(&mut self) -> &mut RawQueue {
+        &mut self.0
+    }
 }
 
 impl Queue {
     fn new(pool: &DmaPool, qid: u16, size: u32, dstrd: u8) -> Self {
-        Queue {
-            qid,
-            size,
-            sq: pool.alloc(size as usize * 64).unwrap(),
-            cq: pool.alloc(size as usize * 16).unwrap(),
-            tail: 0,
-            head: 0,
-            phase: true,
-            dstrd,
-        }
+        let sq = pool.alloc(size as usize * 64).unwrap();
+        let cq = pool.alloc(size as usize * 16).unwrap();
+        Queue(RawQueue::new(qid, size, sq, cq, dstrd))
     }
 
-    /// Writes an SQE at the tail (no doorbell).
-    fn push(&mut self, sqe: &Sqe) {
-        self.sq
-            .write_at(self.tail as usize * 64, &sqe.to_bytes())
-            .unwrap();
-        self.tail = (self.tail + 1) % self.size;
-    }
-
+    /// Rings the SQ tail doorbell.
     fn ring(&self, bar: &Bar) {
-        bar.write32(
-            doorbell_offset(self.dstrd, self.qid, DoorbellKind::SqTail),
-            self.tail,
-        );
+        self.0.ring(bar, None);
     }
 
     fn submit(&mut self, bar: &Bar, sqe: &Sqe) {
@@ -101,27 +90,7 @@ impl Queue {
 
     /// The next CQE if one is posted (head doorbell rung).
     fn try_reap(&mut self, bar: &Bar) -> Option<Cqe> {
-        let off = self.head as usize * 16;
-        let dw3 = host::load_u32(&self.cq, off + 12);
-        if (dw3 >> 16) & 1 != self.phase as u32 {
-            return None;
-        }
-        let c = Cqe::from_dwords(
-            host::load_u32(&self.cq, off),
-            host::load_u32(&self.cq, off + 4),
-            host::load_u32(&self.cq, off + 8),
-            dw3,
-        );
-        self.head += 1;
-        if self.head == self.size {
-            self.head = 0;
-            self.phase = !self.phase;
-        }
-        bar.write32(
-            doorbell_offset(self.dstrd, self.qid, DoorbellKind::CqHead),
-            self.head,
-        );
-        Some(c)
+        self.0.try_reap(bar, None)
     }
 
     fn reap(&mut self, bar: &Bar) -> Cqe {
@@ -141,8 +110,7 @@ impl Queue {
 
     /// True when no CQE is pending now (does not consume anything).
     fn idle(&self) -> bool {
-        let dw3 = host::load_u32(&self.cq, self.head as usize * 16 + 12);
-        (dw3 >> 16) & 1 != self.phase as u32
+        !self.pending()
     }
 }
 

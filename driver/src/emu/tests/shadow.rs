@@ -44,23 +44,10 @@ fn shadow_doorbells() {
         let mut s = Sqe::read(1, round as u64, 1, data.iova(), 0);
         s.set_cid(round as u16);
         q.push(&s);
-        host::store_u32(&shadow, sq_off, q.tail);
-        let start = Instant::now();
-        loop {
-            let off = q.head as usize * 16;
-            let dw3 = host::load_u32(&q.cq, off + 12);
-            if (dw3 >> 16) & 1 == q.phase as u32 {
-                assert_eq!(dw3 as u16, round as u16);
-                break;
-            }
-            assert!(start.elapsed() < WAIT, "shadow tail not noticed");
-        }
-        q.head += 1;
-        if q.head == q.size {
-            q.head = 0;
-            q.phase = !q.phase;
-        }
-        host::store_u32(&shadow, cq_off, q.head);
+        host::store_u32(&shadow, sq_off, q.tail());
+        let c = pop_within(&mut q, "shadow tail not noticed");
+        assert_eq!(c.cid, round as u16);
+        host::store_u32(&shadow, cq_off, q.head());
         seen_eventidx.push(host::load_u32(&eventidx, sq_off));
         seen_eventidx.push(host::load_u32(&eventidx, cq_off));
     }
@@ -74,7 +61,8 @@ fn shadow_doorbells() {
     // Once the controller goes idle, EventIdx equals the consumed values (so the driver's
     // next update would ring MMIO); while it polls, EventIdx = consumed - 1.
     wait_until("EventIdx armed", || {
-        host::load_u32(&eventidx, sq_off) == q.tail && host::load_u32(&eventidx, cq_off) == q.head
+        host::load_u32(&eventidx, sq_off) == q.tail()
+            && host::load_u32(&eventidx, cq_off) == q.head()
     });
     // need_event as Linux computes it (u16 arithmetic) and as Kestrel's qpair does
     // (modulo the ring; an index outside the ring always rings).
@@ -82,7 +70,7 @@ fn shadow_doorbells() {
         (new.wrapping_sub(ei).wrapping_sub(1) as u16) < (new.wrapping_sub(old) as u16)
     };
     let d = q.size as u16;
-    let (t, next) = (q.tail, (q.tail + 1) % q.size);
+    let (t, next) = (q.tail(), (q.tail() + 1) % q.size);
     let armed = host::load_u32(&eventidx, sq_off);
     assert!(linux(armed, next, t), "armed: the next update rings MMIO");
     assert!(crate::nvme::ring::need_event(
@@ -109,12 +97,12 @@ fn shadow_doorbells() {
     let mut s = Sqe::read(1, 0, 1, data.iova(), 0);
     s.set_cid(1000);
     q.push(&s);
-    host::store_u32(&shadow, sq_off, q.tail);
+    host::store_u32(&shadow, sq_off, q.tail());
     q.ring(&h.bar);
     let c = q.reap(&h.bar);
     assert_eq!(c.cid, 1000);
     assert_ok(&c);
-    host::store_u32(&shadow, cq_off, q.head);
+    host::store_u32(&shadow, cq_off, q.head());
     // The admin queue keeps using MMIO (as Linux does).
     assert_ok(&h.admin(Sqe::new(admin_opc::KEEP_ALIVE)));
 
@@ -159,28 +147,17 @@ fn shadow_doorbells_ignore_an_older_mmio_value() {
             q.push(&s);
             cid += 1;
         }
-        host::store_u32(&shadow, sq_off, q.tail);
+        host::store_u32(&shadow, sq_off, q.tail());
         for _ in 0..n {
-            let start = Instant::now();
-            loop {
-                let off = q.head as usize * 16;
-                let dw3 = host::load_u32(&q.cq, off + 12);
-                if (dw3 >> 16) & 1 == q.phase as u32 {
-                    assert_eq!(Status::from_cqe_status((dw3 >> 16) as u16), Status::SUCCESS);
-                    break;
-                }
-                assert!(start.elapsed() < WAIT, "shadow tail {} not noticed", q.tail);
-            }
-            q.head = (q.head + 1) % q.size;
-            if q.head == 0 {
-                q.phase = !q.phase;
-            }
+            let what = format!("shadow tail {} not noticed", q.tail());
+            let c = pop_within(q, &what);
+            assert_eq!(c.status(), Status::SUCCESS);
         }
-        host::store_u32(&shadow, cq_off, q.head);
+        host::store_u32(&shadow, cq_off, q.head());
         // The controller took both values once it armed EventIdx with them.
         wait_until("EventIdx armed", || {
-            host::load_u32(&eventidx, sq_off) == q.tail
-                && host::load_u32(&eventidx, cq_off) == q.head
+            host::load_u32(&eventidx, sq_off) == q.tail()
+                && host::load_u32(&eventidx, cq_off) == q.head()
         });
     };
     // X = 1, then Y = 3, through the shadow page.
@@ -313,4 +290,17 @@ fn garbage_commands_never_panic() {
     assert_ok(&h.admin(Sqe::new(admin_opc::KEEP_ALIVE)));
     assert_ok(&h.io(&mut q, Sqe::read(1, 0, 1, b.iova(), 0)));
     assert!(!h.csts().cfs());
+}
+
+/// The next CQE, consumed without a doorbell (the test publishes the head in the shadow
+/// page); panics with `what` when none comes within [`WAIT`].
+fn pop_within(q: &mut Queue, what: &str) -> Cqe {
+    let start = Instant::now();
+    loop {
+        if let Some(c) = q.pop() {
+            return c;
+        }
+        assert!(start.elapsed() < WAIT, "{what}");
+        std::hint::spin_loop();
+    }
 }

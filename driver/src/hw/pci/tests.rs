@@ -62,21 +62,16 @@ fn namespace_names() {
 #[test]
 fn discovery_driver_group_and_blocks() {
     let f = FakeSys::new();
-    f.nvme("0000:00:04.0")
-        .bind("0000:00:04.0", "nvme")
-        .group("0000:00:04.0", 3)
-        .numa("0000:00:04.0", 1)
-        .namespace("0000:00:04.0", "nvme0", "nvme0n1", "259:0")
-        .namespace("0000:00:04.0", "nvme0", "nvme0n2", "259:1")
-        .partition("0000:00:04.0", "nvme0", "nvme0n1", "nvme0n1p1");
-    f.nvme("0000:00:05.0")
-        .bind("0000:00:05.0", "vfio-pci")
-        .group("0000:00:05.0", 4);
-    f.pci("0000:00:03.0", 0x020000, 0x8086, 0x100e)
+    let a = FakeSys::ON_NVME;
+    // Node 1 rather than the preset's 0: a reader falling back to 0 would not pass.
+    f.two_controllers()
+        .numa(a, 1)
+        .namespace(a, "nvme0", "nvme0n2", "259:1")
+        .pci("0000:00:03.0", 0x020000, 0x8086, 0x100e)
         .bind("0000:00:03.0", "e1000");
     let c = list_nvme_controllers(&f.roots()).unwrap();
     assert_eq!(c.len(), 2, "{c:?}");
-    assert_eq!(c[0].bdf.to_string(), "0000:00:04.0");
+    assert_eq!(c[0].bdf.to_string(), a);
     assert_eq!((c[0].vendor, c[0].device), (0x1b36, 0x0010));
     assert_eq!(c[0].numa_node, Some(1));
     assert_eq!(c[0].iommu_group, Some(3));
@@ -91,7 +86,7 @@ fn discovery_driver_group_and_blocks() {
     assert_eq!(c[1].driver.as_deref(), Some("vfio-pci"));
     assert_eq!(c[1].numa_node, None);
     assert!(c[1].block_devices.is_empty());
-    let b: Bdf = "00:05.0".parse().unwrap();
+    let b: Bdf = FakeSys::ON_VFIO.parse().unwrap();
     assert_eq!(iommu_group(&f.roots(), &b).unwrap(), Some(4));
     assert_eq!(
         bound_driver(&f.roots(), &b).unwrap().as_deref(),

@@ -1,0 +1,59 @@
+//! What the modules share: the names, servers on an ephemeral loopback port over an
+//! emulated controller, and command builders.
+
+use kestrel_nvmf::{Limits, Server, ServerConfig, SubsystemConfig};
+
+use crate::host::Host;
+
+pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
+pub const HOSTID: [u8; 16] = [0x42; 16];
+pub const NQN: &str = "nqn.2026-12.io.kestrel:test";
+
+pub fn server_with(hosts: Vec<String>, any: bool, limits: Limits) -> Server {
+    let target = kestrel::target_spec::open("emu:size=16M,core=none").expect("emulator");
+    let cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        discovery_listen: None,
+        reactors: vec![None, None],
+        subsystems: vec![SubsystemConfig {
+            nqn: NQN.into(),
+            namespaces: vec![target],
+            allowed_hosts: hosts,
+            allow_any_host: any,
+        }],
+        limits,
+    };
+    Server::start(cfg).expect("server starts")
+}
+
+pub fn server() -> Server {
+    server_with(Vec::new(), true, Limits::default())
+}
+
+pub fn sqe(opc: u8, nsid: u32) -> [u8; 64] {
+    let mut s = [0u8; 64];
+    s[0] = opc;
+    s[4..8].copy_from_slice(&nsid.to_le_bytes());
+    s
+}
+
+pub fn rw(opc: u8, slba: u64, nlb: u32) -> [u8; 64] {
+    let mut s = sqe(opc, 1);
+    s[40..48].copy_from_slice(&slba.to_le_bytes());
+    s[48..52].copy_from_slice(&(nlb - 1).to_le_bytes());
+    s
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed ^ (i >> 9) as u8)
+        .collect()
+}
+
+pub fn identify(h: &mut Host, cns: u8, nsid: u32) -> Vec<u8> {
+    let mut s = sqe(0x06, nsid);
+    s[40] = cns;
+    let (c, d) = h.cmd(s, &[], false, 4096);
+    assert!(c.status.is_success(), "identify cns {cns}: {:?}", c.status);
+    d
+}
