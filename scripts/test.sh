@@ -44,7 +44,7 @@ fi
 log "cargo fmt --check"
 cargo fmt --all --check
 
-log "layer check: no upward import, no module cycle in driver/src (driver/tests/layers.rs)"
+log "layer check: no upward import, no module cycle in driver/src (driver/tests/layers/)"
 cargo test --release -p kestrel --test layers
 
 log "size check: no file over 800 lines, no function over 80 in driver/src, app/src, nvmf/src, hw-tests/src, fio-engine, app/tests and the driver's file_target and setup_sh tests (scripts/check-size.sh)"

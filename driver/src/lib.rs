@@ -1,7 +1,7 @@
 //! Kestrel: a polled-mode, userspace NVMe driver.
 //!
 //! The folders are the layers, bottom up; each imports only from those below it
-//! (`docs/architecture.md` has the diagram; `tests/layers.rs` enforces it):
+//! (`docs/architecture.md` has the diagram; `tests/layers/` enforces it):
 //! - [`spec`]: NVMe definitions, pure data.
 //! - [`parse`]: the grammars of values people type (sizes, durations, core lists, PCI
 //!   addresses, target strings), pure functions every layer may use.

@@ -16,7 +16,7 @@ use kestrel::aio::{
 use kestrel::emu::{EmuConfig, EmuController};
 use kestrel::io::{IoError, Segments};
 use kestrel::target::{QueueOptions, Target};
-use kestrel::{NvmeNamespace, ReactorError};
+use kestrel::{DmaBuf, NvmeNamespace, ReactorError};
 
 fn emu_target(cfg: EmuConfig) -> (Arc<EmuController>, Arc<dyn Target>) {
     let (emu, c) = emu_with(cfg);
@@ -64,7 +64,14 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
     assert!(ctx.is_run_to_completion());
     let mut w = pool.alloc(64 * bs).unwrap();
     let r = pool.alloc(64 * bs).unwrap();
-    // Writes of assorted sizes, then reads of the same ranges, all in one batch each.
+    batched_writes_then_reads(&mut ctx, &mut w, &r, bs);
+    vectored_round_trip(&mut ctx, &w, &r, bs);
+    zeroes_discard_and_flush(&mut ctx, &r, bs);
+    every_request_accounted(&ctx);
+}
+
+/// Writes of assorted sizes, then reads of the same ranges, all in one batch each.
+fn batched_writes_then_reads(ctx: &mut IoContext, w: &mut DmaBuf, r: &DmaBuf, bs: usize) {
     let sizes = [1usize, 2, 3, 8, 16, 33];
     let mut off = 0usize;
     let mut iocbs = Vec::new();
@@ -81,7 +88,7 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
         off += nb;
     }
     assert_eq!(ctx.submit(&iocbs).unwrap(), sizes.len());
-    let evs = by_user_data(&collect(&mut ctx, sizes.len()));
+    let evs = by_user_data(&collect(ctx, sizes.len()));
     for (i, (_, nb, _)) in expect.iter().enumerate() {
         assert_eq!(evs[&(i as u64)].res, Ok((nb * bs) as u64), "write {i}");
     }
@@ -97,15 +104,17 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
         })
         .collect();
     assert_eq!(ctx.submit(&reads).unwrap(), reads.len());
-    let evs = by_user_data(&collect(&mut ctx, reads.len()));
+    let evs = by_user_data(&collect(ctx, reads.len()));
     for (i, (off, nb, data)) in expect.iter().enumerate() {
         assert_eq!(evs[&(100 + i as u64)].res, Ok((nb * bs) as u64));
         let mut got = vec![0u8; nb * bs];
         r.read_at(off * bs, &mut got).unwrap();
         assert!(&got == data, "read {i} returned other data");
     }
+}
 
-    // Vectored: write three segments, read them back into two.
+/// Vectored: write three segments, read them back into two.
+fn vectored_round_trip(ctx: &mut IoContext, w: &DmaBuf, r: &DmaBuf, bs: usize) {
     let segs_w = [
         w.slice(0, bs).unwrap(),
         w.slice(5 * bs, 2 * bs).unwrap(),
@@ -120,7 +129,7 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
     let wv = Iocb::writev(3000 * bs as u64, Segments::from_slices(&segs_w).unwrap(), 7);
     assert_eq!(wv.len, 4 * bs as u64);
     ctx.submit(&[wv]).unwrap();
-    assert_eq!(collect(&mut ctx, 1)[0].res, Ok(4 * bs as u64));
+    assert_eq!(collect(ctx, 1)[0].res, Ok(4 * bs as u64));
     let segs_r = [r.slice(0, 3 * bs).unwrap(), r.slice(40 * bs, bs).unwrap()];
     ctx.submit(&[Iocb::readv(
         3000 * bs as u64,
@@ -128,13 +137,15 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
         8,
     )])
     .unwrap();
-    assert_eq!(collect(&mut ctx, 1)[0].res, Ok(4 * bs as u64));
+    assert_eq!(collect(ctx, 1)[0].res, Ok(4 * bs as u64));
     let mut got = vec![0u8; 4 * bs];
     r.read_at(0, &mut got[..3 * bs]).unwrap();
     r.read_at(40 * bs, &mut got[3 * bs..]).unwrap();
     assert!(got == flat, "vectored round trip");
+}
 
-    // Write zeroes and discard over written data; flush.
+/// Write zeroes and discard over written data (where the target has them); flush.
+fn zeroes_discard_and_flush(ctx: &mut IoContext, r: &DmaBuf, bs: usize) {
     let info = ctx.target_info(0).unwrap().clone();
     let mut batch = vec![Iocb::flush(20)];
     if info.write_zeroes {
@@ -145,13 +156,13 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
     }
     let n = batch.len();
     assert_eq!(ctx.submit(&batch).unwrap(), n);
-    let evs = by_user_data(&collect(&mut ctx, n));
+    let evs = by_user_data(&collect(ctx, n));
     assert_eq!(evs[&20].res, Ok(0), "flush reports 0 bytes");
     if info.write_zeroes {
         assert_eq!(evs[&21].res, Ok(2 * bs as u64));
         ctx.submit(&[Iocb::read(100 * bs as u64, r.slice(0, 2 * bs).unwrap(), 23)])
             .unwrap();
-        assert_eq!(collect(&mut ctx, 1)[0].res, Ok(2 * bs as u64));
+        assert_eq!(collect(ctx, 1)[0].res, Ok(2 * bs as u64));
         assert!(
             r.to_vec()[..2 * bs].iter().all(|&b| b == 0),
             "write zeroes left data"
@@ -160,6 +171,11 @@ fn write_read_all_opcodes(t: Arc<dyn Target>) {
     if info.deallocate {
         assert_eq!(evs[&22].res, Ok(bs as u64));
     }
+}
+
+/// Nothing outstanding, and every request submitted has completed, on the queue and in
+/// the context.
+fn every_request_accounted(ctx: &IoContext) {
     let (qs, outstanding) = ctx.queue_stats().unwrap();
     assert_eq!(outstanding, 0);
     assert_eq!(qs.submitted, qs.completed);
@@ -286,10 +302,35 @@ fn invalid_iocbs_are_typed_errors_naming_the_values() {
 fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
     let (_emu, t) = emu_target(EmuConfig::default());
     let bs = t.info().block_size as usize;
+    without_bounce_path_foreign_and_user_memory_are_refused(&t, bs);
+    let mut ctx = IoContext::setup_with(
+        t,
+        ContextOptions::new(16).with_bounce(BounceOptions {
+            buffers: 2,
+            buf_size: 4 * bs,
+        }),
+    )
+    .unwrap();
+    let src = bounced_writes_wait_for_a_free_bounce_buffer(&mut ctx, bs);
+    // A bounced request longer than a bounce buffer.
+    let mut big = vec![0u8; 8 * bs];
+    // SAFETY: refused at submit.
+    let bb = unsafe { IoBuf::user(big.as_mut_ptr(), big.len()) };
+    let e = ctx
+        .submit(&[Iocb::bounced(Opcode::Read, 0, bb, 9)])
+        .unwrap_err();
+    assert!(e.to_string().contains("longer than a bounce buffer"), "{e}");
+    bounced_reads_return_what_was_written(&mut ctx, bs, &src);
+    assert_eq!(ctx.stats().bounced, 6);
+}
+
+/// A context without the bounce path refuses a buffer of another pool and ordinary
+/// memory.
+fn without_bounce_path_foreign_and_user_memory_are_refused(t: &Arc<dyn Target>, bs: usize) {
     // A buffer from another pool (another emulator) is foreign to this target.
     let (_emu2, other) = emu_target(EmuConfig::default());
     let foreign = other.dma_pool().alloc(bs).unwrap();
-    let mut plain = IoContext::setup(Arc::clone(&t), 8).unwrap();
+    let mut plain = IoContext::setup(Arc::clone(t), 8).unwrap();
     let e = plain
         .submit(&[Iocb::write(0, foreign.slice_all(), 1)])
         .unwrap_err();
@@ -311,16 +352,11 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
         .submit(&[Iocb::bounced(Opcode::Write, 0, ub, 2)])
         .unwrap_err();
     assert!(e.to_string().contains("bounce path"), "{e}");
-    drop(plain);
+}
 
-    let mut ctx = IoContext::setup_with(
-        t,
-        ContextOptions::new(16).with_bounce(BounceOptions {
-            buffers: 2,
-            buf_size: 4 * bs,
-        }),
-    )
-    .unwrap();
+/// Three bounced writes of ordinary memory on a context with two bounce buffers: the third
+/// is Busy until the first two complete. Returns the data written (blocks 0..6).
+fn bounced_writes_wait_for_a_free_bounce_buffer(ctx: &mut IoContext, bs: usize) -> Vec<Vec<u8>> {
     let src: Vec<Vec<u8>> = (0..3).map(|i| pattern(2 * bs, 77 + i)).collect();
     let mut src = src;
     let mut iocbs = Vec::new();
@@ -344,18 +380,14 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
         matches!(e, AioError::Busy { what, .. } if what.contains("bounce")),
         "{e}"
     );
-    collect(&mut ctx, 2);
+    collect(ctx, 2);
     assert_eq!(ctx.submit(&iocbs[2..]).unwrap(), 1);
-    collect(&mut ctx, 1);
-    // A bounced request longer than a bounce buffer.
-    let mut big = vec![0u8; 8 * bs];
-    // SAFETY: refused at submit.
-    let bb = unsafe { IoBuf::user(big.as_mut_ptr(), big.len()) };
-    let e = ctx
-        .submit(&[Iocb::bounced(Opcode::Read, 0, bb, 9)])
-        .unwrap_err();
-    assert!(e.to_string().contains("longer than a bounce buffer"), "{e}");
-    // Read everything back into ordinary memory.
+    collect(ctx, 1);
+    src
+}
+
+/// Read everything back into ordinary memory through the bounce path.
+fn bounced_reads_return_what_was_written(ctx: &mut IoContext, bs: usize, src: &[Vec<u8>]) {
     let mut dst: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; 2 * bs]).collect();
     let reads: Vec<Iocb> = dst
         .iter_mut()
@@ -370,12 +402,11 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
     while done < 3 {
         done += ctx.submit(&reads[done..]).unwrap();
         let n = ctx.in_flight() as usize;
-        collect(&mut ctx, n);
+        collect(ctx, n);
     }
     for i in 0..3 {
         assert!(dst[i] == src[i], "bounced read {i}");
     }
-    assert_eq!(ctx.stats().bounced, 6);
 }
 
 #[test]

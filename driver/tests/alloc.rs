@@ -7,8 +7,10 @@ mod counting_alloc;
 
 use common::*;
 use counting_alloc::{unwatch_this_thread, Counter};
-use kestrel::io::IoRequest;
-use kestrel::QpairOptions;
+use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
+use kestrel::io::{IoMeta, IoRequest};
+use kestrel::spec::pi::{PiFormat, PiType};
+use kestrel::{DmaBuf, DmaPool, QpairOptions};
 
 #[test]
 fn no_allocation_across_100k_ios() {
@@ -87,20 +89,8 @@ fn no_allocation_across_100k_ios() {
 /// thread: still no allocation.
 #[test]
 fn no_allocation_with_metadata_and_software_pi() {
-    use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
-    use kestrel::io::IoMeta;
-    use kestrel::spec::pi::{PiFormat, PiType};
-    let ns = |ms, extended, pi_type| EmuNamespace {
-        format: EmuFormat {
-            ms,
-            extended,
-            pi_type,
-            ..Default::default()
-        },
-        ..EmuNamespace::new(16 << 20, 512, EmuStore::Memory)
-    };
     let (_emu, c) = emu_with(EmuConfig {
-        namespaces: vec![ns(16, false, 1), ns(8, true, 0)],
+        namespaces: vec![meta_ns(16, false, 1), meta_ns(8, true, 0)],
         ..Default::default()
     });
     let mut qp = c
@@ -110,60 +100,87 @@ fn no_allocation_with_metadata_and_software_pi() {
             ..Default::default()
         })
         .unwrap();
-    // Slot i: 8 blocks of 512 B data (+8 B interleaved for nsid 2), 8 x 16 B metadata.
-    let (dstride, mstride) = (8 * 520, 8 * 16);
-    let data = c.dma_pool().alloc(128 * dstride).unwrap();
-    let mut md = c.dma_pool().alloc(128 * mstride).unwrap();
-    let big = c.dma_pool().alloc(1 << 20).unwrap();
-    let bigmd = c.dma_pool().alloc(2048 * 16).unwrap();
-    let pif = PiFormat {
-        data_size: 512,
-        ms: 16,
-        extended: false,
-        pi_first: false,
-        pi_type: PiType::Type1,
-    };
-    let mut scratch = vec![0u8; dstride];
-    let mut mscratch = vec![0u8; mstride];
-    // The big write: PI for 2048 blocks of zeroes at LBA 8192, generated once.
-    let mut bigmd_bytes = vec![0u8; 2048 * 16];
-    pif.fill(&mut vec![0u8; 1 << 20], &mut bigmd_bytes, 2048, 8192, 0);
-    let mut bigmd = bigmd;
-    bigmd.write_at(0, &bigmd_bytes).unwrap();
-    let mut run = |qp: &mut kestrel::IoQpair, n: u64| {
+    let mut w = MetaWorkload::new(c.dma_pool());
+    w.run(&mut qp, 2_000);
+    let counter = Counter::new();
+    counter.watch_this_thread();
+    counter.arm();
+    w.run(&mut qp, 50_000);
+    let n = counter.disarm();
+    unwatch_this_thread();
+    let st = qp.stats();
+    assert!(st.split > 0 && st.sw_queued > 0, "{st:?}");
+    assert_eq!(n, 0, "heap allocations on the i/o path");
+}
+
+/// A 16 MiB namespace of 512 B blocks in memory, with `ms` bytes of metadata per block.
+fn meta_ns(ms: u16, extended: bool, pi_type: u8) -> EmuNamespace {
+    EmuNamespace {
+        format: EmuFormat {
+            ms,
+            extended,
+            pi_type,
+            ..Default::default()
+        },
+        ..EmuNamespace::new(16 << 20, 512, EmuStore::Memory)
+    }
+}
+
+/// The buffers of the metadata run, all allocated before it: 128 slots of data and
+/// metadata, the big write with its PI, and the scratch the software PI is computed in.
+struct MetaWorkload {
+    data: DmaBuf,
+    md: DmaBuf,
+    big: DmaBuf,
+    bigmd: DmaBuf,
+    pif: PiFormat,
+    scratch: Vec<u8>,
+    mscratch: Vec<u8>,
+}
+
+// Slot i: 8 blocks of 512 B data (+8 B interleaved for nsid 2), 8 x 16 B metadata.
+const DSTRIDE: usize = 8 * 520;
+const MSTRIDE: usize = 8 * 16;
+
+impl MetaWorkload {
+    fn new(pool: &DmaPool) -> Self {
+        let data = pool.alloc(128 * DSTRIDE).unwrap();
+        let md = pool.alloc(128 * MSTRIDE).unwrap();
+        let big = pool.alloc(1 << 20).unwrap();
+        let mut bigmd = pool.alloc(2048 * 16).unwrap();
+        let pif = PiFormat {
+            data_size: 512,
+            ms: 16,
+            extended: false,
+            pi_first: false,
+            pi_type: PiType::Type1,
+        };
+        let scratch = vec![0u8; DSTRIDE];
+        let mscratch = vec![0u8; MSTRIDE];
+        // The big write: PI for 2048 blocks of zeroes at LBA 8192, generated once.
+        let mut bigmd_bytes = vec![0u8; 2048 * 16];
+        pif.fill(&mut vec![0u8; 1 << 20], &mut bigmd_bytes, 2048, 8192, 0);
+        bigmd.write_at(0, &bigmd_bytes).unwrap();
+        MetaWorkload {
+            data,
+            md,
+            big,
+            bigmd,
+            pif,
+            scratch,
+            mscratch,
+        }
+    }
+
+    /// Runs `n` requests to completion.
+    fn run(&mut self, qp: &mut kestrel::IoQpair, n: u64) {
         let mut done = 0u64;
         let mut issued = 0u64;
         while done < n {
             // At most 100 outstanding over 128 slots: a slot's buffers are never shared by
             // two requests in flight (a write's PI must match its data when it executes).
             while issued < n && issued - done < 100 {
-                let i = issued;
-                let s = (i % 128) as usize;
-                let lba = (i % 1000) * 8;
-                let d = data.slice(s * dstride, dstride).unwrap();
-                let m = md.slice(s * mstride, mstride).unwrap();
-                let req = match i % 40 {
-                    0 => IoRequest::write(1, 8192, 2048, big.slice_all(), i)
-                        .with_meta(IoMeta::separate(bigmd.slice_all())),
-                    n if n % 4 == 1 => {
-                        IoRequest::write(2, lba, 8, d, i).with_meta(IoMeta::extended())
-                    }
-                    n if n % 4 == 2 => {
-                        IoRequest::read(2, lba, 8, d, i).with_meta(IoMeta::extended())
-                    }
-                    n if n % 2 == 0 => {
-                        // Software PI over the slot's data, into its metadata.
-                        data.read_at(s * dstride, &mut scratch[..8 * 512]).unwrap();
-                        pif.fill(&mut scratch[..8 * 512], &mut mscratch, 8, lba as u32, 0);
-                        assert_eq!(
-                            pif.check(&scratch[..8 * 512], &mscratch, 8, lba as u32, 0, 0),
-                            Ok(())
-                        );
-                        md.write_at(s * mstride, &mscratch).unwrap();
-                        IoRequest::write(1, lba, 8, d, i).with_meta(IoMeta::separate(m))
-                    }
-                    _ => IoRequest::read(1, lba, 8, d, i).with_meta(IoMeta::separate(m)),
-                };
+                let req = self.request(issued);
                 qp.submit(req).unwrap();
                 issued += 1;
             }
@@ -173,15 +190,36 @@ fn no_allocation_with_metadata_and_software_pi() {
                 done += 1;
             });
         }
-    };
-    run(&mut qp, 2_000);
-    let counter = Counter::new();
-    counter.watch_this_thread();
-    counter.arm();
-    run(&mut qp, 50_000);
-    let n = counter.disarm();
-    unwatch_this_thread();
-    let st = qp.stats();
-    assert!(st.split > 0 && st.sw_queued > 0, "{st:?}");
-    assert_eq!(n, 0, "heap allocations on the i/o path");
+    }
+
+    /// Request `i`: every 40th the big write, else on slot i % 128 a write or read of the
+    /// extended-LBA namespace or one with separate metadata, PI made in software.
+    fn request(&mut self, i: u64) -> IoRequest {
+        let pif = &self.pif;
+        let (scratch, mscratch) = (&mut self.scratch, &mut self.mscratch);
+        let s = (i % 128) as usize;
+        let lba = (i % 1000) * 8;
+        let d = self.data.slice(s * DSTRIDE, DSTRIDE).unwrap();
+        let m = self.md.slice(s * MSTRIDE, MSTRIDE).unwrap();
+        match i % 40 {
+            0 => IoRequest::write(1, 8192, 2048, self.big.slice_all(), i)
+                .with_meta(IoMeta::separate(self.bigmd.slice_all())),
+            n if n % 4 == 1 => IoRequest::write(2, lba, 8, d, i).with_meta(IoMeta::extended()),
+            n if n % 4 == 2 => IoRequest::read(2, lba, 8, d, i).with_meta(IoMeta::extended()),
+            n if n % 2 == 0 => {
+                // Software PI over the slot's data, into its metadata.
+                self.data
+                    .read_at(s * DSTRIDE, &mut scratch[..8 * 512])
+                    .unwrap();
+                pif.fill(&mut scratch[..8 * 512], mscratch, 8, lba as u32, 0);
+                assert_eq!(
+                    pif.check(&scratch[..8 * 512], mscratch, 8, lba as u32, 0, 0),
+                    Ok(())
+                );
+                self.md.write_at(s * MSTRIDE, mscratch).unwrap();
+                IoRequest::write(1, lba, 8, d, i).with_meta(IoMeta::separate(m))
+            }
+            _ => IoRequest::read(1, lba, 8, d, i).with_meta(IoMeta::separate(m)),
+        }
+    }
 }

@@ -433,74 +433,14 @@ fn stress_submitter(
     ios: u64,
     seed: u64,
 ) -> (IoContext, u64) {
-    const QD: usize = 32;
-    const MAX_NB: u64 = 4;
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    // Per block: generation of the data it holds (0: zeroes).
-    let mut shadow = vec![0u64; blocks as usize];
-    let mut busy = vec![false; blocks as usize];
-    let fill = |buf: &mut kestrel::DmaBuf, off: usize, blk: u64, gen: u64| {
-        let mut b = vec![0u8; bs];
-        b[..8].copy_from_slice(&blk.to_le_bytes());
-        b[8..16].copy_from_slice(&gen.to_le_bytes());
-        b[16..24].copy_from_slice(&seed.to_le_bytes());
-        buf.write_at(off, &b).unwrap();
-    };
-    // One buffer slot per queue-depth slot.
-    let mut bufs: Vec<kestrel::DmaBuf> = (0..QD)
-        .map(|_| pool.alloc(MAX_NB as usize * bs).unwrap())
-        .collect();
-    // In flight: user_data = slot; (opcode, first block, blocks, generation written).
-    let mut inflight: Vec<Option<(u8, u64, u64, u64)>> = vec![None; QD];
-    let mut free: Vec<usize> = (0..QD).collect();
-    let mut evs = vec![Event::default(); QD];
-    let (mut issued, mut done, mut verified) = (0u64, 0u64, 0u64);
-    let mut gen = 1u64;
+    let mut s = Submitter::new(&pool, bs, first_block, blocks, seed);
+    let mut evs = vec![Event::default(); Submitter::QD];
+    let (mut issued, mut done) = (0u64, 0u64);
     let deadline = Instant::now() + Duration::from_secs(600);
     while done < ios {
         // Fill the queue depth with mixed requests, one submit call per batch.
-        let mut batch: Vec<Iocb> = Vec::with_capacity(QD);
-        while issued < ios && !free.is_empty() && batch.len() < 16 {
-            let nb = 1 + next() % MAX_NB;
-            let blk = next() % (blocks - nb + 1);
-            if (blk..blk + nb).any(|b| busy[b as usize]) {
-                continue;
-            }
-            let slot = free.pop().unwrap();
-            let kind = (next() % 100) as u8;
-            let off = (first_block + blk) * bs as u64;
-            let len = nb * bs as u64;
-            let iocb = match kind {
-                0..=44 => {
-                    for i in 0..nb {
-                        fill(
-                            &mut bufs[slot],
-                            (i as usize) * bs,
-                            first_block + blk + i,
-                            gen,
-                        );
-                    }
-                    Iocb::write(off, bufs[slot].slice(0, len as usize).unwrap(), slot as u64)
-                }
-                45..=89 => Iocb::read(off, bufs[slot].slice(0, len as usize).unwrap(), slot as u64),
-                90..=94 => Iocb::write_zeroes(off, len, slot as u64),
-                95..=97 => Iocb::discard(off, len, slot as u64),
-                _ => Iocb::flush(slot as u64),
-            };
-            for b in blk..blk + nb {
-                busy[b as usize] = true;
-            }
-            inflight[slot] = Some((kind, blk, nb, gen));
-            gen += 1;
-            batch.push(iocb);
-            issued += 1;
-        }
+        let batch = s.next_batch(ios - issued);
+        issued += batch.len() as u64;
         let mut at = 0;
         while at < batch.len() {
             match ctx.submit(&batch[at..]) {
@@ -512,52 +452,7 @@ fn stress_submitter(
         let n = ctx.getevents(1, &mut evs, Some(WAIT)).unwrap();
         assert!(n > 0, "no event within {WAIT:?}");
         for e in &evs[..n] {
-            let slot = e.user_data as usize;
-            let (kind, blk, nb, g) = inflight[slot]
-                .take()
-                .unwrap_or_else(|| panic!("event for slot {slot} twice or never submitted"));
-            let len = nb * bs as u64;
-            let want = if kind >= 98 { 0 } else { len };
-            assert_eq!(e.res, Ok(want), "kind {kind} blk {blk}+{nb}");
-            match kind {
-                0..=44 => {
-                    for b in blk..blk + nb {
-                        shadow[b as usize] = g;
-                    }
-                }
-                45..=89 => {
-                    let mut got = vec![0u8; bs];
-                    for i in 0..nb {
-                        bufs[slot].read_at(i as usize * bs, &mut got).unwrap();
-                        let b = blk + i;
-                        let sgen = shadow[b as usize];
-                        if sgen == 0 {
-                            assert!(got.iter().all(|&x| x == 0), "block {b}: want zeroes");
-                        } else {
-                            let gb = u64::from_le_bytes(got[..8].try_into().unwrap());
-                            let gg = u64::from_le_bytes(got[8..16].try_into().unwrap());
-                            let gs = u64::from_le_bytes(got[16..24].try_into().unwrap());
-                            assert_eq!(
-                                (gb, gg, gs),
-                                (first_block + b, sgen, seed),
-                                "block {b} holds other data"
-                            );
-                        }
-                        verified += 1;
-                    }
-                }
-                90..=97 => {
-                    // The emulator's memory store reads deallocated blocks as zeroes.
-                    for b in blk..blk + nb {
-                        shadow[b as usize] = 0;
-                    }
-                }
-                _ => {}
-            }
-            for b in blk..blk + nb {
-                busy[b as usize] = false;
-            }
-            free.push(slot);
+            s.complete(e);
             done += 1;
         }
         assert!(
@@ -570,7 +465,168 @@ fn stress_submitter(
     assert_eq!(st.submitted, ios);
     assert_eq!(st.completed, ios);
     assert_eq!(st.bogus, 0);
-    (ctx, verified)
+    (ctx, s.verified)
+}
+
+/// The state of one stress submitter between its submit calls.
+struct Submitter {
+    bs: usize,
+    first_block: u64,
+    blocks: u64,
+    seed: u64,
+    rng: u64,
+    /// Per block: generation of the data it holds (0: zeroes).
+    shadow: Vec<u64>,
+    busy: Vec<bool>,
+    /// One buffer slot per queue-depth slot.
+    bufs: Vec<kestrel::DmaBuf>,
+    /// In flight: user_data = slot; (opcode, first block, blocks, generation written).
+    inflight: Vec<Option<(u8, u64, u64, u64)>>,
+    free: Vec<usize>,
+    gen: u64,
+    /// Blocks read back and found as the shadow says.
+    verified: u64,
+}
+
+impl Submitter {
+    const QD: usize = 32;
+    const MAX_NB: u64 = 4;
+
+    fn new(pool: &kestrel::DmaPool, bs: usize, first_block: u64, blocks: u64, seed: u64) -> Self {
+        Submitter {
+            bs,
+            first_block,
+            blocks,
+            seed,
+            rng: seed | 1,
+            shadow: vec![0u64; blocks as usize],
+            busy: vec![false; blocks as usize],
+            bufs: (0..Self::QD)
+                .map(|_| pool.alloc(Self::MAX_NB as usize * bs).unwrap())
+                .collect(),
+            inflight: vec![None; Self::QD],
+            free: (0..Self::QD).collect(),
+            gen: 1,
+            verified: 0,
+        }
+    }
+
+    /// xorshift64.
+    fn next(&mut self) -> u64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// Up to 16 new requests (and no more than `left`) on free slots and idle blocks:
+    /// 45% writes, 45% reads, 5% write zeroes, 3% discards, 2% flushes.
+    fn next_batch(&mut self, left: u64) -> Vec<Iocb> {
+        let bs = self.bs;
+        let mut batch: Vec<Iocb> = Vec::with_capacity(Self::QD);
+        while (batch.len() as u64) < left && !self.free.is_empty() && batch.len() < 16 {
+            let nb = 1 + self.next() % Self::MAX_NB;
+            let blk = self.next() % (self.blocks - nb + 1);
+            if (blk..blk + nb).any(|b| self.busy[b as usize]) {
+                continue;
+            }
+            let slot = self.free.pop().unwrap();
+            let kind = (self.next() % 100) as u8;
+            let off = (self.first_block + blk) * bs as u64;
+            let len = nb * bs as u64;
+            let iocb = match kind {
+                0..=44 => {
+                    for i in 0..nb {
+                        self.fill(slot, (i as usize) * bs, self.first_block + blk + i);
+                    }
+                    Iocb::write(
+                        off,
+                        self.bufs[slot].slice(0, len as usize).unwrap(),
+                        slot as u64,
+                    )
+                }
+                45..=89 => Iocb::read(
+                    off,
+                    self.bufs[slot].slice(0, len as usize).unwrap(),
+                    slot as u64,
+                ),
+                90..=94 => Iocb::write_zeroes(off, len, slot as u64),
+                95..=97 => Iocb::discard(off, len, slot as u64),
+                _ => Iocb::flush(slot as u64),
+            };
+            for b in blk..blk + nb {
+                self.busy[b as usize] = true;
+            }
+            self.inflight[slot] = Some((kind, blk, nb, self.gen));
+            self.gen += 1;
+            batch.push(iocb);
+        }
+        batch
+    }
+
+    /// Writes block `blk`'s stamp for the current generation at `off` in the slot's buffer.
+    fn fill(&mut self, slot: usize, off: usize, blk: u64) {
+        let mut b = vec![0u8; self.bs];
+        b[..8].copy_from_slice(&blk.to_le_bytes());
+        b[8..16].copy_from_slice(&self.gen.to_le_bytes());
+        b[16..24].copy_from_slice(&self.seed.to_le_bytes());
+        self.bufs[slot].write_at(off, &b).unwrap();
+    }
+
+    /// Checks an event against the request of its slot, updates the shadow (writes, write
+    /// zeroes, discards) or checks the data against it (reads), and frees slot and blocks.
+    fn complete(&mut self, e: &Event) {
+        let slot = e.user_data as usize;
+        let (kind, blk, nb, g) = self.inflight[slot]
+            .take()
+            .unwrap_or_else(|| panic!("event for slot {slot} twice or never submitted"));
+        let len = nb * self.bs as u64;
+        let want = if kind >= 98 { 0 } else { len };
+        assert_eq!(e.res, Ok(want), "kind {kind} blk {blk}+{nb}");
+        match kind {
+            0..=44 => {
+                for b in blk..blk + nb {
+                    self.shadow[b as usize] = g;
+                }
+            }
+            45..=89 => self.verify_read(slot, blk, nb),
+            90..=97 => {
+                // The emulator's memory store reads deallocated blocks as zeroes.
+                for b in blk..blk + nb {
+                    self.shadow[b as usize] = 0;
+                }
+            }
+            _ => {}
+        }
+        for b in blk..blk + nb {
+            self.busy[b as usize] = false;
+        }
+        self.free.push(slot);
+    }
+
+    /// The `nb` blocks read from `blk` into the slot's buffer hold what the shadow says.
+    fn verify_read(&mut self, slot: usize, blk: u64, nb: u64) {
+        let bs = self.bs;
+        let mut got = vec![0u8; bs];
+        for i in 0..nb {
+            self.bufs[slot].read_at(i as usize * bs, &mut got).unwrap();
+            let b = blk + i;
+            let sgen = self.shadow[b as usize];
+            if sgen == 0 {
+                assert!(got.iter().all(|&x| x == 0), "block {b}: want zeroes");
+            } else {
+                let gb = u64::from_le_bytes(got[..8].try_into().unwrap());
+                let gg = u64::from_le_bytes(got[8..16].try_into().unwrap());
+                let gs = u64::from_le_bytes(got[16..24].try_into().unwrap());
+                assert_eq!(
+                    (gb, gg, gs),
+                    (self.first_block + b, sgen, self.seed),
+                    "block {b} holds other data"
+                );
+            }
+            self.verified += 1;
+        }
+    }
 }
 
 #[test]
