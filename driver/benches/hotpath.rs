@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::IoRequest;
-use kestrel::{Controller, ControllerOptions, DoorbellMode, IoQpair, QpairOptions};
+use kestrel::{Controller, ControllerOptions, DmaBuf, DoorbellMode, IoQpair, QpairOptions};
 
 /// Rounds before anything is measured (the first pass through every tracker and ring slot).
 const WARMUP_ROUNDS: u64 = 64;
@@ -98,7 +98,19 @@ fn clock_pair_ns() -> f64 {
     best
 }
 
-fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
+/// One queue pair on the paused emulated controller, with `qd` reads ready to submit (one
+/// per 4 KiB slot of `buf`).
+struct Bench {
+    emu: Arc<EmuController>,
+    ctrlr: Controller,
+    qp: IoQpair,
+    reqs: Vec<IoRequest>,
+    buf: DmaBuf,
+}
+
+/// Set-up (not timed): the emulator (null store, shadow doorbells off), bring-up, one
+/// queue pair deep enough for `qd`, the reads, then the controller paused.
+fn start_bench(qd: u32) -> Bench {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace::new(1 << 30, 4096, EmuStore::Null)],
         shadow_doorbells: false,
@@ -108,7 +120,7 @@ fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
     })
     .expect("emulator");
     let ctrlr = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
-    let mut qp = ctrlr
+    let qp = ctrlr
         .create_io_qpair(&QpairOptions {
             depth: (qd + 1).max(256),
             doorbell: DoorbellMode::Batched,
@@ -126,18 +138,32 @@ fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
         .collect();
     // From here on the controller runs only inside `run_controller`, on this thread.
     assert!(emu.pause(), "the emulated controller could not be paused");
-    let emu = Arc::clone(&emu);
+    Bench {
+        emu,
+        ctrlr,
+        qp,
+        reqs,
+        buf,
+    }
+}
 
+/// `WARMUP_ROUNDS` untimed rounds: the first pass through every tracker and ring slot.
+fn warm_up(b: &mut Bench, qd: u32) {
+    let (qp, reqs, emu) = (&mut b.qp, &b.reqs, &b.emu);
     let round = |qp: &mut IoQpair| {
-        driver_submit(qp, &reqs);
-        run_controller(&emu);
+        driver_submit(qp, reqs);
+        run_controller(emu);
         driver_complete(qp, qd);
     };
     for _ in 0..WARMUP_ROUNDS {
-        round(&mut qp);
+        round(qp);
     }
+}
 
-    let st0 = qp.stats();
+/// The measured rounds: `rounds` of them, or as many as fit in `secs`. Returns the time
+/// spent in the driver's two sections and the number of rounds.
+fn timed_rounds(b: &mut Bench, qd: u32, secs: f64, rounds: Option<u64>) -> (Duration, u64) {
+    let (qp, reqs, emu) = (&mut b.qp, &b.reqs, &b.emu);
     let mut timed = Duration::ZERO;
     let mut done_rounds = 0u64;
     let start = Instant::now();
@@ -148,17 +174,27 @@ fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
             _ => {}
         }
         let t0 = Instant::now();
-        driver_submit(&mut qp, &reqs);
+        driver_submit(qp, reqs);
         timed += t0.elapsed();
-        run_controller(&emu);
+        run_controller(emu);
         let t1 = Instant::now();
-        driver_complete(&mut qp, qd);
+        driver_complete(qp, qd);
         timed += t1.elapsed();
         done_rounds += 1;
     }
-    let st = qp.stats();
-    // Teardown deletes the queue pair and shuts the controller down with admin commands:
-    // they run on another thread while this one steps the paused controller to serve them.
+    (timed, done_rounds)
+}
+
+/// Teardown deletes the queue pair and shuts the controller down with admin commands:
+/// they run on another thread while this one steps the paused controller to serve them.
+fn teardown(b: Bench) {
+    let Bench {
+        emu,
+        ctrlr,
+        qp,
+        reqs,
+        buf,
+    } = b;
     let teardown = std::thread::spawn(move || {
         drop(qp);
         drop(ctrlr);
@@ -169,6 +205,18 @@ fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
         }
     }
     teardown.join().expect("teardown");
+    // The reads and their buffer go only after the queue pair that used them.
+    drop((reqs, buf));
+}
+
+/// One row: set-up, warm-up, the timed rounds, teardown, and the figures per I/O.
+fn run(qd: u32, secs: f64, rounds: Option<u64>, clock_ns: f64) -> Row {
+    let mut b = start_bench(qd);
+    warm_up(&mut b, qd);
+    let st0 = b.qp.stats();
+    let (timed, done_rounds) = timed_rounds(&mut b, qd, secs, rounds);
+    let st = b.qp.stats();
+    teardown(b);
     let ios = done_rounds * qd as u64;
     let ns = (timed.as_nanos() as f64 - 2.0 * clock_ns * done_rounds as f64) / ios as f64;
     Row {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::IoRequest;
-use kestrel::{Controller, ControllerOptions, DoorbellMode, QpairOptions};
+use kestrel::{Controller, ControllerOptions, DmaBuf, DoorbellMode, IoQpair, QpairOptions};
 
 fn thread_cpu() -> Duration {
     let mut ru: libc::rusage = unsafe_zeroed();
@@ -35,13 +35,14 @@ struct Row {
     cq_db_per_io: f64,
 }
 
-fn run(
+/// The emulator (null store; its thread on the second core when there is one), bring-up
+/// on the first core, one queue pair with these doorbells, and `qd` 4 KiB buffers.
+fn start_row(
     qd: u32,
     mode: DoorbellMode,
     shadow: bool,
-    secs: f64,
     cores: &[core_affinity::CoreId],
-) -> Row {
+) -> (Controller, IoQpair, DmaBuf) {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace::new(1 << 30, 4096, EmuStore::Null)],
         shadow_doorbells: shadow,
@@ -54,7 +55,7 @@ fn run(
         core_affinity::set_for_current(*c);
     }
     let ctrlr = Controller::new(emu, ControllerOptions::default()).expect("bring-up");
-    let mut qp = ctrlr
+    let qp = ctrlr
         .create_io_qpair(&QpairOptions {
             depth: (qd + 1).max(256),
             doorbell: mode,
@@ -63,6 +64,51 @@ fn run(
         })
         .expect("qpair");
     let buf = ctrlr.dma_pool().alloc(4096 * qd as usize).expect("dma");
+    (ctrlr, qp, buf)
+}
+
+/// Keeps the queue full until `until`: reaps what completed, submits as many new reads
+/// (from `next`), and rings the doorbell once per pass.
+fn measure(
+    qp: &mut IoQpair,
+    issued: &mut u64,
+    done: &mut u64,
+    until: Instant,
+    next: &mut dyn FnMut(u64) -> IoRequest,
+) {
+    while Instant::now() < until {
+        for _ in 0..64 {
+            let mut n = 0u64;
+            qp.process_completions(128, &mut |_| n += 1);
+            *done += n;
+            for _ in 0..n {
+                qp.submit(next(*issued)).unwrap();
+                *issued += 1;
+            }
+            qp.flush();
+        }
+    }
+}
+
+/// The name of a row's doorbell mode.
+fn mode_name(mode: DoorbellMode, shadow: bool) -> &'static str {
+    match (mode, shadow) {
+        (DoorbellMode::Batched, false) => "batched",
+        (DoorbellMode::Immediate, false) => "immediate",
+        (DoorbellMode::Batched, true) => "batched+shadow",
+        (DoorbellMode::Immediate, true) => "immediate+shadow",
+    }
+}
+
+/// One row: set-up, the queue filled, 200 ms of warm-up, `secs` measured, then a drain.
+fn run(
+    qd: u32,
+    mode: DoorbellMode,
+    shadow: bool,
+    secs: f64,
+    cores: &[core_affinity::CoreId],
+) -> Row {
+    let (_ctrlr, mut qp, buf) = start_row(qd, mode, shadow, cores);
     let slices: Vec<_> = (0..qd as usize)
         .map(|i| buf.slice(i * 4096, 4096).unwrap())
         .collect();
@@ -79,24 +125,6 @@ fn run(
         issued += 1;
     }
     qp.flush();
-    let measure = |qp: &mut kestrel::IoQpair,
-                   issued: &mut u64,
-                   done: &mut u64,
-                   until: Instant,
-                   next: &mut dyn FnMut(u64) -> IoRequest| {
-        while Instant::now() < until {
-            for _ in 0..64 {
-                let mut n = 0u64;
-                qp.process_completions(128, &mut |_| n += 1);
-                *done += n;
-                for _ in 0..n {
-                    qp.submit(next(*issued)).unwrap();
-                    *issued += 1;
-                }
-                qp.flush();
-            }
-        }
-    };
     measure(
         &mut qp,
         &mut issued,
@@ -122,12 +150,7 @@ fn run(
     qp.drain(Duration::from_secs(5), &mut |_| {});
     Row {
         qd,
-        mode: match (mode, shadow) {
-            (DoorbellMode::Batched, false) => "batched",
-            (DoorbellMode::Immediate, false) => "immediate",
-            (DoorbellMode::Batched, true) => "batched+shadow",
-            (DoorbellMode::Immediate, true) => "immediate+shadow",
-        },
+        mode: mode_name(mode, shadow),
         iops: ios / wall.as_secs_f64(),
         wall_ns: wall.as_nanos() as f64 / ios,
         cpu_ns: cpu.as_nanos() as f64 / ios,
