@@ -11,10 +11,11 @@
 //! `--idle spin` polls the completion ring without sleeping (the polled-mode default);
 //! `--idle wait` sleeps in `io_uring_enter` when a poll finds nothing.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel::target::file::{Direct, FileOptions, FileTarget};
-use kestrel::{IoRequest, QueueOptions, Target, TargetQueue};
+use kestrel::target::file::{Direct, FileOptions, FileQueue, FileTarget};
+use kestrel::{DmaBuf, IoRequest, QueueOptions, QueueStats, Target, TargetQueue};
 
 struct Args {
     path: String,
@@ -98,13 +99,24 @@ impl Rng {
     }
 }
 
-fn main() {
-    let a = parse();
-    if let Some(cpu) = a.cpu {
+/// Prints the error and exits with status 1.
+fn fail(e: impl std::fmt::Display) -> ! {
+    eprintln!("{e}");
+    std::process::exit(1)
+}
+
+/// Pins this thread to `--cpu`, when given (a warning if that fails).
+fn pin(cpu: Option<usize>) {
+    if let Some(cpu) = cpu {
         if !core_affinity::set_for_current(core_affinity::CoreId { id: cpu }) {
             eprintln!("warning: could not pin to cpu {cpu}");
         }
     }
+}
+
+/// Opens the file (direct I/O unless `--buffered`) and checks `--bs` against its block
+/// size: the target, the blocks per I/O and the number of I/O-sized slots in the file.
+fn open(a: &Args) -> (Arc<FileTarget>, u32, u64) {
     let t = FileTarget::open(
         &a.path,
         &FileOptions {
@@ -117,10 +129,7 @@ fn main() {
             ..FileOptions::default()
         },
     )
-    .unwrap_or_else(|e| {
-        eprintln!("{e}");
-        std::process::exit(1)
-    });
+    .unwrap_or_else(|e| fail(e));
     let info = t.info().clone();
     let bs = info.block_size as usize;
     if a.bs % bs != 0 {
@@ -129,18 +138,21 @@ fn main() {
     }
     let nlb = (a.bs / bs) as u32;
     let slots = info.num_blocks / u64::from(nlb);
-    let mut q = t
-        .create_file_queue(&QueueOptions {
-            depth: a.qd,
-            sw_queue_depth: 0,
-            ..QueueOptions::default()
-        })
-        .unwrap_or_else(|e| {
-            eprintln!("{e}");
-            std::process::exit(1)
-        });
-    let pool = t.dma_pool().clone();
-    let bufs: Vec<_> = (0..a.qd).map(|_| pool.alloc(a.bs).unwrap()).collect();
+    (t, nlb, slots)
+}
+
+/// What the measured loop saw.
+struct Measured {
+    ios: u64,
+    errors: u64,
+    wall: Duration,
+    cpu: Duration,
+    stats: QueueStats,
+}
+
+/// Fills the queue with random reads, one per buffer, then keeps it full for `--secs`:
+/// each completion is replaced by a read of a new random slot into the same buffer.
+fn measure(a: &Args, q: &mut FileQueue, bufs: &[DmaBuf], nlb: u32, slots: u64) -> Measured {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let next_req = |i: usize, rng: &mut Rng| {
         let lba = (rng.next() % slots) * u64::from(nlb);
@@ -185,12 +197,25 @@ fn main() {
     }
     let wall = start.elapsed();
     let cpu = cpu_time() - cpu0;
-    let st = q.stats();
-    // Drain.
-    while q.outstanding() > 0 {
-        q.poll(a.qd, &mut |_| {});
+    Measured {
+        ios,
+        errors,
+        wall,
+        cpu,
+        stats: q.stats(),
     }
-    let iops = ios as f64 / wall.as_secs_f64();
+}
+
+/// Prints the run's settings and figures.
+fn report(a: &Args, t: &FileTarget, q: &FileQueue, m: &Measured) {
+    let Measured {
+        ios,
+        errors,
+        wall,
+        cpu,
+        stats: st,
+    } = m;
+    let iops = *ios as f64 / wall.as_secs_f64();
     println!(
         "file_bench: {} qd={} bs={} direct={} idle={} batch={} sqpoll={}",
         a.path,
@@ -211,9 +236,9 @@ fn main() {
         "  cpu {:.2} s ({:.0}% of one core), {:.2} us cpu per i/o; {} io_uring_enter ({:.2} per i/o), {} idle polls of {}",
         cpu.as_secs_f64(),
         100.0 * cpu.as_secs_f64() / wall.as_secs_f64(),
-        cpu.as_secs_f64() * 1e6 / ios as f64,
+        cpu.as_secs_f64() * 1e6 / *ios as f64,
         st.sq_doorbell_writes,
-        st.sq_doorbell_writes as f64 / ios as f64,
+        st.sq_doorbell_writes as f64 / *ios as f64,
         st.idle_polls,
         st.polls
     );
@@ -222,4 +247,25 @@ fn main() {
         "  fixed-buffer ops {}, plain {}, vectored {}",
         c.fixed_rw, c.plain_rw, c.vectored_rw
     );
+}
+
+fn main() {
+    let a = parse();
+    pin(a.cpu);
+    let (t, nlb, slots) = open(&a);
+    let mut q = t
+        .create_file_queue(&QueueOptions {
+            depth: a.qd,
+            sw_queue_depth: 0,
+            ..QueueOptions::default()
+        })
+        .unwrap_or_else(|e| fail(e));
+    let pool = t.dma_pool().clone();
+    let bufs: Vec<_> = (0..a.qd).map(|_| pool.alloc(a.bs).unwrap()).collect();
+    let m = measure(&a, &mut q, &bufs, nlb, slots);
+    // Drain.
+    while q.outstanding() > 0 {
+        q.poll(a.qd, &mut |_| {});
+    }
+    report(&a, &t, &q, &m);
 }
