@@ -1,7 +1,7 @@
 //! What each operation of an input does to the controller, and the answers it must get.
 
 use super::{Cmd, Host, Op, Ptr, ADMIN_ENTRIES, IO_ENTRIES, MAX_BATCH, PASSES};
-use kestrel::spec::regs::{offset, shutdown};
+use kestrel::spec::regs::{css, offset, shutdown};
 use kestrel::spec::{admin_opc, cns, Cc, Sqe};
 
 impl Host {
@@ -128,8 +128,12 @@ impl Host {
     fn reenable(&mut self, cc: Cc) {
         self.disable();
         self.enable_raw(cc);
-        let valid =
-            cc.mps() <= 4 && cc.css() == 0 && cc.ams() == 0 && cc.iosqes() == 6 && cc.iocqes() == 4;
+        // CAP.CSS offers the NVM command set (000b) and all I/O command sets (110b).
+        let valid = cc.mps() <= 4
+            && (cc.css() == css::CC_NVM || cc.css() == css::CC_ALL_IO)
+            && cc.ams() == 0
+            && cc.iosqes() == 6
+            && cc.iocqes() == 4;
         let c = match self.wait_csts(|c| c.rdy() || c.cfs()) {
             Ok(c) => c,
             Err(c) => {
