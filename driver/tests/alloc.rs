@@ -7,7 +7,8 @@ mod counting_alloc;
 
 use common::*;
 use counting_alloc::{unwatch_this_thread, Counter};
-use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
+use kestrel::emu::testkit::meta_format;
+use kestrel::emu::{EmuConfig, EmuNamespace, EmuStore};
 use kestrel::io::{IoMeta, IoRequest};
 use kestrel::spec::pi::{PiFormat, PiType};
 use kestrel::{DmaBuf, DmaPool, QpairOptions};
@@ -116,12 +117,7 @@ fn no_allocation_with_metadata_and_software_pi() {
 /// A 16 MiB namespace of 512 B blocks in memory, with `ms` bytes of metadata per block.
 fn meta_ns(ms: u16, extended: bool, pi_type: u8) -> EmuNamespace {
     EmuNamespace {
-        format: EmuFormat {
-            ms,
-            extended,
-            pi_type,
-            ..Default::default()
-        },
+        format: meta_format(ms, extended, pi_type, false),
         ..EmuNamespace::new(16 << 20, 512, EmuStore::Memory)
     }
 }

@@ -11,6 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use kestrel::emu::testkit::meta_format;
 use kestrel::emu::{EmuConfig, EmuController, EmuFormat, EmuNamespace, EmuStore};
 use kestrel::format::IoProtection;
 use kestrel::io::{InvalidRequest, IoError, IoMeta, IoRequest};
@@ -46,27 +47,12 @@ fn beside_a_plain_namespace(format: EmuFormat, lba: u32) -> (Arc<EmuController>,
     ])
 }
 
-/// An NVM format with `ms` metadata bytes per block and PI of `pi_type` (0: none).
-fn meta_format(ms: u16, extended: bool, pi_type: u8, pi_first: bool) -> EmuFormat {
-    EmuFormat {
-        ms,
-        extended,
-        pi_type,
-        pi_first,
-        ..Default::default()
-    }
-}
-
 /// The formats a real SSD can ship with that the driver does not implement, with words
 /// the refusal must contain.
 fn unsupported() -> Vec<(EmuFormat, u32, &'static [&'static str])> {
     let f = |ms, extended, pi_type, pi_first, csi| EmuFormat {
-        ms,
-        extended,
-        pi_type,
-        pi_first,
         csi,
-        ..Default::default()
+        ..meta_format(ms, extended, pi_type, pi_first)
     };
     vec![
         (

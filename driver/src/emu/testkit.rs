@@ -1,7 +1,9 @@
 //! Test support, not part of the API: a minimal host that drives an emulated controller
 //! through raw register writes and hand-made queues in DMA memory, as the emulator's own
 //! tests do, for the emulator's fuzz target (`fuzz/fuzz_targets/emu_commands.rs`), which
-//! lives outside the crate. Hidden from the documentation; it may change at any time.
+//! lives outside the crate; and the constructors the emulator's tests and the driver's
+//! integration tests share ([`meta_format`]). Hidden from the documentation; it may change
+//! at any time.
 //!
 //! Nothing here waits: with a paused controller ([`super::EmuController::pause`]) the
 //! caller steps it between submitting and reaping, and decides how many passes an answer
@@ -12,6 +14,21 @@ use crate::hw::dma::DmaBuf;
 use crate::hw::mmio::Bar;
 use crate::spec::regs::{doorbell_offset, offset, DoorbellKind};
 use crate::spec::{Cqe, Sqe};
+
+use super::EmuFormat;
+
+/// An NVM format with `ms` metadata bytes per block, inline at the end of each block
+/// (`extended`) or in a separate buffer, and protection information of `pi_type` (0: none)
+/// in the first (`pi_first`) or last bytes of the metadata.
+pub fn meta_format(ms: u16, extended: bool, pi_type: u8, pi_first: bool) -> EmuFormat {
+    EmuFormat {
+        ms,
+        extended,
+        pi_type,
+        pi_first,
+        ..Default::default()
+    }
+}
 
 const SQE_SIZE: usize = 64;
 const CQE_SIZE: usize = 16;

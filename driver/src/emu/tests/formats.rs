@@ -3,19 +3,10 @@
 //! corrupted PI from fault injection.
 
 use super::*;
+use crate::emu::testkit::meta_format as fmt;
 use crate::spec::pi::{crc16_t10dif, PiTuple, Prinfo, APP_TAG_ESCAPE, REF_TAG_ESCAPE};
 
 const ALL_CHECKS: u8 = Prinfo::PRCHK_GUARD | Prinfo::PRCHK_APP | Prinfo::PRCHK_REF;
-
-fn fmt(ms: u16, extended: bool, pi_type: u8, pi_first: bool) -> EmuFormat {
-    EmuFormat {
-        ms,
-        extended,
-        pi_type,
-        pi_first,
-        ..Default::default()
-    }
-}
 
 fn ns(lba: u32, format: EmuFormat) -> EmuNamespace {
     EmuNamespace {
