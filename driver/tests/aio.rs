@@ -4,58 +4,19 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::aio_ctx::*;
 use common::*;
 use kestrel::aio::{
     AioError, BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf, IoContext,
     Iocb, IocbError, Opcode,
 };
-use kestrel::emu::{EmuConfig, EmuController};
+use kestrel::emu::EmuConfig;
 use kestrel::io::{IoError, Segments};
 use kestrel::target::{QueueOptions, Target};
-use kestrel::{DmaBuf, NvmeNamespace, ReactorError};
-
-fn emu_target(cfg: EmuConfig) -> (Arc<EmuController>, Arc<dyn Target>) {
-    let (emu, c) = emu_with(cfg);
-    let ns = NvmeNamespace::new(c, 1).expect("namespace 1");
-    (emu, Arc::new(ns))
-}
-
-/// Collects exactly `n` events (panics if more or fewer come within WAIT).
-fn collect(ctx: &mut IoContext, n: usize) -> Vec<Event> {
-    let mut out = Vec::with_capacity(n);
-    let mut buf = vec![Event::default(); 64];
-    let deadline = Instant::now() + WAIT;
-    while out.len() < n {
-        let want = (n - out.len()).min(buf.len());
-        let got = ctx
-            .getevents(1, &mut buf[..want], Some(Duration::from_millis(100)))
-            .unwrap();
-        out.extend_from_slice(&buf[..got]);
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} events",
-            out.len()
-        );
-    }
-    assert_eq!(
-        ctx.in_flight(),
-        0,
-        "more requests outstanding than expected"
-    );
-    out
-}
-
-fn by_user_data(evs: &[Event]) -> HashMap<u64, Event> {
-    let mut m = HashMap::new();
-    for e in evs {
-        assert!(m.insert(e.user_data, *e).is_none(), "duplicate event {e:?}");
-    }
-    m
-}
+use kestrel::{DmaBuf, ReactorError};
 
 fn write_read_all_opcodes(t: Arc<dyn Target>) {
     let bs = t.info().block_size as usize;
@@ -193,14 +154,7 @@ fn emu_every_opcode_round_trips() {
 #[test]
 fn file_every_opcode_round_trips() {
     let dir = tempfile::tempdir().unwrap();
-    let t = kestrel::target::file::FileTarget::open(
-        dir.path().join("aio.img"),
-        &kestrel::target::file::FileOptions {
-            size: Some(64 << 20),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let t = file_target(&dir.path().join("aio.img"), 64 << 20);
     write_read_all_opcodes(t);
 }
 
@@ -411,10 +365,7 @@ fn bounced_reads_return_what_was_written(ctx: &mut IoContext, bs: usize, src: &[
 
 #[test]
 fn busy_when_nr_events_are_taken_and_after_reaping_room_again() {
-    let (_emu, t) = emu_target(EmuConfig {
-        latency: Duration::from_millis(50),
-        ..Default::default()
-    });
+    let (_emu, t) = slow_emu_target(Duration::from_millis(50));
     let bs = t.info().block_size as usize;
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = IoContext::setup(t, 4).unwrap();
@@ -443,10 +394,7 @@ fn busy_when_nr_events_are_taken_and_after_reaping_room_again() {
 
 #[test]
 fn getevents_timeout_and_min_nr() {
-    let (_emu, t) = emu_target(EmuConfig {
-        latency: Duration::from_millis(300),
-        ..Default::default()
-    });
+    let (_emu, t) = slow_emu_target(Duration::from_millis(300));
     let bs = t.info().block_size as usize;
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = IoContext::setup(t, 16).unwrap();
@@ -509,10 +457,7 @@ fn getevents_timeout_and_min_nr() {
 fn cancel_before_the_device_and_abort_at_the_device() {
     // One tracker (depth 2): the first read is at the device, held there by the latency;
     // the others wait in the qpair's software queue.
-    let (emu, t) = emu_target(EmuConfig {
-        latency: Duration::from_millis(400),
-        ..Default::default()
-    });
+    let (emu, t) = slow_emu_target(Duration::from_millis(400));
     let bs = t.info().block_size as usize;
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut opts = ContextOptions::new(8);
@@ -530,11 +475,7 @@ fn cancel_before_the_device_and_abort_at_the_device() {
         Err(AioError::NotFound { user_data: 99 })
     ));
     // Wait until the emulator has fetched the first command (it holds its completion).
-    let deadline = Instant::now() + WAIT;
-    while emu.stats().reads == 0 {
-        assert!(Instant::now() < deadline);
-        std::thread::yield_now();
-    }
+    wait_for_a_device_read(&emu);
     assert_eq!(
         ctx.cancel(0).unwrap(),
         CancelStatus::AbortSent { aborted: true }
@@ -564,11 +505,7 @@ fn an_abort_that_loses_the_race_completes_normally() {
     let mut ctx = IoContext::setup(t, 8).unwrap();
     ctx.submit(&[Iocb::read(0, buf.slice_all(), 5)]).unwrap();
     // Let the emulator complete it (not yet reaped: the tracker is still ours).
-    let deadline = Instant::now() + WAIT;
-    while emu.stats().reads == 0 {
-        assert!(Instant::now() < deadline);
-        std::thread::yield_now();
-    }
+    wait_for_a_device_read(&emu);
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(
         ctx.cancel(5).unwrap(),
@@ -582,10 +519,7 @@ fn an_abort_that_loses_the_race_completes_normally() {
 
 #[test]
 fn dropping_a_context_with_io_in_flight_waits_for_it() {
-    let (emu, t) = emu_target(EmuConfig {
-        latency: Duration::from_millis(100),
-        ..Default::default()
-    });
+    let (emu, t) = slow_emu_target(Duration::from_millis(100));
     let bs = t.info().block_size as usize;
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = IoContext::setup(Arc::clone(&t), 8).unwrap();

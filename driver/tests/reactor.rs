@@ -5,26 +5,17 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::aio_ctx::*;
 use common::*;
 use kestrel::aio::{AioError, CancelOutcome, CancelStatus, ContextOptions, Event, IoContext, Iocb};
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::IoError;
-use kestrel::reactor::{Backoff, IdlePolicy, Reactor, ReactorReport};
+use kestrel::reactor::{Backoff, IdlePolicy, Reactor, ReactorBuilder, ReactorReport};
 use kestrel::target::{QueueOptions, Target};
-use kestrel::NvmeNamespace;
-
-fn emu_target(cfg: EmuConfig) -> (Arc<EmuController>, Arc<dyn Target>) {
-    let (emu, c) = emu_with(cfg);
-    (
-        emu,
-        Arc::new(NvmeNamespace::new(c, 1).expect("namespace 1")),
-    )
-}
 
 /// Up to two cores to pin pollers to (the machine may have fewer).
 fn cores(n: usize) -> Vec<usize> {
@@ -42,32 +33,12 @@ fn gentle() -> IdlePolicy {
     })
 }
 
-fn collect(ctx: &mut IoContext, n: usize) -> Vec<Event> {
-    let mut out = Vec::with_capacity(n);
-    let mut buf = vec![Event::default(); 64];
-    let deadline = Instant::now() + WAIT;
-    while out.len() < n {
-        let want = (n - out.len()).min(buf.len());
-        let got = ctx
-            .getevents(1, &mut buf[..want], Some(Duration::from_millis(200)))
-            .unwrap();
-        out.extend_from_slice(&buf[..got]);
-        assert!(
-            Instant::now() < deadline,
-            "only {} of {n} events",
-            out.len()
-        );
-    }
-    assert_eq!(ctx.in_flight(), 0);
-    out
-}
-
-fn by_user_data(evs: &[Event]) -> HashMap<u64, Event> {
-    let mut m = HashMap::new();
-    for e in evs {
-        assert!(m.insert(e.user_data, *e).is_none(), "duplicate event {e:?}");
-    }
-    m
+/// A reactor on `t` with pollers on up to `pollers` cores, backing off gently.
+fn pollers_on(t: &Arc<dyn Target>, pollers: usize) -> ReactorBuilder {
+    Reactor::builder()
+        .cores(cores(pollers))
+        .target(Arc::clone(t))
+        .idle(gentle())
 }
 
 fn assert_clean(r: &ReactorReport) {
@@ -85,12 +56,7 @@ fn assert_clean(r: &ReactorReport) {
 fn cross_thread_round_trip_on_two_pollers() {
     let (_emu, t) = emu_target(EmuConfig::default());
     let bs = t.info().block_size as usize;
-    let reactor = Reactor::builder()
-        .cores(cores(2))
-        .target(Arc::clone(&t))
-        .idle(gentle())
-        .start()
-        .unwrap();
+    let reactor = pollers_on(&t, 2).start().unwrap();
     assert_eq!(reactor.cores(), cores(2));
     let mut ctx = reactor.context(64).unwrap();
     assert!(!ctx.is_run_to_completion());
@@ -131,21 +97,9 @@ fn cross_thread_round_trip_on_two_pollers() {
 #[test]
 fn cross_thread_on_a_file_target() {
     let dir = tempfile::tempdir().unwrap();
-    let t: Arc<dyn Target> = kestrel::target::file::FileTarget::open(
-        dir.path().join("r.img"),
-        &kestrel::target::file::FileOptions {
-            size: Some(16 << 20),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let t = file_target(&dir.path().join("r.img"), 16 << 20);
     let bs = t.info().block_size as usize;
-    let reactor = Reactor::builder()
-        .cores(cores(1))
-        .target(Arc::clone(&t))
-        .idle(gentle())
-        .start()
-        .unwrap();
+    let reactor = pollers_on(&t, 1).start().unwrap();
     let mut ctx = reactor.context(16).unwrap();
     let mut w = t.dma_pool().alloc(8 * bs).unwrap();
     let r = t.dma_pool().alloc(8 * bs).unwrap();
@@ -169,15 +123,12 @@ fn stalled_setup() -> (Arc<EmuController>, Arc<dyn Target>, Reactor) {
         faults: kestrel::emu::FaultPlan::parse("delay/read/3s/max1").unwrap(),
         ..Default::default()
     });
-    let reactor = Reactor::builder()
-        .cores(cores(1))
-        .target(Arc::clone(&t))
+    let reactor = pollers_on(&t, 1)
         .queue_options(QueueOptions {
             depth: 2,
             sw_queue_depth: 1,
             ..Default::default()
         })
-        .idle(gentle())
         .start()
         .unwrap();
     (emu, t, reactor)
@@ -193,11 +144,7 @@ fn busy_on_a_full_submission_ring_and_a_full_queue() {
     let mut ctx = reactor.context_with(opts).unwrap();
     // The first read reaches the device and is held there.
     ctx.submit(&[Iocb::read(0, buf.slice_all(), 0)]).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while emu.stats().reads == 0 {
-        assert!(Instant::now() < deadline);
-        std::thread::yield_now();
-    }
+    wait_for_a_device_read(&emu);
     let mut accepted = 1u64;
     let busy = loop {
         match ctx.submit(&[Iocb::read(0, buf.slice_all(), accepted)]) {
@@ -232,11 +179,7 @@ fn cross_thread_cancel_in_the_ring_in_the_queue_and_at_the_device() {
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = reactor.context(16).unwrap();
     ctx.submit(&[Iocb::read(0, buf.slice_all(), 0)]).unwrap();
-    let deadline = Instant::now() + WAIT;
-    while emu.stats().reads == 0 {
-        assert!(Instant::now() < deadline);
-        std::thread::yield_now();
-    }
+    wait_for_a_device_read(&emu);
     // 1: the qpair's software queue; 2: held by the poller; 3, 4: in the ring.
     let iocbs: Vec<Iocb> = (1..5).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 4);
@@ -275,17 +218,9 @@ fn cross_thread_cancel_in_the_ring_in_the_queue_and_at_the_device() {
 
 #[test]
 fn cross_thread_getevents_timeout_and_min_nr() {
-    let (_emu, t) = emu_target(EmuConfig {
-        latency: Duration::from_millis(300),
-        ..Default::default()
-    });
+    let (_emu, t) = slow_emu_target(Duration::from_millis(300));
     let bs = t.info().block_size as usize;
-    let reactor = Reactor::builder()
-        .cores(cores(2))
-        .target(Arc::clone(&t))
-        .idle(gentle())
-        .start()
-        .unwrap();
+    let reactor = pollers_on(&t, 2).start().unwrap();
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = reactor.context(16).unwrap();
     let mut evs = vec![Event::default(); 16];
@@ -323,9 +258,7 @@ fn cross_thread_getevents_timeout_and_min_nr() {
 fn a_sleeping_poller_is_woken_by_a_submit() {
     let (_emu, t) = emu_target(EmuConfig::default());
     let bs = t.info().block_size as usize;
-    let reactor = Reactor::builder()
-        .cores(cores(1))
-        .target(Arc::clone(&t))
+    let reactor = pollers_on(&t, 1)
         .idle(IdlePolicy::Backoff(Backoff {
             spin_passes: 1,
             pause_passes: 1,
@@ -359,17 +292,9 @@ fn a_sleeping_poller_is_woken_by_a_submit() {
 
 #[test]
 fn shutdown_with_io_in_flight_delivers_every_event_once() {
-    let (_emu, t) = emu_target(EmuConfig {
-        latency: Duration::from_millis(200),
-        ..Default::default()
-    });
+    let (_emu, t) = slow_emu_target(Duration::from_millis(200));
     let bs = t.info().block_size as usize;
-    let reactor = Reactor::builder()
-        .cores(cores(2))
-        .target(Arc::clone(&t))
-        .idle(gentle())
-        .start()
-        .unwrap();
+    let reactor = pollers_on(&t, 2).start().unwrap();
     let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = reactor.context(64).unwrap();
     let iocbs: Vec<Iocb> = (0..32).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
@@ -645,12 +570,7 @@ fn stress_four_submitters_two_pollers_verified() {
         "the stress test expects write zeroes and deallocate that reads zeroes: {info:?}"
     );
     let bs = t.info().block_size as usize;
-    let reactor = Reactor::builder()
-        .cores(cores(2))
-        .target(Arc::clone(&t))
-        .idle(gentle())
-        .start()
-        .unwrap();
+    let reactor = pollers_on(&t, 2).start().unwrap();
     let start = Instant::now();
     let per = 2048u64;
     let handles: Vec<_> = (0..4u64)

@@ -2,6 +2,8 @@
 //! driver, and ways to wait for completions.
 #![allow(dead_code)]
 
+pub mod aio_ctx;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
