@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 
 use kestrel::capi::*;
 
@@ -283,12 +283,23 @@ fn header_values(gcc: &Path, want: &[(&str, u64)]) -> HashMap<String, u64> {
         .collect()
 }
 
+/// `examples/c/kestrel_example.c` built as `name` in a new temporary directory.
 fn example(gcc: &Path, link: &[String], name: &str) -> (tempfile::TempDir, PathBuf) {
+    example_from(gcc, link, "kestrel_example.c", name)
+}
+
+/// The example program `examples/c/<src>` built as `name` in a new temporary directory.
+fn example_from(
+    gcc: &Path,
+    link: &[String],
+    src: &str,
+    name: &str,
+) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let exe = dir.path().join(name);
     compile(
         gcc,
-        &manifest_dir().join("examples/c/kestrel_example.c"),
+        &manifest_dir().join("examples/c").join(src),
         &exe,
         link,
     );
@@ -305,7 +316,11 @@ fn run_example_on(exe: &Path, target: &str, cores: &str) {
     if !cores.is_empty() {
         cmd.arg(cores);
     }
-    let out = run(&mut cmd);
+    assert_all_checks_passed(&run(&mut cmd));
+}
+
+/// The program said it passed all its checks (the C programs' last line).
+fn assert_all_checks_passed(out: &Output) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("all checks passed"),
@@ -334,14 +349,7 @@ fn c_example_against_the_emulator() {
 #[test]
 fn c_zoned_example_against_the_emulator() {
     let Some(gcc) = gcc() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("kestrel_zoned");
-    compile(
-        &gcc,
-        &manifest_dir().join("examples/c/kestrel_zoned.c"),
-        &exe,
-        &dynamic_link(),
-    );
+    let (_d, exe) = example_from(&gcc, &dynamic_link(), "kestrel_zoned.c", "kestrel_zoned");
     run_example_on(&exe, "emu:ns=16M+4096+zoned+zone1M", "");
     // Without cargo's LD_LIBRARY_PATH, as in `run` (which fails on the exit code wanted here).
     let out = Command::new(&exe)
@@ -386,9 +394,11 @@ fn c_example_reports_a_bad_target() {
     assert!(err.contains("invalid target"), "{err}");
 }
 
-/// `kestrel_open_params` from C: its checks, and both timeouts honoured.
-const OPEN_PARAMS_C: &str = r#"
+/// What the C programs below start with: the headers they use, and CHECK, which ends the
+/// program (exit 1) with the line, the condition and the library's last error.
+const C_PRELUDE: &str = r#"
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -402,7 +412,21 @@ const OPEN_PARAMS_C: &str = r#"
             return 1;                                                             \
         }                                                                         \
     } while (0)
+"#;
 
+/// Builds the C program `body` (after [`C_PRELUDE`]) against the shared library, runs it
+/// and asserts it passed all its checks.
+fn run_c_program(gcc: &Path, name: &str, body: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(format!("{name}.c"));
+    std::fs::write(&src, format!("{C_PRELUDE}{body}")).unwrap();
+    let exe = dir.path().join(name);
+    compile(gcc, &src, &exe, &dynamic_link());
+    assert_all_checks_passed(&run(&mut Command::new(&exe)));
+}
+
+/// `kestrel_open_params` from C: its checks, and both timeouts honoured.
+const OPEN_PARAMS_C: &str = r#"
 int main(void)
 {
     kestrel_t *k = NULL;
@@ -465,14 +489,7 @@ int main(void)
 #[test]
 fn open_params_set_the_timeouts_from_c() {
     let Some(gcc) = gcc() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("open_params.c");
-    std::fs::write(&src, OPEN_PARAMS_C).unwrap();
-    let exe = dir.path().join("open_params");
-    compile(&gcc, &src, &exe, &dynamic_link());
-    let out = run(&mut Command::new(&exe));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_c_program(&gcc, "open_params", OPEN_PARAMS_C);
 }
 
 /// Metadata from C: `kestrel_get_info` describes the format; a separate-metadata PI type 1
@@ -481,22 +498,6 @@ fn open_params_set_the_timeouts_from_c() {
 /// (-EINVAL); a wrong guard comes back as End-to-end Guard Check Error (sct 2, sc 82h);
 /// and an extended-LBA namespace carries the metadata inside the data buffer.
 const METADATA_C: &str = r#"
-#include <errno.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <string.h>
-#include <time.h>
-#include "kestrel.h"
-
-#define CHECK(c)                                                                  \
-    do {                                                                          \
-        if (!(c)) {                                                               \
-            fprintf(stderr, "line %d: %s (last error: %s)\n", __LINE__, #c,       \
-                    kestrel_last_error());                                        \
-            return 1;                                                             \
-        }                                                                         \
-    } while (0)
-
 static uint16_t crc16(uint16_t crc, const uint8_t *p, size_t n)
 {
     while (n--) {
@@ -618,12 +619,5 @@ int main(void)
 #[test]
 fn metadata_and_protection_information_from_c() {
     let Some(gcc) = gcc() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("metadata.c");
-    std::fs::write(&src, METADATA_C).unwrap();
-    let exe = dir.path().join("metadata");
-    compile(&gcc, &src, &exe, &dynamic_link());
-    let out = run(&mut Command::new(&exe));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("all checks passed"), "{stdout}");
+    run_c_program(&gcc, "metadata", METADATA_C);
 }
