@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Output;
 
 use common::{assert_fails_with, json, kestrel, stderr, stdout, test_bytes};
@@ -204,6 +205,34 @@ fn identify_shows_every_namespace_with_its_format() {
     assert_eq!(out.matches("refused").count(), 4, "{out}");
 }
 
+/// `kestrel write` of the file `input` at offset 1 MiB of `target`.
+fn write_at_1m(target: &str, input: &Path) -> Output {
+    kestrel(&[
+        "write",
+        "--target",
+        target,
+        "--offset",
+        "1M",
+        "--input",
+        input.to_str().unwrap(),
+    ])
+}
+
+/// `kestrel read` of 64 KiB at offset 1 MiB of `target` into the file `output`.
+fn read_64k_at_1m(target: &str, output: &Path) -> Output {
+    kestrel(&[
+        "read",
+        "--target",
+        target,
+        "--offset",
+        "1M",
+        "--length",
+        "64K",
+        "--output",
+        output.to_str().unwrap(),
+    ])
+}
+
 #[test]
 fn write_then_read_one_selected_namespace() {
     let dir = tempfile::tempdir().unwrap();
@@ -212,15 +241,7 @@ fn write_then_read_one_selected_namespace() {
     let input = dir.path().join("in.bin");
     std::fs::write(&input, &data).unwrap();
     let target = format!("emu:ns=8M+512,ns=8M+4096,store={d}/s.img/ns=2");
-    let o = kestrel(&[
-        "write",
-        "--target",
-        &target,
-        "--offset",
-        "1M",
-        "--input",
-        input.to_str().unwrap(),
-    ]);
+    let o = write_at_1m(&target, &input);
     assert!(o.status.success(), "{}", stderr(&o));
     // Namespace 2 has its own file (s.img.ns2) and got the data at 1 MiB; namespace 1's
     // file is untouched.
@@ -229,44 +250,16 @@ fn write_then_read_one_selected_namespace() {
     let ns1 = std::fs::read(dir.path().join("s.img")).unwrap();
     assert!(ns1.iter().all(|&b| b == 0));
     let out = dir.path().join("out.bin");
-    let o = kestrel(&[
-        "read",
-        "--target",
-        &target,
-        "--offset",
-        "1M",
-        "--length",
-        "64K",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    let o = read_64k_at_1m(&target, &out);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(&out).unwrap(), data);
     // On a namespace whose format needs metadata, `kestrel write` and `read` carry it
     // (zeroes; PI generated in software on a PI format): the data round-trips.
     for ns in ["emu:ns=8M+512+md8+ext", "emu:ns=8M+4096+md16+pi1"] {
         let target = format!("{ns},store={d}/m.img/ns=1");
-        let o = kestrel(&[
-            "write",
-            "--target",
-            &target,
-            "--offset",
-            "1M",
-            "--input",
-            input.to_str().unwrap(),
-        ]);
+        let o = write_at_1m(&target, &input);
         assert!(o.status.success(), "{ns}: {}", stderr(&o));
-        let o = kestrel(&[
-            "read",
-            "--target",
-            &target,
-            "--offset",
-            "1M",
-            "--length",
-            "64K",
-            "--output",
-            out.to_str().unwrap(),
-        ]);
+        let o = read_64k_at_1m(&target, &out);
         assert!(o.status.success(), "{ns}: {}", stderr(&o));
         assert_eq!(std::fs::read(&out).unwrap(), data, "{ns}");
         let _ = std::fs::remove_file(format!("{d}/m.img"));
