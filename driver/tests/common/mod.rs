@@ -23,19 +23,23 @@ pub fn emu() -> (Arc<EmuController>, Controller) {
     emu_with(EmuConfig::default())
 }
 
-/// Polls until `n` completions have been collected (or panics after WAIT).
+/// Polls `qp` with the driver's `IoQpair::drain` until the `n` requests it has
+/// outstanding (all of them) have completed, and returns their completions; panics when
+/// `n` is not what is outstanding, or with the queue's state when they have not completed
+/// within WAIT.
 pub fn reap(qp: &mut IoQpair, n: usize) -> Vec<Completion> {
+    let outstanding = qp.outstanding() as usize;
+    assert_eq!(outstanding, n, "reap of {n} with {outstanding} outstanding");
     let mut out = Vec::with_capacity(n);
-    let deadline = Instant::now() + WAIT;
-    while out.len() < n {
-        qp.process_completions(128, &mut |c| out.push(c));
-        if Instant::now() > deadline {
-            panic!("only {} of {n} completions within {WAIT:?}", out.len());
-        }
-        if out.len() < n {
-            std::thread::yield_now();
-        }
-    }
+    let left = qp.drain(WAIT, &mut |c| out.push(c));
+    assert!(
+        left == 0 && out.len() == n,
+        "only {} of {n} completions within {WAIT:?} (qid {}, {left} outstanding, {}, stats {:?})",
+        out.len(),
+        qp.qid(),
+        qp.doorbell_state(),
+        qp.stats()
+    );
     out
 }
 
