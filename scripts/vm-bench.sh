@@ -31,22 +31,10 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-    exit "${1:-0}"
-}
-
 mode=iommu binary='' engine='' keep=0 shell=0 cmds=()
+VM_MODE_NEEDS="iommu or noiommu"
 while (($#)); do
     case $1 in
-    --mode)
-        mode=${2:?--mode needs iommu or noiommu}
-        shift 2
-        ;;
-    --binary)
-        binary=${2:?--binary needs a path}
-        shift 2
-        ;;
     --fio-engine)
         engine=${2:?--fio-engine needs a path}
         [[ -r $engine ]] || vm_die "cannot read $engine"
@@ -62,13 +50,7 @@ while (($#)); do
         mapfile -t -O "${#cmds[@]}" cmds <"$2"
         shift 2
         ;;
-    --keep) keep=1 && shift ;;
-    --shell) shell=1 && shift ;;
-    -h | --help) usage 0 ;;
-    *)
-        vm_log "unknown argument: $1"
-        usage 2
-        ;;
+    *) vm_runner_opt "$@" && shift "$VM_SHIFT" ;;
     esac
 done
 [[ $mode == iommu || $mode == noiommu ]] || vm_die "--mode must be iommu or noiommu, not '$mode'"
@@ -78,51 +60,24 @@ timeout_s=${KESTREL_VM_TIMEOUT:-900}
 # shellcheck disable=SC2034 # read by vm_initramfs_payload (scripts/vm/lib.sh)
 VM_NVME_PARAMS=${KESTREL_VM_NVME_PARAMS-poll_queues=2}
 
-t_start=$SECONDS
-step() { vm_log "[$((SECONDS - t_start))s] $*"; }
-
+VM_PACKAGES+=(fio)
 vm_lock_cache
-
-step "packages"
-vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils fio ||
-    vm_die "cannot install the packages the VM needs"
-step "guest kernel"
-vm_kernel_pick
-vm_kernel_fetch
+vm_install_packages
+vm_guest_kernel
 if [[ $mode == noiommu ]]; then
     vm_noiommu_build || vm_die "noiommu mode is not available: $VM_NOIOMMU_WHY"
 fi
-if [[ -z $binary ]]; then
-    step "building kestrel (static)"
-    vm_build_static kestrel-app kestrel
-    binary=$VM_BUILT
-fi
-vm_check_payload "$binary"
-binary=$(realpath "$binary")
+vm_payload "$binary" kestrel-app kestrel
+binary=$VM_PAYLOAD
 
-step "initramfs"
+vm_step "initramfs"
 vm_initramfs_base
 # fio is dynamically linked: it goes in with its loader and libraries (and the
 # fio engine with its own, at the same paths as here).
 fio_bin=$(command -v fio)
-mapfile -t fio_files < <({
-    for f in "$fio_bin" ${engine:+"$engine"}; do
-        echo "$f"
-        ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
-    done
-} | sort -u)
-vm_initramfs_segment fio "${fio_files[@]}"
+vm_initramfs_dynamic fio "$fio_bin" ${engine:+"$engine"}
 
-run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
-# shellcheck disable=SC2317 # run by the EXIT trap
-cleanup() {
-    if ((keep)); then
-        vm_log "kept $run_dir"
-    else
-        rm -rf "$run_dir"
-    fi
-}
-trap cleanup EXIT
+vm_make_run_dir "$keep"
 
 # The list travels in the guest command itself, one quoted line each.
 list_cmd=''
@@ -133,9 +88,7 @@ list_cmd+="cat >/tmp/bench.cmds <<'KESTREL_BENCH_EOF'"$'\n'
 list_cmd+=$(printf '%s\n' "${cmds[@]}")
 list_cmd+=$'\n'"KESTREL_BENCH_EOF"$'\n'"bash /kestrel/scripts/vm/guest-bench.sh /tmp/bench.cmds"
 
-step "mode $mode: booting the guest (timeout ${timeout_s}s)"
-vm_run_guest "$mode" "$binary" "$list_cmd" "$shell" null "$run_dir" "$timeout_s"
-line="vm-bench: mode=$mode result=$VM_RESULT"
-[[ -n $VM_WHY ]] && line+=" ($VM_WHY)"
-echo "$line time=$((SECONDS - t_start))s output=$VM_CACHE/logs/output-$mode.txt"
+vm_step "mode $mode: booting the guest (timeout ${timeout_s}s)"
+vm_run_guest "$mode" "$binary" "$list_cmd" "$shell" null "$VM_RUN_DIR" "$timeout_s"
+vm_mode_line vm-bench "$mode" "$VM_RESULT" "$VM_WHY" "time=$((SECONDS - VM_T_START))s output=$VM_CACHE/logs/output-$mode.txt"
 exit "$VM_RC"

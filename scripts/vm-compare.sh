@@ -47,10 +47,7 @@ while (($#)); do
     --seconds) secs=${2:?--seconds needs a number} && shift 2 ;;
     --rounds) rounds=${2:?--rounds needs a number} && shift 2 ;;
     --rows) only=${2:?--rows needs a comma-separated list of row names} && shift 2 ;;
-    -h | --help)
-        sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-        exit 0
-        ;;
+    -h | --help) vm_usage 0 ;;
     *)
         vm_log "unknown argument: $1 (see --help)"
         exit 2
@@ -61,11 +58,8 @@ usage_error() {
     vm_log "$* (see --help)"
     exit 2
 }
-case $mode in
-iommu | noiommu) modes=("$mode") ;;
-both) modes=(iommu noiommu) ;;
-*) usage_error "--mode must be iommu, noiommu or both, not '$mode'" ;;
-esac
+vm_modes_of "$mode" || usage_error "--mode must be iommu, noiommu or both, not '$mode'"
+modes=("${VM_MODES[@]}")
 [[ $secs =~ ^[1-9][0-9]{0,3}$ ]] || usage_error "--seconds takes a whole number of seconds (1..9999), not '$secs'"
 [[ $rounds =~ ^[1-9][0-9]{0,2}$ ]] || usage_error "--rounds takes a whole number (1..999), not '$rounds'"
 

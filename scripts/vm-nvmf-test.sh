@@ -32,125 +32,63 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-    exit "${1:-0}"
-}
-
 mode='' binary='' keep=0 shell=0 bench=0
 while (($#)); do
     case $1 in
-    --mode)
-        mode=${2:?--mode needs iommu, noiommu or both}
-        shift 2
-        ;;
     --mode=*) mode=${1#*=} && shift ;;
-    --binary)
-        binary=${2:?--binary needs a path}
-        shift 2
-        ;;
     --bench) bench=1 && shift ;;
-    --keep) keep=1 && shift ;;
-    --shell) shell=1 && shift ;;
-    -h | --help) usage 0 ;;
-    *)
-        vm_log "unknown argument: $1"
-        usage 2
-        ;;
+    *) vm_runner_opt "$@" && shift "$VM_SHIFT" ;;
     esac
 done
 if [[ -z $mode ]]; then
     mode=both
     ((bench)) && mode=iommu
 fi
-case $mode in
-iommu) modes=(iommu) ;;
-noiommu) modes=(noiommu) ;;
-both) modes=(iommu noiommu) ;;
-*) vm_die "--mode must be iommu, noiommu or both, not '$mode'" ;;
-esac
+vm_modes_of "$mode" || vm_die "--mode must be iommu, noiommu or both, not '$mode'"
+modes=("${VM_MODES[@]}")
 timeout_s=${KESTREL_VM_TIMEOUT:-300}
 ((shell)) && timeout_s=0
 
 # The initiator, and the kernel's own target for comparisons.
 VM_GUEST_MODULES+=(nvme-tcp nvmet-tcp)
 
-t_start=$SECONDS
-step() { vm_log "[$((SECONDS - t_start))s] $*"; }
-
 vm_lock_cache
-
-step "packages"
-vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
-    vm_die "cannot install the packages the VM needs"
+vm_install_packages
 vm_apt_install nvme-cli || vm_log "nvme-cli is not available: discovery is checked through the kernel only"
 if ((bench)); then
     vm_apt_install fio || vm_die "cannot install fio"
 fi
 
-step "guest kernel"
-vm_kernel_pick
-vm_kernel_fetch
+vm_guest_kernel
 vm_log "guest kernel $VM_KVER ($VM_KPKGVER)"
+vm_noiommu_prepare "${modes[@]}"
 
-noiommu_ok=0 noiommu_why=
-if [[ " ${modes[*]} " == *" noiommu "* ]]; then
-    step "noiommu vfio.ko"
-    if vm_noiommu_build; then
-        noiommu_ok=1
-    else
-        noiommu_why=$VM_NOIOMMU_WHY
-        vm_log "noiommu mode will be SKIPPED: $noiommu_why"
-    fi
-fi
+vm_payload "$binary" kestrel-app kestrel
+binary=$VM_PAYLOAD
 
-if [[ -z $binary ]]; then
-    step "building kestrel (static)"
-    vm_build_static kestrel-app kestrel
-    binary=$VM_BUILT
-fi
-vm_check_payload "$binary"
-binary=$(realpath "$binary")
-
-step "initramfs"
+vm_step "initramfs"
 vm_initramfs_base
+# nvme-cli and fio are dynamically linked: they go in with their loader and libraries.
 if nvme_bin=$(command -v nvme); then
-    # nvme-cli is dynamically linked: it goes in with its loader and libraries.
-    mapfile -t nvme_files < <({
-        echo "$nvme_bin"
-        ldd "$nvme_bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
-    } | sort -u)
-    vm_initramfs_segment nvme-cli "${nvme_files[@]}"
+    vm_initramfs_dynamic nvme-cli "$nvme_bin"
 fi
 if ((bench)); then
     fio_bin=$(command -v fio)
-    mapfile -t fio_files < <({
-        echo "$fio_bin"
-        ldd "$fio_bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
-    } | sort -u)
-    vm_initramfs_segment fio "${fio_files[@]}"
+    vm_initramfs_dynamic fio "$fio_bin"
 fi
 
-run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
+vm_make_run_dir "$keep"
+run_dir=$VM_RUN_DIR
 # The payload lands at /<its name> in the guest, and /kestrel is the
 # directory of the scripts there: give the binary another name.
 cp "$binary" "$run_dir/kestrel-bin"
 binary=$run_dir/kestrel-bin
-# shellcheck disable=SC2317 # run by the EXIT trap
-cleanup() {
-    if ((keep)); then
-        vm_log "kept $run_dir"
-    else
-        rm -rf "$run_dir"
-    fi
-}
-trap cleanup EXIT
 
 overall=0 npass=0 nfail=0 nskip=0
 for m in "${modes[@]}"; do
     t0=$SECONDS
-    if [[ $m == noiommu ]] && ((!noiommu_ok)); then
-        echo "vm-nvmf-test: mode=$m result=skip ($noiommu_why) time=0s"
+    if [[ $m == noiommu ]] && ((!VM_NOIOMMU_OK)); then
+        vm_mode_line vm-nvmf-test "$m" skip "$VM_NOIOMMU_WHY" time=0s
         nskip=$((nskip + 1))
         [[ ${KESTREL_VM_STRICT:-0} == 1 ]] && overall=1
         continue
@@ -164,11 +102,9 @@ for m in "${modes[@]}"; do
     else
         guest="bash $guest"
     fi
-    step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
+    vm_step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
     vm_run_guest "$m" "$binary" "$guest" "$shell" "$backend" "$run_dir" "$timeout_s"
-    line="vm-nvmf-test: mode=$m result=$VM_RESULT"
-    [[ -n $VM_WHY ]] && line+=" ($VM_WHY)"
-    echo "$line time=$((SECONDS - t0))s"
+    vm_mode_line vm-nvmf-test "$m" "$VM_RESULT" "$VM_WHY" "time=$((SECONDS - t0))s"
     if [[ $VM_RESULT == pass ]]; then
         npass=$((npass + 1))
     else

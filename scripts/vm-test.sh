@@ -46,78 +46,33 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-usage() {
-    sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
-    exit "${1:-0}"
-}
-
 mode=both binary='' guest_cmd='' keep=0 shell=0
 while (($#)); do
     case $1 in
-    --mode)
-        mode=${2:?--mode needs iommu, noiommu or both}
-        shift 2
-        ;;
     --mode=*) mode=${1#*=} && shift ;;
-    --binary)
-        binary=${2:?--binary needs a path}
-        shift 2
-        ;;
     --binary=*) binary=${1#*=} && shift ;;
     --guest-cmd)
         guest_cmd=${2?--guest-cmd needs a command}
         shift 2
         ;;
     --guest-cmd=*) guest_cmd=${1#*=} && shift ;;
-    --keep) keep=1 && shift ;;
-    --shell) shell=1 && shift ;;
-    -h | --help) usage 0 ;;
-    *)
-        vm_log "unknown argument: $1"
-        usage 2
-        ;;
+    *) vm_runner_opt "$@" && shift "$VM_SHIFT" ;;
     esac
 done
-case $mode in
-iommu) modes=(iommu) ;;
-noiommu) modes=(noiommu) ;;
-both) modes=(iommu noiommu) ;;
-*) vm_die "--mode must be iommu, noiommu or both, not '$mode'" ;;
-esac
+vm_modes_of "$mode" || vm_die "--mode must be iommu, noiommu or both, not '$mode'"
+modes=("${VM_MODES[@]}")
 timeout_s=${KESTREL_VM_TIMEOUT:-300}
 ((shell)) && timeout_s=0
 
-t_start=$SECONDS
-step() { vm_log "[$((SECONDS - t_start))s] $*"; }
-
 vm_lock_cache
-
-step "packages"
-vm_apt_install qemu-system-x86 busybox-static bash-static kmod cpio xz-utils ||
-    vm_die "cannot install the packages the VM needs"
-
-step "guest kernel"
-vm_kernel_pick
-vm_kernel_fetch
+vm_install_packages
+vm_guest_kernel
 vm_log "guest kernel $VM_KVER ($VM_KPKGVER)"
+vm_noiommu_prepare "${modes[@]}"
 
-noiommu_ok=0 noiommu_why=
-if [[ " ${modes[*]} " == *" noiommu "* ]]; then
-    step "noiommu vfio.ko"
-    if vm_noiommu_build; then
-        noiommu_ok=1
-    else
-        noiommu_why=$VM_NOIOMMU_WHY
-        vm_log "noiommu mode will be SKIPPED: $noiommu_why"
-    fi
-fi
-
-if [[ -z $binary ]]; then
-    step "building kestrel-hw-tests (static)"
-    vm_build_static kestrel-hw-tests kestrel-hw-tests
-    binary=$VM_BUILT
-fi
-step "building kestrel (static)"
+vm_payload "$binary" kestrel-hw-tests kestrel-hw-tests
+binary=$VM_PAYLOAD
+vm_step "building kestrel (static)"
 vm_build_static kestrel-app kestrel
 vm_check_payload "$VM_BUILT"
 VM_PAYLOAD_EXTRA=("$VM_BUILT")
@@ -136,30 +91,20 @@ VM_NVME_NAMESPACES=(
 # metadata with PI type 1, separate metadata without PI (the last three need the caller's
 # metadata: ns_md); zoned (ns_zoned). Refused: the 64-bit guard.
 ns_supported='1 2 3 4 5 6' ns_md='4 5 6' ns_zoned='7' ns_refused='8'
-vm_check_payload "$binary"
-binary=$(realpath "$binary")
 
-step "initramfs"
+vm_step "initramfs"
 vm_initramfs_base
 
-run_dir=$(mktemp -d "$VM_CACHE/run.XXXXXX")
-# shellcheck disable=SC2317 # run by the EXIT trap
-cleanup() {
-    if ((keep)); then
-        vm_log "kept $run_dir"
-    else
-        rm -rf "$run_dir"
-    fi
-}
-trap cleanup EXIT
+vm_make_run_dir "$keep"
+run_dir=$VM_RUN_DIR
 
 declare -A result why rcs took
 # Runs one mode; sets result[$1], why[$1], rcs[$1] and took[$1].
 run_mode() {
     local m=$1 t0=$SECONDS cmd
     result[$m]=fail why[$m]='' rcs[$m]=1 took[$m]=0
-    if [[ $m == noiommu ]] && ((!noiommu_ok)); then
-        result[$m]=skip why[$m]=$noiommu_why rcs[$m]=0
+    if [[ $m == noiommu ]] && ((!VM_NOIOMMU_OK)); then
+        result[$m]=skip why[$m]=$VM_NOIOMMU_WHY rcs[$m]=0
         return 0
     fi
     if [[ -n $guest_cmd ]]; then
@@ -168,7 +113,7 @@ run_mode() {
         cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_NO_KERNEL_WRITE='5' KESTREL_NS_ZONED='$ns_zoned' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh"
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
-    step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
+    vm_step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
     vm_run_guest "$m" "$binary" "$cmd" "$shell" "$run_dir/nvme-$m.img" "$run_dir" "$timeout_s"
     result[$m]=$VM_RESULT why[$m]=$VM_WHY rcs[$m]=$VM_RC took[$m]=$((SECONDS - t0))
     # A DMA the IOMMU blocked fails the mode whatever the payload said.
@@ -189,9 +134,7 @@ for m in "${modes[@]}"; do
     fail) nfail=$((nfail + 1)) ;;
     skip) nskip=$((nskip + 1)) ;;
     esac
-    line="vm-test: mode=$m result=${result[$m]}"
-    [[ -n ${why[$m]} ]] && line+=" (${why[$m]})"
-    echo "$line time=${took[$m]}s"
+    vm_mode_line vm-test "$m" "${result[$m]}" "${why[$m]}" "time=${took[$m]}s"
     if [[ ${result[$m]} == fail ]] && ((overall == 0)); then
         overall=${rcs[$m]}
         ((overall != 0)) || overall=1
@@ -200,7 +143,7 @@ for m in "${modes[@]}"; do
         overall=1
     fi
 done
-vm_log "total $((SECONDS - t_start))s"
+vm_log "total $((SECONDS - VM_T_START))s"
 # Modes as test counts, in the plain form CI logs are read for.
 echo "vm-test: $npass passed, $nfail failed, $nskip skipped"
 exit "$overall"

@@ -15,6 +15,9 @@
 #   guest-nvmf-bench: median kestrel=N nvmet=M ratio=R rounds=K
 set -u
 
+# shellcheck source=scripts/vm/guest-lib.sh disable=SC1091 # followed with shellcheck -x
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"
+
 K=${KESTREL_PAYLOAD:?}
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b657374-7265-6c00-0000-000000000002
 SECS=${BENCH_SECONDS:-10}
@@ -32,34 +35,6 @@ die() {
     tail -n 20 /tmp/serve.log 2>/dev/null
     dmesg | grep -i nvme | tail -n 20
     exit 125
-}
-
-fabrics_connect() {
-    local line
-    exec 3<>/dev/nvme-fabrics || return 1
-    printf '%s' "$1" >&3 || {
-        exec 3>&-
-        return 1
-    }
-    IFS= read -r line <&3
-    exec 3>&-
-    line=${line#instance=}
-    echo "${line%%,*}"
-}
-
-block_of() {
-    local b
-    for _ in $(seq 200); do
-        for b in /sys/block/nvme*n1; do
-            [ -e "$b" ] || continue
-            if [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && [ -b "/dev/${b##*/}" ]; then
-                echo "/dev/${b##*/}"
-                return 0
-            fi
-        done
-        sleep 0.1
-    done
-    return 1
 }
 
 # Binds the controller to driver $1 (vfio-pci or nvme).
@@ -106,11 +81,9 @@ round_kestrel() {
     "$K" serve --target "dev=pci:$BDF" --allow-host "$HOSTNQN" --listen 127.0.0.1:4420 \
         --discovery-port off -c 0 >/tmp/serve.log 2>&1 &
     serve=$!
-    for _ in $(seq 600); do
-        grep -q '^kestrel serve: listening' /tmp/serve.log && break
-        kill -0 "$serve" 2>/dev/null || die "kestrel serve exited"
-        sleep 0.1
-    done
+    # Not listening after 60 s: the connect below says so.
+    serve_wait_listening "$serve" /tmp/serve.log
+    [ $? = 1 ] && die "kestrel serve exited"
     inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=4420,nqn=$NQN,hostnqn=$HOSTNQN") ||
         die "connect to kestrel serve"
     dev=$(block_of "$NQN") || die "no block device for $NQN"

@@ -23,6 +23,9 @@
 # number of failed checks (125 when the setup itself fails).
 set -u
 
+# shellcheck source=scripts/vm/guest-lib.sh disable=SC1091 # followed with shellcheck -x
+. "$(dirname "${BASH_SOURCE[0]}")/guest-lib.sh"
+
 K=${KESTREL_PAYLOAD:?}
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:6b657374-7265-6c00-0000-000000000001
 OTHERNQN=nqn.2014-08.org.nvmexpress:uuid:6b657374-7265-6c00-0000-0000000000ff
@@ -52,36 +55,6 @@ dump_logs() {
     dmesg | grep -i nvme | tail -n 40
 }
 
-# Writes the options to /dev/nvme-fabrics; prints the instance number.
-fabrics_connect() {
-    local opts=$1 line
-    exec 3<>/dev/nvme-fabrics || return 1
-    if ! printf '%s' "$opts" >&3; then
-        exec 3>&-
-        return 1
-    fi
-    IFS= read -r line <&3
-    exec 3>&-
-    line=${line#instance=}
-    echo "${line%%,*}"
-}
-
-# The block device of subsystem $1's namespace 1 (waits up to 20 s).
-block_of() {
-    local nqn=$1 b
-    for _ in $(seq 200); do
-        for b in /sys/block/nvme*n1; do
-            [ -e "$b" ] || continue
-            if [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$nqn" ] && [ -b "/dev/${b##*/}" ]; then
-                echo "/dev/${b##*/}"
-                return 0
-            fi
-        done
-        sleep 0.1
-    done
-    return 1
-}
-
 # The initramfs brings no interface up, loopback included.
 ip link set lo up || die "cannot bring up the loopback interface"
 modprobe nvme-tcp || die "modprobe nvme-tcp failed"
@@ -92,12 +65,11 @@ modprobe nvme-tcp || die "modprobe nvme-tcp failed"
     --allow-host "$HOSTNQN" --listen "127.0.0.1:$PORT" --discovery-port 8009 -c 0 \
     "${noiommu[@]}" -v >/tmp/serve.log 2>&1 &
 serve_pid=$!
-for _ in $(seq 600); do
-    grep -q '^kestrel serve: listening' /tmp/serve.log && break
-    kill -0 "$serve_pid" 2>/dev/null || die "kestrel serve exited"
-    sleep 0.1
-done
-grep -q '^kestrel serve: listening' /tmp/serve.log || die "kestrel serve is not listening after 60 s"
+serve_wait_listening "$serve_pid" /tmp/serve.log
+case $? in
+1) die "kestrel serve exited" ;;
+2) die "kestrel serve is not listening after 60 s" ;;
+esac
 say "$(grep -A5 '^kestrel serve: listening' /tmp/serve.log | tr '\n' ' ')"
 
 # --- discovery

@@ -1,10 +1,12 @@
 # shellcheck shell=bash
 # The VM_* variables set here are read by the scripts that source this file.
 # shellcheck disable=SC2034
-# Host side of the VM runners (scripts/vm-test.sh, scripts/vm-bench.sh):
-# packages, the Debian guest kernel, the noiommu vfio.ko, the initramfs and
-# the QEMU command line. Sourced, not run. Facts behind the choices made
-# here: docs/vm-testing.md.
+# Host side of the VM runners (scripts/vm-test.sh, scripts/vm-nvmf-test.sh,
+# scripts/vm-bench.sh, scripts/vm-compare.sh): packages, the Debian guest
+# kernel, the noiommu vfio.ko, the initramfs, the QEMU command line, and the
+# steps the runners share (--help, --mode, the run directory, the summary
+# line). Sourced, not run. The guest side has its own: scripts/vm/guest-lib.sh.
+# Facts behind the choices made here: docs/vm-testing.md.
 #
 # Everything fetched or built lives under $VM_CACHE (default
 # $REPO/.vm-cache, overridable with KESTREL_VM_CACHE), keyed by what it was
@@ -37,6 +39,124 @@ vm_is_elf() { [[ $(head -c 4 "$1" | od -An -tx1 | tr -d ' \n') == 7f454c46 ]]; }
 vm_die() {
     vm_log "error: $*"
     exit 1
+}
+
+# ------------------------------------------------------ the runners' steps
+
+# Prints the running script's help (its leading comment, from the second line
+# to `set -euo`) and exits with $1 (default 0).
+vm_usage() {
+    sed -n '2,/^set -euo/p' "${BASH_SOURCE[-1]}" | sed '$d; s/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+# Takes an option every runner has off the front of "$@": --mode M (M as
+# VM_MODE_NEEDS says), --binary PATH, --keep, --shell, or -h/--help (prints
+# the help, exits 0). Sets the runner's mode, binary, keep or shell, and
+# VM_SHIFT to the number of words taken. Anything else is a usage error:
+# says so, prints the help, exits 2.
+VM_MODE_NEEDS="iommu, noiommu or both"
+vm_runner_opt() {
+    VM_SHIFT=1
+    case $1 in
+    --mode)
+        mode=${2:?--mode needs $VM_MODE_NEEDS}
+        VM_SHIFT=2
+        ;;
+    --binary)
+        binary=${2:?--binary needs a path}
+        VM_SHIFT=2
+        ;;
+    --keep) keep=1 ;;
+    --shell) shell=1 ;;
+    -h | --help) vm_usage 0 ;;
+    *)
+        vm_log "unknown argument: $1"
+        vm_usage 2
+        ;;
+    esac
+}
+
+# Sets VM_MODES from a --mode value: iommu, noiommu, or both (iommu, then
+# noiommu). Returns 1 for anything else.
+vm_modes_of() {
+    case $1 in
+    iommu | noiommu) VM_MODES=("$1") ;;
+    both) VM_MODES=(iommu noiommu) ;;
+    *) return 1 ;;
+    esac
+}
+
+# Logs a step, with the seconds since the run started.
+VM_T_START=$SECONDS
+vm_step() { vm_log "[$((SECONDS - VM_T_START))s] $*"; }
+
+# What every guest needs (QEMU, busybox, bash, kmod, cpio, xz); a runner
+# adds its own before vm_install_packages.
+VM_PACKAGES=(qemu-system-x86 busybox-static bash-static kmod cpio xz-utils)
+# Installs VM_PACKAGES; dies when that fails.
+vm_install_packages() {
+    vm_step "packages"
+    vm_apt_install "${VM_PACKAGES[@]}" || vm_die "cannot install the packages the VM needs"
+}
+
+# Picks and fetches the guest kernel (VM_KVER, VM_KPKGVER, VM_KDIR).
+vm_guest_kernel() {
+    vm_step "guest kernel"
+    vm_kernel_pick
+    vm_kernel_fetch
+}
+
+# When noiommu is among the modes given, builds the noiommu vfio.ko. Sets
+# VM_NOIOMMU_OK to 1 when it is there; when it cannot be built, says that
+# the mode will be skipped and why (VM_NOIOMMU_WHY).
+vm_noiommu_prepare() {
+    VM_NOIOMMU_OK=0 VM_NOIOMMU_WHY=
+    [[ " $* " == *" noiommu "* ]] || return 0
+    vm_step "noiommu vfio.ko"
+    if vm_noiommu_build; then
+        VM_NOIOMMU_OK=1
+    else
+        vm_log "noiommu mode will be SKIPPED: $VM_NOIOMMU_WHY"
+    fi
+}
+
+# The guest's payload: $1 when given, else binary $3 of package $2, built
+# here as a static executable. Checked, and set in VM_PAYLOAD as an absolute
+# path.
+vm_payload() {
+    local binary=$1
+    if [[ -z $binary ]]; then
+        vm_step "building $3 (static)"
+        vm_build_static "$2" "$3"
+        binary=$VM_BUILT
+    fi
+    vm_check_payload "$binary"
+    VM_PAYLOAD=$(realpath "$binary")
+}
+
+# Makes the run directory VM_RUN_DIR (disk images, initramfs, the 9p
+# shares), removed when the script exits unless $1 is 1 (--keep).
+vm_make_run_dir() {
+    VM_KEEP=$1
+    VM_RUN_DIR=$(mktemp -d "$VM_CACHE/run.XXXXXX")
+    trap vm_remove_run_dir EXIT
+}
+# shellcheck disable=SC2317 # run by the EXIT trap
+vm_remove_run_dir() {
+    if ((VM_KEEP)); then
+        vm_log "kept $VM_RUN_DIR"
+    else
+        rm -rf "$VM_RUN_DIR"
+    fi
+}
+
+# Prints a mode's summary line: "$1: mode=$2 result=$3 ($4) $5", the
+# parenthesis left out when $4 is empty.
+vm_mode_line() {
+    local line="$1: mode=$2 result=$3"
+    [[ -n $4 ]] && line+=" ($4)"
+    echo "$line $5"
 }
 
 # ---------------------------------------------------------------- packages
@@ -390,6 +510,21 @@ vm_initramfs_base() {
     mv "$VM_INITRD_BASE.tmp" "$VM_INITRD_BASE"
     rm -rf "$stage"
     vm_prune "$VM_CACHE/initramfs" "$VM_INITRD_BASE" 'base-*' 2
+}
+
+# A cached initramfs segment named $1 holding the dynamically linked
+# executables $2..., each with the loader and the libraries ldd names for it,
+# at the same paths as here.
+vm_initramfs_dynamic() {
+    local name=$1 files f
+    shift
+    mapfile -t files < <({
+        for f in "$@"; do
+            echo "$f"
+            ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+        done
+    } | sort -u)
+    vm_initramfs_segment "$name" "${files[@]}"
 }
 
 # A cached initramfs segment named $1 holding host files $2... at the same
