@@ -3,26 +3,21 @@
 //! what a test reads back to compare.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel::{IoRequest, QueueOptions, TargetQueue};
+use kestrel::target::TargetInfo;
+use kestrel::{DmaBuf, IoRequest, QueueOptions, Target, TargetQueue};
 
-use crate::cli::ReadArgs;
+use crate::cli::{ReadArgs, TargetArgs};
 use crate::error::{AppError, Result};
-use crate::targets::{self, OpenOptions};
+use crate::parse::TargetSpec;
+use crate::targets::{self, OpenOptions, Opened};
 
 /// Runs `kestrel read`.
 pub fn run(a: &ReadArgs) -> Result<()> {
-    let specs = targets::specs_or_default(&a.targets.targets);
-    if specs.len() != 1 {
-        return Err(AppError::usage("kestrel read takes one --target"));
-    }
-    let opts = OpenOptions {
-        noiommu: a.targets.noiommu,
-        ..OpenOptions::default()
-    };
-    let opened = targets::open(&specs[0], &opts)?;
-    let t = opened.block_targets()?.remove(0);
+    let spec = one_spec(&a.targets, "read")?;
+    let (_opened, t) = open_one(&spec, &a.targets)?;
     let info = t.info().clone();
     let bs = info.block_size as u64;
     let cap = info.num_blocks * bs;
@@ -38,17 +33,12 @@ pub fn run(a: &ReadArgs) -> Result<()> {
             a.offset, a.length, info.name
         )));
     }
-    let chunk = (128u64 << 10).min(info.max_transfer_bytes.max(bs)) / bs * bs;
-    let mut q = t.create_queue(&QueueOptions {
-        depth: 4,
-        sw_queue_depth: 4,
-        ..QueueOptions::default()
-    })?;
-    let md = Meta::of(&info);
-    let buf = t
-        .dma_pool()
-        .alloc(md.buf_len(chunk as usize / bs as usize, bs as usize))
-        .map_err(kestrel::Error::from)?;
+    let Chunks {
+        len: chunk,
+        mut q,
+        md,
+        buf,
+    } = Chunks::new(&*t, &info)?;
     let mut out: Box<dyn Write> = match &a.output {
         Some(p) => Box::new(std::io::BufWriter::new(std::fs::File::create(p).map_err(
             |source| AppError::Os {
@@ -83,6 +73,56 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         source,
     })?;
     Ok(())
+}
+
+/// The one target `kestrel read` or `kestrel write` (`cmd`) takes, or a usage error.
+pub(crate) fn one_spec(a: &TargetArgs, cmd: &str) -> Result<TargetSpec> {
+    let mut specs = targets::specs_or_default(&a.targets);
+    if specs.len() != 1 {
+        return Err(AppError::usage(format!("kestrel {cmd} takes one --target")));
+    }
+    Ok(specs.remove(0))
+}
+
+/// Opens `spec` and takes its block target: the namespace `/ns=N` names, else the first
+/// one kestrel serves, or the file (with what was opened, kept alive beside it).
+pub(crate) fn open_one(spec: &TargetSpec, a: &TargetArgs) -> Result<(Opened, Arc<dyn Target>)> {
+    let opts = OpenOptions {
+        noiommu: a.noiommu,
+        ..OpenOptions::default()
+    };
+    let opened = targets::open(spec, &opts)?;
+    let t = opened.block_targets()?.remove(0);
+    Ok((opened, t))
+}
+
+/// What `kestrel read` and `kestrel write` copy through: a queue of depth 4, the metadata
+/// the format needs and a buffer for one chunk (at most 128 KiB, whole blocks, no more
+/// than the target transfers at once).
+pub(crate) struct Chunks {
+    /// Bytes of a chunk.
+    pub(crate) len: u64,
+    pub(crate) q: Box<dyn TargetQueue>,
+    pub(crate) md: Meta,
+    pub(crate) buf: DmaBuf,
+}
+
+impl Chunks {
+    pub(crate) fn new(t: &dyn Target, info: &TargetInfo) -> Result<Self> {
+        let bs = info.block_size as u64;
+        let len = (128u64 << 10).min(info.max_transfer_bytes.max(bs)) / bs * bs;
+        let q = t.create_queue(&QueueOptions {
+            depth: 4,
+            sw_queue_depth: 4,
+            ..QueueOptions::default()
+        })?;
+        let md = Meta::of(info);
+        let buf = t
+            .dma_pool()
+            .alloc(md.buf_len(len as usize / bs as usize, bs as usize))
+            .map_err(kestrel::Error::from)?;
+        Ok(Chunks { len, q, md, buf })
+    }
 }
 
 /// Submits one request, rings its doorbell and polls until it completes (at most 30 s);

@@ -5,19 +5,15 @@
 
 use std::io::Read as _;
 
-use kestrel::{IoRequest, QueueOptions};
+use kestrel::IoRequest;
 
 use crate::cli::WriteArgs;
 use crate::error::{AppError, Result};
-use crate::read::run_one;
-use crate::targets::{self, OpenOptions};
+use crate::read::{one_spec, open_one, run_one, Chunks};
 
 /// Runs `kestrel write`.
 pub fn run(a: &WriteArgs) -> Result<()> {
-    let specs = targets::specs_or_default(&a.targets.targets);
-    if specs.len() != 1 {
-        return Err(AppError::usage("kestrel write takes one --target"));
-    }
+    let spec = one_spec(&a.targets, "write")?;
     let os = |context: String| move |source| AppError::Os { context, source };
     let mut input =
         std::fs::File::open(&a.input).map_err(os(format!("opening {}", a.input.display())))?;
@@ -25,12 +21,7 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         .metadata()
         .map_err(os(format!("reading the size of {}", a.input.display())))?
         .len();
-    let opts = OpenOptions {
-        noiommu: a.targets.noiommu,
-        ..OpenOptions::default()
-    };
-    let opened = targets::open(&specs[0], &opts)?;
-    let t = opened.block_targets()?.remove(0);
+    let (_opened, t) = open_one(&spec, &a.targets)?;
     let info = t.info().clone();
     if info.read_only {
         return Err(AppError::usage(format!("{} is read-only", info.name)));
@@ -52,17 +43,12 @@ pub fn run(a: &WriteArgs) -> Result<()> {
             info.name
         )));
     }
-    let chunk = (128u64 << 10).min(info.max_transfer_bytes.max(bs)) / bs * bs;
-    let mut q = t.create_queue(&QueueOptions {
-        depth: 4,
-        sw_queue_depth: 4,
-        ..QueueOptions::default()
-    })?;
-    let md = crate::read::Meta::of(&info);
-    let mut buf = t
-        .dma_pool()
-        .alloc(md.buf_len(chunk as usize / bs as usize, bs as usize))
-        .map_err(kestrel::Error::from)?;
+    let Chunks {
+        len: chunk,
+        mut q,
+        md,
+        mut buf,
+    } = Chunks::new(&*t, &info)?;
     let mut copy = vec![0u8; chunk as usize];
     let mut off = a.offset;
     let end = a.offset + length;

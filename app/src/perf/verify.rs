@@ -94,60 +94,37 @@ pub fn fill_block(block: &mut [u8], lba: u64, gen: u64) {
     block[16..24].copy_from_slice(&sum.to_le_bytes());
 }
 
+/// `Err` naming `field` of the block at `lba` when it holds `actual` instead of `expected`.
+fn same(lba: u64, field: &'static str, expected: u64, actual: u64) -> Result<(), Mismatch> {
+    if expected == actual {
+        Ok(())
+    } else {
+        Err(Mismatch {
+            lba,
+            field,
+            expected,
+            actual,
+        })
+    }
+}
+
 /// Checks one block read from `lba`.
 pub fn check_block(block: &[u8], lba: u64, expect: Expect) -> Result<Checked, Mismatch> {
     let (got_lba, got_gen, got_sum) = (rd(block, 0), rd(block, 8), rd(block, 16));
     let intact = |block: &[u8]| xxh3_64(&block[HEADER_BYTES..]);
     match expect {
         Expect::Generation(gen) => {
-            if got_lba != lba {
-                return Err(Mismatch {
-                    lba,
-                    field: "lba",
-                    expected: lba,
-                    actual: got_lba,
-                });
-            }
-            if got_gen != gen {
-                return Err(Mismatch {
-                    lba,
-                    field: "generation",
-                    expected: gen,
-                    actual: got_gen,
-                });
-            }
-            let sum = intact(block);
-            if sum != got_sum {
-                return Err(Mismatch {
-                    lba,
-                    field: "checksum",
-                    expected: got_sum,
-                    actual: sum,
-                });
-            }
+            same(lba, "lba", lba, got_lba)?;
+            same(lba, "generation", gen, got_gen)?;
+            same(lba, "checksum", got_sum, intact(block))?;
             Ok(Checked::Ok)
         }
         Expect::Unwritten | Expect::Unknown => {
             if block.iter().all(|&b| b == 0) {
                 return Ok(Checked::Zero);
             }
-            if got_lba != lba {
-                return Err(Mismatch {
-                    lba,
-                    field: "lba",
-                    expected: lba,
-                    actual: got_lba,
-                });
-            }
-            let sum = intact(block);
-            if sum != got_sum {
-                return Err(Mismatch {
-                    lba,
-                    field: "checksum",
-                    expected: got_sum,
-                    actual: sum,
-                });
-            }
+            same(lba, "lba", lba, got_lba)?;
+            same(lba, "checksum", got_sum, intact(block))?;
             Ok(Checked::Earlier)
         }
     }

@@ -34,3 +34,15 @@ fn read_copies_a_range_of_a_file_target() {
     ]);
     assert_usage_error(&o, &["multiples of the block size"]);
 }
+
+#[test]
+fn read_and_write_take_one_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.bin");
+    std::fs::write(&input, test_bytes(4096)).unwrap();
+    let two = ["--target", "emu", "--target", "emu"];
+    let o = kestrel(&[&["read"][..], &two, &["--length", "4k"]].concat());
+    assert_usage_error(&o, &["kestrel read takes one --target"]);
+    let o = kestrel(&[&["write"][..], &two, &["--input", input.to_str().unwrap()]].concat());
+    assert_usage_error(&o, &["kestrel write takes one --target"]);
+}

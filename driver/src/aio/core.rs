@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::hw::dma::{DmaBuf, DmaPool};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
 use crate::io::{Completion, IoError, IoRequest, Segments};
 use crate::spec::Status;
 use crate::target::{Target, TargetInfo};
@@ -492,38 +492,14 @@ fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, Io
         ) => Ok(Segments::none()),
         (Opcode::ZoneSend { .. }, _) => Err(wrong("takes no buffer (IoBuf::None)")),
         (Opcode::ZoneAppend | Opcode::ReportZones, IoBuf::Dma(s)) => {
-            if (s.len as u64) < iocb.len {
-                return Err(too_short(s.len));
-            }
-            if !view.contains(s.vaddr, iocb.len as usize) {
-                return Err(IocbError::ForeignBuffer {
-                    addr: s.vaddr,
-                    len: s.len,
-                });
-            }
-            Ok(Segments::one(
-                s.sub(0, iocb.len as usize).expect("length checked above"),
-            ))
+            one_dma(view, s, iocb.len, too_short)
         }
         (Opcode::ZoneAppend | Opcode::ReportZones, _) => {
             Err(wrong("takes one buffer of dma memory (IoBuf::Dma)"))
         }
         (Opcode::Flush, _) => Ok(Segments::none()),
         (Opcode::WriteZeroes | Opcode::Discard, _) => Err(wrong("takes no buffer (IoBuf::None)")),
-        (Opcode::Read | Opcode::Write, IoBuf::Dma(s)) => {
-            if (s.len as u64) < iocb.len {
-                return Err(too_short(s.len));
-            }
-            if !view.contains(s.vaddr, iocb.len as usize) {
-                return Err(IocbError::ForeignBuffer {
-                    addr: s.vaddr,
-                    len: s.len,
-                });
-            }
-            Ok(Segments::one(
-                s.sub(0, iocb.len as usize).expect("length checked above"),
-            ))
-        }
+        (Opcode::Read | Opcode::Write, IoBuf::Dma(s)) => one_dma(view, s, iocb.len, too_short),
         (Opcode::Readv | Opcode::Writev, IoBuf::Vectored(v)) => {
             if (v.total_len() as u64) < iocb.len {
                 return Err(too_short(v.total_len()));
@@ -548,6 +524,29 @@ fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, Io
         // Bounced buffers are taken by `Core::bounce_in`.
         (Opcode::Read | Opcode::Write, IoBuf::User(_)) => Err(wrong("is bounced")),
     }
+}
+
+/// The first `len` bytes of `s`, the one DMA buffer of a read, write, zone append or
+/// report zones: long enough and inside the target's memory.
+#[inline(always)]
+fn one_dma(
+    view: &mut TargetView,
+    s: DmaSlice,
+    len: u64,
+    too_short: impl Fn(usize) -> IocbError,
+) -> Result<Segments, IocbError> {
+    if (s.len as u64) < len {
+        return Err(too_short(s.len));
+    }
+    if !view.contains(s.vaddr, len as usize) {
+        return Err(IocbError::ForeignBuffer {
+            addr: s.vaddr,
+            len: s.len,
+        });
+    }
+    Ok(Segments::one(
+        s.sub(0, len as usize).expect("length checked above"),
+    ))
 }
 
 /// One target's worth of bounce buffers for each target, after checking the options.

@@ -19,7 +19,7 @@ use super::abi::*;
 use super::dma::{lookup, lookup_rest};
 use super::error::{guard, CapiError};
 use super::handle::{
-    aligned, context, out_ptr, poison, release, shared, KestrelCtx, KestrelHandle,
+    aligned, context, out_ptr, poison, release, shared, Handle, Inner, KestrelCtx, KestrelHandle,
 };
 
 /// `int kestrel_io_setup(kestrel_t *k, unsigned nr_events, kestrel_ctx_t **out)`.
@@ -44,7 +44,7 @@ pub unsafe extern "C" fn kestrel_io_setup(
 ///
 /// # Safety
 /// `p` is NULL or readable.
-pub(super) unsafe fn read_params(p: *const KestrelIoParams) -> Result<ContextOptions, CapiError> {
+unsafe fn read_params(p: *const KestrelIoParams) -> Result<ContextOptions, CapiError> {
     aligned(p, "params")?;
     // SAFETY: non-null, aligned, readable by contract; plain integers.
     let p = unsafe { p.read() };
@@ -85,18 +85,39 @@ pub unsafe extern "C" fn kestrel_io_setup_params(
     p: *const KestrelIoParams,
     out: *mut *mut KestrelCtx,
 ) -> c_int {
+    let make = |h: &KestrelHandle, opts| {
+        let ctx = IoContext::setup_with(Arc::clone(&h.inner.target), opts)?;
+        Ok((ctx, Arc::clone(&h.inner)))
+    };
+    // SAFETY: the caller's contract.
+    unsafe { setup_context(k, "k", p, out, make) }
+}
+
+/// What [`kestrel_io_setup_params`] and `kestrel_reactor_io_setup` both do: clear `*out`,
+/// check the owner `h` (a `kestrel_t` or `kestrel_reactor_t`, named `what`) and the params,
+/// make the context with `make` (which also gives the state it shares) and hand it out.
+///
+/// # Safety
+/// `h` is from its constructor; `p` is readable; `out` is writable.
+pub(super) unsafe fn setup_context<H: Handle>(
+    h: *mut H,
+    what: &'static str,
+    p: *const KestrelIoParams,
+    out: *mut *mut KestrelCtx,
+    make: impl FnOnce(&H, ContextOptions) -> Result<(IoContext, Arc<Inner>), CapiError>,
+) -> c_int {
     guard(
         || {
             // SAFETY: the caller's contract.
             let out = unsafe { out_ptr(out, "out") }?;
             *out = std::ptr::null_mut();
             // SAFETY: the caller's contract.
-            let h = unsafe { shared(k, "k") }?;
+            let h = unsafe { shared(h, what) }?;
             // SAFETY: the caller's contract.
             let opts = unsafe { read_params(p) }?;
             let bounce = opts.bounce.is_some();
-            let ctx = IoContext::setup_with(Arc::clone(&h.inner.target), opts)?;
-            *out = KestrelCtx::boxed(ctx, &h.inner, bounce);
+            let (ctx, inner) = make(h, opts)?;
+            *out = KestrelCtx::boxed(ctx, &inner, bounce);
             Ok(0)
         },
         || {},

@@ -136,6 +136,34 @@ mod tests {
                 .to_str()
                 .unwrap();
             assert!(msg.contains("not a live kestrel_reactor_t"), "{msg}");
+            // Both context setups clear `*out` first, then check the owner, then the params.
+            let params = KestrelIoParams {
+                nr_events: 4,
+                ..Default::default()
+            };
+            let mut ctx: *mut KestrelCtx = std::ptr::NonNull::dangling().as_ptr();
+            assert_eq!(
+                kestrel_reactor_io_setup(h.cast(), &params, &mut ctx),
+                -libc::EINVAL
+            );
+            assert!(ctx.is_null());
+            let msg = std::ffi::CStr::from_ptr(kestrel_last_error())
+                .to_str()
+                .unwrap();
+            assert!(msg.contains("not a live kestrel_reactor_t"), "{msg}");
+            ctx = std::ptr::NonNull::dangling().as_ptr();
+            assert_eq!(
+                kestrel_io_setup_params(h, std::ptr::null(), &mut ctx),
+                -libc::EINVAL
+            );
+            assert!(ctx.is_null());
+            let msg = std::ffi::CStr::from_ptr(kestrel_last_error())
+                .to_str()
+                .unwrap();
+            assert!(msg.contains("params"), "{msg}");
+            assert_eq!(kestrel_io_setup_params(h, &params, &mut ctx), 0);
+            assert!(!ctx.is_null());
+            assert_eq!(kestrel_io_destroy(ctx), 0);
             // Still a live kestrel_t.
             assert_eq!(kestrel_block_size(h), 4096);
             assert_eq!(kestrel_capacity(h), 1 << 20);

@@ -29,19 +29,10 @@ pub unsafe extern "C" fn kestrel_open(
     target: *const c_char,
     out: *mut *mut KestrelHandle,
 ) -> c_int {
-    guard(
-        || {
-            // SAFETY: the caller's contract.
-            let out = unsafe { out_ptr(out, "out") }?;
-            *out = std::ptr::null_mut();
-            // SAFETY: the caller's contract.
-            let spec = unsafe { c_str(target, "target", MAX_SPEC_LEN + 1) }?;
-            let t = crate::target_spec::open(spec)?;
-            *out = KestrelHandle::boxed(Inner::new(t));
-            Ok(0)
-        },
-        || {},
-    )
+    // Zeroed params mean the defaults: the same checks, the same open.
+    let p = KestrelOpenParams::default();
+    // SAFETY: the caller's contract; `p` is a valid local.
+    unsafe { kestrel_open_params(target, &p, out) }
 }
 
 /// `int kestrel_open_params(const char *target, const struct kestrel_open_params *p,

@@ -8,7 +8,7 @@ use crate::aio::reactor::{Backoff, IdlePolicy, Reactor};
 use super::abi::*;
 use super::error::{guard, CapiError};
 use super::handle::{c_str, out_ptr, release, shared, KestrelCtx, KestrelHandle, KestrelReactor};
-use super::io::read_params;
+use super::io::setup_context;
 
 /// `int kestrel_reactor_start(kestrel_t *k, const char *cores, uint32_t flags,
 /// kestrel_reactor_t **out)`: one poller thread per core of `cores` (`"0,2-3"` or a mask
@@ -75,22 +75,9 @@ pub unsafe extern "C" fn kestrel_reactor_io_setup(
     p: *const KestrelIoParams,
     out: *mut *mut KestrelCtx,
 ) -> c_int {
-    guard(
-        || {
-            // SAFETY: the caller's contract.
-            let out = unsafe { out_ptr(out, "out") }?;
-            *out = std::ptr::null_mut();
-            // SAFETY: the caller's contract.
-            let r = unsafe { shared(r, "r") }?;
-            // SAFETY: the caller's contract.
-            let opts = unsafe { read_params(p) }?;
-            let bounce = opts.bounce.is_some();
-            let ctx = r.reactor.context_with(opts)?;
-            *out = KestrelCtx::boxed(ctx, &r.inner, bounce);
-            Ok(0)
-        },
-        || {},
-    )
+    let make = |r: &KestrelReactor, opts| Ok((r.reactor.context_with(opts)?, Arc::clone(&r.inner)));
+    // SAFETY: the caller's contract.
+    unsafe { setup_context(r, "r", p, out, make) }
 }
 
 /// `int kestrel_reactor_stop(kestrel_reactor_t *r)`: stops accepting requests, drains

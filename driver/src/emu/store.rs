@@ -202,16 +202,25 @@ fn bounce(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
     &mut buf[..n]
 }
 
-/// The end of a run of segments starting at `i` that fits one bounce buffer (at least one
-/// segment).
-fn batch_end(segs: &[Seg], i: usize) -> usize {
-    let mut n = 0usize;
-    let mut j = i;
-    while j < segs.len() && (j == i || n + segs[j].len as usize <= BOUNCE) {
-        n += segs[j].len as usize;
-        j += 1;
-    }
-    j
+/// `segs` in runs that each fit one bounce buffer (at least one segment a run), each with
+/// the namespace offset it starts at (from `off` on) and its bytes.
+fn batches(segs: &[Seg], off: u64) -> impl Iterator<Item = (&[Seg], u64, usize)> {
+    let (mut i, mut pos) = (0usize, off);
+    std::iter::from_fn(move || {
+        if i == segs.len() {
+            return None;
+        }
+        let mut n = 0usize;
+        let mut j = i;
+        while j < segs.len() && (j == i || n + segs[j].len as usize <= BOUNCE) {
+            n += segs[j].len as usize;
+            j += 1;
+        }
+        let run = (&segs[i..j], pos, n);
+        pos += n as u64;
+        i = j;
+        Some(run)
+    })
 }
 
 /// The store of one namespace.
@@ -244,21 +253,15 @@ impl Store {
             }
             Store::File(f) => {
                 // Coalesce segments into bounce-sized preads.
-                let mut i = 0;
-                let mut pos = off;
-                while i < segs.len() {
-                    let j = batch_end(segs, i);
-                    let n: usize = segs[i..j].iter().map(|s| s.len as usize).sum();
+                for (run, pos, n) in batches(segs, off) {
                     let buf = bounce(&mut f.bounce, n);
                     FileStore::read_exact_or_zero(&f.file, buf, pos).map_err(io)?;
                     let mut b = 0;
-                    for s in &segs[i..j] {
+                    for s in run {
                         let g = seg(mem, s)?;
                         g.copy_in(0, &buf[b..b + g.len()]);
                         b += g.len();
                     }
-                    pos += n as u64;
-                    i = j;
                 }
                 Ok(())
             }
@@ -284,21 +287,15 @@ impl Store {
                 Ok(())
             }
             Store::File(f) => {
-                let mut i = 0;
-                let mut pos = off;
-                while i < segs.len() {
-                    let j = batch_end(segs, i);
-                    let n: usize = segs[i..j].iter().map(|s| s.len as usize).sum();
+                for (run, pos, n) in batches(segs, off) {
                     let buf = bounce(&mut f.bounce, n);
                     let mut b = 0;
-                    for s in &segs[i..j] {
+                    for s in run {
                         let g = seg(mem, s)?;
                         g.copy_out(0, &mut buf[b..b + g.len()]);
                         b += g.len();
                     }
                     f.file.write_all_at(buf, pos).map_err(io)?;
-                    pos += n as u64;
-                    i = j;
                 }
                 if fua {
                     f.file.sync_data().map_err(io)?;
@@ -397,5 +394,53 @@ impl Store {
             Store::File(f) => Some(&f.path),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_fill_bounce_buffers_in_order() {
+        // 600 pages: two full bounce buffers of 256 pages, then the last 88.
+        let segs: Vec<Seg> = (0..600)
+            .map(|i| Seg {
+                iova: 0x10_0000 + i * 4096,
+                len: 4096,
+            })
+            .collect();
+        let runs: Vec<(usize, u64, usize)> = batches(&segs, 512)
+            .map(|(run, pos, n)| (run.len(), pos, n))
+            .collect();
+        assert_eq!(
+            runs,
+            [
+                (256, 512, BOUNCE),
+                (256, 512 + BOUNCE as u64, BOUNCE),
+                (88, 512 + 2 * BOUNCE as u64, 88 * 4096)
+            ]
+        );
+        // A segment larger than a bounce buffer is a run of its own.
+        let big = [
+            Seg { iova: 0, len: 4096 },
+            Seg {
+                iova: 0x1000,
+                len: (BOUNCE + 4096) as u32,
+            },
+            Seg { iova: 0, len: 4096 },
+        ];
+        let runs: Vec<(usize, u64, usize)> = batches(&big, 0)
+            .map(|(run, pos, n)| (run.len(), pos, n))
+            .collect();
+        assert_eq!(
+            runs,
+            [
+                (1, 0, 4096),
+                (1, 4096, BOUNCE + 4096),
+                (1, BOUNCE as u64 + 8192, 4096)
+            ]
+        );
+        assert_eq!(batches(&[], 0).count(), 0);
     }
 }

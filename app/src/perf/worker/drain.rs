@@ -1,6 +1,8 @@
 //! After the window: the drain of what is still outstanding and the `--verify` read-back
 //! of every unit written, both bounded in time.
 
+use kestrel::io::Completion;
+
 use super::{
     TargetState, Worker, WorkerError, DRAIN_SLACK_NS, DRAIN_TIMEOUTS, READBACK_TIMEOUT_NS, UNKNOWN,
 };
@@ -36,40 +38,26 @@ impl Worker<'_> {
             }
             self.queues[qi].q.flush();
         }
-        let t_start = clock.now_ns();
-        loop {
-            let mut left = 0u32;
-            for qi in 0..self.queues.len() {
-                let Some(t) = self.poll_queue(qi) else {
-                    continue;
-                };
-                let ti = self.queues[qi].target;
-                for i in 0..self.queues[qi].done.len() {
-                    let c = self.queues[qi].done[i];
-                    self.complete(qi, c, t, false)?;
-                    self.targets[ti].res.readback_ios += 1;
-                    if self.queues[qi].dead {
-                        continue;
-                    }
-                    if let Some(u) = next(&self.targets[ti], &mut cursor[ti]) {
-                        self.issue(qi, c.token as usize, u, false, t)?;
-                    }
-                }
-                self.queues[qi].q.flush();
-                left += self.queues[qi].q.outstanding();
+        let left = self.reap_all(READBACK_TIMEOUT_NS, true, |w, qi, c, t| {
+            let ti = w.queues[qi].target;
+            w.complete(qi, c, t, false)?;
+            w.targets[ti].res.readback_ios += 1;
+            if w.queues[qi].dead {
+                return Ok(());
             }
-            if left == 0 {
-                return Ok(0);
+            if let Some(u) = next(&w.targets[ti], &mut cursor[ti]) {
+                w.issue(qi, c.token as usize, u, false, t)?;
             }
-            if clock.now_ns().saturating_sub(t_start) > READBACK_TIMEOUT_NS {
-                tracing::error!(
-                    "core {}: read-back after the run did not finish within {} s",
-                    self.cfg.core,
-                    READBACK_TIMEOUT_NS / 1_000_000_000
-                );
-                return Ok(left);
-            }
+            Ok(())
+        })?;
+        if left > 0 {
+            tracing::error!(
+                "core {}: read-back after the run did not finish within {} s",
+                self.cfg.core,
+                READBACK_TIMEOUT_NS / 1_000_000_000
+            );
         }
+        Ok(left)
     }
 
     /// One poll of queue `qi` after the window, its completions into `done`: the time they
@@ -97,8 +85,29 @@ impl Worker<'_> {
     /// throughput). Returns how many I/Os did not complete within
     /// [`Worker::drain_limit_ns`].
     pub(super) fn drain(&mut self) -> Result<u32, WorkerError> {
-        let clock = &self.shared.clock;
         let limit = self.drain_limit_ns();
+        let left = self.reap_all(limit, false, |w, qi, c, t| w.complete(qi, c, t, false))?;
+        if left > 0 {
+            tracing::error!(
+                "core {}: {left} i/os still outstanding {:.1} s after the run ended",
+                self.cfg.core,
+                limit as f64 / 1e9
+            );
+        }
+        Ok(left)
+    }
+
+    /// Polls every queue until nothing is outstanding (`Ok(0)`) or more than `limit_ns`
+    /// has passed (`Ok` of the I/Os still outstanding), handing each completion with the
+    /// time it was reaped to `each`; with `flush`, rings each queue's doorbell after its
+    /// completions (for what `each` issued).
+    fn reap_all(
+        &mut self,
+        limit_ns: u64,
+        flush: bool,
+        mut each: impl FnMut(&mut Self, usize, Completion, u64) -> Result<(), WorkerError>,
+    ) -> Result<u32, WorkerError> {
+        let clock = &self.shared.clock;
         let t_start = clock.now_ns();
         loop {
             let mut left = 0u32;
@@ -108,19 +117,14 @@ impl Worker<'_> {
                 };
                 for i in 0..self.queues[qi].done.len() {
                     let c = self.queues[qi].done[i];
-                    self.complete(qi, c, t, false)?;
+                    each(self, qi, c, t)?;
+                }
+                if flush {
+                    self.queues[qi].q.flush();
                 }
                 left += self.queues[qi].q.outstanding();
             }
-            if left == 0 {
-                return Ok(0);
-            }
-            if clock.now_ns().saturating_sub(t_start) > limit {
-                tracing::error!(
-                    "core {}: {left} i/os still outstanding {:.1} s after the run ended",
-                    self.cfg.core,
-                    limit as f64 / 1e9
-                );
+            if left == 0 || clock.now_ns().saturating_sub(t_start) > limit_ns {
                 return Ok(left);
             }
         }
