@@ -11,8 +11,9 @@
 #                  move the controller between the kernel's nvme driver
 #                  ($NVME_BLK is then its namespace) and vfio-pci, where it
 #                  starts. Example list: scripts/vm/bench-fio.cmds.
-#   --binary       static executable put in the guest at /<its name>,
-#                  $KESTREL_PAYLOAD there (default: the kestrel app).
+#   --binary       static executable put in the guest at /<its name>
+#                  (/kestrel-bin for one named kestrel), $KESTREL_PAYLOAD
+#                  there (default: the kestrel app).
 #   --fio-engine   the fio ioengine (libkestrel_fio.so, built against this
 #                  machine's fio, which is the guest's), with its libraries;
 #                  $KESTREL_FIO_ENGINE in the guest. Example list:

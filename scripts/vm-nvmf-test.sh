@@ -79,10 +79,6 @@ fi
 
 vm_make_run_dir "$keep"
 run_dir=$VM_RUN_DIR
-# The payload lands at /<its name> in the guest, and /kestrel is the
-# directory of the scripts there: give the binary another name.
-cp "$binary" "$run_dir/kestrel-bin"
-binary=$run_dir/kestrel-bin
 
 overall=0 npass=0 nfail=0 nskip=0
 for m in "${modes[@]}"; do

@@ -10,8 +10,9 @@
 #                CONFIG_VFIO_NOIOMMU (skipped, with the reason, when that
 #                cannot be built). both (default): iommu, then noiommu.
 #   --binary     static executable to put in the guest at /<its name>
-#                (default: kestrel-hw-tests, built here as a static binary;
-#                the kestrel tool is built too and put at /kestrel/bin/kestrel).
+#                (/kestrel-bin for one named kestrel; default:
+#                kestrel-hw-tests, built here as a static binary; the
+#                kestrel tool is built too and put at /kestrel/bin/kestrel).
 #   --guest-cmd  command line run by bash in the guest after binding; $BDF,
 #                $KESTREL_TEST_DEVICE, $KESTREL_PAYLOAD (the binary's path)
 #                and, in noiommu mode, $KESTREL_NOIOMMU=1 are set.

@@ -556,7 +556,8 @@ vm_initramfs_segment() {
 }
 
 # The per-run part, appended to the base as a second cpio archive (the
-# kernel unpacks them in order): the payload binary at /<name>, the repo's
+# kernel unpacks them in order): the payload binary at /<name> (/kestrel-bin
+# for one named kestrel), the repo's
 # scripts/ at /kestrel/scripts, /kestrel/env, and in noiommu mode the
 # rebuilt vfio.ko at /kestrel/noiommu/vfio.ko. Writes $1.
 #   $2 mode, $3 payload binary, $4 guest command, $5 shell (0/1)
@@ -566,6 +567,9 @@ vm_initramfs_payload() {
     rm -rf "$stage"
     mkdir -p "$stage/kestrel"
     name=$(basename "$binary")
+    # /kestrel is the directory of the scripts in the guest: a binary named
+    # kestrel (the app, as the runners build it) lands at /kestrel-bin.
+    [[ $name == kestrel ]] && name=kestrel-bin
     cp "$binary" "$stage/$name"
     # Debug info only costs gzip time and guest memory here.
     if command -v strip >/dev/null && vm_is_elf "$binary"; then
