@@ -18,6 +18,18 @@ fn assert_all_pass(reports: &[CaseReport], allow_skip: bool) {
     assert!(bad.is_empty(), "{bad:#?}");
 }
 
+/// The suite on an emulated controller built from `cfg`, its report printed; no case failed.
+fn run_without_failures(cfg: kestrel::emu::EmuConfig) -> Vec<CaseReport> {
+    let reports = run(&Device::EmulatorWith(Box::new(cfg)), "");
+    println!("{}", format_report(&reports));
+    let failed: Vec<_> = reports
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    reports
+}
+
 #[test]
 fn target_cases_on_the_emulated_namespace() {
     assert_all_pass(&run_targets(&TargetKind::Nvme(Device::Emulator), ""), false);
@@ -127,13 +139,7 @@ fn suite_covers_every_namespace_and_skips_refused_ones_saying_why() {
         ],
         ..EmuConfig::default()
     };
-    let reports = run(&Device::EmulatorWith(Box::new(cfg)), "");
-    println!("{}", format_report(&reports));
-    let failed: Vec<_> = reports
-        .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
-        .collect();
-    assert!(failed.is_empty(), "{failed:#?}");
+    let reports = run_without_failures(cfg);
     let per_ns: Vec<&str> = cases()
         .iter()
         .filter(|c| c.per_namespace)
@@ -184,13 +190,7 @@ fn suite_skips_everything_on_a_controller_it_cannot_serve() {
         }],
         ..EmuConfig::default()
     };
-    let reports = run(&Device::EmulatorWith(Box::new(cfg)), "");
-    println!("{}", format_report(&reports));
-    let failed: Vec<_> = reports
-        .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
-        .collect();
-    assert!(failed.is_empty(), "{failed:#?}");
+    let reports = run_without_failures(cfg);
     let (p, _, s) = tally(&reports);
     assert!(s >= 15 && p >= 5, "{p} passed, {s} skipped");
 }

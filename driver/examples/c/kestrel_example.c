@@ -16,31 +16,10 @@
 #include <string.h>
 
 #include "kestrel.h"
+#include "example_check.h"
 
 #define QD 16
 #define BLOCKS_PER_IO 2
-
-static int failures;
-
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fprintf(stderr, " (last error: %s)\n", kestrel_last_error());        \
-            failures++;                                                          \
-        }                                                                        \
-    } while (0)
-
-#define MUST(call)                                                               \
-    do {                                                                         \
-        int rc_ = (call);                                                        \
-        if (rc_ < 0) {                                                           \
-            fprintf(stderr, "FAIL %s:%d: %s: %s: %s\n", __FILE__, __LINE__,      \
-                    #call, kestrel_strerror(rc_), kestrel_last_error());         \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
 
 static void fill(uint8_t *p, size_t len, uint64_t seed)
 {

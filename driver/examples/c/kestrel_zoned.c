@@ -14,30 +14,9 @@
 #include <string.h>
 
 #include "kestrel.h"
+#include "example_check.h"
 
 #define APPENDS 8
-
-static int failures;
-
-#define CHECK(cond, ...)                                                         \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                 \
-            fprintf(stderr, __VA_ARGS__);                                        \
-            fprintf(stderr, " (last error: %s)\n", kestrel_last_error());        \
-            failures++;                                                          \
-        }                                                                        \
-    } while (0)
-
-#define MUST(call)                                                               \
-    do {                                                                         \
-        int rc_ = (call);                                                        \
-        if (rc_ < 0) {                                                           \
-            fprintf(stderr, "FAIL %s:%d: %s: %s: %s\n", __FILE__, __LINE__,      \
-                    #call, kestrel_strerror(rc_), kestrel_last_error());         \
-            exit(1);                                                             \
-        }                                                                        \
-    } while (0)
 
 /* Submits one iocb and returns its event. */
 static struct kestrel_event one(kestrel_ctx_t *ctx, struct kestrel_iocb cb)

@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// A second DMA pool on the controller's mapper (its own 64 KiB IOMMU mapping).
+fn second_pool(h: &H) -> DmaPool {
+    DmaPool::new(
+        h.emu.mapper(),
+        DmaPoolOptions {
+            region_len: 64 << 10,
+            ..Default::default()
+        },
+    )
+}
+
 #[test]
 fn iommu_hands_out_iovas_apart_from_vaddrs_and_unmaps() {
     let h = H::new(small_cfg());
@@ -13,13 +24,7 @@ fn iommu_hands_out_iovas_apart_from_vaddrs_and_unmaps() {
     assert_eq!(iommu.lookup(b.as_ptr() as u64, 1), None);
     let n = iommu.mappings();
     // A second pool grows a new mapping; dropping it unmaps (waiting for the controller).
-    let p2 = DmaPool::new(
-        h.emu.mapper(),
-        DmaPoolOptions {
-            region_len: 64 << 10,
-            ..Default::default()
-        },
-    );
+    let p2 = second_pool(&h);
     let x = p2.alloc(4096).unwrap();
     let xi = x.iova();
     assert_eq!(iommu.mappings(), n + 1);
@@ -33,13 +38,7 @@ fn iommu_hands_out_iovas_apart_from_vaddrs_and_unmaps() {
 fn unmapped_buffer_is_a_data_transfer_error() {
     let mut h = H::new(small_cfg());
     let mut q = h.pair(1, 8);
-    let p2 = DmaPool::new(
-        h.emu.mapper(),
-        DmaPoolOptions {
-            region_len: 64 << 10,
-            ..Default::default()
-        },
-    );
+    let p2 = second_pool(&h);
     let x = p2.alloc(4096).unwrap();
     let xi = x.iova();
     assert_ok(&h.io(&mut q, Sqe::write(1, 0, 1, xi, 0)));

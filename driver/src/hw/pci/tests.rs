@@ -101,23 +101,36 @@ fn discovery_driver_group_and_blocks() {
     assert_eq!(bound_driver(&f.roots(), &none).unwrap(), None);
 }
 
-#[test]
-fn uses_mounts_swap_holders() {
+/// A controller at 0000:01:00.0 on the kernel's `nvme` driver with namespace nvme0n1
+/// (259:0) and its partitions nvme0n1p1 and nvme0n1p2; returns the tree and the BDF.
+fn nvme0n1_with_two_partitions() -> (FakeSys, &'static str) {
     let f = FakeSys::new();
     let b = "0000:01:00.0";
     f.nvme(b)
         .bind(b, "nvme")
         .namespace(b, "nvme0", "nvme0n1", "259:0")
         .partition(b, "nvme0", "nvme0n1", "nvme0n1p1")
-        .partition(b, "nvme0", "nvme0n1", "nvme0n1p2")
-        .partition(b, "nvme0", "nvme0n1", "nvme0n1p3")
+        .partition(b, "nvme0", "nvme0n1", "nvme0n1p2");
+    (f, b)
+}
+
+/// The controllers of the tree, and the uses of controller 0 as text.
+fn uses_of(f: &FakeSys) -> (Vec<PciNvmeController>, Vec<String>) {
+    let c = list_nvme_controllers(&f.roots()).unwrap();
+    let uses = c[0].uses().map(|u| u.to_string()).collect();
+    (c, uses)
+}
+
+#[test]
+fn uses_mounts_swap_holders() {
+    let (f, b) = nvme0n1_with_two_partitions();
+    f.partition(b, "nvme0", "nvme0n1", "nvme0n1p3")
         .holder(b, "nvme0/nvme0n1/nvme0n1p3", "dm-0", Some("vg0-root"))
         .holder(b, "nvme0/nvme0n1/nvme0n1p3", "md0", None)
         .mount("/dev/nvme0n1p1", "/boot")
         .mount("/dev/sda1", "/")
         .swap("/dev/nvme0n1p2");
-    let c = list_nvme_controllers(&f.roots()).unwrap();
-    let uses: Vec<String> = c[0].uses().map(|u| u.to_string()).collect();
+    let (c, uses) = uses_of(&f);
     assert_eq!(
         uses,
         [
@@ -132,14 +145,8 @@ fn uses_mounts_swap_holders() {
 
 #[test]
 fn mounts_found_by_device_number() {
-    let f = FakeSys::new();
-    let b = "0000:01:00.0";
-    f.nvme(b)
-        .bind(b, "nvme")
-        .namespace(b, "nvme0", "nvme0n1", "259:0")
-        .partition(b, "nvme0", "nvme0n1", "nvme0n1p1")
-        .partition(b, "nvme0", "nvme0n1", "nvme0n1p2")
-        .devno(b, "nvme0/nvme0n1/nvme0n1p1", "259:1")
+    let (f, b) = nvme0n1_with_two_partitions();
+    f.devno(b, "nvme0/nvme0n1/nvme0n1p1", "259:1")
         .devno(b, "nvme0/nvme0n1/nvme0n1p2", "259:2")
         // The root filesystem as a kernel without initramfs mounts it.
         .mount_devno("259:2", "/dev/root", "/")
@@ -147,8 +154,7 @@ fn mounts_found_by_device_number() {
         .mount("/dev/nvme0n1p1", "/boot")
         .mount_devno("259:1", "/dev/nvme0n1p1", "/boot")
         .mount_devno("8:1", "/dev/sda1", "/data");
-    let c = list_nvme_controllers(&f.roots()).unwrap();
-    let uses: Vec<String> = c[0].uses().map(|u| u.to_string()).collect();
+    let (_, uses) = uses_of(&f);
     assert_eq!(
         uses,
         ["nvme0n1p1 mounted on /boot", "nvme0n1p2 mounted on /"]
