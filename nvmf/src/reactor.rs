@@ -52,6 +52,33 @@ fn split_token(t: u64) -> (usize, u32, u16) {
     )
 }
 
+/// Hands the result of the target request `token` to its connection, if that connection (slot
+/// and generation in the token) is still there; the result of a request whose connection has
+/// gone is ignored.
+fn deliver(
+    conns: &mut [Option<Entry>],
+    shared: &Shared,
+    queues: &mut [Option<Box<dyn TargetQueue>>],
+    retry: &mut VecDeque<(usize, IoRequest)>,
+    depth: u32,
+    token: u64,
+    result: Result<(), IoError>,
+) {
+    let (idx, gen, slot) = split_token(token);
+    if let Some(Some(e)) = conns.get_mut(idx) {
+        if e.gen == gen {
+            let mut ctx = Ctx {
+                shared,
+                queues,
+                retry,
+                key: conn_key(idx, gen),
+                queue_depth: depth,
+            };
+            e.conn.target_done(slot, result, &mut ctx);
+        }
+    }
+}
+
 struct Entry {
     conn: Conn,
     gen: u32,
@@ -270,19 +297,7 @@ impl Reactor {
         }
         let completed = completions.len();
         for c in completions.drain(..) {
-            let (idx, gen, slot) = split_token(c.token);
-            if let Some(Some(e)) = conns.get_mut(idx) {
-                if e.gen == gen {
-                    let mut ctx = Ctx {
-                        shared,
-                        queues,
-                        retry,
-                        key: conn_key(idx, gen),
-                        queue_depth: depth,
-                    };
-                    e.conn.target_done(slot, c.result, &mut ctx);
-                }
-            }
+            deliver(conns, shared, queues, retry, depth, c.token, c.result);
         }
         completed
     }
@@ -298,7 +313,7 @@ impl Reactor {
         } = self;
         let depth = shared.limits.target_queue_depth;
         while let Some(&(sub, req)) = retry.front() {
-            let (idx, gen, slot) = split_token(req.token);
+            let (idx, gen, _) = split_token(req.token);
             let live = matches!(conns.get(idx), Some(Some(e)) if e.gen == gen && !e.conn.closing);
             let outcome = if !live {
                 Some(Err(IoError::Cancelled))
@@ -320,18 +335,7 @@ impl Reactor {
             };
             retry.pop_front();
             if let Some(result) = outcome {
-                if let Some(Some(e)) = conns.get_mut(idx) {
-                    if e.gen == gen {
-                        let mut ctx = Ctx {
-                            shared,
-                            queues,
-                            retry,
-                            key: conn_key(idx, gen),
-                            queue_depth: depth,
-                        };
-                        e.conn.target_done(slot, result, &mut ctx);
-                    }
-                }
+                deliver(conns, shared, queues, retry, depth, req.token, result);
             }
         }
     }

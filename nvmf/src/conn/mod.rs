@@ -165,6 +165,22 @@ struct TxItem {
     done: usize,
 }
 
+impl TxItem {
+    /// A whole PDU already encoded in `v` (connection set-up and teardown only: it owns a heap
+    /// buffer, so the per-command paths build their headers in `hdr` instead).
+    fn owned(v: Vec<u8>) -> TxItem {
+        TxItem {
+            hdr: [0; 32],
+            hlen: 0,
+            pad: 0,
+            data: TxData::Owned(v),
+            ddgst: None,
+            release: None,
+            done: 0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Dest {
     Discard,

@@ -200,15 +200,7 @@ impl Conn {
         v[4..8].copy_from_slice(&plen.to_le_bytes());
         v[pdu::TERM_HLEN..].copy_from_slice(&self.rx.hdr[..hlen]);
         self.tx.clear();
-        self.tx.push_back(TxItem {
-            hdr: [0; 32],
-            hlen: 0,
-            pad: 0,
-            data: TxData::Owned(v),
-            ddgst: None,
-            release: None,
-            done: 0,
-        });
+        self.tx.push_back(TxItem::owned(v));
         let _ = self.flush();
         Close::Protocol(e)
     }
@@ -241,15 +233,7 @@ impl Conn {
                 });
                 let mut v = vec![0u8; pdu::IC_LEN];
                 resp.encode(&mut v, false, false, 0, 0, 0);
-                self.push_tx(TxItem {
-                    hdr: [0; 32],
-                    hlen: 0,
-                    pad: 0,
-                    data: TxData::Owned(v),
-                    ddgst: None,
-                    release: None,
-                    done: 0,
-                });
+                self.push_tx(TxItem::owned(v));
             }
             Pdu::H2CTermReq(t) => {
                 self.rx.after = After::Term;

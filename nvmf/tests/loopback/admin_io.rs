@@ -1,12 +1,15 @@
 //! The whole life of a host: admin queue, Identify, an I/O queue, in-capsule and R2T
 //! writes, reads compared, Flush, Write Zeroes, Dataset Management, error statuses and
-//! pipelined reads; with digests off and on, and with SQ flow control off.
+//! pipelined reads; with digests off and on, and with SQ flow control off; and pipelined reads
+//! through a target queue too small for them (the reactor's busy retry).
 
 use kestrel::spec::{Sct, Status};
 use kestrel_nvmf::fabrics::{Sgl, CATTR_DISABLE_SQFLOW};
 use kestrel_nvmf::pdu::{flags, Pdu};
 
-use crate::common::{identify, pattern, rw, server, sqe, HOSTNQN, NQN};
+use kestrel_nvmf::Limits;
+
+use crate::common::{identify, pattern, rw, server, server_with, sqe, HOSTNQN, NQN};
 use crate::host::{Cqe, Host};
 
 /// The whole life of a host: admin queue, identify, an I/O queue, writes and reads.
@@ -202,4 +205,29 @@ fn admin_and_io_with_header_and_data_digests() {
 #[test]
 fn sq_flow_control_off_uses_the_success_flag() {
     exercise(false, true, true);
+}
+
+/// 32 pipelined reads through a target queue of 2 entries: the target refuses as busy those
+/// that find it full, the reactor submits them again from its retry FIFO, and every one
+/// completes with its data.
+#[test]
+fn reads_refused_as_busy_are_retried() {
+    let limits = Limits {
+        target_queue_depth: 2,
+        ..Limits::default()
+    };
+    let srv = server_with(Vec::new(), true, limits);
+    let addr = srv.local_addr();
+    let mut a = Host::connect(addr, false, false);
+    let cntlid = a.admin_up(NQN, 10_000);
+    let mut io = Host::connect(addr, false, false);
+    let c = io.fabric_connect(1, 127, cntlid, 0, 0, NQN, HOSTNQN);
+    assert!(c.status.is_success(), "io connect: {:?}", c.status);
+    let big = pattern(128 << 10, 4);
+    let (c, _) = io.cmd(rw(0x01, 100, 32), &big, false, 0);
+    assert!(c.status.is_success(), "{:?}", c.status);
+    pipelined_reads(&mut io, &big);
+    drop(io);
+    drop(a);
+    srv.shutdown();
 }

@@ -19,6 +19,16 @@ use super::iova::IovaAllocator;
 use super::sys::Group;
 use crate::hw::dma::{DmaError, DmaMapper};
 
+/// The error of mapper `mapper` failing to map `[vaddr, vaddr + len)`.
+fn fail(mapper: &str, vaddr: usize, len: usize, reason: String) -> DmaError {
+    DmaError::MapperFailed {
+        mapper: mapper.to_string(),
+        vaddr,
+        len,
+        reason,
+    }
+}
+
 /// The smallest IOMMU page size in a `iova_pgsizes` bitmap (4 KiB if none reported).
 fn min_pgsize(pgsizes: u64) -> u64 {
     if pgsizes == 0 {
@@ -58,15 +68,6 @@ impl Type1Mapper {
             iova: Mutex::new(IovaAllocator::new(ranges, super::iova::PREFERRED_FLOOR)),
         }
     }
-
-    fn fail(&self, vaddr: usize, len: usize, reason: String) -> DmaError {
-        DmaError::MapperFailed {
-            mapper: self.name.clone(),
-            vaddr,
-            len,
-            reason,
-        }
-    }
 }
 
 impl DmaMapper for Type1Mapper {
@@ -74,14 +75,20 @@ impl DmaMapper for Type1Mapper {
         let va = vaddr.as_ptr() as usize;
         let min = min_pgsize(self.pgsizes);
         if len == 0 || (va as u64) % min != 0 || (len as u64) % min != 0 {
-            return Err(self.fail(
+            return Err(fail(
+                &self.name,
                 va,
                 len,
                 format!("address and length must be multiples of the iommu page size {min}"),
             ));
         }
         let Some(container) = self.group.container() else {
-            return Err(self.fail(va, len, "the group has no container".into()));
+            return Err(fail(
+                &self.name,
+                va,
+                len,
+                "the group has no container".into(),
+            ));
         };
         let align = iova_align(self.pgsizes, va, len as u64);
         let iova = self
@@ -90,7 +97,8 @@ impl DmaMapper for Type1Mapper {
             .unwrap()
             .alloc(len as u64, align)
             .ok_or_else(|| {
-                self.fail(
+                fail(
+                    &self.name,
                     va,
                     len,
                     format!("no free iova range of {len} bytes aligned to {align:#x} is left"),
@@ -112,13 +120,15 @@ impl DmaMapper for Type1Mapper {
                         len,
                         limit: crate::hw::dma::memlock_limit_text(),
                     }),
-                    Some(libc::ENOSPC) => Err(self.fail(
+                    Some(libc::ENOSPC) => Err(fail(
+                        &self.name,
                         va,
                         len,
                         "too many dma mappings (vfio_iommu_type1 dma_entry_limit); use larger regions"
                             .into(),
                     )),
-                    _ => Err(self.fail(
+                    _ => Err(fail(
+                        &self.name,
                         va,
                         len,
                         format!("VFIO_IOMMU_MAP_DMA at iova {iova:#x} failed: {e}"),
@@ -206,15 +216,6 @@ impl NoIommuMapper {
         }
     }
 
-    fn fail(&self, vaddr: usize, len: usize, reason: String) -> DmaError {
-        DmaError::MapperFailed {
-            mapper: self.name.clone(),
-            vaddr,
-            len,
-            reason,
-        }
-    }
-
     /// Reads the pagemap entries of `[vaddr, vaddr + len)`.
     fn entries(&self, vaddr: usize, len: usize) -> Result<Vec<u64>, String> {
         let mut pm = self.pagemap.lock().unwrap();
@@ -240,7 +241,8 @@ impl DmaMapper for NoIommuMapper {
     fn map(&self, vaddr: NonNull<u8>, len: usize) -> Result<u64, DmaError> {
         let va = vaddr.as_ptr() as usize;
         if len == 0 || len > self.page_size || va % self.page_size != 0 {
-            return Err(self.fail(
+            return Err(fail(
+                &self.name,
                 va,
                 len,
                 format!(
@@ -251,8 +253,8 @@ impl DmaMapper for NoIommuMapper {
         }
         let entries = self
             .entries(va, len.next_multiple_of(BASE_PAGE))
-            .map_err(|r| self.fail(va, len, r))?;
-        let phys = contiguous_phys(&entries).map_err(|r| self.fail(va, len, r))?;
+            .map_err(|r| fail(&self.name, va, len, r))?;
+        let phys = contiguous_phys(&entries).map_err(|r| fail(&self.name, va, len, r))?;
         tracing::debug!(mapper = %self.name, phys, len, "noiommu dma region");
         Ok(phys)
     }
