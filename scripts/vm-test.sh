@@ -24,7 +24,8 @@
 # The controller has one namespace per format (QEMU nvme-ns): nsid 1 512 B,
 # 2 4 KiB, 3 4 KiB + 8 B separate metadata with PI type 1, 4 512 B + 8 B
 # extended LBA, 5 4 KiB + 16 B separate metadata with PI type 1, 6 512 B + 8 B
-# separate metadata without PI, 7 zoned (4 KiB, 8 MiB zones), 8 4 KiB + 16 B
+# separate metadata without PI, 7 zoned (4 KiB, 8 MiB zones of which 6 MiB are
+# writable: zone capacity below zone size, as zoned SSDs ship), 8 4 KiB + 16 B
 # metadata with 64-bit guard PI type 1. Kestrel serves 1 to 6 (4 to 6 with the
 # caller's metadata, PI generated in software) and 7 as zoned (zone-write and
 # zone-append perf runs, the suite's zoned cases), and refuses 8.
@@ -85,7 +86,7 @@ VM_NVME_NAMESPACES=(
     "64:logical_block_size=512,physical_block_size=512,ms=8,mset=1"
     "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1"
     "64:logical_block_size=512,physical_block_size=512,ms=8"
-    "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M"
+    "64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M"
     "64:logical_block_size=4096,physical_block_size=4096,ms=16,pi=1,pif=2"
 )
 # Served: plain 512 B and 4 KiB, 8-byte PI type 1, extended LBAs, 16 bytes of separate

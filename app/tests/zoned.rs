@@ -113,6 +113,47 @@ fn writing_workloads_are_refused_on_a_zoned_namespace() {
     assert_fails_with(&o, 2, "not a zoned namespace");
 }
 
+/// Zones of 64 blocks of which 48 are writable (ZCAP < ZSZE, as real zoned SSDs ship):
+/// each slot writes a zone up to its capacity, never into the 16 blocks past it, so 1000
+/// writes (250 a slot) fill and reset five zones a slot with no error.
+#[test]
+fn zoned_workloads_write_up_to_the_zone_capacity() {
+    let target = "emu:store=memory,ns=16M+4096+zone256K+zcap192K+open8+active8";
+    for w in ["zone-write", "zone-append"] {
+        let o = perf(w, target, "1000");
+        let v = json(&o);
+        assert_eq!(v["result"]["ok"], true, "{w}: {}", stderr(&o));
+        let out = &v["outcomes"];
+        assert_eq!(out["errors"], 0, "{w}: {out}");
+        let ok = out["succeeded"].as_u64().unwrap();
+        assert!(ok >= 1000 + 4 + 4 * 5, "{w}: {ok} outcomes: too few resets");
+        assert_eq!(v["verify"]["mismatches"], 0, "{w}");
+        assert!(v["verify"]["blocks_checked"].as_u64().unwrap() > 0, "{w}");
+    }
+    // An --io-size that does not divide the capacity could only cross it: refused.
+    let o = kestrel(&[
+        "perf",
+        "--target",
+        target,
+        "-w",
+        "zone-write",
+        "-o",
+        "128k",
+        "-q",
+        "1",
+        "--cores",
+        "0",
+        "-t",
+        "1",
+    ]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("capacity of 48 blocks, not a whole number of --io-size (32 blocks)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn zoned_workload_limits_are_clear_errors() {
     // Larger than the zone append size limit.

@@ -249,6 +249,7 @@ pub fn emu_namespace(d: &EmuNsSpec, lba: u32, store: EmuStore) -> EmuNamespace {
             csi: d.csi(),
             zones: EmuZones {
                 zone_size: d.zone_size.unwrap_or(dflt.zone_size),
+                zone_capacity: d.zone_capacity.unwrap_or(0),
                 max_open: d.max_open,
                 max_active: d.max_active,
             },

@@ -33,6 +33,7 @@ fn zoned(max_open: u32, max_active: u32) -> EmuConfig {
                         zone_size: ZONE_BYTES,
                         max_open,
                         max_active,
+                        ..Default::default()
                     },
                     ..Default::default()
                 },

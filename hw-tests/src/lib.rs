@@ -144,6 +144,7 @@ const PER_NAMESPACE: &[&str] = &[
     "zoned_write_pointer",
     "zoned_append",
     "zoned_reset",
+    "zoned_capacity",
 ];
 
 /// A case's row in the results.
@@ -188,7 +189,7 @@ use queues::{
     concurrent_pinned_qpairs, doorbells_batched, doorbells_immediate, max_qpairs,
     overflow_beyond_depth, queues_granted, shadow_doorbells,
 };
-use zoned::{zoned_append, zoned_report_zones, zoned_reset, zoned_write_pointer};
+use zoned::{zoned_append, zoned_capacity, zoned_report_zones, zoned_reset, zoned_write_pointer};
 
 /// Every case, in order.
 // one piece: the registry, one entry per case in the order they run; a table.
@@ -307,6 +308,10 @@ pub fn cases() -> Vec<Case> {
         case!(
             zoned_reset,
             "zoned: finish makes a zone full, reset makes it writable again"
+        ),
+        case!(
+            zoned_capacity,
+            "zoned: a zone takes writes up to its capacity (ZCAP), then is full"
         ),
     ]
 }

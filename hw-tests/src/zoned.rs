@@ -1,5 +1,5 @@
 //! The zoned namespace cases: report zones, writes at and away from the write pointer,
-//! Zone Append returning the LBA it wrote, reset. They run on every zoned namespace the
+//! Zone Append returning the LBA it wrote, reset, a zone written to its capacity. They run on every zoned namespace the
 //! driver serves and skip, with the reason, on every other namespace. Each uses the last
 //! zone of the namespace (reset first, so an earlier run's data does not matter).
 
@@ -8,7 +8,7 @@ use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
 use kestrel::spec::Status;
 use kestrel::{Controller, DmaBuf, IoQpair};
 
-use crate::support::{alloc, expect_nvme, no_io_namespace, pattern, qpair, reap, run_one};
+use crate::support::{alloc, expect_nvme, mdts, no_io_namespace, pattern, qpair, reap, run_one};
 use crate::verify::read_compare;
 use crate::{CaseError, CaseResult, Device, Outcome};
 
@@ -237,5 +237,80 @@ pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
     );
     let r = run_one(&mut qp, IoRequest::write_buf(nsid, zslba, 1, &w, 5))?;
     ensure!(r.is_ok(), "write at the start of the reset zone: {r:?}");
+    Ok(Outcome::Pass)
+}
+
+/// Writes a fresh zone up to its capacity (ZCAP, which real zoned SSDs make smaller than
+/// the zone size): a write crossing the capacity is Zone Boundary Error and changes
+/// nothing, the write that reaches it makes the zone Full, and a write past it is then
+/// Zone Is Full. Where the capacity is the whole zone (the last zone: the namespace's end)
+/// the two writes past it are the driver's to refuse and are not sent.
+pub(super) fn zoned_capacity(d: &Device, nsid: u32) -> CaseResult {
+    let c = d.open()?;
+    let (z, bs) = zones_of(&c, nsid)?;
+    let mut qp = qpair(&c, 8)?;
+    let rep = alloc(&c, 4096)?;
+    let (zslba, zcap) = fresh_zone(&mut qp, nsid, &z, &rep)?;
+    let short = zcap < z.zone_size;
+    let chunk = (mdts(&c) as usize / bs).clamp(1, 32) as u64;
+    let mut w = alloc(&c, chunk as usize * bs)?;
+    w.write_at(0, &pattern(chunk as usize * bs, u64::from(nsid) + 91))
+        .map_err(|e| e.to_string())?;
+    // Everything but the last block of the capacity, a chunk at a time.
+    let last = zslba + zcap - 1;
+    let mut lba = zslba;
+    while lba < last {
+        let n = chunk.min(last - lba);
+        let s = w.slice(0, n as usize * bs).map_err(|e| e.to_string())?;
+        let r = run_one(&mut qp, IoRequest::write(nsid, lba, n as u32, s, 1))?;
+        ensure!(
+            r.is_ok(),
+            "write of {n} blocks at {lba} (capacity {zcap}): {r:?}"
+        );
+        lba += n;
+    }
+    let one = |w: &DmaBuf| w.slice(0, bs).map_err(|e| e.to_string());
+    if short {
+        let two = w.slice(0, 2 * bs).map_err(|e| e.to_string())?;
+        let r = run_one(&mut qp, IoRequest::write(nsid, last, 2, two, 2))?;
+        expect_nvme(
+            r,
+            Status::ZONE_BOUNDARY_ERROR,
+            &format!("write of 2 blocks at {last}, across the capacity ({zcap} blocks)"),
+        )?;
+        let d = report(&mut qp, nsid, &rep, zslba)?;
+        ensure!(
+            d[0].wp == last && d[0].state() != Some(ZoneState::Full),
+            "after a write across the capacity: {:?} wp {}, want wp {last}, not full",
+            d[0].state(),
+            d[0].wp
+        );
+    }
+    let r = run_one(&mut qp, IoRequest::write(nsid, last, 1, one(&w)?, 3))?;
+    ensure!(
+        r.is_ok(),
+        "write of the zone's last writable block {last}: {r:?}"
+    );
+    let d = report(&mut qp, nsid, &rep, zslba)?;
+    ensure!(
+        d[0].state() == Some(ZoneState::Full),
+        "written to its capacity ({zcap} blocks): {:?} wp {}, want Full",
+        d[0].state(),
+        d[0].wp
+    );
+    if short {
+        let past = zslba + zcap;
+        let r = run_one(&mut qp, IoRequest::write(nsid, past, 1, one(&w)?, 4))?;
+        expect_nvme(
+            r,
+            Status::ZONE_IS_FULL,
+            &format!("write at {past}, past the capacity"),
+        )?;
+    }
+    let r = run_one(
+        &mut qp,
+        IoRequest::zone_send(nsid, zslba, ZoneAction::Reset, 5),
+    )?;
+    ensure!(r.is_ok(), "reset: {r:?}");
     Ok(Outcome::Pass)
 }

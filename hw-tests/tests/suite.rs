@@ -129,8 +129,10 @@ fn suite_covers_every_namespace_and_skips_refused_ones_saying_why() {
                 4096,
                 EmuFormat {
                     csi: kestrel::spec::csi::ZONED,
+                    // Zones partly writable, as zoned SSDs ship them (ZCAP < ZSZE).
                     zones: EmuZones {
                         zone_size: 4 << 20,
+                        zone_capacity: 3 << 20,
                         ..Default::default()
                     },
                     ..Default::default()

@@ -123,12 +123,16 @@ pub struct EmuFormat {
 /// The most metadata bytes per block an emulated namespace may have.
 pub const MAX_METADATA: u16 = 256;
 
-/// The zones of an emulated zoned namespace: every zone is Sequential Write Required with
-/// a capacity equal to its size.
+/// The zones of an emulated zoned namespace: every zone is Sequential Write Required, its
+/// capacity (the part written, from its start) the zone size or less, the same for every
+/// zone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuZones {
     /// Zone size in bytes (a multiple of the block size that divides the namespace size).
     pub zone_size: u64,
+    /// Zone capacity in bytes (a multiple of the block size, at most the zone size); 0: the
+    /// zone size.
+    pub zone_capacity: u64,
     /// Maximum open zones (MOR + 1); 0: no limit.
     pub max_open: u32,
     /// Maximum active zones (MAR + 1); 0: no limit.
@@ -139,6 +143,7 @@ impl Default for EmuZones {
     fn default() -> Self {
         EmuZones {
             zone_size: 1 << 20,
+            zone_capacity: 0,
             max_open: 0,
             max_active: 0,
         }
@@ -279,6 +284,13 @@ fn check_format(ns: &EmuNamespace) -> Result<(), EmuError> {
                 "zone_size",
                 z.zone_size.to_string(),
                 "must be a whole number of blocks that divides the namespace size",
+            );
+        }
+        if z.zone_capacity % lba != 0 || z.zone_capacity > z.zone_size {
+            return bad(
+                "zone_capacity",
+                z.zone_capacity.to_string(),
+                "must be a whole number of blocks, at most the zone size (0: the zone size)",
             );
         }
         if z.max_open != 0 && z.max_active != 0 && z.max_open > z.max_active {

@@ -97,12 +97,12 @@
 //!   rest of the metadata is the host's. Write Zeroes with PRACT generates the zeroed
 //!   blocks' PI; without, their PI reads as all ones, like a block never written.
 //! - **Zoned namespaces** (CSI 02h, [`EmuZones`]): zones of a fixed size, every one
-//!   Sequential Write Required with its capacity equal to its size, MAR/MOR limits. The
-//!   write-pointer rule applies to Write, Write Zeroes and Zone Append: Zone Boundary
-//!   Error past the zone, Zone Is Full, Zone Invalid Write off the write pointer; an
-//!   Empty or Closed zone opens implicitly (Too Many Active Zones past MAR; past MOR an
-//!   implicitly opened zone is closed to make room, else Too Many Open Zones); a zone
-//!   whose write pointer reaches its end is Full. Zone Append (7Dh) writes at the write
+//!   Sequential Write Required with one capacity (ZCAP: the zone size, or less), MAR/MOR
+//!   limits. The write-pointer rule applies to Write, Write Zeroes and Zone Append: Zone
+//!   Boundary Error past the zone's capacity, Zone Is Full, Zone Invalid Write off the
+//!   write pointer; an Empty or Closed zone opens implicitly (Too Many Active Zones past
+//!   MAR; past MOR an implicitly opened zone is closed to make room, else Too Many Open
+//!   Zones); a zone whose write pointer reaches the end of its capacity is Full. Zone Append (7Dh) writes at the write
 //!   pointer of the zone its SLBA starts and returns the LBA in CQE DW0/DW1. Zone
 //!   Management Send (79h): Open, Close, Finish, Reset (deallocates), with Select All;
 //!   invalid transitions are Invalid Zone State Transition; Offline and Set Zone

@@ -49,12 +49,12 @@ impl Ns {
         };
         let zones = (n.format.csi == csi::ZONED).then(|| {
             let z = &n.format.zones;
-            Zones::new(
-                nsze,
-                z.zone_size / n.lba_size as u64,
-                z.max_open,
-                z.max_active,
-            )
+            let zsze = z.zone_size / n.lba_size as u64;
+            let zcap = match z.zone_capacity {
+                0 => zsze,
+                c => c / n.lba_size as u64,
+            };
+            Zones::new(nsze, zsze, zcap, z.max_open, z.max_active)
         });
         Ok(Ns {
             nsid,

@@ -3,13 +3,16 @@
 //! Zone Management Send and the Report Zones data. Pure state: the commands that use it
 //! are in `nvm/zones.rs`.
 //!
-//! Every zone is Sequential Write Required, its capacity equal to its size. A write (or
-//! Write Zeroes, or Zone Append at the write pointer) to an Empty or Closed zone opens it
-//! implicitly; when that needs an open resource and none is free, the controller closes an
-//! implicitly opened zone (the lowest-numbered) to make room, and fails with Too Many Open
-//! Zones only when every open zone was opened explicitly. A zone whose write pointer
-//! reaches its end becomes Full. Read Only and Offline zones are never produced. Reads are
-//! not restricted (OZCS bit 0, Read Across Zone Boundaries, is set).
+//! Every zone is Sequential Write Required, with one capacity for all zones: the zone size,
+//! or less (ZCAP in each zone descriptor; the blocks from ZSLBA + ZCAP to the zone's end
+//! are never written, and read as deallocated). A write (or Write Zeroes, or Zone Append at
+//! the write pointer) to an Empty or Closed zone opens it implicitly; when that needs an
+//! open resource and none is free, the controller closes an implicitly opened zone (the
+//! lowest-numbered) to make room, and fails with Too Many Open Zones only when every open
+//! zone was opened explicitly. A write past the capacity fails with Zone Boundary Error; a
+//! zone whose write pointer reaches ZSLBA + ZCAP becomes Full. Read Only and Offline zones
+//! are never produced. Reads are not restricted (OZCS bit 0, Read Across Zone Boundaries,
+//! is set), the blocks past the capacity included.
 //!
 //! A controller shutdown closes every open zone (or empties it when nothing was written).
 //! Zone states are not kept in a file store: a file-backed zoned namespace starts with
@@ -24,14 +27,16 @@ use crate::spec::Status;
 #[derive(Clone, Copy, Debug)]
 struct Zone {
     state: ZoneState,
-    /// Write pointer (an LBA; the zone end when Full).
+    /// Write pointer (an LBA; the end of the zone's capacity when Full).
     wp: u64,
 }
 
 /// The zones of one namespace.
 pub(super) struct Zones {
-    /// Zone size (and capacity) in blocks.
+    /// Zone size in blocks.
     pub zsze: u64,
+    /// Zone capacity in blocks (1..=zsze): the writable blocks of each zone, from its start.
+    zcap: u64,
     /// Maximum open zones (0: no limit).
     pub max_open: u32,
     /// Maximum active zones (0: no limit).
@@ -55,11 +60,12 @@ pub(super) struct ZoneWrite {
 pub(super) type Resets = Vec<(u64, u64)>;
 
 impl Zones {
-    /// `nsze / zsze` empty zones.
-    pub(super) fn new(nsze: u64, zsze: u64, max_open: u32, max_active: u32) -> Self {
+    /// `nsze / zsze` empty zones of capacity `zcap` blocks (at most `zsze`).
+    pub(super) fn new(nsze: u64, zsze: u64, zcap: u64, max_open: u32, max_active: u32) -> Self {
         let n = (nsze / zsze) as usize;
         Zones {
             zsze,
+            zcap: zcap.clamp(1, zsze),
             max_open,
             max_active,
             zones: (0..n)
@@ -87,8 +93,9 @@ impl Zones {
         z as u64 * self.zsze
     }
 
+    /// The end of zone `z`'s capacity: the write pointer of a Full zone.
     fn end(&self, z: usize) -> u64 {
-        self.start(z) + self.zsze
+        self.start(z) + self.zcap
     }
 
     /// Changes a zone's state, keeping the open and active counts.
@@ -281,7 +288,7 @@ impl Zones {
             }
             matched += 1;
             if put < fit {
-                let d = ZoneDescriptor::new(zone.state, self.start(z), self.zsze, zone.wp);
+                let d = ZoneDescriptor::new(zone.state, self.start(z), self.zcap, zone.wp);
                 let o = ZONE_DESCRIPTOR_SIZE * (1 + put);
                 out[o..o + ZONE_DESCRIPTOR_SIZE].copy_from_slice(&d.to_bytes());
                 put += 1;
@@ -328,7 +335,7 @@ mod tests {
 
     #[test]
     fn implicit_open_closes_an_implicit_zone_and_explicit_ones_stay() {
-        let mut z = Zones::new(64, 16, 2, 3);
+        let mut z = Zones::new(64, 16, 16, 2, 3);
         for zslba in [0, 16] {
             let w = z.check_write(zslba, 1, false).unwrap();
             z.commit_write(w, 1);
@@ -357,5 +364,49 @@ mod tests {
             z.check_write(48, 1, false).unwrap_err(),
             Status::TOO_MANY_OPEN_ZONES.with_dnr(true)
         );
+    }
+
+    #[test]
+    fn a_zone_is_full_at_its_capacity_and_reports_it() {
+        // Zones of 16 blocks with 12 writable: 12..16 of each zone is never written.
+        let mut z = Zones::new(64, 16, 12, 0, 0);
+        let w = z.check_write(16, 8, false).unwrap();
+        z.commit_write(w, 8);
+        assert_eq!(z.state(1), (ZoneState::ImplicitlyOpened, 24));
+        // Past the capacity, though inside the zone: Zone Boundary Error, nothing changes.
+        assert_eq!(
+            z.check_write(24, 5, false).unwrap_err(),
+            Status::ZONE_BOUNDARY_ERROR.with_dnr(true)
+        );
+        assert_eq!(
+            z.check_write(16, 5, true).unwrap_err(),
+            Status::ZONE_BOUNDARY_ERROR.with_dnr(true)
+        );
+        assert_eq!(z.state(1), (ZoneState::ImplicitlyOpened, 24));
+        // Up to the capacity exactly: Full, and nothing more goes in.
+        let w = z.check_write(16, 4, true).unwrap();
+        assert_eq!(w.lba, 24);
+        z.commit_write(w, 4);
+        assert_eq!(z.state(1), (ZoneState::Full, 28));
+        assert_eq!(
+            z.check_write(16, 1, true).unwrap_err(),
+            Status::ZONE_IS_FULL.with_dnr(true)
+        );
+        assert_eq!(
+            z.check_write(28, 1, false).unwrap_err(),
+            Status::ZONE_IS_FULL.with_dnr(true)
+        );
+        // Finish puts the write pointer at the end of the capacity too.
+        z.send(32, zsa::FINISH, false).unwrap();
+        assert_eq!(z.state(2), (ZoneState::Full, 44));
+        // Every descriptor reports the capacity, not the size.
+        let r = z.report(0, zra::ALL, false, 64 * 5).unwrap();
+        let d: Vec<ZoneDescriptor> = crate::spec::zns::parse_report(&r).collect();
+        assert_eq!(d.len(), 4);
+        assert!(d.iter().all(|d| d.zcap == 12), "{d:?}");
+        assert_eq!((d[1].zslba, d[1].wp), (16, 28));
+        // A reset empties the zone: its write pointer back at its start.
+        z.send(16, zsa::RESET, false).unwrap();
+        assert_eq!(z.state(1), (ZoneState::Empty, 16));
     }
 }

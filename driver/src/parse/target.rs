@@ -19,6 +19,7 @@
 //!         | "pifirst"                              ; the PI in the first bytes of the metadata
 //!         | "zoned"                                ; a zoned namespace (command set 02h)
 //!         | "zone" size                            ; its zone size (1M; implies zoned)
+//!         | "zcap" size                            ; its zone capacity (the zone size; implies zoned)
 //!         | "open" N | "active" N                  ; its max open / active zones (0: no limit)
 //!         | "csi" 0..255                           ; report this command set identifier
 //! ```
@@ -42,9 +43,9 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
 /// What a namespace definition (`ns=`) accepts, for messages.
-pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
+pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +zcapSIZE (zone capacity), +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
 /// The most metadata bytes per block an emulated namespace may have.
 pub const MAX_EMU_METADATA: u16 = 256;
 
@@ -120,6 +121,9 @@ pub struct EmuNsSpec {
     pub zoned: bool,
     /// Zone size in bytes; `None`: the emulator's default.
     pub zone_size: Option<u64>,
+    /// Zone capacity in bytes (the writable part of each zone, from its start); `None`:
+    /// the zone size.
+    pub zone_capacity: Option<u64>,
     /// Maximum open zones (0: no limit).
     pub max_open: u32,
     /// Maximum active zones (0: no limit).
@@ -316,6 +320,7 @@ fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
         pif: 0,
         zoned: false,
         zone_size: None,
+        zone_capacity: None,
         max_open: 0,
         max_active: 0,
         csi: None,
@@ -328,6 +333,7 @@ fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
         let key = match a {
             "512" | "4096" => "lba",
             _ if a.starts_with("zone") && a != "zoned" => "zone",
+            _ if a.starts_with("zcap") => "zcap",
             _ if a.starts_with("pifirst") => "pifirst",
             _ => word,
         };
@@ -372,12 +378,20 @@ fn ns_attribute(n: &mut EmuNsSpec, a: &str, key: &str) -> Result<(), String> {
             n.zone_size = Some(z);
             n.zoned = true;
         }
+        "zcap" => {
+            let c = parse_size(&a[4..]).map_err(|e| format!("+{a}: {e}"))?;
+            if c == 0 {
+                return Err(format!("+{a}: a zone's capacity needs at least one block"));
+            }
+            n.zone_capacity = Some(c);
+            n.zoned = true;
+        }
         "open" => n.max_open = attr_number(a, "open", u32::MAX as u64)? as u32,
         "active" => n.max_active = attr_number(a, "active", u32::MAX as u64)? as u32,
         "csi" => n.csi = Some(attr_number(a, "csi", 255)? as u8),
         _ => {
             return Err(format!(
-                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, guard16, guard32, guard64, zoned, zoneSIZE, openN, activeN, csiN)"
+                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, guard16, guard32, guard64, zoned, zoneSIZE, zcapSIZE, openN, activeN, csiN)"
             ))
         }
     }
@@ -430,6 +444,18 @@ fn check_ns(n: &EmuNsSpec) -> Result<(), String> {
             ));
         }
     }
+    if let Some(c) = n.zone_capacity {
+        if n.lba.is_some() && c % lba != 0 {
+            return Err(format!(
+                "a zone capacity of {c} bytes must be a whole number of {lba}-byte blocks"
+            ));
+        }
+        if let Some(z) = n.zone_size.filter(|&z| c > z) {
+            return Err(format!(
+                "+zcap: a zone capacity of {c} bytes is more than the zone size ({z} bytes)"
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -457,6 +483,14 @@ fn parse_emu(opts: &str) -> Result<EmuSpec, String> {
                 if z % lba != 0 {
                     return Err(format!(
                         "namespace {} (ns=): a zone of {z} bytes is not a whole number of {lba}-byte blocks",
+                        i + 1
+                    ));
+                }
+            }
+            if let Some(c) = n.zone_capacity {
+                if c % lba != 0 {
+                    return Err(format!(
+                        "namespace {} (ns=): a zone capacity of {c} bytes is not a whole number of {lba}-byte blocks",
                         i + 1
                     ));
                 }

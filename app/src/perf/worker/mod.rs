@@ -202,6 +202,11 @@ struct TargetState {
     res: TargetResult,
     /// Zone size in blocks (zoned workloads; 0 otherwise).
     zone_blocks: u64,
+    /// The first zone of this poller's share (zoned workloads).
+    zone_first: u64,
+    /// The capacity in blocks of each zone of this poller's share, from `zone_first` on:
+    /// what a slot writes of it before moving on (0: Read Only or Offline, not written).
+    zone_caps: Box<[u64]>,
 }
 
 struct QueueState {

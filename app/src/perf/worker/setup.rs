@@ -24,22 +24,30 @@ impl Worker<'_> {
         for (ti, t) in cfg.targets.iter().enumerate() {
             let info = t.info();
             let io_blocks = (cfg.io_size / info.block_size as u64) as u32;
-            let zone = match cfg.zoned {
+            let mut zone = match cfg.zoned {
                 Some(_) => Some(zoned::plan(cfg, info, io_blocks)?),
                 None => None,
             };
-            targets.push(target_state(cfg, info, zone.as_ref()));
             for qn in 0..cfg.qpairs {
-                let q = t.create_queue(&cfg.queue).map_err(|e| {
+                let mut q = t.create_queue(&cfg.queue).map_err(|e| {
                     format!("core {}: creating a queue on {}: {e}", cfg.core, info.name)
                 })?;
+                if qn == 0 {
+                    // The zones' capacities come from the device (Report Zones, through
+                    // the first queue) before any slot picks a zone.
+                    if let Some(z) = zone.as_mut() {
+                        z.read_capacities(cfg, t.as_ref(), q.as_mut(), io_blocks)?;
+                    }
+                    targets.push(target_state(cfg, info, zone.as_ref()));
+                }
                 let res = &mut targets[ti].res;
                 if res.in_use.is_none() {
                     res.in_use = q.in_use();
                 }
-                let zslots = zone
-                    .as_ref()
-                    .map_or_else(Default::default, |z| z.slots(cfg, qn as usize));
+                let zslots = match &zone {
+                    Some(z) => z.slots(cfg, qn as usize)?,
+                    None => Default::default(),
+                };
                 queues.push(queue_state(cfg, t.as_ref(), &targets[ti], ti, q, zslots)?);
             }
         }
@@ -118,6 +126,8 @@ fn target_state(
             lba_range: (first_unit * io_blocks as u64, units * io_blocks as u64),
         },
         zone_blocks: zone.map_or(0, |z| z.zone_blocks),
+        zone_first: zone.map_or(0, |z| z.first_zone),
+        zone_caps: zone.map_or_else(Default::default, |z| z.caps.clone()),
     }
 }
 

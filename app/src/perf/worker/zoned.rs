@@ -2,14 +2,20 @@
 //! zones of its own, so a zone never has more than one write in flight and every write
 //! lands at the zone's write pointer whatever order the controller runs a queue's
 //! commands in. A slot resets its zone before writing it from its start (the zone may hold
-//! an earlier run's data), writes or appends `--io-size` at a time up to the zone's end,
-//! then moves to its next zone and resets that. A Zone Append's completion must name the
-//! write pointer the slot expects; anything else ends the run with an error. Resets count
-//! among the run's outcomes (submitted, succeeded or failed) but not as I/Os of the
-//! figures (IOPS, bandwidth, latency).
+//! an earlier run's data), writes or appends `--io-size` at a time up to the zone's
+//! capacity (which may be less than its size: the rest of the zone is never written), then
+//! moves to its next zone and resets that. The capacities come from Report Zones when the
+//! poller sets up; Read Only and Offline zones are skipped. A Zone Append's completion
+//! must name the write pointer the slot expects; anything else ends the run with an error.
+//! Resets count among the run's outcomes (submitted, succeeded or failed) but not as I/Os
+//! of the figures (IOPS, bandwidth, latency).
+
+use std::time::{Duration, Instant};
 
 use kestrel::io::{Completion, IoRequest, SubmitError, ZoneAction};
+use kestrel::spec::zns::{parse_report, ZoneState, ZONE_DESCRIPTOR_SIZE};
 use kestrel::target::TargetInfo;
+use kestrel::{Target, TargetQueue};
 
 use super::{record_error, Slot, Worker, WorkerConfig, WorkerError, VERIFY_MAX_UNITS};
 use crate::cli::ZonedMode;
@@ -30,12 +36,22 @@ pub(super) struct ZoneSlot {
     need_reset: bool,
 }
 
+/// The largest Report Zones the set-up asks for (1,023 descriptors), less where the
+/// target's largest transfer is smaller.
+const REPORT_BYTES: usize = 64 * 1024;
+/// How long the set-up waits for one Report Zones (the queue's I/O timeout, 30 s unless
+/// set, normally ends a stuck command first).
+const REPORT_WAIT: Duration = Duration::from_secs(120);
+
 /// A poller's share of a zoned target.
 pub(super) struct ZonePlan {
     /// Zone size in blocks.
     pub zone_blocks: u64,
-    first_zone: u64,
+    pub first_zone: u64,
     zones: u64,
+    /// Each zone's capacity in blocks, from `first_zone` on (0: not written); filled by
+    /// [`ZonePlan::read_capacities`].
+    pub caps: Box<[u64]>,
     /// Its I/O units (of `--io-size`): those of its zones.
     pub first_unit: u64,
     pub units: u64,
@@ -96,27 +112,127 @@ pub(super) fn plan(
         zone_blocks: z.zone_size,
         first_zone,
         zones,
+        caps: Box::default(),
         first_unit: first_zone * zone_units,
         units,
     })
 }
 
 impl ZonePlan {
-    /// The zones of the slots of queue `qn` (of `cfg.qpairs`) of this poller.
-    pub(super) fn slots(&self, cfg: &WorkerConfig, qn: usize) -> Box<[ZoneSlot]> {
+    /// Reads the capacity of each of this poller's zones with Report Zones through `q` (a
+    /// new queue, nothing else in flight), one command at a time. A zone is written up to
+    /// its capacity, so the capacity must hold whole I/Os; a Read Only or Offline zone is
+    /// left alone (capacity 0).
+    pub(super) fn read_capacities(
+        &mut self,
+        cfg: &WorkerConfig,
+        t: &dyn Target,
+        q: &mut dyn TargetQueue,
+        io_blocks: u32,
+    ) -> Result<(), WorkerError> {
+        let info = t.info();
+        let name = &info.name;
+        let core = cfg.core;
+        let len = (info.max_transfer_bytes as usize).clamp(2 * ZONE_DESCRIPTOR_SIZE, REPORT_BYTES)
+            / ZONE_DESCRIPTOR_SIZE
+            * ZONE_DESCRIPTOR_SIZE;
+        let buf = t
+            .dma_pool()
+            .alloc(len)
+            .map_err(|e| format!("core {core}: a report zones buffer for {name}: {e}"))?;
+        let mut bytes = vec![0u8; len];
+        let mut caps = vec![0u64; self.zones as usize];
+        let end = self.first_zone + self.zones;
+        let mut next = self.first_zone;
+        while next < end {
+            let slba = next * self.zone_blocks;
+            let req = IoRequest::report_zones(info.nsid, slba, buf.slice_all(), 0);
+            q.submit(req).map_err(|e| {
+                format!("core {core}: submitting report zones from lba {slba} on {name}: {e}")
+            })?;
+            q.flush();
+            let mut done = None;
+            let deadline = Instant::now() + REPORT_WAIT;
+            while done.is_none() {
+                if q.poll(1, &mut |c| done = Some(c.result)) == 0 {
+                    if Instant::now() > deadline {
+                        return Err(format!(
+                            "core {core}: report zones from lba {slba} on {name} did not \
+                             complete in {} s",
+                            REPORT_WAIT.as_secs()
+                        ));
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            if let Some(Err(e)) = done {
+                return Err(format!(
+                    "core {core}: report zones from lba {slba} on {name}: {e}"
+                ));
+            }
+            buf.read_at(0, &mut bytes)
+                .map_err(|e| format!("core {core}: reading the zone report of {name}: {e}"))?;
+            let from = next;
+            for d in parse_report(&bytes) {
+                let z = d.zslba / self.zone_blocks;
+                if d.zslba % self.zone_blocks != 0 || z < next || z >= end {
+                    break;
+                }
+                let writable = !matches!(d.state(), Some(ZoneState::ReadOnly | ZoneState::Offline));
+                let cap = if writable { d.zcap } else { 0 };
+                if cap > self.zone_blocks || cap % u64::from(io_blocks) != 0 {
+                    return Err(format!(
+                        "{name}: the zone at lba {} has a capacity of {cap} blocks, not a \
+                         whole number of --io-size ({io_blocks} blocks) within its {} blocks: \
+                         a zoned workload writes whole i/os up to each zone's capacity; use an \
+                         --io-size that divides it",
+                        d.zslba, self.zone_blocks
+                    ));
+                }
+                caps[(z - self.first_zone) as usize] = cap;
+                next = z + 1;
+            }
+            if next == from {
+                return Err(format!(
+                    "core {core}: report zones from lba {slba} on {name} described no zone \
+                     from that lba on"
+                ));
+            }
+        }
+        self.caps = caps.into_boxed_slice();
+        Ok(())
+    }
+
+    /// The zones of the slots of queue `qn` (of `cfg.qpairs`) of this poller, each at its
+    /// first writable zone.
+    pub(super) fn slots(
+        &self,
+        cfg: &WorkerConfig,
+        qn: usize,
+    ) -> Result<Box<[ZoneSlot]>, WorkerError> {
         let qd = cfg.queue_depth as usize;
         let all = cfg.qpairs as usize * qd;
         (0..qd)
             .map(|s| {
                 let (f, count) = super::partition(self.zones, all, qn * qd + s);
                 let first = self.first_zone + f;
-                ZoneSlot {
+                let cur = (0..count)
+                    .find(|&c| self.caps[(f + c) as usize] > 0)
+                    .ok_or_else(|| {
+                        format!(
+                            "core {}: every zone of i/o slot {s} (zones {first} to {}) is read \
+                             only or offline: lower -q, --qpairs-per-core or the cores",
+                            cfg.core,
+                            first + count - 1
+                        )
+                    })?;
+                Ok(ZoneSlot {
                     first,
                     count,
-                    cur: 0,
-                    wp: first * self.zone_blocks,
+                    cur,
+                    wp: (first + cur) * self.zone_blocks,
                     need_reset: true,
-                }
+                })
             })
             .collect()
     }
@@ -222,8 +338,15 @@ impl Worker<'_> {
             ));
         }
         z.wp = lba0 + u64::from(ts.io_blocks);
-        if z.wp >= zslba + ts.zone_blocks {
-            z.cur = (z.cur + 1) % z.count.max(1);
+        let cap = |c: u64| ts.zone_caps[(z.first + c - ts.zone_first) as usize];
+        if z.wp >= zslba + cap(z.cur) {
+            // The next writable zone of the slot (it has one: the one just written).
+            for _ in 0..z.count {
+                z.cur = (z.cur + 1) % z.count;
+                if cap(z.cur) > 0 {
+                    break;
+                }
+            }
             z.wp = (z.first + z.cur) * ts.zone_blocks;
             z.need_reset = true;
         }

@@ -20,6 +20,7 @@ fn zoned_cfg(max_open: u32, max_active: u32) -> EmuConfig {
                         zone_size: 1 << 20,
                         max_open,
                         max_active,
+                        ..Default::default()
                     },
                     ..Default::default()
                 },

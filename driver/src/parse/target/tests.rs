@@ -71,7 +71,7 @@ fn targets() {
 #[test]
 fn namespace_definitions_and_selection() {
     let TargetSpec::Emu(e) = parse_target(
-        "emu:lba=512,ns=256M+4096+md8+pi1,ns=64M,ns=32M+md16+ext+pi3+pifirst,ns=1G+4096+zoned+zone64M+open4+active8,ns=4M+csi1/ns=2",
+        "emu:lba=512,ns=256M+4096+md8+pi1,ns=64M,ns=32M+md16+ext+pi3+pifirst,ns=1G+4096+zoned+zone64M+open4+active8,ns=4M+csi1,ns=8M+zone2M+zcap1536K/ns=2",
     )
     .unwrap() else {
         panic!("not emu")
@@ -88,6 +88,7 @@ fn namespace_definitions_and_selection() {
         pif: 0,
         zoned: false,
         zone_size: None,
+        zone_capacity: None,
         max_open: 0,
         max_active: 0,
         csi: None,
@@ -126,6 +127,13 @@ fn namespace_definitions_and_selection() {
             EmuNsSpec {
                 size: 4 << 20,
                 csi: Some(1),
+                ..base.clone()
+            },
+            EmuNsSpec {
+                size: 8 << 20,
+                zoned: true,
+                zone_size: Some(2 << 20),
+                zone_capacity: Some(1536 << 10),
                 ..base.clone()
             },
         ]
@@ -201,6 +209,14 @@ fn refuses_with_reasons_and_the_grammar() {
         ("emu:ns=1M+zoned+open4+active2", "more open zones"),
         ("emu:ns=1M+zone3M", "divide the namespace size"),
         ("emu:ns=1M+zone0", "at least one block"),
+        ("emu:ns=1M+zcap0", "at least one block"),
+        ("emu:ns=2M+zone1M+zcap2M", "more than the zone size"),
+        ("emu:ns=2M+4096+zcap6K", "whole number of 4096-byte blocks"),
+        (
+            "emu:ns=2M+zcap6K",
+            "capacity of 6144 bytes is not a whole number",
+        ),
+        ("emu:ns=2M+zcap1M+zcap512K", "zcap is given twice"),
         ("emu:ns=1M+md8+md16", "md is given twice"),
         ("emu:ns=1M+512+4096", "lba is given twice"),
         ("emu:ns=1000+512", "whole number of 512-byte blocks"),
