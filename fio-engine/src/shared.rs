@@ -47,6 +47,28 @@ pub(crate) fn acquire(spec: &str, noiommu: bool) -> Result<Arc<dyn Target>, (i32
     let target = kestrel::target_spec::open_with(&parsed, &opts)
         .and_then(|o| o.first_target())
         .map_err(|e| (e.errno(), e.to_string()))?;
+    // The engine's reads and writes carry no metadata: a format that needs it with every
+    // I/O would fail them all, so it is refused here, once, with the reason.
+    let info = target.info();
+    if let Some(m) = info.metadata.filter(|m| m.required()) {
+        return Err((
+            libc::EINVAL,
+            format!(
+                "{}: its format has {} bytes of metadata per block ({}) that every read and \
+                 write must carry, and the fio engine sends none: use a namespace formatted \
+                 without metadata, or with exactly the 8 bytes of protection information \
+                 (which the controller inserts and strips); kestrel perf --verify drives \
+                 such formats",
+                info.name,
+                m.ms,
+                if m.extended {
+                    "extended lba"
+                } else {
+                    "separate buffer"
+                }
+            ),
+        ));
+    }
     list.push(Shared {
         key: spec.to_string(),
         noiommu,

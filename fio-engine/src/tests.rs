@@ -311,6 +311,24 @@ fn bad_options_and_targets_are_refused_with_reasons() {
     assert!(e.1.contains("0000:ff:1f.7"), "{}", e.1);
     let e = open("file:/nonexistent-dir/x.img").err().unwrap();
     assert!(e.1.contains("/nonexistent-dir/x.img"), "{}", e.1);
+    // Formats whose metadata every I/O must carry: the engine sends none.
+    for (spec, want) in [
+        (
+            "emu:ns=16M+4096+md8",
+            "8 bytes of metadata per block (separate buffer)",
+        ),
+        (
+            "emu:ns=16M+512+md8+ext",
+            "8 bytes of metadata per block (extended lba)",
+        ),
+    ] {
+        let e = open(spec).err().unwrap();
+        assert_eq!(e.0, libc::EINVAL, "{spec}");
+        assert!(e.1.contains(want), "{spec}: {}", e.1);
+    }
+    // PI that is the whole metadata is inserted and stripped by the controller.
+    let mut h = open("emu:ns=16M+4096+md8+pi1").unwrap();
+    assert_eq!(h.start(4, 0), 0, "{}", h.msg());
 
     let mut h = open("emu:size=32M").unwrap();
     assert_eq!(h.start(8, 8), -libc::EINVAL);

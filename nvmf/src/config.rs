@@ -158,6 +158,16 @@ impl ServerConfig {
         if !seen.insert(s.nqn.clone()) {
             return bad(format!("subsystem nqn {} is given twice", s.nqn));
         }
+        for (k, t) in s.namespaces.iter().enumerate() {
+            exportable(t.info()).map_err(|why| {
+                ConfigError::Invalid(format!(
+                    "nsid {} of {} ({}) cannot be exported: {why}",
+                    k + 1,
+                    s.nqn,
+                    t.info().name
+                ))
+            })?;
+        }
         for h in &s.allowed_hosts {
             if !valid_nqn(h) {
                 return bad(format!("allowed host {h:?} is not an nqn"));
@@ -182,6 +192,39 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// Whether a target can be a namespace of this server, which exports every namespace as
+/// one of the NVM Command Set without metadata (LBA format 0: the target's block size,
+/// MS 0) and sends its reads and writes to the target without metadata. A zoned namespace
+/// would look conventional to the host, whose writes away from the write pointers would
+/// fail; a format whose metadata every read and write must carry would fail every I/O.
+/// Protection information that is exactly the metadata (MS 8) is fine: the controller
+/// inserts and strips it.
+pub fn exportable(info: &kestrel::target::TargetInfo) -> Result<(), String> {
+    if info.zones.is_some() {
+        return Err(
+            "it is a zoned namespace, and kestrel serve exports namespaces of the \
+             NVM Command Set only (zoned namespaces over fabrics are not implemented): \
+             export a conventional namespace (a pci or emu target ending in /ns=N selects one)"
+                .into(),
+        );
+    }
+    if let Some(m) = info.metadata.filter(|m| m.required()) {
+        return Err(format!(
+            "its format has {} bytes of metadata per block ({}) that every read and write \
+             must carry, and kestrel serve exports namespaces without metadata: export a \
+             namespace formatted without metadata (or with exactly the 8 bytes of protection \
+             information, which the controller inserts and strips)",
+            m.ms,
+            if m.extended {
+                "extended lba"
+            } else {
+                "separate buffer"
+            }
+        ));
+    }
+    Ok(())
 }
 
 impl Limits {

@@ -1,5 +1,6 @@
 //! What the target refuses: a malformed PDU (closing only its own connection), unknown
-//! hosts and subsystems, and queues beyond the configured limits.
+//! hosts and subsystems, queues beyond the configured limits, and namespace formats it
+//! cannot export (at start).
 
 use std::io::{Read, Write};
 
@@ -115,5 +116,66 @@ fn limits_are_enforced_at_connect() {
         (Sct::CommandSpecific, 0x82),
         "qid above the limit"
     );
+    srv.shutdown();
+}
+
+/// A server of one subsystem exporting `spec` (an emulated controller).
+fn start_one(spec: &str) -> Result<kestrel_nvmf::Server, String> {
+    let target = kestrel::target_spec::open(spec).expect("emulator");
+    let cfg = kestrel_nvmf::ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        discovery_listen: None,
+        reactors: vec![None],
+        subsystems: vec![kestrel_nvmf::SubsystemConfig {
+            nqn: NQN.into(),
+            namespaces: vec![target],
+            allowed_hosts: Vec::new(),
+            allow_any_host: true,
+        }],
+        limits: Limits::default(),
+    };
+    kestrel_nvmf::Server::start(cfg).map_err(|e| e.to_string())
+}
+
+/// Every namespace is exported as an NVM namespace without metadata: a zoned namespace
+/// (whose writes must follow the write pointers) and a format whose metadata every I/O
+/// must carry are refused when the server starts, naming the namespace and why, rather
+/// than failing the host's I/O later. Protection information that is the whole metadata
+/// is exported: the controller inserts and strips it, and the host's data round-trips.
+#[test]
+fn formats_that_cannot_be_exported_are_refused_at_start() {
+    for (spec, want) in [
+        ("emu:ns=16M+zoned,core=none", "it is a zoned namespace"),
+        (
+            "emu:ns=16M+4096+md8,core=none",
+            "8 bytes of metadata per block (separate buffer)",
+        ),
+        (
+            "emu:ns=16M+512+md16+ext+pi1,core=none",
+            "16 bytes of metadata per block (extended lba)",
+        ),
+    ] {
+        let e = start_one(spec)
+            .err()
+            .unwrap_or_else(|| panic!("{spec}: served"));
+        assert!(
+            e.contains(want) && e.contains(&format!("nsid 1 of {NQN}")),
+            "{spec}: {e}"
+        );
+    }
+    let srv = start_one("emu:ns=16M+4096+md8+pi1,core=none").expect("pi as the whole metadata");
+    // The admin queue's connection stays open: losing it ends the controller.
+    let mut a = Host::connect(srv.local_addr(), false, false);
+    let cntlid = a.admin_up(NQN, 0);
+    let mut io = Host::connect(srv.local_addr(), false, false);
+    assert!(io
+        .fabric_connect(1, 31, cntlid, 0, 0, NQN, HOSTNQN)
+        .status
+        .is_success());
+    let data = pattern(8192, 5);
+    let (c, _) = io.cmd(rw(0x01, 10, 2), &data, true, 0);
+    assert!(c.status.is_success(), "{c:?}");
+    let (c, d) = io.cmd(rw(0x02, 10, 2), &[], false, 8192);
+    assert!(c.status.is_success() && d == data, "{c:?}");
     srv.shutdown();
 }
