@@ -75,6 +75,15 @@ pub struct ZonedJson {
     pub zasl_bytes: u64,
     /// ZOC, raw.
     pub zoc: u16,
+    /// The smallest and largest zone capacity (ZCAP, the writable LBAs of a zone, from
+    /// Report Zones over every zone), equal when all zones have one; null when the report
+    /// failed (`capacity_error` says why).
+    pub capacity_lbas_min: Option<u64>,
+    pub capacity_lbas_max: Option<u64>,
+    /// Zones Read Only or Offline (not counted in the capacities).
+    pub zones_not_writable: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_error: Option<String>,
 }
 
 impl ZonedJson {
@@ -87,7 +96,35 @@ impl ZonedJson {
             max_active: z.max_active,
             zasl_bytes: z.zasl_bytes,
             zoc: z.zoc,
+            capacity_lbas_min: None,
+            capacity_lbas_max: None,
+            zones_not_writable: None,
+            capacity_error: None,
         }
+    }
+
+    /// Adds the zone capacities of namespace `nsid`, read with Report Zones through an I/O
+    /// queue of its own.
+    fn with_capacities(mut self, ctrlr: &kestrel::Controller, nsid: u32) -> Self {
+        let read = || -> std::result::Result<Vec<crate::zones::ZoneCap>, String> {
+            let t = kestrel::NvmeNamespace::new(ctrlr.clone(), nsid).map_err(|e| e.to_string())?;
+            let opts = kestrel::QueueOptions {
+                depth: 2,
+                ..kestrel::QueueOptions::default()
+            };
+            let mut q = kestrel::Target::create_queue(&t, &opts).map_err(|e| e.to_string())?;
+            crate::zones::capacities(&t, q.as_mut(), self.zone_size_lbas, 0, self.zones)
+        };
+        match read() {
+            Ok(caps) => {
+                let w = caps.iter().filter(|c| c.writable).map(|c| c.zcap);
+                self.capacity_lbas_min = w.clone().min();
+                self.capacity_lbas_max = w.max();
+                self.zones_not_writable = Some(caps.iter().filter(|c| !c.writable).count() as u64);
+            }
+            Err(e) => self.capacity_error = Some(e),
+        }
+        self
     }
 }
 
@@ -270,7 +307,14 @@ fn describe_nvme(n: &NvmeTarget) -> TargetJson {
             io_supported: ns.supported(),
             unsupported_reason: ns.unsupported.as_ref().map(|u| u.why.clone()),
             io_protection: ns.protection.describe(),
-            zoned: ns.zones.as_ref().map(|z| ZonedJson::of(z, ns.block_size)),
+            zoned: ns.zones.as_ref().map(|z| {
+                let j = ZonedJson::of(z, ns.block_size);
+                if ns.supported() {
+                    j.with_capacities(c, ns.nsid)
+                } else {
+                    j
+                }
+            }),
         })
         .collect();
     TargetJson::Nvme(Box::new(ControllerJson {
@@ -524,18 +568,7 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
         }
     );
     if let Some(z) = &ns.zoned {
-        let limit = |v: Option<u32>| v.map_or("no limit".to_string(), |n| n.to_string());
-        let _ = writeln!(
-            s,
-            "    {:<24} zoned: {} zones of {} LBAs ({}), max open {}, max active {}, zone append up to {} (ZASL)",
-            "Zones",
-            z.zones,
-            z.zone_size_lbas,
-            human_bytes(z.zone_size_bytes),
-            limit(z.max_open),
-            limit(z.max_active),
-            human_bytes(z.zasl_bytes)
-        );
+        render_zones(s, z, ns.lba_size);
     }
     let _ = writeln!(
         s,
@@ -563,6 +596,34 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
             ""
         }
     );
+}
+
+/// The zone lines of a zoned namespace: geometry, then the capacities.
+fn render_zones(s: &mut String, z: &ZonedJson, lba_size: u32) {
+    let limit = |v: Option<u32>| v.map_or("no limit".to_string(), |n| n.to_string());
+    let _ = writeln!(
+        s,
+        "    {:<24} zoned: {} zones of {} LBAs ({}), max open {}, max active {}, zone append up to {} (ZASL)",
+        "Zones",
+        z.zones,
+        z.zone_size_lbas,
+        human_bytes(z.zone_size_bytes),
+        limit(z.max_open),
+        limit(z.max_active),
+        human_bytes(z.zasl_bytes)
+    );
+    let lbas = |n: u64| format!("{n} LBAs ({})", human_bytes(n * u64::from(lba_size)));
+    let cap = match (z.capacity_lbas_min, z.capacity_lbas_max, &z.capacity_error) {
+        (_, _, Some(e)) => format!("unknown: {e}"),
+        (Some(lo), Some(hi), _) if lo == hi => format!("{} in every zone", lbas(lo)),
+        (Some(lo), Some(hi), _) => format!("{} to {}", lbas(lo), lbas(hi)),
+        _ => "no writable zone".to_string(),
+    };
+    let off = match z.zones_not_writable {
+        Some(n) if n > 0 => format!(", {n} zones read only or offline"),
+        _ => String::new(),
+    };
+    let _ = writeln!(s, "    {:<24} {cap}{off}", "Zone capacity (ZCAP)");
 }
 
 /// Runs `kestrel identify`.

@@ -13,6 +13,7 @@ pub mod smart;
 pub mod targets;
 pub mod units;
 pub mod write;
+pub mod zones;
 
 use std::process::ExitCode;
 

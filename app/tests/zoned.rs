@@ -47,10 +47,27 @@ fn identify_shows_the_zone_geometry() {
     assert_eq!(z["max_open"], 8);
     assert_eq!(z["max_active"], 8);
     assert_eq!(z["zasl_bytes"], v["mdts_bytes"]);
+    // The capacities come from Report Zones over every zone: here the whole zone.
+    assert_eq!(z["capacity_lbas_min"], 64);
+    assert_eq!(z["capacity_lbas_max"], 64);
+    assert_eq!(z["zones_not_writable"], 0);
     let o = kestrel(&["identify", "--target", ZONED]);
     let out = stdout(&o);
     assert!(
         out.contains("zoned: 64 zones of 64 LBAs") && out.contains("max open 8, max active 8"),
+        "{out}"
+    );
+    // Zones of 64 LBAs of which 48 are writable.
+    let short = "emu:ns=16M+4096+zone256K+zcap192K";
+    let v = json(&kestrel(&["identify", "--json", "--target", short]));
+    let z = &v["namespaces"][0]["zoned"];
+    assert_eq!(
+        (&z["capacity_lbas_min"], &z["capacity_lbas_max"]),
+        (&48.into(), &48.into())
+    );
+    let out = stdout(&kestrel(&["identify", "--target", short]));
+    assert!(
+        out.contains("Zone capacity (ZCAP)     48 LBAs (192 KiB) in every zone"),
         "{out}"
     );
     // A namespace that is not zoned has no zone geometry.

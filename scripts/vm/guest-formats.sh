@@ -94,6 +94,9 @@ for n in $KESTREL_NS_SUPPORTED; do
 done
 for n in $KESTREL_NS_ZONED; do
     check "identify shows nsid $n zoned" grep -q '"zone_size_lbas"' /tmp/identify.json
+    # QEMU's zones: 8 MiB of 4 KiB LBAs, 6 MiB of them writable (vm-test.sh).
+    check "identify reads nsid $n's zone capacity (1536 of 2048 LBAs)" \
+        grep -q '"capacity_lbas_min": 1536' /tmp/identify.json
     check "perf -w randrw skipped zoned nsid $n with a note" \
         grep -q "note: pci:$BDF: skipping nsid $n (.*): a zoned namespace" /tmp/perf.txt
     # Zoned workloads: 128 KiB writes (appends) by 2 slots, each with its own zones, up to

@@ -10,10 +10,7 @@
 //! Resets count among the run's outcomes (submitted, succeeded or failed) but not as I/Os
 //! of the figures (IOPS, bandwidth, latency).
 
-use std::time::{Duration, Instant};
-
 use kestrel::io::{Completion, IoRequest, SubmitError, ZoneAction};
-use kestrel::spec::zns::{parse_report, ZoneState, ZONE_DESCRIPTOR_SIZE};
 use kestrel::target::TargetInfo;
 use kestrel::{Target, TargetQueue};
 
@@ -35,13 +32,6 @@ pub(super) struct ZoneSlot {
     /// after a failed write left the write pointer unknown).
     need_reset: bool,
 }
-
-/// The largest Report Zones the set-up asks for (1,023 descriptors), less where the
-/// target's largest transfer is smaller.
-const REPORT_BYTES: usize = 64 * 1024;
-/// How long the set-up waits for one Report Zones (the queue's I/O timeout, 30 s unless
-/// set, normally ends a stuck command first).
-const REPORT_WAIT: Duration = Duration::from_secs(120);
 
 /// A poller's share of a zoned target.
 pub(super) struct ZonePlan {
@@ -120,9 +110,9 @@ pub(super) fn plan(
 
 impl ZonePlan {
     /// Reads the capacity of each of this poller's zones with Report Zones through `q` (a
-    /// new queue, nothing else in flight), one command at a time. A zone is written up to
-    /// its capacity, so the capacity must hold whole I/Os; a Read Only or Offline zone is
-    /// left alone (capacity 0).
+    /// new queue, nothing else in flight). A zone is written up to its capacity, so the
+    /// capacity must hold whole I/Os; a Read Only or Offline zone is left alone (capacity
+    /// 0).
     pub(super) fn read_capacities(
         &mut self,
         cfg: &WorkerConfig,
@@ -130,76 +120,26 @@ impl ZonePlan {
         q: &mut dyn TargetQueue,
         io_blocks: u32,
     ) -> Result<(), WorkerError> {
-        let info = t.info();
-        let name = &info.name;
-        let core = cfg.core;
-        let len = (info.max_transfer_bytes as usize).clamp(2 * ZONE_DESCRIPTOR_SIZE, REPORT_BYTES)
-            / ZONE_DESCRIPTOR_SIZE
-            * ZONE_DESCRIPTOR_SIZE;
-        let buf = t
-            .dma_pool()
-            .alloc(len)
-            .map_err(|e| format!("core {core}: a report zones buffer for {name}: {e}"))?;
-        let mut bytes = vec![0u8; len];
-        let mut caps = vec![0u64; self.zones as usize];
-        let end = self.first_zone + self.zones;
-        let mut next = self.first_zone;
-        while next < end {
-            let slba = next * self.zone_blocks;
-            let req = IoRequest::report_zones(info.nsid, slba, buf.slice_all(), 0);
-            q.submit(req).map_err(|e| {
-                format!("core {core}: submitting report zones from lba {slba} on {name}: {e}")
-            })?;
-            q.flush();
-            let mut done = None;
-            let deadline = Instant::now() + REPORT_WAIT;
-            while done.is_none() {
-                if q.poll(1, &mut |c| done = Some(c.result)) == 0 {
-                    if Instant::now() > deadline {
-                        return Err(format!(
-                            "core {core}: report zones from lba {slba} on {name} did not \
-                             complete in {} s",
-                            REPORT_WAIT.as_secs()
-                        ));
-                    }
-                    std::hint::spin_loop();
-                }
-            }
-            if let Some(Err(e)) = done {
+        let name = &t.info().name;
+        let zb = self.zone_blocks;
+        let caps = crate::zones::capacities(t, q, zb, self.first_zone, self.zones)
+            .map_err(|e| format!("core {}: {e}", cfg.core))?;
+        for (i, c) in caps.iter().enumerate() {
+            let cap = if c.writable { c.zcap } else { 0 };
+            if cap > zb || cap % u64::from(io_blocks) != 0 {
                 return Err(format!(
-                    "core {core}: report zones from lba {slba} on {name}: {e}"
-                ));
-            }
-            buf.read_at(0, &mut bytes)
-                .map_err(|e| format!("core {core}: reading the zone report of {name}: {e}"))?;
-            let from = next;
-            for d in parse_report(&bytes) {
-                let z = d.zslba / self.zone_blocks;
-                if d.zslba % self.zone_blocks != 0 || z < next || z >= end {
-                    break;
-                }
-                let writable = !matches!(d.state(), Some(ZoneState::ReadOnly | ZoneState::Offline));
-                let cap = if writable { d.zcap } else { 0 };
-                if cap > self.zone_blocks || cap % u64::from(io_blocks) != 0 {
-                    return Err(format!(
-                        "{name}: the zone at lba {} has a capacity of {cap} blocks, not a \
-                         whole number of --io-size ({io_blocks} blocks) within its {} blocks: \
-                         a zoned workload writes whole i/os up to each zone's capacity; use an \
-                         --io-size that divides it",
-                        d.zslba, self.zone_blocks
-                    ));
-                }
-                caps[(z - self.first_zone) as usize] = cap;
-                next = z + 1;
-            }
-            if next == from {
-                return Err(format!(
-                    "core {core}: report zones from lba {slba} on {name} described no zone \
-                     from that lba on"
+                    "{name}: the zone at lba {} has a capacity of {cap} blocks, not a whole \
+                     number of --io-size ({io_blocks} blocks) within its {zb} blocks: a zoned \
+                     workload writes whole i/os up to each zone's capacity; use an --io-size \
+                     that divides it",
+                    (self.first_zone + i as u64) * zb
                 ));
             }
         }
-        self.caps = caps.into_boxed_slice();
+        self.caps = caps
+            .iter()
+            .map(|c| if c.writable { c.zcap } else { 0 })
+            .collect();
         Ok(())
     }
 
