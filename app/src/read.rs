@@ -59,7 +59,7 @@ pub fn run(a: &ReadArgs) -> Result<()> {
             &buf,
             bs as usize,
         )?;
-        run_one(&mut *q, req, &format!("read at byte {off}"))?;
+        run_one(&mut *q, req, &format!("read at byte {off}"), IO_WAIT)?;
         md.read_data(&buf, data_len, bs as usize, &mut copy[..n as usize])?;
         out.write_all(&copy[..n as usize])
             .map_err(|source| AppError::Os {
@@ -125,9 +125,18 @@ impl Chunks {
     }
 }
 
-/// Submits one request, rings its doorbell and polls until it completes (at most 30 s);
+/// How long `kestrel read` and `kestrel write` wait for one request (the queue's default
+/// I/O timeout).
+pub(crate) const IO_WAIT: Duration = Duration::from_secs(30);
+
+/// Submits one request, rings its doorbell and polls until it completes (at most `limit`);
 /// errors are named by `what` ("read at byte N", "flush").
-pub(crate) fn run_one(q: &mut dyn TargetQueue, req: IoRequest, what: &str) -> Result<()> {
+pub(crate) fn run_one(
+    q: &mut dyn TargetQueue,
+    req: IoRequest,
+    what: &str,
+    limit: Duration,
+) -> Result<()> {
     q.submit(req)
         .map_err(|e| AppError::runtime(format!("{what}: {e}")))?;
     q.flush();
@@ -135,9 +144,10 @@ pub(crate) fn run_one(q: &mut dyn TargetQueue, req: IoRequest, what: &str) -> Re
     let mut result = None;
     while result.is_none() {
         q.poll(1, &mut |c| result = Some(c.result));
-        if start.elapsed() > Duration::from_secs(30) {
+        if start.elapsed() > limit {
             return Err(AppError::runtime(format!(
-                "{what} did not complete in 30 s"
+                "{what} did not complete in {} s",
+                limit.as_secs()
             )));
         }
     }

@@ -9,7 +9,7 @@ use kestrel::IoRequest;
 
 use crate::cli::WriteArgs;
 use crate::error::{AppError, Result};
-use crate::read::{one_spec, open_one, run_one, Chunks};
+use crate::read::{one_spec, open_one, run_one, Chunks, IO_WAIT};
 
 /// Runs `kestrel write`.
 pub fn run(a: &WriteArgs) -> Result<()> {
@@ -63,10 +63,10 @@ pub fn run(a: &WriteArgs) -> Result<()> {
             &buf,
             bs as usize,
         )?;
-        run_one(&mut *q, req, &format!("write at byte {off}"))?;
+        run_one(&mut *q, req, &format!("write at byte {off}"), IO_WAIT)?;
         off += n;
     }
     // Make it durable before another driver looks: Flush (NVMe) or fsync (file).
     let req = IoRequest::flush(info.nsid, u64::MAX);
-    run_one(&mut *q, req, "flush")
+    run_one(&mut *q, req, "flush", IO_WAIT)
 }

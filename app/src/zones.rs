@@ -3,11 +3,13 @@
 //! descriptors, so it is read with Report Zones through a queue of the target, one
 //! command at a time (`kestrel perf` before its zoned workloads, `kestrel identify`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kestrel::io::IoRequest;
 use kestrel::spec::zns::{parse_report, ZoneState, ZONE_DESCRIPTOR_SIZE};
 use kestrel::{Target, TargetQueue};
+
+use crate::read::run_one;
 
 /// The largest Report Zones asked for (1,023 descriptors), less where the target's
 /// largest transfer is smaller.
@@ -50,25 +52,8 @@ pub fn capacities(
     while next < end {
         let slba = next * zone_blocks;
         let req = IoRequest::report_zones(info.nsid, slba, buf.slice_all(), 0);
-        q.submit(req)
-            .map_err(|e| format!("submitting report zones from lba {slba} on {name}: {e}"))?;
-        q.flush();
-        let mut done = None;
-        let deadline = Instant::now() + REPORT_WAIT;
-        while done.is_none() {
-            if q.poll(1, &mut |c| done = Some(c.result)) == 0 {
-                if Instant::now() > deadline {
-                    return Err(format!(
-                        "report zones from lba {slba} on {name} did not complete in {} s",
-                        REPORT_WAIT.as_secs()
-                    ));
-                }
-                std::hint::spin_loop();
-            }
-        }
-        if let Some(Err(e)) = done {
-            return Err(format!("report zones from lba {slba} on {name}: {e}"));
-        }
+        let what = format!("report zones from lba {slba} on {name}");
+        run_one(q, req, &what, REPORT_WAIT).map_err(|e| e.to_string())?;
         buf.read_at(0, &mut bytes)
             .map_err(|e| format!("reading the zone report of {name}: {e}"))?;
         let from = next;

@@ -77,22 +77,29 @@ fn identify_shows_the_zone_geometry() {
 
 /// Each of the 4 slots owns 16 zones of 64 blocks; 1000 writes of 4 KiB are 250 per slot,
 /// so every slot fills (and resets) three zones and more.
-#[test]
-fn zone_write_and_zone_append_run_through_resets_with_no_errors() {
+/// Runs 1000 `zone-write`s, then 1000 `zone-append`s, on `target` with `--verify`: each
+/// ends ok with no error and no loss, at least `resets` zone resets besides the writes
+/// (the resets are outcomes too), and its data verified.
+fn zoned_runs_are_clean(target: &str, resets: u64) {
     for w in ["zone-write", "zone-append"] {
-        let o = perf(w, ZONED, "1000");
+        let o = perf(w, target, "1000");
         let v = json(&o);
         assert_eq!(v["result"]["ok"], true, "{w}: {}", stderr(&o));
         let out = &v["outcomes"];
         assert_eq!(out["errors"], 0, "{w}: {out}");
         assert_eq!(out["lost"], 0, "{w}: {out}");
-        // The resets are outcomes too: 4 at the start, then one per filled zone.
         let ok = out["succeeded"].as_u64().unwrap();
-        assert!(ok >= 1000 + 4 + 12, "{w}: {ok} outcomes: too few resets");
+        assert!(ok >= 1000 + resets, "{w}: {ok} outcomes: too few resets");
         assert_eq!(v["verify"]["mismatches"], 0, "{w}");
         assert!(v["verify"]["blocks_checked"].as_u64().unwrap() > 0, "{w}");
         assert_eq!(v["config"]["workload"], w);
     }
+}
+
+#[test]
+fn zone_write_and_zone_append_run_through_resets_with_no_errors() {
+    // 4 resets at the start, then one per filled zone.
+    zoned_runs_are_clean(ZONED, 4 + 12);
 }
 
 #[test]
@@ -136,17 +143,7 @@ fn writing_workloads_are_refused_on_a_zoned_namespace() {
 #[test]
 fn zoned_workloads_write_up_to_the_zone_capacity() {
     let target = "emu:store=memory,ns=16M+4096+zone256K+zcap192K+open8+active8";
-    for w in ["zone-write", "zone-append"] {
-        let o = perf(w, target, "1000");
-        let v = json(&o);
-        assert_eq!(v["result"]["ok"], true, "{w}: {}", stderr(&o));
-        let out = &v["outcomes"];
-        assert_eq!(out["errors"], 0, "{w}: {out}");
-        let ok = out["succeeded"].as_u64().unwrap();
-        assert!(ok >= 1000 + 4 + 4 * 5, "{w}: {ok} outcomes: too few resets");
-        assert_eq!(v["verify"]["mismatches"], 0, "{w}");
-        assert!(v["verify"]["blocks_checked"].as_u64().unwrap() > 0, "{w}");
-    }
+    zoned_runs_are_clean(target, 4 + 4 * 5);
     // An --io-size that does not divide the capacity could only cross it: refused.
     let o = kestrel(&[
         "perf",

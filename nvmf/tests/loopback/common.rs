@@ -1,6 +1,9 @@
 //! What the modules share: the names, servers on an ephemeral loopback port over an
 //! emulated controller, and command builders.
 
+use std::sync::Arc;
+
+use kestrel::Target;
 use kestrel_nvmf::{Limits, Server, ServerConfig, SubsystemConfig};
 
 use crate::host::Host;
@@ -9,21 +12,32 @@ pub const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-44
 pub const HOSTID: [u8; 16] = [0x42; 16];
 pub const NQN: &str = "nqn.2026-12.io.kestrel:test";
 
-pub fn server_with(hosts: Vec<String>, any: bool, limits: Limits) -> Server {
-    let target = kestrel::target_spec::open("emu:size=16M,core=none").expect("emulator");
-    let cfg = ServerConfig {
+/// A server on an ephemeral loopback port with `reactors` unpinned reactors and one
+/// subsystem, `NQN`, of `namespaces` (NSID 1, 2, ...).
+pub fn config(
+    namespaces: Vec<Arc<dyn Target>>,
+    reactors: usize,
+    hosts: Vec<String>,
+    any: bool,
+    limits: Limits,
+) -> ServerConfig {
+    ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         discovery_listen: None,
-        reactors: vec![None, None],
+        reactors: vec![None; reactors],
         subsystems: vec![SubsystemConfig {
             nqn: NQN.into(),
-            namespaces: vec![target],
+            namespaces,
             allowed_hosts: hosts,
             allow_any_host: any,
         }],
         limits,
-    };
-    Server::start(cfg).expect("server starts")
+    }
+}
+
+pub fn server_with(hosts: Vec<String>, any: bool, limits: Limits) -> Server {
+    let target = kestrel::target_spec::open("emu:size=16M,core=none").expect("emulator");
+    Server::start(config(vec![target], 2, hosts, any, limits)).expect("server starts")
 }
 
 pub fn server() -> Server {

@@ -2,9 +2,9 @@
 //! refused.
 
 use kestrel::spec::Status;
-use kestrel_nvmf::{Limits, Server, ServerConfig, SubsystemConfig};
+use kestrel_nvmf::{Limits, Server};
 
-use crate::common::{identify, pattern, rw, sqe, HOSTNQN, NQN};
+use crate::common::{config, identify, pattern, rw, sqe, HOSTNQN, NQN};
 use crate::host::Host;
 
 fn rw_ns(opc: u8, nsid: u32, slba: u64, nlb: u32) -> [u8; 64] {
@@ -40,18 +40,7 @@ fn several_namespaces_of_one_subsystem_are_identified_and_routed_by_nsid() {
 fn two_namespaces() -> Server {
     let t1 = kestrel::target_spec::open("emu:size=16M,core=none").expect("emulator 1");
     let t2 = kestrel::target_spec::open("emu:size=8M,lba=512,core=none").expect("emulator 2");
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        discovery_listen: None,
-        reactors: vec![None],
-        subsystems: vec![SubsystemConfig {
-            nqn: NQN.into(),
-            namespaces: vec![t1, t2],
-            allowed_hosts: Vec::new(),
-            allow_any_host: true,
-        }],
-        limits: Limits::default(),
-    };
+    let cfg = config(vec![t1, t2], 1, Vec::new(), true, Limits::default());
     Server::start(cfg).expect("server starts")
 }
 

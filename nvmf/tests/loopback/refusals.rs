@@ -9,7 +9,7 @@ use kestrel_nvmf::fabrics;
 use kestrel_nvmf::pdu::Pdu;
 use kestrel_nvmf::Limits;
 
-use crate::common::{identify, pattern, rw, server, server_with, HOSTNQN, NQN};
+use crate::common::{config, identify, pattern, rw, server, server_with, HOSTNQN, NQN};
 use crate::host::Host;
 
 #[test]
@@ -122,18 +122,7 @@ fn limits_are_enforced_at_connect() {
 /// A server of one subsystem exporting `spec` (an emulated controller).
 fn start_one(spec: &str) -> Result<kestrel_nvmf::Server, String> {
     let target = kestrel::target_spec::open(spec).expect("emulator");
-    let cfg = kestrel_nvmf::ServerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        discovery_listen: None,
-        reactors: vec![None],
-        subsystems: vec![kestrel_nvmf::SubsystemConfig {
-            nqn: NQN.into(),
-            namespaces: vec![target],
-            allowed_hosts: Vec::new(),
-            allow_any_host: true,
-        }],
-        limits: Limits::default(),
-    };
+    let cfg = config(vec![target], 1, Vec::new(), true, Limits::default());
     kestrel_nvmf::Server::start(cfg).map_err(|e| e.to_string())
 }
 

@@ -122,10 +122,12 @@ impl ZonePlan {
     ) -> Result<(), WorkerError> {
         let name = &t.info().name;
         let zb = self.zone_blocks;
-        let caps = crate::zones::capacities(t, q, zb, self.first_zone, self.zones)
-            .map_err(|e| format!("core {}: {e}", cfg.core))?;
-        for (i, c) in caps.iter().enumerate() {
-            let cap = if c.writable { c.zcap } else { 0 };
+        let caps: Box<[u64]> = crate::zones::capacities(t, q, zb, self.first_zone, self.zones)
+            .map_err(|e| format!("core {}: {e}", cfg.core))?
+            .iter()
+            .map(|c| if c.writable { c.zcap } else { 0 })
+            .collect();
+        for (i, &cap) in caps.iter().enumerate() {
             if cap > zb || cap % u64::from(io_blocks) != 0 {
                 return Err(format!(
                     "{name}: the zone at lba {} has a capacity of {cap} blocks, not a whole \
@@ -136,10 +138,7 @@ impl ZonePlan {
                 ));
             }
         }
-        self.caps = caps
-            .iter()
-            .map(|c| if c.writable { c.zcap } else { 0 })
-            .collect();
+        self.caps = caps;
         Ok(())
     }
 
