@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::hw::dma::{DmaBuf, DmaSlice, LeaseError, Leases};
 use crate::io::{IoRequest, QueueStats, SubmitError};
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetInfo, TargetQueue};
 
@@ -255,7 +256,13 @@ impl IoContext {
                 }
             };
             let pushed = match &mut self.backend {
-                Backend::Local(q) => match q.submit(req) {
+                // SAFETY: `prepare` checked that every DMA segment of `req` is a slice of a
+                // buffer lent to this context (`Core::leases`) or of the context's own bounce
+                // buffers, from this target's pool. Neither is freed while the request is
+                // outstanding: `reclaim` and `release` wait for `in_flight() == 0`, and
+                // `Drop` waits for every event or leaks both (`IoContext::drop`); the queue
+                // is this context's own, so it delivers the completion to this context.
+                Backend::Local(q) => match unsafe { q.submit_unchecked(&req) } {
                     Ok(()) => Ok(0),
                     Err(SubmitError::Busy(_)) => Err(Ok("the target queue")),
                     Err(SubmitError::Invalid { reason, .. }) => Err(Err(AioError::Rejected {
@@ -295,6 +302,46 @@ impl IoContext {
             });
         }
         Ok(n)
+    }
+
+    /// Lends `buf` (from the pool of one of the context's targets, [`Target::dma_pool`]) to
+    /// the context and returns the whole of it as the slice iocbs carry ([`IoBuf::Dma`],
+    /// [`IoBuf::vectored`]; narrow it with [`DmaSlice::sub`]). The context owns the buffer
+    /// from then on: see `docs/api.md`, "Buffer ownership".
+    pub fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
+        self.core.leases.lend(buf)
+    }
+    /// Copies `out.len()` bytes of the lent slice `s`, from its byte `offset`, into `out`.
+    /// Read a buffer after the event of the read into it has been returned: what a request
+    /// still in flight leaves there is unspecified.
+    pub fn read_lent(&self, s: &DmaSlice, offset: usize, out: &mut [u8]) -> Result<(), LeaseError> {
+        self.core.leases.read(s, offset, out)
+    }
+    /// Copies `data` into the lent slice `s` at its byte `offset`.
+    pub fn write_lent(
+        &mut self,
+        s: &DmaSlice,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), LeaseError> {
+        self.core.leases.write(s, offset, data)
+    }
+    /// The buffers lent to the context.
+    pub fn leases(&self) -> &Leases {
+        &self.core.leases
+    }
+    /// Gives back the buffer `s` is a slice of, while no request of the context is
+    /// outstanding ([`LeaseError::InFlight`] otherwise: collect the events first).
+    pub fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {
+        let n = self.core.in_flight();
+        self.core.leases.reclaim(s, n)
+    }
+    /// Gives up the buffer `s` is a slice of: its slices are refused at once, and it is
+    /// freed when no request of the context is outstanding (checked as events are
+    /// returned, and at the latest when the context is dropped).
+    pub fn release(&mut self, s: &DmaSlice) -> Result<(), LeaseError> {
+        let n = self.core.in_flight();
+        self.core.leases.release(s, n)
     }
 
     /// Collects at least `min_nr` events (at most `events.len()`), waiting up to
@@ -516,6 +563,7 @@ impl Drop for IoContext {
             for b in self.core.bounce.drain(..) {
                 std::mem::forget(b.mem);
             }
+            self.core.leases.leak_all();
         }
         if let Backend::Remote(r) = &self.backend {
             // Release: our last ring operations happen before a poller that sees the flag

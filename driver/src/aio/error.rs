@@ -76,6 +76,16 @@ pub enum IocbError {
         /// Length.
         len: usize,
     },
+    /// A DMA slice that is not a slice of a buffer lent to this context.
+    #[error("{op}: the dma slice at {addr:#x} ({len} bytes) is not lent to this context: lend the buffer with IoContext::lend first (kestrel_dma_alloc does it in C), and submit its slices only until it is reclaimed or released")]
+    NotLent {
+        /// Operation.
+        op: &'static str,
+        /// Address.
+        addr: usize,
+        /// Length.
+        len: usize,
+    },
     /// Ordinary memory without the bounce path.
     #[error("ordinary memory at {addr:#x} ({len} bytes) needs the bounce path, and this context was set up without it (ContextOptions::bounce, KESTREL_IO_BOUNCE in C)")]
     NoBounce {

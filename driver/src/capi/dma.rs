@@ -58,7 +58,7 @@ pub unsafe extern "C" fn kestrel_dma_alloc(
             let buf = h.inner.target.dma_pool().alloc(len)?;
             let p = buf.as_ptr();
             h.inner.bufs().insert(p as usize, buf);
-            *out = p.cast();
+            *out = p.cast_mut().cast();
             Ok(0)
         },
         || {},

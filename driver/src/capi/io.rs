@@ -201,6 +201,23 @@ unsafe fn convert(
             IoBuf::None
         }
     };
+    // The DMA memory of a C iocb is not lent to the context: kestrel_dma_alloc's buffers
+    // belong to the kestrel_t, shared by its contexts, and C keeps them by contract.
+    let meta_vouched = kestrel_meta.with && !kestrel_meta.buf.is_empty();
+    let buf = match buf {
+        // SAFETY: every slice came from `lookup`/`lookup_rest`, so it lies inside a buffer
+        // of the kestrel_t's registry (memory of the target's pool); kestrel.h's buffer
+        // contract, which the caller of this entry point accepted, is that such a buffer
+        // is not passed to kestrel_dma_free (so stays allocated and unshared) until the
+        // iocb's event has been returned by kestrel_getevents, and never if the context
+        // is destroyed with the iocb outstanding: IoBuf::vouched's contract.
+        IoBuf::Dma(s) => unsafe { IoBuf::vouched(&[s], meta_vouched) }
+            .expect("one segment is within MAX_SEGMENTS"),
+        // SAFETY: as above, for each segment.
+        IoBuf::Vectored(v) => unsafe { IoBuf::vouched(v.as_slice(), meta_vouched) }
+            .expect("as many segments as before"),
+        b => b,
+    };
     Ok(Iocb {
         opcode: op,
         target: 0,
@@ -322,13 +339,7 @@ unsafe fn segments(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<Io
     aligned(c.iov, "iocb.iov")?;
     // SAFETY: non-null, aligned, iovcnt (<= 8) readable entries by contract.
     let iov = unsafe { std::slice::from_raw_parts(c.iov, c.iovcnt as usize) };
-    let mut segs = [DmaSlice {
-        vaddr: 0,
-        iova: 0,
-        len: 0,
-        region: 0,
-        region_vaddr: 0,
-    }; MAX_SEGMENTS];
+    let mut segs = [DmaSlice::EMPTY; MAX_SEGMENTS];
     for (i, v) in iov.iter().enumerate() {
         if v.base.is_null() {
             return Err(CapiError::Null {

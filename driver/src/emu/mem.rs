@@ -586,7 +586,7 @@ pub(super) mod host {
         );
         // SAFETY: the buffer is page aligned so ptr+off is 4-aligned; it is inside the
         // buffer, which the borrow keeps alive.
-        unsafe { AtomicU32::from_ptr(buf.as_ptr().add(off).cast()) }
+        unsafe { AtomicU32::from_ptr(buf.as_ptr().cast_mut().add(off).cast()) }
     }
 
     /// Acquire-loads a u32 of a buffer.

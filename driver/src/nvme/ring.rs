@@ -104,17 +104,24 @@ impl RingPair {
     /// callers clamp to CAP.MQES + 1), the CQ zeroed so the first pass looks for phase 1.
     pub fn new(pool: &DmaPool, depth: u16) -> Result<Self, DmaError> {
         assert!(depth >= 2, "a queue has at least 2 entries, not {depth}");
-        let sq = pool.alloc(depth as usize * 64)?;
-        let cq = pool.alloc(depth as usize * 16)?;
+        let mut sq = pool.alloc(depth as usize * 64)?;
+        let mut cq = pool.alloc(depth as usize * 16)?;
         Ok(RingPair {
-            sq: NonNull::new(sq.as_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
-            cq: NonNull::new(cq.as_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
+            sq: NonNull::new(sq.as_mut_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
+            cq: NonNull::new(cq.as_mut_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
             mem: Box::new([sq, cq]),
             depth,
             sq_tail: 0,
             cq_head: 0,
             cq_phase: 1,
         })
+    }
+    /// Makes dropping the rings leak their memory (a queue the controller may still use:
+    /// its deletion failed).
+    pub(crate) fn leak_memory(&mut self) {
+        for b in self.mem.iter_mut() {
+            b.leak();
+        }
     }
     /// Slots in each ring.
     #[inline]
@@ -290,7 +297,7 @@ impl ShadowPages {
         // disabled, and qpairs do not touch their slots while the controller resets (they
         // see the reset epoch first). Atomic stores keep this race-free regardless.
         unsafe {
-            for p in [self.db.as_ptr(), self.ei.as_ptr()] {
+            for p in [self.db.as_ptr().cast_mut(), self.ei.as_ptr().cast_mut()] {
                 for i in 0..crate::spec::PAGE_SIZE / 4 {
                     AtomicU32::from_ptr(p.cast::<u32>().add(i)).store(0, Ordering::Relaxed);
                 }
@@ -319,8 +326,8 @@ impl ShadowSlot {
         // SAFETY: index * 4 + 4 <= PAGE_SIZE: inside both one-page buffers.
         let (db, ei) = unsafe {
             (
-                NonNull::new_unchecked(pages.db.as_ptr().cast::<u32>().add(index)),
-                NonNull::new_unchecked(pages.ei.as_ptr().cast::<u32>().add(index)),
+                NonNull::new_unchecked(pages.db.as_ptr().cast_mut().cast::<u32>().add(index)),
+                NonNull::new_unchecked(pages.ei.as_ptr().cast_mut().cast::<u32>().add(index)),
             )
         };
         Some(ShadowSlot {

@@ -112,6 +112,11 @@ impl IoQpair {
         if self.polls_since_housekeeping >= HOUSEKEEPING_EVERY {
             self.polls_since_housekeeping = 0;
             self.housekeeping();
+            if self.leases.has_released() && self.outstanding() == 0 {
+                // Nothing outstanding: no command the device holds names a released
+                // buffer.
+                self.leases.collect();
+            }
         }
         delivered
     }

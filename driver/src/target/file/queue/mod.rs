@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{DiscardKind, FileError, FileKind, Shared};
-use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, Leases};
 use crate::hw::limits::Limit;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
@@ -169,6 +169,9 @@ pub struct FileQueue {
     // The ring is declared first so it is dropped (closed, buffers unregistered) before the
     // pool clone below releases the memory registered with it.
     ring: IoUring,
+    /// The buffers lent to the queue; freed after `Drop` has waited for the ring (or
+    /// leaked with it).
+    leases: Leases,
     shared: Arc<Shared>,
     slots: Box<[Slot]>,
     iovecs: Box<[[IoVec; MAX_SEGMENTS]]>,
@@ -247,6 +250,7 @@ impl FileQueue {
         };
         let mut q = FileQueue {
             ring,
+            leases: Leases::new(&pool),
             slots: vec![Slot::FREE; n].into_boxed_slice(),
             iovecs: vec![[IoVec::default(); MAX_SEGMENTS]; n].into_boxed_slice(),
             free: (0..n as u32).rev().collect(),
@@ -327,23 +331,17 @@ impl FileQueue {
     }
 }
 
-impl TargetQueue for FileQueue {
-    fn stranded_here(&self) -> Option<u32> {
-        if !self.single_issuer || self.owner == 0 || self.owner == thread_token() {
-            return None;
-        }
-        let in_kernel = self.in_ring - self.unsubmitted.min(self.in_ring);
-        (in_kernel > 0).then_some(in_kernel)
-    }
-
-    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+impl FileQueue {
+    /// Submission: the thread and request checks (the ownership rule when `leased`), then
+    /// a free slot, or the software queue.
+    fn submit_as(&mut self, req: IoRequest, leased: bool) -> Result<(), SubmitError> {
         if let Err(in_flight) = self.check_thread() {
             return Err(SubmitError::Invalid {
                 token: req.token,
                 reason: InvalidRequest::WrongThread { in_flight },
             });
         }
-        if let Err(reason) = self.validate(&req) {
+        if let Err(reason) = self.validate(&req, leased) {
             return Err(SubmitError::Invalid {
                 token: req.token,
                 reason,
@@ -367,6 +365,34 @@ impl TargetQueue for FileQueue {
             in_flight: self.busy_slots(),
             queued: (self.sw.len() + self.cancelled.len()) as u32,
         }))
+    }
+}
+
+impl TargetQueue for FileQueue {
+    fn stranded_here(&self) -> Option<u32> {
+        if !self.single_issuer || self.owner == 0 || self.owner == thread_token() {
+            return None;
+        }
+        let in_kernel = self.in_ring - self.unsubmitted.min(self.in_ring);
+        (in_kernel > 0).then_some(in_kernel)
+    }
+
+    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+        self.submit_as(req, true)
+    }
+
+    unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The caller keeps every segment's memory until the completion is delivered (this
+        // method's contract), which is what the ownership check stands for.
+        self.submit_as(*req, false)
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    fn leases_mut(&mut self) -> &mut Leases {
+        &mut self.leases
     }
 
     fn flush(&mut self) {
@@ -451,6 +477,10 @@ impl TargetQueue for FileQueue {
         }
         if n == 0 {
             self.stats.idle_polls += 1;
+        }
+        if self.leases.has_released() && self.outstanding() == 0 {
+            // Nothing outstanding: no operation the kernel holds names a released buffer.
+            self.leases.collect();
         }
         n as u32
     }

@@ -1,0 +1,275 @@
+//! Lent buffers: how the thing that submits I/O (a queue, an aio context) owns the DMA
+//! memory that I/O uses, so no safe code can free or reuse memory a device may still
+//! write.
+//!
+//! A [`DmaBuf`] is *lent* to a queue ([`Leases::lend`]); from then on the queue owns it and
+//! hands out [`DmaSlice`]s of it: unforgeable handles (private fields, made only by
+//! lending and narrowed by [`DmaSlice::sub`]) that carry the lease they belong to. Every
+//! submission checks each segment's lease against the queue's table ([`Leases::holds`]:
+//! one masked load and one compare), so a slice of a buffer lent to another queue, or one
+//! already given back, is refused before it reaches the device. The buffer comes back
+//! ([`Leases::reclaim`]) only while the queue has nothing outstanding, or is given up
+//! ([`Leases::release`]) and freed at the next moment the queue has nothing outstanding.
+//! When the queue is dropped it first makes sure the device is done with it (the
+//! queue's own `Drop`), then frees what it holds; if that cannot be made sure, it leaks
+//! the buffers ([`Leases::leak_all`]) rather than free memory a device may write.
+//! Forgetting a queue (`mem::forget`) leaks its buffers with it: never unsound.
+//!
+//! Nothing here allocates per I/O: the table of lease IDs is allocated with the queue, and
+//! lending (at set-up) is the only thing that grows the list of buffers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{DmaBuf, DmaError, DmaPool, DmaSlice};
+
+/// The most buffers one queue or context holds lent at once.
+pub const MAX_LENT: usize = 4096;
+/// `log2(MAX_LENT)`: a lease ID's low bits are its slot in the table.
+const SLOT_BITS: u32 = MAX_LENT.trailing_zeros();
+const _: () = assert!(MAX_LENT.is_power_of_two() && MAX_LENT <= u16::MAX as usize + 1);
+/// The ID of a free slot: no slice carries it (lease IDs are below `2^64 - 2^12`, and the
+/// empty slice's is 0).
+const FREE: u64 = u64::MAX;
+
+/// Lease IDs are unique in the process for its whole life (2^52 lends before this counter
+/// could wrap), so a slice of a buffer given back can never match a later lease.
+static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
+
+/// Why a buffer could not be lent, reached or given back.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// The buffer was allocated from a pool the queue's device cannot reach.
+    #[error("the dma buffer comes from another pool than this queue's ({queue_pool}): allocate it from the target's pool (Target::dma_pool)")]
+    ForeignPool {
+        /// The queue's pool (its mapper).
+        queue_pool: String,
+    },
+    /// The table is full.
+    #[error("{MAX_LENT} buffers are lent to this queue already: reclaim or release some, or lend fewer, larger buffers")]
+    Full,
+    /// The slice is not a slice of a buffer lent here.
+    #[error("the dma slice (iova {iova:#x}, {len} bytes) is not lent to this queue: it was lent to another queue or context, or given back; lend the buffer to the queue that submits it")]
+    NotLent {
+        /// The slice's IOVA.
+        iova: u64,
+        /// Its length.
+        len: usize,
+    },
+    /// The queue still has requests outstanding.
+    #[error("the queue has {outstanding} requests outstanding: a lent buffer comes back only when none is (poll them to completion first, or release the buffer to have it freed then)")]
+    InFlight {
+        /// Requests submitted and not completed.
+        outstanding: u32,
+    },
+    /// A copy outside the slice.
+    #[error(transparent)]
+    Bounds(#[from] DmaError),
+}
+
+/// The buffers lent to one queue or context. See the module documentation.
+pub struct Leases {
+    /// `ids[slot]`: the lease ID of the buffer in `slot`, or [`FREE`]. Read by every
+    /// submission; a fixed-size array, so the masked index needs no bounds check.
+    ids: Box<[u64; MAX_LENT]>,
+    /// Everything else, off the submission path.
+    book: Box<Book>,
+}
+
+struct Book {
+    /// The pools lent buffers may come from (one for a queue; a context's targets').
+    pools: Vec<DmaPool>,
+    /// `bufs[slot]`: the buffer lent in `slot` (also while released and not yet freed).
+    bufs: Vec<Option<DmaBuf>>,
+    /// Free slots below `bufs.len()`.
+    free: Vec<u16>,
+    /// Slots given up while requests were outstanding: freed by [`Leases::collect`].
+    released: Vec<u16>,
+}
+
+impl std::fmt::Debug for Leases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leases")
+            .field("lent", &self.lent())
+            .field("released", &self.book.released.len())
+            .finish()
+    }
+}
+
+impl Leases {
+    /// An empty table for buffers of `pool`.
+    pub fn new(pool: &DmaPool) -> Self {
+        Self::for_pools(std::slice::from_ref(pool))
+    }
+
+    /// An empty table for buffers of any of `pools`.
+    pub fn for_pools(pools: &[DmaPool]) -> Self {
+        let ids: Box<[u64; MAX_LENT]> = vec![FREE; MAX_LENT]
+            .into_boxed_slice()
+            .try_into()
+            .expect("MAX_LENT entries");
+        Leases {
+            ids,
+            book: Box::new(Book {
+                pools: pools.to_vec(),
+                bufs: Vec::new(),
+                free: Vec::new(),
+                released: Vec::new(),
+            }),
+        }
+    }
+
+    /// Takes `buf` into the table and returns the whole of it as a slice to put in
+    /// requests. Fails when `buf` is not from the table's pool or the table is full.
+    pub fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
+        let b = &mut *self.book;
+        if !b.pools.iter().any(|p| buf.is_from(p)) {
+            let names: Vec<String> = b.pools.iter().map(|p| p.mapper_name()).collect();
+            let queue_pool = names.join(", ");
+            return Err(LeaseError::ForeignPool { queue_pool });
+        }
+        let slot = match b.free.pop() {
+            Some(s) => s as usize,
+            None if b.bufs.len() < MAX_LENT => {
+                b.bufs.push(None);
+                b.bufs.len() - 1
+            }
+            None => return Err(LeaseError::Full),
+        };
+        let n = NEXT_LEASE.fetch_add(1, Ordering::Relaxed);
+        let lease = (n << SLOT_BITS) | slot as u64;
+        self.ids[slot] = lease;
+        let s = buf.slice_all().with_lease(lease);
+        b.bufs[slot] = Some(buf);
+        Ok(s)
+    }
+
+    /// Whether `s` is a slice of a buffer lent here and not given back: what every
+    /// submission checks of each segment (and of a separate metadata buffer).
+    #[inline(always)]
+    pub fn holds(&self, s: &DmaSlice) -> bool {
+        self.ids[(s.lease as usize) & (MAX_LENT - 1)] == s.lease
+    }
+
+    /// As [`Leases::holds`], as a `Result` for messages.
+    pub fn check(&self, s: &DmaSlice) -> Result<(), LeaseError> {
+        if self.holds(s) {
+            Ok(())
+        } else {
+            Err(LeaseError::NotLent {
+                iova: s.iova,
+                len: s.len,
+            })
+        }
+    }
+
+    fn slot_of(&self, s: &DmaSlice) -> Result<usize, LeaseError> {
+        self.check(s)?;
+        Ok((s.lease as usize) & (MAX_LENT - 1))
+    }
+
+    /// The buffer `s` is a slice of, and where `s` starts in it.
+    pub fn buffer(&self, s: &DmaSlice) -> Result<(&DmaBuf, usize), LeaseError> {
+        let slot = self.slot_of(s)?;
+        let b = self.book.bufs[slot]
+            .as_ref()
+            .expect("a held lease has its buffer");
+        Ok((b, s.vaddr - b.as_ptr() as usize))
+    }
+
+    /// As [`Leases::buffer`], to write into.
+    pub fn buffer_mut(&mut self, s: &DmaSlice) -> Result<(&mut DmaBuf, usize), LeaseError> {
+        let slot = self.slot_of(s)?;
+        let b = self.book.bufs[slot]
+            .as_mut()
+            .expect("a held lease has its buffer");
+        let off = s.vaddr - b.as_ptr() as usize;
+        Ok((b, off))
+    }
+
+    /// Copies `out.len()` bytes of `s` from its byte `offset` into `out`.
+    pub fn read(&self, s: &DmaSlice, offset: usize, out: &mut [u8]) -> Result<(), LeaseError> {
+        within(s, offset, out.len())?;
+        let (b, start) = self.buffer(s)?;
+        Ok(b.read_at(start + offset, out)?)
+    }
+
+    /// Copies `data` into `s` at its byte `offset`.
+    pub fn write(&mut self, s: &DmaSlice, offset: usize, data: &[u8]) -> Result<(), LeaseError> {
+        within(s, offset, data.len())?;
+        let (b, start) = self.buffer_mut(s)?;
+        Ok(b.write_at(start + offset, data)?)
+    }
+
+    /// Gives the buffer `s` is a slice of back, when `outstanding` (the queue's requests
+    /// submitted and not completed) is 0. Every slice of it stops being accepted.
+    pub fn reclaim(&mut self, s: &DmaSlice, outstanding: u32) -> Result<DmaBuf, LeaseError> {
+        let slot = self.slot_of(s)?;
+        if outstanding > 0 {
+            return Err(LeaseError::InFlight { outstanding });
+        }
+        self.ids[slot] = FREE;
+        self.book.free.push(slot as u16);
+        Ok(self.book.bufs[slot]
+            .take()
+            .expect("a held lease has its buffer"))
+    }
+
+    /// Gives up the buffer `s` is a slice of: every slice of it stops being accepted at
+    /// once, and the buffer is freed now if `outstanding` is 0, else at the next
+    /// [`Leases::collect`] (the queue calls it when it has nothing outstanding).
+    pub fn release(&mut self, s: &DmaSlice, outstanding: u32) -> Result<(), LeaseError> {
+        let slot = self.slot_of(s)?;
+        self.ids[slot] = FREE;
+        if outstanding == 0 {
+            self.book.bufs[slot] = None;
+            self.book.free.push(slot as u16);
+        } else {
+            self.book.released.push(slot as u16);
+        }
+        Ok(())
+    }
+
+    /// Whether released buffers wait for the queue to have nothing outstanding.
+    #[inline]
+    pub fn has_released(&self) -> bool {
+        !self.book.released.is_empty()
+    }
+
+    /// Frees the released buffers. Call only when no request is outstanding (nothing the
+    /// device holds can refer to them).
+    pub fn collect(&mut self) {
+        let b = &mut *self.book;
+        for slot in b.released.drain(..) {
+            b.bufs[slot as usize] = None;
+            b.free.push(slot);
+        }
+    }
+
+    /// Buffers lent and not given back (released ones waiting to be freed included).
+    pub fn lent(&self) -> usize {
+        self.book.bufs.iter().filter(|b| b.is_some()).count()
+    }
+
+    /// Leaks every buffer: for a queue that cannot make sure the device is done with it
+    /// (a queue that could not be deleted, a ring that could not be drained). The memory
+    /// stays mapped and is never handed out again.
+    pub fn leak_all(&mut self) {
+        for b in self.book.bufs.iter_mut() {
+            if let Some(b) = b.take() {
+                std::mem::forget(b);
+            }
+        }
+        self.ids.fill(FREE);
+    }
+}
+
+fn within(s: &DmaSlice, offset: usize, len: usize) -> Result<(), LeaseError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= s.len => Ok(()),
+        _ => Err(LeaseError::Bounds(DmaError::OutOfBounds {
+            offset,
+            len,
+            buf_len: s.len,
+        })),
+    }
+}
