@@ -225,13 +225,7 @@ mod tests {
     use super::*;
 
     fn slice(iova: u64, len: usize) -> DmaSlice {
-        DmaSlice {
-            vaddr: iova as usize,
-            iova,
-            len,
-            region: 0,
-            region_vaddr: 0,
-        }
+        DmaSlice::unleased(iova as usize, iova, len)
     }
 
     fn pages(segs: &[DmaSlice], off: usize, len: usize) -> Result<Vec<u64>, InvalidRequest> {

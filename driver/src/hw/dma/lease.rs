@@ -273,3 +273,130 @@ fn within(s: &DmaSlice, offset: usize, len: usize) -> Result<(), LeaseError> {
         })),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::hw::dma::{DmaPoolOptions, IdentityMapper};
+
+    fn pool() -> DmaPool {
+        DmaPool::new(Arc::new(IdentityMapper), DmaPoolOptions::default())
+    }
+
+    #[test]
+    fn a_lent_slice_and_its_subslices_are_held_others_are_not() {
+        let p = pool();
+        let mut l = Leases::new(&p);
+        let s = l.lend(p.alloc(8192).unwrap()).unwrap();
+        assert!(l.holds(&s));
+        assert!(l.holds(&s.sub(4096, 4096).unwrap()));
+        assert!(!l.holds(&DmaSlice::EMPTY), "the empty slice has no lease");
+        assert!(!l.holds(&DmaSlice::unleased(s.addr(), s.iova(), 4096)));
+        // The same buffer lent to a second table is a different lease.
+        let mut other = Leases::new(&p);
+        let o = other.lend(p.alloc(4096).unwrap()).unwrap();
+        assert!(!l.holds(&o) && !other.holds(&s));
+        assert!(matches!(l.check(&o), Err(LeaseError::NotLent { .. })));
+    }
+
+    #[test]
+    fn a_buffer_of_another_pool_is_refused() {
+        let (a, b) = (pool(), pool());
+        let mut l = Leases::new(&a);
+        assert!(matches!(
+            l.lend(b.alloc(4096).unwrap()),
+            Err(LeaseError::ForeignPool { .. })
+        ));
+        assert_eq!(l.lent(), 0);
+    }
+
+    #[test]
+    fn reclaim_waits_for_nothing_outstanding_and_ends_the_lease() {
+        let p = pool();
+        let mut l = Leases::new(&p);
+        let s = l.lend(p.alloc(4096).unwrap()).unwrap();
+        l.write(&s, 10, b"abc").unwrap();
+        assert!(matches!(
+            l.reclaim(&s, 3),
+            Err(LeaseError::InFlight { outstanding: 3 })
+        ));
+        assert!(l.holds(&s), "a refused reclaim leaves the lease");
+        let b = l.reclaim(&s, 0).unwrap();
+        let mut got = [0u8; 3];
+        b.read_at(10, &mut got).unwrap();
+        assert_eq!(&got, b"abc");
+        assert!(!l.holds(&s));
+        // The slot is reused by the next lend, under a new lease: the old slice still
+        // does not match.
+        let t = l.lend(b).unwrap();
+        assert_eq!(
+            t.lease & (MAX_LENT as u64 - 1),
+            s.lease & (MAX_LENT as u64 - 1)
+        );
+        assert!(l.holds(&t) && !l.holds(&s));
+    }
+
+    #[test]
+    fn a_released_buffer_is_refused_at_once_and_freed_by_collect() {
+        let p = pool();
+        let mut l = Leases::new(&p);
+        let s = l.lend(p.alloc(4096).unwrap()).unwrap();
+        let used = p.used_bytes();
+        l.release(&s, 1).unwrap();
+        assert!(!l.holds(&s));
+        assert!(l.has_released());
+        assert_eq!(p.used_bytes(), used, "kept while something is outstanding");
+        l.collect();
+        assert!(!l.has_released());
+        assert_eq!(p.used_bytes(), used - 4096);
+        assert_eq!(l.lent(), 0);
+    }
+
+    #[test]
+    fn copies_stay_inside_the_slice() {
+        let p = pool();
+        let mut l = Leases::new(&p);
+        let s = l.lend(p.alloc(8192).unwrap()).unwrap();
+        let half = s.sub(4096, 4096).unwrap();
+        l.write(&half, 0, &[7u8; 4096]).unwrap();
+        assert!(matches!(
+            l.write(&half, 1, &[0u8; 4096]),
+            Err(LeaseError::Bounds(_))
+        ));
+        let mut whole = vec![0u8; 8192];
+        l.read(&s, 0, &mut whole).unwrap();
+        assert!(whole[..4096].iter().all(|&b| b == 0));
+        assert!(whole[4096..].iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn leak_all_keeps_the_memory_out_of_the_pool() {
+        let p = pool();
+        let mut l = Leases::new(&p);
+        let s = l.lend(p.alloc(4096).unwrap()).unwrap();
+        let used = p.used_bytes();
+        l.leak_all();
+        assert!(!l.holds(&s));
+        drop(l);
+        assert_eq!(
+            p.used_bytes(),
+            used,
+            "leaked pages never return to the pool"
+        );
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let p = pool();
+        let mut l = Leases::new(&p);
+        for _ in 0..MAX_LENT {
+            l.lend(p.alloc(4096).unwrap()).unwrap();
+        }
+        assert!(matches!(
+            l.lend(p.alloc(4096).unwrap()),
+            Err(LeaseError::Full)
+        ));
+    }
+}

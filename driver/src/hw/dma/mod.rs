@@ -365,6 +365,20 @@ impl DmaSlice {
         lease: 0,
     };
 
+    /// A run of memory with no lease, for computations on addresses alone (PRP lists,
+    /// layouts, fuzzing them): every submission refuses it, since no lease table holds
+    /// lease 0, and nothing reads or writes through it.
+    pub const fn unleased(vaddr: usize, iova: u64, len: usize) -> DmaSlice {
+        DmaSlice {
+            vaddr,
+            iova,
+            len,
+            region: 0,
+            region_vaddr: 0,
+            lease: 0,
+        }
+    }
+
     /// A sub-slice, or `None` when it does not fit.
     pub fn sub(&self, offset: usize, len: usize) -> Option<DmaSlice> {
         (offset.checked_add(len)? <= self.len).then_some(DmaSlice {
