@@ -58,13 +58,7 @@ fn slices(segs: &[Seg]) -> Vec<DmaSlice> {
             let iova = ((s.page & ((1 << 40) - 1)) << 12) | offset;
             let len = (((s.pages % 1025) as i64) * PAGE as i64 - offset as i64 + s.adjust as i64)
                 .clamp(0, 4 << 20) as usize;
-            DmaSlice {
-                vaddr: iova as usize,
-                iova,
-                len,
-                region: 0,
-                region_vaddr: 0,
-            }
+            DmaSlice::unleased(iova as usize, iova, len)
         })
         .collect()
 }

@@ -82,6 +82,8 @@ pub struct IoContext {
     backend: Backend,
     core: Core,
     drain_timeout: Duration,
+    /// Set by [`IoContext::shut_down`]: the requests it left outstanding.
+    shut_down: Option<u32>,
     /// Keeps the targets (and their pools) alive for as long as the context.
     _targets: Vec<Arc<dyn Target>>,
 }
@@ -131,6 +133,7 @@ impl IoContext {
             backend: Backend::Local(queue),
             core,
             drain_timeout: opts.drain_timeout,
+            shut_down: None,
             _targets: targets,
         })
     }
@@ -168,6 +171,7 @@ impl IoContext {
             }),
             core,
             drain_timeout: opts.drain_timeout,
+            shut_down: None,
             _targets: targets,
         })
     }
@@ -213,6 +217,9 @@ impl IoContext {
     pub fn submit(&mut self, iocbs: &[Iocb]) -> Result<usize, AioError> {
         if iocbs.is_empty() {
             return Ok(0);
+        }
+        if self.shut_down.is_some() {
+            return Err(AioError::Stopped);
         }
         self.core.stats.submit_calls += 1;
         if let Backend::Remote(r) = &self.backend {
@@ -533,8 +540,16 @@ impl IoContext {
     }
 }
 
-impl Drop for IoContext {
-    fn drop(&mut self) {
+impl IoContext {
+    /// Ends the context's I/O as dropping it does (waits up to the drain timeout for what
+    /// is outstanding; keeps the bounce and lent buffers of what is still outstanding after
+    /// that allocated for good) and returns how many requests were still outstanding: when
+    /// not 0, memory those requests name that the context does not own (`IoBuf::vouched`,
+    /// C's buffers) must never be freed either. Later calls, and the drop, do nothing more.
+    pub fn shut_down(&mut self) -> u32 {
+        if let Some(left) = self.shut_down {
+            return left;
+        }
         // Like io_destroy: wait for what is outstanding, so no buffer of ours is freed
         // while a device may still write to it.
         let deadline = Instant::now() + self.drain_timeout;
@@ -552,11 +567,11 @@ impl Drop for IoContext {
         if left > 0 {
             if self.stranded().is_some() {
                 tracing::warn!(
-                    "i/o context dropped on a thread that cannot complete its {left} requests in flight (only the submitting thread can); keeping its bounce buffers allocated"
+                    "i/o context dropped on a thread that cannot complete its {left} requests in flight (only the submitting thread can); keeping its bounce and lent buffers allocated"
                 );
             } else {
                 tracing::warn!(
-                    "i/o context dropped with {left} requests still outstanding after {:?}; keeping its bounce buffers allocated",
+                    "i/o context dropped with {left} requests still outstanding after {:?}; keeping its bounce and lent buffers allocated",
                     self.drain_timeout
                 );
             }
@@ -570,6 +585,14 @@ impl Drop for IoContext {
             // frees the rings.
             r.ctx.closed.store(true, Ordering::Release);
         }
+        self.shut_down = Some(left);
+        left
+    }
+}
+
+impl Drop for IoContext {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 

@@ -79,7 +79,14 @@ pub unsafe extern "C" fn kestrel_dma_free(k: *mut KestrelHandle, buf: *mut c_voi
                 return Err(CapiError::Null { what: "buf" });
             }
             match h.inner.bufs().remove(&(buf as usize)) {
-                Some(b) => drop(b),
+                Some(mut b) => {
+                    if h.inner.tainted.load(std::sync::atomic::Ordering::Relaxed) {
+                        // A context was destroyed with requests outstanding: this buffer
+                        // may be one of theirs, so its memory is never handed out again.
+                        b.leak();
+                    }
+                    drop(b)
+                }
                 None => {
                     return Err(CapiError::ForeignBuffer {
                         what: "buf",

@@ -44,6 +44,9 @@ pub(super) struct Inner {
     pub(super) target: Arc<dyn Target>,
     /// Buffers from `kestrel_dma_alloc`, by start address.
     bufs: Mutex<BTreeMap<usize, DmaBuf>>,
+    /// A context of this target was destroyed with requests still outstanding: a device
+    /// may still write any buffer of the registry, so none is freed again.
+    pub(super) tainted: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -52,12 +55,24 @@ impl Inner {
         Arc::new(Inner {
             target,
             bufs: Mutex::new(BTreeMap::new()),
+            tainted: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     /// The buffer registry.
     pub(super) fn bufs(&self) -> MutexGuard<'_, BTreeMap<usize, DmaBuf>> {
         self.bufs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.tainted.load(std::sync::atomic::Ordering::Relaxed) {
+            // As kestrel_dma_free: a device may still write these buffers.
+            for b in self.bufs().values_mut() {
+                b.leak();
+            }
+        }
     }
 }
 

@@ -544,7 +544,15 @@ pub unsafe extern "C" fn kestrel_io_destroy(ctx: *mut KestrelCtx) -> c_int {
     guard(
         || {
             // SAFETY: the caller's contract. A poisoned context may still be destroyed.
-            drop(unsafe { release(ctx, "ctx") }?);
+            let mut c = unsafe { release(ctx, "ctx") }?;
+            if c.ctx.shut_down() > 0 {
+                // Requests still outstanding name buffers of the registry the device may
+                // still write: from now on none of them is freed (kestrel_dma_free keeps it).
+                c.inner
+                    .tainted
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            drop(c);
             Ok(0)
         },
         || {},
