@@ -8,14 +8,18 @@
 //! - `sw`: the bounded software queue for requests that find every slot busy.
 //!
 //! # Buffer lifetimes (why the `unsafe` pushes are sound)
-//! Every data segment is checked at submit to lie inside a region of this queue's
-//! [`DmaPool`], whose memory stays mapped until the pool's last clone is dropped; the queue
-//! holds a clone, and its `Drop` waits for every operation the kernel holds before the
-//! ring (declared first, so dropped first) and then the pool are released. The iovec
-//! arrays are reached only through `iovecs[slot]`, which is not rewritten while the slot's
-//! operation is in flight. The file is registered with the ring (`Fixed(0)`), so the ring
-//! holds its own reference. What the caller owes, as with every target: a buffer is not
-//! reused or freed until its request completes.
+//! Every data segment is checked at submit to be a slice of a buffer lent to this queue
+//! (`leases`, [`crate::hw::dma::Leases`]; or, through the `unsafe`
+//! [`TargetQueue::submit_unchecked`], memory its caller keeps until the completion) and to
+//! lie inside a region of this queue's [`DmaPool`], whose memory stays mapped until the
+//! pool's last clone is dropped; the queue holds a clone. A lent buffer is given back or
+//! freed only while nothing is outstanding, and the queue's `Drop` waits for every
+//! operation the kernel holds before the ring (declared first, so dropped first), the lent
+//! buffers and then the pool are released; when it cannot wait (another thread owns the
+//! ring, the drain timeout passed) it leaks the lent buffers and the pool instead. The
+//! iovec arrays are reached only through `iovecs[slot]`, which is not rewritten while the
+//! slot's operation is in flight. The file is registered with the ring (`Fixed(0)`), so the
+//! ring holds its own reference.
 //!
 //! # Syscalls
 //! `submit` only writes SQEs. `flush` makes one `io_uring_enter` for everything pushed since
