@@ -10,7 +10,7 @@
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, LeaseError, Leases};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, LeaseError, Leases, LeasesMut};
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
 use crate::nvme::CtrlrError;
 
@@ -158,8 +158,10 @@ pub trait TargetQueue: Send {
     unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError>;
     /// The buffers lent to this queue.
     fn leases(&self) -> &Leases;
-    /// As [`TargetQueue::leases`], to lend, write or give back.
-    fn leases_mut(&mut self) -> &mut Leases;
+    /// As [`TargetQueue::leases`], to lend more or write into them (never to free one:
+    /// [`TargetQueue::reclaim`] and [`TargetQueue::release`] do that, knowing what is
+    /// outstanding).
+    fn leases_mut(&mut self) -> LeasesMut<'_>;
     /// Lends `buf` (from the target's pool) to the queue and returns the whole of it as
     /// the slice requests carry (narrow it with [`DmaSlice::sub`]).
     fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
@@ -179,14 +181,23 @@ pub trait TargetQueue: Send {
     /// ([`LeaseError::InFlight`] otherwise). Its slices are refused from then on.
     fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {
         let n = self.outstanding();
-        self.leases_mut().reclaim(s, n)
+        self.leases_mut().inner().reclaim(s, n)
     }
     /// Gives up the buffer `s` is a slice of: its slices are refused at once, and it is
-    /// freed once nothing is outstanding on the queue (at the latest when the queue is
-    /// dropped).
+    /// freed once nothing is outstanding on the queue (the queue looks as completions are
+    /// reaped; at the latest when it is dropped).
     fn release(&mut self, s: &DmaSlice) -> Result<(), LeaseError> {
         let n = self.outstanding();
-        self.leases_mut().release(s, n)
+        self.leases_mut().inner().release(s, n)
+    }
+    /// Frees released buffers now if nothing is outstanding (queues do it themselves as
+    /// they reap; a caller that polls only busy queues can ask an idle one). Returns
+    /// whether released buffers are still waiting.
+    fn collect_released(&mut self) -> bool {
+        if self.leases().has_released() && self.outstanding() == 0 {
+            self.leases_mut().inner().collect();
+        }
+        self.leases().has_released()
     }
     /// As [`TargetQueue::submit`], reading the request where the caller keeps it: a
     /// request is several hundred bytes (its segments are inline), and a caller that

@@ -1,6 +1,6 @@
 //! An NVMe namespace as a [`Target`]: each queue is an I/O queue pair of its controller.
 
-use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, LeaseError, Leases};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, LeaseError, Leases, LeasesMut};
 use crate::io::{AbortOutcome, Completion, IoRequest, QueueStats, SubmitError};
 use crate::nvme::ctrlr::{Controller, CtrlrError};
 use crate::nvme::qpair::{DoorbellMode, IoQpair, QpairOptions};
@@ -103,7 +103,7 @@ impl TargetQueue for IoQpair {
     fn leases(&self) -> &Leases {
         IoQpair::leases(self)
     }
-    fn leases_mut(&mut self) -> &mut Leases {
+    fn leases_mut(&mut self) -> LeasesMut<'_> {
         IoQpair::leases_mut(self)
     }
     fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {

@@ -176,8 +176,22 @@ impl Leases {
         Ok((b, s.vaddr - b.as_ptr() as usize))
     }
 
-    /// As [`Leases::buffer`], to write into.
-    pub fn buffer_mut(&mut self, s: &DmaSlice) -> Result<(&mut DmaBuf, usize), LeaseError> {
+    /// A pointer to the first byte of the lent slice `s`, to write through (a `recv`
+    /// into the buffer, C code filling it): valid for `s.len()` bytes for as long as the
+    /// lease lasts (until the buffer is reclaimed, or released and freed, or its owner is
+    /// dropped). Writing through it while a command may read or write those bytes is the
+    /// caller's to avoid; no `&mut DmaBuf` is handed out, so safe code cannot swap or drop
+    /// the buffer itself.
+    pub fn as_mut_ptr(&mut self, s: &DmaSlice) -> Result<*mut u8, LeaseError> {
+        let (b, off) = self.buffer_mut(s)?;
+        // In bounds: `s` lies inside its buffer (made by lending, narrowed by `sub`), and
+        // `wrapping_add` keeps this free of `unsafe`.
+        Ok(b.as_mut_ptr().wrapping_add(off))
+    }
+
+    /// As [`Leases::buffer`], to write into: crate-private, since a `&mut DmaBuf` could
+    /// be swapped for another buffer and the lent one dropped.
+    pub(crate) fn buffer_mut(&mut self, s: &DmaSlice) -> Result<(&mut DmaBuf, usize), LeaseError> {
         let slot = self.slot_of(s)?;
         let b = self.book.bufs[slot]
             .as_mut()
@@ -202,7 +216,9 @@ impl Leases {
 
     /// Gives the buffer `s` is a slice of back, when `outstanding` (the queue's requests
     /// submitted and not completed) is 0. Every slice of it stops being accepted.
-    pub fn reclaim(&mut self, s: &DmaSlice, outstanding: u32) -> Result<DmaBuf, LeaseError> {
+    /// Crate-private: only the owner knows its true `outstanding` (the public forms are
+    /// `TargetQueue::reclaim`, `IoQpair::reclaim`, `IoContext::reclaim`).
+    pub(crate) fn reclaim(&mut self, s: &DmaSlice, outstanding: u32) -> Result<DmaBuf, LeaseError> {
         let slot = self.slot_of(s)?;
         if outstanding > 0 {
             return Err(LeaseError::InFlight { outstanding });
@@ -217,7 +233,8 @@ impl Leases {
     /// Gives up the buffer `s` is a slice of: every slice of it stops being accepted at
     /// once, and the buffer is freed now if `outstanding` is 0, else at the next
     /// [`Leases::collect`] (the queue calls it when it has nothing outstanding).
-    pub fn release(&mut self, s: &DmaSlice, outstanding: u32) -> Result<(), LeaseError> {
+    /// Crate-private, as [`Leases::reclaim`].
+    pub(crate) fn release(&mut self, s: &DmaSlice, outstanding: u32) -> Result<(), LeaseError> {
         let slot = self.slot_of(s)?;
         self.ids[slot] = FREE;
         if outstanding == 0 {
@@ -236,8 +253,9 @@ impl Leases {
     }
 
     /// Frees the released buffers. Call only when no request is outstanding (nothing the
-    /// device holds can refer to them).
-    pub fn collect(&mut self) {
+    /// device holds can refer to them): crate-private, the owners call it
+    /// (`TargetQueue::collect_released`).
+    pub(crate) fn collect(&mut self) {
         let b = &mut *self.book;
         for slot in b.released.drain(..) {
             b.bufs[slot as usize] = None;
@@ -253,13 +271,49 @@ impl Leases {
     /// Leaks every buffer: for a queue that cannot make sure the device is done with it
     /// (a queue that could not be deleted, a ring that could not be drained). The memory
     /// stays mapped and is never handed out again.
-    pub fn leak_all(&mut self) {
+    pub(crate) fn leak_all(&mut self) {
         for b in self.book.bufs.iter_mut() {
             if let Some(b) = b.take() {
                 std::mem::forget(b);
             }
         }
         self.ids.fill(FREE);
+    }
+}
+
+/// Mutable access to a queue's or context's lent buffers that cannot free one: lend more,
+/// write into them, get a pointer to write through. (A `&mut Leases` could be swapped with
+/// another table, or overwritten, dropping buffers a device is still writing: the owners
+/// never hand one out.)
+pub struct LeasesMut<'a>(&'a mut Leases);
+
+impl<'a> LeasesMut<'a> {
+    /// Access to `leases` through the safe operations only.
+    pub fn new(leases: &'a mut Leases) -> Self {
+        LeasesMut(leases)
+    }
+    /// [`Leases::lend`].
+    pub fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
+        self.0.lend(buf)
+    }
+    /// [`Leases::write`].
+    pub fn write(&mut self, s: &DmaSlice, offset: usize, data: &[u8]) -> Result<(), LeaseError> {
+        self.0.write(s, offset, data)
+    }
+    /// [`Leases::as_mut_ptr`].
+    pub fn as_mut_ptr(&mut self, s: &DmaSlice) -> Result<*mut u8, LeaseError> {
+        self.0.as_mut_ptr(s)
+    }
+    /// The table, for the owner's own reclaim, release and collect.
+    pub(crate) fn inner(&mut self) -> &mut Leases {
+        self.0
+    }
+}
+
+impl std::ops::Deref for LeasesMut<'_> {
+    type Target = Leases;
+    fn deref(&self) -> &Leases {
+        self.0
     }
 }
 

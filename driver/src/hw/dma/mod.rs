@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::spec::PAGE_SIZE;
 
 mod lease;
-pub use lease::{LeaseError, Leases, MAX_LENT};
+pub use lease::{LeaseError, Leases, LeasesMut, MAX_LENT};
 
 /// Errors of the DMA layer.
 #[derive(Debug, thiserror::Error)]

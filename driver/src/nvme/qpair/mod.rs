@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hw::clock::Clock;
-use crate::hw::dma::{DmaBuf, DmaSlice, LeaseError, Leases};
+use crate::hw::dma::{DmaBuf, DmaSlice, LeaseError, Leases, LeasesMut};
 use crate::hw::mmio::Doorbell;
 use crate::io::{Completion, IoError, IoRequest, QueueStats};
 use crate::nvme::prp::PrpListMem;
@@ -706,9 +706,10 @@ impl IoQpair {
     pub fn leases(&self) -> &Leases {
         &self.leases
     }
-    /// As [`IoQpair::leases`], to write into lent buffers.
-    pub fn leases_mut(&mut self) -> &mut Leases {
-        &mut self.leases
+    /// As [`IoQpair::leases`], to lend more or write into lent buffers (never to free one:
+    /// [`IoQpair::reclaim`] and [`IoQpair::release`] do that).
+    pub fn leases_mut(&mut self) -> LeasesMut<'_> {
+        LeasesMut::new(&mut self.leases)
     }
     /// Gives back the buffer `s` is a slice of, when nothing is outstanding on the queue
     /// ([`LeaseError::InFlight`] otherwise: poll until [`IoQpair::outstanding`] is 0).

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{DiscardKind, FileError, FileKind, Shared};
-use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, Leases};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, Leases, LeasesMut};
 use crate::hw::limits::Limit;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
@@ -395,8 +395,8 @@ impl TargetQueue for FileQueue {
         &self.leases
     }
 
-    fn leases_mut(&mut self) -> &mut Leases {
-        &mut self.leases
+    fn leases_mut(&mut self) -> LeasesMut<'_> {
+        LeasesMut::new(&mut self.leases)
     }
 
     fn flush(&mut self) {
