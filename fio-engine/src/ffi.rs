@@ -176,7 +176,10 @@ pub unsafe extern "C" fn kfio_job_start(
     }
 }
 
-/// Allocates fio's I/O buffers from the target's DMA memory.
+/// Allocates fio's I/O buffers from the target's DMA memory and lends them to the job's
+/// queue pair: `*ptr` stays valid for reads and writes of `len` bytes until
+/// [`kfio_job_iomem_free`] or [`kfio_job_close`] (which first wait, bounded, for the I/O
+/// still in flight, and never free memory a request may still use).
 ///
 /// # Safety
 /// As [`job_mut`]; `ptr` is writable; `msg` as in [`kfio_job_open`].

@@ -411,6 +411,67 @@ fn closing_with_io_outstanding_waits_for_it() {
     assert_eq!(unsafe { (*h.job).queue.as_ref().unwrap().outstanding() }, 0);
 }
 
+/// Buffers lent to the job's queue pair (0 before iomem_alloc and after iomem_free).
+fn lent(h: &H) -> usize {
+    // SAFETY: a live job.
+    unsafe { (*h.job).queue.as_ref() }.map_or(0, |q| q.leases().lent())
+}
+
+/// fio's I/O memory is lent to the job's queue pair, which owns it while the job runs
+/// (whether fio allocates it after init, as fio does, or before), carries the units' data
+/// both ways, and goes back to the pool when fio frees it.
+#[test]
+fn the_io_memory_is_lent_to_the_queue_pair_and_given_back() {
+    let mut h = open("emu:size=52M").unwrap();
+    assert_eq!(h.start(2, 0), 0, "{}", h.msg());
+    // SAFETY: a live job.
+    let pool = unsafe { (*h.job).target.dma_pool().clone() };
+    let before = pool.used_bytes();
+    assert_eq!(lent(&h), 0);
+    assert_eq!(h.iomem(2 * 4096), 0, "{}", h.msg());
+    assert_eq!(lent(&h), 1, "the I/O memory is lent to the queue pair");
+    assert_eq!(pool.used_bytes(), before + 2 * 4096);
+    // A second init would replace the queue pair that holds it: refused.
+    assert_eq!(h.start(2, 0), -libc::EINVAL);
+    assert!(h.msg().contains("already made"), "{}", h.msg());
+    assert_eq!(lent(&h), 1);
+    h.fill(0, 4096, 0x3c);
+    assert_eq!(h.queue(OP_WRITE, 8192, 4096, 0, 0), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    assert_eq!(h.queue(OP_READ, 8192, 4096, 4096, 1), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    assert!(h.bytes(4096, 4096).iter().all(|&b| b == 0x3c));
+    // SAFETY: a live job.
+    unsafe { kfio_job_iomem_free(h.job) };
+    assert_eq!(lent(&h), 0, "given back");
+    assert_eq!(pool.used_bytes(), before, "freed");
+    // No memory: a read or write has no buffer to name.
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), -libc::EFAULT);
+
+    // fio's I/O memory allocated before init is lent when the queue pair is made.
+    let mut h = open("emu:size=56M").unwrap();
+    assert_eq!(h.iomem(4096), 0, "{}", h.msg());
+    assert_eq!(lent(&h), 0, "no queue pair yet");
+    assert_eq!(
+        h.queue(OP_READ, 0, 4096, 0, 0),
+        -libc::EINVAL,
+        "before init"
+    );
+    assert_eq!(h.start(1, 0), 0, "{}", h.msg());
+    assert_eq!(lent(&h), 1);
+    h.fill(0, 4096, 0xc3);
+    assert_eq!(h.queue(OP_WRITE, 0, 4096, 0, 0), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    h.fill(0, 4096, 0);
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    assert!(h.bytes(0, 4096).iter().all(|&b| b == 0xc3));
+}
+
 #[test]
 fn no_allocation_per_io() {
     let mut h = open("emu:size=48M").unwrap();

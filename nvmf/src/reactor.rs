@@ -6,7 +6,8 @@
 //! polled), read and handle PDUs, poll the target queues and turn completions into PDUs,
 //! resubmit requests the target refused as busy, write what is queued; every 100 ms check
 //! keep-alive and controller state. A connection whose socket is closed stays until its
-//! requests at the target have completed, so no DMA buffer is freed under the device.
+//! requests at the target have completed; its DMA buffers are lent to the target queues,
+//! which free them only once nothing is outstanding, so none is freed under the device.
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -266,7 +267,7 @@ impl Reactor {
                 e.conn.run_waiting(&mut ctx);
             }
             if r.is_ok() {
-                r = e.conn.flush();
+                r = e.conn.flush(ctx.queues);
             }
             if let Err(why) = r {
                 close_conn(epoll, &mut e.conn, why);
@@ -289,6 +290,12 @@ impl Reactor {
         for (sub, q) in queues.iter_mut().enumerate() {
             let Some(q) = q.as_mut() else { continue };
             if q.outstanding() == 0 {
+                // Buffers of connections gone while other requests were outstanding are
+                // freed now that nothing is: no request the target holds names them. (The
+                // queue would only do it when polled, and an idle queue is not.)
+                if q.leases().has_released() {
+                    q.leases_mut().collect();
+                }
                 continue;
             }
             let room = completions.capacity() - completions.len();
@@ -342,10 +349,15 @@ impl Reactor {
 
     /// Transmits what completions produced.
     fn transmit(&mut self) {
-        let Reactor { conns, epoll, .. } = self;
+        let Reactor {
+            conns,
+            epoll,
+            queues,
+            ..
+        } = self;
         for e in conns.iter_mut().flatten() {
             if !e.conn.closing && e.conn.has_tx() && e.conn.writable {
-                if let Err(why) = e.conn.flush() {
+                if let Err(why) = e.conn.flush(queues) {
                     close_conn(epoll, &mut e.conn, why);
                 }
             }
@@ -363,12 +375,17 @@ impl Reactor {
         }
     }
 
-    /// Drops closed connections whose target requests are all done.
+    /// Drops closed connections whose target requests are all done, giving their DMA
+    /// buffers up to the queues they are lent to (freed once those have nothing
+    /// outstanding).
     fn reap(&mut self) {
         for idx in 0..self.conns.len() {
             let done =
                 matches!(&self.conns[idx], Some(e) if e.conn.closing && e.conn.at_target == 0);
             if done {
+                if let Some(e) = self.conns[idx].as_mut() {
+                    e.conn.release_buffers(&mut self.queues);
+                }
                 self.conns[idx] = None;
                 self.free_idx.push(idx);
                 self.shared.connections.fetch_sub(1, Ordering::AcqRel);
@@ -455,10 +472,9 @@ impl Reactor {
                     reactor = self.id,
                     "target requests still outstanding after 10 s at shutdown"
                 );
-                // Leak rather than free memory the device may still write.
-                for e in self.conns.drain(..).flatten() {
-                    std::mem::forget(e);
-                }
+                // The connections' buffers are lent to the queues, which are dropped with
+                // the reactor: a queue's drop makes sure the device is done with its
+                // requests before freeing them, or leaks them.
                 return;
             }
             self.pass();

@@ -143,10 +143,23 @@ pub fn recv_into_dma(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> io:
             ),
         ));
     }
-    // SAFETY: [off, off + len) lies inside the buffer (checked above), which `&mut`
-    // guarantees no command and no other code is using; the kernel writes into it through
-    // the raw pointer and no Rust reference to it exists.
-    cvt_size(unsafe { libc::recv(fd, buf.as_ptr().add(off).cast(), len, libc::MSG_DONTWAIT) })
+    // SAFETY: [off, off + len) lies inside the buffer (checked above). The buffer stays
+    // allocated for the call: the caller borrows it, from the lease table of the queue it
+    // is lent to (`Leases::buffer_mut`), which owns it until it is given back. `&mut` keeps
+    // every other Rust access out for the call, and no Rust reference to the bytes exists
+    // (they are reached through raw pointers only); the kernel writes through the pointer.
+    // No command in flight uses these bytes: the caller receives only into the data of a
+    // command that is not at the target (its in-capsule buffer or arena block, held from
+    // `recv_in_capsule`/`get_buf` to its `release`; see `Conn::read_data`), and blocks of
+    // commands that are at the target are other bytes.
+    cvt_size(unsafe {
+        libc::recv(
+            fd,
+            buf.as_mut_ptr().add(off).cast(),
+            len,
+            libc::MSG_DONTWAIT,
+        )
+    })
 }
 
 /// One piece of a gathered write: a header in ordinary memory or data in a DMA buffer.

@@ -87,12 +87,13 @@ impl Job {
         Ok((lba, nlb))
     }
 
-    /// The `len` bytes of the job's DMA memory at address `buf`.
+    /// The `len` bytes of the job's DMA memory at address `buf`: a slice of the memory
+    /// lent to the queue pair.
     #[inline]
     fn buffer(&self, buf: usize, len: u64) -> Option<DmaSlice> {
         let m = self.mem.as_ref()?;
-        let off = buf.checked_sub(m.as_ptr() as usize)?;
-        m.slice(off, len as usize).ok()
+        let off = buf.checked_sub(m.addr())?;
+        m.sub(off, usize::try_from(len).ok()?)
     }
 
     /// Hands `req` to the queue pair; on success slot `i` remembers `io_u`.
