@@ -293,9 +293,7 @@ impl Reactor {
                 // Buffers of connections gone while other requests were outstanding are
                 // freed now that nothing is: no request the target holds names them. (The
                 // queue would only do it when polled, and an idle queue is not.)
-                if q.leases().has_released() {
-                    q.leases_mut().collect();
-                }
+                q.collect_released();
                 continue;
             }
             let room = completions.capacity() - completions.len();

@@ -131,35 +131,17 @@ impl EventFd {
     }
 }
 
-/// Receives up to `len` bytes from the socket into `buf` at `off` (bounds checked against
-/// the buffer). `Ok(0)` is end of stream; `WouldBlock` means nothing is there yet.
-pub fn recv_into_dma(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> io::Result<usize> {
-    if off.checked_add(len).is_none_or(|end| end > buf.len()) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "receive of {len} bytes at offset {off} past the end of a {}-byte buffer",
-                buf.len()
-            ),
-        ));
-    }
-    // SAFETY: [off, off + len) lies inside the buffer (checked above). The buffer stays
-    // allocated for the call: the caller borrows it, from the lease table of the queue it
-    // is lent to (`Leases::buffer_mut`), which owns it until it is given back. `&mut` keeps
-    // every other Rust access out for the call, and no Rust reference to the bytes exists
-    // (they are reached through raw pointers only); the kernel writes through the pointer.
-    // No command in flight uses these bytes: the caller receives only into the data of a
-    // command that is not at the target (its in-capsule buffer or arena block, held from
-    // `recv_in_capsule`/`get_buf` to its `release`; see `Conn::read_data`), and blocks of
-    // commands that are at the target are other bytes.
-    cvt_size(unsafe {
-        libc::recv(
-            fd,
-            buf.as_mut_ptr().add(off).cast(),
-            len,
-            libc::MSG_DONTWAIT,
-        )
-    })
+/// Receives up to `len` bytes from the socket into the memory at `dst`. `Ok(0)` is end of
+/// stream; `WouldBlock` means nothing is there yet.
+///
+/// # Safety
+/// For the duration of the call `dst` is valid for writes of `len` bytes (inside one live
+/// allocation, e.g. a lent DMA buffer), and nothing else reads or writes those bytes (no
+/// Rust reference to them, no other thread, no command at the target).
+pub unsafe fn recv_into_dma(fd: RawFd, dst: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: this function's contract: `dst..dst + len` is writable and used by nothing
+    // else for the call; recv(2) writes at most `len` bytes there and keeps no pointer.
+    cvt_size(unsafe { libc::recv(fd, dst.cast(), len, libc::MSG_DONTWAIT) })
 }
 
 /// One piece of a gathered write: a header in ordinary memory or data in a DMA buffer.

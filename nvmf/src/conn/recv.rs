@@ -179,14 +179,14 @@ impl Conn {
                     .get_mut(b.qidx)
                     .and_then(|q| q.as_mut())
                     .ok_or(Close::Shutdown)?;
-                let (buf, start) = q
-                    .leases_mut()
-                    .buffer_mut(&lent)
-                    .map_err(|_| Close::Shutdown)?;
-                if off.checked_add(want).is_none_or(|end| end > lent.len()) {
-                    return Err(Close::Shutdown);
-                }
-                sys::recv_into_dma(self.sock.as_raw_fd(), buf, start + off, want)
+                let dst = lent
+                    .sub(off, want)
+                    .ok_or(Close::Shutdown)
+                    .and_then(|d| q.leases_mut().as_mut_ptr(&d).map_err(|_| Close::Shutdown))?;
+                // SAFETY: `dst..dst + want` lies inside the lent buffer (`sub` checked it), which
+                // the queue's lease keeps allocated across the call; no command at the target
+                // and no Rust reference uses those bytes (the paragraph above).
+                unsafe { sys::recv_into_dma(self.sock.as_raw_fd(), dst, want) }
             }
         };
         match r {
