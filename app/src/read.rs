@@ -19,8 +19,7 @@ pub fn run(a: &ReadArgs) -> Result<()> {
     let spec = one_spec(&a.targets, "read")?;
     let (_opened, t) = open_one(&spec, &a.targets)?;
     let info = t.info().clone();
-    let bs = info.block_size as u64;
-    let cap = info.num_blocks * bs;
+    let (bs, cap) = geometry(&info)?;
     if a.offset % bs != 0 || a.length % bs != 0 {
         return Err(AppError::usage(format!(
             "--offset {} and --length {} must be multiples of the block size {bs}",
@@ -73,6 +72,21 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         source,
     })?;
     Ok(())
+}
+
+/// The block size and the capacity in bytes of a target, checked: a target whose block
+/// size is 0 or whose blocks x block size does not fit in 64 bits is an error (the
+/// library refuses such a namespace when it opens it; this does not rely on that).
+pub(crate) fn geometry(info: &TargetInfo) -> Result<(u64, u64)> {
+    let bs = u64::from(info.block_size);
+    match info.num_blocks.checked_mul(bs) {
+        Some(cap) if bs != 0 => Ok((bs, cap)),
+        _ => Err(AppError::runtime(format!(
+            "{} (nsid {}) reports {} blocks of {bs} bytes, which is not a size kestrel can \
+             address (zero-byte blocks, or more than 2^64 bytes); its identify data is wrong",
+            info.name, info.nsid, info.num_blocks
+        ))),
+    }
 }
 
 /// The one target `kestrel read` or `kestrel write` (`cmd`) takes, or a usage error.

@@ -9,7 +9,7 @@ use kestrel::IoRequest;
 
 use crate::cli::WriteArgs;
 use crate::error::{AppError, Result};
-use crate::read::{one_spec, open_one, run_one, Chunks, IO_WAIT};
+use crate::read::{geometry, one_spec, open_one, run_one, Chunks, IO_WAIT};
 
 /// Runs `kestrel write`.
 pub fn run(a: &WriteArgs) -> Result<()> {
@@ -26,8 +26,7 @@ pub fn run(a: &WriteArgs) -> Result<()> {
     if info.read_only {
         return Err(AppError::usage(format!("{} is read-only", info.name)));
     }
-    let bs = info.block_size as u64;
-    let cap = info.num_blocks * bs;
+    let (bs, cap) = geometry(&info)?;
     if a.offset % bs != 0 || length % bs != 0 || length == 0 {
         return Err(AppError::usage(format!(
             "--offset {} and the size of {} ({length} bytes) must be multiples of the block size {bs}, the size not 0",

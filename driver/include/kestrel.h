@@ -267,7 +267,11 @@ int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_param
  */
 int kestrel_reactor_stop(kestrel_reactor_t *r);
 
-/* A static description of an errno (either sign); never NULL. */
+/*
+ * A static description of an errno the library returns (either sign); for any other code
+ * (INT_MIN among them) "unknown error N", N as given, in a buffer of the calling thread
+ * that stays valid until its next call of kestrel_strerror(). Never NULL.
+ */
 const char *kestrel_strerror(int err);
 /* The calling thread's last error message ("" if none). */
 const char *kestrel_last_error(void);

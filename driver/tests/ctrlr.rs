@@ -26,7 +26,7 @@ fn brings_up_and_identifies() {
     assert_eq!(ns.len(), 1);
     assert_eq!(ns[0].nsid, 1);
     assert_eq!(ns[0].block_size, 4096);
-    assert_eq!(ns[0].size_bytes(), 1 << 30);
+    assert_eq!(ns[0].size_bytes(), Some(1 << 30));
     assert!(c.io_queues_granted() >= 1);
     assert!(c.cap().mqes() >= 1);
 }
@@ -296,4 +296,58 @@ fn shutdown_on_drop_leaves_controller_disabled() {
     drop(c);
     assert!(!bar.cc().en());
     assert!(!bar.csts().rdy());
+}
+
+/// An emulated controller whose Identify Namespace reports NSZE `nsze` (a fault: the
+/// namespace keeps its real 64 MiB of `lba`-byte blocks).
+fn reporting_nsze(nsze: u64, lba: u32) -> (std::sync::Arc<EmuController>, kestrel::Controller) {
+    emu_with(EmuConfig {
+        namespaces: vec![EmuNamespace::new(64 << 20, lba, EmuStore::Memory)],
+        faults: kestrel::emu::FaultPlan::parse(&format!("nsze/{nsze}")).unwrap(),
+        ..Default::default()
+    })
+}
+
+/// A namespace whose NSZE x block size does not fit in 64 bits is refused at bring-up,
+/// with an error naming the nsid, the NSZE and the block size; its size is not computed
+/// wrapped (2^52 blocks of 4096 bytes would wrap to 0), no I/O reaches it, and opening it
+/// as a target fails with that error. One block fewer fits and is served.
+#[test]
+fn a_namespace_whose_size_overflows_64_bits_is_refused() {
+    for (nsze, lba) in [(1u64 << 52, 4096u32), (u64::MAX, 512), (1 << 55, 512)] {
+        let (_emu, c) = reporting_nsze(nsze, lba);
+        let ns = &c.namespaces()[0];
+        assert_eq!(ns.num_blocks, nsze);
+        assert_eq!(ns.size_bytes(), None, "nsze {nsze} x {lba}");
+        assert!(!ns.supported(), "nsze {nsze} x {lba} must be refused");
+        let msg = ns.unsupported.as_ref().unwrap().to_string();
+        for want in [
+            "nsid 1".to_string(),
+            format!("nsze {nsze}"),
+            format!("{lba} bytes"),
+            "2^64".to_string(),
+        ] {
+            assert!(msg.contains(&want), "{want:?} not in {msg:?}");
+        }
+        let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+        let buf = c.dma_pool().alloc(lba as usize).unwrap();
+        assert!(
+            qp.submit(IoRequest::read(1, 0, 1, buf.slice_all(), 1))
+                .is_err(),
+            "i/o to a refused namespace"
+        );
+    }
+    let e = kestrel::target_spec::open("emu:size=64M,faults=nsze/4503599627370496")
+        .err()
+        .expect("opening a namespace whose size overflows fails");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("nsze 4503599627370496") && msg.contains("nsid 1"),
+        "{msg}"
+    );
+    // (2^52 - 1) x 4096 bytes fits: served.
+    let (_emu, c) = reporting_nsze((1 << 52) - 1, 4096);
+    let ns = &c.namespaces()[0];
+    assert!(ns.supported(), "{:?}", ns.unsupported);
+    assert_eq!(ns.size_bytes(), Some(((1u64 << 52) - 1) * 4096));
 }

@@ -122,7 +122,7 @@ pub unsafe extern "C" fn kfio_job_open(
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_size(job: *const Job) -> u64 {
     // SAFETY: the caller's contract.
-    unsafe { job.as_ref() }.map_or(0, |j| j.num_blocks * j.block_size)
+    unsafe { job.as_ref() }.map_or(0, Job::capacity)
 }
 
 /// Logical block size of the job's target.

@@ -58,6 +58,12 @@ const WARN_OP: u32 = 1 << 5;
 type Failure = (i32, Option<String>);
 
 impl Job {
+    /// The target's capacity in bytes. The target was refused when this does not fit in
+    /// 64 bits ([`acquire`]), so the saturation never happens.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.num_blocks.saturating_mul(self.block_size)
+    }
+
     pub(crate) fn open(spec: &str, flags: u32) -> Result<Job, (i32, String)> {
         if flags & !OPEN_NOIOMMU != 0 {
             return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));

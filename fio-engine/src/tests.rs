@@ -326,6 +326,17 @@ fn bad_options_and_targets_are_refused_with_reasons() {
         assert_eq!(e.0, libc::EINVAL, "{spec}");
         assert!(e.1.contains(want), "{spec}: {}", e.1);
     }
+    // A namespace whose size in bytes does not fit in 64 bits (2^52 blocks of 4096 bytes)
+    // is refused, not opened with a capacity that wrapped to 0.
+    let e = open("emu:size=16M,faults=nsze/4503599627370496")
+        .err()
+        .unwrap();
+    assert_ne!(e.0, 0, "{}", e.1);
+    assert!(
+        e.1.contains("nsze 4503599627370496") && e.1.contains("4096 bytes"),
+        "{}",
+        e.1
+    );
     // PI that is the whole metadata is inserted and stripped by the controller.
     let mut h = open("emu:ns=16M+4096+md8+pi1").unwrap();
     assert_eq!(h.start(4, 0), 0, "{}", h.msg());

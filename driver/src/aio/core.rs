@@ -632,6 +632,18 @@ fn bounce_buffers(targets: &[Arc<dyn Target>], b: &BounceOptions) -> Result<Vec<
             why: "must be from 1 byte to 8 MiB",
         });
     }
+    // A bounced I/O is whole blocks: a buffer smaller than one block would refuse them all.
+    if let Some(t) = targets
+        .iter()
+        .find(|t| b.buf_size < t.info().block_size as usize)
+    {
+        let i = t.info();
+        return Err(AioError::BounceBufTooSmall {
+            buf_size: b.buf_size,
+            block_size: i.block_size,
+            target: i.name.clone(),
+        });
+    }
     // Page-aligned chunks: every bounce buffer meets any PRP or O_DIRECT rule.
     let chunk = b.buf_size.next_multiple_of(crate::spec::PAGE_SIZE);
     let mut bounce = Vec::with_capacity(targets.len());

@@ -183,7 +183,9 @@
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
-//! one cannot (Abort says "not aborted"). [`EmuFaults::post_raw_cqe`] posts a completion
+//! one cannot (Abort says "not aborted"). And it can make Identify Namespace report an
+//! NSZE (and NCAP and NUSE) the namespaces do not have, such as one whose size in bytes
+//! does not fit in 64 bits, for a driver's checks of what a device says. [`EmuFaults::post_raw_cqe`] posts a completion
 //! entry entirely described by the caller (any CID and status, phase tag set by the
 //! controller) on a given CQ, for fuzzing a driver's completion path.
 //!
@@ -204,6 +206,7 @@
 //!         | "fatal/after/" N                        ; CSTS.CFS after N I/O commands
 //!         | "remove/after/" N                       ; surprise removal after N I/O commands
 //!         | "seed/" N                               ; RNG seed (default 1)
+//!         | "nsze/" N                               ; Identify Namespace reports NSZE N
 //! cmd     = "read" | "write" | "flush" | "wz" | "dsm" | "io" (any I/O command)
 //!         | "admin" (any admin command but AER) | "0x" HEX (I/O opcode) | "admin0x" HEX
 //! status  = HEX "-" HEX (SCT-SC, e.g. 2-81) | "internal" | "dte" | "read-error"

@@ -81,7 +81,10 @@ impl Job {
             return Err(Outside::Misaligned);
         }
         let (lba, nlb) = (offset / bs, (len / bs) as u32);
-        if lba + nlb as u64 > self.num_blocks {
+        if lba
+            .checked_add(nlb as u64)
+            .is_none_or(|end| end > self.num_blocks)
+        {
             return Err(Outside::PastEnd);
         }
         Ok((lba, nlb))
@@ -146,7 +149,7 @@ impl Job {
     }
 
     fn out_of_range(&mut self, offset: u64, len: u64) -> Failure {
-        let capacity = self.num_blocks * self.block_size;
+        let capacity = self.capacity();
         (
             libc::EINVAL,
             self.say(WARN_RANGE, |name| {

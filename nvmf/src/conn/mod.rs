@@ -339,6 +339,8 @@ pub enum Close {
     Shutdown,
     /// No Connect in time.
     Idle,
+    /// Its handling panicked (the reactor caught the panic and logged it).
+    Panicked,
 }
 
 impl std::fmt::Display for Close {
@@ -354,6 +356,7 @@ impl std::fmt::Display for Close {
             Close::Io(e) => write!(f, "socket error: {e}"),
             Close::Shutdown => f.write_str("the server is stopping"),
             Close::Idle => f.write_str("no Connect within the time allowed"),
+            Close::Panicked => f.write_str("its handling panicked"),
         }
     }
 }
