@@ -1,20 +1,17 @@
-//! The system calls of the transport, and the crate's only `unsafe` besides one call site
-//! in `conn`: epoll, eventfd, `recv` into DMA memory and `writev` from headers and DMA
-//! memory. DMA memory is reached through raw pointers only, never through a reference
-//! (see `kestrel::hw::dma`): the kernel copies between the socket and it.
+//! The system calls of the transport: epoll and eventfd through rustix (safe wrappers), and
+//! the crate's only `unsafe` besides its call sites in `conn`: `recv` into DMA memory and a
+//! gathered `sendmsg` from headers and DMA memory. DMA memory is reached through raw
+//! pointers only, never through a reference (see `kestrel::hw::dma`): the kernel copies
+//! between the socket and it. Those two stay on libc because rustix's `recv` and
+//! `sendmsg` take Rust slices (`&mut [u8]`, `IoSlice`), which would be references into
+//! memory a device also reads and writes.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 
 use kestrel::DmaBuf;
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
+use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
     if r < 0 {
@@ -25,74 +22,76 @@ fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
 }
 
 /// Readable (or peer closed).
-pub const EV_IN: u32 = libc::EPOLLIN as u32;
+pub const EV_IN: u32 = epoll::EventFlags::IN.bits();
 /// Writable.
-pub const EV_OUT: u32 = libc::EPOLLOUT as u32;
+pub const EV_OUT: u32 = epoll::EventFlags::OUT.bits();
 /// Error or hang-up.
-pub const EV_ERR: u32 = (libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
-const EV_ET: u32 = libc::EPOLLET as u32;
+pub const EV_ERR: u32 =
+    epoll::EventFlags::ERR.bits() | epoll::EventFlags::HUP.bits() | epoll::EventFlags::RDHUP.bits();
+const EV_ET: u32 = epoll::EventFlags::ET.bits();
+
+/// The most events one [`Epoll::wait`] returns.
+pub const MAX_EVENTS: usize = 256;
 
 /// An epoll instance, edge triggered for connections.
 #[derive(Debug)]
 pub struct Epoll {
     fd: OwnedFd,
-    events: Vec<libc::epoll_event>,
+    max_events: usize,
 }
 
 impl Epoll {
-    /// A new epoll instance that returns at most `max_events` per wait.
+    /// A new epoll instance that returns at most `max_events` (1..=[`MAX_EVENTS`]) per wait.
     pub fn new(max_events: usize) -> io::Result<Self> {
-        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new fd we own.
-        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
         Ok(Epoll {
-            // SAFETY: fd was just returned by epoll_create1 and is owned by nothing else.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            events: vec![libc::epoll_event { events: 0, u64: 0 }; max_events.max(1)],
+            fd: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            max_events: max_events.clamp(1, MAX_EVENTS),
         })
     }
 
     /// Watches `fd` with `key`: level triggered for `EV_IN` alone (listeners, eventfds),
     /// edge triggered for both directions when `edge` (connections).
-    pub fn add(&self, fd: RawFd, key: u64, edge: bool) -> io::Result<()> {
+    pub fn add(&self, fd: impl AsFd, key: u64, edge: bool) -> io::Result<()> {
         let events = if edge {
             EV_IN | EV_OUT | EV_ERR | EV_ET
         } else {
             EV_IN
         };
-        let mut ev = libc::epoll_event { events, u64: key };
-        // SAFETY: ev is a valid epoll_event for the duration of the call.
-        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+        epoll::add(
+            &self.fd,
+            fd,
+            epoll::EventData::new_u64(key),
+            epoll::EventFlags::from_bits_retain(events),
+        )?;
         Ok(())
     }
 
-    /// Stops watching `fd`.
-    pub fn del(&self, fd: RawFd) {
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: ev is valid for the call; a failure (fd not watched) is harmless.
-        unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    /// Stops watching `fd`; a failure (`fd` not watched) is harmless.
+    pub fn del(&self, fd: impl AsFd) {
+        let _ = epoll::delete(&self.fd, fd);
     }
 
-    /// Waits up to `timeout_ms` (0: poll) and calls `f(events, key)` for each event.
+    /// Waits up to `timeout_ms` (0: poll; negative: no limit) and calls `f(events, key)`
+    /// for each event.
     pub fn wait(&mut self, timeout_ms: i32, mut f: impl FnMut(u32, u64)) -> io::Result<usize> {
-        // SAFETY: the buffer holds self.events.len() entries, which is what we pass.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.fd.as_raw_fd(),
-                self.events.as_mut_ptr(),
-                self.events.len() as libc::c_int,
-                timeout_ms,
-            )
+        let ts = (timeout_ms >= 0).then(|| Timespec {
+            tv_sec: i64::from(timeout_ms / 1000),
+            tv_nsec: (i64::from(timeout_ms % 1000) * 1_000_000) as _,
+        });
+        // On the stack and left uninitialised: the kernel fills the first n entries, which
+        // are all that is read (no allocation, no clearing per wait).
+        let mut buf = [const { MaybeUninit::<epoll::Event>::uninit() }; MAX_EVENTS];
+        let events = match epoll::wait(&self.fd, &mut buf[..self.max_events], ts.as_ref()) {
+            Ok((events, _)) => events,
+            Err(rustix::io::Errno::INTR) => return Ok(0),
+            Err(e) => return Err(e.into()),
         };
-        let n = match cvt(n) {
-            Ok(n) => n as usize,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e),
-        };
-        for ev in &self.events[..n] {
-            let (events, key) = (ev.events, ev.u64);
-            f(events, key);
+        for ev in events.iter() {
+            // Copied out: the fields of the (packed) epoll_event are read by value.
+            let (flags, data) = (ev.flags, ev.data);
+            f(flags.bits(), data.u64());
         }
-        Ok(n)
+        Ok(events.len())
     }
 }
 
@@ -105,29 +104,22 @@ pub struct EventFd {
 impl EventFd {
     /// A new non-blocking eventfd.
     pub fn new() -> io::Result<Self> {
-        // SAFETY: no pointers; a non-negative result is a new fd we own.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
         Ok(EventFd {
-            // SAFETY: fd was just returned by eventfd and is owned by nothing else.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?,
         })
     }
     /// The descriptor, for epoll.
-    pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
-    /// Wakes the waiter.
+    /// Wakes the waiter. A full counter (EAGAIN) still leaves the fd readable, which is all
+    /// a wake-up needs, so the result needs no handling.
     pub fn signal(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live local array; a full counter (EAGAIN) still
-        // leaves the fd readable, which is all a wake-up needs.
-        unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
-    /// Clears the pending wake-ups.
+    /// Clears the pending wake-ups (an empty counter is EAGAIN: nothing to clear).
     pub fn drain(&self) {
-        let mut b = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live local array.
-        unsafe { libc::read(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        let _ = rustix::io::read(&self.fd, &mut [0u8; 8]);
     }
 }
 
