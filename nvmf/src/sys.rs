@@ -8,7 +8,7 @@
 
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use kestrel::DmaBuf;
 use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
@@ -123,9 +123,32 @@ impl EventFd {
     }
 }
 
-/// Receives up to `len` bytes from the socket into `buf` at `off` (bounds checked against
-/// the buffer). `Ok(0)` is end of stream; `WouldBlock` means nothing is there yet.
-pub fn recv_into_dma(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> io::Result<usize> {
+/// Receives up to `len` bytes from the socket `fd` into the memory at `dst`. `Ok(0)` is end
+/// of stream; `WouldBlock` means nothing is there yet.
+///
+/// The memory is named by a raw pointer, not a `&mut [u8]`, because it is DMA memory that
+/// the device reads and writes for other commands around it (a connection's data arena is
+/// shared by every command in flight on it): the kernel writes into it, no Rust reference
+/// to it is made.
+///
+/// # Safety
+/// For the duration of the call:
+/// - `dst` is valid for writes of `len` bytes: the whole range lies inside one live
+///   allocation (e.g. one `DmaBuf`, which the caller keeps alive across the call);
+/// - nothing else reads or writes those `len` bytes: no Rust reference to them exists, no
+///   other thread copies into or out of them, and no command at the target (so no device
+///   DMA) uses them. Other bytes of the same buffer may be in use meanwhile.
+pub unsafe fn recv(fd: BorrowedFd<'_>, dst: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees `dst..dst + len` is writable and used by nothing else
+    // for the call (this function's contract); recv(2) writes at most `len` bytes there
+    // and keeps no pointer after it returns. MSG_DONTWAIT: it never blocks.
+    cvt_size(unsafe { libc::recv(fd.as_raw_fd(), dst.cast(), len, libc::MSG_DONTWAIT) })
+}
+
+/// The address of `len` bytes of `buf` at `off`, for [`recv`], after checking that they lie
+/// inside the buffer. Forming the pointer is safe; what makes writing through it sound is
+/// [`recv`]'s contract, which the caller answers for.
+pub fn dma_range(buf: &DmaBuf, off: usize, len: usize) -> io::Result<*mut u8> {
     if off.checked_add(len).is_none_or(|end| end > buf.len()) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -135,10 +158,7 @@ pub fn recv_into_dma(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> io:
             ),
         ));
     }
-    // SAFETY: [off, off + len) lies inside the buffer (checked above), which `&mut`
-    // guarantees no command and no other code is using; the kernel writes into it through
-    // the raw pointer and no Rust reference to it exists.
-    cvt_size(unsafe { libc::recv(fd, buf.as_ptr().add(off).cast(), len, libc::MSG_DONTWAIT) })
+    Ok(buf.as_ptr().wrapping_add(off))
 }
 
 /// One piece of a gathered write: a header in ordinary memory or data in a DMA buffer.
@@ -170,11 +190,14 @@ impl RawIov {
     }
 }
 
-/// Writes the pieces in order with one `writev`; returns the bytes written.
+/// Writes the pieces in order with one `sendmsg` (a `writev` with `MSG_NOSIGNAL`); returns
+/// the bytes written. At most the first 64 pieces are sent.
 ///
 /// # Safety
-/// Every piece must point at `len` readable bytes that stay alive and unchanged for the
-/// duration of the call.
+/// For the duration of the call, every piece's `base` is valid for reads of its `len`
+/// bytes (inside one live allocation the caller keeps alive across the call), and nothing
+/// writes those bytes meanwhile: no Rust code, no other thread, no command at the target
+/// (so no device DMA). `fd` is an open descriptor of a socket this caller owns.
 pub unsafe fn writev(fd: RawFd, iovs: &[RawIov]) -> io::Result<usize> {
     let mut v: [libc::iovec; 64] = [libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -186,13 +209,18 @@ pub unsafe fn writev(fd: RawFd, iovs: &[RawIov]) -> io::Result<usize> {
         d.iov_len = s.len;
     }
     let mut msg: libc::msghdr = {
-        // SAFETY: msghdr is plain data; all-zero is a valid empty message.
+        // SAFETY: msghdr is integers and raw pointers (plus private padding on some
+        // targets), for all of which all-zero bytes are a valid value: an empty message
+        // with no name and no control data.
         unsafe { std::mem::zeroed() }
     };
     msg.msg_iov = v.as_mut_ptr();
     msg.msg_iovlen = n as _;
-    // SAFETY: the iovecs describe memory the caller guarantees readable for the call;
-    // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE.
+    // SAFETY: `msg` and the `n` iovecs it points at are locals that outlive the call, and
+    // the kernel only reads them; each iovec's memory is readable and not written during
+    // the call by this function's contract. sendmsg keeps no pointer after it returns.
+    // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE; MSG_DONTWAIT: it
+    // never blocks.
     cvt_size(unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
 }
 
@@ -211,4 +239,49 @@ pub fn crc32c_dma(crc: u32, buf: &DmaBuf, off: usize, len: usize) -> u32 {
         done += n;
     }
     crc
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    use kestrel::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
+
+    use super::*;
+
+    #[test]
+    fn recv_writes_only_the_range_it_is_given() {
+        let pool = DmaPool::new(Arc::new(IdentityMapper), DmaPoolOptions::default());
+        let mut buf = pool.alloc(4096).unwrap();
+        buf.fill(0xee);
+        let (mut tx, rx) = UnixStream::pair().unwrap();
+        // Nothing sent yet: WouldBlock, not a wait.
+        let dst = dma_range(&buf, 100, 8).unwrap();
+        // SAFETY: 100..108 of `buf`, alive for the call; nothing else uses the buffer.
+        let e = unsafe { recv(rx.as_fd(), dst, 8) }.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        tx.write_all(b"0123456789").unwrap();
+        // SAFETY: as above.
+        let n = unsafe { recv(rx.as_fd(), dst, 8) }.unwrap();
+        assert_eq!(n, 8, "at most the length given");
+        let mut got = [0u8; 12];
+        buf.read_at(98, &mut got).unwrap();
+        assert_eq!(&got, b"\xee\xee01234567\xee\xee");
+    }
+
+    #[test]
+    fn dma_range_refuses_bytes_past_the_buffer() {
+        let pool = DmaPool::new(Arc::new(IdentityMapper), DmaPoolOptions::default());
+        let buf = pool.alloc(4096).unwrap();
+        assert_eq!(
+            dma_range(&buf, 4090, 6).unwrap(),
+            buf.as_ptr().wrapping_add(4090)
+        );
+        let e = dma_range(&buf, 4090, 7).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("7 bytes at offset 4090"), "{e}");
+        assert!(dma_range(&buf, usize::MAX, 2).is_err(), "overflow");
+    }
 }

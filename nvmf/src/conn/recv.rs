@@ -161,14 +161,23 @@ impl Conn {
                 (&self.sock).read(&mut v[off..off + want])
             }
             Dest::Icd(g) | Dest::Arena(g) => {
-                let b = self.bufs.get_mut(g as usize).ok_or(Close::Shutdown)?;
-                let fd = self.sock.as_raw_fd();
+                let b = self.bufs.get(g as usize).ok_or(Close::Shutdown)?;
                 let buf = if matches!(self.rx.dest, Dest::Icd(_)) {
-                    b.icd.as_mut().ok_or(Close::Shutdown)?
+                    b.icd.as_ref().ok_or(Close::Shutdown)?
                 } else {
-                    &mut b.arena
+                    &b.arena
                 };
-                sys::recv_into_dma(fd, buf, off, want)
+                sys::dma_range(buf, off, want).and_then(|dst| {
+                    // SAFETY: `dst..dst + want` lies inside `buf` (checked by `dma_range`),
+                    // which `self.bufs` keeps alive across the call, and belongs to the
+                    // command being received alone: its in-capsule buffer, taken from
+                    // `icd_free` in `recv_in_capsule`, or its buddy block of the arena,
+                    // taken in `get_buf` (data within `datao + datal <= len`, checked in
+                    // `h2c_header`); both go back only in `release`, after its response. The
+                    // command is still receiving (not at the target), so no device DMA and
+                    // no other code touches those bytes during the call.
+                    unsafe { sys::recv(self.sock.as_fd(), dst, want) }
+                })
             }
         };
         match r {
