@@ -263,7 +263,7 @@ mod tests {
         let e = unsafe { recv(rx.as_fd(), dst, 8) }.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         tx.write_all(b"0123456789").unwrap();
-        // SAFETY: as above.
+        // SAFETY: 100..108 of `buf` again, which is alive and used by nothing else.
         let n = unsafe { recv(rx.as_fd(), dst, 8) }.unwrap();
         assert_eq!(n, 8, "at most the length given");
         let mut got = [0u8; 12];
