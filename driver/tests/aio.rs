@@ -268,7 +268,8 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
     let src = bounced_writes_wait_for_a_free_bounce_buffer(&mut ctx, bs);
     // A bounced request longer than a bounce buffer.
     let mut big = vec![0u8; 8 * bs];
-    // SAFETY: refused at submit.
+    // SAFETY: `big` is valid for its 8 * bs bytes and outlives the request, which submit
+    // refuses anyway (longer than a bounce buffer), so nothing ever touches it.
     let bb = unsafe { IoBuf::user(big.as_mut_ptr(), big.len()) };
     let e = ctx
         .submit(&[Iocb::bounced(Opcode::Read, 0, bb, 9)])

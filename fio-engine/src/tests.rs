@@ -36,7 +36,8 @@ fn open_flags(spec: &str, flags: u32) -> Result<H, (i32, String)> {
     // SAFETY: a NUL-terminated string, writable err and msg.
     let job = unsafe { kfio_job_open(c.as_ptr(), flags, &mut err, msg.as_mut_ptr(), MSG) };
     if job.is_null() {
-        // SAFETY: write_msg NUL-terminated it.
+        // SAFETY: `msg` started zeroed and kfio_job_open's write_msg ends what it writes
+        // with a NUL, so a NUL lies within its MSG bytes.
         let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
         return Err((err, m.to_string_lossy().into_owned()));
     }
@@ -97,11 +98,13 @@ impl H {
         }
     }
     fn commit(&mut self) {
-        // SAFETY: a live job.
+        // SAFETY: `self.job` is live (opened in `open`, closed only in `drop`) and used by
+        // this thread alone.
         unsafe { kfio_job_commit(self.job) }
     }
     fn getevents(&mut self, min: u32, max: u32, timeout_ns: i64) -> c_int {
-        // SAFETY: a live job.
+        // SAFETY: `self.job` is live (opened in `open`, closed only in `drop`) and used by
+        // this thread alone.
         unsafe { kfio_job_getevents(self.job, min, max, timeout_ns) }
     }
     /// (index, errno) of event i.
@@ -166,7 +169,8 @@ fn jobs_naming_one_target_share_it_until_the_last_closes() {
     let a = open(spec).unwrap();
     let b = open(spec).unwrap();
     assert_eq!(users_of(spec), 2);
-    // SAFETY: live jobs.
+    // SAFETY: `a.job` and `b.job` are live until `a` and `b` drop below, and this thread
+    // alone uses them; only shared reads are made.
     unsafe {
         assert_eq!(kfio_job_size(a.job), 12 << 20);
         assert_eq!(kfio_job_block_size(b.job), 4096);
@@ -179,7 +183,8 @@ fn jobs_naming_one_target_share_it_until_the_last_closes() {
     // A different string is a different target.
     let c = open("emu:size=16M").unwrap();
     let d = open("emu:size=16M,lba=4096").unwrap();
-    // SAFETY: live jobs.
+    // SAFETY: `c.job` and `d.job` are live until `c` and `d` drop, and this thread alone
+    // uses them; only shared reads are made.
     unsafe { assert!(!Arc::ptr_eq(&(*c.job).target, &(*d.job).target)) };
     // Jobs sharing a target agree on how it is opened; the noiommu flag means nothing to
     // an emulator, but a second job asking otherwise is told, not silently joined.
@@ -405,12 +410,12 @@ fn closing_with_io_outstanding_waits_for_it() {
         );
     }
     h.commit();
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     let pool = unsafe { (*h.job).target.dma_pool().clone() };
     let used = pool.used_bytes();
     assert!(used >= 4 * 4096);
     let t = Instant::now();
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     unsafe { kfio_job_iomem_free(h.job) };
     assert!(
         t.elapsed() >= Duration::from_millis(15),
@@ -418,7 +423,7 @@ fn closing_with_io_outstanding_waits_for_it() {
         t.elapsed()
     );
     assert_eq!(pool.used_bytes(), used - 4 * 4096);
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     assert_eq!(unsafe { (*h.job).queue.as_ref().unwrap().outstanding() }, 0);
 }
 
@@ -534,7 +539,8 @@ fn no_allocation_per_io() {
 fn messages_are_truncated_on_a_character_boundary() {
     let mut buf = [0x7f as c_char; 6];
     let text = |buf: &[c_char; 6]| {
-        // SAFETY: NUL-terminated by write_msg.
+        // SAFETY: `buf` holds a NUL within its 6 bytes: write_msg ends what it writes with
+        // one (len > 0).
         let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
         s.to_str().unwrap().to_string()
     };
@@ -551,7 +557,8 @@ fn a_panic_does_not_cross_the_boundary() {
     let r = guard("test", || -5, || -> c_int { panic!("boom") });
     assert_eq!(r, -5);
     // A null job is refused, not dereferenced.
-    // SAFETY: null is allowed.
+    // SAFETY: a null job is within each function's contract (refused with an error or
+    // ignored), and no other pointer is passed.
     unsafe {
         assert_eq!(
             kfio_job_getevents(std::ptr::null_mut(), 1, 1, -1),
@@ -591,7 +598,7 @@ fn engine_loop_rate() {
     let mut h = open(&target).unwrap();
     assert_eq!(h.start(qd, 0), 0, "{}", h.msg());
     assert_eq!(h.iomem(qd as usize * 4096), 0, "{}", h.msg());
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     let blocks = unsafe { kfio_job_size(h.job) } / 4096;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut offset = move || {

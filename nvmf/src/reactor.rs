@@ -18,7 +18,6 @@
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -177,10 +176,10 @@ impl Reactor {
         listeners: Vec<TcpListener>,
     ) -> std::io::Result<Self> {
         let epoll = Epoll::new(256)?;
-        epoll.add(me.wake.raw(), KEY_WAKE, false)?;
+        epoll.add(me.wake.fd(), KEY_WAKE, false)?;
         for (i, l) in listeners.iter().enumerate() {
             l.set_nonblocking(true)?;
-            epoll.add(l.as_raw_fd(), KEY_LISTENER + i as u64, false)?;
+            epoll.add(l, KEY_LISTENER + i as u64, false)?;
         }
         let nqueues = shared.target_queues;
         Ok(Reactor {

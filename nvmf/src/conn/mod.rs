@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -449,8 +449,8 @@ impl Conn {
     }
 
     /// The socket descriptor.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        self.sock.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 
     /// Whether the transmit queue has anything.

@@ -173,8 +173,7 @@ impl Conn {
                 // from the buddy in `get_buf`, the data inside `datao + datal <= len` as
                 // `h2c_header` checks); both go back only in `release`, after the
                 // command's response. So no device DMA touches them during the receive
-                // (what `sys::recv_into_dma` relies on); the queue's lease keeps the
-                // buffer alive.
+                // (what `sys::recv` relies on); the queue's lease keeps the buffer alive.
                 let q = queues
                     .get_mut(b.qidx)
                     .and_then(|q| q.as_mut())
@@ -186,7 +185,7 @@ impl Conn {
                 // SAFETY: `dst..dst + want` lies inside the lent buffer (`sub` checked it), which
                 // the queue's lease keeps allocated across the call; no command at the target
                 // and no Rust reference uses those bytes (the paragraph above).
-                unsafe { sys::recv_into_dma(self.sock.as_raw_fd(), dst, want) }
+                unsafe { sys::recv(self.sock.as_fd(), dst, want) }
             }
         };
         match r {
