@@ -429,7 +429,7 @@ fn closing_with_io_outstanding_waits_for_it() {
 
 /// Buffers lent to the job's queue pair (0 before iomem_alloc and after iomem_free).
 fn lent(h: &H) -> usize {
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     unsafe { (*h.job).queue.as_ref() }.map_or(0, |q| q.leases().lent())
 }
 
@@ -440,7 +440,7 @@ fn lent(h: &H) -> usize {
 fn the_io_memory_is_lent_to_the_queue_pair_and_given_back() {
     let mut h = open("emu:size=52M").unwrap();
     assert_eq!(h.start(2, 0), 0, "{}", h.msg());
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     let pool = unsafe { (*h.job).target.dma_pool().clone() };
     let before = pool.used_bytes();
     assert_eq!(lent(&h), 0);
@@ -459,7 +459,8 @@ fn the_io_memory_is_lent_to_the_queue_pair_and_given_back() {
     h.commit();
     h.reap_ok(1);
     assert!(h.bytes(4096, 4096).iter().all(|&b| b == 0x3c));
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is a live job from kfio_job_open (until `h` drops) with nothing in
+    // flight (every unit was reaped above), used by this thread alone.
     unsafe { kfio_job_iomem_free(h.job) };
     assert_eq!(lent(&h), 0, "given back");
     assert_eq!(pool.used_bytes(), before, "freed");

@@ -236,7 +236,8 @@ unsafe fn convert(
         // is destroyed with the iocb outstanding: IoBuf::vouched's contract.
         IoBuf::Dma(s) => unsafe { IoBuf::vouched(&[s], meta_vouched) }
             .expect("one segment is within MAX_SEGMENTS"),
-        // SAFETY: as above, for each segment.
+        // SAFETY: each segment came from `lookup` (`segments`), inside a registry buffer;
+        // kestrel.h's buffer contract keeps every one of them allocated as for one buffer.
         IoBuf::Vectored(v) => unsafe { IoBuf::vouched(v.as_slice(), meta_vouched) }
             .expect("as many segments as before"),
         b => b,

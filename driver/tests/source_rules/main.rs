@@ -479,7 +479,6 @@ fn unchecked_indexing(s: &Source) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "enabled when branch `checked` lands (no get_unchecked_mut in nvme/qpair/split.rs)"]
 fn no_unchecked_indexing() {
     let errs = workspace_sources()
         .iter()

@@ -49,6 +49,30 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
         "one DSM range copied into DMA memory; the tracker table",
     ),
     (
+        "driver/src/nvme/qpair/submit.rs",
+        "declares IoQpair::submit_unchecked (the lease check skipped, under a contract)",
+    ),
+    (
+        "driver/src/target/mod.rs",
+        "declares TargetQueue::submit_unchecked",
+    ),
+    (
+        "driver/src/target/nvme.rs",
+        "forwards TargetQueue::submit_unchecked to IoQpair's",
+    ),
+    (
+        "driver/src/target/file/queue/mod.rs",
+        "implements TargetQueue::submit_unchecked for a file queue",
+    ),
+    (
+        "driver/src/aio/context.rs",
+        "hands a run-to-completion context's requests, whose buffers the context owns, to its queue (submit_unchecked)",
+    ),
+    (
+        "driver/src/aio/reactor/poller.rs",
+        "hands a context's requests, whose buffers the context owns, to a poller's queue (submit_unchecked)",
+    ),
+    (
         "driver/src/target/file/sys.rs",
         "BLKDISCARD, OFD locks, SIGXFSZ",
     ),
@@ -63,7 +87,7 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
     ("driver/src/aio/spsc.rs", "the ring slots"),
     (
         "driver/src/aio/types.rs",
-        "IoBuf::user, the bounced buffer's contract",
+        "IoBuf::user and IoBuf::vouched: the contracts of memory a context does not own",
     ),
     (
         "driver/src/aio/core.rs",
