@@ -136,9 +136,8 @@ pub fn dma_rmb() {
 /// x86-64: `lock or dword ptr [rsp-n], 0`, what LLVM makes of `fence(SeqCst)` for the
 /// default x86-64 CPU (tuned for some CPUs it is `mfence`; either drains the store buffer
 /// before later loads, which is the order wanted on write-back memory such as the shadow
-/// pages, snooped by the device's DMA). aarch64: `dmb osh`
-/// (Linux's `dma_mb()`; its NVMe driver uses the stronger `mb()`, `dsb sy`). In Rust's
-/// model: `fence(SeqCst)`.
+/// pages, snooped by the device's DMA). aarch64: `dmb osh` (Linux's `dma_mb()`; its NVMe
+/// driver uses the stronger `mb()`, `dsb sy`). In Rust's model: `fence(SeqCst)`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub fn dma_mb() {
