@@ -25,14 +25,21 @@
 //! the controller stops processing commands until it is reset.
 //!
 //! # Memory ordering with the driver
-//! - Doorbells and shadow doorbells are read with Acquire loads; the driver writes them
-//!   with Release stores after writing the entries, so every SQE (and the PRP lists and
-//!   data it points to) is visible once the tail that covers it is.
-//! - A completion queue entry is written as dwords 0–2 (Relaxed), then dword 3 (CID,
-//!   status and phase tag) with a Release store: a driver that acquire-loads dword 3 and
-//!   sees the new phase sees the whole entry and all data the command moved.
-//! - Data is copied with relaxed atomic word accesses (see `emu/mem.rs`); the orderings above
-//!   carry it.
+//! The controller plays the device with the driver's own primitives (`hw::barrier`), each
+//! paired with the driver's:
+//! - Doorbell registers are read with [`Bar::read32`], which ends with `dma_rmb`, and
+//!   shadow doorbells with a relaxed load then `dma_rmb` (`ctrl/doorbells.rs`); the driver
+//!   puts `dma_wmb` between writing the entries and storing the value, so every SQE (and
+//!   the PRP lists and data it points to) is visible once the tail that covers it is.
+//! - A completion queue entry is written as dwords 0–2 (relaxed), `dma_wmb`, then dword 3
+//!   (CID, status and phase tag) (`ctrl/completions.rs`): a driver that reads dword 3,
+//!   sees the new phase and issues `dma_rmb` sees the whole entry and all data the command
+//!   moved.
+//! - Arming EventIdx before a sleep ends with `dma_mb`, pairing with the driver's `dma_mb`
+//!   between its shadow store and its EventIdx load.
+//! - Data is copied with relaxed atomic word accesses (see `emu/mem.rs`); the orderings
+//!   above carry it. The register page is reached only through [`Bar`], whose accesses are
+//!   atomic in Rust's model (`hw::barrier::read_once`/`write_once`), as the driver's are.
 //!
 //! # Admin commands
 //! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor; 05h and 06h for CSI 00h, all
