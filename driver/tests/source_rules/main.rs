@@ -508,7 +508,6 @@ fn device_memory_references(s: &Source) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "enabled when branch `barriers` lands (volatile access in hw/mmio.rs and nvme/ring.rs)"]
 fn no_reference_into_device_memory() {
     let sources = workspace_sources();
     for f in DEVICE_MEMORY_FILES {

@@ -12,6 +12,10 @@
 /// is: delete it (here and in the document) when its last `unsafe` goes.
 pub const UNSAFE_MODULES: &[(&str, &str)] = &[
     (
+        "driver/src/hw/barrier.rs",
+        "one-instruction loads and stores of device memory, and the DMA barriers",
+    ),
+    (
         "driver/src/hw/mmio.rs",
         "BAR0 mapping and register/doorbell access",
     ),
