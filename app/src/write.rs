@@ -46,7 +46,7 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         len: chunk,
         mut q,
         md,
-        mut buf,
+        buf,
     } = Chunks::new(&*t, &info)?;
     let mut copy = vec![0u8; chunk as usize];
     let mut off = a.offset;
@@ -56,9 +56,9 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         input
             .read_exact(&mut copy[..n as usize])
             .map_err(os(format!("reading {}", a.input.display())))?;
-        md.write_data(&mut buf, &copy[..n as usize], off / bs, bs as usize)?;
+        md.write_data(&mut *q, &buf, &copy[..n as usize], off / bs, bs as usize)?;
         let (req, _) = md.request(
-            IoRequest::write(info.nsid, off / bs, (n / bs) as u32, buf.slice_all(), off),
+            IoRequest::write(info.nsid, off / bs, (n / bs) as u32, buf, off),
             &buf,
             bs as usize,
         )?;
