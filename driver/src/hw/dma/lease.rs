@@ -6,7 +6,7 @@
 //! hands out [`DmaSlice`]s of it: unforgeable handles (private fields, made only by
 //! lending and narrowed by [`DmaSlice::sub`]) that carry the lease they belong to. Every
 //! submission checks each segment's lease against the queue's table ([`Leases::holds`]:
-//! one masked load and one compare), so a slice of a buffer lent to another queue, or one
+//! one load and one compare), so a slice of a buffer lent to another queue, or one
 //! already given back, is refused before it reaches the device. The buffer comes back
 //! ([`Leases::reclaim`]) only while the queue has nothing outstanding, or is given up
 //! ([`Leases::release`]) and freed at the next moment the queue has nothing outstanding.
@@ -20,19 +20,23 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{DmaBuf, DmaError, DmaPool, DmaSlice};
+use super::{DmaBuf, DmaError, DmaPool, DmaSlice, NO_LEASE};
 
 /// The most buffers one queue or context holds lent at once.
 pub const MAX_LENT: usize = 4096;
-/// `log2(MAX_LENT)`: a lease ID's low bits are its slot in the table.
-const SLOT_BITS: u32 = MAX_LENT.trailing_zeros();
-const _: () = assert!(MAX_LENT.is_power_of_two() && MAX_LENT <= u16::MAX as usize + 1);
-/// The ID of a free slot: no slice carries it (lease IDs are below `2^64 - 2^12`, and the
-/// empty slice's is 0).
-const FREE: u64 = u64::MAX;
+/// Entries of the table of lease IDs: one per value of a slice's 16-bit slot, so indexing
+/// it with one needs neither a mask nor a bounds check (slots at and above [`MAX_LENT`]
+/// are never used and stay [`FREE`]). Allocated zeroed: pages never written are never
+/// made resident.
+const TABLE: usize = 1 << 16;
+const _: () = assert!(MAX_LENT <= TABLE);
+/// The ID of a free slot: no slice carries it (lease IDs start at 1, and a slice with no
+/// lease carries `NO_LEASE`).
+const FREE: u64 = 0;
+const _: () = assert!(NO_LEASE != FREE);
 
-/// Lease IDs are unique in the process for its whole life (2^52 lends before this counter
-/// could wrap), so a slice of a buffer given back can never match a later lease.
+/// Lease IDs are unique in the process for its whole life (a 64-bit counter never wraps),
+/// so a slice of a buffer given back can never match a later lease in its slot.
 static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
 
 /// Why a buffer could not be lent, reached or given back.
@@ -69,8 +73,8 @@ pub enum LeaseError {
 /// The buffers lent to one queue or context. See the module documentation.
 pub struct Leases {
     /// `ids[slot]`: the lease ID of the buffer in `slot`, or [`FREE`]. Read by every
-    /// submission; a fixed-size array, so the masked index needs no bounds check.
-    ids: Box<[u64; MAX_LENT]>,
+    /// submission; a fixed-size array indexed by a `u16`, so the index needs no check.
+    ids: Box<[u64; TABLE]>,
     /// Everything else, off the submission path.
     book: Box<Book>,
 }
@@ -103,10 +107,10 @@ impl Leases {
 
     /// An empty table for buffers of any of `pools`.
     pub fn for_pools(pools: &[DmaPool]) -> Self {
-        let ids: Box<[u64; MAX_LENT]> = vec![FREE; MAX_LENT]
+        let ids: Box<[u64; TABLE]> = vec![FREE; TABLE]
             .into_boxed_slice()
             .try_into()
-            .expect("MAX_LENT entries");
+            .expect("TABLE entries");
         Leases {
             ids,
             book: Box::new(Book {
@@ -135,10 +139,9 @@ impl Leases {
             }
             None => return Err(LeaseError::Full),
         };
-        let n = NEXT_LEASE.fetch_add(1, Ordering::Relaxed);
-        let lease = (n << SLOT_BITS) | slot as u64;
+        let lease = NEXT_LEASE.fetch_add(1, Ordering::Relaxed);
         self.ids[slot] = lease;
-        let s = buf.slice_all().with_lease(lease);
+        let s = buf.slice_all().with_lease(lease, slot as u16);
         b.bufs[slot] = Some(buf);
         Ok(s)
     }
@@ -147,7 +150,7 @@ impl Leases {
     /// submission checks of each segment (and of a separate metadata buffer).
     #[inline(always)]
     pub fn holds(&self, s: &DmaSlice) -> bool {
-        self.ids[(s.lease as usize) & (MAX_LENT - 1)] == s.lease
+        self.ids[s.slot as usize] == s.lease
     }
 
     /// As [`Leases::holds`], as a `Result` for messages.
@@ -164,7 +167,7 @@ impl Leases {
 
     fn slot_of(&self, s: &DmaSlice) -> Result<usize, LeaseError> {
         self.check(s)?;
-        Ok((s.lease as usize) & (MAX_LENT - 1))
+        Ok(s.slot as usize)
     }
 
     /// The buffer `s` is a slice of, and where `s` starts in it.
@@ -277,7 +280,9 @@ impl Leases {
                 std::mem::forget(b);
             }
         }
-        self.ids.fill(FREE);
+        for slot in 0..self.book.bufs.len() {
+            self.ids[slot] = FREE;
+        }
     }
 }
 
@@ -385,10 +390,8 @@ mod tests {
         // The slot is reused by the next lend, under a new lease: the old slice still
         // does not match.
         let t = l.lend(b).unwrap();
-        assert_eq!(
-            t.lease & (MAX_LENT as u64 - 1),
-            s.lease & (MAX_LENT as u64 - 1)
-        );
+        assert_eq!(t.slot, s.slot);
+        assert_ne!(t.lease, s.lease);
         assert!(l.holds(&t) && !l.holds(&s));
     }
 

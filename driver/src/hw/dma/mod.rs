@@ -347,12 +347,18 @@ pub struct DmaSlice {
     pub(crate) len: usize,
     /// Index of the pool region holding it (the fixed-buffer index of io_uring targets).
     pub(crate) region: u32,
+    /// The slot of its lease in the owner's table ([`Leases`]).
+    pub(crate) slot: u16,
     /// Virtual address of the start of that region.
     pub(crate) region_vaddr: usize,
-    /// The lease of the lent buffer it is a slice of (0: none; such a slice is refused by
-    /// every submission that checks leases).
+    /// The lease of the lent buffer it is a slice of ([`NO_LEASE`]: none; such a slice is
+    /// refused by every submission that checks leases).
     pub(crate) lease: u64,
 }
+
+/// The lease of a slice that is not a slice of a lent buffer: no table holds it.
+pub(crate) const NO_LEASE: u64 = u64::MAX;
+const _: () = assert!(std::mem::size_of::<DmaSlice>() == 48);
 
 impl DmaSlice {
     /// The empty slice: no memory, no lease (the data of a request without data).
@@ -361,21 +367,23 @@ impl DmaSlice {
         iova: 0,
         len: 0,
         region: 0,
+        slot: 0,
         region_vaddr: 0,
-        lease: 0,
+        lease: NO_LEASE,
     };
 
     /// A run of memory with no lease, for computations on addresses alone (PRP lists,
     /// layouts, fuzzing them): every submission refuses it, since no lease table holds
-    /// lease 0, and nothing reads or writes through it.
+    /// its lease, and nothing reads or writes through it.
     pub const fn unleased(vaddr: usize, iova: u64, len: usize) -> DmaSlice {
         DmaSlice {
             vaddr,
             iova,
             len,
             region: 0,
+            slot: 0,
             region_vaddr: 0,
-            lease: 0,
+            lease: NO_LEASE,
         }
     }
 
@@ -423,9 +431,13 @@ impl DmaSlice {
     pub fn region(&self) -> u32 {
         self.region
     }
-    /// The same run with lease `lease` (lending).
-    pub(crate) const fn with_lease(self, lease: u64) -> DmaSlice {
-        DmaSlice { lease, ..self }
+    /// The same run with lease `lease` in slot `slot` (lending).
+    pub(crate) const fn with_lease(self, lease: u64, slot: u16) -> DmaSlice {
+        DmaSlice {
+            lease,
+            slot,
+            ..self
+        }
     }
 }
 
@@ -677,8 +689,9 @@ impl DmaBuf {
             iova: self.iova,
             len: self.len,
             region: self.region,
+            slot: 0,
             region_vaddr,
-            lease: 0,
+            lease: NO_LEASE,
         }
     }
     /// `len` bytes at `offset` as a [`DmaSlice`] with no lease (as [`DmaBuf::slice_all`]).
