@@ -13,8 +13,8 @@ use kestrel::aio::{
     AioError, BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf, IoContext,
     Iocb, IocbError, Opcode,
 };
-use kestrel::emu::EmuConfig;
 use kestrel::dma::LeaseError;
+use kestrel::emu::EmuConfig;
 use kestrel::io::{IoError, Segments};
 use kestrel::target::{QueueOptions, Target};
 use kestrel::{DmaSlice, ReactorError};
@@ -288,14 +288,10 @@ fn without_bounce_path_foreign_and_user_memory_are_refused(t: &Arc<dyn Target>, 
     // other target is refused here.
     let (_emu2, other) = emu_target(EmuConfig::default());
     let mut plain = IoContext::setup(Arc::clone(t), 8).unwrap();
-    let e = plain
-        .lend(other.dma_pool().alloc(bs).unwrap())
-        .unwrap_err();
+    let e = plain.lend(other.dma_pool().alloc(bs).unwrap()).unwrap_err();
     assert!(matches!(e, LeaseError::ForeignPool { .. }), "{e}");
     let mut elsewhere = IoContext::setup(Arc::clone(&other), 8).unwrap();
-    let foreign = elsewhere
-        .lend(other.dma_pool().alloc(bs).unwrap())
-        .unwrap();
+    let foreign = elsewhere.lend(other.dma_pool().alloc(bs).unwrap()).unwrap();
     let e = plain.submit(&[Iocb::write(0, foreign, 1)]).unwrap_err();
     assert!(
         matches!(

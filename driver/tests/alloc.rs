@@ -200,8 +200,9 @@ impl MetaWorkload {
         let d = self.data.slice(s * DSTRIDE, DSTRIDE).unwrap();
         let m = self.md.slice(s * MSTRIDE, MSTRIDE).unwrap();
         match i % 40 {
-            0 => IoRequest::write(1, 8192, 2048, self.big, i)
-                .with_meta(IoMeta::separate(self.bigmd)),
+            0 => {
+                IoRequest::write(1, 8192, 2048, self.big, i).with_meta(IoMeta::separate(self.bigmd))
+            }
             n if n % 4 == 1 => IoRequest::write(2, lba, 8, d, i).with_meta(IoMeta::extended()),
             n if n % 4 == 2 => IoRequest::read(2, lba, 8, d, i).with_meta(IoMeta::extended()),
             n if n % 2 == 0 => {

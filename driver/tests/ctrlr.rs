@@ -158,31 +158,19 @@ fn io_negative_cases_come_back_with_the_right_status() {
     expect_status(io_status(&c, bad, None), Status::INVALID_OPCODE);
     // Invalid NSID.
     expect_status(
-        io_status(
-            &c,
-            Sqe::read(9, 0, 1, 0, 0),
-            Some(4096),
-        ),
+        io_status(&c, Sqe::read(9, 0, 1, 0, 0), Some(4096)),
         Status::INVALID_NAMESPACE_OR_FORMAT,
     );
     // LBA out of range.
     expect_status(
-        io_status(
-            &c,
-            Sqe::read(1, ns.num_blocks - 1, 2, 0, 0),
-            Some(8192),
-        ),
+        io_status(&c, Sqe::read(1, ns.num_blocks - 1, 2, 0, 0), Some(8192)),
         Status::LBA_OUT_OF_RANGE,
     );
     // MDTS exceeded: one block more than MDTS.
     let blocks = (mdts / ns.block_size as u64) as u32 + 1;
     let len = blocks as usize * ns.block_size as usize;
     expect_status(
-        io_status(
-            &c,
-            Sqe::read(1, 0, blocks, 0, 0),
-            Some(len),
-        ),
+        io_status(&c, Sqe::read(1, 0, blocks, 0, 0), Some(len)),
         Status::INVALID_FIELD,
     );
     // PRP2 with an offset (only PRP1 may have one) for a two-page transfer.
@@ -273,12 +261,8 @@ fn smart_and_error_logs() {
     qp.flush();
     reap(&mut qp, 10);
     // One failing command so the error log has an entry.
-    qp.submit_raw(
-        Sqe::read(1, u64::MAX - 4, 1, 0, 0),
-        Some(buf),
-        99,
-    )
-    .unwrap();
+    qp.submit_raw(Sqe::read(1, u64::MAX - 4, 1, 0, 0), Some(buf), 99)
+        .unwrap();
     qp.flush();
     let r = reap(&mut qp, 1);
     assert!(r[0].result.is_err());

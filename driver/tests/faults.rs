@@ -508,7 +508,8 @@ fn explicit_reset_with_io_in_flight() {
     let (_emu, c) = common::emu();
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let buf = common::lend(&mut qp, c.dma_pool(), 64 * BS);
-    qp.write_lent(&buf, 0, &common::pattern(64 * BS, 3)).unwrap();
+    qp.write_lent(&buf, 0, &common::pattern(64 * BS, 3))
+        .unwrap();
     for i in 0..64u64 {
         qp.submit(IoRequest::write(
             1,

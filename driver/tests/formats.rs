@@ -342,7 +342,9 @@ fn assert_write_zeroes_reads_back_zeroes(
     let read = IoRequest::read(2, slba, 4, r.slice(0, 4 * lba as usize).unwrap(), 5);
     assert_eq!(complete_one(qp, read), Ok(()), "{what}: read of zeroes");
     assert!(
-        lent_bytes(qp, r)[..4 * lba as usize].iter().all(|&b| b == 0),
+        lent_bytes(qp, r)[..4 * lba as usize]
+            .iter()
+            .all(|&b| b == 0),
         "{what}"
     );
 }

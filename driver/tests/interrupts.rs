@@ -74,8 +74,7 @@ fn a_cq_with_interrupts_signals_its_vector_and_one_without_does_not() {
         "signalled before any I/O"
     );
     for round in 0..20u64 {
-        q.submit(IoRequest::read(1, round, 1, buf, round))
-            .unwrap();
+        q.submit(IoRequest::read(1, round, 1, buf, round)).unwrap();
         q.flush();
         // Arm, check, sleep: the completion wakes us (bounded by WAIT, never hit).
         if !q.arm_interrupt() {

@@ -148,8 +148,7 @@ fn splitting_completes_parent_once() {
     let buf = lend(&mut qp, c.dma_pool(), len);
     qp.write_lent(&buf, 0, &pattern(len, 5)).unwrap();
     let nlb = (len / 4096) as u32;
-    qp.submit(IoRequest::write(1, 0, nlb, buf, 42))
-        .unwrap();
+    qp.submit(IoRequest::write(1, 0, nlb, buf, 42)).unwrap();
     qp.submit(IoRequest::flush(1, 43)).unwrap();
     qp.flush();
     let done = reap(&mut qp, 2);
@@ -173,8 +172,7 @@ fn write_zeroes_and_deallocate_read_back_zeros() {
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let buf = lend(&mut qp, c.dma_pool(), 64 * 4096);
     fill_lent(&mut qp, &buf, 0xA5);
-    qp.submit(IoRequest::write(1, 100, 64, buf, 1))
-        .unwrap();
+    qp.submit(IoRequest::write(1, 100, 64, buf, 1)).unwrap();
     qp.submit(IoRequest::write_zeroes(1, 100, 16, 2)).unwrap();
     qp.submit(IoRequest::deallocate(1, 132, 16, 3)).unwrap();
     qp.submit(IoRequest::flush(1, 4)).unwrap();
@@ -606,15 +604,13 @@ fn immediate_mode_and_injection_after_the_fast_path_opened() {
     qp.set_doorbell_mode(DoorbellMode::Immediate);
     let before = qp.stats().sq_doorbell_writes;
     for i in 0..4 {
-        qp.submit(IoRequest::read(1, i, 1, buf, 10 + i))
-            .unwrap();
+        qp.submit(IoRequest::read(1, i, 1, buf, 10 + i)).unwrap();
     }
     assert_eq!(qp.stats().sq_doorbell_writes - before, 4);
     reap(&mut qp, 4);
     qp.set_doorbell_mode(DoorbellMode::Batched);
     for i in 0..4 {
-        qp.submit(IoRequest::read(1, i, 1, buf, 20 + i))
-            .unwrap();
+        qp.submit(IoRequest::read(1, i, 1, buf, 20 + i)).unwrap();
     }
     qp.flush();
     reap(&mut qp, 4);

@@ -107,8 +107,7 @@ fn cross_thread_on_a_file_target() {
     let r = ctx.lend(t.dma_pool().alloc(8 * bs).unwrap()).unwrap();
     let data = pattern(8 * bs, 9);
     ctx.write_lent(&w, 0, &data).unwrap();
-    ctx.submit(&[Iocb::write(0, w, 1), Iocb::flush(2)])
-        .unwrap();
+    ctx.submit(&[Iocb::write(0, w, 1), Iocb::flush(2)]).unwrap();
     // Flush may overtake the write on another ring; wait for both, then read.
     collect(&mut ctx, 2);
     ctx.submit(&[Iocb::read(0, r, 3)]).unwrap();
@@ -277,8 +276,7 @@ fn a_sleeping_poller_is_woken_by_a_submit() {
     for round in 0..20u64 {
         // Long enough idle for the poller to go to sleep.
         std::thread::sleep(Duration::from_millis(20));
-        ctx.submit(&[Iocb::read(0, buf, round)])
-            .unwrap();
+        ctx.submit(&[Iocb::read(0, buf, round)]).unwrap();
         let start = Instant::now();
         let mut ev = [Event::default()];
         assert_eq!(ctx.getevents(1, &mut ev, Some(WAIT)).unwrap(), 1);

@@ -95,7 +95,8 @@ fn writes_at_the_write_pointer_succeed_and_others_fail_with_zone_invalid_write()
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let data = lend(&mut qp, c.dma_pool(), 4 * BS as usize);
     let rep = lend(&mut qp, c.dma_pool(), 4096);
-    qp.write_lent(&data, 0, &pattern(4 * BS as usize, 1)).unwrap();
+    qp.write_lent(&data, 0, &pattern(4 * BS as usize, 1))
+        .unwrap();
     let z3 = 3 * ZONE_BLOCKS;
     assert_eq!(zone(&mut qp, &rep, 3).state(), Some(ZoneState::Empty));
     let w = run(&mut qp, IoRequest::write(2, z3, 2, data, 1));
@@ -176,10 +177,7 @@ fn zone_append_returns_distinct_lbas_inside_the_zone() {
     let rep = lend(&mut qp, c.dma_pool(), 4096);
     assert_eq!(zone(&mut qp, &rep, 5).wp, z5 + 2 * n as u64);
     // Reads and ordinary writes carry no command specific result.
-    let w = run(
-        &mut qp,
-        IoRequest::write(2, z5 + 32, 1, back, 7),
-    );
+    let w = run(&mut qp, IoRequest::write(2, z5 + 32, 1, back, 7));
     assert_eq!((w.result, w.value), (Ok(()), 0));
 }
 
@@ -199,10 +197,7 @@ fn a_full_zone_refuses_writes_until_reset() {
         assert_eq!(w.result, Ok(()), "write {k}");
     }
     assert_eq!(zone(&mut qp, &rep, 1).state(), Some(ZoneState::Full));
-    let a = run(
-        &mut qp,
-        IoRequest::zone_append(2, z1, 1, data, 50),
-    );
+    let a = run(&mut qp, IoRequest::zone_append(2, z1, 1, data, 50));
     let s = status(&a);
     assert!(s.same_code(Status::ZONE_IS_FULL), "{s}");
     assert!(s.to_string().contains("Zone Is Full"), "{s}");
@@ -350,7 +345,9 @@ fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
         reactor.context(16).unwrap(),
     ];
     for (round, mut ctx) in contexts.into_iter().enumerate() {
-        let buf = ctx.lend(t.dma_pool().alloc(8 * BS as usize).unwrap()).unwrap();
+        let buf = ctx
+            .lend(t.dma_pool().alloc(8 * BS as usize).unwrap())
+            .unwrap();
         ctx.write_lent(&buf, 0, &pattern(8 * BS as usize, 9))
             .unwrap();
         let rep = ctx.lend(t.dma_pool().alloc(4096).unwrap()).unwrap();
@@ -367,9 +364,7 @@ fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
     // A namespace that is not zoned refuses zoned iocbs before the device.
     let mut ctx = IoContext::setup(Arc::clone(&plain), 4).unwrap();
     let b = ctx.lend(plain.dma_pool().alloc(4096).unwrap()).unwrap();
-    let e = ctx
-        .submit(&[Iocb::zone_append(0, b, 1)])
-        .unwrap_err();
+    let e = ctx.submit(&[Iocb::zone_append(0, b, 1)]).unwrap_err();
     assert!(e.to_string().contains("zone append"), "{e}");
 }
 
@@ -427,8 +422,7 @@ fn assert_appends_get_distinct_lbas(ctx: &mut IoContext, buf: &DmaSlice, z: u64,
 /// full.
 fn assert_report_finish_report(ctx: &mut IoContext, rep: &DmaSlice, z: u64) {
     let zb = z * ZONE_BYTES;
-    ctx.submit(&[Iocb::report_zones(zb, *rep, 51)])
-        .unwrap();
+    ctx.submit(&[Iocb::report_zones(zb, *rep, 51)]).unwrap();
     assert_eq!(events(ctx, 1)[0].res, Ok(4096));
     let mut bytes = vec![0u8; 4096];
     ctx.read_lent(rep, 0, &mut bytes).unwrap();
@@ -437,8 +431,7 @@ fn assert_report_finish_report(ctx: &mut IoContext, rep: &DmaSlice, z: u64) {
     ctx.submit(&[Iocb::zone_send(zb, ZoneAction::Finish, 52)])
         .unwrap();
     assert_eq!(events(ctx, 1)[0].res, Ok(0));
-    ctx.submit(&[Iocb::report_zones(zb, *rep, 53)])
-        .unwrap();
+    ctx.submit(&[Iocb::report_zones(zb, *rep, 53)]).unwrap();
     events(ctx, 1);
     ctx.read_lent(rep, 0, &mut bytes).unwrap();
     assert_eq!(

@@ -148,7 +148,13 @@ fn vectored_reads_and_writes() {
         3 * bs,
         "vectored read, second segment",
     );
-    check_zero(&*q, &big, 11 * bs, 5 * bs, "untouched tail of the last segment");
+    check_zero(
+        &*q,
+        &big,
+        11 * bs,
+        5 * bs,
+        "untouched tail of the last segment",
+    );
 }
 
 #[test]
@@ -387,8 +393,14 @@ fn pool_regions_created_after_the_queue_are_used() {
         fill(&mut *q, b, 0, 23, (i * (64 << 10)) as u64, 64 << 10);
     }
     for (i, b) in bufs.iter().enumerate() {
-        q.submit(IoRequest::write(1, i as u64 * nlb as u64, nlb, *b, i as u64))
-            .unwrap();
+        q.submit(IoRequest::write(
+            1,
+            i as u64 * nlb as u64,
+            nlb,
+            *b,
+            i as u64,
+        ))
+        .unwrap();
     }
     for c in reap(&mut *q, 8) {
         c.result.unwrap();
