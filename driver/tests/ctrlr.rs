@@ -318,10 +318,9 @@ fn a_namespace_whose_size_overflows_64_bits_is_refused() {
             assert!(msg.contains(&want), "{want:?} not in {msg:?}");
         }
         let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-        let buf = c.dma_pool().alloc(lba as usize).unwrap();
+        let buf = lend(&mut qp, c.dma_pool(), lba as usize);
         assert!(
-            qp.submit(IoRequest::read(1, 0, 1, buf.slice_all(), 1))
-                .is_err(),
+            qp.submit(IoRequest::read(1, 0, 1, buf, 1)).is_err(),
             "i/o to a refused namespace"
         );
     }

@@ -790,10 +790,9 @@ fn completions_for_cids_beyond_the_trackers_are_counted_and_ignored() {
     ];
     let before = r.qp.stats().bogus_completions;
     for i in 0..N {
-        r.bufs[i as usize]
-            .write_at(0, &block_pattern(i, 7))
+        r.qp.write_lent(&r.bufs[i as usize], 0, &block_pattern(i, 7))
             .unwrap();
-        let req = IoRequest::write(1, i, 1, r.bufs[i as usize].slice_all(), i);
+        let req = IoRequest::write(1, i, 1, r.bufs[i as usize], i);
         r.qp.submit(req).unwrap();
     }
     for &cid in &bogus {
@@ -818,11 +817,11 @@ fn completions_for_cids_beyond_the_trackers_are_counted_and_ignored() {
     assert_eq!(r.qp.outstanding(), 0);
     assert_eq!(r.qp.free_slots(), r.qp.slots(), "trackers leaked");
     for i in 0..N {
-        r.bufs[i as usize].fill(0);
-        let req = IoRequest::read(1, i, 1, r.bufs[i as usize].slice_all(), 100 + i);
+        common::fill_lent(&mut r.qp, &r.bufs[i as usize], 0);
+        let req = IoRequest::read(1, i, 1, r.bufs[i as usize], 100 + i);
         assert_eq!(common::complete_one(&mut r.qp, req), Ok(()));
         assert!(
-            r.bufs[i as usize].to_vec() == block_pattern(i, 7),
+            common::lent_bytes(&r.qp, &r.bufs[i as usize]) == block_pattern(i, 7),
             "lba {i} reads back"
         );
     }
