@@ -79,8 +79,14 @@ fn multiple_namespaces_and_512_byte_blocks() {
     ));
 }
 
-fn admin_status(c: &Controller, sqe: Sqe) -> Status {
-    match c.admin_command(sqe, None) {
+/// The status of an admin command the emulated controller must refuse.
+///
+/// # Safety
+/// Any queue `sqe` could create lies in memory the caller keeps allocated, and used by
+/// nothing else, until the test ends (the controller with it).
+unsafe fn admin_status(c: &Controller, sqe: Sqe) -> Status {
+    // SAFETY: this function's contract.
+    match unsafe { c.admin_command(sqe, None) } {
         Err(CtrlrError::AdminCommand { status, .. }) => status,
         Ok(cqe) => panic!("expected an error status, got success {cqe:?}"),
         Err(e) => panic!("expected an nvme status, got {e}"),
@@ -95,32 +101,45 @@ fn queue_creation_negative_cases() {
         ..Default::default()
     });
     let pool = c.dma_pool();
-    let mem = pool.alloc(1 << 20).unwrap();
+    let mut mem = pool.alloc(1 << 20).unwrap();
+    // Every queue the commands below create (or that the controller would create against
+    // the spec) lies in `mem`, 1 MiB of the controller's pool used by nothing else, which
+    // is marked to leak when dropped, so it outlives the controller.
+    mem.leak();
     // Invalid queue identifier: 0 and beyond the granted count.
-    let s = admin_status(&c, Sqe::create_io_cq(0, 16, mem.iova()));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::create_io_cq(0, 16, mem.iova())) };
     assert!(s.same_code(Status::INVALID_QUEUE_IDENTIFIER), "{s}");
-    let s = admin_status(&c, Sqe::create_io_cq(5, 16, mem.iova()));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::create_io_cq(5, 16, mem.iova())) };
     assert!(s.same_code(Status::INVALID_QUEUE_IDENTIFIER), "{s}");
     // Queue size above MQES + 1.
-    let s = admin_status(&c, Sqe::create_io_cq(1, 257, mem.iova()));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::create_io_cq(1, 257, mem.iova())) };
     assert!(s.same_code(Status::INVALID_QUEUE_SIZE), "{s}");
     // SQ whose CQ does not exist.
-    let s = admin_status(&c, Sqe::create_io_sq(1, 16, 1, mem.iova()));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::create_io_sq(1, 16, 1, mem.iova())) };
     assert!(s.same_code(Status::COMPLETION_QUEUE_INVALID), "{s}");
     // A CQ created twice.
-    c.admin_command(Sqe::create_io_cq(2, 16, mem.iova()), None)
-        .unwrap();
-    let s = admin_status(&c, Sqe::create_io_cq(2, 16, mem.iova() + 4096));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    unsafe { c.admin_command(Sqe::create_io_cq(2, 16, mem.iova()), None) }.unwrap();
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::create_io_cq(2, 16, mem.iova() + 4096)) };
     assert!(s.same_code(Status::INVALID_QUEUE_IDENTIFIER), "{s}");
     // Deleting a CQ that still has an SQ.
-    c.admin_command(Sqe::create_io_sq(2, 16, 2, mem.iova() + 8192), None)
-        .unwrap();
-    let s = admin_status(&c, Sqe::delete_io_cq(2));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    unsafe { c.admin_command(Sqe::create_io_sq(2, 16, 2, mem.iova() + 8192), None) }.unwrap();
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::delete_io_cq(2)) };
     assert!(s.same_code(Status::INVALID_QUEUE_DELETION), "{s}");
-    c.admin_command(Sqe::delete_io_sq(2), None).unwrap();
-    c.admin_command(Sqe::delete_io_cq(2), None).unwrap();
+    // SAFETY: deletions name no memory.
+    unsafe { c.admin_command(Sqe::delete_io_sq(2), None) }.unwrap();
+    // SAFETY: deletions name no memory.
+    unsafe { c.admin_command(Sqe::delete_io_cq(2), None) }.unwrap();
     // Invalid admin opcode.
-    let s = admin_status(&c, Sqe::new(0x7F));
+    // SAFETY: the queue memory named lies in `mem` (above).
+    let s = unsafe { admin_status(&c, Sqe::new(0x7F)) };
     assert!(s.same_code(Status::INVALID_OPCODE), "{s}");
 }
 
@@ -129,7 +148,11 @@ fn queue_creation_negative_cases() {
 fn io_status(c: &Controller, sqe: Sqe, data_len: Option<usize>) -> Result<(), IoError> {
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let data = data_len.map(|n| lend(&mut qp, c.dma_pool(), n));
-    qp.submit_raw(sqe, data, 7).unwrap();
+    // SAFETY: the tests' raw commands carry no address but what `data` (lent to `qp`)
+    // gives them, describe transfers that fit it, or are refused before any transfer (or,
+    // on the emulator, name memory outside its registered regions: a data transfer
+    // error, no access).
+    unsafe { qp.submit_raw(sqe, data, 7) }.unwrap();
     qp.flush();
     let done = reap(&mut qp, 1);
     assert_eq!(done[0].token, 7);
@@ -261,8 +284,9 @@ fn smart_and_error_logs() {
     qp.flush();
     reap(&mut qp, 10);
     // One failing command so the error log has an entry.
-    qp.submit_raw(Sqe::read(1, u64::MAX - 4, 1, 0, 0), Some(buf), 99)
-        .unwrap();
+    // SAFETY: an LBA range past the end: refused before any transfer; `buf` is lent to
+    // `qp` anyway.
+    unsafe { qp.submit_raw(Sqe::read(1, u64::MAX - 4, 1, 0, 0), Some(buf), 99) }.unwrap();
     qp.flush();
     let r = reap(&mut qp, 1);
     assert!(r[0].result.is_err());

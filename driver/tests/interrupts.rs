@@ -102,7 +102,8 @@ fn a_cq_with_interrupts_signals_its_vector_and_one_without_does_not() {
 fn coalescing_holds_the_interrupt_until_the_threshold() {
     let (emu, c) = emu();
     // Interrupt Coalescing: THR = 3 (four entries), TIME = 255 x 100 us (25.5 ms).
-    c.admin_command(kestrel::spec::Sqe::set_features(0x08, (255 << 8) | 3), None)
+    // SAFETY: Set Features Interrupt Coalescing names no memory.
+    unsafe { c.admin_command(kestrel::spec::Sqe::set_features(0x08, (255 << 8) | 3), None) }
         .unwrap();
     let mut q = c
         .create_io_qpair(&QpairOptions {

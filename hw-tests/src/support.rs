@@ -215,7 +215,13 @@ fn raw_on(
     data: Option<DmaSlice>,
 ) -> Result<Result<(), IoError>, String> {
     let before = qp.doorbell_state();
-    qp.submit_raw(sqe, data, 5).map_err(|e| e.to_string())?;
+    // SAFETY: the suite's raw commands (`raw_status`, `raw_status_with`) carry no address
+    // of their own (their SQEs are built with zero PRPs and MPTR), and each describes a
+    // transfer that fits `data` when it has one (one command of at most `data`'s length,
+    // checked by its case) or that the controller refuses before any transfer (an invalid
+    // opcode, namespace or LBA range: what those cases test). `data` is lent to `qp`,
+    // which keeps it until the completion is reaped below.
+    unsafe { qp.submit_raw(sqe, data, 5) }.map_err(|e| e.to_string())?;
     let mid = qp.doorbell_state();
     qp.flush();
     let after = qp.doorbell_state();

@@ -77,6 +77,14 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
         "hands a context's requests, whose buffers the context owns, to a poller's queue (submit_unchecked)",
     ),
     (
+        "hw-tests/src/support.rs",
+        "the conformance suite's raw I/O commands (IoQpair::submit_raw)",
+    ),
+    (
+        "hw-tests/src/errors.rs",
+        "the conformance suite's raw admin commands (Controller::admin_command)",
+    ),
+    (
         "driver/src/target/file/sys.rs",
         "BLKDISCARD, OFD locks, SIGXFSZ",
     ),

@@ -502,12 +502,22 @@ impl IoQpair {
     }
 
     /// Submits a raw command (passthrough): the caller's SQE with CID and data pointer
-    /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
-    /// validation beyond the PRP rules and the format rule (nothing goes to a namespace
-    /// whose format the driver does not implement): the device judges the rest. Used by
-    /// conformance tests to check device-reported errors. Raw commands are never retried,
-    /// nor resubmitted after a reset (they complete with `IoError::Aborted` then).
-    pub fn submit_raw(
+    /// filled in by the qpair from `data` (PRPs built as for reads and writes; `data` must
+    /// be a slice of a buffer lent to this queue). No validation beyond the PRP rules and
+    /// the format rule (nothing goes to a namespace whose format the driver does not
+    /// implement): the device judges the rest. Used by conformance tests to check
+    /// device-reported errors. Raw commands are never retried, nor resubmitted after a
+    /// reset (they complete with `IoError::Aborted` then).
+    ///
+    /// # Safety
+    /// Nothing in the SQE is checked against the memory the command makes the device
+    /// touch: the transfer its opcode and fields describe must fit in `data` (its PRPs are
+    /// built for `data`'s length only: a longer transfer would read PRP2's page as a PRP
+    /// list), and any other address it carries (PRPs without `data`, MPTR, an SGL) must be
+    /// memory that stays allocated and used by nothing else until the command's completion
+    /// is delivered, or the command must be one the controller refuses before any
+    /// transfer.
+    pub unsafe fn submit_raw(
         &mut self,
         mut sqe: Sqe,
         data: Option<DmaSlice>,
