@@ -59,6 +59,14 @@ shellcheck -x scripts/*.sh scripts/vm/*.sh
 log "cargo test --workspace --release"
 cargo test --workspace --release
 
+# The loom build swaps the atomics of the cross-thread rings, the wake-up and the poller
+# for loom's (driver/src/aio/sync.rs) and runs the loom_ tests under its model checker. It
+# has its own target directory: --cfg loom changes every crate's build, and sharing
+# target/ would rebuild the main build after it.
+log "loom: the rings, the wake-up and the poller's cancel path under the model checker"
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 \
+    cargo test -p kestrel --lib loom_ -- --test-threads=1
+
 log "fio engine: fio jobs through libkestrel_fio.so"
 scripts/fio-test.sh
 

@@ -55,7 +55,7 @@ fn sleep_until_signalled(n: &Notify, producers_left: &AtomicUsize) {
 /// `wake_if_sleeping` after each; the sleeper takes them all, sleeping whenever it
 /// finds its rings empty, with (`recheck`) or without the look after `prepare`.
 fn model_wake_ups(producers: usize, items: u64, recheck: bool) {
-    loom::model(move || {
+    crate::aio::sync::model(move || {
         let notify = Arc::new(Notify::new().expect("an eventfd"));
         let left = Arc::new(AtomicUsize::new(producers));
         let mut rings: Vec<Consumer<u64>> = Vec::new();

@@ -304,7 +304,7 @@ mod loom_tests {
     #[test]
     fn loom_spsc_wraps_around_full_and_empty() {
         const N: u64 = 5;
-        loom::model(|| {
+        crate::aio::sync::model(|| {
             let (mut p, mut c) = channel::<u64>(2);
             let producer = thread::spawn(move || {
                 for i in 0..N {
@@ -338,7 +338,7 @@ mod loom_tests {
     /// tail before the slot contents (loom reports the slot read as a data race).
     #[test]
     fn loom_spsc_payload_is_visible_before_the_index() {
-        loom::model(|| {
+        crate::aio::sync::model(|| {
             let (mut p, mut c) = channel::<[u64; 4]>(4);
             let producer = thread::spawn(move || {
                 p.push([1, 2, 3, 4]).unwrap();

@@ -46,3 +46,14 @@ impl<T> UnsafeCell<T> {
         f(self.0.get())
     }
 }
+
+/// Runs `f` under loom: every interleaving of its threads with at most
+/// `LOOM_MAX_PREEMPTIONS` preemptions, 3 when that is unset (with no bound the models
+/// whose threads spin would not finish; 3 is more than any bug these tests were shown
+/// to catch needs, and keeps all of them to seconds).
+#[cfg(all(test, loom))]
+pub(super) fn model<F: Fn() + Sync + Send + 'static>(f: F) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound.get_or_insert(3);
+    b.check(f);
+}

@@ -16,6 +16,9 @@ use super::{
     Backoff, IdlePolicy, OnStart, PollerReport, QueueReport, ReactorError, MAX_CONTEXTS_PER_POLLER,
 };
 
+#[cfg(all(test, loom))]
+mod loom_tests;
+
 /// Spin-loop hints per pause pass.
 const PAUSE_SPINS: u32 = 32;
 /// Passes between sweeps for contexts that have gone away.
