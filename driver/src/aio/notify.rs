@@ -14,7 +14,8 @@
 //! once even if the write came before it.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+// `std`'s atomics, or loom's in a `--cfg loom` build (see `super::sync`).
+use super::sync::atomic::{fence, AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;

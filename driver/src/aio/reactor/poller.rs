@@ -2,7 +2,6 @@
 //! requests to its own queues, rings each doorbell once per pass, and posts completions
 //! back; drains at shutdown. See the reactor's module documentation for the pass.
 
-use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -10,10 +9,15 @@ use crate::io::{Completion, IoError, IoRequest, SubmitError};
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetQueue};
 
 use super::super::notify::InterruptWait;
+// `std`'s, or loom's in a `--cfg loom` build (see `aio::sync`).
+use super::super::sync::atomic::Ordering;
 use super::super::wire::{self, CancelMsg, Msg, PollerEnd, PollerShared};
 use super::{
     Backoff, IdlePolicy, OnStart, PollerReport, QueueReport, ReactorError, MAX_CONTEXTS_PER_POLLER,
 };
+
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 /// Spin-loop hints per pause pass.
 const PAUSE_SPINS: u32 = 32;
