@@ -85,7 +85,8 @@ fn multiple_namespaces_and_512_byte_blocks() {
 /// Any queue `sqe` could create lies in memory the caller keeps allocated, and used by
 /// nothing else, until the test ends (the controller with it).
 unsafe fn admin_status(c: &Controller, sqe: Sqe) -> Status {
-    // SAFETY: this function's contract.
+    // SAFETY: the queue memory `sqe` names stays allocated and unshared until the test
+    // ends (this function's `# Safety`), which is admin_command's contract.
     match unsafe { c.admin_command(sqe, None) } {
         Err(CtrlrError::AdminCommand { status, .. }) => status,
         Ok(cqe) => panic!("expected an error status, got success {cqe:?}"),

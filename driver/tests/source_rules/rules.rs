@@ -53,8 +53,12 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
         "one DSM range copied into DMA memory; the tracker table",
     ),
     (
+        "driver/src/nvme/ctrlr.rs",
+        "declares Controller::admin_command (raw admin passthrough, under a contract)",
+    ),
+    (
         "driver/src/nvme/qpair/submit.rs",
-        "declares IoQpair::submit_unchecked (the lease check skipped, under a contract)",
+        "declares IoQpair::submit_unchecked and submit_raw (under contracts)",
     ),
     (
         "driver/src/target/mod.rs",
