@@ -282,7 +282,10 @@ int kestrel_io_cancel(kestrel_ctx_t *ctx, uint64_t user_data);
 /* Waits for outstanding requests (their events are dropped), then frees ctx; their
  * buffers may then be reused. The wait is bounded: if it logs that requests were left
  * outstanding (its drain timeout passed, or a file target's requests were submitted
- * on another thread), their memory must stay valid and untouched for good. */
+ * on another thread), their memory must stay valid and untouched for good. The
+ * library does its part for DMA memory: from then on kestrel_dma_free (and
+ * kestrel_close) of that kestrel_t keeps the buffers it is given out of the pool for
+ * good instead of freeing them, since any of them may be one a device still writes. */
 int kestrel_io_destroy(kestrel_ctx_t *ctx);
 
 /*
