@@ -363,3 +363,60 @@ fn a_namespace_whose_size_overflows_64_bits_is_refused() {
     assert!(ns.supported(), "{:?}", ns.unsupported);
     assert_eq!(ns.size_bytes(), Some(((1u64 << 52) - 1) * 4096));
 }
+
+/// Timeouts are options of the controller and of each queue; below the minimum they are
+/// refused with a message naming the option.
+#[test]
+fn timeouts_are_options_and_too_short_ones_are_refused() {
+    use kestrel::target::{QueueOptions, Target};
+    let emu = EmuController::start(EmuConfig::default()).unwrap();
+    let Err(e) = Controller::new(
+        emu.clone(),
+        ControllerOptions {
+            io_timeout: Duration::ZERO,
+            ..Default::default()
+        },
+    ) else {
+        panic!("a zero timeout was accepted");
+    };
+    assert!(e.to_string().contains("io_timeout"), "{e}");
+    let c = Controller::new(
+        emu,
+        ControllerOptions {
+            io_timeout: Duration::from_millis(500),
+            admin_timeout: Duration::from_secs(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(c.admin_timeout(), Duration::from_secs(2));
+    let Err(e) = c.create_io_qpair(&QpairOptions {
+        timeout: Duration::from_micros(10),
+        ..Default::default()
+    }) else {
+        panic!("a 10 us timeout was accepted");
+    };
+    assert!(e.to_string().contains("QpairOptions::timeout"), "{e}");
+    let ns = kestrel::NvmeNamespace::new(c, 1).unwrap();
+    let q = ns.create_queue(&QueueOptions::default()).unwrap();
+    let used = q.in_use().unwrap();
+    assert_eq!(
+        used.timeout,
+        Some(Duration::from_millis(500)),
+        "controller default"
+    );
+    let q2 = ns
+        .create_queue(&QueueOptions {
+            timeout: Some(Duration::from_millis(250)),
+            depth: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+    let used = q2.in_use().unwrap();
+    assert_eq!(used.timeout, Some(Duration::from_millis(250)), "per queue");
+    assert!(
+        used.depth < 1 << 20,
+        "the ring is clamped and says so: {used:?}"
+    );
+    assert_eq!(used.slots, used.depth - 1);
+}

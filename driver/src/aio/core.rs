@@ -169,23 +169,7 @@ impl Core {
         } else {
             blocks(&view.info, iocb).map_err(Prep::Invalid)?
         };
-        // Memory the caller vouches for (`IoBuf::vouched`, the C ABI) is checked like lent
-        // memory but for the lease.
-        let (iocb, vouched) = &match iocb.buf {
-            IoBuf::Vouched(v) => (
-                Iocb {
-                    buf: match v.segs.single() {
-                        Some(s) if !matches!(iocb.opcode, Opcode::Readv | Opcode::Writev) => {
-                            IoBuf::Dma(*s)
-                        }
-                        _ => IoBuf::Vectored(v.segs),
-                    },
-                    ..*iocb
-                },
-                Some(v.meta),
-            ),
-            _ => (*iocb, None),
-        };
+        let (iocb, vouched) = &unvouched(iocb);
         let leases = match vouched {
             Some(_) => None,
             None => Some(&self.leases),
@@ -363,6 +347,27 @@ impl Core {
             .iter()
             .position(|s| s.active && s.user_data == user_data)
             .map(|i| i as u32)
+    }
+}
+
+/// Memory the caller vouches for (`IoBuf::vouched`, the C ABI) is checked like lent memory
+/// but for the lease: the iocb with its data as `Dma` or `Vectored`, and whether its
+/// metadata buffer is vouched for too (`None`: nothing is vouched for).
+fn unvouched(iocb: &Iocb) -> (Iocb, Option<bool>) {
+    match iocb.buf {
+        IoBuf::Vouched(v) => (
+            Iocb {
+                buf: match v.segs.single() {
+                    Some(s) if !matches!(iocb.opcode, Opcode::Readv | Opcode::Writev) => {
+                        IoBuf::Dma(*s)
+                    }
+                    _ => IoBuf::Vectored(v.segs),
+                },
+                ..*iocb
+            },
+            Some(v.meta),
+        ),
+        _ => (*iocb, None),
     }
 }
 

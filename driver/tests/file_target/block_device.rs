@@ -41,6 +41,18 @@ fn setup_loop(backing: &Path, direct: bool) -> Result<Loop, String> {
     })
 }
 
+/// The logical block size sysfs gives for the block device `dev`.
+fn sysfs_lbs(dev: &std::path::Path) -> u32 {
+    std::fs::read_to_string(format!(
+        "/sys/block/{}/queue/logical_block_size",
+        dev.file_name().unwrap().to_string_lossy()
+    ))
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap()
+}
+
 #[test]
 fn block_device_through_a_loop_device() {
     let dir = disk_dir();
@@ -60,15 +72,11 @@ fn block_device_through_a_loop_device() {
     assert_eq!(t.kind(), FileKind::BlockDevice);
     assert!(t.is_direct());
     let info = t.info().clone();
-    let sysfs_lbs: u32 = std::fs::read_to_string(format!(
-        "/sys/block/{}/queue/logical_block_size",
-        lo.dev.file_name().unwrap().to_string_lossy()
-    ))
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
-    assert_eq!(info.block_size, sysfs_lbs, "block size from BLKSSZGET");
+    assert_eq!(
+        info.block_size,
+        sysfs_lbs(&lo.dev),
+        "block size from BLKSSZGET"
+    );
     assert_eq!(info.num_blocks * info.block_size as u64, 8 << 20);
     let bs = info.block_size as usize;
     let pool = t.dma_pool().clone();

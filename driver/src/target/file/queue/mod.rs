@@ -336,6 +336,25 @@ impl FileQueue {
 }
 
 impl FileQueue {
+    /// The end of a poll: requests from the software queue into freed slots, the idle
+    /// count, and released buffers freed once nothing is outstanding.
+    fn after_poll(&mut self, idle: bool) {
+        while !self.sw.is_empty() {
+            let Some(idx) = self.free.pop() else {
+                break;
+            };
+            let req = self.sw.pop_front().expect("software queue is not empty");
+            self.dispatch(idx, req);
+        }
+        if idle {
+            self.stats.idle_polls += 1;
+        }
+        if self.leases.has_released() && self.outstanding() == 0 {
+            // Nothing outstanding: no operation the kernel holds names a released buffer.
+            self.leases.collect();
+        }
+    }
+
     /// Submission: the thread and request checks (the ownership rule when `leased`), then
     /// a free slot, or the software queue.
     fn submit_as(&mut self, req: IoRequest, leased: bool) -> Result<(), SubmitError> {
@@ -472,20 +491,7 @@ impl TargetQueue for FileQueue {
                 }
             }
         }
-        while !self.sw.is_empty() {
-            let Some(idx) = self.free.pop() else {
-                break;
-            };
-            let req = self.sw.pop_front().expect("software queue is not empty");
-            self.dispatch(idx, req);
-        }
-        if n == 0 {
-            self.stats.idle_polls += 1;
-        }
-        if self.leases.has_released() && self.outstanding() == 0 {
-            // Nothing outstanding: no operation the kernel holds names a released buffer.
-            self.leases.collect();
-        }
+        self.after_poll(n == 0);
         n as u32
     }
 
