@@ -53,6 +53,8 @@ struct FakeQueue {
     at_device: Vec<(u64, u8)>,
     ready: VecDeque<Completion>,
     log: Arc<Mutex<Log>>,
+    /// Nothing is lent to it: the poller submits the contexts' requests unchecked.
+    leases: crate::hw::dma::Leases,
 }
 
 impl FakeQueue {
@@ -65,6 +67,19 @@ impl FakeQueue {
 }
 
 impl TargetQueue for FakeQueue {
+    unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The fake touches no memory of the request: only its token.
+        self.submit(*req)
+    }
+
+    fn leases(&self) -> &crate::hw::dma::Leases {
+        &self.leases
+    }
+
+    fn leases_mut(&mut self) -> crate::hw::dma::LeasesMut<'_> {
+        crate::hw::dma::LeasesMut::new(&mut self.leases)
+    }
+
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
         let held = self.outstanding();
         if held as usize >= self.depth {
@@ -195,6 +210,10 @@ fn model_cancel(count: u32, depth: usize, victim: u32) -> BTreeSet<Found> {
             at_device: Vec::new(),
             ready: VecDeque::new(),
             log: Arc::clone(&log),
+            leases: crate::hw::dma::Leases::new(&crate::hw::dma::DmaPool::new(
+                std::sync::Arc::new(crate::hw::dma::IdentityMapper),
+                crate::hw::dma::DmaPoolOptions::default(),
+            )),
         };
         let shared = Arc::new(PollerShared {
             core: 0,
