@@ -42,13 +42,17 @@ impl Source {
         }
     }
 
-    /// Test code as a whole file: tests, benches, examples, build scripts.
+    /// Test code as a whole file: tests (the loom model tests, `loom_tests.rs`, built only
+    /// under `--cfg loom`, among them), benches, examples, build scripts.
     fn is_test_file(&self) -> bool {
         let parts: Vec<&str> = self.path.split('/').collect();
         parts[..parts.len() - 1]
             .iter()
             .any(|p| matches!(*p, "tests" | "benches" | "examples" | "fuzz_targets"))
-            || matches!(*parts.last().unwrap(), "tests.rs" | "build.rs")
+            || matches!(
+                *parts.last().unwrap(),
+                "tests.rs" | "loom_tests.rs" | "build.rs"
+            )
     }
 
     fn at(&self, line: usize) -> String {
