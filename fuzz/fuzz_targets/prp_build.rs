@@ -72,13 +72,13 @@ fn reference(segs: &[DmaSlice], off: usize, len: usize) -> Option<Vec<u64>> {
         if remain == 0 {
             break;
         }
-        if !started && skip >= s.len {
-            skip -= s.len;
+        if !started && skip >= s.len() {
+            skip -= s.len();
             continue;
         }
         started = true;
-        let take = (s.len - skip).min(remain);
-        pieces.push((s.iova + skip as u64, take as u64, take < remain));
+        let take = (s.len() - skip).min(remain);
+        pieces.push((s.iova() + skip as u64, take as u64, take < remain));
         skip = 0;
         remain -= take;
     }
@@ -141,7 +141,7 @@ fn walk(mem: &[u64], list_pages: usize, prp2: u64, count: usize) -> Vec<u64> {
 
 fuzz_target!(|input: Input| {
     let segs = slices(&input.segs);
-    let total: usize = segs.iter().map(|s| s.len).sum();
+    let total: usize = segs.iter().map(|s| s.len()).sum();
     let off = input.off as usize % (total + PAGE as usize + 1);
     let len = input.len as usize % (total + PAGE as usize + 1);
     let want = reference(&segs, off, len);
