@@ -22,6 +22,9 @@ pub enum AppError {
     /// The library failed.
     #[error(transparent)]
     Driver(#[from] kestrel::Error),
+    /// A buffer could not be lent to a queue, or its bytes reached through it.
+    #[error(transparent)]
+    Lease(#[from] kestrel::dma::LeaseError),
     /// Controller bring-up or an admin command failed.
     #[error(transparent)]
     Ctrlr(#[from] kestrel::nvme::ctrlr::CtrlrError),

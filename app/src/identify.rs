@@ -31,8 +31,9 @@ pub struct NamespaceJson {
     pub lba_size: u32,
     /// NSZE.
     pub size_lbas: u64,
-    /// NSZE × LBA size.
-    pub size_bytes: u64,
+    /// NSZE × LBA size; null when that does not fit in 64 bits (the namespace is then
+    /// refused: `unsupported_reason` says why).
+    pub size_bytes: Option<u64>,
     /// NCAP.
     pub capacity_lbas: u64,
     /// NUSE.
@@ -90,7 +91,9 @@ impl ZonedJson {
     fn of(z: &kestrel::ZoneGeometry, block_size: u32) -> Self {
         ZonedJson {
             zone_size_lbas: z.zone_size,
-            zone_size_bytes: z.zone_size * u64::from(block_size),
+            // The zone size is at most NSZE, and a namespace whose NSZE x block size does
+            // not fit has no zone geometry (it is refused at bring-up): this never saturates.
+            zone_size_bytes: z.zone_size.saturating_mul(u64::from(block_size)),
             zones: z.zones,
             max_open: z.max_open,
             max_active: z.max_active,
@@ -353,7 +356,8 @@ fn describe_nvme(n: &NvmeTarget) -> TargetJson {
 fn describe_file(f: &FileTargetOpened) -> TargetJson {
     let t = &f.target;
     let info = kestrel::Target::info(t.as_ref());
-    let capacity = info.num_blocks * info.block_size as u64;
+    // A file's size in blocks of its block size: the product is the file's size, which fits.
+    let capacity = info.num_blocks.saturating_mul(u64::from(info.block_size));
     TargetJson::File(FileJson {
         kind: "file",
         target: f.spec.to_string(),
@@ -371,7 +375,7 @@ fn describe_file(f: &FileTargetOpened) -> TargetJson {
             nsid: info.nsid,
             lba_size: info.block_size,
             size_lbas: info.num_blocks,
-            size_bytes: capacity,
+            size_bytes: Some(capacity),
             capacity_lbas: info.num_blocks,
             utilization_lbas: info.num_blocks,
             dlfeat: 0,
@@ -570,14 +574,14 @@ fn render_ns(s: &mut String, ns: &NamespaceJson) {
     if let Some(z) = &ns.zoned {
         render_zones(s, z, ns.lba_size);
     }
+    let bytes = match ns.size_bytes {
+        Some(b) => format!("{b} bytes ({})", human_bytes(b)),
+        None => "more than 2^64 bytes (the identify data is wrong)".to_string(),
+    };
     let _ = writeln!(
         s,
-        "    {:<24} {} LBAs x {} bytes = {} bytes ({})",
-        "Size (NSZE)",
-        ns.size_lbas,
-        ns.lba_size,
-        ns.size_bytes,
-        human_bytes(ns.size_bytes)
+        "    {:<24} {} LBAs x {} bytes = {bytes}",
+        "Size (NSZE)", ns.size_lbas, ns.lba_size,
     );
     let _ = writeln!(
         s,
@@ -612,7 +616,13 @@ fn render_zones(s: &mut String, z: &ZonedJson, lba_size: u32) {
         limit(z.max_active),
         human_bytes(z.zasl_bytes)
     );
-    let lbas = |n: u64| format!("{n} LBAs ({})", human_bytes(n * u64::from(lba_size)));
+    // Zone capacities are at most the zone size, whose bytes fit (ZonedJson::of).
+    let lbas = |n: u64| {
+        format!(
+            "{n} LBAs ({})",
+            human_bytes(n.saturating_mul(u64::from(lba_size)))
+        )
+    };
     let cap = match (z.capacity_lbas_min, z.capacity_lbas_max, &z.capacity_error) {
         (_, _, Some(e)) => format!("unknown: {e}"),
         (Some(lo), Some(hi), _) if lo == hi => format!("{} in every zone", lbas(lo)),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kestrel::target::TargetInfo;
-use kestrel::{DmaBuf, IoRequest, QueueOptions, Target, TargetQueue};
+use kestrel::{DmaSlice, IoRequest, QueueOptions, Target, TargetQueue};
 
 use crate::cli::{ReadArgs, TargetArgs};
 use crate::error::{AppError, Result};
@@ -19,8 +19,7 @@ pub fn run(a: &ReadArgs) -> Result<()> {
     let spec = one_spec(&a.targets, "read")?;
     let (_opened, t) = open_one(&spec, &a.targets)?;
     let info = t.info().clone();
-    let bs = info.block_size as u64;
-    let cap = info.num_blocks * bs;
+    let (bs, cap) = geometry(&info)?;
     if a.offset % bs != 0 || a.length % bs != 0 {
         return Err(AppError::usage(format!(
             "--offset {} and --length {} must be multiples of the block size {bs}",
@@ -55,12 +54,12 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         let n = chunk.min(end - off);
         let nlb = (n / bs) as u32;
         let (req, data_len) = md.request(
-            IoRequest::read(info.nsid, off / bs, nlb, buf.slice_all(), off),
+            IoRequest::read(info.nsid, off / bs, nlb, buf, off),
             &buf,
             bs as usize,
         )?;
         run_one(&mut *q, req, &format!("read at byte {off}"), IO_WAIT)?;
-        md.read_data(&buf, data_len, bs as usize, &mut copy[..n as usize])?;
+        md.read_data(&*q, &buf, data_len, bs as usize, &mut copy[..n as usize])?;
         out.write_all(&copy[..n as usize])
             .map_err(|source| AppError::Os {
                 context: "writing the output".into(),
@@ -73,6 +72,21 @@ pub fn run(a: &ReadArgs) -> Result<()> {
         source,
     })?;
     Ok(())
+}
+
+/// The block size and the capacity in bytes of a target, checked: a target whose block
+/// size is 0 or whose blocks x block size does not fit in 64 bits is an error (the
+/// library refuses such a namespace when it opens it; this does not rely on that).
+pub(crate) fn geometry(info: &TargetInfo) -> Result<(u64, u64)> {
+    let bs = u64::from(info.block_size);
+    match info.num_blocks.checked_mul(bs) {
+        Some(cap) if bs != 0 => Ok((bs, cap)),
+        _ => Err(AppError::runtime(format!(
+            "{} (nsid {}) reports {} blocks of {bs} bytes, which is not a size kestrel can \
+             address (zero-byte blocks, or more than 2^64 bytes); its identify data is wrong",
+            info.name, info.nsid, info.num_blocks
+        ))),
+    }
 }
 
 /// The one target `kestrel read` or `kestrel write` (`cmd`) takes, or a usage error.
@@ -98,20 +112,21 @@ pub(crate) fn open_one(spec: &TargetSpec, a: &TargetArgs) -> Result<(Opened, Arc
 
 /// What `kestrel read` and `kestrel write` copy through: a queue of depth 4, the metadata
 /// the format needs and a buffer for one chunk (at most 128 KiB, whole blocks, no more
-/// than the target transfers at once).
+/// than the target transfers at once), lent to the queue (which frees it when dropped).
 pub(crate) struct Chunks {
     /// Bytes of a chunk.
     pub(crate) len: u64,
     pub(crate) q: Box<dyn TargetQueue>,
     pub(crate) md: Meta,
-    pub(crate) buf: DmaBuf,
+    /// The chunk buffer, lent to `q`: its bytes are reached through `q`.
+    pub(crate) buf: DmaSlice,
 }
 
 impl Chunks {
     pub(crate) fn new(t: &dyn Target, info: &TargetInfo) -> Result<Self> {
         let bs = info.block_size as u64;
         let len = (128u64 << 10).min(info.max_transfer_bytes.max(bs)) / bs * bs;
-        let q = t.create_queue(&QueueOptions {
+        let mut q = t.create_queue(&QueueOptions {
             depth: 4,
             sw_queue_depth: 4,
             ..QueueOptions::default()
@@ -121,6 +136,7 @@ impl Chunks {
             .dma_pool()
             .alloc(md.buf_len(len as usize / bs as usize, bs as usize))
             .map_err(kestrel::Error::from)?;
+        let buf = q.lend(buf)?;
         Ok(Chunks { len, q, md, buf })
     }
 }
@@ -192,12 +208,12 @@ impl Meta {
         }
     }
 
-    /// `req` (whose data is all of `buf`) with its data and metadata placed in `buf`, and
-    /// the bytes of its data part.
+    /// `req` (whose data is all of `buf`, a lent slice) with its data and metadata placed
+    /// in `buf`, and the bytes of its data part.
     pub(crate) fn request(
         &self,
         req: IoRequest,
-        buf: &kestrel::DmaBuf,
+        buf: &DmaSlice,
         bs: usize,
     ) -> Result<(IoRequest, usize)> {
         let nlb = req.nlb as usize;
@@ -231,41 +247,42 @@ impl Meta {
         ))
     }
 
-    /// Copies the data of the blocks in `buf` (without interleaved metadata) into `out`.
+    /// Copies the data of the blocks in `buf` (lent to `q`; without interleaved metadata)
+    /// into `out`.
     pub(crate) fn read_data(
         &self,
-        buf: &kestrel::DmaBuf,
+        q: &dyn TargetQueue,
+        buf: &DmaSlice,
         data_len: usize,
         bs: usize,
         out: &mut [u8],
     ) -> Result<()> {
-        let e = |e: kestrel::hw::dma::DmaError| AppError::from(kestrel::Error::from(e));
         match self.layout {
             Some(m) if m.extended => {
                 let hbs = bs + m.ms as usize;
                 let mut all = vec![0u8; data_len];
-                buf.read_at(0, &mut all).map_err(e)?;
+                q.read_lent(buf, 0, &mut all)?;
                 for (o, b) in out.chunks_exact_mut(bs).zip(all.chunks_exact(hbs)) {
                     o.copy_from_slice(&b[..bs]);
                 }
                 Ok(())
             }
-            _ => buf.read_at(0, out).map_err(e),
+            _ => Ok(q.read_lent(buf, 0, out)?),
         }
     }
 
-    /// Places `data` (whole blocks of `bs` bytes, at `lba`) into `buf` with zeroed metadata
-    /// and, on a PI format, PI generated in software.
+    /// Places `data` (whole blocks of `bs` bytes, at `lba`) into `buf` (lent to `q`) with
+    /// zeroed metadata and, on a PI format, PI generated in software.
     pub(crate) fn write_data(
         &self,
-        buf: &mut kestrel::DmaBuf,
+        q: &mut dyn TargetQueue,
+        buf: &DmaSlice,
         data: &[u8],
         lba: u64,
         bs: usize,
     ) -> Result<()> {
-        let e = |e: kestrel::hw::dma::DmaError| AppError::from(kestrel::Error::from(e));
         let Some(m) = self.layout else {
-            return buf.write_at(0, data).map_err(e);
+            return Ok(q.write_lent(buf, 0, data)?);
         };
         let nlb = data.len() / bs;
         let ms = m.ms as usize;
@@ -281,7 +298,7 @@ impl Meta {
         if let Some(f) = self.pi {
             f.fill(&mut d, &mut md, nlb, lba as u32, 0);
         }
-        buf.write_at(0, &d).map_err(e)?;
-        buf.write_at(d.len(), &md).map_err(e)
+        q.write_lent(buf, 0, &d)?;
+        Ok(q.write_lent(buf, d.len(), &md)?)
     }
 }

@@ -172,6 +172,9 @@ impl Opened {
 fn app_error(e: TargetSpecError, spec: Option<&TargetSpec>) -> AppError {
     match e {
         TargetSpecError::Parse(p) => AppError::usage(format!("invalid value for '--target': {p}")),
+        e @ TargetSpecError::CoreNotAvailable { .. } => {
+            AppError::usage(format!("invalid value for '--target': {e}"))
+        }
         TargetSpecError::Emu(err @ EmuError::FaultSpec { .. }) => {
             let f = match spec {
                 Some(TargetSpec::Emu(EmuSpec {

@@ -9,7 +9,7 @@ use kestrel::IoRequest;
 
 use crate::cli::WriteArgs;
 use crate::error::{AppError, Result};
-use crate::read::{one_spec, open_one, run_one, Chunks, IO_WAIT};
+use crate::read::{geometry, one_spec, open_one, run_one, Chunks, IO_WAIT};
 
 /// Runs `kestrel write`.
 pub fn run(a: &WriteArgs) -> Result<()> {
@@ -26,8 +26,7 @@ pub fn run(a: &WriteArgs) -> Result<()> {
     if info.read_only {
         return Err(AppError::usage(format!("{} is read-only", info.name)));
     }
-    let bs = info.block_size as u64;
-    let cap = info.num_blocks * bs;
+    let (bs, cap) = geometry(&info)?;
     if a.offset % bs != 0 || length % bs != 0 || length == 0 {
         return Err(AppError::usage(format!(
             "--offset {} and the size of {} ({length} bytes) must be multiples of the block size {bs}, the size not 0",
@@ -47,7 +46,7 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         len: chunk,
         mut q,
         md,
-        mut buf,
+        buf,
     } = Chunks::new(&*t, &info)?;
     let mut copy = vec![0u8; chunk as usize];
     let mut off = a.offset;
@@ -57,9 +56,9 @@ pub fn run(a: &WriteArgs) -> Result<()> {
         input
             .read_exact(&mut copy[..n as usize])
             .map_err(os(format!("reading {}", a.input.display())))?;
-        md.write_data(&mut buf, &copy[..n as usize], off / bs, bs as usize)?;
+        md.write_data(&mut *q, &buf, &copy[..n as usize], off / bs, bs as usize)?;
         let (req, _) = md.request(
-            IoRequest::write(info.nsid, off / bs, (n / bs) as u32, buf.slice_all(), off),
+            IoRequest::write(info.nsid, off / bs, (n / bs) as u32, buf, off),
             &buf,
             bs as usize,
         )?;

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::IoRequest;
-use kestrel::{Controller, ControllerOptions, DmaBuf, DoorbellMode, IoQpair, QpairOptions};
+use kestrel::{Controller, ControllerOptions, DoorbellMode, IoQpair, QpairOptions};
 
 /// Rounds before anything is measured (the first pass through every tracker and ring slot).
 const WARMUP_ROUNDS: u64 = 64;
@@ -105,7 +105,6 @@ struct Bench {
     ctrlr: Controller,
     qp: IoQpair,
     reqs: Vec<IoRequest>,
-    buf: DmaBuf,
 }
 
 /// Set-up (not timed): the emulator (null store, shadow doorbells off), bring-up, one
@@ -120,7 +119,7 @@ fn start_bench(qd: u32) -> Bench {
     })
     .expect("emulator");
     let ctrlr = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
-    let qp = ctrlr
+    let mut qp = ctrlr
         .create_io_qpair(&QpairOptions {
             depth: (qd + 1).max(256),
             doorbell: DoorbellMode::Batched,
@@ -128,7 +127,10 @@ fn start_bench(qd: u32) -> Bench {
             ..Default::default()
         })
         .expect("qpair");
+    // The buffer is the queue's from here on: every read's slice is checked against its
+    // lease as it is submitted (what a caller of the safe API pays).
     let buf = ctrlr.dma_pool().alloc(4096 * qd as usize).expect("dma");
+    let buf = qp.lend(buf).expect("lend");
     let mut lba = 0u64;
     let reqs: Vec<IoRequest> = (0..qd as usize)
         .map(|i| {
@@ -143,7 +145,6 @@ fn start_bench(qd: u32) -> Bench {
         ctrlr,
         qp,
         reqs,
-        buf,
     }
 }
 
@@ -193,7 +194,6 @@ fn teardown(b: Bench) {
         ctrlr,
         qp,
         reqs,
-        buf,
     } = b;
     let teardown = std::thread::spawn(move || {
         drop(qp);
@@ -205,8 +205,9 @@ fn teardown(b: Bench) {
         }
     }
     teardown.join().expect("teardown");
-    // The reads and their buffer go only after the queue pair that used them.
-    drop((reqs, buf));
+    // The reads go after the queue pair (which owned their buffer and freed it once the
+    // queue was deleted).
+    drop(reqs);
 }
 
 /// One row: set-up, warm-up, the timed rounds, teardown, and the figures per I/O.

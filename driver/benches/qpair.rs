@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::io::IoRequest;
-use kestrel::{Controller, ControllerOptions, DmaBuf, DoorbellMode, IoQpair, QpairOptions};
+use kestrel::{Controller, ControllerOptions, DmaSlice, DoorbellMode, IoQpair, QpairOptions};
 
 fn thread_cpu() -> Duration {
     let mut ru: libc::rusage = unsafe_zeroed();
@@ -42,7 +42,7 @@ fn start_row(
     mode: DoorbellMode,
     shadow: bool,
     cores: &[core_affinity::CoreId],
-) -> (Controller, IoQpair, DmaBuf) {
+) -> (Controller, IoQpair, DmaSlice) {
     let emu = EmuController::start(EmuConfig {
         namespaces: vec![EmuNamespace::new(1 << 30, 4096, EmuStore::Null)],
         shadow_doorbells: shadow,
@@ -55,7 +55,7 @@ fn start_row(
         core_affinity::set_for_current(*c);
     }
     let ctrlr = Controller::new(emu, ControllerOptions::default()).expect("bring-up");
-    let qp = ctrlr
+    let mut qp = ctrlr
         .create_io_qpair(&QpairOptions {
             depth: (qd + 1).max(256),
             doorbell: mode,
@@ -64,6 +64,7 @@ fn start_row(
         })
         .expect("qpair");
     let buf = ctrlr.dma_pool().alloc(4096 * qd as usize).expect("dma");
+    let buf = qp.lend(buf).expect("lend");
     (ctrlr, qp, buf)
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kestrel::target::file::{Direct, FileOptions, FileQueue, FileTarget};
-use kestrel::{DmaBuf, IoRequest, QueueOptions, QueueStats, Target, TargetQueue};
+use kestrel::{DmaSlice, IoRequest, QueueOptions, QueueStats, Target, TargetQueue};
 
 struct Args {
     path: String,
@@ -152,11 +152,11 @@ struct Measured {
 
 /// Fills the queue with random reads, one per buffer, then keeps it full for `--secs`:
 /// each completion is replaced by a read of a new random slot into the same buffer.
-fn measure(a: &Args, q: &mut FileQueue, bufs: &[DmaBuf], nlb: u32, slots: u64) -> Measured {
+fn measure(a: &Args, q: &mut FileQueue, bufs: &[DmaSlice], nlb: u32, slots: u64) -> Measured {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let next_req = |i: usize, rng: &mut Rng| {
         let lba = (rng.next() % slots) * u64::from(nlb);
-        IoRequest::read_buf(1, lba, nlb, &bufs[i], i as u64)
+        IoRequest::read(1, lba, nlb, bufs[i], i as u64)
     };
     for i in 0..a.qd as usize {
         q.submit(next_req(i, &mut rng)).unwrap();
@@ -261,7 +261,9 @@ fn main() {
         })
         .unwrap_or_else(|e| fail(e));
     let pool = t.dma_pool().clone();
-    let bufs: Vec<_> = (0..a.qd).map(|_| pool.alloc(a.bs).unwrap()).collect();
+    let bufs: Vec<_> = (0..a.qd)
+        .map(|_| q.lend(pool.alloc(a.bs).unwrap()).unwrap())
+        .collect();
     let m = measure(&a, &mut q, &bufs, nlb, slots);
     // Drain.
     while q.outstanding() > 0 {

@@ -83,13 +83,13 @@ fn run(bdf: &str, noiommu: bool, write: bool) -> Result<(), Box<dyn std::error::
     let ns = c.namespace(1)?.clone();
     let len = (BLOCKS * ns.block_size) as usize;
     let mut qp = c.create_io_qpair(&QpairOptions::default())?;
-    let mut wbuf = c.dma_pool().alloc(len)?;
-    let rbuf = c.dma_pool().alloc(len)?;
+    let wbuf = qp.lend(c.dma_pool().alloc(len)?)?;
+    let rbuf = qp.lend(c.dma_pool().alloc(len)?)?;
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
-    wbuf.write_at(0, &data)?;
+    qp.leases_mut().write(&wbuf, 0, &data)?;
     for (what, req) in [
-        ("write", IoRequest::write_buf(1, 0, BLOCKS, &wbuf, 1)),
-        ("read", IoRequest::read_buf(1, 0, BLOCKS, &rbuf, 2)),
+        ("write", IoRequest::write(1, 0, BLOCKS, wbuf, 1)),
+        ("read", IoRequest::read(1, 0, BLOCKS, rbuf, 2)),
     ] {
         qp.submit(req)?;
         qp.flush();
@@ -114,7 +114,9 @@ fn run(bdf: &str, noiommu: bool, write: bool) -> Result<(), Box<dyn std::error::
             start.elapsed()
         );
     }
-    if rbuf.to_vec() != data {
+    let mut back = vec![0u8; len];
+    qp.leases().read(&rbuf, 0, &mut back)?;
+    if back != data {
         return Err("data read back differs from what was written".into());
     }
     println!("data read back matches");

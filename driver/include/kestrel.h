@@ -14,11 +14,41 @@
  *   - Functions returning int return 0 (or a count) on success and a negative
  *     errno on failure; kestrel_last_error() has the full message of the calling
  *     thread's last failure, kestrel_strerror() a short one for a code.
- *   - Every pointer and length is checked: NULL, zero, overflow, handles of the
- *     wrong kind and buffers not from kestrel_dma_alloc() are -EINVAL.
+ *   - Every pointer and length is checked: NULL, zero, overflow, misaligned
+ *     pointers, live handles of the wrong kind and buffers not from
+ *     kestrel_dma_alloc() are -EINVAL.
  *   - Offsets and lengths are bytes and must be multiples of the block size.
  *   - A kestrel_t may be shared between threads; a kestrel_ctx_t is used by one
  *     thread at a time.
+ *
+ * Pointers: what every call relies on (breaking it is undefined behaviour; the
+ * checks above catch mistakes, they cannot make these hold)
+ *   - A handle (kestrel_t *, kestrel_ctx_t *, kestrel_reactor_t *) is NULL or live:
+ *     returned by its constructor (kestrel_open*, kestrel_io_setup*,
+ *     kestrel_reactor_io_setup, kestrel_reactor_start) and not yet given to its
+ *     destructor (kestrel_close, kestrel_io_destroy, kestrel_reactor_stop). A live
+ *     handle of another kind is refused by the magic number it starts with; a
+ *     destroyed one must not be passed (its memory may have been reused).
+ *   - A kestrel_t or kestrel_reactor_t may be used by several threads at once, but
+ *     is not destroyed while another call uses it. A kestrel_ctx_t has one call at a
+ *     time on it. After a destructor returns, the handle is not passed again.
+ *   - An out-pointer (out, events) is NULL or, aligned for its type, valid for
+ *     writes of one object (of nr events) for the duration of the call, and
+ *     overlaps no other argument.
+ *   - An in-pointer (params, iocbs, an iocb's iov, timeout) is NULL or, aligned
+ *     for its type, valid for reads of one initialised object (of nr iocbs, of
+ *     iovcnt entries) and unchanged for the duration of the call.
+ *   - A string (target, cores) is NULL or readable up to and including its NUL
+ *     (at most 4097 and 1024 bytes are read), unchanged during the call.
+ *   - The library keeps none of these pointers after the call returns: all but
+ *     the buffers below.
+ *
+ * Buffers: memory an accepted iocb names (buf, the iov bases, md_buf) stays valid
+ * and untouched -- not freed (kestrel_dma_free, free), not written, and for a read
+ * not read either -- until that iocb's event has been returned by
+ * kestrel_io_getevents() or its context destroyed (kestrel_io_destroy() waits for
+ * it; see there). The device, or the library's bounce copy, reads or writes it
+ * until then.
  *   - kestrel_io_submit() never sleeps: it takes as many iocbs as fit, in order,
  *     and returns how many (-EAGAIN when none fit).
  *   - Every accepted iocb produces exactly one event.
@@ -212,10 +242,11 @@ uint32_t kestrel_abi_version(void);
  * and mean the same targets.
  */
 int kestrel_open(const char *target, kestrel_t **out);
-/* kestrel_open() with options (timeouts); params must not be NULL. */
+/* kestrel_open() with options (timeouts); params must not be NULL (24 bytes read). */
 int kestrel_open_params(const char *target, const struct kestrel_open_params *params,
                         kestrel_t **out);
-/* Closes the handle; open contexts keep the target alive until destroyed. */
+/* Closes the handle; open contexts keep the target alive until destroyed. No other
+ * call may use k during or after this one. */
 int kestrel_close(kestrel_t *k);
 int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out);
 /* The zones of a zoned namespace; -ENOTSUP for any other target. */
@@ -225,12 +256,16 @@ uint64_t kestrel_capacity(const kestrel_t *k);   /* bytes; 0 for a bad handle */
 
 /* Zeroed, page-aligned DMA memory of the target. Allocate at setup, not per I/O. */
 int kestrel_dma_alloc(kestrel_t *k, size_t len, void **out);
+/* Unmaps buf (from kestrel_dma_alloc on k) for reuse: no iocb naming it may still be
+ * outstanding (see "Buffers"), and the program does not touch it afterwards. */
 int kestrel_dma_free(kestrel_t *k, void *buf);
 
 int kestrel_io_setup(kestrel_t *k, unsigned nr_events, kestrel_ctx_t **out);
 int kestrel_io_setup_params(kestrel_t *k, const struct kestrel_io_params *params,
                             kestrel_ctx_t **out);
-/* Returns the number accepted (1..nr), or -errno if none was. */
+/* Returns the number accepted (1..nr), or -errno if none was. Reads at most the
+ * first nr_events of the nr iocbs (80 bytes each); each accepted iocb's memory
+ * follows the "Buffers" rule until its event. */
 int kestrel_io_submit(kestrel_ctx_t *ctx, size_t nr, const struct kestrel_iocb *iocbs);
 /*
  * Polls until at least min_nr events are ready (at most nr are returned) or the
@@ -238,12 +273,19 @@ int kestrel_io_submit(kestrel_ctx_t *ctx, size_t nr, const struct kestrel_iocb *
  * to events. Waiting with no timeout for more than is outstanding is -EDEADLK.
  * -EBUSY: the requests in flight were submitted on another thread to a file
  * target, whose io_uring only that thread can complete (call it there).
+ * events has room for nr events (32 bytes each; at most nr_events are written).
  */
 int kestrel_io_getevents(kestrel_ctx_t *ctx, size_t min_nr, size_t nr,
                          struct kestrel_event *events, const struct timespec *timeout);
 /* A KESTREL_CANCEL_STATUS_*, or -ENOENT if nothing outstanding has user_data. */
 int kestrel_io_cancel(kestrel_ctx_t *ctx, uint64_t user_data);
-/* Waits for outstanding requests (their events are dropped), then frees. */
+/* Waits for outstanding requests (their events are dropped), then frees ctx; their
+ * buffers may then be reused. The wait is bounded: if it logs that requests were left
+ * outstanding (its drain timeout passed, or a file target's requests were submitted
+ * on another thread), their memory must stay valid and untouched for good. The
+ * library does its part for DMA memory: from then on kestrel_dma_free (and
+ * kestrel_close) of that kestrel_t keeps the buffers it is given out of the pool for
+ * good instead of freeing them, since any of them may be one a device still writes. */
 int kestrel_io_destroy(kestrel_ctx_t *ctx);
 
 /*
@@ -263,11 +305,16 @@ int kestrel_reactor_io_setup(kestrel_reactor_t *r, const struct kestrel_io_param
  * Stops accepting requests (later submits are -ESHUTDOWN), drains those in flight
  * (their events stay collectable), deletes the queues, joins the threads, frees r.
  * Contexts are still destroyed with kestrel_io_destroy(). No other call on r may
- * run concurrently with this one.
+ * run concurrently with this one, and r is not passed again after it, whatever it
+ * returns (r is freed even when the drain reports an error).
  */
 int kestrel_reactor_stop(kestrel_reactor_t *r);
 
-/* A static description of an errno (either sign); never NULL. */
+/*
+ * A static description of an errno the library returns (either sign); for any other code
+ * (INT_MIN among them) "unknown error N", N as given, in a buffer of the calling thread
+ * that stays valid until its next call of kestrel_strerror(). Never NULL.
+ */
 const char *kestrel_strerror(int err);
 /* The calling thread's last error message ("" if none). */
 const char *kestrel_last_error(void);

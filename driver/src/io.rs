@@ -1,7 +1,7 @@
 //! The I/O request and completion types shared by every target (NVMe queue pairs and the
 //! file target): plain `Copy` data, so the I/O path never allocates.
 
-use crate::hw::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::DmaSlice;
 use crate::spec::zns::zns_opc;
 use crate::spec::{nvm_opc, Status};
 
@@ -184,13 +184,7 @@ pub struct Segments {
     n: u8,
 }
 
-const EMPTY_SLICE: DmaSlice = DmaSlice {
-    vaddr: 0,
-    iova: 0,
-    len: 0,
-    region: 0,
-    region_vaddr: 0,
-};
+const EMPTY_SLICE: DmaSlice = DmaSlice::EMPTY;
 
 impl Default for Segments {
     fn default() -> Self {
@@ -382,19 +376,12 @@ impl IoRequest {
             ..Self::read(nsid, slba, 0, buf, token)
         }
     }
-    /// Convenience: a read into the whole of `buf`.
-    pub fn read_buf(nsid: u32, lba: u64, nlb: u32, buf: &DmaBuf, token: u64) -> Self {
-        Self::read(nsid, lba, nlb, buf.slice_all(), token)
-    }
-    /// Convenience: a write from the whole of `buf`.
-    pub fn write_buf(nsid: u32, lba: u64, nlb: u32, buf: &DmaBuf, token: u64) -> Self {
-        Self::write(nsid, lba, nlb, buf.slice_all(), token)
-    }
 }
 
-// The request is copied into the software queue and split parents: 360 bytes of op, LBA
-// range, inline segments and token, and 56 of metadata (IoMeta).
-const _: () = assert!(std::mem::size_of::<IoRequest>() == 416);
+// The request is copied into the software queue and split parents: 424 bytes of op, LBA
+// range, inline segments (48 bytes each: address, IOVA, length, region, lease) and token,
+// and 64 of metadata (IoMeta).
+const _: () = assert!(std::mem::size_of::<IoRequest>() == 488);
 
 /// Why an I/O failed. `Copy` and small, so completions carry it without allocation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
@@ -544,6 +531,18 @@ pub enum InvalidRequest {
         len: usize,
         /// The rule broken.
         why: &'static str,
+    },
+    /// A data or metadata segment that is not a slice of a buffer lent to the queue or
+    /// context it was submitted to ([`crate::hw::dma::Leases`]): lent elsewhere, or given
+    /// back. Nothing reached the device.
+    #[error("buffer segment {index} at iova {iova:#x} (+{len}) is not lent to this queue: lend the buffer to the queue or context that submits it (TargetQueue::lend, IoContext::lend), and keep using it only until it is reclaimed or released")]
+    NotLent {
+        /// Segment index (`MAX_SEGMENTS` for the separate metadata buffer).
+        index: usize,
+        /// Its IOVA.
+        iova: u64,
+        /// Its length.
+        len: usize,
     },
     /// The namespace is not active on this controller.
     #[error("nsid {nsid} is not an active namespace")]

@@ -25,6 +25,18 @@
 // copied when a queue is full.
 #![allow(clippy::result_large_err, clippy::large_enum_variant)]
 
+// The ordering between the CPU and a controller is written for x86-64 only
+// (`hw/barrier.rs`, whose module doc gives each primitive's aarch64 instructions). On any
+// other architecture the build stops here, naming what a port must write, instead of
+// building a driver that silently relies on x86's ordering.
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!(
+    "kestrel has not been written for this architecture: driver/src/hw/barrier.rs must \
+     provide dma_wmb, dma_rmb, dma_mb, read_once, read_once_at and write_once for it (its \
+     module doc says what each orders, and what each is on aarch64), then lift this check \
+     in lib.rs"
+);
+
 pub mod parse;
 pub mod spec;
 

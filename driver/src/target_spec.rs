@@ -48,6 +48,17 @@ pub enum TargetSpecError {
     /// Starting the emulator failed.
     #[error(transparent)]
     Emu(#[from] crate::emu::EmuError),
+    /// `core=` names a core this process may not run on (or that does not exist).
+    #[error(
+        "emu core={core}: core {core} is not available to kestrel (available cores: \
+         {available}); use one of them or core=none"
+    )]
+    CoreNotAvailable {
+        /// The core asked for.
+        core: usize,
+        /// The cores this process may run on, as a core list (`0-1`).
+        available: String,
+    },
     /// Bringing up the controller failed.
     #[error(transparent)]
     Ctrlr(#[from] crate::nvme::ctrlr::CtrlrError),
@@ -75,7 +86,7 @@ impl TargetSpecError {
     pub fn errno(&self) -> i32 {
         use crate::target::file::FileError as F;
         match self {
-            TargetSpecError::Parse(_) => libc::EINVAL,
+            TargetSpecError::Parse(_) | TargetSpecError::CoreNotAvailable { .. } => libc::EINVAL,
             TargetSpecError::Vfio(crate::hw::vfio::VfioError::PermissionDenied { .. }) => {
                 libc::EACCES
             }
@@ -272,7 +283,20 @@ pub fn emu_config(
     };
     let store = e.store.clone().unwrap_or(opts.default_store.clone());
     let core = match e.core {
-        Some(CoreSpec::Core(c)) => Some(c),
+        Some(CoreSpec::Core(c)) => {
+            // The emulator's thread would only warn that it could not pin itself and run
+            // anywhere: refused here, for every caller (the CLI, the C API, the fio engine,
+            // kestrel serve), as kestrel perf refuses a poller core.
+            if let Some(avail) = crate::parse::available_cores() {
+                if !avail.contains(&c) {
+                    return Err(TargetSpecError::CoreNotAvailable {
+                        core: c,
+                        available: crate::parse::core_list_text(&avail),
+                    });
+                }
+            }
+            Some(c)
+        }
         Some(CoreSpec::None) => None,
         None => opts.default_emu_core,
     };

@@ -13,33 +13,34 @@ use kestrel::aio::{
     AioError, BounceOptions, CancelOutcome, CancelStatus, ContextOptions, Event, IoBuf, IoContext,
     Iocb, IocbError, Opcode,
 };
+use kestrel::dma::LeaseError;
 use kestrel::emu::EmuConfig;
 use kestrel::io::{IoError, Segments};
 use kestrel::target::{QueueOptions, Target};
-use kestrel::{DmaBuf, ReactorError};
+use kestrel::{DmaSlice, ReactorError};
 
 fn write_read_all_opcodes(t: Arc<dyn Target>) {
     let bs = t.info().block_size as usize;
     let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(t, 32).unwrap();
     assert!(ctx.is_run_to_completion());
-    let mut w = pool.alloc(64 * bs).unwrap();
-    let r = pool.alloc(64 * bs).unwrap();
-    batched_writes_then_reads(&mut ctx, &mut w, &r, bs);
+    let w = ctx.lend(pool.alloc(64 * bs).unwrap()).unwrap();
+    let r = ctx.lend(pool.alloc(64 * bs).unwrap()).unwrap();
+    batched_writes_then_reads(&mut ctx, &w, &r, bs);
     vectored_round_trip(&mut ctx, &w, &r, bs);
     zeroes_discard_and_flush(&mut ctx, &r, bs);
     every_request_accounted(&ctx);
 }
 
 /// Writes of assorted sizes, then reads of the same ranges, all in one batch each.
-fn batched_writes_then_reads(ctx: &mut IoContext, w: &mut DmaBuf, r: &DmaBuf, bs: usize) {
+fn batched_writes_then_reads(ctx: &mut IoContext, w: &DmaSlice, r: &DmaSlice, bs: usize) {
     let sizes = [1usize, 2, 3, 8, 16, 33];
     let mut off = 0usize;
     let mut iocbs = Vec::new();
     let mut expect = Vec::new();
     for (i, &nb) in sizes.iter().enumerate() {
         let data = pattern(nb * bs, 1000 + i as u64);
-        w.write_at(off * bs, &data).unwrap();
+        ctx.write_lent(w, off * bs, &data).unwrap();
         iocbs.push(Iocb::write(
             (100 + off * 2) as u64 * bs as u64,
             w.slice(off * bs, nb * bs).unwrap(),
@@ -69,13 +70,13 @@ fn batched_writes_then_reads(ctx: &mut IoContext, w: &mut DmaBuf, r: &DmaBuf, bs
     for (i, (off, nb, data)) in expect.iter().enumerate() {
         assert_eq!(evs[&(100 + i as u64)].res, Ok((nb * bs) as u64));
         let mut got = vec![0u8; nb * bs];
-        r.read_at(off * bs, &mut got).unwrap();
+        ctx.read_lent(r, off * bs, &mut got).unwrap();
         assert!(&got == data, "read {i} returned other data");
     }
 }
 
 /// Vectored: write three segments, read them back into two.
-fn vectored_round_trip(ctx: &mut IoContext, w: &DmaBuf, r: &DmaBuf, bs: usize) {
+fn vectored_round_trip(ctx: &mut IoContext, w: &DmaSlice, r: &DmaSlice, bs: usize) {
     let segs_w = [
         w.slice(0, bs).unwrap(),
         w.slice(5 * bs, 2 * bs).unwrap(),
@@ -83,8 +84,8 @@ fn vectored_round_trip(ctx: &mut IoContext, w: &DmaBuf, r: &DmaBuf, bs: usize) {
     ];
     let mut flat = Vec::new();
     for s in &segs_w {
-        let mut b = vec![0u8; s.len];
-        w.read_at(s.vaddr - w.as_ptr() as usize, &mut b).unwrap();
+        let mut b = vec![0u8; s.len()];
+        ctx.read_lent(s, 0, &mut b).unwrap();
         flat.extend_from_slice(&b);
     }
     let wv = Iocb::writev(3000 * bs as u64, Segments::from_slices(&segs_w).unwrap(), 7);
@@ -100,13 +101,13 @@ fn vectored_round_trip(ctx: &mut IoContext, w: &DmaBuf, r: &DmaBuf, bs: usize) {
     .unwrap();
     assert_eq!(collect(ctx, 1)[0].res, Ok(4 * bs as u64));
     let mut got = vec![0u8; 4 * bs];
-    r.read_at(0, &mut got[..3 * bs]).unwrap();
-    r.read_at(40 * bs, &mut got[3 * bs..]).unwrap();
+    ctx.read_lent(r, 0, &mut got[..3 * bs]).unwrap();
+    ctx.read_lent(r, 40 * bs, &mut got[3 * bs..]).unwrap();
     assert!(got == flat, "vectored round trip");
 }
 
 /// Write zeroes and discard over written data (where the target has them); flush.
-fn zeroes_discard_and_flush(ctx: &mut IoContext, r: &DmaBuf, bs: usize) {
+fn zeroes_discard_and_flush(ctx: &mut IoContext, r: &DmaSlice, bs: usize) {
     let info = ctx.target_info(0).unwrap().clone();
     let mut batch = vec![Iocb::flush(20)];
     if info.write_zeroes {
@@ -124,10 +125,9 @@ fn zeroes_discard_and_flush(ctx: &mut IoContext, r: &DmaBuf, bs: usize) {
         ctx.submit(&[Iocb::read(100 * bs as u64, r.slice(0, 2 * bs).unwrap(), 23)])
             .unwrap();
         assert_eq!(collect(ctx, 1)[0].res, Ok(2 * bs as u64));
-        assert!(
-            r.to_vec()[..2 * bs].iter().all(|&b| b == 0),
-            "write zeroes left data"
-        );
+        let mut got = vec![0xFFu8; 2 * bs];
+        ctx.read_lent(r, 0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0), "write zeroes left data");
     }
     if info.deallocate {
         assert_eq!(evs[&22].res, Ok(bs as u64));
@@ -165,8 +165,9 @@ fn one_doorbell_per_submit_call() {
         ..Default::default()
     });
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(16 * bs).unwrap();
+    let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(t, 64).unwrap();
+    let buf = ctx.lend(pool.alloc(16 * bs).unwrap()).unwrap();
     let before = ctx.queue_stats().unwrap().0.sq_doorbell_writes;
     let iocbs: Vec<Iocb> = (0..16)
         .map(|i| Iocb::read(i * bs as u64, buf.slice(i as usize * bs, bs).unwrap(), i))
@@ -182,9 +183,9 @@ fn invalid_iocbs_are_typed_errors_naming_the_values() {
     let (_emu, t) = emu_target(EmuConfig::default());
     let bs = t.info().block_size as u64;
     let cap = t.info().num_blocks * bs;
-    let buf = t.dma_pool().alloc(4 * bs as usize).unwrap();
+    let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(t, 8).unwrap();
-    let s = buf.slice_all();
+    let s = ctx.lend(pool.alloc(4 * bs as usize).unwrap()).unwrap();
     let cases: Vec<(Iocb, &str)> = vec![
         (Iocb::read(bs + 1, s, 1), "offset"),
         (
@@ -268,7 +269,8 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
     let src = bounced_writes_wait_for_a_free_bounce_buffer(&mut ctx, bs);
     // A bounced request longer than a bounce buffer.
     let mut big = vec![0u8; 8 * bs];
-    // SAFETY: refused at submit.
+    // SAFETY: `big` is valid for its 8 * bs bytes and outlives the request, which submit
+    // refuses anyway (longer than a bounce buffer), so nothing ever touches it.
     let bb = unsafe { IoBuf::user(big.as_mut_ptr(), big.len()) };
     let e = ctx
         .submit(&[Iocb::bounced(Opcode::Read, 0, bb, 9)])
@@ -281,23 +283,27 @@ fn foreign_buffers_are_refused_and_the_bounce_path_copies() {
 /// A context without the bounce path refuses a buffer of another pool and ordinary
 /// memory.
 fn without_bounce_path_foreign_and_user_memory_are_refused(t: &Arc<dyn Target>, bs: usize) {
-    // A buffer from another pool (another emulator) is foreign to this target.
+    // A buffer from another pool (another emulator) is foreign to this target: it cannot
+    // be lent to a context of this target, and a slice of it lent to a context of the
+    // other target is refused here.
     let (_emu2, other) = emu_target(EmuConfig::default());
-    let foreign = other.dma_pool().alloc(bs).unwrap();
     let mut plain = IoContext::setup(Arc::clone(t), 8).unwrap();
-    let e = plain
-        .submit(&[Iocb::write(0, foreign.slice_all(), 1)])
-        .unwrap_err();
+    let e = plain.lend(other.dma_pool().alloc(bs).unwrap()).unwrap_err();
+    assert!(matches!(e, LeaseError::ForeignPool { .. }), "{e}");
+    let mut elsewhere = IoContext::setup(Arc::clone(&other), 8).unwrap();
+    let foreign = elsewhere.lend(other.dma_pool().alloc(bs).unwrap()).unwrap();
+    let e = plain.submit(&[Iocb::write(0, foreign, 1)]).unwrap_err();
     assert!(
         matches!(
             e,
             AioError::Invalid {
-                reason: IocbError::ForeignBuffer { .. },
+                reason: IocbError::NotLent { .. },
                 ..
             }
         ),
         "{e}"
     );
+    assert_eq!(plain.stats().submitted, 0);
     // Ordinary memory without the bounce path.
     let mut mem = vec![0u8; bs];
     // SAFETY: `mem` outlives the (refused) request.
@@ -367,9 +373,10 @@ fn bounced_reads_return_what_was_written(ctx: &mut IoContext, bs: usize, src: &[
 fn busy_when_nr_events_are_taken_and_after_reaping_room_again() {
     let (_emu, t) = slow_emu_target(Duration::from_millis(50));
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
+    let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(t, 4).unwrap();
-    let iocbs: Vec<Iocb> = (0..10).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let buf = ctx.lend(pool.alloc(bs).unwrap()).unwrap();
+    let iocbs: Vec<Iocb> = (0..10).map(|i| Iocb::read(0, buf, i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 4, "as many as fit, in order");
     let e = ctx.submit(&iocbs[4..]).unwrap_err();
     assert!(
@@ -396,8 +403,9 @@ fn busy_when_nr_events_are_taken_and_after_reaping_room_again() {
 fn getevents_timeout_and_min_nr() {
     let (_emu, t) = slow_emu_target(Duration::from_millis(300));
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
+    let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(t, 16).unwrap();
+    let buf = ctx.lend(pool.alloc(bs).unwrap()).unwrap();
     let mut evs = vec![Event::default(); 16];
     // Nothing outstanding: waiting forever is refused, a timeout returns at once.
     assert!(matches!(
@@ -412,7 +420,7 @@ fn getevents_timeout_and_min_nr() {
         ctx.getevents(17, &mut evs, None),
         Err(AioError::MinNrTooLarge { min_nr: 17, nr: 16 })
     ));
-    let iocbs: Vec<Iocb> = (0..8).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let iocbs: Vec<Iocb> = (0..8).map(|i| Iocb::read(0, buf, i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 8);
     // The latency holds every completion: a short timeout returns none, after at least
     // the timeout.
@@ -459,7 +467,7 @@ fn cancel_before_the_device_and_abort_at_the_device() {
     // the others wait in the qpair's software queue.
     let (emu, t) = slow_emu_target(Duration::from_millis(400));
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
+    let pool = t.dma_pool().clone();
     let mut opts = ContextOptions::new(8);
     opts.queue = Some(QueueOptions {
         depth: 2,
@@ -467,7 +475,8 @@ fn cancel_before_the_device_and_abort_at_the_device() {
         ..Default::default()
     });
     let mut ctx = IoContext::setup_with(t, opts).unwrap();
-    let iocbs: Vec<Iocb> = (0..3).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let buf = ctx.lend(pool.alloc(bs).unwrap()).unwrap();
+    let iocbs: Vec<Iocb> = (0..3).map(|i| Iocb::read(0, buf, i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 3);
     assert_eq!(ctx.cancel(2).unwrap(), CancelStatus::Cancelled);
     assert!(matches!(
@@ -501,9 +510,10 @@ fn cancel_before_the_device_and_abort_at_the_device() {
 fn an_abort_that_loses_the_race_completes_normally() {
     let (emu, t) = emu_target(EmuConfig::default());
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
+    let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(t, 8).unwrap();
-    ctx.submit(&[Iocb::read(0, buf.slice_all(), 5)]).unwrap();
+    let buf = ctx.lend(pool.alloc(bs).unwrap()).unwrap();
+    ctx.submit(&[Iocb::read(0, buf, 5)]).unwrap();
     // Let the emulator complete it (not yet reaped: the tracker is still ours).
     wait_for_a_device_read(&emu);
     std::thread::sleep(Duration::from_millis(20));
@@ -521,9 +531,10 @@ fn an_abort_that_loses_the_race_completes_normally() {
 fn dropping_a_context_with_io_in_flight_waits_for_it() {
     let (emu, t) = slow_emu_target(Duration::from_millis(100));
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
+    let pool = t.dma_pool().clone();
     let mut ctx = IoContext::setup(Arc::clone(&t), 8).unwrap();
-    let iocbs: Vec<Iocb> = (0..8).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let buf = ctx.lend(pool.alloc(bs).unwrap()).unwrap();
+    let iocbs: Vec<Iocb> = (0..8).map(|i| Iocb::read(0, buf, i)).collect();
     ctx.submit(&iocbs).unwrap();
     drop(ctx);
     // Every command completed at the device before the qpair was deleted.

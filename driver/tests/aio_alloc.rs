@@ -46,9 +46,10 @@ fn run(ctx: &mut IoContext, iocbs: &[Iocb], evs: &mut [Event], n: u64) {
     }
 }
 
-fn mixed_iocbs(t: &Arc<dyn Target>, user: &mut [Vec<u8>]) -> (Vec<Iocb>, kestrel::DmaBuf) {
+/// Iocbs of a buffer lent to `ctx` and of `user` memory.
+fn mixed_iocbs(t: &Arc<dyn Target>, ctx: &mut IoContext, user: &mut [Vec<u8>]) -> Vec<Iocb> {
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(64 * bs).unwrap();
+    let buf = ctx.lend(t.dma_pool().alloc(64 * bs).unwrap()).unwrap();
     let mut v = Vec::new();
     for i in 0..64u64 {
         let s = buf.slice((i as usize % 32) * bs, bs).unwrap();
@@ -76,7 +77,7 @@ fn mixed_iocbs(t: &Arc<dyn Target>, user: &mut [Vec<u8>]) -> (Vec<Iocb>, kestrel
             1000 + j as u64,
         ));
     }
-    (v, buf)
+    v
 }
 
 #[test]
@@ -84,7 +85,6 @@ fn run_to_completion_allocates_nothing_per_io() {
     let t = target();
     let bs = t.info().block_size as usize;
     let mut user: Vec<Vec<u8>> = (0..8).map(|_| vec![7u8; bs]).collect();
-    let (iocbs, _buf) = mixed_iocbs(&t, &mut user);
     let mut ctx = IoContext::setup_with(
         Arc::clone(&t),
         ContextOptions::new(64).with_bounce(BounceOptions {
@@ -93,6 +93,7 @@ fn run_to_completion_allocates_nothing_per_io() {
         }),
     )
     .unwrap();
+    let iocbs = mixed_iocbs(&t, &mut ctx, &mut user);
     let mut evs = vec![Event::default(); 32];
     run(&mut ctx, &iocbs, &mut evs, 5_000);
     let counter = Counter::new();
@@ -143,13 +144,13 @@ fn cross_thread_allocates_nothing_per_io_on_any_thread() {
         "every poller is watched"
     );
     let mut user: Vec<Vec<u8>> = (0..8).map(|_| vec![7u8; bs]).collect();
-    let (iocbs, _buf) = mixed_iocbs(&t, &mut user);
     let mut ctx = reactor
         .context_with(ContextOptions::new(64).with_bounce(BounceOptions {
             buffers: 64,
             buf_size: bs,
         }))
         .unwrap();
+    let iocbs = mixed_iocbs(&t, &mut ctx, &mut user);
     let mut evs = vec![Event::default(); 32];
     run(&mut ctx, &iocbs, &mut evs, 5_000);
     counter.watch_this_thread();

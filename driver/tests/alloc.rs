@@ -11,7 +11,8 @@ use kestrel::emu::testkit::meta_format;
 use kestrel::emu::{EmuConfig, EmuNamespace, EmuStore};
 use kestrel::io::{IoMeta, IoRequest};
 use kestrel::spec::pi::{PiFormat, PiType};
-use kestrel::{DmaBuf, DmaPool, QpairOptions};
+use kestrel::target::TargetQueue;
+use kestrel::{DmaPool, DmaSlice, IoQpair, QpairOptions};
 
 #[test]
 fn no_allocation_across_100k_ios() {
@@ -23,9 +24,9 @@ fn no_allocation_across_100k_ios() {
             ..Default::default()
         })
         .unwrap();
-    let mut buf = c.dma_pool().alloc(128 * 4096).unwrap();
-    buf.fill(7);
-    let big = c.dma_pool().alloc(4 << 20).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 128 * 4096);
+    fill_lent(&mut qp, &buf, 7);
+    let big = lend(&mut qp, c.dma_pool(), 4 << 20);
     let run = |qp: &mut kestrel::IoQpair, n: u64| {
         let mut done = 0u64;
         let mut issued = 0u64;
@@ -101,7 +102,7 @@ fn no_allocation_with_metadata_and_software_pi() {
             ..Default::default()
         })
         .unwrap();
-    let mut w = MetaWorkload::new(c.dma_pool());
+    let mut w = MetaWorkload::new(&mut qp, c.dma_pool());
     w.run(&mut qp, 2_000);
     let counter = Counter::new();
     counter.watch_this_thread();
@@ -122,13 +123,14 @@ fn meta_ns(ms: u16, extended: bool, pi_type: u8) -> EmuNamespace {
     }
 }
 
-/// The buffers of the metadata run, all allocated before it: 128 slots of data and
-/// metadata, the big write with its PI, and the scratch the software PI is computed in.
+/// The buffers of the metadata run, all allocated and lent to the queue before it: 128
+/// slots of data and metadata, the big write with its PI, and the scratch the software PI
+/// is computed in.
 struct MetaWorkload {
-    data: DmaBuf,
-    md: DmaBuf,
-    big: DmaBuf,
-    bigmd: DmaBuf,
+    data: DmaSlice,
+    md: DmaSlice,
+    big: DmaSlice,
+    bigmd: DmaSlice,
     pif: PiFormat,
     scratch: Vec<u8>,
     mscratch: Vec<u8>,
@@ -139,11 +141,11 @@ const DSTRIDE: usize = 8 * 520;
 const MSTRIDE: usize = 8 * 16;
 
 impl MetaWorkload {
-    fn new(pool: &DmaPool) -> Self {
-        let data = pool.alloc(128 * DSTRIDE).unwrap();
-        let md = pool.alloc(128 * MSTRIDE).unwrap();
-        let big = pool.alloc(1 << 20).unwrap();
-        let mut bigmd = pool.alloc(2048 * 16).unwrap();
+    fn new(qp: &mut IoQpair, pool: &DmaPool) -> Self {
+        let data = lend(qp, pool, 128 * DSTRIDE);
+        let md = lend(qp, pool, 128 * MSTRIDE);
+        let big = lend(qp, pool, 1 << 20);
+        let bigmd = lend(qp, pool, 2048 * 16);
         let pif = PiFormat {
             data_size: 512,
             ms: 16,
@@ -156,7 +158,7 @@ impl MetaWorkload {
         // The big write: PI for 2048 blocks of zeroes at LBA 8192, generated once.
         let mut bigmd_bytes = vec![0u8; 2048 * 16];
         pif.fill(&mut vec![0u8; 1 << 20], &mut bigmd_bytes, 2048, 8192, 0);
-        bigmd.write_at(0, &bigmd_bytes).unwrap();
+        qp.write_lent(&bigmd, 0, &bigmd_bytes).unwrap();
         MetaWorkload {
             data,
             md,
@@ -169,14 +171,14 @@ impl MetaWorkload {
     }
 
     /// Runs `n` requests to completion.
-    fn run(&mut self, qp: &mut kestrel::IoQpair, n: u64) {
+    fn run(&mut self, qp: &mut IoQpair, n: u64) {
         let mut done = 0u64;
         let mut issued = 0u64;
         while done < n {
             // At most 100 outstanding over 128 slots: a slot's buffers are never shared by
             // two requests in flight (a write's PI must match its data when it executes).
             while issued < n && issued - done < 100 {
-                let req = self.request(issued);
+                let req = self.request(qp, issued);
                 qp.submit(req).unwrap();
                 issued += 1;
             }
@@ -190,7 +192,7 @@ impl MetaWorkload {
 
     /// Request `i`: every 40th the big write, else on slot i % 128 a write or read of the
     /// extended-LBA namespace or one with separate metadata, PI made in software.
-    fn request(&mut self, i: u64) -> IoRequest {
+    fn request(&mut self, qp: &mut IoQpair, i: u64) -> IoRequest {
         let pif = &self.pif;
         let (scratch, mscratch) = (&mut self.scratch, &mut self.mscratch);
         let s = (i % 128) as usize;
@@ -198,21 +200,21 @@ impl MetaWorkload {
         let d = self.data.slice(s * DSTRIDE, DSTRIDE).unwrap();
         let m = self.md.slice(s * MSTRIDE, MSTRIDE).unwrap();
         match i % 40 {
-            0 => IoRequest::write(1, 8192, 2048, self.big.slice_all(), i)
-                .with_meta(IoMeta::separate(self.bigmd.slice_all())),
+            0 => {
+                IoRequest::write(1, 8192, 2048, self.big, i).with_meta(IoMeta::separate(self.bigmd))
+            }
             n if n % 4 == 1 => IoRequest::write(2, lba, 8, d, i).with_meta(IoMeta::extended()),
             n if n % 4 == 2 => IoRequest::read(2, lba, 8, d, i).with_meta(IoMeta::extended()),
             n if n % 2 == 0 => {
                 // Software PI over the slot's data, into its metadata.
-                self.data
-                    .read_at(s * DSTRIDE, &mut scratch[..8 * 512])
+                qp.read_lent(&self.data, s * DSTRIDE, &mut scratch[..8 * 512])
                     .unwrap();
                 pif.fill(&mut scratch[..8 * 512], mscratch, 8, lba as u32, 0);
                 assert_eq!(
                     pif.check(&scratch[..8 * 512], mscratch, 8, lba as u32, 0, 0),
                     Ok(())
                 );
-                self.md.write_at(s * MSTRIDE, mscratch).unwrap();
+                qp.write_lent(&self.md, s * MSTRIDE, mscratch).unwrap();
                 IoRequest::write(1, lba, 8, d, i).with_meta(IoMeta::separate(m))
             }
             _ => IoRequest::read(1, lba, 8, d, i).with_meta(IoMeta::separate(m)),

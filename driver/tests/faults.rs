@@ -13,7 +13,8 @@ use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::emu::{FaultAction, FaultPlan, FaultRule, FaultTarget};
 use kestrel::io::{Completion, IoError, IoRequest};
 use kestrel::spec::{nvm_opc, Status};
-use kestrel::{Controller, ControllerOptions, DmaBuf, IoQpair, QpairOptions};
+use kestrel::target::TargetQueue;
+use kestrel::{Controller, ControllerOptions, DmaSlice, IoQpair, QpairOptions};
 
 const BS: usize = 4096;
 const BLOCKS: u64 = 2048;
@@ -56,7 +57,8 @@ struct Rig {
     emu: Arc<EmuController>,
     _ctrlr: Controller,
     qp: IoQpair,
-    bufs: Vec<DmaBuf>,
+    /// One block each, lent to `qp`.
+    bufs: Vec<DmaSlice>,
 }
 
 /// The I/O timeout of a case. Only a dropped completion should ever time out; every other
@@ -89,7 +91,7 @@ fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
         },
     )
     .unwrap();
-    let qp = ctrlr
+    let mut qp = ctrlr
         .create_io_qpair(&QpairOptions {
             depth,
             sw_queue_depth: 256,
@@ -99,7 +101,7 @@ fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
         })
         .unwrap();
     let bufs = (0..qd)
-        .map(|_| ctrlr.dma_pool().alloc(BS).unwrap())
+        .map(|_| common::lend(&mut qp, ctrlr.dma_pool(), BS))
         .collect();
     Rig {
         emu,
@@ -112,15 +114,15 @@ fn rig(qd: u32, depth: u32, timeout: Duration) -> Rig {
 /// Writes generation 0 everywhere, with no faults.
 fn prefill(r: &mut Rig) -> Vec<Vec<u8>> {
     let mut shadow = Vec::new();
-    let mut buf = r._ctrlr.dma_pool().alloc(64 * BS).unwrap();
+    let buf = common::lend(&mut r.qp, r._ctrlr.dma_pool(), 64 * BS);
     for chunk in 0..BLOCKS / 64 {
         for i in 0..64 {
             let lba = chunk * 64 + i;
             let p = block_pattern(lba, 0);
-            buf.write_at(i as usize * BS, &p).unwrap();
+            r.qp.write_lent(&buf, i as usize * BS, &p).unwrap();
             shadow.push(p);
         }
-        let req = IoRequest::write_buf(1, chunk * 64, 64, &buf, chunk);
+        let req = IoRequest::write(1, chunk * 64, 64, buf, chunk);
         assert_eq!(common::complete_one(&mut r.qp, req), Ok(()));
     }
     shadow
@@ -250,12 +252,11 @@ impl Case {
             // Distinct blocks for every I/O, spread over the region.
             let lba = (next * 5) % BLOCKS;
             let req = match self.op {
-                Op::Read => IoRequest::read_buf(1, lba, 1, &r.bufs[b], next),
+                Op::Read => IoRequest::read(1, lba, 1, r.bufs[b], next),
                 Op::Write => {
-                    r.bufs[b]
-                        .write_at(0, &block_pattern(lba, next + 1))
+                    r.qp.write_lent(&r.bufs[b], 0, &block_pattern(lba, next + 1))
                         .unwrap();
-                    IoRequest::write_buf(1, lba, 1, &r.bufs[b], next)
+                    IoRequest::write(1, lba, 1, r.bufs[b], next)
                 }
             };
             r.qp.submit(req)
@@ -278,7 +279,7 @@ impl Case {
         });
         match (op, &c.result) {
             (Op::Read, Ok(())) => {
-                let got = r.bufs[b].to_vec();
+                let got = common::lent_bytes(&r.qp, &r.bufs[b]);
                 assert!(
                     got == self.shadow[lba as usize],
                     "read of lba {lba} returned wrong data ({fault:?} qd {qd})"
@@ -371,7 +372,7 @@ impl Case {
             self.last_done.duration_since(at) < Duration::from_secs(1),
             "all i/o completed within 1 s of detection"
         );
-        let req = IoRequest::read_buf(1, 0, 1, &r.bufs[0], 9999);
+        let req = IoRequest::read(1, 0, 1, r.bufs[0], 9999);
         assert_eq!(
             common::complete_one(&mut r.qp, req),
             Err(IoError::DeviceRemoved)
@@ -381,13 +382,13 @@ impl Case {
     /// The whole region against the shadow copy: completed writes read back, failed ones
     /// left their block old or new, and nothing else changed.
     fn assert_region_matches_the_shadow(&self, r: &mut Rig) {
-        let mut buf = r._ctrlr.dma_pool().alloc(64 * BS).unwrap();
+        let buf = common::lend(&mut r.qp, r._ctrlr.dma_pool(), 64 * BS);
         let mut mismatches = HashSet::new();
         for chunk in 0..BLOCKS / 64 {
-            buf.fill(0xEE);
-            let req = IoRequest::read_buf(1, chunk * 64, 64, &buf, 1_000_000 + chunk);
+            common::fill_lent(&mut r.qp, &buf, 0xEE);
+            let req = IoRequest::read(1, chunk * 64, 64, buf, 1_000_000 + chunk);
             assert_eq!(common::complete_one(&mut r.qp, req), Ok(()), "verify read");
-            let v = buf.to_vec();
+            let v = common::lent_bytes(&r.qp, &buf);
             for i in 0..64u64 {
                 let lba = chunk * 64 + i;
                 let got = &v[i as usize * BS..(i as usize + 1) * BS];
@@ -468,7 +469,7 @@ fn duplicate_completions_with_every_tracker_busy() {
 fn qpair_error_injection_without_the_device() {
     let (_emu, c) = common::emu();
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let buf = c.dma_pool().alloc(BS).unwrap();
+    let buf = common::lend(&mut qp, c.dma_pool(), BS);
     // Complete two reads without submitting them, and rewrite one write's status.
     assert!(qp.inject_error(kestrel::nvme::qpair::ErrorInjection {
         opcode: Some(nvm_opc::READ),
@@ -483,10 +484,10 @@ fn qpair_error_injection_without_the_device() {
         submit: true,
     }));
     for i in 0..3 {
-        qp.submit(IoRequest::read_buf(1, i, 1, &buf, i)).unwrap();
+        qp.submit(IoRequest::read(1, i, 1, buf, i)).unwrap();
     }
-    qp.submit(IoRequest::write_buf(1, 9, 1, &buf, 10)).unwrap();
-    qp.submit(IoRequest::write_buf(1, 9, 1, &buf, 11)).unwrap();
+    qp.submit(IoRequest::write(1, 9, 1, buf, 10)).unwrap();
+    qp.submit(IoRequest::write(1, 9, 1, buf, 11)).unwrap();
     qp.flush();
     let mut done = common::reap(&mut qp, 5);
     done.sort_by_key(|c| c.token);
@@ -506,8 +507,9 @@ fn qpair_error_injection_without_the_device() {
 fn explicit_reset_with_io_in_flight() {
     let (_emu, c) = common::emu();
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let mut buf = c.dma_pool().alloc(64 * BS).unwrap();
-    buf.write_at(0, &common::pattern(64 * BS, 3)).unwrap();
+    let buf = common::lend(&mut qp, c.dma_pool(), 64 * BS);
+    qp.write_lent(&buf, 0, &common::pattern(64 * BS, 3))
+        .unwrap();
     for i in 0..64u64 {
         qp.submit(IoRequest::write(
             1,
@@ -525,12 +527,12 @@ fn explicit_reset_with_io_in_flight() {
     qp.submit(IoRequest::flush(1, 100)).unwrap();
     let done = common::reap(&mut qp, 65);
     assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
-    let r = c.dma_pool().alloc(64 * BS).unwrap();
-    qp.submit(IoRequest::read_buf(1, 0, 64, &r, 200)).unwrap();
+    let r = common::lend(&mut qp, c.dma_pool(), 64 * BS);
+    qp.submit(IoRequest::read(1, 0, 64, r, 200)).unwrap();
     qp.flush();
     assert_eq!(common::reap(&mut qp, 1)[0].result, Ok(()));
     assert!(
-        r.to_vec() == buf.to_vec(),
+        common::lent_bytes(&qp, &r) == common::lent_bytes(&qp, &buf),
         "data written around the reset reads back"
     );
     assert_eq!(qp.free_slots(), qp.slots());
@@ -542,7 +544,7 @@ fn retry_waits_for_the_command_retry_delay() {
     let (emu, c) = common::emu();
     assert_eq!(c.identify().crdt[0], 1);
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let buf = c.dma_pool().alloc(BS).unwrap();
+    let buf = common::lend(&mut qp, c.dma_pool(), BS);
     emu.faults().add(
         FaultRule::new(
             FaultTarget::Io(nvm_opc::READ),
@@ -551,7 +553,7 @@ fn retry_waits_for_the_command_retry_delay() {
         .max(1),
     );
     let start = Instant::now();
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.submit(IoRequest::read(1, 0, 1, buf, 1)).unwrap();
     qp.flush();
     let done = common::reap(&mut qp, 1);
     let took = start.elapsed();
@@ -587,11 +589,11 @@ fn a_lost_completion_is_recovered_within_the_timeout_set() {
     let (emu, c, mut qp) = timed_qpair(Duration::from_millis(500));
     assert_eq!(qp.timeout(), Duration::from_millis(500));
     assert_eq!(qp.tick(), Duration::from_millis(100));
-    let buf = c.dma_pool().alloc(BS).unwrap();
+    let buf = common::lend(&mut qp, c.dma_pool(), BS);
     emu.faults()
         .add(FaultRule::new(FaultTarget::Io(nvm_opc::READ), FaultAction::Drop).max(1));
     let start = Instant::now();
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.submit(IoRequest::read(1, 0, 1, buf, 1)).unwrap();
     qp.flush();
     let done = common::reap(&mut qp, 1);
     let took = start.elapsed();
@@ -610,11 +612,12 @@ fn a_lost_completion_is_recovered_within_the_timeout_set() {
 }
 
 /// A qpair from [`timed_qpair`] with one read at the device whose completion the controller holds back for 60 s
-/// (far past any timeout here); the read's buffer is returned to keep it alive.
+/// (far past any timeout here); the read's buffer is lent to the queue, which keeps it
+/// while the read is outstanding, and its slice is returned.
 fn held_read(
     (emu, c, mut qp): (Arc<EmuController>, Controller, IoQpair),
-) -> (Arc<EmuController>, Controller, IoQpair, DmaBuf) {
-    let buf = c.dma_pool().alloc(BS).unwrap();
+) -> (Arc<EmuController>, Controller, IoQpair, DmaSlice) {
+    let buf = common::lend(&mut qp, c.dma_pool(), BS);
     emu.faults().add(
         FaultRule::new(
             FaultTarget::Io(nvm_opc::READ),
@@ -622,7 +625,7 @@ fn held_read(
         )
         .max(1),
     );
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.submit(IoRequest::read(1, 0, 1, buf, 1)).unwrap();
     qp.flush();
     (emu, c, qp, buf)
 }
@@ -672,9 +675,9 @@ fn a_held_command_seen_late_is_aborted_not_reset_and_retried() {
 #[test]
 fn a_pause_in_polling_does_not_time_out_a_new_command() {
     let (emu, c, mut qp) = timed_qpair(Duration::from_secs(2));
-    let buf = c.dma_pool().alloc(BS).unwrap();
+    let buf = common::lend(&mut qp, c.dma_pool(), BS);
     // Poll enough for a clock read, then pause for more than two timeouts.
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    qp.submit(IoRequest::read(1, 0, 1, buf, 1)).unwrap();
     qp.flush();
     common::reap(&mut qp, 1);
     for _ in 0..200 {
@@ -688,66 +691,81 @@ fn a_pause_in_polling_does_not_time_out_a_new_command() {
         )
         .max(1),
     );
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 2)).unwrap();
+    qp.submit(IoRequest::read(1, 0, 1, buf, 2)).unwrap();
     qp.flush();
     let done = common::reap(&mut qp, 1);
     assert_eq!(done[0].result, Ok(()));
     assert_eq!(qp.stats().timeouts, 0, "{:?}", qp.stats());
 }
 
-/// Timeouts are options of the controller and of each queue; below the minimum they are
-/// refused with a message naming the option.
+/// Polls `r`'s qpair until `n` completions were delivered and `bogus` completions were
+/// counted in all (at most 10 s); returns the completions.
+fn poll_until(r: &mut Rig, n: usize, bogus: u64) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (out.len() < n || r.qp.stats().bogus_completions < bogus) && Instant::now() < deadline {
+        r.qp.process_completions(64, &mut |c| out.push(c));
+    }
+    assert_eq!(out.len(), n, "completions within 10 s: {out:?}");
+    out
+}
+
+/// Completions whose CID names no outstanding command, beyond the qpair's trackers up to
+/// 0xFFFF (and one free tracker's), posted while writes are in flight: each is counted as
+/// bogus and ignored, in a release build as in a debug one (the reaping path looks a CID
+/// up with a checked access, never an unchecked index), and the writes complete once each
+/// and read back.
 #[test]
-fn timeouts_are_options_and_too_short_ones_are_refused() {
-    use kestrel::target::{QueueOptions, Target};
-    let emu = EmuController::start(EmuConfig::default()).unwrap();
-    let Err(e) = Controller::new(
-        emu.clone(),
-        ControllerOptions {
-            io_timeout: Duration::ZERO,
-            ..Default::default()
-        },
-    ) else {
-        panic!("a zero timeout was accepted");
-    };
-    assert!(e.to_string().contains("io_timeout"), "{e}");
-    let c = Controller::new(
-        emu,
-        ControllerOptions {
-            io_timeout: Duration::from_millis(500),
-            admin_timeout: Duration::from_secs(2),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    assert_eq!(c.admin_timeout(), Duration::from_secs(2));
-    let Err(e) = c.create_io_qpair(&QpairOptions {
-        timeout: Duration::from_micros(10),
-        ..Default::default()
-    }) else {
-        panic!("a 10 us timeout was accepted");
-    };
-    assert!(e.to_string().contains("QpairOptions::timeout"), "{e}");
-    let ns = kestrel::NvmeNamespace::new(c, 1).unwrap();
-    let q = ns.create_queue(&QueueOptions::default()).unwrap();
-    let used = q.in_use().unwrap();
-    assert_eq!(
-        used.timeout,
-        Some(Duration::from_millis(500)),
-        "controller default"
-    );
-    let q2 = ns
-        .create_queue(&QueueOptions {
-            timeout: Some(Duration::from_millis(250)),
-            depth: 1 << 20,
-            ..Default::default()
-        })
-        .unwrap();
-    let used = q2.in_use().unwrap();
-    assert_eq!(used.timeout, Some(Duration::from_millis(250)), "per queue");
-    assert!(
-        used.depth < 1 << 20,
-        "the ring is clamped and says so: {used:?}"
-    );
-    assert_eq!(used.slots, used.depth - 1);
+fn completions_for_cids_beyond_the_trackers_are_counted_and_ignored() {
+    const N: u64 = 8;
+    let mut r = rig(N as u32, 64, Duration::from_secs(5));
+    let slots = r.qp.slots() as u16;
+    let bogus = [
+        slots,
+        slots + 1,
+        63,
+        4095,
+        4096,
+        0x7FFF,
+        0xFFFE,
+        0xFFFF,
+        slots - 1,
+    ];
+    let before = r.qp.stats().bogus_completions;
+    for i in 0..N {
+        r.qp.write_lent(&r.bufs[i as usize], 0, &block_pattern(i, 7))
+            .unwrap();
+        let req = IoRequest::write(1, i, 1, r.bufs[i as usize], i);
+        r.qp.submit(req).unwrap();
+    }
+    for &cid in &bogus {
+        let cqe = kestrel::spec::Cqe {
+            dw0: 0xDEAD_BEEF,
+            dw1: 0,
+            sqhd: 0,
+            sqid: r.qp.qid(),
+            cid,
+            status: 0,
+        };
+        assert!(r.emu.faults().post_raw_cqe(r.qp.qid(), cqe));
+    }
+    r.qp.flush();
+    let done = poll_until(&mut r, N as usize, before + bogus.len() as u64);
+    let tokens: HashSet<u64> = done.iter().map(|c| c.token).collect();
+    assert_eq!(tokens.len() as u64, N, "each write once: {done:?}");
+    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    let st = r.qp.stats();
+    assert_eq!(st.bogus_completions - before, bogus.len() as u64, "{st:?}");
+    common::assert_quiet(&mut r.qp);
+    assert_eq!(r.qp.outstanding(), 0);
+    assert_eq!(r.qp.free_slots(), r.qp.slots(), "trackers leaked");
+    for i in 0..N {
+        common::fill_lent(&mut r.qp, &r.bufs[i as usize], 0);
+        let req = IoRequest::read(1, i, 1, r.bufs[i as usize], 100 + i);
+        assert_eq!(common::complete_one(&mut r.qp, req), Ok(()));
+        assert!(
+            common::lent_bytes(&r.qp, &r.bufs[i as usize]) == block_pattern(i, 7),
+            "lba {i} reads back"
+        );
+    }
 }

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use counting_alloc::{unwatch_this_thread, Counter};
 use kestrel::io::{IoOp, IoRequest};
 use kestrel::target::file::{FileOptions, FileTarget};
-use kestrel::{QueueOptions, Target, TargetQueue};
+use kestrel::{DmaSlice, QueueOptions, Target, TargetQueue};
 
-fn run(q: &mut dyn TargetQueue, t: &FileTarget, bufs: &[kestrel::DmaBuf], n: u64) -> u64 {
+fn run(q: &mut dyn TargetQueue, t: &FileTarget, bufs: &[DmaSlice], n: u64) -> u64 {
     let bs = t.info().block_size as usize;
     let nlb = (4096 / bs) as u32;
     let blocks = t.info().num_blocks / u64::from(nlb);
@@ -27,7 +27,7 @@ fn run(q: &mut dyn TargetQueue, t: &FileTarget, bufs: &[kestrel::DmaBuf], n: u64
             x ^= x >> 7;
             x ^= x << 17;
             let lba = (x % blocks) * u64::from(nlb);
-            let b = &bufs[(sent % bufs.len() as u64) as usize];
+            let b = bufs[(sent % bufs.len() as u64) as usize];
             let req = match sent % 16 {
                 0 => IoRequest::flush(1, sent),
                 1 => IoRequest::write_zeroes(1, lba, nlb, sent),
@@ -41,8 +41,8 @@ fn run(q: &mut dyn TargetQueue, t: &FileTarget, bufs: &[kestrel::DmaBuf], n: u64
                     let segs = if half == 4096 { &s[..1] } else { &s[..] };
                     IoRequest::vectored(IoOp::Write, 1, lba, nlb, segs, sent).unwrap()
                 }
-                4..=7 => IoRequest::write_buf(1, lba, nlb, b, sent),
-                _ => IoRequest::read_buf(1, lba, nlb, b, sent),
+                4..=7 => IoRequest::write(1, lba, nlb, b, sent),
+                _ => IoRequest::read(1, lba, nlb, b, sent),
             };
             q.submit(req).unwrap();
             sent += 1;
@@ -77,7 +77,9 @@ fn no_allocation_across_20k_requests() {
             ..QueueOptions::default()
         })
         .unwrap();
-    let bufs: Vec<_> = (0..48).map(|_| t.dma_pool().alloc(4096).unwrap()).collect();
+    let bufs: Vec<DmaSlice> = (0..48)
+        .map(|_| q.lend(t.dma_pool().alloc(4096).unwrap()).unwrap())
+        .collect();
     assert_eq!(run(&mut *q, &t, &bufs, 2000), 0, "warm-up errors");
     let counter = Counter::new();
     counter.watch_this_thread();

@@ -18,7 +18,8 @@ use kestrel::io::{InvalidRequest, IoError, IoMeta, IoRequest};
 use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::spec::pi::{PiFormat, PiType};
 use kestrel::spec::{csi, Sqe, Status};
-use kestrel::{Controller, DmaBuf, IoQpair, NvmeNamespace, QpairOptions, SubmitError, Target};
+use kestrel::target::TargetQueue;
+use kestrel::{Controller, DmaSlice, IoQpair, NvmeNamespace, QpairOptions, SubmitError, Target};
 
 /// The application tag the tests write with their PI.
 const APP_TAG: u16 = 0x4B45;
@@ -116,7 +117,7 @@ fn unsupported_formats_are_listed_refused_and_never_reach_the_device() {
 
         // Every submission path refuses it before the device.
         let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-        let buf = c.dma_pool().alloc(8192).unwrap();
+        let buf = lend(&mut qp, c.dma_pool(), 8192);
         assert_every_submission_path_refuses(&mut qp, &buf, &format, lba);
         qp.flush();
         assert_quiet(&mut qp);
@@ -162,10 +163,10 @@ fn assert_opening_names_the_format(c: &Controller, format: &EmuFormat) {
 }
 
 /// Every kind of request to nsid 2, and a raw command, is refused as of an unsupported
-/// format (`buf`: 8 KiB).
+/// format (`buf`: 8 KiB, lent to `qp`).
 fn assert_every_submission_path_refuses(
     qp: &mut IoQpair,
-    buf: &DmaBuf,
+    buf: &DmaSlice,
     format: &EmuFormat,
     lba: u32,
 ) {
@@ -183,11 +184,15 @@ fn assert_every_submission_path_refuses(
         let got = qp.submit(r);
         assert!(refused_as_unsupported(&got), "{format:?}: {got:?}");
     }
-    let raw = qp.submit_raw(
-        Sqe::read(2, 0, 1, 0, 0),
-        Some(buf.slice(0, 4096).unwrap()),
-        6,
-    );
+    // SAFETY: refused by the qpair before it reaches the device (the format rule); one
+    // block into a lent 4 KiB slice otherwise.
+    let raw = unsafe {
+        qp.submit_raw(
+            Sqe::read(2, 0, 1, 0, 0),
+            Some(buf.slice(0, 4096).unwrap()),
+            6,
+        )
+    };
     assert!(refused_as_unsupported(&raw), "{format:?}: {raw:?}");
 }
 
@@ -260,7 +265,7 @@ fn pi_only_namespaces_do_io_with_the_controller_inserting_and_checking() {
 }
 
 /// Writes `nlb` blocks of a pattern at `slba` of nsid 2, data only, and reads them back
-/// into the buffer it returns.
+/// into the buffer (lent to `qp`) it returns.
 fn assert_data_only_write_reads_back(
     c: &Controller,
     qp: &mut IoQpair,
@@ -269,17 +274,19 @@ fn assert_data_only_write_reads_back(
     lba: u32,
     seed: u64,
     what: &str,
-) -> DmaBuf {
+) -> DmaSlice {
     let len = (nlb * lba) as usize;
-    let mut w = c.dma_pool().alloc(len).unwrap();
+    let w = lend(qp, c.dma_pool(), len);
     let data = pattern(len, seed);
-    w.write_at(0, &data).unwrap();
+    qp.write_lent(&w, 0, &data).unwrap();
     let write = IoRequest::write(2, slba, nlb, w.slice(0, len).unwrap(), 1);
     assert_eq!(complete_one(qp, write), Ok(()), "{what}: write");
-    let r = c.dma_pool().alloc(len).unwrap();
+    let r = lend(qp, c.dma_pool(), len);
     let read = IoRequest::read(2, slba, nlb, r.slice(0, len).unwrap(), 2);
     assert_eq!(complete_one(qp, read), Ok(()), "{what}: read");
-    assert!(r.to_vec() == data, "{what}: read back other data");
+    let mut got = vec![0u8; len];
+    qp.read_lent(&r, 0, &mut got).unwrap();
+    assert!(got == data, "{what}: read back other data");
     r
 }
 
@@ -329,7 +336,7 @@ fn assert_corrupted_pi_fails_the_read(
 /// Write Zeroes generates the PI too: the zeroed blocks read back clean.
 fn assert_write_zeroes_reads_back_zeroes(
     qp: &mut IoQpair,
-    r: &DmaBuf,
+    r: &DmaSlice,
     slba: u64,
     lba: u32,
     what: &str,
@@ -339,7 +346,9 @@ fn assert_write_zeroes_reads_back_zeroes(
     let read = IoRequest::read(2, slba, 4, r.slice(0, 4 * lba as usize).unwrap(), 5);
     assert_eq!(complete_one(qp, read), Ok(()), "{what}: read of zeroes");
     assert!(
-        r.to_vec()[..4 * lba as usize].iter().all(|&b| b == 0),
+        lent_bytes(qp, r)[..4 * lba as usize]
+            .iter()
+            .all(|&b| b == 0),
         "{what}"
     );
 }
@@ -357,12 +366,13 @@ fn a_type1_command_with_a_wrong_reference_tag_is_refused_by_the_controller() {
         4096,
     )]);
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let buf = c.dma_pool().alloc(4096).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096);
     let mut sqe = Sqe::read(1, 9, 1, 0, 0);
     sqe.cdw12 |= Prinfo(Prinfo::PRACT | Prinfo::PRCHK_REF).to_cdw12();
     sqe.cdw14 = 8;
-    qp.submit_raw(sqe, Some(buf.slice(0, 4096).unwrap()), 1)
-        .unwrap();
+    // SAFETY: a read of one 4 KiB block into a lent 4 KiB slice, with PI inserted and
+    // stripped by the controller (PRACT, no metadata pointer).
+    unsafe { qp.submit_raw(sqe, Some(buf.slice(0, 4096).unwrap()), 1) }.unwrap();
     match reap(&mut qp, 1)[0].result {
         Err(IoError::Nvme(s)) => {
             assert!(s.same_code(Status::INVALID_PROTECTION_INFORMATION), "{s}")
@@ -483,7 +493,7 @@ impl MetaIo {
     }
 
     /// The metadata argument of a request on `b`, with the tags to check.
-    fn meta(&self, b: &DmaBuf) -> IoMeta {
+    fn meta(&self, b: &DmaSlice) -> IoMeta {
         let m = if self.extended {
             IoMeta::extended()
         } else {
@@ -492,18 +502,18 @@ impl MetaIo {
         m.with_tags(self.ref0, APP_TAG, 0xFFFF)
     }
 
-    /// Puts the data and the separate metadata into `w`.
-    fn store(&self, w: &mut DmaBuf) {
-        w.write_at(0, &self.data).unwrap();
-        w.write_at(self.moff, &self.md).unwrap();
+    /// Puts the data and the separate metadata into `w` (lent to `qp`).
+    fn store(&self, qp: &mut IoQpair, w: &DmaSlice) {
+        qp.write_lent(w, 0, &self.data).unwrap();
+        qp.write_lent(w, self.moff, &self.md).unwrap();
     }
 
-    fn write(&self, slba: u64, w: &DmaBuf, token: u64) -> IoRequest {
+    fn write(&self, slba: u64, w: &DmaSlice, token: u64) -> IoRequest {
         let data = w.slice(0, self.dlen).unwrap();
         IoRequest::write(1, slba, self.nlb, data, token).with_meta(self.meta(w))
     }
 
-    fn read(&self, slba: u64, r: &DmaBuf, token: u64) -> IoRequest {
+    fn read(&self, slba: u64, r: &DmaSlice, token: u64) -> IoRequest {
         let data = r.slice(0, self.dlen).unwrap();
         IoRequest::read(1, slba, self.nlb, data, token).with_meta(self.meta(r))
     }
@@ -522,23 +532,23 @@ impl MetaIo {
 }
 
 /// One metadata format under test: a queue on its namespace (nsid 1), the I/O it does at
-/// `slba`, and the buffers it writes from and reads into.
+/// `slba`, and the buffers (lent to the queue) it writes from and reads into.
 struct MetaCase {
     what: String,
     emu: Arc<EmuController>,
     qp: IoQpair,
     io: MetaIo,
     slba: u64,
-    w: DmaBuf,
-    r: DmaBuf,
+    w: DmaSlice,
+    r: DmaSlice,
 }
 
 impl MetaCase {
     fn new(c: &Controller, emu: Arc<EmuController>, what: String, io: MetaIo, slba: u64) -> Self {
-        let qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-        let mut w = c.dma_pool().alloc(io.dlen + io.mlen + 4096).unwrap();
-        io.store(&mut w);
-        let r = c.dma_pool().alloc(io.dlen + io.mlen + 4096).unwrap();
+        let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
+        let w = lend(&mut qp, c.dma_pool(), io.dlen + io.mlen + 4096);
+        io.store(&mut qp, &w);
+        let r = lend(&mut qp, c.dma_pool(), io.dlen + io.mlen + 4096);
         MetaCase {
             what,
             emu,
@@ -604,14 +614,14 @@ impl MetaCase {
         );
         let read = io.read(slba, &self.r, 2);
         assert_eq!(complete_one(&mut self.qp, read), Ok(()), "{what}: read");
-        io.assert_read_back(&self.r.to_vec(), what);
+        io.assert_read_back(&lent_bytes(&self.qp, &self.r), what);
     }
 
     /// The PI read back passes a software check; PI corrupted on the medium fails the read
     /// by name; PI written wrong by the caller is refused by the controller on the write.
     fn assert_pi_checked_both_ways(&mut self, f: PiFormat) {
         let (what, io, slba) = (&self.what, &self.io, self.slba);
-        let got = self.r.to_vec();
+        let got = lent_bytes(&self.qp, &self.r);
         assert_eq!(
             f.check(
                 &got[..io.dlen],
@@ -634,11 +644,11 @@ impl MetaCase {
         if io.extended {
             let mut bad = io.data.clone();
             bad[io.lba + pi_at] ^= 0xFF;
-            self.w.write_at(0, &bad).unwrap();
+            self.qp.write_lent(&self.w, 0, &bad).unwrap();
         } else {
             let mut badmd = io.md.clone();
             badmd[pi_at] ^= 0xFF;
-            self.w.write_at(io.moff, &badmd).unwrap();
+            self.qp.write_lent(&self.w, io.moff, &badmd).unwrap();
         }
         let one = self.w.slice(0, io.hbs).unwrap();
         let write = IoRequest::write(1, slba, 1, one, 4).with_meta(io.meta(&self.w));
@@ -661,7 +671,7 @@ impl MetaCase {
             Ok(()),
             "{what}: PRACT read"
         );
-        let plain = self.r.to_vec();
+        let plain = lent_bytes(&self.qp, &self.r);
         for b in 0..io.nlb as usize {
             assert!(
                 plain[b * io.lba..(b + 1) * io.lba] == io.data[b * io.hbs..b * io.hbs + io.lba],
@@ -686,9 +696,9 @@ fn a_retried_metadata_command_carries_its_metadata_again() {
         let (_emu, c) = emu_of(vec![formatted(format, 4 << 20, lba)]);
         let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
         let io = MetaIo::new(&format, lba, nlb, 0x5000, (7, 8));
-        let mut w = c.dma_pool().alloc(io.moff + io.mlen.max(1)).unwrap();
-        io.store(&mut w);
-        let r = c.dma_pool().alloc(io.moff + io.mlen.max(1)).unwrap();
+        let w = lend(&mut qp, c.dma_pool(), io.moff + io.mlen.max(1));
+        io.store(&mut qp, &w);
+        let r = lend(&mut qp, c.dma_pool(), io.moff + io.mlen.max(1));
         for (opc, buf, token) in [(nvm_opc::WRITE, &w, 1), (nvm_opc::READ, &r, 2)] {
             // Submitted, then completed with a retryable status: resubmitted once.
             assert!(qp.inject_error(ErrorInjection {
@@ -705,6 +715,6 @@ fn a_retried_metadata_command_carries_its_metadata_again() {
             assert_eq!(complete_one(&mut qp, req), Ok(()), "{what}: opcode {opc}");
         }
         assert_eq!(qp.stats().retries, 2, "{what}: both commands were retried");
-        io.assert_read_back(&r.to_vec(), &what);
+        io.assert_read_back(&lent_bytes(&qp, &r), &what);
     }
 }

@@ -44,12 +44,12 @@ fn readable(fd: BorrowedFd<'_>, limit: Duration) -> bool {
 fn a_cq_with_interrupts_signals_its_vector_and_one_without_does_not() {
     let (emu, c) = emu();
     let bs = 4096;
-    let buf = c.dma_pool().alloc(bs).unwrap();
 
     // Without interrupts: no eventfd, nothing signalled.
     let mut plain = c.create_io_qpair(&QpairOptions::default()).unwrap();
     assert!(plain.interrupt_fd().is_none());
-    plain.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
+    let buf = lend(&mut plain, c.dma_pool(), bs);
+    plain.submit(IoRequest::read(1, 0, 1, buf, 1)).unwrap();
     plain.flush();
     reap(&mut plain, 1);
     assert_eq!(
@@ -65,6 +65,7 @@ fn a_cq_with_interrupts_signals_its_vector_and_one_without_does_not() {
         })
         .unwrap();
     assert_eq!(q.interrupt_vector(), Some(q.qid()), "one vector per queue");
+    let buf = lend(&mut q, c.dma_pool(), bs);
     // Armed with nothing outstanding: nothing to reap, sleep allowed.
     assert!(!q.arm_interrupt());
     let fd = q.interrupt_fd().unwrap().try_clone_to_owned().unwrap();
@@ -73,8 +74,7 @@ fn a_cq_with_interrupts_signals_its_vector_and_one_without_does_not() {
         "signalled before any I/O"
     );
     for round in 0..20u64 {
-        q.submit(IoRequest::read_buf(1, round, 1, &buf, round))
-            .unwrap();
+        q.submit(IoRequest::read(1, round, 1, buf, round)).unwrap();
         q.flush();
         // Arm, check, sleep: the completion wakes us (bounded by WAIT, never hit).
         if !q.arm_interrupt() {
@@ -102,7 +102,8 @@ fn a_cq_with_interrupts_signals_its_vector_and_one_without_does_not() {
 fn coalescing_holds_the_interrupt_until_the_threshold() {
     let (emu, c) = emu();
     // Interrupt Coalescing: THR = 3 (four entries), TIME = 255 x 100 us (25.5 ms).
-    c.admin_command(kestrel::spec::Sqe::set_features(0x08, (255 << 8) | 3), None)
+    // SAFETY: Set Features Interrupt Coalescing names no memory.
+    unsafe { c.admin_command(kestrel::spec::Sqe::set_features(0x08, (255 << 8) | 3), None) }
         .unwrap();
     let mut q = c
         .create_io_qpair(&QpairOptions {
@@ -110,16 +111,16 @@ fn coalescing_holds_the_interrupt_until_the_threshold() {
             ..Default::default()
         })
         .unwrap();
-    let buf = c.dma_pool().alloc(4096).unwrap();
+    let buf = lend(&mut q, c.dma_pool(), 4096);
     let fd = q.interrupt_fd().unwrap().try_clone_to_owned().unwrap();
     // Three completions, one at a time: below the threshold, held back until TIME.
     for i in 0..3u64 {
-        q.submit(IoRequest::read_buf(1, i, 1, &buf, i)).unwrap();
+        q.submit(IoRequest::read(1, i, 1, buf, i)).unwrap();
         q.flush();
         reap(&mut q, 1);
     }
     // The fourth reaches the threshold: one message for the four.
-    q.submit(IoRequest::read_buf(1, 3, 1, &buf, 3)).unwrap();
+    q.submit(IoRequest::read(1, 3, 1, buf, 3)).unwrap();
     q.flush();
     reap(&mut q, 1);
     assert!(readable(fd.as_fd(), WAIT));
@@ -172,10 +173,10 @@ fn run(idle: IdlePolicy) -> (f64, kestrel::reactor::ReactorReport, u64) {
         .unwrap();
     let mut ctx = reactor.context(16).unwrap();
     let bs = 4096usize;
-    let mut w = t.dma_pool().alloc(8 * bs).unwrap();
-    let r = t.dma_pool().alloc(8 * bs).unwrap();
+    let w = ctx.lend(t.dma_pool().alloc(8 * bs).unwrap()).unwrap();
+    let r = ctx.lend(t.dma_pool().alloc(8 * bs).unwrap()).unwrap();
     let data = pattern(8 * bs, 3);
-    w.write_at(0, &data).unwrap();
+    ctx.write_lent(&w, 0, &data).unwrap();
     let mut evs = vec![Event::default(); 16];
     let mut wait = |ctx: &mut kestrel::aio::IoContext, n: usize| {
         let deadline = Instant::now() + WAIT;
@@ -203,7 +204,9 @@ fn run(idle: IdlePolicy) -> (f64, kestrel::reactor::ReactorReport, u64) {
         assert_eq!(ctx.submit(&[rd]).unwrap(), 1);
         wait(&mut ctx, 1);
     }
-    assert!(r.to_vec() == data, "data read back differs");
+    let mut got = vec![0u8; 8 * bs];
+    ctx.read_lent(&r, 0, &mut got).unwrap();
+    assert!(got == data, "data read back differs");
 
     // Idle: measure the poller's CPU time over ~1.5 s.
     std::thread::sleep(Duration::from_millis(100));

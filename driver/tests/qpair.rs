@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kestrel::emu::{EmuConfig, EmuNamespace, EmuStore};
 use kestrel::io::{IoOp, IoRequest, SubmitError};
+use kestrel::target::TargetQueue;
 use kestrel::{DoorbellMode, QpairOptions};
 
 fn write_read_verify(cfg: EmuConfig, sizes_blocks: &[u32], offsets: &[usize]) {
@@ -22,15 +23,15 @@ fn write_read_verify(cfg: EmuConfig, sizes_blocks: &[u32], offsets: &[usize]) {
         .unwrap();
     let max_blocks = *sizes_blocks.iter().max().unwrap() as usize;
     let max_off = *offsets.iter().max().unwrap();
-    let mut wbuf = c.dma_pool().alloc(max_blocks * bs + max_off).unwrap();
-    let mut rbuf = c.dma_pool().alloc(max_blocks * bs + max_off).unwrap();
+    let wbuf = lend(&mut qp, c.dma_pool(), max_blocks * bs + max_off);
+    let rbuf = lend(&mut qp, c.dma_pool(), max_blocks * bs + max_off);
     let mut lba = 0u64;
     for &nlb in sizes_blocks {
         for &off in offsets {
             let len = nlb as usize * bs;
             let data = pattern(len, lba * 31 + off as u64);
-            wbuf.write_at(off, &data).unwrap();
-            rbuf.fill(0);
+            qp.write_lent(&wbuf, off, &data).unwrap();
+            fill_lent(&mut qp, &rbuf, 0);
             qp.submit(IoRequest::write(
                 1,
                 lba,
@@ -54,7 +55,7 @@ fn write_read_verify(cfg: EmuConfig, sizes_blocks: &[u32], offsets: &[usize]) {
             let r = reap(&mut qp, 1);
             assert_eq!(r[0].result, Ok(()), "read nlb {nlb} off {off}");
             let mut got = vec![0u8; len];
-            rbuf.read_at(off, &mut got).unwrap();
+            qp.read_lent(&rbuf, off, &mut got).unwrap();
             assert!(
                 got == data,
                 "data mismatch for nlb {nlb} at buffer offset {off}"
@@ -102,10 +103,10 @@ fn chained_prp_lists_without_mdts() {
         })
         .unwrap();
     let len = 8 << 20;
-    let mut wbuf = c.dma_pool().alloc(len + 4096).unwrap();
-    let rbuf = c.dma_pool().alloc(len + 4096).unwrap();
+    let wbuf = lend(&mut qp, c.dma_pool(), len + 4096);
+    let rbuf = lend(&mut qp, c.dma_pool(), len + 4096);
     let data = pattern(len, 77);
-    wbuf.write_at(0, &data).unwrap();
+    qp.write_lent(&wbuf, 0, &data).unwrap();
     qp.submit(IoRequest::write(
         1,
         10,
@@ -129,7 +130,7 @@ fn chained_prp_lists_without_mdts() {
     qp.flush();
     assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
     let mut got = vec![0u8; len];
-    rbuf.read_at(512, &mut got).unwrap();
+    qp.read_lent(&rbuf, 512, &mut got).unwrap();
     assert!(got == data);
 }
 
@@ -144,11 +145,10 @@ fn splitting_completes_parent_once() {
         })
         .unwrap();
     let len = 4 * mdts + 8192;
-    let mut buf = c.dma_pool().alloc(len).unwrap();
-    buf.write_at(0, &pattern(len, 5)).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), len);
+    qp.write_lent(&buf, 0, &pattern(len, 5)).unwrap();
     let nlb = (len / 4096) as u32;
-    qp.submit(IoRequest::write(1, 0, nlb, buf.slice_all(), 42))
-        .unwrap();
+    qp.submit(IoRequest::write(1, 0, nlb, buf, 42)).unwrap();
     qp.submit(IoRequest::flush(1, 43)).unwrap();
     qp.flush();
     let done = reap(&mut qp, 2);
@@ -170,21 +170,20 @@ fn write_zeroes_and_deallocate_read_back_zeros() {
     let ns = c.namespaces()[0].clone();
     assert!(ns.identify.deallocated_reads_zeroes());
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let mut buf = c.dma_pool().alloc(64 * 4096).unwrap();
-    buf.fill(0xA5);
-    qp.submit(IoRequest::write_buf(1, 100, 64, &buf, 1))
-        .unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 64 * 4096);
+    fill_lent(&mut qp, &buf, 0xA5);
+    qp.submit(IoRequest::write(1, 100, 64, buf, 1)).unwrap();
     qp.submit(IoRequest::write_zeroes(1, 100, 16, 2)).unwrap();
     qp.submit(IoRequest::deallocate(1, 132, 16, 3)).unwrap();
     qp.submit(IoRequest::flush(1, 4)).unwrap();
     qp.flush();
     let done = reap(&mut qp, 4);
     assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
-    buf.fill(0xFF);
-    qp.submit(IoRequest::read_buf(1, 100, 64, &buf, 5)).unwrap();
+    fill_lent(&mut qp, &buf, 0xFF);
+    qp.submit(IoRequest::read(1, 100, 64, buf, 5)).unwrap();
     qp.flush();
     assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
-    let v = buf.to_vec();
+    let v = lent_bytes(&qp, &buf);
     let block = |i: usize| &v[i * 4096..(i + 1) * 4096];
     for i in 0..64 {
         let zero = (0..16).contains(&i) || (32..48).contains(&i);
@@ -197,34 +196,26 @@ fn write_zeroes_and_deallocate_read_back_zeros() {
 fn vectored_io_over_several_buffers() {
     let (_emu, c) = emu();
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let mut a = c.dma_pool().alloc(8192).unwrap();
-    let mut b = c.dma_pool().alloc(4096).unwrap();
-    let mut d = c.dma_pool().alloc(16384).unwrap();
+    let a = lend(&mut qp, c.dma_pool(), 8192);
+    let b = lend(&mut qp, c.dma_pool(), 4096);
+    let d = lend(&mut qp, c.dma_pool(), 16384);
     let data = pattern(28672, 9);
-    a.write_at(0, &data[..8192]).unwrap();
-    b.write_at(0, &data[8192..12288]).unwrap();
-    d.write_at(0, &data[12288..]).unwrap();
-    let req = IoRequest::vectored(
-        IoOp::Write,
-        1,
-        40,
-        7,
-        &[a.slice_all(), b.slice_all(), d.slice_all()],
-        1,
-    )
-    .unwrap();
+    qp.write_lent(&a, 0, &data[..8192]).unwrap();
+    qp.write_lent(&b, 0, &data[8192..12288]).unwrap();
+    qp.write_lent(&d, 0, &data[12288..]).unwrap();
+    let req = IoRequest::vectored(IoOp::Write, 1, 40, 7, &[a, b, d], 1).unwrap();
     qp.submit(req).unwrap();
     qp.flush();
     assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
-    let r = c.dma_pool().alloc(28672).unwrap();
-    qp.submit(IoRequest::read_buf(1, 40, 7, &r, 2)).unwrap();
+    let r = lend(&mut qp, c.dma_pool(), 28672);
+    qp.submit(IoRequest::read(1, 40, 7, r, 2)).unwrap();
     qp.flush();
     assert_eq!(reap(&mut qp, 1)[0].result, Ok(()));
-    assert!(r.to_vec() == data);
+    assert!(lent_bytes(&qp, &r) == data);
     // A first segment that does not end on a page boundary cannot be followed by another
     // one in a PRP-described transfer.
     let odd = a.slice(0, 6144).unwrap();
-    let req = IoRequest::vectored(IoOp::Write, 1, 0, 3, &[odd, d.slice_all()], 3).unwrap();
+    let req = IoRequest::vectored(IoOp::Write, 1, 0, 3, &[odd, d], 3).unwrap();
     let r = qp.submit(req);
     assert!(
         matches!(
@@ -252,16 +243,16 @@ fn overflow_beyond_queue_depth_then_busy() {
         .unwrap();
     let slots = qp.slots() as u32;
     assert_eq!(slots, depth - 1);
-    let buf = c.dma_pool().alloc(4096).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096);
     // Fill trackers and the software queue without reaping.
     let total = slots + sw;
     for i in 0..total {
-        qp.submit(IoRequest::read_buf(1, i as u64, 1, &buf, i as u64))
+        qp.submit(IoRequest::read(1, i as u64, 1, buf, i as u64))
             .unwrap_or_else(|e| panic!("submit {i}: {e}"));
     }
     assert_eq!(qp.queued() as u32, sw);
     // Everything is full now: the next request comes back untouched.
-    let extra = IoRequest::read_buf(1, 999, 1, &buf, 999_999);
+    let extra = IoRequest::read(1, 999, 1, buf, 999_999);
     match qp.submit(extra) {
         Err(SubmitError::Busy(b)) => {
             assert_eq!(b.request, extra);
@@ -296,8 +287,8 @@ fn four_times_depth_in_one_go() {
             ..Default::default()
         })
         .unwrap();
-    let mut buf = c.dma_pool().alloc(4096 * 4 * depth as usize).unwrap();
-    buf.write_at(0, &pattern(buf.len(), 1)).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096 * 4 * depth as usize);
+    qp.write_lent(&buf, 0, &pattern(buf.len(), 1)).unwrap();
     let reqs: Vec<IoRequest> = (0..4 * depth as u64)
         .map(|i| IoRequest::write(1, i, 1, buf.slice(i as usize * 4096, 4096).unwrap(), i))
         .collect();
@@ -327,12 +318,12 @@ fn doorbell_run(mode: DoorbellMode, shadow: bool) -> (kestrel::QueueStats, u64) 
         })
         .unwrap();
     assert_eq!(qp.uses_shadow_doorbells(), shadow);
-    let buf = c.dma_pool().alloc(4096).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096);
     let batches = 50u64;
     let mut nonempty_passes = 0u64;
     for b in 0..batches {
         let reqs: Vec<IoRequest> = (0..32)
-            .map(|i| IoRequest::read_buf(1, i, 1, &buf, b * 32 + i))
+            .map(|i| IoRequest::read(1, i, 1, buf, b * 32 + i))
             .collect();
         assert_eq!(qp.submit_batch(&reqs).unwrap(), 32);
         let mut got = 0;
@@ -416,7 +407,7 @@ fn small_ring_soak(store: EmuStore, event_idx: bool, ios: u64) {
         .unwrap();
     assert_eq!(qp.uses_shadow_doorbells(), event_idx);
     assert_eq!(qp.slots(), 32);
-    let buf = c.dma_pool().alloc(4096).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096);
     let blocks = c.namespaces()[0].num_blocks;
     let mut seen = vec![false; ios as usize];
     let (mut issued, mut done) = (0u64, 0u64);
@@ -424,7 +415,7 @@ fn small_ring_soak(store: EmuStore, event_idx: bool, ios: u64) {
     let stall = Duration::from_secs(10);
     while done < ios {
         while issued < ios && issued - done < 32 {
-            qp.submit(IoRequest::read_buf(1, issued % blocks, 1, &buf, issued))
+            qp.submit(IoRequest::read(1, issued % blocks, 1, buf, issued))
                 .unwrap();
             issued += 1;
         }
@@ -488,10 +479,10 @@ fn cancel_queued_request() {
             ..Default::default()
         })
         .unwrap();
-    let buf = c.dma_pool().alloc(4096).unwrap();
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 1)).unwrap();
-    qp.submit(IoRequest::read_buf(1, 1, 1, &buf, 2)).unwrap();
-    qp.submit(IoRequest::read_buf(1, 2, 1, &buf, 3)).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096);
+    qp.submit(IoRequest::read(1, 0, 1, buf, 1)).unwrap();
+    qp.submit(IoRequest::read(1, 1, 1, buf, 2)).unwrap();
+    qp.submit(IoRequest::read(1, 2, 1, buf, 3)).unwrap();
     assert!(qp.cancel_queued(2));
     assert!(!qp.cancel_queued(1), "token 1 is at the device");
     qp.flush();
@@ -533,8 +524,8 @@ fn every_rule_holds_once_the_fast_path_is_open() {
     let (_emu, c) = emu();
     let blocks = c.namespaces()[0].num_blocks;
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let buf = c.dma_pool().alloc(4 * 4096).unwrap();
-    let read = |lba, nlb, token| IoRequest::read_buf(1, lba, nlb, &buf, token);
+    let buf = lend(&mut qp, c.dma_pool(), 4 * 4096);
+    let read = |lba, nlb, token| IoRequest::read(1, lba, nlb, buf, token);
     let refused = |qp: &mut kestrel::IoQpair, r: IoRequest| match qp.submit(r) {
         Err(SubmitError::Invalid { reason, .. }) => reason,
         other => panic!("{r:?} was not refused: {other:?}"),
@@ -566,11 +557,11 @@ fn every_rule_holds_once_the_fast_path_is_open() {
             InvalidRequest::Misaligned { .. }
         ));
         assert!(matches!(
-            refused(&mut qp, IoRequest::read_buf(7, 0, 1, &buf, 6)),
+            refused(&mut qp, IoRequest::read(7, 0, 1, buf, 6)),
             InvalidRequest::InactiveNamespace { nsid: 7 }
         ));
         assert!(matches!(
-            refused(&mut qp, IoRequest::read_buf(0, 0, 1, &buf, 7)),
+            refused(&mut qp, IoRequest::read(0, 0, 1, buf, 7)),
             InvalidRequest::InactiveNamespace { nsid: 0 }
         ));
         let mut with_meta = read(0, 1, 8);
@@ -603,9 +594,9 @@ fn immediate_mode_and_injection_after_the_fast_path_opened() {
             ..Default::default()
         })
         .unwrap();
-    let buf = c.dma_pool().alloc(4096).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 4096);
     for i in 0..4 {
-        qp.submit(IoRequest::read_buf(1, i, 1, &buf, i)).unwrap();
+        qp.submit(IoRequest::read(1, i, 1, buf, i)).unwrap();
     }
     qp.flush();
     reap(&mut qp, 4);
@@ -613,15 +604,13 @@ fn immediate_mode_and_injection_after_the_fast_path_opened() {
     qp.set_doorbell_mode(DoorbellMode::Immediate);
     let before = qp.stats().sq_doorbell_writes;
     for i in 0..4 {
-        qp.submit(IoRequest::read_buf(1, i, 1, &buf, 10 + i))
-            .unwrap();
+        qp.submit(IoRequest::read(1, i, 1, buf, 10 + i)).unwrap();
     }
     assert_eq!(qp.stats().sq_doorbell_writes - before, 4);
     reap(&mut qp, 4);
     qp.set_doorbell_mode(DoorbellMode::Batched);
     for i in 0..4 {
-        qp.submit(IoRequest::read_buf(1, i, 1, &buf, 20 + i))
-            .unwrap();
+        qp.submit(IoRequest::read(1, i, 1, buf, 20 + i)).unwrap();
     }
     qp.flush();
     reap(&mut qp, 4);
@@ -633,8 +622,8 @@ fn immediate_mode_and_injection_after_the_fast_path_opened() {
         count: 1,
         submit: false,
     }));
-    qp.submit(IoRequest::read_buf(1, 0, 1, &buf, 30)).unwrap();
-    qp.submit(IoRequest::read_buf(1, 1, 1, &buf, 31)).unwrap();
+    qp.submit(IoRequest::read(1, 0, 1, buf, 30)).unwrap();
+    qp.submit(IoRequest::read(1, 1, 1, buf, 31)).unwrap();
     qp.flush();
     let mut done = reap(&mut qp, 2);
     done.sort_by_key(|c| c.token);

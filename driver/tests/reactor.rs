@@ -60,10 +60,10 @@ fn cross_thread_round_trip_on_two_pollers() {
     assert_eq!(reactor.cores(), cores(2));
     let mut ctx = reactor.context(64).unwrap();
     assert!(!ctx.is_run_to_completion());
-    let mut w = t.dma_pool().alloc(32 * bs).unwrap();
-    let r = t.dma_pool().alloc(32 * bs).unwrap();
+    let w = ctx.lend(t.dma_pool().alloc(32 * bs).unwrap()).unwrap();
+    let r = ctx.lend(t.dma_pool().alloc(32 * bs).unwrap()).unwrap();
     let data = pattern(32 * bs, 5);
-    w.write_at(0, &data).unwrap();
+    ctx.write_lent(&w, 0, &data).unwrap();
     let writes: Vec<Iocb> = (0..32)
         .map(|i| Iocb::write((i * bs) as u64, w.slice(i * bs, bs).unwrap(), i as u64))
         .collect();
@@ -82,7 +82,9 @@ fn cross_thread_round_trip_on_two_pollers() {
     assert_eq!(ctx.submit(&reads).unwrap(), 32);
     let evs = by_user_data(&collect(&mut ctx, 32));
     assert_eq!(evs.len(), 32);
-    assert!(r.to_vec() == data, "data read back differs");
+    let mut got = vec![0u8; 32 * bs];
+    ctx.read_lent(&r, 0, &mut got).unwrap();
+    assert!(got == data, "data read back differs");
     drop(ctx);
     let rep = reactor.shutdown().unwrap();
     assert_clean(&rep);
@@ -101,17 +103,18 @@ fn cross_thread_on_a_file_target() {
     let bs = t.info().block_size as usize;
     let reactor = pollers_on(&t, 1).start().unwrap();
     let mut ctx = reactor.context(16).unwrap();
-    let mut w = t.dma_pool().alloc(8 * bs).unwrap();
-    let r = t.dma_pool().alloc(8 * bs).unwrap();
+    let w = ctx.lend(t.dma_pool().alloc(8 * bs).unwrap()).unwrap();
+    let r = ctx.lend(t.dma_pool().alloc(8 * bs).unwrap()).unwrap();
     let data = pattern(8 * bs, 9);
-    w.write_at(0, &data).unwrap();
-    ctx.submit(&[Iocb::write(0, w.slice_all(), 1), Iocb::flush(2)])
-        .unwrap();
+    ctx.write_lent(&w, 0, &data).unwrap();
+    ctx.submit(&[Iocb::write(0, w, 1), Iocb::flush(2)]).unwrap();
     // Flush may overtake the write on another ring; wait for both, then read.
     collect(&mut ctx, 2);
-    ctx.submit(&[Iocb::read(0, r.slice_all(), 3)]).unwrap();
+    ctx.submit(&[Iocb::read(0, r, 3)]).unwrap();
     assert_eq!(collect(&mut ctx, 1)[0].res, Ok(8 * bs as u64));
-    assert!(r.to_vec() == data);
+    let mut got = vec![0u8; 8 * bs];
+    ctx.read_lent(&r, 0, &mut got).unwrap();
+    assert!(got == data);
     drop(ctx);
     assert_clean(&reactor.shutdown().unwrap());
 }
@@ -138,16 +141,16 @@ fn stalled_setup() -> (Arc<EmuController>, Arc<dyn Target>, Reactor) {
 fn busy_on_a_full_submission_ring_and_a_full_queue() {
     let (emu, t, reactor) = stalled_setup();
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
     let mut opts = ContextOptions::new(64);
     opts.ring_entries = Some(4);
     let mut ctx = reactor.context_with(opts).unwrap();
+    let buf = ctx.lend(t.dma_pool().alloc(bs).unwrap()).unwrap();
     // The first read reaches the device and is held there.
-    ctx.submit(&[Iocb::read(0, buf.slice_all(), 0)]).unwrap();
+    ctx.submit(&[Iocb::read(0, buf, 0)]).unwrap();
     wait_for_a_device_read(&emu);
     let mut accepted = 1u64;
     let busy = loop {
-        match ctx.submit(&[Iocb::read(0, buf.slice_all(), accepted)]) {
+        match ctx.submit(&[Iocb::read(0, buf, accepted)]) {
             Ok(1) => accepted += 1,
             Ok(n) => panic!("submit of one returned {n}"),
             Err(e) => break e,
@@ -176,12 +179,12 @@ fn busy_on_a_full_submission_ring_and_a_full_queue() {
 fn cross_thread_cancel_in_the_ring_in_the_queue_and_at_the_device() {
     let (emu, t, reactor) = stalled_setup();
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = reactor.context(16).unwrap();
-    ctx.submit(&[Iocb::read(0, buf.slice_all(), 0)]).unwrap();
+    let buf = ctx.lend(t.dma_pool().alloc(bs).unwrap()).unwrap();
+    ctx.submit(&[Iocb::read(0, buf, 0)]).unwrap();
     wait_for_a_device_read(&emu);
     // 1: the qpair's software queue; 2: held by the poller; 3, 4: in the ring.
-    let iocbs: Vec<Iocb> = (1..5).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let iocbs: Vec<Iocb> = (1..5).map(|i| Iocb::read(0, buf, i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 4);
     // Give the poller time to take 1 and 2 (not needed for correctness: wherever they
     // are short of the device, they are cancelled).
@@ -221,14 +224,14 @@ fn cross_thread_getevents_timeout_and_min_nr() {
     let (_emu, t) = slow_emu_target(Duration::from_millis(300));
     let bs = t.info().block_size as usize;
     let reactor = pollers_on(&t, 2).start().unwrap();
-    let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = reactor.context(16).unwrap();
+    let buf = ctx.lend(t.dma_pool().alloc(bs).unwrap()).unwrap();
     let mut evs = vec![Event::default(); 16];
     assert!(matches!(
         ctx.getevents(1, &mut evs, None),
         Err(AioError::WouldWaitForever { .. })
     ));
-    let iocbs: Vec<Iocb> = (0..6).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let iocbs: Vec<Iocb> = (0..6).map(|i| Iocb::read(0, buf, i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 6);
     // Held by the latency: a short wait times out with nothing, after at least the wait.
     let start = Instant::now();
@@ -269,12 +272,11 @@ fn a_sleeping_poller_is_woken_by_a_submit() {
         .start()
         .unwrap();
     let mut ctx = reactor.context(8).unwrap();
-    let buf = t.dma_pool().alloc(bs).unwrap();
+    let buf = ctx.lend(t.dma_pool().alloc(bs).unwrap()).unwrap();
     for round in 0..20u64 {
         // Long enough idle for the poller to go to sleep.
         std::thread::sleep(Duration::from_millis(20));
-        ctx.submit(&[Iocb::read(0, buf.slice_all(), round)])
-            .unwrap();
+        ctx.submit(&[Iocb::read(0, buf, round)]).unwrap();
         let start = Instant::now();
         let mut ev = [Event::default()];
         assert_eq!(ctx.getevents(1, &mut ev, Some(WAIT)).unwrap(), 1);
@@ -295,14 +297,15 @@ fn shutdown_with_io_in_flight_delivers_every_event_once() {
     let (_emu, t) = slow_emu_target(Duration::from_millis(200));
     let bs = t.info().block_size as usize;
     let reactor = pollers_on(&t, 2).start().unwrap();
-    let buf = t.dma_pool().alloc(bs).unwrap();
     let mut ctx = reactor.context(64).unwrap();
-    let iocbs: Vec<Iocb> = (0..32).map(|i| Iocb::read(0, buf.slice_all(), i)).collect();
+    let buf = ctx.lend(t.dma_pool().alloc(bs).unwrap()).unwrap();
+    let iocbs: Vec<Iocb> = (0..32).map(|i| Iocb::read(0, buf, i)).collect();
     assert_eq!(ctx.submit(&iocbs).unwrap(), 32);
 
-    // A second submitter keeps submitting while the reactor shuts down.
-    let slice = buf.slice_all();
+    // A second submitter keeps submitting while the reactor shuts down, into a buffer
+    // lent to its own context.
     let mut ctx2 = reactor.context(256).unwrap();
+    let slice = ctx2.lend(t.dma_pool().alloc(bs).unwrap()).unwrap();
     let go = Arc::new(AtomicBool::new(true));
     let go2 = Arc::clone(&go);
     let h = std::thread::spawn(move || {
@@ -358,13 +361,13 @@ fn stress_submitter(
     ios: u64,
     seed: u64,
 ) -> (IoContext, u64) {
-    let mut s = Submitter::new(&pool, bs, first_block, blocks, seed);
+    let mut s = Submitter::new(&mut ctx, &pool, bs, first_block, blocks, seed);
     let mut evs = vec![Event::default(); Submitter::QD];
     let (mut issued, mut done) = (0u64, 0u64);
     let deadline = Instant::now() + Duration::from_secs(600);
     while done < ios {
         // Fill the queue depth with mixed requests, one submit call per batch.
-        let batch = s.next_batch(ios - issued);
+        let batch = s.next_batch(&mut ctx, ios - issued);
         issued += batch.len() as u64;
         let mut at = 0;
         while at < batch.len() {
@@ -377,7 +380,7 @@ fn stress_submitter(
         let n = ctx.getevents(1, &mut evs, Some(WAIT)).unwrap();
         assert!(n > 0, "no event within {WAIT:?}");
         for e in &evs[..n] {
-            s.complete(e);
+            s.complete(&ctx, e);
             done += 1;
         }
         assert!(
@@ -403,8 +406,8 @@ struct Submitter {
     /// Per block: generation of the data it holds (0: zeroes).
     shadow: Vec<u64>,
     busy: Vec<bool>,
-    /// One buffer slot per queue-depth slot.
-    bufs: Vec<kestrel::DmaBuf>,
+    /// One buffer slot per queue-depth slot, lent to the submitter's context.
+    bufs: Vec<kestrel::DmaSlice>,
     /// In flight: user_data = slot; (opcode, first block, blocks, generation written).
     inflight: Vec<Option<(u8, u64, u64, u64)>>,
     free: Vec<usize>,
@@ -417,7 +420,14 @@ impl Submitter {
     const QD: usize = 32;
     const MAX_NB: u64 = 4;
 
-    fn new(pool: &kestrel::DmaPool, bs: usize, first_block: u64, blocks: u64, seed: u64) -> Self {
+    fn new(
+        ctx: &mut IoContext,
+        pool: &kestrel::DmaPool,
+        bs: usize,
+        first_block: u64,
+        blocks: u64,
+        seed: u64,
+    ) -> Self {
         Submitter {
             bs,
             first_block,
@@ -427,7 +437,10 @@ impl Submitter {
             shadow: vec![0u64; blocks as usize],
             busy: vec![false; blocks as usize],
             bufs: (0..Self::QD)
-                .map(|_| pool.alloc(Self::MAX_NB as usize * bs).unwrap())
+                .map(|_| {
+                    ctx.lend(pool.alloc(Self::MAX_NB as usize * bs).unwrap())
+                        .unwrap()
+                })
                 .collect(),
             inflight: vec![None; Self::QD],
             free: (0..Self::QD).collect(),
@@ -446,7 +459,7 @@ impl Submitter {
 
     /// Up to 16 new requests (and no more than `left`) on free slots and idle blocks:
     /// 45% writes, 45% reads, 5% write zeroes, 3% discards, 2% flushes.
-    fn next_batch(&mut self, left: u64) -> Vec<Iocb> {
+    fn next_batch(&mut self, ctx: &mut IoContext, left: u64) -> Vec<Iocb> {
         let bs = self.bs;
         let mut batch: Vec<Iocb> = Vec::with_capacity(Self::QD);
         while (batch.len() as u64) < left && !self.free.is_empty() && batch.len() < 16 {
@@ -462,7 +475,7 @@ impl Submitter {
             let iocb = match kind {
                 0..=44 => {
                     for i in 0..nb {
-                        self.fill(slot, (i as usize) * bs, self.first_block + blk + i);
+                        self.fill(ctx, slot, (i as usize) * bs, self.first_block + blk + i);
                     }
                     Iocb::write(
                         off,
@@ -490,17 +503,17 @@ impl Submitter {
     }
 
     /// Writes block `blk`'s stamp for the current generation at `off` in the slot's buffer.
-    fn fill(&mut self, slot: usize, off: usize, blk: u64) {
+    fn fill(&mut self, ctx: &mut IoContext, slot: usize, off: usize, blk: u64) {
         let mut b = vec![0u8; self.bs];
         b[..8].copy_from_slice(&blk.to_le_bytes());
         b[8..16].copy_from_slice(&self.gen.to_le_bytes());
         b[16..24].copy_from_slice(&self.seed.to_le_bytes());
-        self.bufs[slot].write_at(off, &b).unwrap();
+        ctx.write_lent(&self.bufs[slot], off, &b).unwrap();
     }
 
     /// Checks an event against the request of its slot, updates the shadow (writes, write
     /// zeroes, discards) or checks the data against it (reads), and frees slot and blocks.
-    fn complete(&mut self, e: &Event) {
+    fn complete(&mut self, ctx: &IoContext, e: &Event) {
         let slot = e.user_data as usize;
         let (kind, blk, nb, g) = self.inflight[slot]
             .take()
@@ -514,7 +527,7 @@ impl Submitter {
                     self.shadow[b as usize] = g;
                 }
             }
-            45..=89 => self.verify_read(slot, blk, nb),
+            45..=89 => self.verify_read(ctx, slot, blk, nb),
             90..=97 => {
                 // The emulator's memory store reads deallocated blocks as zeroes.
                 for b in blk..blk + nb {
@@ -530,11 +543,12 @@ impl Submitter {
     }
 
     /// The `nb` blocks read from `blk` into the slot's buffer hold what the shadow says.
-    fn verify_read(&mut self, slot: usize, blk: u64, nb: u64) {
+    fn verify_read(&mut self, ctx: &IoContext, slot: usize, blk: u64, nb: u64) {
         let bs = self.bs;
         let mut got = vec![0u8; bs];
         for i in 0..nb {
-            self.bufs[slot].read_at(i as usize * bs, &mut got).unwrap();
+            ctx.read_lent(&self.bufs[slot], i as usize * bs, &mut got)
+                .unwrap();
             let b = blk + i;
             let sgen = self.shadow[b as usize];
             if sgen == 0 {

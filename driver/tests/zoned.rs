@@ -15,7 +15,8 @@ use kestrel::io::{Completion, InvalidRequest, IoError, IoRequest, ZoneAction};
 use kestrel::reactor::{Backoff, IdlePolicy, Reactor};
 use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
 use kestrel::spec::{csi, Status};
-use kestrel::{DmaBuf, IoQpair, NvmeNamespace, QpairOptions, SubmitError, Target};
+use kestrel::target::TargetQueue;
+use kestrel::{DmaSlice, IoQpair, NvmeNamespace, QpairOptions, SubmitError, Target};
 
 const ZONE_BYTES: u64 = 1 << 20;
 const BS: u32 = 4096;
@@ -57,15 +58,14 @@ fn status(c: &Completion) -> Status {
     }
 }
 
-fn report(qp: &mut IoQpair, buf: &DmaBuf, slba: u64) -> Vec<ZoneDescriptor> {
-    let c = run(qp, IoRequest::report_zones(2, slba, buf.slice_all(), 99));
+/// Report Zones from `slba` into `buf` (lent to `qp`).
+fn report(qp: &mut IoQpair, buf: &DmaSlice, slba: u64) -> Vec<ZoneDescriptor> {
+    let c = run(qp, IoRequest::report_zones(2, slba, *buf, 99));
     assert_eq!(c.result, Ok(()), "report zones");
-    let mut bytes = vec![0u8; buf.len()];
-    buf.read_at(0, &mut bytes).unwrap();
-    parse_report(&bytes).collect()
+    parse_report(&lent_bytes(qp, buf)).collect()
 }
 
-fn zone(qp: &mut IoQpair, buf: &DmaBuf, z: u64) -> ZoneDescriptor {
+fn zone(qp: &mut IoQpair, buf: &DmaSlice, z: u64) -> ZoneDescriptor {
     report(qp, buf, z * ZONE_BLOCKS)[0]
 }
 
@@ -93,19 +93,20 @@ fn bring_up_serves_the_zoned_namespace_with_its_geometry() {
 fn writes_at_the_write_pointer_succeed_and_others_fail_with_zone_invalid_write() {
     let (_emu, c) = emu_with(zoned(0, 0));
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let mut data = c.dma_pool().alloc(4 * BS as usize).unwrap();
-    let rep = c.dma_pool().alloc(4096).unwrap();
-    data.write_at(0, &pattern(4 * BS as usize, 1)).unwrap();
+    let data = lend(&mut qp, c.dma_pool(), 4 * BS as usize);
+    let rep = lend(&mut qp, c.dma_pool(), 4096);
+    qp.write_lent(&data, 0, &pattern(4 * BS as usize, 1))
+        .unwrap();
     let z3 = 3 * ZONE_BLOCKS;
     assert_eq!(zone(&mut qp, &rep, 3).state(), Some(ZoneState::Empty));
-    let w = run(&mut qp, IoRequest::write(2, z3, 2, data.slice_all(), 1));
+    let w = run(&mut qp, IoRequest::write(2, z3, 2, data, 1));
     assert_eq!(w.result, Ok(()));
     let d = zone(&mut qp, &rep, 3);
     assert_eq!((d.zslba, d.wp), (z3, z3 + 2));
     assert_eq!(d.state(), Some(ZoneState::ImplicitlyOpened));
     // Behind, past and far from the write pointer: the device's rule, by its spec name.
     for lba in [z3, z3 + 3, z3 + 100] {
-        let w = run(&mut qp, IoRequest::write(2, lba, 1, data.slice_all(), 2));
+        let w = run(&mut qp, IoRequest::write(2, lba, 1, data, 2));
         let s = status(&w);
         assert!(s.same_code(Status::ZONE_INVALID_WRITE), "{s}");
         assert!(s.to_string().contains("Zone Invalid Write"), "{s}");
@@ -116,16 +117,16 @@ fn writes_at_the_write_pointer_succeed_and_others_fail_with_zone_invalid_write()
         IoRequest::write(2, z3 + 2, 2, data.slice(0, 8192).unwrap(), 3),
     );
     assert_eq!(w.result, Ok(()));
-    let back = c.dma_pool().alloc(4 * BS as usize).unwrap();
-    let r = run(&mut qp, IoRequest::read(2, z3, 4, back.slice_all(), 4));
+    let back = lend(&mut qp, c.dma_pool(), 4 * BS as usize);
+    let r = run(&mut qp, IoRequest::read(2, z3, 4, back, 4));
     assert_eq!(r.result, Ok(()));
     let mut got = vec![0u8; 4 * BS as usize];
-    back.read_at(0, &mut got).unwrap();
+    qp.read_lent(&back, 0, &mut got).unwrap();
     let want = pattern(4 * BS as usize, 1);
     assert_eq!(got[..8192], want[..8192]);
     assert_eq!(got[8192..], want[..8192]);
     // And on at the new write pointer.
-    let end = run(&mut qp, IoRequest::write(2, z3 + 4, 1, data.slice_all(), 5));
+    let end = run(&mut qp, IoRequest::write(2, z3 + 4, 1, data, 5));
     assert_eq!(end.result, Ok(()));
 }
 
@@ -134,17 +135,17 @@ fn zone_append_returns_distinct_lbas_inside_the_zone() {
     let (_emu, c) = emu_with(zoned(0, 0));
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let n = 16usize;
-    let bufs: Vec<DmaBuf> = (0..n)
+    let bufs: Vec<DmaSlice> = (0..n)
         .map(|i| {
-            let mut b = c.dma_pool().alloc(2 * BS as usize).unwrap();
-            b.write_at(0, &pattern(2 * BS as usize, 100 + i as u64))
+            let b = lend(&mut qp, c.dma_pool(), 2 * BS as usize);
+            qp.write_lent(&b, 0, &pattern(2 * BS as usize, 100 + i as u64))
                 .unwrap();
             b
         })
         .collect();
     let z5 = 5 * ZONE_BLOCKS;
     for (i, b) in bufs.iter().enumerate() {
-        qp.submit(IoRequest::zone_append(2, z5, 2, b.slice_all(), i as u64))
+        qp.submit(IoRequest::zone_append(2, z5, 2, *b, i as u64))
             .unwrap();
     }
     qp.flush();
@@ -165,21 +166,18 @@ fn zone_append_returns_distinct_lbas_inside_the_zone() {
         );
     }
     // Each append's data is at the LBA its completion named.
-    let back = c.dma_pool().alloc(2 * BS as usize).unwrap();
+    let back = lend(&mut qp, c.dma_pool(), 2 * BS as usize);
     for (lba, token) in lbas {
-        let r = run(&mut qp, IoRequest::read(2, lba, 2, back.slice_all(), 1000));
+        let r = run(&mut qp, IoRequest::read(2, lba, 2, back, 1000));
         assert_eq!(r.result, Ok(()));
         let mut got = vec![0u8; 2 * BS as usize];
-        back.read_at(0, &mut got).unwrap();
+        qp.read_lent(&back, 0, &mut got).unwrap();
         assert_eq!(got, pattern(2 * BS as usize, 100 + token), "lba {lba}");
     }
-    let rep = c.dma_pool().alloc(4096).unwrap();
+    let rep = lend(&mut qp, c.dma_pool(), 4096);
     assert_eq!(zone(&mut qp, &rep, 5).wp, z5 + 2 * n as u64);
     // Reads and ordinary writes carry no command specific result.
-    let w = run(
-        &mut qp,
-        IoRequest::write(2, z5 + 32, 1, back.slice_all(), 7),
-    );
+    let w = run(&mut qp, IoRequest::write(2, z5 + 32, 1, back, 7));
     assert_eq!((w.result, w.value), (Ok(()), 0));
 }
 
@@ -188,21 +186,18 @@ fn a_full_zone_refuses_writes_until_reset() {
     let (_emu, c) = emu_with(zoned(0, 0));
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
     let chunk = (c.max_transfer_bytes() / BS as u64) as u32; // blocks per write: mdts
-    let data = c.dma_pool().alloc((chunk * BS) as usize).unwrap();
-    let rep = c.dma_pool().alloc(4096).unwrap();
+    let data = lend(&mut qp, c.dma_pool(), (chunk * BS) as usize);
+    let rep = lend(&mut qp, c.dma_pool(), 4096);
     let z1 = ZONE_BLOCKS;
     for k in 0..(ZONE_BLOCKS / chunk as u64) {
         let w = run(
             &mut qp,
-            IoRequest::write(2, z1 + k * chunk as u64, chunk, data.slice_all(), k),
+            IoRequest::write(2, z1 + k * chunk as u64, chunk, data, k),
         );
         assert_eq!(w.result, Ok(()), "write {k}");
     }
     assert_eq!(zone(&mut qp, &rep, 1).state(), Some(ZoneState::Full));
-    let a = run(
-        &mut qp,
-        IoRequest::zone_append(2, z1, 1, data.slice_all(), 50),
-    );
+    let a = run(&mut qp, IoRequest::zone_append(2, z1, 1, data, 50));
     let s = status(&a);
     assert!(s.same_code(Status::ZONE_IS_FULL), "{s}");
     assert!(s.to_string().contains("Zone Is Full"), "{s}");
@@ -210,7 +205,7 @@ fn a_full_zone_refuses_writes_until_reset() {
     assert_eq!(r.result, Ok(()));
     let d = zone(&mut qp, &rep, 1);
     assert_eq!((d.state(), d.wp), (Some(ZoneState::Empty), z1));
-    let w = run(&mut qp, IoRequest::write(2, z1, 1, data.slice_all(), 52));
+    let w = run(&mut qp, IoRequest::write(2, z1, 1, data, 52));
     assert_eq!(w.result, Ok(()), "writable again after reset");
 }
 
@@ -218,7 +213,7 @@ fn a_full_zone_refuses_writes_until_reset() {
 fn zone_management_moves_zones_between_states() {
     let (_emu, c) = emu_with(zoned(2, 3));
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let rep = c.dma_pool().alloc(64 * 17).unwrap();
+    let rep = lend(&mut qp, c.dma_pool(), 64 * 17);
     let zs = |z: u64| z * ZONE_BLOCKS;
     let send = |qp: &mut IoQpair, z: u64, a| run(qp, IoRequest::zone_send(2, zs(z), a, 0));
     assert_eq!(send(&mut qp, 0, ZoneAction::Open).result, Ok(()));
@@ -283,16 +278,16 @@ fn invalid(r: Result<(), SubmitError>) -> InvalidRequest {
 fn the_driver_refuses_zone_requests_it_can_judge_before_the_device() {
     let (emu, c) = emu_with(zoned(0, 0));
     let mut qp = c.create_io_qpair(&QpairOptions::default()).unwrap();
-    let buf = c.dma_pool().alloc(8 << 20).unwrap();
+    let buf = lend(&mut qp, c.dma_pool(), 8 << 20);
     let before = emu.stats();
     let z = c.namespace(2).unwrap().zones.unwrap();
     // Zoned operations on a namespace that is not zoned.
-    let e = invalid(qp.submit(IoRequest::zone_append(1, 0, 1, buf.slice_all(), 1)));
+    let e = invalid(qp.submit(IoRequest::zone_append(1, 0, 1, buf, 1)));
     assert!(matches!(e, InvalidRequest::NotZoned { nsid: 1, .. }), "{e}");
     let e = invalid(qp.submit(IoRequest::zone_send(1, 0, ZoneAction::Reset, 1)));
     assert!(e.to_string().contains("not a zoned namespace"), "{e}");
     // Zone Append and zone actions name a zone start.
-    let e = invalid(qp.submit(IoRequest::zone_append(2, 3, 1, buf.slice_all(), 1)));
+    let e = invalid(qp.submit(IoRequest::zone_append(2, 3, 1, buf, 1)));
     assert!(
         matches!(
             e,
@@ -313,7 +308,7 @@ fn the_driver_refuses_zone_requests_it_can_judge_before_the_device() {
     assert!(e.to_string().contains("not the start of a zone"), "{e}");
     // A Zone Append is never split: larger than ZASL is refused.
     let nlb = (z.zasl_bytes / BS as u64 + 1) as u32;
-    let e = invalid(qp.submit(IoRequest::zone_append(2, 0, nlb, buf.slice_all(), 1)));
+    let e = invalid(qp.submit(IoRequest::zone_append(2, 0, nlb, buf, 1)));
     assert!(matches!(e, InvalidRequest::ZonedTooLarge { .. }), "{e}");
     assert!(e.to_string().contains("zasl"), "{e}");
     // Past the last zone.
@@ -349,10 +344,13 @@ fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
         IoContext::setup(Arc::clone(&t), 16).unwrap(),
         reactor.context(16).unwrap(),
     ];
-    let mut buf = t.dma_pool().alloc(8 * BS as usize).unwrap();
-    buf.write_at(0, &pattern(8 * BS as usize, 9)).unwrap();
-    let rep = t.dma_pool().alloc(4096).unwrap();
     for (round, mut ctx) in contexts.into_iter().enumerate() {
+        let buf = ctx
+            .lend(t.dma_pool().alloc(8 * BS as usize).unwrap())
+            .unwrap();
+        ctx.write_lent(&buf, 0, &pattern(8 * BS as usize, 9))
+            .unwrap();
+        let rep = ctx.lend(t.dma_pool().alloc(4096).unwrap()).unwrap();
         let z = 7 + round as u64; // zone 7, then zone 8
         assert_appends_get_distinct_lbas(&mut ctx, &buf, z, round);
         // Not at the write pointer.
@@ -365,10 +363,8 @@ fn aio_contexts_carry_zone_append_lbas_and_zone_commands() {
     }
     // A namespace that is not zoned refuses zoned iocbs before the device.
     let mut ctx = IoContext::setup(Arc::clone(&plain), 4).unwrap();
-    let b = plain.dma_pool().alloc(4096).unwrap();
-    let e = ctx
-        .submit(&[Iocb::zone_append(0, b.slice_all(), 1)])
-        .unwrap_err();
+    let b = ctx.lend(plain.dma_pool().alloc(4096).unwrap()).unwrap();
+    let e = ctx.submit(&[Iocb::zone_append(0, b, 1)]).unwrap_err();
     assert!(e.to_string().contains("zone append"), "{e}");
 }
 
@@ -405,7 +401,7 @@ fn one_core_reactor(t: &Arc<dyn Target>) -> Reactor {
 }
 
 /// Eight 4 KiB appends to zone `z` (empty) complete with the eight first LBAs of the zone.
-fn assert_appends_get_distinct_lbas(ctx: &mut IoContext, buf: &DmaBuf, z: u64, round: usize) {
+fn assert_appends_get_distinct_lbas(ctx: &mut IoContext, buf: &DmaSlice, z: u64, round: usize) {
     let iocbs: Vec<Iocb> = (0..8)
         .map(|i| Iocb::zone_append(z * ZONE_BYTES, buf.slice(i * 4096, 4096).unwrap(), i as u64))
         .collect();
@@ -424,22 +420,20 @@ fn assert_appends_get_distinct_lbas(ctx: &mut IoContext, buf: &DmaBuf, z: u64, r
 
 /// Zone `z`, eight blocks written: reported with its write pointer, finished, reported
 /// full.
-fn assert_report_finish_report(ctx: &mut IoContext, rep: &DmaBuf, z: u64) {
+fn assert_report_finish_report(ctx: &mut IoContext, rep: &DmaSlice, z: u64) {
     let zb = z * ZONE_BYTES;
-    ctx.submit(&[Iocb::report_zones(zb, rep.slice_all(), 51)])
-        .unwrap();
+    ctx.submit(&[Iocb::report_zones(zb, *rep, 51)]).unwrap();
     assert_eq!(events(ctx, 1)[0].res, Ok(4096));
     let mut bytes = vec![0u8; 4096];
-    rep.read_at(0, &mut bytes).unwrap();
+    ctx.read_lent(rep, 0, &mut bytes).unwrap();
     let d = parse_report(&bytes).next().unwrap();
     assert_eq!((d.zslba, d.wp), (z * ZONE_BLOCKS, z * ZONE_BLOCKS + 8));
     ctx.submit(&[Iocb::zone_send(zb, ZoneAction::Finish, 52)])
         .unwrap();
     assert_eq!(events(ctx, 1)[0].res, Ok(0));
-    ctx.submit(&[Iocb::report_zones(zb, rep.slice_all(), 53)])
-        .unwrap();
+    ctx.submit(&[Iocb::report_zones(zb, *rep, 53)]).unwrap();
     events(ctx, 1);
-    rep.read_at(0, &mut bytes).unwrap();
+    ctx.read_lent(rep, 0, &mut bytes).unwrap();
     assert_eq!(
         parse_report(&bytes).next().unwrap().state(),
         Some(ZoneState::Full)

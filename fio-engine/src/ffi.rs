@@ -1,6 +1,15 @@
 //! The C entry points of `kfio.h` that the glue calls, and `get_ioengine`, which fio looks
 //! up: raw pointers are turned into a [`Job`] here, and every call runs under
 //! `catch_unwind` so that nothing unwinds into fio.
+//!
+//! # The contract (`kfio.h`)
+//! - A job pointer is null or live: returned by [`kfio_job_open`] and not yet given to
+//!   [`kfio_job_close`]. One thread calls into a job at a time (fio's job thread; its
+//!   main thread only before the job thread starts), and nothing else holds a reference
+//!   to it between calls, so each call may make the one `&mut Job` of [`job_mut`].
+//! - `msg` is null or valid for writes of `msglen` bytes for the call; `err`, `ptr` are
+//!   valid for writes of one aligned `int`/`void *` (`err` may be null); `target` is
+//!   readable up to its NUL. None overlaps another argument or the job.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -11,7 +20,8 @@ use crate::job::Job;
 /// Copies `s` into the C buffer `msg` of `len` bytes, truncated and NUL-terminated.
 ///
 /// # Safety
-/// `msg` is null or valid for writes of `len` bytes.
+/// `msg` is null, or valid for writes of `len` bytes for the call and overlapping no byte
+/// of `s`.
 pub(crate) unsafe fn write_msg(msg: *mut c_char, len: usize, s: &str) {
     if msg.is_null() || len == 0 {
         return;
@@ -20,8 +30,9 @@ pub(crate) unsafe fn write_msg(msg: *mut c_char, len: usize, s: &str) {
     while !s.is_char_boundary(n) {
         n -= 1;
     }
-    // SAFETY: `msg` has room for `len` bytes and n + 1 <= len; `s` is a distinct Rust
-    // string, so the ranges do not overlap.
+    // SAFETY: `msg` is non-null (checked above) and writable for `len` bytes (# Safety
+    // above), and n + 1 <= len: the n bytes and the NUL fit. `s` is readable for n <=
+    // s.len() bytes, and the two ranges do not overlap (# Safety above).
     unsafe {
         std::ptr::copy_nonoverlapping(s.as_ptr(), msg.cast::<u8>(), n);
         *msg.add(n) = 0;
@@ -64,18 +75,20 @@ fn init_logging() {
 }
 
 /// # Safety
-/// `job` is null or a pointer returned by [`kfio_job_open`] and not yet closed, used by
-/// one thread at a time.
+/// `job` is null or a pointer returned by [`kfio_job_open`] and not yet closed, and no
+/// other reference to the job exists or is made for `'a` (one call into a job at a time).
 unsafe fn job_mut<'a>(job: *mut Job) -> Option<&'a mut Job> {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null (None) or a live Job from Box::into_raw in `kfio_job_open`,
+    // so aligned and initialised, with no other reference for 'a (# Safety above).
     unsafe { job.as_mut() }
 }
 
 /// Opens or joins a target; see `kfio.h`.
 ///
 /// # Safety
-/// `target` is a NUL-terminated string; `err` is null or writable; `msg` is null or
-/// writable for `msglen` bytes.
+/// For the duration of the call: `target` is null, or readable up to and including its
+/// NUL and unchanged meanwhile; `err` is null or valid for writes of one aligned `int`;
+/// `msg` is null or valid for writes of `msglen` bytes; none overlaps another.
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_open(
     target: *const c_char,
@@ -92,7 +105,8 @@ pub unsafe extern "C" fn kfio_job_open(
             if target.is_null() {
                 return Err((libc::EINVAL, "no target string".into()));
             }
-            // SAFETY: the caller passes a NUL-terminated string.
+            // SAFETY: `target` is non-null (checked just above), so readable up to its NUL
+            // and unchanged during this call (# Safety above); `spec` does not outlive it.
             let spec = unsafe { CStr::from_ptr(target) };
             let spec = spec
                 .to_str()
@@ -103,7 +117,9 @@ pub unsafe extern "C" fn kfio_job_open(
     match r {
         Ok(job) => Box::into_raw(Box::new(job)),
         Err((e, m)) => {
-            // SAFETY: the caller's contract on err and msg.
+            // SAFETY: `err` is null (skipped) or writable for one aligned c_int, and `msg`
+            // null or writable for `msglen` bytes overlapping nothing else (# Safety
+            // above): `write_msg`'s contract.
             unsafe {
                 if !err.is_null() {
                     *err = e;
@@ -118,37 +134,41 @@ pub unsafe extern "C" fn kfio_job_open(
 /// Capacity of the job's target in bytes.
 ///
 /// # Safety
-/// As [`job_mut`].
+/// `job` is null or live (`kfio.h`), and no call that mutates it runs meanwhile.
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_size(job: *const Job) -> u64 {
-    // SAFETY: the caller's contract.
-    unsafe { job.as_ref() }.map_or(0, |j| j.num_blocks * j.block_size)
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, Job::capacity)
 }
 
 /// Logical block size of the job's target.
 ///
 /// # Safety
-/// As [`job_mut`].
+/// As [`kfio_job_size`].
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_block_size(job: *const Job) -> u32 {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
     unsafe { job.as_ref() }.map_or(0, |j| j.block_size as u32)
 }
 
 /// The target's name, NUL-terminated, valid while the job lives.
 ///
 /// # Safety
-/// As [`job_mut`].
+/// As [`kfio_job_size`].
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_name(job: *const Job) -> *const c_char {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); only the name's address leaves the call.
     unsafe { job.as_ref() }.map_or(c"?".as_ptr(), |j| j.name.as_ptr())
 }
 
 /// Creates the job's queue pair, on the job's thread.
 ///
 /// # Safety
-/// As [`job_mut`]; `msg` as in [`kfio_job_open`].
+/// `job` is null or live, with no other call into it meanwhile (as [`job_mut`]); `msg` is
+/// null or valid for writes of `msglen` bytes for the call.
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_start(
     job: *mut Job,
@@ -157,7 +177,8 @@ pub unsafe extern "C" fn kfio_job_start(
     msg: *mut c_char,
     msglen: usize,
 ) -> c_int {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
@@ -169,17 +190,22 @@ pub unsafe extern "C" fn kfio_job_start(
     match r {
         Ok(()) => 0,
         Err(m) => {
-            // SAFETY: the caller's contract on msg.
+            // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and `m`
+            // is a String of ours: `write_msg`'s contract.
             unsafe { write_msg(msg, msglen, &m) };
             -libc::EINVAL
         }
     }
 }
 
-/// Allocates fio's I/O buffers from the target's DMA memory.
+/// Allocates fio's I/O buffers from the target's DMA memory and lends them to the job's
+/// queue pair: `*ptr` stays valid for reads and writes of `len` bytes until
+/// [`kfio_job_iomem_free`] or [`kfio_job_close`] (which first wait, bounded, for the I/O
+/// still in flight, and never free memory a request may still use).
 ///
 /// # Safety
-/// As [`job_mut`]; `ptr` is writable; `msg` as in [`kfio_job_open`].
+/// As [`kfio_job_start`] for `job` and `msg`; `ptr` is non-null and valid for writes of
+/// one aligned `void *` for the call.
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_iomem_alloc(
     job: *mut Job,
@@ -188,7 +214,8 @@ pub unsafe extern "C" fn kfio_job_iomem_alloc(
     msg: *mut c_char,
     msglen: usize,
 ) -> c_int {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
@@ -198,12 +225,14 @@ pub unsafe extern "C" fn kfio_job_iomem_alloc(
         || j.iomem_alloc(len),
     ) {
         Ok(p) => {
-            // SAFETY: the caller passes a writable pointer.
+            // SAFETY: `ptr` is non-null, aligned and writable for one pointer (# Safety
+            // above); a raw write, no reference to it is made.
             unsafe { *ptr = p.cast() };
             0
         }
         Err(m) => {
-            // SAFETY: the caller's contract on msg.
+            // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and `m`
+            // is a String of ours: `write_msg`'s contract.
             unsafe { write_msg(msg, msglen, &m) };
             -libc::ENOMEM
         }
@@ -213,10 +242,11 @@ pub unsafe extern "C" fn kfio_job_iomem_alloc(
 /// Frees the I/O buffers (after outstanding I/O completes).
 ///
 /// # Safety
-/// As [`job_mut`].
+/// `job` is null or live, with no other call into it meanwhile (as [`job_mut`]).
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_iomem_free(job: *mut Job) {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     if let Some(j) = unsafe { job_mut(job) } {
         guard("kfio_job_iomem_free", || (), || j.iomem_free());
     }
@@ -225,7 +255,9 @@ pub unsafe extern "C" fn kfio_job_iomem_free(job: *mut Job) {
 /// Queues one request; see `kfio.h`.
 ///
 /// # Safety
-/// As [`job_mut`]; `msg` as in [`kfio_job_open`].
+/// As [`kfio_job_start`] for `job` and `msg`. `buf` and `io_u` are not dereferenced here:
+/// `buf` is looked up in the job's I/O memory (the request is refused if it is not
+/// there), and `io_u` is only handed back by [`kfio_job_event`].
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn kfio_job_queue(
@@ -239,7 +271,8 @@ pub unsafe extern "C" fn kfio_job_queue(
     msg: *mut c_char,
     msglen: usize,
 ) -> c_int {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
@@ -252,7 +285,8 @@ pub unsafe extern "C" fn kfio_job_queue(
         Ok(v) => v,
         Err((e, m)) => {
             if let Some(m) = m {
-                // SAFETY: the caller's contract on msg.
+                // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and
+                // `m` is a String of ours: `write_msg`'s contract.
                 unsafe { write_msg(msg, msglen, &m) };
             }
             -e
@@ -263,10 +297,11 @@ pub unsafe extern "C" fn kfio_job_queue(
 /// Rings the doorbell once for everything queued since the last commit.
 ///
 /// # Safety
-/// As [`job_mut`].
+/// `job` is null or live, with no other call into it meanwhile (as [`job_mut`]).
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_commit(job: *mut Job) {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     if let Some(j) = unsafe { job_mut(job) } {
         guard("kfio_job_commit", || (), || j.commit());
     }
@@ -275,7 +310,7 @@ pub unsafe extern "C" fn kfio_job_commit(job: *mut Job) {
 /// Polls for completions; see `kfio.h`.
 ///
 /// # Safety
-/// As [`job_mut`].
+/// `job` is null or live, with no other call into it meanwhile (as [`job_mut`]).
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_getevents(
     job: *mut Job,
@@ -283,7 +318,8 @@ pub unsafe extern "C" fn kfio_job_getevents(
     max: u32,
     timeout_ns: i64,
 ) -> c_int {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     let Some(j) = (unsafe { job_mut(job) }) else {
         return -libc::EINVAL;
     };
@@ -297,16 +333,19 @@ pub unsafe extern "C" fn kfio_job_getevents(
 /// The i-th completion of the last getevents: its io_u and errno.
 ///
 /// # Safety
-/// As [`job_mut`]; `err` is writable.
+/// `job` is null or live, with no other call into it meanwhile (as [`job_mut`]); `err` is
+/// null or valid for writes of one aligned `int` for the call.
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_event(job: *mut Job, i: u32, err: *mut c_int) -> *mut c_void {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     let Some(j) = (unsafe { job_mut(job) }) else {
         return std::ptr::null_mut();
     };
     let (io_u, e) = guard("kfio_job_event", || (0, libc::EIO), || j.event(i));
     if !err.is_null() {
-        // SAFETY: the caller passes a writable pointer.
+        // SAFETY: `err` is non-null (checked just above), so aligned and writable for one
+        // c_int (# Safety above); a raw write, no reference to it is made.
         unsafe { *err = e };
     }
     io_u as *mut c_void
@@ -315,15 +354,18 @@ pub unsafe extern "C" fn kfio_job_event(job: *mut Job, i: u32, err: *mut c_int) 
 /// Why the last request of I/O unit `index` failed, as a malloc()ed string.
 ///
 /// # Safety
-/// As [`job_mut`].
+/// `job` is null or live, with no other call into it meanwhile (as [`job_mut`]).
 #[no_mangle]
 pub unsafe extern "C" fn kfio_job_errdetails(job: *mut Job, index: u32) -> *mut c_char {
-    // SAFETY: the caller's contract.
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
     let Some(j) = (unsafe { job_mut(job) }) else {
         return std::ptr::null_mut();
     };
     let s = guard("kfio_job_errdetails", String::new, || j.errdetails(index));
-    // SAFETY: malloc of the string's length plus the NUL; a null result is returned as is.
+    // SAFETY: malloc takes a size only; its result is null (write_msg then writes nothing
+    // and null is returned) or s.len() + 1 fresh bytes, writable and overlapping nothing:
+    // `write_msg`'s contract.
     unsafe {
         let p = libc::malloc(s.len() + 1).cast::<c_char>();
         write_msg(p, s.len() + 1, &s);

@@ -2,13 +2,20 @@
 //! buffers are carved from, and the per-I/O-unit tables; set up when fio initialises the
 //! thread and torn down (draining what is still at the device) when it ends. The I/O path
 //! itself is in [`io`].
+//!
+//! The DMA memory (fio's `iomem_alloc`) is lent to the job's queue pair
+//! ([`TargetQueue::lend`]), which owns it from then on: each I/O unit's request carries a
+//! slice of it, and the queue refuses any other memory. fio reads and writes the buffers
+//! through the raw pointer it was given, as C does; the lease keeps the memory allocated
+//! for the job's life, and it goes back to the pool only when the queue pair has nothing
+//! outstanding ([`Job::iomem_free`]).
 
 use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kestrel::io::IoError;
-use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
+use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
 
 use crate::shared::{acquire, release};
 use crate::{DRAIN_TIMEOUT, MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU};
@@ -25,7 +32,11 @@ pub struct Job {
     pub(crate) num_blocks: u64,
     deallocate: bool,
     pub(crate) queue: Option<Box<dyn TargetQueue>>,
-    mem: Option<DmaBuf>,
+    /// fio's I/O memory, lent to `queue`: what the I/O units' slices are cut from.
+    mem: Option<DmaSlice>,
+    /// fio's I/O memory while there is no queue to lend it to yet (an `iomem_alloc`
+    /// before `init`): lent by [`Job::start`].
+    unlent: Option<DmaBuf>,
     /// Per I/O unit index: the io_u of the request in flight.
     io_us: Box<[usize]>,
     /// Per I/O unit index: why its last request failed.
@@ -47,6 +58,12 @@ const WARN_OP: u32 = 1 << 5;
 type Failure = (i32, Option<String>);
 
 impl Job {
+    /// The target's capacity in bytes. The target was refused when this does not fit in
+    /// 64 bits ([`acquire`]), so the saturation never happens.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.num_blocks.saturating_mul(self.block_size)
+    }
+
     pub(crate) fn open(spec: &str, flags: u32) -> Result<Job, (i32, String)> {
         if flags & !OPEN_NOIOMMU != 0 {
             return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));
@@ -63,6 +80,7 @@ impl Job {
             target,
             queue: None,
             mem: None,
+            unlent: None,
             io_us: Box::new([]),
             errors: Box::new([]),
             events: Vec::new(),
@@ -71,6 +89,10 @@ impl Job {
     }
 
     pub(crate) fn start(&mut self, iodepth: u32, queue_size: u32) -> Result<(), String> {
+        if self.queue.is_some() {
+            // A second queue pair would drop the first, and the I/O memory lent to it.
+            return Err("the job's queue pair is already made (init ran twice)".into());
+        }
         if iodepth == 0 || iodepth > MAX_IODEPTH {
             return Err(format!("iodepth={iodepth}: expected 1 to {MAX_IODEPTH}"));
         }
@@ -94,7 +116,13 @@ impl Job {
                 self.name.to_string_lossy()
             )
         })?;
-        self.queue = Some(q);
+        let q = self.queue.insert(q);
+        if let Some(buf) = self.unlent.take() {
+            self.mem = Some(
+                q.lend(buf)
+                    .map_err(|e| format!("lending the I/O buffers: {e}"))?,
+            );
+        }
         let n = iodepth as usize;
         self.io_us = vec![0; n].into_boxed_slice();
         self.errors = vec![None; n].into_boxed_slice();
@@ -102,19 +130,33 @@ impl Job {
         Ok(())
     }
 
+    /// Allocates fio's I/O memory from the target's DMA pool and lends it to the queue pair
+    /// (at [`Job::start`] if that has not run yet). The pointer stays valid until
+    /// [`Job::iomem_free`] (or the job's end): the queue pair owns the memory meanwhile.
     pub(crate) fn iomem_alloc(&mut self, len: usize) -> Result<*mut u8, String> {
-        if self.mem.is_some() {
+        if self.mem.is_some() || self.unlent.is_some() {
             return Err("I/O memory is already allocated for this job".into());
         }
-        let buf = self.target.dma_pool().alloc(len).map_err(|e| {
+        let mut buf = self.target.dma_pool().alloc(len).map_err(|e| {
             format!(
                 "allocating {len} bytes of I/O buffers from {}'s DMA memory: {e} (reduce \
                  iodepth or bs)",
                 self.name.to_string_lossy()
             )
         })?;
-        let p = buf.as_ptr();
-        self.mem = Some(buf);
+        // fio writes its data there (and reads what the device read) through this pointer.
+        let p = buf.as_mut_ptr();
+        match self.queue.as_mut() {
+            Some(q) => {
+                self.mem = Some(q.lend(buf).map_err(|e| {
+                    format!(
+                        "lending the I/O buffers to {}'s queue pair: {e}",
+                        self.name.to_string_lossy()
+                    )
+                })?)
+            }
+            None => self.unlent = Some(buf),
+        }
         Ok(p)
     }
 
@@ -134,19 +176,37 @@ impl Job {
         true
     }
 
+    /// Gives fio's I/O memory back: once the requests still at the device are done
+    /// (bounded wait) it is reclaimed from the queue pair and freed; if some never
+    /// complete, it is released to the queue pair, which frees it only when nothing is
+    /// outstanding (or keeps it for good, if it cannot be sure the device is done).
     pub(crate) fn iomem_free(&mut self) {
-        if let Some(mem) = self.mem.take() {
-            if !self.drain() {
-                // The device may still write into it: keep it out of the pool for good.
-                eprintln!(
-                    "kestrel: {}: requests still outstanding after {} s; their buffers are \
-                     not reused",
-                    self.name.to_string_lossy(),
-                    DRAIN_TIMEOUT.as_secs()
-                );
-                std::mem::forget(mem);
+        self.unlent = None;
+        let Some(mem) = self.mem.take() else {
+            return;
+        };
+        let drained = self.drain();
+        let Some(q) = self.queue.as_mut() else {
+            return;
+        };
+        let name = self.name.to_string_lossy();
+        if !drained {
+            eprintln!(
+                "kestrel: {name}: requests still outstanding after {} s; their buffers are \
+                 freed only once the device is done with them",
+                DRAIN_TIMEOUT.as_secs()
+            );
+        } else {
+            match q.reclaim(&mem) {
+                Ok(buf) => {
+                    // Nothing outstanding: back to the pool.
+                    drop(buf);
+                    return;
+                }
+                Err(e) => eprintln!("kestrel: {name}: giving back the I/O buffers: {e}"),
             }
         }
+        let _ = q.release(&mem);
     }
 
     /// `msg(target name)`, the first time a message of this kind comes up in the job.

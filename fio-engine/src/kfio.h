@@ -1,10 +1,20 @@
 /*
  * The interface between the fio glue (shim.c, compiled against fio's headers) and the
  * Rust half of the engine (its entry points in ffi.rs). Only plain integers and pointers
- * cross it, so nothing here depends on fio's struct layouts. Every function is safe to
- * call with any job pointer it returned; none unwinds. Functions that can fail write a
- * one-line message (NUL-terminated, truncated to msglen) to msg and return a negative
- * errno.
+ * cross it, so nothing here depends on fio's struct layouts. None unwinds. Functions that
+ * can fail write a one-line message (NUL-terminated, truncated to msglen) to msg and
+ * return a negative errno.
+ *
+ * What every call relies on (the # Safety sections of ffi.rs say it per function):
+ *   - job is NULL (refused) or live: returned by kfio_job_open and not yet given to
+ *     kfio_job_close, and not passed again after that. One thread calls into a job at a
+ *     time (its job thread; fio's main thread only before the job thread starts).
+ *   - msg is NULL or valid for writes of msglen bytes; err is NULL or valid for writes
+ *     of one int; ptr (kfio_job_iomem_alloc) is valid for writes of one void *; target
+ *     is readable up to its NUL; none overlaps another argument, all for the call only.
+ *   - The memory a queued request names (buf, inside the job's I/O memory) is not
+ *     touched by fio until the request's io_u is returned by kfio_job_event, and the I/O
+ *     memory is freed only by kfio_job_iomem_free (which waits for what is outstanding).
  */
 #ifndef KESTREL_FIO_KFIO_H
 #define KESTREL_FIO_KFIO_H

@@ -7,7 +7,8 @@
 //! `kfio.h`. This half drives a Kestrel target through the library's public API only:
 //! [`kestrel::target_spec`] parses and opens the target string, [`kestrel::Target`]
 //! makes one queue pair per job thread, and I/O buffers are carved from the target's DMA
-//! pool (fio's `iomem_alloc` hook), so requests carry fio's buffers with no copy.
+//! pool (fio's `iomem_alloc` hook) and lent to the job's queue pair, which owns them for
+//! the job's life, so requests carry fio's buffers with no copy.
 //!
 //! Jobs of one fio process that name the same target string share one opened target (one
 //! controller, one emulator), each with its own queue pair; the target is closed when the

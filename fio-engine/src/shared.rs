@@ -69,6 +69,25 @@ pub(crate) fn acquire(spec: &str, noiommu: bool) -> Result<Arc<dyn Target>, (i32
             ),
         ));
     }
+    // Every offset and length fio asks for is checked against the capacity in bytes: a
+    // target whose size does not fit in 64 bits (or has no block size) is refused here, so
+    // that capacity is never computed wrapped.
+    if info.block_size == 0
+        || info
+            .num_blocks
+            .checked_mul(u64::from(info.block_size))
+            .is_none()
+    {
+        return Err((
+            libc::EINVAL,
+            format!(
+                "{} (nsid {}) reports {} blocks of {} bytes, which is not a size the engine \
+                 can address (zero-byte blocks, or more than 2^64 bytes): its identify data \
+                 is wrong",
+                info.name, info.nsid, info.num_blocks, info.block_size
+            ),
+        ));
+    }
     list.push(Shared {
         key: spec.to_string(),
         noiommu,

@@ -36,7 +36,8 @@ fn open_flags(spec: &str, flags: u32) -> Result<H, (i32, String)> {
     // SAFETY: a NUL-terminated string, writable err and msg.
     let job = unsafe { kfio_job_open(c.as_ptr(), flags, &mut err, msg.as_mut_ptr(), MSG) };
     if job.is_null() {
-        // SAFETY: write_msg NUL-terminated it.
+        // SAFETY: `msg` started zeroed and kfio_job_open's write_msg ends what it writes
+        // with a NUL, so a NUL lies within its MSG bytes.
         let m = unsafe { CStr::from_ptr(msg.as_ptr()) };
         return Err((err, m.to_string_lossy().into_owned()));
     }
@@ -97,11 +98,13 @@ impl H {
         }
     }
     fn commit(&mut self) {
-        // SAFETY: a live job.
+        // SAFETY: `self.job` is live (opened in `open`, closed only in `drop`) and used by
+        // this thread alone.
         unsafe { kfio_job_commit(self.job) }
     }
     fn getevents(&mut self, min: u32, max: u32, timeout_ns: i64) -> c_int {
-        // SAFETY: a live job.
+        // SAFETY: `self.job` is live (opened in `open`, closed only in `drop`) and used by
+        // this thread alone.
         unsafe { kfio_job_getevents(self.job, min, max, timeout_ns) }
     }
     /// (index, errno) of event i.
@@ -166,7 +169,8 @@ fn jobs_naming_one_target_share_it_until_the_last_closes() {
     let a = open(spec).unwrap();
     let b = open(spec).unwrap();
     assert_eq!(users_of(spec), 2);
-    // SAFETY: live jobs.
+    // SAFETY: `a.job` and `b.job` are live until `a` and `b` drop below, and this thread
+    // alone uses them; only shared reads are made.
     unsafe {
         assert_eq!(kfio_job_size(a.job), 12 << 20);
         assert_eq!(kfio_job_block_size(b.job), 4096);
@@ -179,7 +183,8 @@ fn jobs_naming_one_target_share_it_until_the_last_closes() {
     // A different string is a different target.
     let c = open("emu:size=16M").unwrap();
     let d = open("emu:size=16M,lba=4096").unwrap();
-    // SAFETY: live jobs.
+    // SAFETY: `c.job` and `d.job` are live until `c` and `d` drop, and this thread alone
+    // uses them; only shared reads are made.
     unsafe { assert!(!Arc::ptr_eq(&(*c.job).target, &(*d.job).target)) };
     // Jobs sharing a target agree on how it is opened; the noiommu flag means nothing to
     // an emulator, but a second job asking otherwise is told, not silently joined.
@@ -326,6 +331,17 @@ fn bad_options_and_targets_are_refused_with_reasons() {
         assert_eq!(e.0, libc::EINVAL, "{spec}");
         assert!(e.1.contains(want), "{spec}: {}", e.1);
     }
+    // A namespace whose size in bytes does not fit in 64 bits (2^52 blocks of 4096 bytes)
+    // is refused, not opened with a capacity that wrapped to 0.
+    let e = open("emu:size=16M,faults=nsze/4503599627370496")
+        .err()
+        .unwrap();
+    assert_ne!(e.0, 0, "{}", e.1);
+    assert!(
+        e.1.contains("nsze 4503599627370496") && e.1.contains("4096 bytes"),
+        "{}",
+        e.1
+    );
     // PI that is the whole metadata is inserted and stripped by the controller.
     let mut h = open("emu:ns=16M+4096+md8+pi1").unwrap();
     assert_eq!(h.start(4, 0), 0, "{}", h.msg());
@@ -394,12 +410,12 @@ fn closing_with_io_outstanding_waits_for_it() {
         );
     }
     h.commit();
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     let pool = unsafe { (*h.job).target.dma_pool().clone() };
     let used = pool.used_bytes();
     assert!(used >= 4 * 4096);
     let t = Instant::now();
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     unsafe { kfio_job_iomem_free(h.job) };
     assert!(
         t.elapsed() >= Duration::from_millis(15),
@@ -407,8 +423,70 @@ fn closing_with_io_outstanding_waits_for_it() {
         t.elapsed()
     );
     assert_eq!(pool.used_bytes(), used - 4 * 4096);
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     assert_eq!(unsafe { (*h.job).queue.as_ref().unwrap().outstanding() }, 0);
+}
+
+/// Buffers lent to the job's queue pair (0 before iomem_alloc and after iomem_free).
+fn lent(h: &H) -> usize {
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
+    unsafe { (*h.job).queue.as_ref() }.map_or(0, |q| q.leases().lent())
+}
+
+/// fio's I/O memory is lent to the job's queue pair, which owns it while the job runs
+/// (whether fio allocates it after init, as fio does, or before), carries the units' data
+/// both ways, and goes back to the pool when fio frees it.
+#[test]
+fn the_io_memory_is_lent_to_the_queue_pair_and_given_back() {
+    let mut h = open("emu:size=52M").unwrap();
+    assert_eq!(h.start(2, 0), 0, "{}", h.msg());
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
+    let pool = unsafe { (*h.job).target.dma_pool().clone() };
+    let before = pool.used_bytes();
+    assert_eq!(lent(&h), 0);
+    assert_eq!(h.iomem(2 * 4096), 0, "{}", h.msg());
+    assert_eq!(lent(&h), 1, "the I/O memory is lent to the queue pair");
+    assert_eq!(pool.used_bytes(), before + 2 * 4096);
+    // A second init would replace the queue pair that holds it: refused.
+    assert_eq!(h.start(2, 0), -libc::EINVAL);
+    assert!(h.msg().contains("already made"), "{}", h.msg());
+    assert_eq!(lent(&h), 1);
+    h.fill(0, 4096, 0x3c);
+    assert_eq!(h.queue(OP_WRITE, 8192, 4096, 0, 0), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    assert_eq!(h.queue(OP_READ, 8192, 4096, 4096, 1), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    assert!(h.bytes(4096, 4096).iter().all(|&b| b == 0x3c));
+    // SAFETY: `h.job` is a live job from kfio_job_open (until `h` drops) with nothing in
+    // flight (every unit was reaped above), used by this thread alone.
+    unsafe { kfio_job_iomem_free(h.job) };
+    assert_eq!(lent(&h), 0, "given back");
+    assert_eq!(pool.used_bytes(), before, "freed");
+    // No memory: a read or write has no buffer to name.
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), -libc::EFAULT);
+
+    // fio's I/O memory allocated before init is lent when the queue pair is made.
+    let mut h = open("emu:size=56M").unwrap();
+    assert_eq!(h.iomem(4096), 0, "{}", h.msg());
+    assert_eq!(lent(&h), 0, "no queue pair yet");
+    assert_eq!(
+        h.queue(OP_READ, 0, 4096, 0, 0),
+        -libc::EINVAL,
+        "before init"
+    );
+    assert_eq!(h.start(1, 0), 0, "{}", h.msg());
+    assert_eq!(lent(&h), 1);
+    h.fill(0, 4096, 0xc3);
+    assert_eq!(h.queue(OP_WRITE, 0, 4096, 0, 0), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    h.fill(0, 4096, 0);
+    assert_eq!(h.queue(OP_READ, 0, 4096, 0, 0), QUEUED, "{}", h.msg());
+    h.commit();
+    h.reap_ok(1);
+    assert!(h.bytes(0, 4096).iter().all(|&b| b == 0xc3));
 }
 
 #[test]
@@ -462,7 +540,8 @@ fn no_allocation_per_io() {
 fn messages_are_truncated_on_a_character_boundary() {
     let mut buf = [0x7f as c_char; 6];
     let text = |buf: &[c_char; 6]| {
-        // SAFETY: NUL-terminated by write_msg.
+        // SAFETY: `buf` holds a NUL within its 6 bytes: write_msg ends what it writes with
+        // one (len > 0).
         let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
         s.to_str().unwrap().to_string()
     };
@@ -479,7 +558,8 @@ fn a_panic_does_not_cross_the_boundary() {
     let r = guard("test", || -5, || -> c_int { panic!("boom") });
     assert_eq!(r, -5);
     // A null job is refused, not dereferenced.
-    // SAFETY: null is allowed.
+    // SAFETY: a null job is within each function's contract (refused with an error or
+    // ignored), and no other pointer is passed.
     unsafe {
         assert_eq!(
             kfio_job_getevents(std::ptr::null_mut(), 1, 1, -1),
@@ -519,7 +599,7 @@ fn engine_loop_rate() {
     let mut h = open(&target).unwrap();
     assert_eq!(h.start(qd, 0), 0, "{}", h.msg());
     assert_eq!(h.iomem(qd as usize * 4096), 0, "{}", h.msg());
-    // SAFETY: a live job.
+    // SAFETY: `h.job` is live until `h` drops, and this thread alone uses it.
     let blocks = unsafe { kfio_job_size(h.job) } / 4096;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut offset = move || {

@@ -58,13 +58,7 @@ fn slices(segs: &[Seg]) -> Vec<DmaSlice> {
             let iova = ((s.page & ((1 << 40) - 1)) << 12) | offset;
             let len = (((s.pages % 1025) as i64) * PAGE as i64 - offset as i64 + s.adjust as i64)
                 .clamp(0, 4 << 20) as usize;
-            DmaSlice {
-                vaddr: iova as usize,
-                iova,
-                len,
-                region: 0,
-                region_vaddr: 0,
-            }
+            DmaSlice::unleased(iova as usize, iova, len)
         })
         .collect()
 }
@@ -78,13 +72,13 @@ fn reference(segs: &[DmaSlice], off: usize, len: usize) -> Option<Vec<u64>> {
         if remain == 0 {
             break;
         }
-        if !started && skip >= s.len {
-            skip -= s.len;
+        if !started && skip >= s.len() {
+            skip -= s.len();
             continue;
         }
         started = true;
-        let take = (s.len - skip).min(remain);
-        pieces.push((s.iova + skip as u64, take as u64, take < remain));
+        let take = (s.len() - skip).min(remain);
+        pieces.push((s.iova() + skip as u64, take as u64, take < remain));
         skip = 0;
         remain -= take;
     }
@@ -147,7 +141,7 @@ fn walk(mem: &[u64], list_pages: usize, prp2: u64, count: usize) -> Vec<u64> {
 
 fuzz_target!(|input: Input| {
     let segs = slices(&input.segs);
-    let total: usize = segs.iter().map(|s| s.len).sum();
+    let total: usize = segs.iter().map(|s| s.len()).sum();
     let off = input.off as usize % (total + PAGE as usize + 1);
     let len = input.len as usize % (total + PAGE as usize + 1);
     let want = reference(&segs, off, len);

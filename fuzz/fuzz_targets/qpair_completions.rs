@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use arbitrary::Arbitrary;
 use kestrel::emu::{EmuConfig, EmuController, EmuNamespace, EmuStore};
 use kestrel::spec::Cqe;
-use kestrel::{Controller, ControllerOptions, DmaBuf, IoQpair, IoRequest, QpairOptions};
+use kestrel::{Controller, ControllerOptions, DmaSlice, IoQpair, IoRequest, QpairOptions};
 use libfuzzer_sys::fuzz_target;
 
 const DEPTH: u32 = 64;
@@ -101,7 +101,8 @@ struct Input {
 struct State {
     emu: Arc<EmuController>,
     qp: IoQpair,
-    buf: DmaBuf,
+    /// The data buffer, lent to `qp`.
+    buf: DmaSlice,
     seq: u64,
     _ctrlr: Controller,
 }
@@ -114,7 +115,7 @@ impl State {
         })
         .expect("emulator starts");
         let ctrlr = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
-        let qp = ctrlr
+        let mut qp = ctrlr
             .create_io_qpair(&QpairOptions {
                 depth: DEPTH,
                 ..Default::default()
@@ -124,6 +125,7 @@ impl State {
             .dma_pool()
             .alloc((MAX_IOS + 2) * SLOT_BLOCKS * BLOCK)
             .expect("data buffer");
+        let buf = qp.lend(buf).expect("lend the data buffer");
         assert!(emu.pause(), "the controller thread stops");
         State {
             emu,
@@ -292,9 +294,12 @@ fuzz_target!(|input: Input| {
     let data: Vec<u8> = (0..BLOCK)
         .map(|i| (i as u64 ^ s.seq.wrapping_mul(0x9E37_79B9)) as u8)
         .collect();
-    s.buf.write_at(base, &data).expect("in buffer");
-    s.buf
-        .write_at(base + BLOCK, &[0u8; BLOCK])
+    let buf = s.buf;
+    s.qp.leases_mut()
+        .write(&buf, base, &data)
+        .expect("in buffer");
+    s.qp.leases_mut()
+        .write(&buf, base + BLOCK, &[0u8; BLOCK])
         .expect("in buffer");
     let (w, r) = (
         s.buf.slice(base, BLOCK).expect("in buffer"),
@@ -329,7 +334,9 @@ fuzz_target!(|input: Input| {
         "{done:?}"
     );
     let mut back = vec![0u8; BLOCK];
-    s.buf.read_at(base + BLOCK, &mut back).expect("in buffer");
+    s.qp.leases()
+        .read(&buf, base + BLOCK, &mut back)
+        .expect("in buffer");
     assert!(back == data, "the final read returned other data");
     assert_eq!(s.qp.outstanding(), 0);
     assert_eq!(s.qp.stats().bogus_completions, bogus, "a CQE was left over");

@@ -8,7 +8,9 @@ use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::spec::Sqe;
 use kestrel::{Controller, ControllerOptions};
 
-use crate::support::{all_ok, alloc, ns_of, pattern, qpair, raw_status, reap, run_one};
+use crate::support::{
+    all_ok, alloc, lent, ns_of, pattern, put, qpair, raw_status_with, reap, run_one,
+};
 use crate::verify::read_compare;
 use crate::{CaseResult, Device, Outcome};
 
@@ -103,10 +105,10 @@ pub(crate) fn reset_and_reinit(d: &Device, nsid: u32) -> CaseResult {
             .map_err(|e| e.to_string())?;
         let ns = ns_of(&c, nsid)?;
         let mut qp = qpair(&c, 16)?;
-        let mut w = alloc(&c, 16 * ns.bs)?;
+        let w = lent(&c, &mut qp, 16 * ns.bs)?;
         let data = pattern(16 * ns.bs, 1234);
-        w.write_at(0, &data).map_err(|e| e.to_string())?;
-        let r = run_one(&mut qp, IoRequest::write_buf(nsid, 9000, 16, &w, 1))?;
+        put(&mut qp, &w, 0, &data)?;
+        let r = run_one(&mut qp, IoRequest::write(nsid, 9000, 16, w, 1))?;
         ensure!(r.is_ok(), "write before reset: {r:?}");
         let r = run_one(&mut qp, IoRequest::flush(nsid, 2))?;
         ensure!(r.is_ok(), "flush before reset: {r:?}");
@@ -116,11 +118,11 @@ pub(crate) fn reset_and_reinit(d: &Device, nsid: u32) -> CaseResult {
     ensure!(c.csts().rdy(), "not ready after reinitialisation");
     let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
-    let mut r_buf = alloc(&c, 16 * ns.bs)?;
+    let r_buf = lent(&c, &mut qp, 16 * ns.bs)?;
     read_compare(
         &mut qp,
         nsid,
-        &mut r_buf,
+        &r_buf,
         9000,
         ns.bs,
         &data,
@@ -134,9 +136,9 @@ pub(crate) fn smart_log(d: &Device, nsid: u32) -> CaseResult {
     ns_of(&c, nsid)?;
     let before = c.smart_log().map_err(|e| e.to_string())?;
     let mut qp = qpair(&c, 16)?;
-    let buf = alloc(&c, 4096)?;
+    let buf = lent(&c, &mut qp, 4096)?;
     for i in 0..8 {
-        qp.submit(IoRequest::write_buf(nsid, 11_000 + i, 1, &buf, i))
+        qp.submit(IoRequest::write(nsid, 11_000 + i, 1, buf, i))
             .map_err(|e| e.to_string())?;
     }
     qp.flush();
@@ -162,11 +164,7 @@ pub(crate) fn error_log(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let buf = alloc(&c, 4096)?;
     let nsze = ns_of(&c, nsid)?.nsze;
-    let _ = raw_status(
-        &c,
-        Sqe::read(nsid, nsze + 10, 1, 0, 0),
-        Some(buf.slice_all()),
-    )?;
+    let _ = raw_status_with(&c, Sqe::read(nsid, nsze + 10, 1, 0, 0), buf, 4096)?;
     let log = c.error_log().map_err(|e| e.to_string())?;
     // Controllers may or may not log command errors; the page must parse either way.
     if log.is_empty() {

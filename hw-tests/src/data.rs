@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use kestrel::io::{IoOp, IoRequest};
 use kestrel::QpairOptions;
 
-use crate::support::{all_ok, alloc, mdts, ns_of, pattern, qpair, quiet, reap, run_one};
+use crate::support::{
+    all_ok, contents, fill, lent, mdts, ns_of, pattern, put, qpair, quiet, reap, reclaim, run_one,
+};
 use crate::verify::{compare, read_compare, write_read};
 use crate::{CaseResult, Device, Outcome};
 
@@ -16,8 +18,8 @@ pub(crate) fn rw_sizes(d: &Device, nsid: u32) -> CaseResult {
     let ns = ns_of(&c, nsid)?;
     let max = (4 * mdts(&c)) as usize;
     let mut qp = qpair(&c, 32)?;
-    let mut w = alloc(&c, max)?;
-    let mut r = alloc(&c, max)?;
+    let w = lent(&c, &mut qp, max)?;
+    let r = lent(&c, &mut qp, max)?;
     let mdts_blocks = mdts(&c) as usize / ns.bs;
     let mut sizes = vec![
         1usize,
@@ -35,16 +37,7 @@ pub(crate) fn rw_sizes(d: &Device, nsid: u32) -> CaseResult {
     for nlb in sizes {
         let len = nlb * ns.bs;
         ensure!(lba + nlb as u64 <= ns.blocks, "scratch area too small");
-        write_read(
-            &mut qp,
-            nsid,
-            &mut w,
-            &mut r,
-            lba,
-            ns.bs,
-            0,
-            &pattern(len, lba + 1),
-        )?;
+        write_read(&mut qp, nsid, &w, &r, lba, ns.bs, 0, &pattern(len, lba + 1))?;
         lba += nlb as u64;
     }
     ensure!(
@@ -59,8 +52,8 @@ pub(crate) fn rw_offsets(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 32)?;
-    let mut w = alloc(&c, 64 * 1024)?;
-    let mut r = alloc(&c, 64 * 1024)?;
+    let w = lent(&c, &mut qp, 64 * 1024)?;
+    let r = lent(&c, &mut qp, 64 * 1024)?;
     let mut lba = 1000u64;
     for off in [0usize, 4, 64, 512, 2048, 4092] {
         for blocks in [1usize, 2, 5] {
@@ -68,8 +61,8 @@ pub(crate) fn rw_offsets(d: &Device, nsid: u32) -> CaseResult {
             write_read(
                 &mut qp,
                 nsid,
-                &mut w,
-                &mut r,
+                &w,
+                &r,
                 lba,
                 ns.bs,
                 off,
@@ -89,10 +82,10 @@ pub(crate) fn rw_queue_depths(d: &Device, nsid: u32) -> CaseResult {
     let slots = qp.slots();
     let mut lba = 2000u64;
     for qd in [1usize, 2, 16, slots] {
-        let mut w = alloc(&c, qd * ns.bs)?;
-        let r = alloc(&c, qd * ns.bs)?;
+        let w = lent(&c, &mut qp, qd * ns.bs)?;
+        let r = lent(&c, &mut qp, qd * ns.bs)?;
         let data = pattern(qd * ns.bs, qd as u64);
-        w.write_at(0, &data).map_err(|e| e.to_string())?;
+        put(&mut qp, &w, 0, &data)?;
         for i in 0..qd {
             let s = w.slice(i * ns.bs, ns.bs).map_err(|e| e.to_string())?;
             qp.submit(IoRequest::write(nsid, lba + i as u64, 1, s, i as u64))
@@ -107,8 +100,11 @@ pub(crate) fn rw_queue_depths(d: &Device, nsid: u32) -> CaseResult {
         }
         qp.flush();
         all_ok(&reap(&mut qp, qd)?)?;
-        compare(&r.to_vec(), &data, ns.bs)
+        compare(&contents(&qp, &r)?, &data, ns.bs)
             .map_err(|e| format!("data mismatch at queue depth {qd}: {e}"))?;
+        // This depth's buffers back from the queue (nothing is outstanding), and freed.
+        drop(reclaim(&mut qp, &w)?);
+        drop(reclaim(&mut qp, &r)?);
         lba += qd as u64;
     }
     Ok(Outcome::Pass)
@@ -119,45 +115,43 @@ pub(crate) fn vectored_io(d: &Device, nsid: u32) -> CaseResult {
     let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
     let lens = [8192usize, 4096, 12288];
-    let mut bufs = Vec::new();
+    let mut segs = Vec::new();
     for l in lens {
-        bufs.push(alloc(&c, l)?);
+        segs.push(lent(&c, &mut qp, l)?);
     }
     let total: usize = lens.iter().sum();
     let data = pattern(total, 3);
     let mut off = 0;
-    for (b, l) in bufs.iter_mut().zip(lens) {
-        b.write_at(0, &data[off..off + l])
-            .map_err(|e| e.to_string())?;
+    for (s, l) in segs.iter().zip(lens) {
+        put(&mut qp, s, 0, &data[off..off + l])?;
         off += l;
     }
-    let segs: Vec<_> = bufs.iter().map(|b| b.slice_all()).collect();
     let nlb = (total / ns.bs) as u32;
     let req =
         IoRequest::vectored(IoOp::Write, nsid, 3000, nlb, &segs, 1).ok_or("too many segments")?;
     let res = run_one(&mut qp, req)?;
     ensure!(res.is_ok(), "vectored write: {res:?}");
-    let mut r = alloc(&c, total)?;
+    let r = lent(&c, &mut qp, total)?;
     read_compare(
         &mut qp,
         nsid,
-        &mut r,
+        &r,
         3000,
         ns.bs,
         &data,
         "vectored write read back",
     )?;
     // And a vectored read into the three buffers.
-    for b in bufs.iter_mut() {
-        b.fill(0);
+    for s in &segs {
+        fill(&mut qp, s, 0)?;
     }
     let req =
         IoRequest::vectored(IoOp::Read, nsid, 3000, nlb, &segs, 3).ok_or("too many segments")?;
     let res = run_one(&mut qp, req)?;
     ensure!(res.is_ok(), "vectored read: {res:?}");
     let mut got = Vec::new();
-    for b in &bufs {
-        got.extend(b.to_vec());
+    for s in &segs {
+        got.extend(contents(&qp, s)?);
     }
     compare(&got, &data, ns.bs).map_err(|e| format!("vectored read mismatch: {e}"))?;
     Ok(Outcome::Pass)
@@ -167,8 +161,8 @@ pub(crate) fn flush(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
-    let buf = alloc(&c, 4096)?;
-    qp.submit(IoRequest::write_buf(nsid, 4000, 1, &buf, 1))
+    let buf = lent(&c, &mut qp, 4096)?;
+    qp.submit(IoRequest::write(nsid, 4000, 1, buf, 1))
         .map_err(|e| e.to_string())?;
     qp.submit(IoRequest::flush(nsid, 2))
         .map_err(|e| e.to_string())?;
@@ -184,16 +178,16 @@ pub(crate) fn write_zeroes(d: &Device, nsid: u32) -> CaseResult {
     }
     let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 16)?;
-    let mut buf = alloc(&c, 8 * ns.bs)?;
-    buf.fill(0x5A);
-    let r = run_one(&mut qp, IoRequest::write_buf(nsid, 5000, 8, &buf, 1))?;
+    let buf = lent(&c, &mut qp, 8 * ns.bs)?;
+    fill(&mut qp, &buf, 0x5A)?;
+    let r = run_one(&mut qp, IoRequest::write(nsid, 5000, 8, buf, 1))?;
     ensure!(r.is_ok(), "write: {r:?}");
     let r = run_one(&mut qp, IoRequest::write_zeroes(nsid, 5002, 4, 2))?;
     ensure!(r.is_ok(), "write zeroes: {r:?}");
-    buf.fill(0xFF);
-    let r = run_one(&mut qp, IoRequest::read_buf(nsid, 5000, 8, &buf, 3))?;
+    fill(&mut qp, &buf, 0xFF)?;
+    let r = run_one(&mut qp, IoRequest::read(nsid, 5000, 8, buf, 3))?;
     ensure!(r.is_ok(), "read: {r:?}");
-    let v = buf.to_vec();
+    let v = contents(&qp, &buf)?;
     for (i, blk) in v.chunks(ns.bs).enumerate() {
         let want = if (2..6).contains(&i) { 0 } else { 0x5A };
         ensure!(
@@ -214,17 +208,17 @@ pub(crate) fn deallocate(d: &Device, nsid: u32) -> CaseResult {
     let ns = ns_of(&c, nsid)?;
     let zeroes = ns.deallocated_reads_zeroes;
     let mut qp = qpair(&c, 16)?;
-    let mut buf = alloc(&c, 8 * ns.bs)?;
-    buf.fill(0xC3);
-    let r = run_one(&mut qp, IoRequest::write_buf(nsid, 6000, 8, &buf, 1))?;
+    let buf = lent(&c, &mut qp, 8 * ns.bs)?;
+    fill(&mut qp, &buf, 0xC3)?;
+    let r = run_one(&mut qp, IoRequest::write(nsid, 6000, 8, buf, 1))?;
     ensure!(r.is_ok(), "write: {r:?}");
     let r = run_one(&mut qp, IoRequest::deallocate(nsid, 6000, 8, 2))?;
     ensure!(r.is_ok(), "deallocate: {r:?}");
-    let r = run_one(&mut qp, IoRequest::read_buf(nsid, 6000, 8, &buf, 3))?;
+    let r = run_one(&mut qp, IoRequest::read(nsid, 6000, 8, buf, 3))?;
     ensure!(r.is_ok(), "read after deallocate: {r:?}");
     // Dataset Management's Deallocate is advisory (the controller "may" deallocate), so
     // each block reads back either as it was or, deallocated, as DLFEAT says.
-    let v = buf.to_vec();
+    let v = contents(&qp, &buf)?;
     let mut deallocated = 0;
     for (i, blk) in v.chunks(ns.bs).enumerate() {
         if blk.iter().all(|&b| b == 0xC3) {
@@ -260,18 +254,9 @@ pub(crate) fn large_io_split(d: &Device, nsid: u32) -> CaseResult {
             ..Default::default()
         })
         .map_err(|e| e.to_string())?;
-    let mut w = alloc(&c, len)?;
-    let mut r = alloc(&c, len)?;
-    write_read(
-        &mut qp,
-        nsid,
-        &mut w,
-        &mut r,
-        8000,
-        ns.bs,
-        0,
-        &pattern(len, 99),
-    )?;
+    let w = lent(&c, &mut qp, len)?;
+    let r = lent(&c, &mut qp, len)?;
+    write_read(&mut qp, nsid, &w, &r, 8000, ns.bs, 0, &pattern(len, 99))?;
     let st = qp.stats();
     ensure!(st.split == 2, "expected 2 split requests, stats {st:?}");
     ensure!(
@@ -288,14 +273,15 @@ pub(crate) fn cross_qpair_visibility(d: &Device, nsid: u32) -> CaseResult {
     let ns = ns_of(&c, nsid)?;
     let mut a = qpair(&c, 16)?;
     let mut b = qpair(&c, 16)?;
-    let mut w = alloc(&c, 4 * ns.bs)?;
-    let mut r = alloc(&c, 4 * ns.bs)?;
+    // Each qpair owns its buffer: the writer's is lent to `a`, the reader's to `b`.
+    let w = lent(&c, &mut a, 4 * ns.bs)?;
+    let r = lent(&c, &mut b, 4 * ns.bs)?;
     let data = pattern(4 * ns.bs, 4242);
-    w.write_at(0, &data).map_err(|e| e.to_string())?;
-    let res = run_one(&mut a, IoRequest::write_buf(nsid, 12_000, 4, &w, 1))?;
+    put(&mut a, &w, 0, &data)?;
+    let res = run_one(&mut a, IoRequest::write(nsid, 12_000, 4, w, 1))?;
     ensure!(res.is_ok(), "write on qid {}: {res:?}", a.qid());
     let what = format!("a write on qid {} read on qid {}", a.qid(), b.qid());
-    read_compare(&mut b, nsid, &mut r, 12_000, ns.bs, &data, &what)?;
+    read_compare(&mut b, nsid, &r, 12_000, ns.bs, &data, &what)?;
     Ok(Outcome::Pass)
 }
 
@@ -304,8 +290,8 @@ pub(crate) fn mixed_workload_verify(d: &Device, nsid: u32) -> CaseResult {
     let ns = ns_of(&c, nsid)?;
     let mut qp = qpair(&c, 64)?;
     let blocks = 256u64;
-    let mut w = alloc(&c, blocks as usize * ns.bs)?;
-    let r = alloc(&c, blocks as usize * ns.bs)?;
+    let w = lent(&c, &mut qp, blocks as usize * ns.bs)?;
+    let r = lent(&c, &mut qp, blocks as usize * ns.bs)?;
     let mut shadow: HashMap<u64, u8> = HashMap::new();
     let mut x = 0x1234_5678u64;
     for round in 0..8u8 {
@@ -317,8 +303,7 @@ pub(crate) fn mixed_workload_verify(d: &Device, nsid: u32) -> CaseResult {
             x ^= x << 17;
             if x % 3 == 0 {
                 let off = blk as usize * ns.bs;
-                w.write_at(off, &vec![round + 1; ns.bs])
-                    .map_err(|e| e.to_string())?;
+                put(&mut qp, &w, off, &vec![round + 1; ns.bs])?;
                 qp.submit(IoRequest::write(
                     nsid,
                     13_000 + blk,
@@ -334,12 +319,9 @@ pub(crate) fn mixed_workload_verify(d: &Device, nsid: u32) -> CaseResult {
         qp.flush();
         all_ok(&reap(&mut qp, n)?)?;
     }
-    let res = run_one(
-        &mut qp,
-        IoRequest::read_buf(nsid, 13_000, blocks as u32, &r, 1),
-    )?;
+    let res = run_one(&mut qp, IoRequest::read(nsid, 13_000, blocks as u32, r, 1))?;
     ensure!(res.is_ok(), "read: {res:?}");
-    let v = r.to_vec();
+    let v = contents(&qp, &r)?;
     for (blk, want) in shadow {
         let b = &v[blk as usize * ns.bs..(blk as usize + 1) * ns.bs];
         ensure!(

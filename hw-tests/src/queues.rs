@@ -8,7 +8,9 @@ use kestrel::io::{IoRequest, SubmitError};
 use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::{ControllerOptions, DoorbellMode, QpairOptions};
 
-use crate::support::{all_ok, alloc, ns_of, pattern, qpair, quiet, reap, run_one, WAIT};
+use crate::support::{
+    all_ok, alloc, lent, ns_of, pattern, put, qpair, quiet, reap, reclaim, run_one, WAIT,
+};
 use crate::verify::{read_compare, write_read};
 use crate::{CaseError, CaseResult, Device, Outcome};
 
@@ -49,11 +51,14 @@ pub(crate) fn max_qpairs(d: &Device, nsid: u32) -> CaseResult {
             .into())
         }
     }
-    // Every one of them does I/O.
-    let buf = alloc(&c, 4096)?;
+    // Every one of them does I/O, into one buffer: lent to each qpair in turn, and
+    // reclaimed once its read completed.
+    let mut buf = alloc(&c, 4096)?;
     for (i, qp) in qps.iter_mut().enumerate() {
-        let r = run_one(qp, IoRequest::read_buf(nsid, i as u64, 1, &buf, i as u64))?;
+        let s = qp.lend(buf).map_err(|e| e.to_string())?;
+        let r = run_one(qp, IoRequest::read(nsid, i as u64, 1, s, i as u64))?;
         ensure!(r.is_ok(), "read on qid {}: {r:?}", qp.qid());
+        buf = reclaim(qp, &s)?;
     }
     Ok(Outcome::Pass)
 }
@@ -70,13 +75,13 @@ pub(crate) fn overflow_beyond_depth(d: &Device, nsid: u32) -> CaseResult {
         })
         .map_err(|e| e.to_string())?;
     let slots = qp.slots() as u32;
-    let buf = alloc(&c, 4096)?;
+    let buf = lent(&c, &mut qp, 4096)?;
     let total = slots + sw;
     for i in 0..total {
-        qp.submit(IoRequest::read_buf(nsid, i as u64, 1, &buf, i as u64))
+        qp.submit(IoRequest::read(nsid, i as u64, 1, buf, i as u64))
             .map_err(|e| format!("submit {i}: {e}"))?;
     }
-    let extra = IoRequest::read_buf(nsid, 0, 1, &buf, 1 << 40);
+    let extra = IoRequest::read(nsid, 0, 1, buf, 1 << 40);
     match qp.submit(extra) {
         Err(SubmitError::Busy(b)) => {
             ensure!(b.request == extra, "busy did not hand the request back")
@@ -120,11 +125,11 @@ fn doorbell_counts(
             ..Default::default()
         })
         .map_err(|e| e.to_string())?;
-    let buf = alloc(&c, 4096)?;
+    let buf = lent(&c, &mut qp, 4096)?;
     let mut nonempty = 0u64;
     for b in 0..20u64 {
         let reqs: Vec<_> = (0..32)
-            .map(|i| IoRequest::read_buf(nsid, i, 1, &buf, b * 32 + i))
+            .map(|i| IoRequest::read(nsid, i, 1, buf, b * 32 + i))
             .collect();
         let n = qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
         ensure!(n == 32, "batch took {n} of 32");
@@ -191,10 +196,10 @@ pub(crate) fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
         "qpair not using shadow doorbells"
     );
     let ns = ns_of(&c, nsid)?;
-    let mut w = alloc(&c, 32 * ns.bs)?;
-    let mut r = alloc(&c, 32 * ns.bs)?;
+    let w = lent(&c, &mut qp, 32 * ns.bs)?;
+    let r = lent(&c, &mut qp, 32 * ns.bs)?;
     let data = pattern(32 * ns.bs, 11);
-    w.write_at(0, &data).map_err(|e| e.to_string())?;
+    put(&mut qp, &w, 0, &data)?;
     for round in 0..10u64 {
         let reqs: Vec<_> = (0..32)
             .map(|i| {
@@ -213,7 +218,7 @@ pub(crate) fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
     read_compare(
         &mut qp,
         nsid,
-        &mut r,
+        &r,
         7000,
         ns.bs,
         &data,
@@ -245,16 +250,16 @@ pub(crate) fn concurrent_pinned_qpairs(d: &Device, nsid: u32) -> CaseResult {
                     }
                 }
                 let mut qp = qpair(&c, 32)?;
-                let mut w = alloc(&c, 32 * bs)?;
-                let mut r = alloc(&c, 32 * bs)?;
+                let w = lent(&c, &mut qp, 32 * bs)?;
+                let r = lent(&c, &mut qp, 32 * bs)?;
                 let base = 10_000 + t as u64 * 1000;
                 for round in 0..20u64 {
                     let lba = base + (round % 10) * 32;
                     write_read(
                         &mut qp,
                         nsid,
-                        &mut w,
-                        &mut r,
+                        &w,
+                        &r,
                         lba,
                         bs,
                         0,

@@ -1,11 +1,13 @@
-//! What the cases share: qpairs, reaping completions, data patterns, the namespace a
-//! case does its I/O on, status checks (write, read back and compare: `verify`).
+//! What the cases share: qpairs, the buffers lent to them (a buffer of the controller's
+//! DMA pool is lent to the qpair that submits with it, and its bytes are reached through
+//! that qpair), reaping completions, data patterns, the namespace a case does its I/O on,
+//! status checks (write, read back and compare: `verify`).
 
 use std::time::{Duration, Instant};
 
 use kestrel::io::{Completion, IoError, IoRequest};
 use kestrel::spec::{Sqe, Status};
-use kestrel::{Controller, DmaBuf, IoQpair, QpairOptions};
+use kestrel::{Controller, DmaBuf, DmaSlice, IoQpair, QpairOptions};
 
 use crate::CaseError;
 
@@ -145,6 +147,39 @@ pub(crate) fn alloc(c: &Controller, len: usize) -> Result<DmaBuf, String> {
     c.dma_pool().alloc(len).map_err(|e| e.to_string())
 }
 
+/// `len` bytes of the controller's DMA memory, lent to `qp` (which owns them from then on
+/// and frees them when it is dropped): the slice requests on `qp` carry.
+pub(crate) fn lent(c: &Controller, qp: &mut IoQpair, len: usize) -> Result<DmaSlice, String> {
+    qp.lend(alloc(c, len)?).map_err(|e| e.to_string())
+}
+
+/// Copies `data` into the slice `s` lent to `qp`, at its byte `off`.
+pub(crate) fn put(qp: &mut IoQpair, s: &DmaSlice, off: usize, data: &[u8]) -> Result<(), String> {
+    qp.leases_mut()
+        .write(s, off, data)
+        .map_err(|e| e.to_string())
+}
+
+/// Sets every byte of the slice `s` lent to `qp` to `byte`.
+pub(crate) fn fill(qp: &mut IoQpair, s: &DmaSlice, byte: u8) -> Result<(), String> {
+    put(qp, s, 0, &vec![byte; s.len()])
+}
+
+/// The bytes of the slice `s` lent to `qp`.
+pub(crate) fn contents(qp: &IoQpair, s: &DmaSlice) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; s.len()];
+    qp.leases()
+        .read(s, 0, &mut out)
+        .map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Gives the buffer of `s` back from `qp` (nothing may be outstanding on it).
+pub(crate) fn reclaim(qp: &mut IoQpair, s: &DmaSlice) -> Result<DmaBuf, String> {
+    qp.reclaim(s)
+        .map_err(|e| format!("reclaiming a buffer from qid {}: {e}", qp.qid()))
+}
+
 pub(crate) fn expect_nvme(r: Result<(), IoError>, want: Status, what: &str) -> Result<(), String> {
     match r {
         Err(IoError::Nvme(s)) if s.same_code(want) => Ok(()),
@@ -152,18 +187,45 @@ pub(crate) fn expect_nvme(r: Result<(), IoError>, want: Status, what: &str) -> R
     }
 }
 
-pub(crate) fn raw_status(
+/// The status of the raw command `sqe`, without data, on a fresh qpair.
+pub(crate) fn raw_status(c: &Controller, sqe: Sqe) -> Result<Result<(), IoError>, String> {
+    let mut qp = qpair(c, 8)?;
+    raw_on(&mut qp, sqe, None)
+}
+
+/// The status of the raw command `sqe` on a fresh qpair, its data pointer the first `len`
+/// bytes of `buf` (lent to that qpair for the command); `buf` comes back with the status,
+/// reclaimed once the command completed, for the next queue to use.
+pub(crate) fn raw_status_with(
     c: &Controller,
     sqe: Sqe,
-    data: Option<kestrel::DmaSlice>,
-) -> Result<Result<(), IoError>, String> {
+    buf: DmaBuf,
+    len: usize,
+) -> Result<(Result<(), IoError>, DmaBuf), String> {
     let mut qp = qpair(c, 8)?;
+    let s = qp.lend(buf).map_err(|e| e.to_string())?;
+    let data = s.slice(0, len).map_err(|e| e.to_string())?;
+    let r = raw_on(&mut qp, sqe, Some(data))?;
+    Ok((r, reclaim(&mut qp, &s)?))
+}
+
+fn raw_on(
+    qp: &mut IoQpair,
+    sqe: Sqe,
+    data: Option<DmaSlice>,
+) -> Result<Result<(), IoError>, String> {
     let before = qp.doorbell_state();
-    qp.submit_raw(sqe, data, 5).map_err(|e| e.to_string())?;
+    // SAFETY: the suite's raw commands (`raw_status`, `raw_status_with`) carry no address
+    // of their own (their SQEs are built with zero PRPs and MPTR), and each describes a
+    // transfer that fits `data` when it has one (one command of at most `data`'s length,
+    // checked by its case) or that the controller refuses before any transfer (an invalid
+    // opcode, namespace or LBA range: what those cases test). `data` is lent to `qp`,
+    // which keeps it until the completion is reaped below.
+    unsafe { qp.submit_raw(sqe, data, 5) }.map_err(|e| e.to_string())?;
     let mid = qp.doorbell_state();
     qp.flush();
     let after = qp.doorbell_state();
-    Ok(reap(&mut qp, 1)
+    Ok(reap(qp, 1)
         .map_err(|e| format!("{e}; before: {before}; submitted: {mid}; flushed: {after}"))?[0]
         .result)
 }

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kestrel::io::{Completion, IoOp, IoRequest, SubmitError};
+use kestrel::io::{Completion, InvalidRequest, IoOp, IoRequest, SubmitError};
 use kestrel::target::{QueueOptions, Target, TargetQueue};
-use kestrel::{Controller, ControllerOptions, NvmeNamespace};
+use kestrel::{Controller, ControllerOptions, DmaSlice, NvmeNamespace};
 
 use crate::support::pattern;
 use crate::{CaseReport, Device, Outcome};
@@ -121,6 +121,30 @@ fn reap(q: &mut dyn TargetQueue, n: usize) -> Result<Vec<Completion>, String> {
     Ok(out)
 }
 
+/// `len` bytes of the target's DMA memory, lent to `q` (which owns them from then on and
+/// frees them when it is dropped): the slice requests on `q` carry.
+fn lent(t: &dyn Target, q: &mut dyn TargetQueue, len: usize) -> Result<DmaSlice, String> {
+    let buf = t.dma_pool().alloc(len).map_err(|e| e.to_string())?;
+    q.lend(buf).map_err(|e| e.to_string())
+}
+
+/// Copies `data` into the slice `s` lent to `q`, at its byte `off`.
+fn put(q: &mut dyn TargetQueue, s: &DmaSlice, off: usize, data: &[u8]) -> Result<(), String> {
+    q.write_lent(s, off, data).map_err(|e| e.to_string())
+}
+
+/// Sets every byte of the slice `s` lent to `q` to `byte`.
+fn fill(q: &mut dyn TargetQueue, s: &DmaSlice, byte: u8) -> Result<(), String> {
+    put(q, s, 0, &vec![byte; s.len()])
+}
+
+/// The bytes of the slice `s` lent to `q`.
+fn contents(q: &dyn TargetQueue, s: &DmaSlice) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; s.len()];
+    q.read_lent(s, 0, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 fn one(q: &mut dyn TargetQueue, req: IoRequest) -> Result<(), String> {
     q.submit(req).map_err(|e| e.to_string())?;
     let c = reap(q, 1)?;
@@ -135,13 +159,13 @@ fn t_rw_sizes(t: &dyn Target) -> Result<Outcome, String> {
     let max = (1 << 20)
         .min(info.max_transfer_bytes as usize * 4)
         .max(bs * 8);
-    let mut w = t.dma_pool().alloc(max).map_err(|e| e.to_string())?;
-    let r = t.dma_pool().alloc(max).map_err(|e| e.to_string())?;
+    let w = lent(t, &mut *q, max)?;
+    let r = lent(t, &mut *q, max)?;
     let mut lba = 0u64;
     for blocks in [1usize, 2, 3, 8, 17, max / bs] {
         let len = blocks * bs;
         let data = pattern(len, lba + 7);
-        w.write_at(0, &data).map_err(|e| e.to_string())?;
+        put(&mut *q, &w, 0, &data)?;
         one(
             &mut *q,
             IoRequest::write(info.nsid, lba, blocks as u32, w.slice(0, len).unwrap(), 1),
@@ -151,7 +175,7 @@ fn t_rw_sizes(t: &dyn Target) -> Result<Outcome, String> {
             IoRequest::read(info.nsid, lba, blocks as u32, r.slice(0, len).unwrap(), 2),
         )?;
         let mut got = vec![0u8; len];
-        r.read_at(0, &mut got).map_err(|e| e.to_string())?;
+        q.read_lent(&r, 0, &mut got).map_err(|e| e.to_string())?;
         ensure!(
             got == data,
             "{blocks} blocks at lba {lba} did not read back"
@@ -166,25 +190,21 @@ fn t_vectored(t: &dyn Target) -> Result<Outcome, String> {
     let bs = info.block_size as usize;
     let mut q = queue(t, 16, 16)?;
     let seg = 4096.max(bs);
-    let mut a = t.dma_pool().alloc(2 * seg).map_err(|e| e.to_string())?;
-    let mut b = t.dma_pool().alloc(seg).map_err(|e| e.to_string())?;
+    let a = lent(t, &mut *q, 2 * seg)?;
+    let b = lent(t, &mut *q, seg)?;
     let data = pattern(3 * seg, 5);
-    a.write_at(0, &data[..2 * seg]).map_err(|e| e.to_string())?;
-    b.write_at(0, &data[2 * seg..]).map_err(|e| e.to_string())?;
+    put(&mut *q, &a, 0, &data[..2 * seg])?;
+    put(&mut *q, &b, 0, &data[2 * seg..])?;
     let nlb = (3 * seg / bs) as u32;
-    let req = IoRequest::vectored(
-        IoOp::Write,
-        info.nsid,
-        100,
-        nlb,
-        &[a.slice_all(), b.slice_all()],
-        1,
-    )
-    .ok_or("too many segments")?;
+    let req = IoRequest::vectored(IoOp::Write, info.nsid, 100, nlb, &[a, b], 1)
+        .ok_or("too many segments")?;
     one(&mut *q, req)?;
-    let r = t.dma_pool().alloc(3 * seg).map_err(|e| e.to_string())?;
-    one(&mut *q, IoRequest::read_buf(info.nsid, 100, nlb, &r, 2))?;
-    ensure!(r.to_vec() == data, "vectored write did not read back");
+    let r = lent(t, &mut *q, 3 * seg)?;
+    one(&mut *q, IoRequest::read(info.nsid, 100, nlb, r, 2))?;
+    ensure!(
+        contents(&*q, &r)? == data,
+        "vectored write did not read back"
+    );
     Ok(Outcome::Pass)
 }
 
@@ -192,18 +212,18 @@ fn t_zeroes_discard_flush(t: &dyn Target) -> Result<Outcome, String> {
     let info = t.info().clone();
     let bs = info.block_size as usize;
     let mut q = queue(t, 16, 16)?;
-    let mut buf = t.dma_pool().alloc(16 * bs).map_err(|e| e.to_string())?;
-    buf.fill(0x77);
-    one(&mut *q, IoRequest::write_buf(info.nsid, 200, 16, &buf, 1))?;
+    let buf = lent(t, &mut *q, 16 * bs)?;
+    fill(&mut *q, &buf, 0x77)?;
+    one(&mut *q, IoRequest::write(info.nsid, 200, 16, buf, 1))?;
     ensure!(info.write_zeroes, "target does not offer write zeroes");
     one(&mut *q, IoRequest::write_zeroes(info.nsid, 200, 4, 2))?;
     if info.deallocate {
         one(&mut *q, IoRequest::deallocate(info.nsid, 208, 8, 3))?;
     }
     one(&mut *q, IoRequest::flush(info.nsid, 4))?;
-    buf.fill(0xFF);
-    one(&mut *q, IoRequest::read_buf(info.nsid, 200, 16, &buf, 5))?;
-    let v = buf.to_vec();
+    fill(&mut *q, &buf, 0xFF)?;
+    one(&mut *q, IoRequest::read(info.nsid, 200, 16, buf, 5))?;
+    let v = contents(&*q, &buf)?;
     for (i, blk) in v.chunks(bs).enumerate() {
         let zero = i < 4;
         let dealloc = (8..16).contains(&i) && info.deallocate;
@@ -236,11 +256,11 @@ fn t_overflow_busy(t: &dyn Target) -> Result<Outcome, String> {
     let depth = 16u32;
     let sw = 48u32;
     let mut q = queue(t, depth, sw)?;
-    let buf = t.dma_pool().alloc(bs).map_err(|e| e.to_string())?;
+    let buf = lent(t, &mut *q, bs)?;
     let mut accepted = 0u64;
     let mut busy = None;
     for i in 0..(4 * (depth + sw)) as u64 {
-        match q.submit(IoRequest::read_buf(info.nsid, i % 64, 1, &buf, i)) {
+        match q.submit(IoRequest::read(info.nsid, i % 64, 1, buf, i)) {
             Ok(()) => accepted += 1,
             Err(SubmitError::Busy(b)) => {
                 busy = Some(b);
@@ -277,14 +297,14 @@ fn t_mixed_verify(t: &dyn Target) -> Result<Outcome, String> {
     let bs = info.block_size as usize;
     let blocks = 128usize;
     let mut q = queue(t, 64, 256)?;
-    let mut w = t.dma_pool().alloc(blocks * bs).map_err(|e| e.to_string())?;
+    let w = lent(t, &mut *q, blocks * bs)?;
     let mut shadow = vec![0u8; blocks];
     let base = 1000u64;
     // Start from known contents.
-    w.fill(0);
+    fill(&mut *q, &w, 0)?;
     one(
         &mut *q,
-        IoRequest::write_buf(info.nsid, base, blocks as u32, &w, 0),
+        IoRequest::write(info.nsid, base, blocks as u32, w, 0),
     )?;
     let mut x = 99u64;
     for round in 1..=6u8 {
@@ -294,8 +314,7 @@ fn t_mixed_verify(t: &dyn Target) -> Result<Outcome, String> {
             x ^= x >> 7;
             x ^= x << 17;
             if x % 2 == 0 {
-                w.write_at(blk * bs, &vec![round; bs])
-                    .map_err(|e| e.to_string())?;
+                put(&mut *q, &w, blk * bs, &vec![round; bs])?;
                 q.submit(IoRequest::write(
                     info.nsid,
                     base + blk as u64,
@@ -314,12 +333,12 @@ fn t_mixed_verify(t: &dyn Target) -> Result<Outcome, String> {
             "a write failed in round {round}"
         );
     }
-    let r = t.dma_pool().alloc(blocks * bs).map_err(|e| e.to_string())?;
+    let r = lent(t, &mut *q, blocks * bs)?;
     one(
         &mut *q,
-        IoRequest::read_buf(info.nsid, base, blocks as u32, &r, 1),
+        IoRequest::read(info.nsid, base, blocks as u32, r, 1),
     )?;
-    let v = r.to_vec();
+    let v = contents(&*q, &r)?;
     for (blk, want) in shadow.iter().enumerate() {
         ensure!(
             v[blk * bs..(blk + 1) * bs].iter().all(|b| b == want),
@@ -331,15 +350,13 @@ fn t_mixed_verify(t: &dyn Target) -> Result<Outcome, String> {
 
 fn t_bad_input(t: &dyn Target) -> Result<Outcome, String> {
     let info = t.info().clone();
+    let bs = info.block_size as usize;
     let mut q = queue(t, 8, 8)?;
-    let buf = t
-        .dma_pool()
-        .alloc(info.block_size as usize)
-        .map_err(|e| e.to_string())?;
+    let buf = lent(t, &mut *q, bs)?;
     let bad = [
-        IoRequest::read_buf(info.nsid, info.num_blocks, 1, &buf, 1),
-        IoRequest::read_buf(info.nsid, 0, 0, &buf, 2),
-        IoRequest::read_buf(info.nsid, 0, 2, &buf, 3),
+        IoRequest::read(info.nsid, info.num_blocks, 1, buf, 1),
+        IoRequest::read(info.nsid, 0, 0, buf, 2),
+        IoRequest::read(info.nsid, 0, 2, buf, 3),
     ];
     for req in bad {
         match q.submit(req) {
@@ -349,6 +366,28 @@ fn t_bad_input(t: &dyn Target) -> Result<Outcome, String> {
             other => {
                 return Err(format!(
                     "request {req:?} was not refused before submission: {other:?}"
+                ))
+            }
+        }
+    }
+    // The ownership rule: a read into a buffer lent to another queue, or one given back,
+    // is refused as not lent, before it reaches the device or the kernel.
+    let mut other = queue(t, 8, 8)?;
+    let elsewhere = lent(t, &mut *other, bs)?;
+    let back = lent(t, &mut *q, bs)?;
+    drop(q.reclaim(&back).map_err(|e| e.to_string())?);
+    for (s, token, what) in [
+        (elsewhere, 4, "lent to another queue"),
+        (back, 5, "reclaimed"),
+    ] {
+        match q.submit(IoRequest::read(info.nsid, 0, 1, s, token)) {
+            Err(SubmitError::Invalid {
+                token: t,
+                reason: InvalidRequest::NotLent { .. },
+            }) => ensure!(t == token, "wrong token in the error"),
+            other => {
+                return Err(format!(
+                    "a read into a buffer {what} was not refused as not lent: {other:?}"
                 ))
             }
         }

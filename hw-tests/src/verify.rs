@@ -2,24 +2,25 @@
 //! its first differing byte, with its block and both values.
 
 use kestrel::io::IoRequest;
-use kestrel::{DmaBuf, IoQpair};
+use kestrel::{DmaSlice, IoQpair};
 
-use crate::support::run_one;
+use crate::support::{fill, put, run_one};
 
-/// Writes `data` at `lba` through `wbuf[off..]` and reads it back through `rbuf[off..]`.
+/// Writes `data` at `lba` through `wbuf[off..]` and reads it back through `rbuf[off..]`
+/// (both lent to `qp`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn write_read(
     qp: &mut IoQpair,
     nsid: u32,
-    wbuf: &mut DmaBuf,
-    rbuf: &mut DmaBuf,
+    wbuf: &DmaSlice,
+    rbuf: &DmaSlice,
     lba: u64,
     bs: usize,
     off: usize,
     data: &[u8],
 ) -> Result<(), String> {
     let nlb = (data.len() / bs) as u32;
-    wbuf.write_at(off, data).map_err(|e| e.to_string())?;
+    put(qp, wbuf, off, data)?;
     let w = wbuf.slice(off, data.len()).map_err(|e| e.to_string())?;
     let res = run_one(qp, IoRequest::write(nsid, lba, nlb, w, 1))?;
     ensure!(res.is_ok(), "write of {nlb} blocks at lba {lba}: {res:?}");
@@ -28,12 +29,12 @@ pub(crate) fn write_read(
         .map_err(|e| format!("data mismatch: {nlb} blocks at lba {lba}, buffer offset {off}: {e}"))
 }
 
-/// Reads `want.len()` bytes at `lba` through the start of `rbuf` with one command and
-/// compares them with `want`; `what` (what the data is) leads the error.
+/// Reads `want.len()` bytes at `lba` through the start of `rbuf` (lent to `qp`) with one
+/// command and compares them with `want`; `what` (what the data is) leads the error.
 pub(crate) fn read_compare(
     qp: &mut IoQpair,
     nsid: u32,
-    rbuf: &mut DmaBuf,
+    rbuf: &DmaSlice,
     lba: u64,
     bs: usize,
     want: &[u8],
@@ -70,19 +71,21 @@ pub(crate) fn compare(got: &[u8], want: &[u8], bs: usize) -> Result<(), String> 
 fn read_back(
     qp: &mut IoQpair,
     nsid: u32,
-    rbuf: &mut DmaBuf,
+    rbuf: &DmaSlice,
     lba: u64,
     bs: usize,
     off: usize,
     len: usize,
 ) -> Result<Vec<u8>, String> {
     let nlb = (len / bs) as u32;
-    rbuf.fill(0);
+    fill(qp, rbuf, 0)?;
     let r = rbuf.slice(off, len).map_err(|e| e.to_string())?;
     let res = run_one(qp, IoRequest::read(nsid, lba, nlb, r, 2))?;
     ensure!(res.is_ok(), "read of {nlb} blocks at lba {lba}: {res:?}");
     let mut got = vec![0u8; len];
-    rbuf.read_at(off, &mut got).map_err(|e| e.to_string())?;
+    qp.leases()
+        .read(rbuf, off, &mut got)
+        .map_err(|e| e.to_string())?;
     Ok(got)
 }
 

@@ -6,9 +6,11 @@
 use kestrel::io::{Completion, IoRequest, ZoneAction, ZoneGeometry};
 use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
 use kestrel::spec::Status;
-use kestrel::{Controller, DmaBuf, IoQpair};
+use kestrel::{Controller, DmaSlice, IoQpair};
 
-use crate::support::{alloc, expect_nvme, mdts, no_io_namespace, pattern, qpair, reap, run_one};
+use crate::support::{
+    contents, expect_nvme, lent, mdts, no_io_namespace, pattern, put, qpair, reap, run_one,
+};
 use crate::verify::read_compare;
 use crate::{CaseError, CaseResult, Device, Outcome};
 
@@ -30,17 +32,17 @@ fn zones_of(c: &Controller, nsid: u32) -> Result<(ZoneGeometry, usize), CaseErro
     }
 }
 
-/// The descriptors Report Zones gives from the zone holding `slba`.
+/// The descriptors Report Zones gives from the zone holding `slba`, into `buf` (lent to
+/// `qp`).
 fn report(
     qp: &mut IoQpair,
     nsid: u32,
-    buf: &DmaBuf,
+    buf: &DmaSlice,
     slba: u64,
 ) -> Result<Vec<ZoneDescriptor>, String> {
-    let r = run_one(qp, IoRequest::report_zones(nsid, slba, buf.slice_all(), 7))?;
+    let r = run_one(qp, IoRequest::report_zones(nsid, slba, *buf, 7))?;
     ensure!(r.is_ok(), "report zones from lba {slba}: {r:?}");
-    let mut bytes = vec![0u8; buf.len()];
-    buf.read_at(0, &mut bytes).map_err(|e| e.to_string())?;
+    let bytes = contents(qp, buf)?;
     Ok(parse_report(&bytes).collect())
 }
 
@@ -49,7 +51,7 @@ fn fresh_zone(
     qp: &mut IoQpair,
     nsid: u32,
     z: &ZoneGeometry,
-    rep: &DmaBuf,
+    rep: &DmaSlice,
 ) -> Result<(u64, u64), String> {
     let zslba = (z.zones - 1) * z.zone_size;
     let r = run_one(qp, IoRequest::zone_send(nsid, zslba, ZoneAction::Reset, 8))?;
@@ -71,7 +73,7 @@ pub(super) fn zoned_report_zones(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let (z, _) = zones_of(&c, nsid)?;
     let mut qp = qpair(&c, 8)?;
-    let rep = alloc(&c, 4096)?;
+    let rep = lent(&c, &mut qp, 4096)?;
     let all = report(&mut qp, nsid, &rep, 0)?;
     let want = z.zones.min(4096 / 64 - 1) as usize;
     ensure!(all.len() == want, "{} descriptors, want {want}", all.len());
@@ -110,11 +112,11 @@ pub(super) fn zoned_write_pointer(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let (z, bs) = zones_of(&c, nsid)?;
     let mut qp = qpair(&c, 8)?;
-    let rep = alloc(&c, 4096)?;
+    let rep = lent(&c, &mut qp, 4096)?;
     let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
-    let mut w = alloc(&c, 4 * bs)?;
+    let w = lent(&c, &mut qp, 4 * bs)?;
     let data = pattern(4 * bs, u64::from(nsid) + 77);
-    w.write_at(0, &data).map_err(|e| e.to_string())?;
+    put(&mut qp, &w, 0, &data)?;
     let s = |off: usize, n: usize| w.slice(off * bs, n * bs).map_err(|e| e.to_string());
     let r = run_one(&mut qp, IoRequest::write(nsid, zslba, 2, s(0, 2)?, 1))?;
     ensure!(r.is_ok(), "write at the write pointer {zslba}: {r:?}");
@@ -136,16 +138,8 @@ pub(super) fn zoned_write_pointer(d: &Device, nsid: u32) -> CaseResult {
         d[0].wp,
         zslba + 4
     );
-    let mut rbuf = alloc(&c, 4 * bs)?;
-    read_compare(
-        &mut qp,
-        nsid,
-        &mut rbuf,
-        zslba,
-        bs,
-        &data,
-        "the zone's data",
-    )?;
+    let rbuf = lent(&c, &mut qp, 4 * bs)?;
+    read_compare(&mut qp, nsid, &rbuf, zslba, bs, &data, "the zone's data")?;
     Ok(Outcome::Pass)
 }
 
@@ -153,12 +147,12 @@ pub(super) fn zoned_append(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let (z, bs) = zones_of(&c, nsid)?;
     let mut qp = qpair(&c, 8)?;
-    let rep = alloc(&c, 4096)?;
+    let rep = lent(&c, &mut qp, 4096)?;
     let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
     let n = 4usize;
-    let mut w = alloc(&c, n * bs)?;
+    let w = lent(&c, &mut qp, n * bs)?;
     let data = pattern(n * bs, u64::from(nsid) + 99);
-    w.write_at(0, &data).map_err(|e| e.to_string())?;
+    put(&mut qp, &w, 0, &data)?;
     for i in 0..n {
         let s = w.slice(i * bs, bs).map_err(|e| e.to_string())?;
         qp.submit(IoRequest::zone_append(nsid, zslba, 1, s, i as u64))
@@ -186,12 +180,12 @@ pub(super) fn zoned_append(d: &Device, nsid: u32) -> CaseResult {
         "appends returned lbas {lbas:?}: not distinct"
     );
     // Each append's data is at the LBA its completion named.
-    let mut rbuf = alloc(&c, bs)?;
+    let rbuf = lent(&c, &mut qp, bs)?;
     for c in &done {
         let i = c.token as usize;
         let want = &data[i * bs..(i + 1) * bs];
         let what = format!("append {i}'s data at the lba its completion named");
-        read_compare(&mut qp, nsid, &mut rbuf, c.value, bs, want, &what)?;
+        read_compare(&mut qp, nsid, &rbuf, c.value, bs, want, &what)?;
     }
     Ok(Outcome::Pass)
 }
@@ -200,10 +194,10 @@ pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let (z, bs) = zones_of(&c, nsid)?;
     let mut qp = qpair(&c, 8)?;
-    let rep = alloc(&c, 4096)?;
+    let rep = lent(&c, &mut qp, 4096)?;
     let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
-    let w = alloc(&c, bs)?;
-    let r = run_one(&mut qp, IoRequest::write_buf(nsid, zslba, 1, &w, 1))?;
+    let w = lent(&c, &mut qp, bs)?;
+    let r = run_one(&mut qp, IoRequest::write(nsid, zslba, 1, w, 1))?;
     ensure!(r.is_ok(), "write at {zslba}: {r:?}");
     // Finish: Full, and an append is then Zone Is Full.
     let r = run_one(
@@ -217,10 +211,7 @@ pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
         "after finish: {:?}",
         d[0].state()
     );
-    let r = run_one(
-        &mut qp,
-        IoRequest::zone_append(nsid, zslba, 1, w.slice_all(), 3),
-    )?;
+    let r = run_one(&mut qp, IoRequest::zone_append(nsid, zslba, 1, w, 3))?;
     expect_nvme(r, Status::ZONE_IS_FULL, "append to a full zone")?;
     // Reset: Empty, and writable from its start.
     let r = run_one(
@@ -235,7 +226,7 @@ pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
         d[0].state(),
         d[0].wp
     );
-    let r = run_one(&mut qp, IoRequest::write_buf(nsid, zslba, 1, &w, 5))?;
+    let r = run_one(&mut qp, IoRequest::write(nsid, zslba, 1, w, 5))?;
     ensure!(r.is_ok(), "write at the start of the reset zone: {r:?}");
     Ok(Outcome::Pass)
 }
@@ -249,13 +240,17 @@ pub(super) fn zoned_capacity(d: &Device, nsid: u32) -> CaseResult {
     let c = d.open()?;
     let (z, bs) = zones_of(&c, nsid)?;
     let mut qp = qpair(&c, 8)?;
-    let rep = alloc(&c, 4096)?;
+    let rep = lent(&c, &mut qp, 4096)?;
     let (zslba, zcap) = fresh_zone(&mut qp, nsid, &z, &rep)?;
     let short = zcap < z.zone_size;
     let chunk = (mdts(&c) as usize / bs).clamp(1, 32) as u64;
-    let mut w = alloc(&c, chunk as usize * bs)?;
-    w.write_at(0, &pattern(chunk as usize * bs, u64::from(nsid) + 91))
-        .map_err(|e| e.to_string())?;
+    let w = lent(&c, &mut qp, chunk as usize * bs)?;
+    put(
+        &mut qp,
+        &w,
+        0,
+        &pattern(chunk as usize * bs, u64::from(nsid) + 91),
+    )?;
     // Everything but the last block of the capacity, a chunk at a time.
     let last = zslba + zcap - 1;
     let mut lba = zslba;
@@ -269,7 +264,7 @@ pub(super) fn zoned_capacity(d: &Device, nsid: u32) -> CaseResult {
         );
         lba += n;
     }
-    let one = |w: &DmaBuf| w.slice(0, bs).map_err(|e| e.to_string());
+    let one = |w: &DmaSlice| w.slice(0, bs).map_err(|e| e.to_string());
     if short {
         let two = w.slice(0, 2 * bs).map_err(|e| e.to_string())?;
         let r = run_one(&mut qp, IoRequest::write(nsid, last, 2, two, 2))?;

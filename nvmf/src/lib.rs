@@ -87,7 +87,8 @@ impl Server {
             discovery = l.local_addr().ok();
             listeners.push(l);
         }
-        *shared.listeners.lock().unwrap() = std::iter::once(addr).chain(discovery).collect();
+        *ctrl::lock(&shared.listeners, "the listener list") =
+            std::iter::once(addr).chain(discovery).collect();
         let mailboxes: Vec<Arc<reactor::Mailbox>> = cfg
             .reactors
             .iter()
@@ -176,6 +177,11 @@ impl Server {
     /// Connections open (closing ones included until their requests finish).
     pub fn connections(&self) -> u32 {
         self.shared.connections.load(Ordering::Acquire)
+    }
+
+    /// Connections dropped because a panic in their handling was caught.
+    pub fn connection_panics(&self) -> u64 {
+        self.shared.panics.load(Ordering::Relaxed)
     }
 
     /// Stops: connections close, requests at the targets finish, threads end.

@@ -6,11 +6,19 @@
 //! polled), read and handle PDUs, poll the target queues and turn completions into PDUs,
 //! resubmit requests the target refused as busy, write what is queued; every 100 ms check
 //! keep-alive and controller state. A connection whose socket is closed stays until its
-//! requests at the target have completed, so no DMA buffer is freed under the device.
+//! requests at the target have completed; its DMA buffers are lent to the target queues,
+//! which free them only once nothing is outstanding, so none is freed under the device.
+//!
+//! Each step of one connection's handling (reading and handling its PDUs, a target
+//! completion, transmitting, the controller check) runs under `catch_unwind`: a panic
+//! there is logged naming the peer and the controller, and that connection alone is
+//! dropped (closed as any other, kept until its requests at the target have finished);
+//! the reactor and every other connection go on. A lock the panic poisoned is recovered
+//! by the next connection that takes it ([`crate::ctrl::lock`]).
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +26,7 @@ use std::time::{Duration, Instant};
 use kestrel::io::IoError;
 use kestrel::{Completion, IoRequest, SubmitError, TargetQueue};
 
-use crate::conn::{Close, Conn, Ctx};
+use crate::conn::{Close, Conn, Ctx, Role};
 use crate::ctrl::Shared;
 use crate::sys::{Epoll, EventFd, EV_ERR, EV_IN, EV_OUT};
 
@@ -55,7 +63,9 @@ fn split_token(t: u64) -> (usize, u32, u16) {
 /// Hands the result of the target request `token` to its connection, if that connection (slot
 /// and generation in the token) is still there; the result of a request whose connection has
 /// gone is ignored.
+#[allow(clippy::too_many_arguments)]
 fn deliver(
+    epoll: &Epoll,
     conns: &mut [Option<Entry>],
     shared: &Shared,
     queues: &mut [Option<Box<dyn TargetQueue>>],
@@ -67,15 +77,69 @@ fn deliver(
     let (idx, gen, slot) = split_token(token);
     if let Some(Some(e)) = conns.get_mut(idx) {
         if e.gen == gen {
-            let mut ctx = Ctx {
-                shared,
-                queues,
-                retry,
-                key: conn_key(idx, gen),
-                queue_depth: depth,
-            };
-            e.conn.target_done(slot, result, &mut ctx);
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                let mut ctx = Ctx {
+                    shared,
+                    queues,
+                    retry,
+                    key: conn_key(idx, gen),
+                    queue_depth: depth,
+                };
+                e.conn.target_done(slot, result, &mut ctx);
+            }));
+            if let Err(p) = r {
+                conn_panicked(epoll, shared, &mut e.conn, p.as_ref());
+            }
         }
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> &str {
+    p.downcast_ref::<&str>()
+        .copied()
+        .or_else(|| p.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
+/// A step of `conn`'s handling panicked (`payload`): logs it with the peer and the
+/// controller, counts it and closes the connection as any other (it stays until its
+/// requests at the target have finished). The rest of the reactor goes on.
+fn conn_panicked(
+    epoll: &Epoll,
+    shared: &Shared,
+    conn: &mut Conn,
+    payload: &(dyn std::any::Any + Send),
+) {
+    shared.panics.fetch_add(1, Ordering::Relaxed);
+    let controller = match &conn.role {
+        Role::Unbound => "none (before connect)".to_string(),
+        Role::Admin(c) => format!("cntlid {} of {} (admin queue)", c.cntlid, c.subsys.nqn),
+        Role::Io { ctrl, qid, .. } => {
+            format!(
+                "cntlid {} of {} (i/o queue {qid})",
+                ctrl.cntlid, ctrl.subsys.nqn
+            )
+        }
+    };
+    tracing::error!(
+        peer = %conn.peer,
+        controller = %controller,
+        "the handling of the connection from {} (controller {controller}) panicked: {}; that \
+         connection is dropped, the target serves on",
+        conn.peer,
+        panic_text(payload)
+    );
+    // Closing releases the controller or queue; should that panic too, the connection is
+    // still marked closing (the first thing `Conn::close` does) and only waits for its
+    // requests at the target.
+    if catch_unwind(AssertUnwindSafe(|| {
+        close_conn(epoll, conn, Close::Panicked)
+    }))
+    .is_err()
+    {
+        tracing::error!(peer = %conn.peer, "closing the connection after its panic panicked too");
+        conn.closing = true;
     }
 }
 
@@ -112,10 +176,10 @@ impl Reactor {
         listeners: Vec<TcpListener>,
     ) -> std::io::Result<Self> {
         let epoll = Epoll::new(256)?;
-        epoll.add(me.wake.raw(), KEY_WAKE, false)?;
+        epoll.add(me.wake.fd(), KEY_WAKE, false)?;
         for (i, l) in listeners.iter().enumerate() {
             l.set_nonblocking(true)?;
-            epoll.add(l.as_raw_fd(), KEY_LISTENER + i as u64, false)?;
+            epoll.add(l, KEY_LISTENER + i as u64, false)?;
         }
         let nqueues = shared.target_queues;
         Ok(Reactor {
@@ -251,25 +315,32 @@ impl Reactor {
             if e.conn.closing {
                 continue;
             }
-            let mut ctx = Ctx {
-                shared,
-                queues,
-                retry,
-                key: conn_key(idx, e.gen),
-                queue_depth: depth,
-            };
-            let mut r = Ok(());
-            if e.conn.readable {
-                r = e.conn.on_readable(&mut ctx);
-            }
-            if r.is_ok() && e.conn.has_waiting() {
-                e.conn.run_waiting(&mut ctx);
-            }
-            if r.is_ok() {
-                r = e.conn.flush();
-            }
-            if let Err(why) = r {
-                close_conn(epoll, &mut e.conn, why);
+            let key = conn_key(idx, e.gen);
+            let conn = &mut e.conn;
+            let r = catch_unwind(AssertUnwindSafe(|| {
+                let mut ctx = Ctx {
+                    shared,
+                    queues,
+                    retry,
+                    key,
+                    queue_depth: depth,
+                };
+                let mut r = Ok(());
+                if conn.readable {
+                    r = conn.on_readable(&mut ctx);
+                }
+                if r.is_ok() && conn.has_waiting() {
+                    conn.run_waiting(&mut ctx);
+                }
+                if r.is_ok() {
+                    r = conn.flush(ctx.queues);
+                }
+                r
+            }));
+            match r {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => close_conn(epoll, &mut e.conn, why),
+                Err(p) => conn_panicked(epoll, shared, &mut e.conn, p.as_ref()),
             }
         }
     }
@@ -283,12 +354,17 @@ impl Reactor {
             queues,
             retry,
             completions,
+            epoll,
             ..
         } = self;
         let depth = shared.limits.target_queue_depth;
         for (sub, q) in queues.iter_mut().enumerate() {
             let Some(q) = q.as_mut() else { continue };
             if q.outstanding() == 0 {
+                // Buffers of connections gone while other requests were outstanding are
+                // freed now that nothing is: no request the target holds names them. (The
+                // queue would only do it when polled, and an idle queue is not.)
+                q.collect_released();
                 continue;
             }
             let room = completions.capacity() - completions.len();
@@ -297,7 +373,9 @@ impl Reactor {
         }
         let completed = completions.len();
         for c in completions.drain(..) {
-            deliver(conns, shared, queues, retry, depth, c.token, c.result);
+            deliver(
+                epoll, conns, shared, queues, retry, depth, c.token, c.result,
+            );
         }
         completed
     }
@@ -309,6 +387,7 @@ impl Reactor {
             conns,
             queues,
             retry,
+            epoll,
             ..
         } = self;
         let depth = shared.limits.target_queue_depth;
@@ -335,18 +414,28 @@ impl Reactor {
             };
             retry.pop_front();
             if let Some(result) = outcome {
-                deliver(conns, shared, queues, retry, depth, req.token, result);
+                deliver(
+                    epoll, conns, shared, queues, retry, depth, req.token, result,
+                );
             }
         }
     }
 
     /// Transmits what completions produced.
     fn transmit(&mut self) {
-        let Reactor { conns, epoll, .. } = self;
+        let Reactor {
+            conns,
+            epoll,
+            queues,
+            shared,
+            ..
+        } = self;
         for e in conns.iter_mut().flatten() {
             if !e.conn.closing && e.conn.has_tx() && e.conn.writable {
-                if let Err(why) = e.conn.flush() {
-                    close_conn(epoll, &mut e.conn, why);
+                match catch_unwind(AssertUnwindSafe(|| e.conn.flush(queues))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(why)) => close_conn(epoll, &mut e.conn, why),
+                    Err(p) => conn_panicked(epoll, shared, &mut e.conn, p.as_ref()),
                 }
             }
         }
@@ -357,18 +446,25 @@ impl Reactor {
             if e.conn.closing {
                 continue;
             }
-            if let Some(why) = e.conn.check_controller(&self.shared) {
-                close_conn(&self.epoll, &mut e.conn, why);
+            match catch_unwind(AssertUnwindSafe(|| e.conn.check_controller(&self.shared))) {
+                Ok(None) => {}
+                Ok(Some(why)) => close_conn(&self.epoll, &mut e.conn, why),
+                Err(p) => conn_panicked(&self.epoll, &self.shared, &mut e.conn, p.as_ref()),
             }
         }
     }
 
-    /// Drops closed connections whose target requests are all done.
+    /// Drops closed connections whose target requests are all done, giving their DMA
+    /// buffers up to the queues they are lent to (freed once those have nothing
+    /// outstanding).
     fn reap(&mut self) {
         for idx in 0..self.conns.len() {
             let done =
                 matches!(&self.conns[idx], Some(e) if e.conn.closing && e.conn.at_target == 0);
             if done {
+                if let Some(e) = self.conns[idx].as_mut() {
+                    e.conn.release_buffers(&mut self.queues);
+                }
                 self.conns[idx] = None;
                 self.free_idx.push(idx);
                 self.shared.connections.fetch_sub(1, Ordering::AcqRel);
@@ -400,7 +496,7 @@ impl Reactor {
                         self.add_conn(s, peer);
                     } else {
                         let p = &self.peers[target];
-                        p.inbox.lock().unwrap().push((s, peer));
+                        crate::ctrl::lock(&p.inbox, "a reactor's inbox").push((s, peer));
                         p.wake.signal();
                     }
                 }
@@ -415,7 +511,8 @@ impl Reactor {
     }
 
     fn take_inbox(&mut self) {
-        let new: Vec<_> = std::mem::take(&mut *self.me.inbox.lock().unwrap());
+        let new: Vec<_> =
+            std::mem::take(&mut *crate::ctrl::lock(&self.me.inbox, "a reactor's inbox"));
         for (s, peer) in new {
             self.add_conn(s, peer);
         }
@@ -455,10 +552,9 @@ impl Reactor {
                     reactor = self.id,
                     "target requests still outstanding after 10 s at shutdown"
                 );
-                // Leak rather than free memory the device may still write.
-                for e in self.conns.drain(..).flatten() {
-                    std::mem::forget(e);
-                }
+                // The connections' buffers are lent to the queues, which are dropped with
+                // the reactor: a queue's drop makes sure the device is done with its
+                // requests before freeing them, or leaks them.
                 return;
             }
             self.pass();
@@ -491,7 +587,8 @@ fn close_conn(epoll: &Epoll, conn: &mut Conn, why: Close) {
         Close::Controller(_) | Close::Idle => {
             tracing::info!(peer = %conn.peer, "closing connection: {why}")
         }
-        Close::Peer | Close::Shutdown => {}
+        // A panic was logged as an error where it was caught.
+        Close::Peer | Close::Shutdown | Close::Panicked => {}
     }
     conn.close(&why);
 }

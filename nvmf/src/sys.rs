@@ -1,20 +1,17 @@
-//! The system calls of the transport, and the crate's only `unsafe` besides one call site
-//! in `conn`: epoll, eventfd, `recv` into DMA memory and `writev` from headers and DMA
-//! memory. DMA memory is reached through raw pointers only, never through a reference
-//! (see `kestrel::hw::dma`): the kernel copies between the socket and it.
+//! The system calls of the transport: epoll and eventfd through rustix (safe wrappers), and
+//! the crate's only `unsafe` besides its call sites in `conn`: `recv` into DMA memory and a
+//! gathered `sendmsg` from headers and DMA memory. DMA memory is reached through raw
+//! pointers only, never through a reference (see `kestrel::hw::dma`): the kernel copies
+//! between the socket and it. Those two stay on libc because rustix's `recv` and
+//! `sendmsg` take Rust slices (`&mut [u8]`, `IoSlice`), which would be references into
+//! memory a device also reads and writes.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 use kestrel::DmaBuf;
-
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
+use rustix::event::{epoll, eventfd, EventfdFlags, Timespec};
 
 fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
     if r < 0 {
@@ -25,74 +22,76 @@ fn cvt_size(r: libc::ssize_t) -> io::Result<usize> {
 }
 
 /// Readable (or peer closed).
-pub const EV_IN: u32 = libc::EPOLLIN as u32;
+pub const EV_IN: u32 = epoll::EventFlags::IN.bits();
 /// Writable.
-pub const EV_OUT: u32 = libc::EPOLLOUT as u32;
+pub const EV_OUT: u32 = epoll::EventFlags::OUT.bits();
 /// Error or hang-up.
-pub const EV_ERR: u32 = (libc::EPOLLERR | libc::EPOLLHUP | libc::EPOLLRDHUP) as u32;
-const EV_ET: u32 = libc::EPOLLET as u32;
+pub const EV_ERR: u32 =
+    epoll::EventFlags::ERR.bits() | epoll::EventFlags::HUP.bits() | epoll::EventFlags::RDHUP.bits();
+const EV_ET: u32 = epoll::EventFlags::ET.bits();
+
+/// The most events one [`Epoll::wait`] returns.
+pub const MAX_EVENTS: usize = 256;
 
 /// An epoll instance, edge triggered for connections.
 #[derive(Debug)]
 pub struct Epoll {
     fd: OwnedFd,
-    events: Vec<libc::epoll_event>,
+    max_events: usize,
 }
 
 impl Epoll {
-    /// A new epoll instance that returns at most `max_events` per wait.
+    /// A new epoll instance that returns at most `max_events` (1..=[`MAX_EVENTS`]) per wait.
     pub fn new(max_events: usize) -> io::Result<Self> {
-        // SAFETY: epoll_create1 takes no pointers; a non-negative result is a new fd we own.
-        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
         Ok(Epoll {
-            // SAFETY: fd was just returned by epoll_create1 and is owned by nothing else.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            events: vec![libc::epoll_event { events: 0, u64: 0 }; max_events.max(1)],
+            fd: epoll::create(epoll::CreateFlags::CLOEXEC)?,
+            max_events: max_events.clamp(1, MAX_EVENTS),
         })
     }
 
     /// Watches `fd` with `key`: level triggered for `EV_IN` alone (listeners, eventfds),
     /// edge triggered for both directions when `edge` (connections).
-    pub fn add(&self, fd: RawFd, key: u64, edge: bool) -> io::Result<()> {
+    pub fn add(&self, fd: impl AsFd, key: u64, edge: bool) -> io::Result<()> {
         let events = if edge {
             EV_IN | EV_OUT | EV_ERR | EV_ET
         } else {
             EV_IN
         };
-        let mut ev = libc::epoll_event { events, u64: key };
-        // SAFETY: ev is a valid epoll_event for the duration of the call.
-        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+        epoll::add(
+            &self.fd,
+            fd,
+            epoll::EventData::new_u64(key),
+            epoll::EventFlags::from_bits_retain(events),
+        )?;
         Ok(())
     }
 
-    /// Stops watching `fd`.
-    pub fn del(&self, fd: RawFd) {
-        let mut ev = libc::epoll_event { events: 0, u64: 0 };
-        // SAFETY: ev is valid for the call; a failure (fd not watched) is harmless.
-        unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, &mut ev) };
+    /// Stops watching `fd`; a failure (`fd` not watched) is harmless.
+    pub fn del(&self, fd: impl AsFd) {
+        let _ = epoll::delete(&self.fd, fd);
     }
 
-    /// Waits up to `timeout_ms` (0: poll) and calls `f(events, key)` for each event.
+    /// Waits up to `timeout_ms` (0: poll; negative: no limit) and calls `f(events, key)`
+    /// for each event.
     pub fn wait(&mut self, timeout_ms: i32, mut f: impl FnMut(u32, u64)) -> io::Result<usize> {
-        // SAFETY: the buffer holds self.events.len() entries, which is what we pass.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.fd.as_raw_fd(),
-                self.events.as_mut_ptr(),
-                self.events.len() as libc::c_int,
-                timeout_ms,
-            )
+        let ts = (timeout_ms >= 0).then(|| Timespec {
+            tv_sec: i64::from(timeout_ms / 1000),
+            tv_nsec: (i64::from(timeout_ms % 1000) * 1_000_000) as _,
+        });
+        // On the stack and left uninitialised: the kernel fills the first n entries, which
+        // are all that is read (no allocation, no clearing per wait).
+        let mut buf = [const { MaybeUninit::<epoll::Event>::uninit() }; MAX_EVENTS];
+        let events = match epoll::wait(&self.fd, &mut buf[..self.max_events], ts.as_ref()) {
+            Ok((events, _)) => events,
+            Err(rustix::io::Errno::INTR) => return Ok(0),
+            Err(e) => return Err(e.into()),
         };
-        let n = match cvt(n) {
-            Ok(n) => n as usize,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-            Err(e) => return Err(e),
-        };
-        for ev in &self.events[..n] {
-            let (events, key) = (ev.events, ev.u64);
-            f(events, key);
+        for ev in events.iter() {
+            // Copied out: the fields of the (packed) epoll_event are read by value.
+            let (flags, data) = (ev.flags, ev.data);
+            f(flags.bits(), data.u64());
         }
-        Ok(n)
+        Ok(events.len())
     }
 }
 
@@ -105,48 +104,45 @@ pub struct EventFd {
 impl EventFd {
     /// A new non-blocking eventfd.
     pub fn new() -> io::Result<Self> {
-        // SAFETY: no pointers; a non-negative result is a new fd we own.
-        let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
         Ok(EventFd {
-            // SAFETY: fd was just returned by eventfd and is owned by nothing else.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?,
         })
     }
     /// The descriptor, for epoll.
-    pub fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
-    /// Wakes the waiter.
+    /// Wakes the waiter. A full counter (EAGAIN) still leaves the fd readable, which is all
+    /// a wake-up needs, so the result needs no handling.
     pub fn signal(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live local array; a full counter (EAGAIN) still
-        // leaves the fd readable, which is all a wake-up needs.
-        unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
-    /// Clears the pending wake-ups.
+    /// Clears the pending wake-ups (an empty counter is EAGAIN: nothing to clear).
     pub fn drain(&self) {
-        let mut b = [0u8; 8];
-        // SAFETY: reads at most 8 bytes into a live local array.
-        unsafe { libc::read(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        let _ = rustix::io::read(&self.fd, &mut [0u8; 8]);
     }
 }
 
-/// Receives up to `len` bytes from the socket into `buf` at `off` (bounds checked against
-/// the buffer). `Ok(0)` is end of stream; `WouldBlock` means nothing is there yet.
-pub fn recv_into_dma(fd: RawFd, buf: &mut DmaBuf, off: usize, len: usize) -> io::Result<usize> {
-    if off.checked_add(len).is_none_or(|end| end > buf.len()) {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "receive of {len} bytes at offset {off} past the end of a {}-byte buffer",
-                buf.len()
-            ),
-        ));
-    }
-    // SAFETY: [off, off + len) lies inside the buffer (checked above), which `&mut`
-    // guarantees no command and no other code is using; the kernel writes into it through
-    // the raw pointer and no Rust reference to it exists.
-    cvt_size(unsafe { libc::recv(fd, buf.as_ptr().add(off).cast(), len, libc::MSG_DONTWAIT) })
+/// Receives up to `len` bytes from the socket `fd` into the memory at `dst`. `Ok(0)` is end
+/// of stream; `WouldBlock` means nothing is there yet.
+///
+/// The memory is named by a raw pointer, not a `&mut [u8]`, because it is DMA memory that
+/// the device reads and writes for other commands around it (a connection's data arena is
+/// shared by every command in flight on it): the kernel writes into it, no Rust reference
+/// to it is made.
+///
+/// # Safety
+/// For the duration of the call:
+/// - `dst` is valid for writes of `len` bytes: the whole range lies inside one live
+///   allocation (e.g. one `DmaBuf`, which the caller keeps alive across the call);
+/// - nothing else reads or writes those `len` bytes: no Rust reference to them exists, no
+///   other thread copies into or out of them, and no command at the target (so no device
+///   DMA) uses them. Other bytes of the same buffer may be in use meanwhile.
+pub unsafe fn recv(fd: BorrowedFd<'_>, dst: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: the caller guarantees `dst..dst + len` is writable and used by nothing else
+    // for the call (this function's contract); recv(2) writes at most `len` bytes there
+    // and keeps no pointer after it returns. MSG_DONTWAIT: it never blocks.
+    cvt_size(unsafe { libc::recv(fd.as_raw_fd(), dst.cast(), len, libc::MSG_DONTWAIT) })
 }
 
 /// One piece of a gathered write: a header in ordinary memory or data in a DMA buffer.
@@ -178,11 +174,14 @@ impl RawIov {
     }
 }
 
-/// Writes the pieces in order with one `writev`; returns the bytes written.
+/// Writes the pieces in order with one `sendmsg` (a `writev` with `MSG_NOSIGNAL`); returns
+/// the bytes written. At most the first 64 pieces are sent.
 ///
 /// # Safety
-/// Every piece must point at `len` readable bytes that stay alive and unchanged for the
-/// duration of the call.
+/// For the duration of the call, every piece's `base` is valid for reads of its `len`
+/// bytes (inside one live allocation the caller keeps alive across the call), and nothing
+/// writes those bytes meanwhile: no Rust code, no other thread, no command at the target
+/// (so no device DMA). `fd` is an open descriptor of a socket this caller owns.
 pub unsafe fn writev(fd: RawFd, iovs: &[RawIov]) -> io::Result<usize> {
     let mut v: [libc::iovec; 64] = [libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -194,13 +193,18 @@ pub unsafe fn writev(fd: RawFd, iovs: &[RawIov]) -> io::Result<usize> {
         d.iov_len = s.len;
     }
     let mut msg: libc::msghdr = {
-        // SAFETY: msghdr is plain data; all-zero is a valid empty message.
+        // SAFETY: msghdr is integers and raw pointers (plus private padding on some
+        // targets), for all of which all-zero bytes are a valid value: an empty message
+        // with no name and no control data.
         unsafe { std::mem::zeroed() }
     };
     msg.msg_iov = v.as_mut_ptr();
     msg.msg_iovlen = n as _;
-    // SAFETY: the iovecs describe memory the caller guarantees readable for the call;
-    // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE.
+    // SAFETY: `msg` and the `n` iovecs it points at are locals that outlive the call, and
+    // the kernel only reads them; each iovec's memory is readable and not written during
+    // the call by this function's contract. sendmsg keeps no pointer after it returns.
+    // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE; MSG_DONTWAIT: it
+    // never blocks.
     cvt_size(unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
 }
 
@@ -219,4 +223,35 @@ pub fn crc32c_dma(crc: u32, buf: &DmaBuf, off: usize, len: usize) -> u32 {
         done += n;
     }
     crc
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+    use std::sync::Arc;
+
+    use kestrel::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
+
+    use super::*;
+
+    #[test]
+    fn recv_writes_only_the_range_it_is_given() {
+        let pool = DmaPool::new(Arc::new(IdentityMapper), DmaPoolOptions::default());
+        let mut buf = pool.alloc(4096).unwrap();
+        buf.fill(0xee);
+        let (mut tx, rx) = UnixStream::pair().unwrap();
+        // Nothing sent yet: WouldBlock, not a wait.
+        let dst = buf.as_mut_ptr().wrapping_add(100);
+        // SAFETY: 100..108 of `buf`, alive for the call; nothing else uses the buffer.
+        let e = unsafe { recv(rx.as_fd(), dst, 8) }.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        tx.write_all(b"0123456789").unwrap();
+        // SAFETY: 100..108 of `buf` again, which is alive and used by nothing else.
+        let n = unsafe { recv(rx.as_fd(), dst, 8) }.unwrap();
+        assert_eq!(n, 8, "at most the length given");
+        let mut got = [0u8; 12];
+        buf.read_at(98, &mut got).unwrap();
+        assert_eq!(&got, b"\xee\xee01234567\xee\xee");
+    }
 }

@@ -105,3 +105,35 @@ fn list_reads_sysfs() {
         "text and json disagree"
     );
 }
+
+/// A controller whose Identify Namespace reports an NSZE whose size in bytes does not fit
+/// in 64 bits (2^52 blocks of 4096 bytes, which wrapped to 0 bytes): identify shows the
+/// namespace refused, its size unknown rather than wrapped, and read refuses it naming the
+/// nsid, the NSZE and the block size.
+#[test]
+fn a_namespace_whose_size_overflows_is_shown_refused_and_not_read() {
+    let target = "emu:size=64M,faults=nsze/4503599627370496";
+    let j = json(&kestrel(&["identify", "--json", "--target", target]));
+    let ns = &j["namespaces"][0];
+    assert_eq!(ns["size_lbas"], 1u64 << 52);
+    assert!(ns["size_bytes"].is_null(), "{ns}");
+    assert_eq!(ns["io_supported"], false);
+    let why = ns["unsupported_reason"].as_str().unwrap();
+    assert!(
+        why.contains("nsze 4503599627370496") && why.contains("4096 bytes"),
+        "{why}"
+    );
+    let o = kestrel(&["identify", "--target", target]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("4503599627370496 LBAs x 4096 bytes = more than 2^64 bytes"),
+        "{out}"
+    );
+    let o = kestrel(&["read", "--target", target, "--length", "4k"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for want in ["nsid 1", "nsze 4503599627370496", "4096 bytes", "2^64"] {
+        assert!(err.contains(want), "{want:?} not in: {err}");
+    }
+}

@@ -127,6 +127,15 @@ fn bad_targets_are_usage_errors() {
     assert_usage_error(&o, &["--target", "512 and 4096"]);
     let o = kestrel(&["perf", "--verify", "--target", "emu:store=null"]);
     assert_usage_error(&o, &["--verify needs a store that keeps data"]);
+    // A size that is not whole blocks of the default block size (4096) is the user's
+    // mistake, found before the emulator starts: exit 2, not 1.
+    for args in [&["identify"][..], &["smart"], &["read", "--length", "4k"]] {
+        let o = kestrel(&[args, &["--target", "emu:size=1000"]].concat());
+        assert_usage_error(&o, &["size=1000", "whole number of 4096-byte blocks"]);
+    }
+    // An emulator core that does not exist is refused by every command, not only perf.
+    let o = kestrel(&["identify", "--target", "emu:core=4000"]);
+    assert_usage_error(&o, &["emu core=4000", "not available", "core=none"]);
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::hw::dma::{DmaBuf, DmaSlice, LeaseError, Leases};
 use crate::io::{IoRequest, QueueStats, SubmitError};
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetInfo, TargetQueue};
 
@@ -81,6 +82,8 @@ pub struct IoContext {
     backend: Backend,
     core: Core,
     drain_timeout: Duration,
+    /// Set by [`IoContext::shut_down`]: the requests it left outstanding.
+    shut_down: Option<u32>,
     /// Keeps the targets (and their pools) alive for as long as the context.
     _targets: Vec<Arc<dyn Target>>,
 }
@@ -130,6 +133,7 @@ impl IoContext {
             backend: Backend::Local(queue),
             core,
             drain_timeout: opts.drain_timeout,
+            shut_down: None,
             _targets: targets,
         })
     }
@@ -167,6 +171,7 @@ impl IoContext {
             }),
             core,
             drain_timeout: opts.drain_timeout,
+            shut_down: None,
             _targets: targets,
         })
     }
@@ -213,6 +218,9 @@ impl IoContext {
         if iocbs.is_empty() {
             return Ok(0);
         }
+        if self.shut_down.is_some() {
+            return Err(AioError::Stopped);
+        }
         self.core.stats.submit_calls += 1;
         if let Backend::Remote(r) = &self.backend {
             r.begin()?;
@@ -255,7 +263,13 @@ impl IoContext {
                 }
             };
             let pushed = match &mut self.backend {
-                Backend::Local(q) => match q.submit(req) {
+                // SAFETY: `prepare` checked that every DMA segment of `req` is a slice of a
+                // buffer lent to this context (`Core::leases`) or of the context's own bounce
+                // buffers, from this target's pool. Neither is freed while the request is
+                // outstanding: `reclaim` and `release` wait for `in_flight() == 0`, and
+                // `Drop` waits for every event or leaks both (`IoContext::drop`); the queue
+                // is this context's own, so it delivers the completion to this context.
+                Backend::Local(q) => match unsafe { q.submit_unchecked(&req) } {
                     Ok(()) => Ok(0),
                     Err(SubmitError::Busy(_)) => Err(Ok("the target queue")),
                     Err(SubmitError::Invalid { reason, .. }) => Err(Err(AioError::Rejected {
@@ -295,6 +309,46 @@ impl IoContext {
             });
         }
         Ok(n)
+    }
+
+    /// Lends `buf` (from the pool of one of the context's targets, [`Target::dma_pool`]) to
+    /// the context and returns the whole of it as the slice iocbs carry ([`IoBuf::Dma`],
+    /// [`IoBuf::vectored`]; narrow it with [`DmaSlice::sub`]). The context owns the buffer
+    /// from then on: see `docs/api.md`, "Buffer ownership".
+    pub fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
+        self.core.leases.lend(buf)
+    }
+    /// Copies `out.len()` bytes of the lent slice `s`, from its byte `offset`, into `out`.
+    /// Read a buffer after the event of the read into it has been returned: what a request
+    /// still in flight leaves there is unspecified.
+    pub fn read_lent(&self, s: &DmaSlice, offset: usize, out: &mut [u8]) -> Result<(), LeaseError> {
+        self.core.leases.read(s, offset, out)
+    }
+    /// Copies `data` into the lent slice `s` at its byte `offset`.
+    pub fn write_lent(
+        &mut self,
+        s: &DmaSlice,
+        offset: usize,
+        data: &[u8],
+    ) -> Result<(), LeaseError> {
+        self.core.leases.write(s, offset, data)
+    }
+    /// The buffers lent to the context.
+    pub fn leases(&self) -> &Leases {
+        &self.core.leases
+    }
+    /// Gives back the buffer `s` is a slice of, while no request of the context is
+    /// outstanding ([`LeaseError::InFlight`] otherwise: collect the events first).
+    pub fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {
+        let n = self.core.in_flight();
+        self.core.leases.reclaim(s, n)
+    }
+    /// Gives up the buffer `s` is a slice of: its slices are refused at once, and it is
+    /// freed when no request of the context is outstanding (checked as events are
+    /// returned, and at the latest when the context is dropped).
+    pub fn release(&mut self, s: &DmaSlice) -> Result<(), LeaseError> {
+        let n = self.core.in_flight();
+        self.core.leases.release(s, n)
     }
 
     /// Collects at least `min_nr` events (at most `events.len()`), waiting up to
@@ -486,8 +540,16 @@ impl IoContext {
     }
 }
 
-impl Drop for IoContext {
-    fn drop(&mut self) {
+impl IoContext {
+    /// Ends the context's I/O as dropping it does (waits up to the drain timeout for what
+    /// is outstanding; keeps the bounce and lent buffers of what is still outstanding after
+    /// that allocated for good) and returns how many requests were still outstanding: when
+    /// not 0, memory those requests name that the context does not own (`IoBuf::vouched`,
+    /// C's buffers) must never be freed either. Later calls, and the drop, do nothing more.
+    pub fn shut_down(&mut self) -> u32 {
+        if let Some(left) = self.shut_down {
+            return left;
+        }
         // Like io_destroy: wait for what is outstanding, so no buffer of ours is freed
         // while a device may still write to it.
         let deadline = Instant::now() + self.drain_timeout;
@@ -505,23 +567,32 @@ impl Drop for IoContext {
         if left > 0 {
             if self.stranded().is_some() {
                 tracing::warn!(
-                    "i/o context dropped on a thread that cannot complete its {left} requests in flight (only the submitting thread can); keeping its bounce buffers allocated"
+                    "i/o context dropped on a thread that cannot complete its {left} requests in flight (only the submitting thread can); keeping its bounce and lent buffers allocated"
                 );
             } else {
                 tracing::warn!(
-                    "i/o context dropped with {left} requests still outstanding after {:?}; keeping its bounce buffers allocated",
+                    "i/o context dropped with {left} requests still outstanding after {:?}; keeping its bounce and lent buffers allocated",
                     self.drain_timeout
                 );
             }
             for b in self.core.bounce.drain(..) {
                 std::mem::forget(b.mem);
             }
+            self.core.leases.leak_all();
         }
         if let Backend::Remote(r) = &self.backend {
             // Release: our last ring operations happen before a poller that sees the flag
             // frees the rings.
             r.ctx.closed.store(true, Ordering::Release);
         }
+        self.shut_down = Some(left);
+        left
+    }
+}
+
+impl Drop for IoContext {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }
 

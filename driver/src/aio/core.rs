@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, Leases};
 use crate::io::{Completion, IoError, IoRequest, Segments};
 use crate::spec::Status;
 use crate::target::{Target, TargetInfo};
@@ -82,6 +82,10 @@ pub(super) struct Core {
     pub(super) nr_events: u32,
     pub(super) targets: Vec<TargetView>,
     pub(super) bounce: Vec<Bounce>,
+    /// The buffers lent to the context ([`super::IoContext::lend`]): every DMA segment
+    /// of an iocb is a slice of one of them, and they stay the context's while any
+    /// request is outstanding.
+    pub(super) leases: Leases,
     pub(super) stats: AioStats,
 }
 
@@ -126,12 +130,14 @@ impl Core {
             Some(b) => bounce_buffers(targets, b)?,
             None => Vec::new(),
         };
+        let pools: Vec<DmaPool> = targets.iter().map(|t| t.dma_pool().clone()).collect();
         Ok(Core {
             slots,
             free,
             nr_events: opts.nr_events,
             targets: views,
             bounce,
+            leases: Leases::for_pools(&pools),
             stats: AioStats::default(),
         })
     }
@@ -163,11 +169,20 @@ impl Core {
         } else {
             blocks(&view.info, iocb).map_err(Prep::Invalid)?
         };
-        check_meta(view, iocb, nlb).map_err(Prep::Invalid)?;
+        let (iocb, vouched) = &unvouched(iocb);
+        let leases = match vouched {
+            Some(_) => None,
+            None => Some(&self.leases),
+        };
+        let meta_leases = match vouched {
+            Some(true) => None,
+            _ => Some(&self.leases),
+        };
+        check_meta(view, meta_leases, iocb, nlb).map_err(Prep::Invalid)?;
         let (data, bounce, user_addr) = match (iocb.opcode, iocb.buf) {
             (Opcode::Read | Opcode::Write, IoBuf::User(u)) => self.bounce_in(iocb, u)?,
             _ => (
-                dma_data(view, iocb, nlb).map_err(Prep::Invalid)?,
+                dma_data(view, leases, iocb, nlb).map_err(Prep::Invalid)?,
                 NO_BOUNCE,
                 0,
             ),
@@ -313,6 +328,10 @@ impl Core {
         };
         self.free.push(idx as u32);
         self.stats.completed += 1;
+        if self.leases.has_released() && self.in_flight() == 0 {
+            // No request outstanding: nothing the device holds names a released buffer.
+            self.leases.collect();
+        }
         match cancel {
             CancelOutcome::Cancelled => self.stats.cancelled += 1,
             CancelOutcome::Aborted => self.stats.aborted += 1,
@@ -328,6 +347,27 @@ impl Core {
             .iter()
             .position(|s| s.active && s.user_data == user_data)
             .map(|i| i as u32)
+    }
+}
+
+/// Memory the caller vouches for (`IoBuf::vouched`, the C ABI) is checked like lent memory
+/// but for the lease: the iocb with its data as `Dma` or `Vectored`, and whether its
+/// metadata buffer is vouched for too (`None`: nothing is vouched for).
+fn unvouched(iocb: &Iocb) -> (Iocb, Option<bool>) {
+    match iocb.buf {
+        IoBuf::Vouched(v) => (
+            Iocb {
+                buf: match v.segs.single() {
+                    Some(s) if !matches!(iocb.opcode, Opcode::Readv | Opcode::Writev) => {
+                        IoBuf::Dma(*s)
+                    }
+                    _ => IoBuf::Vectored(v.segs),
+                },
+                ..*iocb
+            },
+            Some(v.meta),
+        ),
+        _ => (*iocb, None),
     }
 }
 
@@ -432,7 +472,12 @@ fn blocks(info: &TargetInfo, iocb: &Iocb) -> Result<(u64, u32), IocbError> {
 /// the kind its opcode takes, long enough.
 /// The metadata of an iocb: only on reads and writes of DMA memory (no bounce path), a
 /// separate buffer from the target's pool. The queue checks it against the format.
-fn check_meta(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<(), IocbError> {
+fn check_meta(
+    view: &mut TargetView,
+    leases: Option<&Leases>,
+    iocb: &Iocb,
+    nlb: u32,
+) -> Result<(), IocbError> {
     let m = &iocb.meta;
     if !m.with {
         return Ok(());
@@ -452,6 +497,7 @@ fn check_meta(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<(), IocbEr
         return Err(wrong("metadata given for a target without metadata"));
     };
     if !layout.extended && m.buf.len != 0 {
+        lent(leases, &m.buf, op)?;
         let need = nlb as usize * layout.ms as usize;
         if !view.contains(m.buf.vaddr, m.buf.len.min(need)) {
             return Err(IocbError::ForeignBuffer {
@@ -472,7 +518,12 @@ fn data_len(view: &TargetView, iocb: &Iocb, nlb: u32) -> u64 {
     }
 }
 
-fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, IocbError> {
+fn dma_data(
+    view: &mut TargetView,
+    leases: Option<&Leases>,
+    iocb: &Iocb,
+    nlb: u32,
+) -> Result<Segments, IocbError> {
     let data_len = data_len(view, iocb, nlb);
     let iocb = &Iocb {
         len: data_len,
@@ -492,19 +543,22 @@ fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, Io
         ) => Ok(Segments::none()),
         (Opcode::ZoneSend { .. }, _) => Err(wrong("takes no buffer (IoBuf::None)")),
         (Opcode::ZoneAppend | Opcode::ReportZones, IoBuf::Dma(s)) => {
-            one_dma(view, s, iocb.len, too_short)
+            one_dma(view, leases, s, iocb.len, too_short)
         }
         (Opcode::ZoneAppend | Opcode::ReportZones, _) => {
             Err(wrong("takes one buffer of dma memory (IoBuf::Dma)"))
         }
         (Opcode::Flush, _) => Ok(Segments::none()),
         (Opcode::WriteZeroes | Opcode::Discard, _) => Err(wrong("takes no buffer (IoBuf::None)")),
-        (Opcode::Read | Opcode::Write, IoBuf::Dma(s)) => one_dma(view, s, iocb.len, too_short),
+        (Opcode::Read | Opcode::Write, IoBuf::Dma(s)) => {
+            one_dma(view, leases, s, iocb.len, too_short)
+        }
         (Opcode::Readv | Opcode::Writev, IoBuf::Vectored(v)) => {
             if (v.total_len() as u64) < iocb.len {
                 return Err(too_short(v.total_len()));
             }
             for s in v.as_slice() {
+                lent(leases, s, op)?;
                 if !view.contains(s.vaddr, s.len) {
                     return Err(IocbError::ForeignBuffer {
                         addr: s.vaddr,
@@ -523,6 +577,8 @@ fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, Io
         (Opcode::Read | Opcode::Write, IoBuf::None) => Err(wrong("needs a buffer")),
         // Bounced buffers are taken by `Core::bounce_in`.
         (Opcode::Read | Opcode::Write, IoBuf::User(_)) => Err(wrong("is bounced")),
+        // Turned into `Dma` or `Vectored` by `Core::prepare`.
+        (Opcode::Read | Opcode::Write, IoBuf::Vouched(_)) => Err(wrong("is vouched for")),
     }
 }
 
@@ -531,6 +587,7 @@ fn dma_data(view: &mut TargetView, iocb: &Iocb, nlb: u32) -> Result<Segments, Io
 #[inline(always)]
 fn one_dma(
     view: &mut TargetView,
+    leases: Option<&Leases>,
     s: DmaSlice,
     len: u64,
     too_short: impl Fn(usize) -> IocbError,
@@ -538,6 +595,7 @@ fn one_dma(
     if (s.len as u64) < len {
         return Err(too_short(s.len));
     }
+    lent(leases, &s, "i/o")?;
     if !view.contains(s.vaddr, len as usize) {
         return Err(IocbError::ForeignBuffer {
             addr: s.vaddr,
@@ -547,6 +605,20 @@ fn one_dma(
     Ok(Segments::one(
         s.sub(0, len as usize).expect("length checked above"),
     ))
+}
+
+/// The ownership rule: `s` is a slice of a buffer lent to the context (`leases`), or the
+/// caller vouches for it (`None`: [`IoBuf::vouched`]).
+fn lent(leases: Option<&Leases>, s: &DmaSlice, op: &'static str) -> Result<(), IocbError> {
+    if leases.is_none_or(|l| l.holds(s)) {
+        Ok(())
+    } else {
+        Err(IocbError::NotLent {
+            op,
+            addr: s.vaddr,
+            len: s.len,
+        })
+    }
 }
 
 /// One target's worth of bounce buffers for each target, after checking the options.
@@ -563,6 +635,18 @@ fn bounce_buffers(targets: &[Arc<dyn Target>], b: &BounceOptions) -> Result<Vec<
             option: "bounce.buf_size",
             value: b.buf_size as u64,
             why: "must be from 1 byte to 8 MiB",
+        });
+    }
+    // A bounced I/O is whole blocks: a buffer smaller than one block would refuse them all.
+    if let Some(t) = targets
+        .iter()
+        .find(|t| b.buf_size < t.info().block_size as usize)
+    {
+        let i = t.info();
+        return Err(AioError::BounceBufTooSmall {
+            buf_size: b.buf_size,
+            block_size: i.block_size,
+            target: i.name.clone(),
         });
     }
     // Page-aligned chunks: every bounce buffer meets any PRP or O_DIRECT rule.

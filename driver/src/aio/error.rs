@@ -76,6 +76,16 @@ pub enum IocbError {
         /// Length.
         len: usize,
     },
+    /// A DMA slice that is not a slice of a buffer lent to this context.
+    #[error("{op}: the dma slice at {addr:#x} ({len} bytes) is not lent to this context: lend the buffer with IoContext::lend first (kestrel_dma_alloc does it in C), and submit its slices only until it is reclaimed or released")]
+    NotLent {
+        /// Operation.
+        op: &'static str,
+        /// Address.
+        addr: usize,
+        /// Length.
+        len: usize,
+    },
     /// Ordinary memory without the bounce path.
     #[error("ordinary memory at {addr:#x} ({len} bytes) needs the bounce path, and this context was set up without it (ContextOptions::bounce, KESTREL_IO_BOUNCE in C)")]
     NoBounce {
@@ -187,6 +197,21 @@ pub enum AioError {
         /// The rule.
         why: &'static str,
     },
+    /// Bounce buffers smaller than one block of a target: every bounced I/O to it would be
+    /// refused.
+    #[error(
+        "invalid context option bounce.buf_size = {buf_size}: smaller than one block of \
+         {target} ({block_size} bytes), so every bounced i/o to it would be refused; give at \
+         least {block_size} (kestrel_io_params.bounce_buf_size in C)"
+    )]
+    BounceBufTooSmall {
+        /// Given.
+        buf_size: usize,
+        /// The target's block size: the smallest valid size.
+        block_size: u32,
+        /// The target.
+        target: String,
+    },
     /// `min_nr` larger than the event buffer.
     #[error("min_nr {min_nr} is more than the {nr} events the buffer holds")]
     MinNrTooLarge {
@@ -260,6 +285,7 @@ impl AioError {
             AioError::Stopped => libc::ESHUTDOWN,
             AioError::BadNrEvents { .. }
             | AioError::BadOption { .. }
+            | AioError::BounceBufTooSmall { .. }
             | AioError::MinNrTooLarge { .. }
             | AioError::NoSuchPoller { .. } => libc::EINVAL,
             AioError::WouldWaitForever { .. } => libc::EDEADLK,

@@ -2,7 +2,8 @@
 //! pollers ([`reactor`]) that serve it across threads. It may import the target layer and
 //! below (`target`, `io`, `dma`, `spec`), never `capi` or `target_spec`.
 //!
-//! Inside, bottom up: [`spsc`] and [`notify`] (ring and wake-up primitives), `types` and
+//! Inside, bottom up: `sync` (the atomics these use: `std`'s, or loom's under `--cfg loom`),
+//! [`spsc`] and [`notify`] (ring and wake-up primitives), `types` and
 //! `error`, `wire` (the token and message format a context and a poller share), `core`
 //! (slots, validation, bounce buffers), `context` ([`IoContext`]), [`reactor`].
 //!
@@ -45,6 +46,9 @@ pub mod spsc;
 mod context;
 mod core;
 mod error;
+#[cfg(all(test, loom))]
+mod loom_tests;
+mod sync;
 mod types;
 mod wire;
 

@@ -13,11 +13,13 @@
 //! flag and writes the eventfd, whose counter then makes the sleeper's `poll` return at
 //! once even if the write came before it.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::os::fd::OwnedFd;
+// `std`'s atomics, or loom's in a `--cfg loom` build (see `super::sync`).
+use super::sync::atomic::{fence, AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
+use rustix::event::{eventfd, poll, EventfdFlags, PollFd, PollFlags, Timespec};
 
 /// An eventfd-backed wake-up. See the module documentation.
 #[derive(Debug)]
@@ -29,15 +31,9 @@ pub struct Notify {
 impl Notify {
     /// Creates the eventfd (non-blocking, close-on-exec).
     pub fn new() -> std::io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Notify {
             sleeping: CachePadded::new(AtomicBool::new(false)),
-            // SAFETY: fd is a new descriptor we own.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd: eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?,
         })
     }
 
@@ -60,18 +56,18 @@ impl Notify {
     /// Sleeps until woken or `timeout` passes (`None`: no limit), then clears the flag and
     /// the eventfd counter. Returns true if woken by a signal on the eventfd.
     pub fn sleep(&self, timeout: Option<Duration>) -> bool {
-        let ms: libc::c_int = match timeout {
-            None => -1,
-            Some(d) => d.as_millis().clamp(0, i32::MAX as u128) as libc::c_int,
-        };
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one pollfd, valid for the call.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-        let woken = rc > 0 && pfd.revents & libc::POLLIN != 0;
+        // Whole milliseconds, at most i32::MAX of them, as poll(2) takes them.
+        let ts = timeout.map(|d| {
+            let ms = d.as_millis().min(i32::MAX as u128) as i64;
+            Timespec {
+                tv_sec: ms / 1000,
+                tv_nsec: ((ms % 1000) * 1_000_000) as _,
+            }
+        });
+        let mut pfd = [PollFd::new(&self.fd, PollFlags::IN)];
+        // An error (EINTR) counts as a time-out: the caller looks for work either way.
+        let n = poll(&mut pfd, ts.as_ref()).unwrap_or(0);
+        let woken = n > 0 && pfd[0].revents().contains(PollFlags::IN);
         self.sleeping.store(false, Ordering::Relaxed);
         if woken {
             self.drain();
@@ -95,30 +91,16 @@ impl Notify {
     }
 
     fn drain(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into `v`; the fd is non-blocking, so an empty counter
-        // returns EAGAIN instead of blocking.
-        unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut v as *mut u64).cast::<libc::c_void>(),
-                8,
-            )
-        };
+        // The fd is non-blocking, so an empty counter is EAGAIN instead of a wait: nothing
+        // to clear, and so nothing to handle.
+        let _ = rustix::io::read(&self.fd, &mut [0u8; 8]);
     }
 
     /// Wakes the sleeper unconditionally (shutdown, new attachments).
     pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from `one`. A full counter (EAGAIN) already means a
-        // pending wake-up, so the result needs no handling.
-        unsafe {
-            libc::write(
-                self.fd.as_raw_fd(),
-                (&one as *const u64).cast::<libc::c_void>(),
-                8,
-            )
-        };
+        // A full counter (EAGAIN) already means a pending wake-up, so the result needs no
+        // handling.
+        let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
     }
 
     /// Wakes the sleeper if it is asleep or about to be. Call after publishing work.
@@ -172,7 +154,7 @@ impl InterruptWait {
     /// an event ended it (an interrupted wait counts as a time-out: the caller looks
     /// again either way).
     pub fn wait(&self, timeout: Duration) -> bool {
-        use rustix::event::{epoll, Timespec};
+        use rustix::event::epoll;
         let ts = Timespec {
             tv_sec: timeout.as_secs() as _,
             tv_nsec: timeout.subsec_nanos() as _,

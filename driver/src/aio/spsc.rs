@@ -25,10 +25,12 @@
 //! - Each side loads its own counter `Relaxed`: only it writes it.
 //! - Full = `tail - head == capacity`; empty = `tail == head` (wrapping arithmetic).
 
-use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+// The atomics and cell of `super::sync`: `std`'s, or loom's in a `--cfg loom` build.
+use super::sync::atomic::{AtomicUsize, Ordering};
+use super::sync::UnsafeCell;
 
 use crossbeam_utils::CachePadded;
 
@@ -135,7 +137,7 @@ impl<T: Copy + Send> Producer<T> {
         // SAFETY: the slot is in [tail, head + capacity): the consumer has finished with it
         // (its head store, which we loaded with acquire, came after its read) and will not
         // read it before we publish a tail past it.
-        unsafe { (*slot.get()).write(v) };
+        slot.with_mut(|p| unsafe { (*p).write(v) });
         self.tail = self.tail.wrapping_add(1);
         Ok(())
     }
@@ -205,7 +207,7 @@ impl<T: Copy + Send> Consumer<T> {
         // producer wrote it before publishing and will not touch it until we move head
         // past it, which needs `&mut self` and so cannot happen while the returned
         // reference (borrowing `self`) lives.
-        Some(unsafe { (*slot.get()).assume_init_ref() })
+        Some(slot.with(|p| unsafe { (*p).assume_init_ref() }))
     }
 
     /// Takes the next item.
@@ -215,7 +217,7 @@ impl<T: Copy + Send> Consumer<T> {
         }
         let slot = &self.ring.slots[self.head & self.ring.mask];
         // SAFETY: as in `peek`: the slot is published and ours until head moves past it.
-        let v = unsafe { (*slot.get()).assume_init_read() };
+        let v = slot.with(|p| unsafe { (*p).assume_init_read() });
         self.head = self.head.wrapping_add(1);
         // Release: our read of the slot happens before the producer may overwrite it.
         self.ring.head.store(self.head, Ordering::Release);
@@ -283,5 +285,74 @@ mod tests {
         }
         t.join().unwrap();
         assert!(c.pop().is_none());
+    }
+}
+
+/// The ring under loom (`--cfg loom`; scripts/test.sh): every interleaving of a producer
+/// and a consumer thread, and every value the C11 memory model lets each load read.
+/// Slots are loom cells, so a read of a slot not ordered after its write (or a write
+/// not ordered after the previous read of the same slot) fails the model.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::thread;
+
+    /// A two-slot ring and five items: every slot is written, read and written again
+    /// (wrap-around), the producer meets a full ring and the consumer an empty one, and
+    /// the items arrive in order, each once. Without head's release/acquire pair the
+    /// producer's overwrite of a slot races the consumer's read of it.
+    #[test]
+    fn loom_spsc_wraps_around_full_and_empty() {
+        const N: u64 = 5;
+        crate::aio::sync::model(|| {
+            let (mut p, mut c) = channel::<u64>(2);
+            let producer = thread::spawn(move || {
+                for i in 0..N {
+                    while let Err(v) = p.send(i) {
+                        assert_eq!(v, i, "a full ring hands the value back");
+                        thread::yield_now();
+                    }
+                }
+                p
+            });
+            let mut want = 0;
+            while want < N {
+                match c.pop() {
+                    Some(v) => {
+                        assert_eq!(v, want, "items arrive in order, each once");
+                        want += 1;
+                    }
+                    None => thread::yield_now(),
+                }
+            }
+            let mut p = producer.join().unwrap();
+            assert!(c.pop().is_none(), "nothing after the last item");
+            assert!(p.is_drained());
+            assert_eq!(p.free_slots(), 2);
+        });
+    }
+
+    /// The producer writes two multi-word items and publishes them with one tail store;
+    /// the consumer sees none or both, each whole. This is the release store of `tail`
+    /// against the acquire load of it: with a relaxed store the consumer may see the new
+    /// tail before the slot contents (loom reports the slot read as a data race).
+    #[test]
+    fn loom_spsc_payload_is_visible_before_the_index() {
+        crate::aio::sync::model(|| {
+            let (mut p, mut c) = channel::<[u64; 4]>(4);
+            let producer = thread::spawn(move || {
+                p.push([1, 2, 3, 4]).unwrap();
+                p.push([5, 6, 7, 8]).unwrap();
+                assert_eq!(p.publish(), 2);
+            });
+            let n = c.len();
+            assert!(n == 0 || n == 2, "one publish makes both visible: saw {n}");
+            if n == 2 {
+                assert_eq!(c.peek(1), Some(&[5, 6, 7, 8]));
+                assert_eq!(c.pop(), Some([1, 2, 3, 4]));
+                assert_eq!(c.pop(), Some([5, 6, 7, 8]));
+            }
+            producer.join().unwrap();
+        });
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::hw::dma::{DmaBuf, DmaSlice};
+use crate::hw::dma::DmaSlice;
 use crate::io::{IoError, IoMeta, IoOp, Segments, ZoneAction};
 use crate::spec::Status;
 use crate::target::QueueOptions;
@@ -104,6 +104,16 @@ pub struct UserBuf {
     pub(super) len: usize,
 }
 
+/// DMA memory that is not lent to the context, whose owner vouches that it outlives the
+/// request instead (the C ABI, whose callers keep their buffers by contract). Made by the
+/// `unsafe` [`IoBuf::vouched`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Vouched {
+    pub(super) segs: Segments,
+    /// The iocb's separate metadata buffer is vouched for too.
+    pub(super) meta: bool,
+}
+
 /// The data of an iocb.
 // Segments are inline (no allocation per I/O), so the vectored variant is the large one.
 #[allow(clippy::large_enum_variant)]
@@ -118,16 +128,28 @@ pub enum IoBuf {
     Vectored(Segments),
     /// Ordinary memory, copied through a bounce buffer.
     User(UserBuf),
+    /// DMA memory not lent to the context (one segment for reads and writes, several for
+    /// readv and writev), made by the `unsafe` [`IoBuf::vouched`].
+    Vouched(Vouched),
 }
 
 impl IoBuf {
-    /// The whole of a DMA buffer.
-    pub fn dma(buf: &DmaBuf) -> Self {
-        IoBuf::Dma(buf.slice_all())
-    }
     /// Several DMA runs, or `None` if there are more than [`crate::io::MAX_SEGMENTS`].
     pub fn vectored(segs: &[DmaSlice]) -> Option<Self> {
         Segments::from_slices(segs).map(IoBuf::Vectored)
+    }
+    /// DMA runs of the target's pool that are not lent to the context: the same checks as
+    /// [`IoBuf::Dma`] and [`IoBuf::Vectored`] but the ownership one. `None` if there are
+    /// more than [`crate::io::MAX_SEGMENTS`]. With `meta`, the iocb's separate metadata
+    /// buffer ([`Iocb::meta`]) is taken on the same terms.
+    ///
+    /// # Safety
+    /// The memory of every segment (and of the metadata buffer, with `meta`) must stay
+    /// allocated, and must not be freed, reused or handed to anything else, from the
+    /// submit that takes the iocb until its event has been returned by `getevents`; if the
+    /// context is dropped before that, for good (the device may still write it).
+    pub unsafe fn vouched(segs: &[DmaSlice], meta: bool) -> Option<Self> {
+        Segments::from_slices(segs).map(|segs| IoBuf::Vouched(Vouched { segs, meta }))
     }
     /// Ordinary memory for the bounce path.
     ///
@@ -149,6 +171,7 @@ impl IoBuf {
             IoBuf::Dma(s) => s.len,
             IoBuf::Vectored(v) => v.total_len(),
             IoBuf::User(u) => u.len,
+            IoBuf::Vouched(v) => v.segs.total_len(),
         }
     }
     /// Whether it offers no memory.

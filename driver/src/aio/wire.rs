@@ -10,7 +10,6 @@
 //! a completion back is an index ([`ring_of`]), and strips it again ([`context_part`])
 //! before posting.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_utils::CachePadded;
@@ -21,6 +20,8 @@ use crate::target::Target;
 use super::error::AioError;
 use super::notify::Notify;
 use super::spsc::{self, Consumer, Producer};
+// `std`'s atomics, or loom's in a `--cfg loom` build (see `super::sync`).
+use super::sync::atomic::{AtomicBool, Ordering};
 
 /// Token bits a context may use; the poller puts its ring identifier above them.
 pub(super) const CONTEXT_TOKEN_BITS: u32 = 48;

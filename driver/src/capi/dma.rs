@@ -31,7 +31,9 @@ pub(super) fn lookup_rest(bufs: &BTreeMap<usize, DmaBuf>, addr: usize) -> Option
 /// DMA memory of the target's pool.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; `out` is writable.
+/// As `kestrel.h` says (its "Pointers" rules), for the duration of the call: `k` is NULL or
+/// a live handle, and a live `kestrel_t` is not closed meanwhile; `out` is NULL, or, when
+/// aligned, valid for writes of one `void *` and overlapping no other argument.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_dma_alloc(
     k: *mut KestrelHandle,
@@ -40,10 +42,12 @@ pub unsafe extern "C" fn kestrel_dma_alloc(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `out` is NULL or, aligned, writable for one pointer and overlapping
+            // nothing else for this call (# Safety above); a null pointer is all-zero.
             let out = unsafe { out_ptr(out, "out") }?;
             *out = std::ptr::null_mut();
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call.
             let h = unsafe { shared(k, "k") }?;
             if len == 0 {
                 return Err(CapiError::Zero { what: "len" });
@@ -58,7 +62,7 @@ pub unsafe extern "C" fn kestrel_dma_alloc(
             let buf = h.inner.target.dma_pool().alloc(len)?;
             let p = buf.as_ptr();
             h.inner.bufs().insert(p as usize, buf);
-            *out = p.cast();
+            *out = p.cast_mut().cast();
             Ok(0)
         },
         || {},
@@ -68,18 +72,31 @@ pub unsafe extern "C" fn kestrel_dma_alloc(
 /// `int kestrel_dma_free(kestrel_t *k, void *buf)`.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; no request still uses `buf`.
+/// For the duration of the call `k` is NULL or a live handle (`kestrel.h`, "Pointers"),
+/// and a live `kestrel_t` is not closed meanwhile. `buf` is not dereferenced (it is looked
+/// up in `k`'s registry), but the buffer's memory is unmapped and reused once it is
+/// removed: no iocb naming it may still be outstanding (every such iocb's event has been
+/// returned by `kestrel_io_getevents`, or its context destroyed), and the program does not
+/// touch the memory after this returns 0.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_dma_free(k: *mut KestrelHandle, buf: *mut c_void) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call.
             let h = unsafe { shared(k, "k") }?;
             if buf.is_null() {
                 return Err(CapiError::Null { what: "buf" });
             }
             match h.inner.bufs().remove(&(buf as usize)) {
-                Some(b) => drop(b),
+                Some(mut b) => {
+                    if h.inner.tainted.load(std::sync::atomic::Ordering::Relaxed) {
+                        // A context was destroyed with requests outstanding: this buffer
+                        // may be one of theirs, so its memory is never handed out again.
+                        b.leak();
+                    }
+                    drop(b)
+                }
                 None => {
                     return Err(CapiError::ForeignBuffer {
                         what: "buf",

@@ -169,11 +169,16 @@ pub(super) fn guard(
     }
 }
 
-/// `const char *kestrel_strerror(int err)`: a static description of an errno (either
-/// sign); never NULL.
+/// `const char *kestrel_strerror(int err)`: a static description of an errno the library
+/// returns (either sign); for any other code (INT_MIN among them) "unknown error N", N as
+/// given, in a buffer of the calling thread valid until its next call of this function.
+/// Never NULL.
 #[no_mangle]
 pub extern "C" fn kestrel_strerror(err: c_int) -> *const c_char {
-    let e = err.checked_abs().unwrap_or(0);
+    // INT_MIN has no positive counterpart: it is unknown, like every code not listed.
+    let Some(e) = err.checked_abs() else {
+        return unknown_error(err);
+    };
     let s: &'static std::ffi::CStr = match e {
         0 => c"success",
         libc::EINVAL => c"invalid argument (kestrel_last_error() says which)",
@@ -191,9 +196,25 @@ pub extern "C" fn kestrel_strerror(err: c_int) -> *const c_char {
         libc::EDEADLK => c"would wait forever: fewer requests outstanding than min_nr",
         libc::ESHUTDOWN => c"shut down: no more requests accepted",
         libc::ENOTRECOVERABLE => c"internal error: the context can only be destroyed",
-        _ => c"unknown error",
+        _ => return unknown_error(err),
     };
     s.as_ptr()
+}
+
+/// "unknown error N" for [`kestrel_strerror`], written into this thread's buffer (no
+/// allocation: 32 bytes hold the longest, "unknown error -2147483648").
+fn unknown_error(err: c_int) -> *const c_char {
+    thread_local! {
+        static UNKNOWN: std::cell::Cell<[u8; 32]> = const { std::cell::Cell::new([0; 32]) };
+    }
+    let mut b = [0u8; 32];
+    let mut w = std::io::Cursor::new(&mut b[..31]);
+    // Fits: 14 bytes of text, at most 11 of the number; the last byte stays NUL.
+    let _ = std::io::Write::write_fmt(&mut w, format_args!("unknown error {err}"));
+    UNKNOWN.with(|u| {
+        u.set(b);
+        u.as_ptr().cast::<c_char>().cast_const()
+    })
 }
 
 /// `const char *kestrel_last_error(void)`: the message of the calling thread's last

@@ -25,7 +25,9 @@ use super::handle::{
 /// `int kestrel_io_setup(kestrel_t *k, unsigned nr_events, kestrel_ctx_t **out)`.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; `out` is writable.
+/// As `kestrel.h` says (its "Pointers" rules), for the duration of the call: `k` is NULL or
+/// a live handle, and a live `kestrel_t` is not closed meanwhile; `out` is NULL, or, when
+/// aligned, valid for writes of one `kestrel_ctx_t *` and overlapping no other argument.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_io_setup(
     k: *mut KestrelHandle,
@@ -36,17 +38,21 @@ pub unsafe extern "C" fn kestrel_io_setup(
         nr_events,
         ..Default::default()
     };
-    // SAFETY: the caller's contract; `p` is a valid local.
+    // SAFETY: `k` and `out` come with this function's # Safety, which is
+    // `kestrel_io_setup_params`'s for them; `&p` is an aligned, initialised local that
+    // outlives the call.
     unsafe { kestrel_io_setup_params(k, &p, out) }
 }
 
 /// Reads and checks `struct kestrel_io_params`.
 ///
 /// # Safety
-/// `p` is NULL or readable.
+/// `p` is NULL, or, when aligned, valid for reads of one initialised `KestrelIoParams`.
 unsafe fn read_params(p: *const KestrelIoParams) -> Result<ContextOptions, CapiError> {
     aligned(p, "params")?;
-    // SAFETY: non-null, aligned, readable by contract; plain integers.
+    // SAFETY: `p` is non-null and aligned (checked by `aligned`), so readable for one
+    // initialised KestrelIoParams (# Safety above); its fields are integers, for which any
+    // initialised bytes are valid. It is copied out: no reference is kept.
     let p = unsafe { p.read() };
     if p.nr_events == 0 {
         return Err(CapiError::Zero { what: "nr_events" });
@@ -78,7 +84,9 @@ unsafe fn read_params(p: *const KestrelIoParams) -> Result<ContextOptions, CapiE
 /// kestrel_ctx_t **out)`: a run-to-completion context (the calling thread polls).
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; `p` is readable; `out` is writable.
+/// As [`kestrel_io_setup`] for `k` and `out`, and for the duration of the call `p` is NULL,
+/// or, when aligned, valid for reads of one initialised `struct kestrel_io_params` (16
+/// bytes).
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_io_setup_params(
     k: *mut KestrelHandle,
@@ -89,7 +97,8 @@ pub unsafe extern "C" fn kestrel_io_setup_params(
         let ctx = IoContext::setup_with(Arc::clone(&h.inner.target), opts)?;
         Ok((ctx, Arc::clone(&h.inner)))
     };
-    // SAFETY: the caller's contract.
+    // SAFETY: `k`, `p` and `out` come with this function's # Safety, which is
+    // `setup_context`'s for its owner handle, params and out-pointer.
     unsafe { setup_context(k, "k", p, out, make) }
 }
 
@@ -98,7 +107,10 @@ pub unsafe extern "C" fn kestrel_io_setup_params(
 /// make the context with `make` (which also gives the state it shares) and hand it out.
 ///
 /// # Safety
-/// `h` is from its constructor; `p` is readable; `out` is writable.
+/// For the duration of the call: `h` is NULL or a live handle (any kind; `kestrel.h`,
+/// "Pointers"), and a live `H` is not released meanwhile; `p` is NULL, or, when aligned,
+/// valid for reads of one initialised `KestrelIoParams`; `out` is NULL, or, when aligned,
+/// valid for writes of one pointer and overlapping no other argument.
 pub(super) unsafe fn setup_context<H: Handle>(
     h: *mut H,
     what: &'static str,
@@ -108,12 +120,15 @@ pub(super) unsafe fn setup_context<H: Handle>(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `out` is NULL or, aligned, writable for one pointer and overlapping
+            // nothing else for this call (# Safety above); a null pointer is all-zero.
             let out = unsafe { out_ptr(out, "out") }?;
             *out = std::ptr::null_mut();
-            // SAFETY: the caller's contract.
+            // SAFETY: `h` is NULL or a live handle not released during this call (# Safety
+            // above); the reference does not outlive the call (the context takes an Arc).
             let h = unsafe { shared(h, what) }?;
-            // SAFETY: the caller's contract.
+            // SAFETY: `p` is NULL or, aligned, readable for one KestrelIoParams for this
+            // call (# Safety above): `read_params`'s contract.
             let opts = unsafe { read_params(p) }?;
             let bounce = opts.bounce.is_some();
             let (ctx, inner) = make(h, opts)?;
@@ -151,9 +166,14 @@ fn opcode(index: usize, v: u16, flags: u16) -> Result<Opcode, CapiError> {
 /// Turns a C iocb into a Rust one, translating its buffers.
 ///
 /// # Safety
-/// For readv/writev, `c.iov` points to `c.iovcnt` readable entries (checked non-null).
-/// With `bounce`, `c.buf` of a read or write outside the registry is ordinary memory the
-/// caller keeps valid and untouched until the event (the header's contract).
+/// - For a READV/WRITEV, `c.iov`, when non-null and aligned, is valid for reads of
+///   `c.iovcnt` initialised `KestrelIovec`s (16 bytes each) for the call, when `c.iovcnt` is
+///   1..=`KESTREL_MAX_IOV` (it is checked before anything is read).
+/// - With `bounce`, the `c.len` bytes at `c.buf` of a READ or WRITE that lie in no buffer
+///   of `bufs` are ordinary memory valid for reads (WRITE) or writes (READ), which the
+///   program keeps valid and does not write (for a READ: does not access) until the iocb's
+///   event has been returned by `kestrel_io_getevents` or its context destroyed: the
+///   header's buffer contract, and [`IoBuf::user`]'s.
 unsafe fn convert(
     index: usize,
     c: &KestrelIocb,
@@ -184,11 +204,14 @@ unsafe fn convert(
             why: "larger than the address space",
         })?;
     let buf = match op {
-        // SAFETY: the caller's contract.
+        // SAFETY: a READ or WRITE with `bounce`: `c.buf` outside `bufs` is valid for `len`
+        // bytes until its event (# Safety above), `one_buf`'s contract.
         Opcode::Read | Opcode::Write => unsafe { one_buf(c, len, bufs, bounce) }?,
-        // SAFETY: the caller's contract. Zoned data goes through DMA memory only.
+        // SAFETY: without bounce `one_buf` dereferences nothing (zoned data goes through
+        // DMA memory only, looked up in `bufs`), so its contract holds trivially.
         Opcode::ZoneAppend | Opcode::ReportZones => unsafe { one_buf(c, len, bufs, false) }?,
-        // SAFETY: the caller's contract.
+        // SAFETY: a READV/WRITEV: `c.iov` is readable for `c.iovcnt` entries when
+        // non-null, aligned and in range (# Safety above), `segments`' contract.
         Opcode::Readv | Opcode::Writev => unsafe { segments(c, bufs) }?,
         Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard | Opcode::ZoneSend { .. } => {
             if !c.buf.is_null() || !c.iov.is_null() {
@@ -200,6 +223,24 @@ unsafe fn convert(
             }
             IoBuf::None
         }
+    };
+    // The DMA memory of a C iocb is not lent to the context: kestrel_dma_alloc's buffers
+    // belong to the kestrel_t, shared by its contexts, and C keeps them by contract.
+    let meta_vouched = kestrel_meta.with && !kestrel_meta.buf.is_empty();
+    let buf = match buf {
+        // SAFETY: every slice came from `lookup`/`lookup_rest`, so it lies inside a buffer
+        // of the kestrel_t's registry (memory of the target's pool); kestrel.h's buffer
+        // contract, which the caller of this entry point accepted, is that such a buffer
+        // is not passed to kestrel_dma_free (so stays allocated and unshared) until the
+        // iocb's event has been returned by kestrel_getevents, and never if the context
+        // is destroyed with the iocb outstanding: IoBuf::vouched's contract.
+        IoBuf::Dma(s) => unsafe { IoBuf::vouched(&[s], meta_vouched) }
+            .expect("one segment is within MAX_SEGMENTS"),
+        // SAFETY: each segment came from `lookup` (`segments`), inside a registry buffer;
+        // kestrel.h's buffer contract keeps every one of them allocated as for one buffer.
+        IoBuf::Vectored(v) => unsafe { IoBuf::vouched(v.as_slice(), meta_vouched) }
+            .expect("as many segments as before"),
+        b => b,
     };
     Ok(Iocb {
         opcode: op,
@@ -251,7 +292,8 @@ fn iocb_meta(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<IoMeta, 
 /// (with `bounce`) ordinary memory.
 ///
 /// # Safety
-/// As [`convert`].
+/// With `bounce` and `len > 0`, `c.buf` (when in no buffer of `bufs`) is valid for `len`
+/// bytes and kept valid and untouched until the iocb's event, as in [`convert`].
 unsafe fn one_buf(
     c: &KestrelIocb,
     len: usize,
@@ -288,7 +330,9 @@ unsafe fn one_buf(
     });
     match found {
         Some(s) => Ok(IoBuf::Dma(s)),
-        // SAFETY: the header's contract for bounced buffers (see `convert`).
+        // SAFETY: `c.buf..+len` lies in no registered buffer, `bounce` is set and len > 0,
+        // so it is ordinary memory valid for `len` bytes and untouched until the event
+        // (# Safety above): exactly `IoBuf::user`'s contract.
         None if bounce && len > 0 => Ok(unsafe { IoBuf::user(c.buf.cast(), len) }),
         None => Err(CapiError::ForeignBuffer {
             what: "iocb.buf",
@@ -301,7 +345,9 @@ unsafe fn one_buf(
 /// The segments of a readv or writev, each inside a registered DMA buffer.
 ///
 /// # Safety
-/// As [`convert`].
+/// `c.iov`, when non-null and aligned, is valid for reads of `c.iovcnt` initialised
+/// `KestrelIovec`s for the call, when `c.iovcnt` is 1..=`KESTREL_MAX_IOV`, as in
+/// [`convert`].
 unsafe fn segments(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<IoBuf, CapiError> {
     if !c.buf.is_null() {
         return Err(CapiError::MustBeZero {
@@ -320,15 +366,11 @@ unsafe fn segments(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<Io
         });
     }
     aligned(c.iov, "iocb.iov")?;
-    // SAFETY: non-null, aligned, iovcnt (<= 8) readable entries by contract.
+    // SAFETY: `c.iov` is non-null and aligned and `c.iovcnt` is 1..=KESTREL_MAX_IOV (all
+    // checked above), so it is readable for `c.iovcnt` initialised entries for this call
+    // (# Safety above); the slice does not outlive the call.
     let iov = unsafe { std::slice::from_raw_parts(c.iov, c.iovcnt as usize) };
-    let mut segs = [DmaSlice {
-        vaddr: 0,
-        iova: 0,
-        len: 0,
-        region: 0,
-        region_vaddr: 0,
-    }; MAX_SEGMENTS];
+    let mut segs = [DmaSlice::EMPTY; MAX_SEGMENTS];
     for (i, v) in iov.iter().enumerate() {
         if v.base.is_null() {
             return Err(CapiError::Null {
@@ -354,7 +396,18 @@ unsafe fn segments(c: &KestrelIocb, bufs: &BTreeMap<usize, DmaBuf>) -> Result<Io
 /// none (`-EAGAIN`: full; `-EINVAL`: the first is invalid). Never sleeps.
 ///
 /// # Safety
-/// `ctx` is from `kestrel_io_setup`; `iocbs` points to `nr` readable iocbs.
+/// As `kestrel.h` says (its "Pointers" and "Buffers" rules):
+/// - for the duration of the call, `ctx` is NULL or a live handle, and no other call on a
+///   live `kestrel_ctx_t` runs meanwhile;
+/// - for the duration of the call, `iocbs` is NULL, or, when aligned, valid for reads of
+///   `nr` initialised `struct kestrel_iocb`s (80 bytes each; at most the first `nr_events`
+///   are read), unchanged meanwhile; each READV/WRITEV's `iov` likewise for `iovcnt`
+///   entries;
+/// - the memory each accepted iocb names (`buf`, the `iov` bases, `md_buf`) stays valid
+///   and is not written (for a read: not accessed) by the program until the iocb's event
+///   has been returned by `kestrel_io_getevents` or the context destroyed. For memory from
+///   `kestrel_dma_alloc` (the library checks it is), that means not freeing it meanwhile;
+///   ordinary memory of a bounced READ or WRITE is the program's to keep valid.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_io_submit(
     ctx: *mut KestrelCtx,
@@ -363,7 +416,8 @@ pub unsafe extern "C" fn kestrel_io_submit(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `ctx` is NULL or a live handle, and a live context has no other call
+            // on it during this one (# Safety above); the reference ends with the call.
             let c = unsafe { context(ctx, "ctx") }?;
             if nr == 0 {
                 return Err(CapiError::Zero { what: "nr" });
@@ -378,14 +432,17 @@ pub unsafe extern "C" fn kestrel_io_submit(
             aligned(iocbs, "iocbs")?;
             // No more than nr_events can be accepted: look at no more.
             let n = nr.min(c.ctx.nr_events() as usize);
-            // SAFETY: non-null, aligned, and n <= nr readable entries by contract.
+            // SAFETY: `iocbs` is non-null and aligned (checked by `aligned`), so readable for
+            // `nr` initialised iocbs, unchanged during this call (# Safety above), and
+            // n <= nr; the slice does not outlive the call.
             let src = unsafe { std::slice::from_raw_parts(iocbs, n) };
             c.iocbs.clear();
             let mut first_err = None;
             {
                 let bufs = c.inner.bufs();
                 for (i, x) in src.iter().enumerate() {
-                    // SAFETY: the caller's contract covers each iocb's pointers.
+                    // SAFETY: this function's # Safety gives every iocb what `convert` needs: a
+                    // readable `iov` array, and bounced memory valid until the event.
                     match unsafe { convert(i, x, &bufs, c.bounce) } {
                         Ok(iocb) => c.iocbs.push(iocb),
                         Err(e) => {
@@ -401,7 +458,9 @@ pub unsafe extern "C" fn kestrel_io_submit(
             let n = c.ctx.submit(&c.iocbs)?;
             Ok(n as c_int)
         },
-        // SAFETY: the context pointer was checked live before anything could panic.
+        // SAFETY: `ctx` is NULL or a live handle with no other call on it (# Safety
+        // above), and the closure's `&mut` to it ended when `catch_unwind` returned:
+        // `poison`'s contract.
         || unsafe { poison(ctx) },
     )
 }
@@ -437,8 +496,13 @@ fn to_c_event(e: &Event) -> KestrelEvent {
 /// are ready (at most `nr` returned) or the timeout passes (NULL: no limit).
 ///
 /// # Safety
-/// `ctx` is from `kestrel_io_setup`; `events` has room for `nr` events; `timeout` is NULL
-/// or readable.
+/// As `kestrel.h` says (its "Pointers" rules), for the duration of the call:
+/// - `ctx` is NULL or a live handle, and no other call on a live `kestrel_ctx_t` runs
+///   meanwhile;
+/// - `events` is NULL, or, when aligned, valid for writes of `nr` `struct kestrel_event`s
+///   (32 bytes each; at most `nr_events` are written) and overlapping no other argument;
+/// - `timeout` is NULL, or, when aligned, valid for reads of one initialised
+///   `struct timespec`.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_io_getevents(
     ctx: *mut KestrelCtx,
@@ -449,7 +513,8 @@ pub unsafe extern "C" fn kestrel_io_getevents(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `ctx` is NULL or a live handle, and a live context has no other call
+            // on it during this one (# Safety above); the reference ends with the call.
             let c = unsafe { context(ctx, "ctx") }?;
             if nr == 0 {
                 return Err(CapiError::Zero { what: "nr" });
@@ -472,7 +537,9 @@ pub unsafe extern "C" fn kestrel_io_getevents(
                         align: align_of::<libc::timespec>(),
                     });
                 }
-                // SAFETY: non-null, aligned, readable by contract; plain integers.
+                // SAFETY: `timeout` is non-null and aligned (checked just above), so readable
+                // for one initialised timespec (# Safety above); its fields are integers. It
+                // is copied out: no reference is kept.
                 let ts = unsafe { timeout.read() };
                 if ts.tv_sec < 0 || !(0..1_000_000_000).contains(&ts.tv_nsec) {
                     return Err(CapiError::Range {
@@ -488,12 +555,16 @@ pub unsafe extern "C" fn kestrel_io_getevents(
             let min = min_nr.min(n);
             let got = c.ctx.getevents(min, &mut c.events[..n], timeout)?;
             for (i, e) in c.events[..got].iter().enumerate() {
-                // SAFETY: i < got <= n <= nr: inside the caller's array.
+                // SAFETY: `events` is non-null and aligned (checked above) and writable for
+                // `nr` events (# Safety above); i < got <= n <= nr, so slot i is inside it.
+                // A raw write: no reference to the caller's array is made.
                 unsafe { events.add(i).write(to_c_event(e)) };
             }
             Ok(got as c_int)
         },
-        // SAFETY: as in kestrel_io_submit.
+        // SAFETY: `ctx` is NULL or a live handle with no other call on it (# Safety
+        // above), and the closure's `&mut` to it ended when `catch_unwind` returned:
+        // `poison`'s contract.
         || unsafe { poison(ctx) },
     )
 }
@@ -503,12 +574,14 @@ pub unsafe extern "C" fn kestrel_io_getevents(
 /// `-ENOENT` if nothing outstanding has that `user_data`.
 ///
 /// # Safety
-/// `ctx` is from `kestrel_io_setup`.
+/// `ctx` is NULL or a live handle (`kestrel.h`, "Pointers"), and no other call on a live
+/// `kestrel_ctx_t` runs during this one.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_io_cancel(ctx: *mut KestrelCtx, user_data: u64) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `ctx` is NULL or a live handle, and a live context has no other call
+            // on it during this one (# Safety above); the reference ends with the call.
             let c = unsafe { context(ctx, "ctx") }?;
             Ok(match c.ctx.cancel(user_data)? {
                 CancelStatus::Cancelled => KESTREL_CANCEL_STATUS_CANCELLED,
@@ -518,7 +591,9 @@ pub unsafe extern "C" fn kestrel_io_cancel(ctx: *mut KestrelCtx, user_data: u64)
                 CancelStatus::Requested => KESTREL_CANCEL_STATUS_REQUESTED,
             })
         },
-        // SAFETY: as in kestrel_io_submit.
+        // SAFETY: `ctx` is NULL or a live handle with no other call on it (# Safety
+        // above), and the closure's `&mut` to it ended when `catch_unwind` returned:
+        // `poison`'s contract.
         || unsafe { poison(ctx) },
     )
 }
@@ -527,13 +602,28 @@ pub unsafe extern "C" fn kestrel_io_cancel(ctx: *mut KestrelCtx, user_data: u64)
 /// events are discarded), deletes the queue, frees the context.
 ///
 /// # Safety
-/// `ctx` is from `kestrel_io_setup` and not used again.
+/// `ctx` is NULL or a live handle (`kestrel.h`, "Pointers"); a live `kestrel_ctx_t` is used
+/// by no other call during this one, and once this returns 0 it is not passed to any call
+/// again. It waits for the context's outstanding iocbs (up to the drain timeout), so their
+/// buffers may then be reused, except when it logs that requests were left outstanding
+/// (the timeout passed, or a file target's requests were submitted on another thread):
+/// their memory must then stay valid and untouched for good.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_io_destroy(ctx: *mut KestrelCtx) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract. A poisoned context may still be destroyed.
-            drop(unsafe { release(ctx, "ctx") }?);
+            // SAFETY: `ctx` is NULL or a live handle no other call uses now, never passed
+            // again after success (# Safety above): `release`'s contract. A poisoned
+            // context may still be destroyed.
+            let mut c = unsafe { release(ctx, "ctx") }?;
+            if c.ctx.shut_down() > 0 {
+                // Requests still outstanding name buffers of the registry the device may
+                // still write: from now on none of them is freed (kestrel_dma_free keeps it).
+                c.inner
+                    .tainted
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            drop(c);
             Ok(0)
         },
         || {},

@@ -21,7 +21,12 @@
 //!   test that compiles the header.
 //!
 //! `unsafe` here is FFI only: reading the caller's structures and strings, writing its
-//! out-parameters and events, and the `Box` round trips of handles.
+//! out-parameters and events, and the `Box` round trips of handles. What it relies on is
+//! the header's contract ("Pointers" and "Buffers" in `kestrel.h`): each entry point's
+//! `# Safety` section states it for its own arguments (how many bytes each pointer is
+//! valid for, for how long, alignment, no overlap), and `handle`'s documentation the part
+//! every handle shares. The checks above catch mistakes; they do not replace it (a handle
+//! already destroyed, or a bounced buffer freed before its event, cannot be detected).
 
 mod abi;
 mod dma;

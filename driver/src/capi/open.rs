@@ -23,7 +23,11 @@ pub extern "C" fn kestrel_abi_version() -> u32 {
 /// (`emu`, `emu:size=64M`, `file:PATH[,size=..][,direct=on|off]`, `pci:BDF`).
 ///
 /// # Safety
-/// `target` is a NUL-terminated string; `out` is writable.
+/// As `kestrel.h` says (its "Pointers" rules), for the duration of the call:
+/// - `target` is NULL, or valid for reads up to and including its NUL (at most
+///   `MAX_SPEC_LEN + 1` = 4097 bytes are read), and unchanged meanwhile;
+/// - `out` is NULL, or, when aligned, valid for writes of one `kestrel_t *` and overlapping
+///   no other argument.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_open(
     target: *const c_char,
@@ -31,7 +35,9 @@ pub unsafe extern "C" fn kestrel_open(
 ) -> c_int {
     // Zeroed params mean the defaults: the same checks, the same open.
     let p = KestrelOpenParams::default();
-    // SAFETY: the caller's contract; `p` is a valid local.
+    // SAFETY: `target` and `out` come with this function's # Safety, which is
+    // `kestrel_open_params`'s for them; `&p` is an aligned, initialised local that
+    // outlives the call.
     unsafe { kestrel_open_params(target, &p, out) }
 }
 
@@ -40,7 +46,9 @@ pub unsafe extern "C" fn kestrel_open(
 /// target (`emu`, `pci`; a file target has none and ignores them).
 ///
 /// # Safety
-/// `target` is a NUL-terminated string; `p` is readable; `out` is writable.
+/// As [`kestrel_open`] for `target` and `out`, and for the duration of the call `p` is
+/// NULL, or, when aligned, valid for reads of one initialised `struct kestrel_open_params`
+/// (24 bytes).
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_open_params(
     target: *const c_char,
@@ -49,12 +57,16 @@ pub unsafe extern "C" fn kestrel_open_params(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `out` is NULL or, aligned, writable for one pointer and overlapping
+            // nothing else for this call (# Safety above); a null pointer is all-zero.
             let out = unsafe { out_ptr(out, "out") }?;
             *out = std::ptr::null_mut();
-            // SAFETY: the caller's contract.
+            // SAFETY: `target` is NULL or readable up to its NUL within MAX_SPEC_LEN + 1
+            // bytes and unchanged during this call (# Safety above); `spec` does not
+            // outlive the call.
             let spec = unsafe { c_str(target, "target", MAX_SPEC_LEN + 1) }?;
-            // SAFETY: the caller's contract.
+            // SAFETY: `p` is NULL or, aligned, readable for one KestrelOpenParams for this
+            // call (# Safety above): `read_open_params`'s contract.
             let ctrlr = unsafe { read_open_params(p) }?;
             let spec = crate::target_spec::parse(spec)?;
             let t = crate::target_spec::open_spec_with(&spec, &ctrlr)?;
@@ -68,10 +80,12 @@ pub unsafe extern "C" fn kestrel_open_params(
 /// Reads and checks `struct kestrel_open_params` into controller options.
 ///
 /// # Safety
-/// `p` is NULL or readable.
+/// `p` is NULL, or, when aligned, valid for reads of one initialised `KestrelOpenParams`.
 unsafe fn read_open_params(p: *const KestrelOpenParams) -> Result<ControllerOptions, CapiError> {
     aligned(p, "params")?;
-    // SAFETY: non-null, aligned, readable by contract; plain integers.
+    // SAFETY: `p` is non-null and aligned (checked by `aligned`), so readable for one
+    // initialised KestrelOpenParams (# Safety above); its fields are integers, for which
+    // any initialised bytes are valid. It is copied out: no reference is kept.
     let p = unsafe { p.read() };
     if p.flags != 0 || p.reserved != 0 {
         return Err(CapiError::MustBeZero {
@@ -108,12 +122,14 @@ unsafe fn read_open_params(p: *const KestrelOpenParams) -> Result<ControllerOpti
 /// target (and the buffers) alive until they are destroyed.
 ///
 /// # Safety
-/// `k` is from `kestrel_open` and not used again.
+/// `k` is NULL or a live handle (`kestrel.h`, "Pointers"); a live `kestrel_t` is used by no
+/// other call during this one, and once this returns 0 it is not passed to any call again.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_close(k: *mut KestrelHandle) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle no other call uses now, never passed
+            // again after success (# Safety above): `release`'s contract.
             drop(unsafe { release(k, "k") }?);
             Ok(0)
         },
@@ -160,7 +176,10 @@ fn info_of(t: &dyn Target) -> KestrelInfo {
 /// zones of a zoned namespace; `-ENOTSUP` for any other target.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; `out` is writable.
+/// For the duration of the call: `k` is NULL or a live handle (`kestrel.h`, "Pointers"),
+/// and a live `kestrel_t` is not closed meanwhile; `out` is NULL, or, when aligned, valid
+/// for writes of one `struct kestrel_zone_info` (32 bytes) and overlapping no other
+/// argument.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_get_zone_info(
     k: *const KestrelHandle,
@@ -168,9 +187,12 @@ pub unsafe extern "C" fn kestrel_get_zone_info(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call.
             let h = unsafe { shared(k, "k") }?;
-            // SAFETY: the caller's contract.
+            // SAFETY: `out` is NULL or, aligned, writable for one KestrelZoneInfo and
+            // overlapping nothing else (not `k`) for this call (# Safety above); all-zero
+            // is a valid KestrelZoneInfo (integers).
             let out = unsafe { out_ptr(out, "out") }?;
             let info = h.inner.target.info();
             let z = info.zones.ok_or_else(|| CapiError::NotZoned {
@@ -192,14 +214,18 @@ pub unsafe extern "C" fn kestrel_get_zone_info(
 /// `int kestrel_get_info(const kestrel_t *k, struct kestrel_info *out)`.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; `out` is writable.
+/// As [`kestrel_get_zone_info`], with `out` valid for writes of one `struct kestrel_info`
+/// (104 bytes).
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_get_info(k: *const KestrelHandle, out: *mut KestrelInfo) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call.
             let h = unsafe { shared(k, "k") }?;
-            // SAFETY: the caller's contract.
+            // SAFETY: `out` is NULL or, aligned, writable for one KestrelInfo and
+            // overlapping nothing else (not `k`) for this call (# Safety above); all-zero
+            // is a valid KestrelInfo (integers and a c_char array).
             let out = unsafe { out_ptr(out, "out") }?;
             *out = info_of(h.inner.target.as_ref());
             Ok(0)
@@ -211,13 +237,15 @@ pub unsafe extern "C" fn kestrel_get_info(k: *const KestrelHandle, out: *mut Kes
 /// `uint32_t kestrel_block_size(const kestrel_t *k)`: 0 for a bad handle.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`.
+/// `k` is NULL or a live handle (`kestrel.h`, "Pointers"), and a live `kestrel_t` is not
+/// closed during the call.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_block_size(k: *const KestrelHandle) -> u32 {
     let mut v = 0u32;
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call.
             v = unsafe { shared(k, "k") }?.inner.target.info().block_size;
             Ok(0)
         },
@@ -229,13 +257,14 @@ pub unsafe extern "C" fn kestrel_block_size(k: *const KestrelHandle) -> u32 {
 /// `uint64_t kestrel_capacity(const kestrel_t *k)`: bytes; 0 for a bad handle.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`.
+/// As [`kestrel_block_size`].
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_capacity(k: *const KestrelHandle) -> u64 {
     let mut v = 0u64;
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call.
             let i = unsafe { shared(k, "k") }?.inner.target.info().clone();
             v = i.num_blocks.saturating_mul(i.block_size as u64);
             Ok(0)

@@ -19,7 +19,12 @@ use super::io::setup_context;
 /// spin); none: busy-poll.
 ///
 /// # Safety
-/// `k` is from `kestrel_open`; `cores` is a NUL-terminated string; `out` is writable.
+/// As `kestrel.h` says (its "Pointers" rules), for the duration of the call:
+/// - `k` is NULL or a live handle, and a live `kestrel_t` is not closed meanwhile;
+/// - `cores` is NULL, or valid for reads up to and including its NUL (at most 1024 bytes
+///   are read), and unchanged meanwhile;
+/// - `out` is NULL, or, when aligned, valid for writes of one `kestrel_reactor_t *` and
+///   overlapping no other argument.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_reactor_start(
     k: *mut KestrelHandle,
@@ -29,12 +34,15 @@ pub unsafe extern "C" fn kestrel_reactor_start(
 ) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract.
+            // SAFETY: `out` is NULL or, aligned, writable for one pointer and overlapping
+            // nothing else for this call (# Safety above); a null pointer is all-zero.
             let out = unsafe { out_ptr(out, "out") }?;
             *out = std::ptr::null_mut();
-            // SAFETY: the caller's contract.
+            // SAFETY: `k` is NULL or a live handle not closed during this call (# Safety
+            // above); the reference does not outlive the call (the reactor takes an Arc).
             let h = unsafe { shared(k, "k") }?;
-            // SAFETY: the caller's contract.
+            // SAFETY: `cores` is NULL or readable up to its NUL within 1024 bytes and
+            // unchanged during this call (# Safety above); the &str does not outlive it.
             let cores = unsafe { c_str(cores, "cores", 1024) }?;
             let idle = match flags {
                 0 => IdlePolicy::BusyPoll,
@@ -68,7 +76,13 @@ pub unsafe extern "C" fn kestrel_reactor_start(
 /// May be called from several threads at once.
 ///
 /// # Safety
-/// `r` is from `kestrel_reactor_start`; `p` is readable; `out` is writable.
+/// As `kestrel.h` says (its "Pointers" rules), for the duration of the call:
+/// - `r` is NULL or a live handle, and a live `kestrel_reactor_t` is not stopped meanwhile
+///   (other threads may set up contexts on it at the same time);
+/// - `p` is NULL, or, when aligned, valid for reads of one initialised
+///   `struct kestrel_io_params` (16 bytes);
+/// - `out` is NULL, or, when aligned, valid for writes of one `kestrel_ctx_t *` and
+///   overlapping no other argument.
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_reactor_io_setup(
     r: *mut KestrelReactor,
@@ -76,7 +90,8 @@ pub unsafe extern "C" fn kestrel_reactor_io_setup(
     out: *mut *mut KestrelCtx,
 ) -> c_int {
     let make = |r: &KestrelReactor, opts| Ok((r.reactor.context_with(opts)?, Arc::clone(&r.inner)));
-    // SAFETY: the caller's contract.
+    // SAFETY: `r`, `p` and `out` come with this function's # Safety, which is
+    // `setup_context`'s for its owner handle, params and out-pointer.
     unsafe { setup_context(r, "r", p, out, make) }
 }
 
@@ -85,12 +100,15 @@ pub unsafe extern "C" fn kestrel_reactor_io_setup(
 /// queues, joins the threads and frees the reactor.
 ///
 /// # Safety
-/// `r` is from `kestrel_reactor_start` and not used again.
+/// `r` is NULL or a live handle (`kestrel.h`, "Pointers"); a live `kestrel_reactor_t` is
+/// used by no other call during this one, and once this call returns it is not passed to
+/// any call again (it is freed even when the drain reports an error).
 #[no_mangle]
 pub unsafe extern "C" fn kestrel_reactor_stop(r: *mut KestrelReactor) -> c_int {
     guard(
         || {
-            // SAFETY: the caller's contract (no other call runs on it now).
+            // SAFETY: `r` is NULL or a live handle no other call uses now and never passed
+            // again once released (# Safety above): `release`'s contract.
             let b = unsafe { release(r, "r") }?;
             match b.reactor.shutdown() {
                 Err(e) => Err(CapiError::Reactor(e)),

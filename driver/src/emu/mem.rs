@@ -30,11 +30,17 @@
 //! refreshes its snapshot (without the mapping) before making a view.
 //!
 //! # Access rules
-//! Host memory is never reached through a `&`/`&mut` reference: every access is an atomic
-//! load or store through a raw pointer (queue entries as 32- or 64-bit words, data as
-//! 64-bit words with byte-sized edges). Atomics make even a misbehaving driver that
-//! scribbles on a buffer while a command runs well defined, and on x86-64 they compile to
-//! plain moves. The orderings are chosen by the callers and documented there.
+//! Host memory is never reached through a `&[u8]`/`&mut` or any reference to plain data:
+//! every access of the controller thread is an atomic load or store (queue entries as 32-
+//! or 64-bit words, data as 64-bit words with byte-sized edges), through an `&AtomicU*`
+//! made with `from_ptr` for the one access. That reference is sound here, unlike in the
+//! driver's path to a BAR (`hw::barrier` says why the driver uses no reference at all):
+//! host memory is ordinary memory, where a read the compiler might add changes nothing,
+//! and what the driver does to the same words is atomic too (`hw::barrier::read_once`/
+//! `write_once`) or ordered before or after ours by the barriers. Atomics make even a
+//! misbehaving driver that scribbles on a buffer while a command runs well defined, and on
+//! x86-64 they compile to plain moves. The orderings are the callers', with the driver's
+//! barriers where the controller plays the device (module doc of [`crate::emu`]).
 
 use std::cell::Cell;
 use std::marker::PhantomData;
@@ -572,30 +578,43 @@ pub(super) fn fallocate(
     }
 }
 
-/// Test helpers: atomic access to a [`crate::DmaBuf`] the device writes (the test plays
-/// the driver and must not read completion queues with plain copies). Used by the tests
-/// and by [`super::testkit`].
+/// Test helpers: the driver's side of a [`crate::DmaBuf`] the device writes (the test
+/// plays the driver and must not read completion queues with plain copies), with the
+/// driver's accesses and barriers (`hw::barrier`): no reference into the buffer. Used by
+/// the tests and by [`super::testkit`].
 pub(super) mod host {
-    use super::*;
+    use crate::hw::barrier;
     use crate::hw::dma::DmaBuf;
 
-    fn word(buf: &DmaBuf, off: usize) -> &AtomicU32 {
+    fn word(buf: &DmaBuf, off: usize) -> *mut u32 {
         assert!(
             off % 4 == 0 && off + 4 <= buf.len(),
             "offset {off} outside buffer"
         );
-        // SAFETY: the buffer is page aligned so ptr+off is 4-aligned; it is inside the
-        // buffer, which the borrow keeps alive.
-        unsafe { AtomicU32::from_ptr(buf.as_ptr().add(off).cast()) }
+        // SAFETY: off + 4 <= len (checked above): inside the buffer.
+        unsafe { buf.as_ptr().cast_mut().add(off).cast() }
     }
 
-    /// Acquire-loads a u32 of a buffer.
+    /// Reads a u32 of a buffer once, then `dma_rmb`: what the test reads after it (the
+    /// rest of a completion whose phase this was) comes after it.
     pub(crate) fn load_u32(buf: &DmaBuf, off: usize) -> u32 {
-        u32::from_le(word(buf, off).load(Ordering::Acquire))
+        // SAFETY: the word is inside the buffer, which the borrow keeps alive, and 4-byte
+        // aligned (the buffer is page aligned); the controller accesses it only with
+        // atomic (single 32-bit) accesses.
+        let v = unsafe { barrier::read_once(word(buf, off)) };
+        // dma_rmb: as after a completion's phase tag in `nvme::ring` (the test's next
+        // reads are of the entry this dword said was new).
+        barrier::dma_rmb();
+        u32::from_le(v)
     }
 
-    /// Release-stores a u32 into a buffer.
+    /// Stores a u32 into a buffer once, after `dma_wmb`: what the test wrote before it
+    /// (the entries a shadow doorbell value covers) is visible first.
     pub(crate) fn store_u32(buf: &DmaBuf, off: usize, v: u32) {
-        word(buf, off).store(v.to_le(), Ordering::Release)
+        let p = word(buf, off);
+        // dma_wmb: as before a shadow doorbell store in `nvme::ring`.
+        barrier::dma_wmb();
+        // SAFETY: as in `load_u32`.
+        unsafe { barrier::write_once(p, v.to_le()) };
     }
 }

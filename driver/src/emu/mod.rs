@@ -25,14 +25,21 @@
 //! the controller stops processing commands until it is reset.
 //!
 //! # Memory ordering with the driver
-//! - Doorbells and shadow doorbells are read with Acquire loads; the driver writes them
-//!   with Release stores after writing the entries, so every SQE (and the PRP lists and
-//!   data it points to) is visible once the tail that covers it is.
-//! - A completion queue entry is written as dwords 0–2 (Relaxed), then dword 3 (CID,
-//!   status and phase tag) with a Release store: a driver that acquire-loads dword 3 and
-//!   sees the new phase sees the whole entry and all data the command moved.
-//! - Data is copied with relaxed atomic word accesses (see `emu/mem.rs`); the orderings above
-//!   carry it.
+//! The controller plays the device with the driver's own primitives (`hw::barrier`), each
+//! paired with the driver's:
+//! - Doorbell registers are read with [`Bar::read32`], which ends with `dma_rmb`, and
+//!   shadow doorbells with a relaxed load then `dma_rmb` (`ctrl/doorbells.rs`); the driver
+//!   puts `dma_wmb` between writing the entries and storing the value, so every SQE (and
+//!   the PRP lists and data it points to) is visible once the tail that covers it is.
+//! - A completion queue entry is written as dwords 0–2 (relaxed), `dma_wmb`, then dword 3
+//!   (CID, status and phase tag) (`ctrl/completions.rs`): a driver that reads dword 3,
+//!   sees the new phase and issues `dma_rmb` sees the whole entry and all data the command
+//!   moved.
+//! - Arming EventIdx before a sleep ends with `dma_mb`, pairing with the driver's `dma_mb`
+//!   between its shadow store and its EventIdx load.
+//! - Data is copied with relaxed atomic word accesses (see `emu/mem.rs`); the orderings
+//!   above carry it. The register page is reached only through [`Bar`], whose accesses are
+//!   atomic in Rust's model (`hw::barrier::read_once`/`write_once`), as the driver's are.
 //!
 //! # Admin commands
 //! Identify (CNS 00h, 01h, 02h, 03h with the CSI descriptor; 05h and 06h for CSI 00h, all
@@ -183,7 +190,9 @@
 //! set CSTS.CFS and stop (controller fatal; a reset recovers), or remove the controller
 //! (the register page reads all ones, doorbells are ignored, nothing more is processed),
 //! now or after a number of I/O commands. A delayed completion can be aborted; a dropped
-//! one cannot (Abort says "not aborted"). [`EmuFaults::post_raw_cqe`] posts a completion
+//! one cannot (Abort says "not aborted"). And it can make Identify Namespace report an
+//! NSZE (and NCAP and NUSE) the namespaces do not have, such as one whose size in bytes
+//! does not fit in 64 bits, for a driver's checks of what a device says. [`EmuFaults::post_raw_cqe`] posts a completion
 //! entry entirely described by the caller (any CID and status, phase tag set by the
 //! controller) on a given CQ, for fuzzing a driver's completion path.
 //!
@@ -204,6 +213,7 @@
 //!         | "fatal/after/" N                        ; CSTS.CFS after N I/O commands
 //!         | "remove/after/" N                       ; surprise removal after N I/O commands
 //!         | "seed/" N                               ; RNG seed (default 1)
+//!         | "nsze/" N                               ; Identify Namespace reports NSZE N
 //! cmd     = "read" | "write" | "flush" | "wz" | "dsm" | "io" (any I/O command)
 //!         | "admin" (any admin command but AER) | "0x" HEX (I/O opcode) | "admin0x" HEX
 //! status  = HEX "-" HEX (SCT-SC, e.g. 2-81) | "internal" | "dte" | "read-error"

@@ -19,6 +19,14 @@
 //! timeouts and a fine one for latency, without `Instant`'s system call where the kernel
 //! clock is slow.
 //!
+//! # Other architectures
+//! The crate builds for x86-64 only: `lib.rs` stops the build elsewhere with a
+//! `compile_error!` naming the device-ordering primitives a port must write
+//! (`hw/barrier.rs`). The clock needs nothing for such a port: off x86-64 the `tsc`
+//! module below reports no invariant counter, so the clock is `CLOCK_MONOTONIC` (correct
+//! anywhere, if slower); reading aarch64's `CNTVCT_EL0` would be the port's optimisation,
+//! not a requirement.
+//!
 //! # `unsafe`
 //! Only here: the `rdtsc` instruction, through its `core::arch` intrinsic.
 
@@ -202,6 +210,8 @@ mod tsc {
     }
 }
 
+/// No counter read directly: the clock falls back to `CLOCK_MONOTONIC` (module doc, "Other
+/// architectures"; the crate does not build off x86-64 until `hw/barrier.rs` is ported).
 #[cfg(not(target_arch = "x86_64"))]
 mod tsc {
     pub(super) fn invariant() -> bool {

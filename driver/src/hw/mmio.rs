@@ -1,23 +1,32 @@
 //! Register and doorbell access over a mapped BAR.
 //!
 //! # Rules
-//! - BAR memory is never reached through a `&`/`&mut` reference: every access is a
-//!   32-bit atomic load or store through a raw pointer. On x86-64 an aligned atomic
-//!   32-bit access is a single `mov`, exactly what a volatile access would emit, and
-//!   unlike volatile it is also well defined when the "device" is another thread (the
-//!   emulated controller shares this page with the driver).
+//! - BAR memory is never reached through a `&`/`&mut` reference (nor an `&AtomicU32`,
+//!   which `AtomicU32::from_ptr` makes): every access is [`barrier::read_once`] or
+//!   [`barrier::write_once`] on a raw pointer, one 32-bit `mov` that the compiler neither
+//!   invents, elides, merges nor splits, and that counts as an atomic access when the
+//!   "device" is the emulator's thread sharing the page (`hw/barrier.rs` says why that,
+//!   and not `ptr::read_volatile`, is the sound choice for both).
+//! - Ordering against DMA memory is Linux's `writel`/`readl`: [`barrier::dma_wmb`] before
+//!   every register and doorbell write, so what the controller will read because of the
+//!   write (queues, entries, PRP lists, data) is visible first; [`barrier::dma_rmb`] after
+//!   every register read, so what the program reads because of the value comes after it.
+//!   Register accesses among themselves stay in program order (module doc of
+//!   [`barrier`]): AQA, ASQ and ACQ written before CC.EN reach the controller first.
 //! - 64-bit registers (CAP, ASQ, ACQ) are accessed as two 32-bit halves, low then high,
 //!   as Linux's `lo_hi_writeq` does; the spec allows it and some controllers need it.
 //! - Every write is counted: register writes in [`Bar::register_writes`], doorbell writes
 //!   in the [`Doorbell`] that made them, so queue pairs count without sharing a cache line.
 //!
-//! `unsafe` in this module is limited to constructing pointers into the mapping, whose
-//! bounds are checked when a [`Bar`] or [`Doorbell`] is created.
+//! `unsafe` in this module: constructing pointers into the mapping, whose bounds are
+//! checked when a [`Bar`] or [`Doorbell`] is created or a register is named, and the
+//! accesses through them.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::hw::barrier;
 use crate::spec::regs::{doorbell_offset, offset, DoorbellKind};
 use crate::spec::{Aqa, Cap, Cc, Csts, Vs};
 
@@ -62,8 +71,9 @@ struct AnonMapping {
     len: usize,
 }
 
-// SAFETY: the mapping is plain memory owned by this value; all access to it goes through
-// atomics, so sharing it between threads is sound.
+// SAFETY: the mapping is plain memory owned by this value; every access to it is a
+// `barrier::read_once`/`write_once` (atomic in Rust's model, module doc of `hw::barrier`),
+// so sharing it between threads is sound.
 unsafe impl Send for AnonMapping {}
 // SAFETY: as above.
 unsafe impl Sync for AnonMapping {}
@@ -87,8 +97,9 @@ pub struct Bar {
     _backing: Box<dyn BarBacking>,
 }
 
-// SAFETY: the pointer refers to a mapping that lives as long as `_backing`; all access
-// through it is atomic, so a Bar can be used from several threads.
+// SAFETY: the pointer refers to a mapping that lives as long as `_backing`; every access
+// through it is a `barrier::read_once`/`write_once` (a single access on the bus, atomic in
+// Rust's model), so a Bar can be used from several threads.
 unsafe impl Send for Bar {}
 // SAFETY: as above.
 unsafe impl Sync for Bar {}
@@ -159,29 +170,44 @@ impl Bar {
         false
     }
 
-    fn reg(&self, off: usize) -> &AtomicU32 {
+    /// The address of the 32-bit register at byte offset `off`. Panics if the register is
+    /// not inside the BAR (offsets are constants of the spec, or doorbell offsets checked
+    /// against CAP.DSTRD): a bug, not input.
+    #[inline]
+    fn reg(&self, off: usize) -> *mut u32 {
         assert!(
             off % 4 == 0 && off + 4 <= self.len,
             "register offset {off:#x} outside bar0 ({} bytes)",
             self.len
         );
-        // SAFETY: off is 4-aligned and inside the mapping (checked above); the mapping
-        // outlives &self. AtomicU32 has the layout of u32, and a shared reference to an
-        // atomic is the sanctioned way to access memory another agent writes concurrently.
-        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast::<u32>()) }
+        // SAFETY: off + 4 <= len (checked above), so the result stays inside the mapping
+        // of `len` bytes at `base`.
+        unsafe { self.base.as_ptr().add(off).cast::<u32>() }
     }
 
     /// Reads a 32-bit register.
     pub fn read32(&self, off: usize) -> u32 {
-        self.reg(off).load(Ordering::Acquire)
+        // SAFETY: `reg` checked the offset: the register is 4-byte aligned (base is, off is
+        // a multiple of 4) inside the mapping, which lives as long as &self; the other side
+        // of the page (a device, or the emulator thread through this same type) accesses it
+        // only with single 32-bit accesses.
+        let v = unsafe { barrier::read_once(self.reg(off)) };
+        // dma_rmb: the register read comes before the reads of DMA memory that follow it
+        // (CSTS before anything the controller wrote when it set it; for the emulator, a
+        // doorbell value before the entries it covers), as Linux's readl() orders them.
+        barrier::dma_rmb();
+        v
     }
 
     /// Writes a 32-bit register (counted).
     pub fn write32(&self, off: usize, v: u32) {
         self.register_writes.fetch_add(1, Ordering::Relaxed);
-        // Release: memory the controller will read because of this write (queues set up
-        // before CC.EN, say) must be visible before it.
-        self.reg(off).store(v, Ordering::Release);
+        let p = self.reg(off);
+        // dma_wmb: memory the controller will read because of this write (the admin queues
+        // zeroed before CC.EN, say) is written before it, as Linux's writel() orders it.
+        barrier::dma_wmb();
+        // SAFETY: as in `read32`.
+        unsafe { barrier::write_once(p, v) };
     }
 
     /// Reads a 64-bit register as two 32-bit halves, low then high.
@@ -205,9 +231,12 @@ impl Bar {
     /// Controller-side write: the emulator updating a register it owns (CSTS, CAP).
     /// Not counted as a host MMIO write.
     pub fn device_write32(&self, off: usize, v: u32) {
-        // Release: state the driver will read after seeing this value (completion queue
-        // entries, say) must be visible first.
-        self.reg(off).store(v, Ordering::Release);
+        let p = self.reg(off);
+        // dma_wmb: what the controller wrote before this register (its state, entries it
+        // posted) is visible to a driver that reads the register and then that memory.
+        barrier::dma_wmb();
+        // SAFETY: as in `read32`.
+        unsafe { barrier::write_once(p, v) };
     }
 
     /// CAP.
@@ -258,9 +287,9 @@ impl Bar {
             });
         }
         // SAFETY: off + 4 <= len (checked above) and the offset is 4-aligned (the stride
-        // is a multiple of 4 and DOORBELLS is page aligned).
-        let ptr =
-            unsafe { NonNull::new_unchecked(self.base.as_ptr().add(off).cast::<AtomicU32>()) };
+        // is a multiple of 4 and DOORBELLS is page aligned); base is non-null, so is the
+        // result.
+        let ptr = unsafe { NonNull::new_unchecked(self.base.as_ptr().add(off).cast::<u32>()) };
         Ok(Doorbell {
             ptr,
             writes: 0,
@@ -280,12 +309,13 @@ impl core::fmt::Debug for Bar {
 
 /// One doorbell register, owned by the queue that rings it. Counts its own writes.
 pub struct Doorbell {
-    ptr: NonNull<AtomicU32>,
+    ptr: NonNull<u32>,
     writes: u64,
     _bar: Arc<Bar>,
 }
 
-// SAFETY: the pointer is into a mapping kept alive by `_bar`, accessed atomically.
+// SAFETY: the pointer is into a mapping kept alive by `_bar`, and every access through it
+// is a `barrier::read_once`/`write_once` (atomic in Rust's model).
 unsafe impl Send for Doorbell {}
 
 impl Doorbell {
@@ -293,20 +323,22 @@ impl Doorbell {
     #[inline]
     pub fn ring(&mut self, value: u32) {
         self.writes += 1;
-        // SAFETY: ptr points into the live mapping held by `_bar` (bounds checked in
-        // Bar::doorbell).
-        let reg = unsafe { self.ptr.as_ref() };
-        // Release: the queue entries written before this doorbell (SQEs for a tail
-        // doorbell; our reads of CQEs for a head doorbell) must be ordered before the
-        // controller can observe the new value. On x86-64 stores are not reordered with
-        // older stores (TSO), so this is a compiler barrier plus a plain `mov`.
-        reg.store(value, Ordering::Release);
+        // dma_wmb: for an SQ tail doorbell, the SQEs, PRP lists and data written before
+        // it are visible before the controller can see the new tail and fetch them; for a
+        // CQ head doorbell, our reads of the CQEs it releases are done before the
+        // controller can reuse their slots. Linux's writel() puts the same barrier here.
+        barrier::dma_wmb();
+        // SAFETY: ptr points to a 4-byte aligned doorbell inside the mapping held by `_bar`
+        // (bounds checked in Bar::doorbell); the other side accesses it only with single
+        // 32-bit accesses.
+        unsafe { barrier::write_once(self.ptr.as_ptr(), value) };
     }
 
     /// Reads the doorbell back (the emulator's view; real controllers return 0).
     pub fn peek(&self) -> u32 {
-        // SAFETY: as in `ring`.
-        unsafe { self.ptr.as_ref() }.load(Ordering::Acquire)
+        // SAFETY: as in `ring`. No barrier: the value is only shown, nothing is read
+        // because of it.
+        unsafe { barrier::read_once(self.ptr.as_ptr()) }
     }
 
     /// MMIO writes made through this doorbell.
@@ -337,5 +369,56 @@ mod tests {
             bar.doorbell(1000, DoorbellKind::SqTail),
             Err(MmioError::DoorbellOutOfRange { qid: 1000, .. })
         ));
+    }
+
+    /// Each access reaches exactly its 32-bit word, and only host writes are counted:
+    /// register writes by the BAR, doorbell writes by their doorbell.
+    #[test]
+    fn accesses_reach_their_word_and_host_writes_are_counted() {
+        let bar = Arc::new(Bar::anonymous(0x2000).unwrap());
+        bar.device_write32(offset::CAP, 0x0000_00ff); // DSTRD 0: 4-byte stride
+        bar.device_write32(offset::CSTS, 1);
+        assert_eq!(
+            bar.register_writes(),
+            0,
+            "controller-side writes are not counted"
+        );
+        bar.set_cc(Cc(0x0046_0001));
+        bar.set_aqa(Aqa::new(16, 16));
+        bar.set_acq(0x1_0000_2000);
+        assert_eq!(bar.register_writes(), 4);
+        assert_eq!(bar.cc().0, 0x0046_0001);
+        assert_eq!(bar.aqa().0, Aqa::new(16, 16).0);
+        assert_eq!(bar.read32(offset::ACQ), 0x2000);
+        assert_eq!(bar.read32(offset::ACQ + 4), 1);
+        // The words around the ones written are untouched.
+        assert_eq!(bar.read32(offset::CC - 4), 0);
+        assert_eq!(bar.read32(offset::CC + 4), 0);
+        assert_eq!(bar.read32(offset::ASQ), 0);
+        assert!(bar.csts().rdy());
+
+        let mut sq = bar.doorbell(1, DoorbellKind::SqTail).unwrap();
+        let mut cq = bar.doorbell(1, DoorbellKind::CqHead).unwrap();
+        for v in 1..=5 {
+            sq.ring(v);
+            cq.ring(v + 100);
+        }
+        assert_eq!((sq.writes(), cq.writes()), (5, 5));
+        assert_eq!(
+            bar.register_writes(),
+            4,
+            "doorbell writes are counted by the doorbell"
+        );
+        assert_eq!((sq.peek(), cq.peek()), (5, 105));
+        assert_eq!(bar.read32(offset::DOORBELLS + 2 * 4), 5);
+        assert_eq!(bar.read32(offset::DOORBELLS + 3 * 4), 105);
+        assert_eq!(bar.read32(offset::DOORBELLS + 4 * 4), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside bar0")]
+    fn a_register_outside_the_bar_is_refused() {
+        let bar = Bar::anonymous(MIN_BAR_LEN).unwrap();
+        bar.read32(bar.len());
     }
 }

@@ -45,7 +45,7 @@ impl MetaLayout {
 }
 
 /// The metadata a read or write carries, on a namespace formatted with metadata
-/// ([`MetaLayout`]). Plain `Copy` data (48 bytes), [`IoMeta::NONE`] for everything else.
+/// ([`MetaLayout`]). Plain `Copy` data (64 bytes), [`IoMeta::NONE`] for everything else.
 ///
 /// - Separate metadata: `with` set and `buf` one contiguous DMA region of at least
 ///   `nlb * ms` bytes (MPTR); a split request's pieces point into it block by block.
@@ -122,4 +122,4 @@ impl Default for IoMeta {
     }
 }
 
-const _: () = assert!(std::mem::size_of::<IoMeta>() == 56);
+const _: () = assert!(std::mem::size_of::<IoMeta>() == 64);

@@ -154,7 +154,20 @@ impl Controller {
 
     /// Runs an admin command with no data (or data the caller's `buf` supplies and
     /// receives: up to 4 KiB read back). Returns the completion entry.
-    pub fn admin_command(&self, sqe: Sqe, buf: Option<&mut [u8]>) -> Result<Cqe, CtrlrError> {
+    ///
+    /// # Safety
+    /// The SQE goes to the controller as given (but for its CID and, with `buf`, PRP1),
+    /// and an admin command can make the controller read or write any address it names
+    /// (PRPs, MPTR, the base of a queue it creates). Every such address must be memory
+    /// that stays allocated and used by nothing else until the controller is done with it
+    /// (the command's completion; for a queue it creates, until that queue is deleted), or
+    /// the command must be one the controller refuses before any transfer. With `buf`, the
+    /// transfer the command describes must fit in 4 KiB (one page, PRP2 unused).
+    pub unsafe fn admin_command(
+        &self,
+        sqe: Sqe,
+        buf: Option<&mut [u8]>,
+    ) -> Result<Cqe, CtrlrError> {
         match buf {
             Some(b) if b.len() <= PAGE_SIZE => self.shared.admin_read(sqe, b),
             Some(_) => Err(CtrlrError::Unsupported {

@@ -198,13 +198,9 @@ impl IoProtection {
     }
 }
 
-/// A namespace whose format the driver does not implement.
-#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
-#[error(
-    "nsid {nsid}: {format} is not supported ({why}); {SUPPORTED}: choose such an lba format \
-     (for example `nvme format /dev/nvmeXnY --lbaf=N` under the kernel driver) or another \
-     namespace; see docs/formats.md"
-)]
+/// A namespace whose format the driver does not implement, or whose Identify data it
+/// cannot use (`identify_fault`).
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct UnsupportedFormat {
     /// The namespace.
     pub nsid: u32,
@@ -212,7 +208,32 @@ pub struct UnsupportedFormat {
     pub format: NsFormat,
     /// What about it the driver does not implement, most important first.
     pub why: String,
+    /// The refusal is not about the format but about what the controller reports of the
+    /// namespace (a size in bytes that does not fit in 64 bits): no other format helps.
+    pub identify_fault: bool,
 }
+
+impl std::fmt::Display for UnsupportedFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (nsid, format, why) = (self.nsid, &self.format, &self.why);
+        if self.identify_fault {
+            write!(
+                f,
+                "nsid {nsid} is refused: {why}; kestrel does no i/o to it: check the \
+                 controller's firmware (or the transport) and use another namespace"
+            )
+        } else {
+            write!(
+                f,
+                "nsid {nsid}: {format} is not supported ({why}); {SUPPORTED}: choose such an \
+                 lba format (for example `nvme format /dev/nvmeXnY --lbaf=N` under the kernel \
+                 driver) or another namespace; see docs/formats.md"
+            )
+        }
+    }
+}
+
+impl std::error::Error for UnsupportedFormat {}
 
 /// Checks that the driver implements `format`; the error says what it does not.
 pub fn check(nsid: u32, format: &NsFormat) -> Result<(), UnsupportedFormat> {
@@ -266,6 +287,7 @@ pub fn check(nsid: u32, format: &NsFormat) -> Result<(), UnsupportedFormat> {
             nsid,
             format: *format,
             why: why.join("; "),
+            identify_fault: false,
         })
     }
 }

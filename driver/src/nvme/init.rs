@@ -99,14 +99,24 @@ pub struct NsInfo {
 }
 
 impl NsInfo {
-    /// Capacity in bytes.
-    pub fn size_bytes(&self) -> u64 {
-        self.num_blocks * self.block_size as u64
+    /// Capacity in bytes; `None` when NSZE x the block size does not fit in 64 bits (such
+    /// a namespace is refused at bring-up: [`NsInfo::unsupported`] says so).
+    pub fn size_bytes(&self) -> Option<u64> {
+        self.num_blocks.checked_mul(u64::from(self.block_size))
     }
     /// Whether the driver does I/O to this namespace.
     pub fn supported(&self) -> bool {
         self.unsupported.is_none()
     }
+}
+
+/// Why a namespace of `nsze` blocks of `block_size` bytes is refused: its size in bytes
+/// does not fit in 64 bits.
+pub(super) fn capacity_overflow(nsze: u64, block_size: u32) -> String {
+    format!(
+        "its identify namespace data says nsze {nsze} ({nsze:#x}) blocks of {block_size} \
+         bytes, more than 2^64 bytes, which no namespace can be"
+    )
 }
 
 /// Whether a bring-up starts from nothing or re-initialises a controller after a reset.
@@ -430,24 +440,44 @@ impl<'a> Bringup<'a> {
         let mut format = NsFormat::of(&ns, csi);
         format.pif = self.guard_format(nsid, &format, buf)?;
         let mut unsupported = super::format::check(nsid, &format).err();
+        let block_size = format.data_size().unwrap_or(0);
+        if unsupported.is_none() && ns.nsze.checked_mul(u64::from(block_size)).is_none() {
+            // The Identify data cannot be right (more than 16 EiB); a size computed from
+            // it would wrap, so no byte offset or capacity is computed from it at all.
+            unsupported = Some(UnsupportedFormat {
+                nsid,
+                format,
+                why: capacity_overflow(ns.nsze, block_size),
+                identify_fault: true,
+            });
+        }
         let mut zones = None;
         if unsupported.is_none() && csi == csi::ZONED {
             match self.zone_geometry(nsid, &ns, &format, buf)? {
                 Ok(z) => zones = Some(z),
-                Err(why) => unsupported = Some(UnsupportedFormat { nsid, format, why }),
+                Err(why) => {
+                    unsupported = Some(UnsupportedFormat {
+                        nsid,
+                        format,
+                        why,
+                        identify_fault: false,
+                    })
+                }
             }
         }
         let protection = match unsupported {
             None => super::format::IoProtection::of(&format),
             Some(_) => super::format::IoProtection::NONE,
         };
-        if let Some(u) = &unsupported {
-            tracing::warn!("{}: no i/o to {u}", self.describe);
+        match &unsupported {
+            Some(u) if u.identify_fault => tracing::warn!("{}: {u}", self.describe),
+            Some(u) => tracing::warn!("{}: no i/o to {u}", self.describe),
+            None => {}
         }
         let ident = &self.learned.identify;
         Ok(Some(NsInfo {
             nsid,
-            block_size: format.data_size().unwrap_or(0),
+            block_size,
             num_blocks: ns.nsze,
             write_zeroes: ident.supports_write_zeroes(),
             deallocate: ident.supports_dsm(),

@@ -145,7 +145,9 @@ fn address_at(segs: &[DmaSlice], mut off: usize) -> Option<u64> {
 /// into `list` when more than two pages are touched. Returns `(prp1, prp2)`.
 ///
 /// The list memory is only read by the device, and only after the command that refers to
-/// it is submitted; it is written here through raw pointers before that.
+/// it is submitted; it is written here through raw pointers before that, and the SQ tail
+/// doorbell's `hw::barrier::dma_wmb` (`Doorbell::ring`, `ring::ShadowSlot`) makes these
+/// writes visible before the device can see the command.
 pub fn build(
     segs: &[DmaSlice],
     off: usize,
@@ -225,13 +227,7 @@ mod tests {
     use super::*;
 
     fn slice(iova: u64, len: usize) -> DmaSlice {
-        DmaSlice {
-            vaddr: iova as usize,
-            iova,
-            len,
-            region: 0,
-            region_vaddr: 0,
-        }
+        DmaSlice::unleased(iova as usize, iova, len)
     }
 
     fn pages(segs: &[DmaSlice], off: usize, len: usize) -> Result<Vec<u64>, InvalidRequest> {

@@ -3,20 +3,26 @@
 //! ring, phase and reaping logic exists once.
 //!
 //! The controller reads the SQ ring and writes the CQ ring, so neither is ever reached
-//! through a reference:
-//! - An SQE is written with one volatile 64-byte store. The slot is ours: the controller
-//!   has consumed it (we learnt so from a completion's SQ Head, loaded with acquire
-//!   ordering), and it will not read it again before the tail doorbell (a release store)
-//!   tells it to.
-//! - A CQE's dword 3 (CID, status, phase) is loaded atomically with acquire ordering;
-//!   only when its phase says the entry is new are the other dwords read (volatile). The
-//!   controller writes dwords 0..2 before (or together with) dword 3, so the acquire load
-//!   orders our reads after its writes. Linux does the same with `dma_rmb()` after
-//!   checking the phase.
+//! through a reference (nor an `&AtomicU32`); the accesses and their order are
+//! `hw::barrier`'s:
+//! - An SQE is written with eight volatile 8-byte stores. The slot is ours: the
+//!   controller has consumed it (we learnt so from a completion's SQ Head), and it will
+//!   not read it again before the tail doorbell tells it to; the doorbell's
+//!   [`barrier::dma_wmb`] (in `Doorbell::ring`, or [`ShadowSlot`]'s stores) makes the
+//!   entry visible first.
+//! - A CQE's dword 3 (CID, status, phase) is read with [`barrier::read_once_at`], the
+//!   controller writing it concurrently; only when its phase says the entry is new, and
+//!   after [`barrier::dma_rmb`], are the other dwords read (volatile). The controller
+//!   writes dwords 0..2 before (or together with) dword 3, and the barrier keeps our reads
+//!   of them after our read of dword 3: Linux's `dma_rmb()` after checking the phase.
+//! - The shadow doorbell and EventIdx dwords ([`ShadowSlot`]) are read and written with
+//!   [`barrier::read_once`]/[`barrier::write_once`]: the controller reads the first and
+//!   writes the second while the queue runs. [`barrier::dma_mb`] orders the store of the
+//!   one before the load of the other.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::hw::barrier;
 use crate::hw::dma::{DmaBuf, DmaError, DmaPool};
 use crate::spec::{Cqe, Sqe, Status};
 
@@ -104,17 +110,24 @@ impl RingPair {
     /// callers clamp to CAP.MQES + 1), the CQ zeroed so the first pass looks for phase 1.
     pub fn new(pool: &DmaPool, depth: u16) -> Result<Self, DmaError> {
         assert!(depth >= 2, "a queue has at least 2 entries, not {depth}");
-        let sq = pool.alloc(depth as usize * 64)?;
-        let cq = pool.alloc(depth as usize * 16)?;
+        let mut sq = pool.alloc(depth as usize * 64)?;
+        let mut cq = pool.alloc(depth as usize * 16)?;
         Ok(RingPair {
-            sq: NonNull::new(sq.as_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
-            cq: NonNull::new(cq.as_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
+            sq: NonNull::new(sq.as_mut_ptr().cast::<Sqe>()).expect("dma buffers are non-null"),
+            cq: NonNull::new(cq.as_mut_ptr().cast::<Cqe>()).expect("dma buffers are non-null"),
             mem: Box::new([sq, cq]),
             depth,
             sq_tail: 0,
             cq_head: 0,
             cq_phase: 1,
         })
+    }
+    /// Makes dropping the rings leak their memory (a queue the controller may still use:
+    /// its deletion failed).
+    pub(crate) fn leak_memory(&mut self) {
+        for b in self.mem.iter_mut() {
+            b.leak();
+        }
     }
     /// Slots in each ring.
     #[inline]
@@ -169,7 +182,8 @@ impl RingPair {
         debug_assert!(slot < self.depth, "sq slot {slot} out of {}", self.depth);
         // SAFETY: slot < depth (the type's invariant), so the 64-byte slot is inside the SQ
         // memory held by `mem` (page aligned, so every quadword is 8-byte aligned); see
-        // the module doc for why the controller is not reading it now.
+        // the module doc for why the controller is not reading it now. No barrier here:
+        // the tail doorbell's dma_wmb orders these stores before the controller looks.
         unsafe {
             let p = self.sq.as_ptr().add(slot as usize).cast::<u64>();
             for (i, v) in q.into_iter().enumerate() {
@@ -186,21 +200,23 @@ impl RingPair {
         let head = self.cq_head;
         debug_assert!(head < self.depth, "cq slot {head} out of {}", self.depth);
         // SAFETY: head < depth (the type's invariant), so the 16-byte entry is inside the
-        // CQ memory held by `mem` (4-byte aligned: the ring is page aligned).
+        // CQ memory held by `mem` (16-byte aligned: the ring is page aligned).
         let p = unsafe { self.cq.as_ptr().add(head as usize).cast::<u32>() };
-        // SAFETY: dword 3 of the entry, inside the CQ memory (above); the controller
-        // writes it concurrently, which an atomic load allows.
-        let dw3 = unsafe { AtomicU32::from_ptr(p.add(3)) };
-        // Acquire: pairs with the controller's write of the entry (a release store in the
-        // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
-        // this are those of the same completion.
-        let dw3 = dw3.load(Ordering::Acquire);
+        // SAFETY: dword 3 (bytes 12..16) of the entry, 4-byte aligned inside the CQ memory
+        // (above); the controller writes it concurrently, with single 32-bit stores (the
+        // emulator's are atomic). `read_once_at` keeps the offset in the instruction.
+        let dw3 = unsafe { barrier::read_once_at::<12>(p.cast()) };
         if !self.is_new(dw3) {
             return None;
         }
-        // SAFETY: the entry is inside the CQ memory (above); the acquire load of its dword
-        // 3 ordered these reads after the controller's writes, and it will not rewrite the
-        // slot before we move the head doorbell past it.
+        // dma_rmb: our reads of dwords 0..2 below (and the caller's of the data the
+        // command moved) come after the read of dword 3 that said the entry is new; the
+        // controller wrote them before dword 3 (the emulator with a dma_wmb between,
+        // hardware in one posted write), so they are this completion's.
+        barrier::dma_rmb();
+        // SAFETY: the entry is inside the CQ memory (above); the dma_rmb ordered these
+        // reads after the controller's writes, and it will not rewrite the slot before we
+        // move the head doorbell past it.
         // Dwords 0 and 1 (the command specific result) in one 8-byte read: the entry is
         // 16-byte aligned.
         let (dw0_1, dw2) = unsafe { (p.cast::<u64>().read_volatile(), p.add(2).read_volatile()) };
@@ -220,22 +236,15 @@ impl RingPair {
         self.is_new(self.cq_dw3(self.cq_head))
     }
 
-    /// Dword 3 of CQ `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), loaded
-    /// with acquire ordering: if the phase is new, the rest of the entry may be read
-    /// after it.
+    /// Dword 3 of CQ `slot` (CID in bits 15:0, phase in bit 16, status in 31:17), read
+    /// once. Orders nothing: [`RingPair::pop`] reads the entry again, with its barrier.
     #[inline]
     fn cq_dw3(&self, slot: u16) -> u32 {
         assert!(slot < self.depth, "cq slot {slot} out of {}", self.depth);
         // SAFETY: slot < depth, so dword 3 of the slot (offset 12, 4-byte aligned) is
-        // inside the CQ memory held by `mem`; the controller writes it concurrently, which
-        // an atomic load allows.
-        let dw3 = unsafe {
-            AtomicU32::from_ptr(self.cq.as_ptr().add(slot as usize).cast::<u32>().add(3))
-        };
-        // Acquire: pairs with the controller's write of the entry (a release store in the
-        // emulator; PCIe posted-write ordering on hardware), so dwords 0..2 read after
-        // this are those of the same completion.
-        dw3.load(Ordering::Acquire)
+        // inside the CQ memory held by `mem`; the controller writes it concurrently, with
+        // single 32-bit stores.
+        unsafe { barrier::read_once(self.cq.as_ptr().add(slot as usize).cast::<u32>().add(3)) }
     }
 
     /// Zeroes the completion ring and rewinds both rings to slot 0. Only while the
@@ -286,13 +295,14 @@ impl ShadowPages {
     /// Zeroes both pages: the state of a freshly configured buffer, after a controller
     /// reset. Only while no queue uses them (the controller is disabled).
     pub fn clear(&self) {
-        // SAFETY: both buffers are one page of pool memory owned here; the controller is
-        // disabled, and qpairs do not touch their slots while the controller resets (they
-        // see the reset epoch first). Atomic stores keep this race-free regardless.
+        // SAFETY: both buffers are one page of pool memory owned here (page aligned, so
+        // every dword is 4-byte aligned); the controller is disabled, and qpairs do not
+        // touch their slots while the controller resets (they see the reset epoch first).
+        // Single 32-bit stores keep this race-free regardless.
         unsafe {
-            for p in [self.db.as_ptr(), self.ei.as_ptr()] {
+            for p in [self.db.as_ptr().cast_mut(), self.ei.as_ptr().cast_mut()] {
                 for i in 0..crate::spec::PAGE_SIZE / 4 {
-                    AtomicU32::from_ptr(p.cast::<u32>().add(i)).store(0, Ordering::Relaxed);
+                    barrier::write_once(p.cast::<u32>().add(i), 0);
                 }
             }
         }
@@ -306,7 +316,8 @@ pub struct ShadowSlot {
     _pages: std::sync::Arc<ShadowPages>,
 }
 
-// SAFETY: the dwords live in pages kept alive by `_pages`; all access is atomic.
+// SAFETY: the dwords live in pages kept alive by `_pages`; every access is a
+// `barrier::read_once`/`write_once` (atomic in Rust's model).
 unsafe impl Send for ShadowSlot {}
 
 impl ShadowSlot {
@@ -319,8 +330,8 @@ impl ShadowSlot {
         // SAFETY: index * 4 + 4 <= PAGE_SIZE: inside both one-page buffers.
         let (db, ei) = unsafe {
             (
-                NonNull::new_unchecked(pages.db.as_ptr().cast::<u32>().add(index)),
-                NonNull::new_unchecked(pages.ei.as_ptr().cast::<u32>().add(index)),
+                NonNull::new_unchecked(pages.db.as_ptr().cast_mut().cast::<u32>().add(index)),
+                NonNull::new_unchecked(pages.ei.as_ptr().cast_mut().cast::<u32>().add(index)),
             )
         };
         Some(ShadowSlot {
@@ -334,61 +345,58 @@ impl ShadowSlot {
     /// created: controllers keep reading whatever a deleted queue with the same QID left
     /// there (QEMU does), which a new queue starting at 0 would otherwise contradict.
     pub fn reset(&self) {
-        // SAFETY: as in `publish`.
-        let (db, ei) = unsafe {
-            (
-                AtomicU32::from_ptr(self.db.as_ptr()),
-                AtomicU32::from_ptr(self.ei.as_ptr()),
-            )
-        };
-        db.store(0, Ordering::Relaxed);
-        ei.store(0, Ordering::Relaxed);
+        // SAFETY: as in `publish`. No barrier: the queue does not exist yet, and the Create
+        // command that follows is published by its doorbell's dma_wmb.
+        unsafe {
+            barrier::write_once(self.db.as_ptr(), 0);
+            barrier::write_once(self.ei.as_ptr(), 0);
+        }
     }
 
     /// The (shadow doorbell, EventIdx) values as they are now, for diagnostics.
     pub fn peek(&self) -> (u32, u32) {
-        // SAFETY: as in `publish`.
-        let (db, ei) = unsafe {
+        // SAFETY: as in `publish`. No barrier: the values are only shown.
+        unsafe {
             (
-                AtomicU32::from_ptr(self.db.as_ptr()),
-                AtomicU32::from_ptr(self.ei.as_ptr()),
+                barrier::read_once(self.db.as_ptr()),
+                barrier::read_once(self.ei.as_ptr()),
             )
-        };
-        (db.load(Ordering::Acquire), ei.load(Ordering::Acquire))
+        }
     }
 
     /// Stores a new doorbell value in the shadow page, for a queue that writes every
     /// update to MMIO as well (and so does not consult EventIdx).
     #[inline]
     pub fn store(&self, value: u32) {
+        // dma_wmb: the queue entries (SQEs and what they point to written, CQEs read) are
+        // ordered before the shadow value, as before an MMIO doorbell: a controller that
+        // reads the shadow page on every pass may act on it without the MMIO write. That
+        // write follows with its own dma_wmb, which orders this store before it.
+        barrier::dma_wmb();
         // SAFETY: as in `publish`.
-        let db = unsafe { AtomicU32::from_ptr(self.db.as_ptr()) };
-        // Release: the queue entries (SQEs written, CQEs read) are ordered before the
-        // value, as for an MMIO doorbell. The MMIO write that follows is a later store, so
-        // the controller cannot see it before this one (TSO; and a controller that reads
-        // the shadow page on every pass does not depend on it).
-        db.store(value, Ordering::Release);
+        unsafe { barrier::write_once(self.db.as_ptr(), value) };
     }
 
     /// Publishes a new doorbell value in the shadow page and returns the controller's
     /// EventIdx for this queue, read after the store is globally visible.
     #[inline]
     pub fn publish(&self, value: u32) -> u32 {
+        // dma_wmb: the queue entries are ordered before the shadow value (as in `store`).
+        barrier::dma_wmb();
         // SAFETY: both pointers are inside the live shadow pages (checked in `new`) and
-        // 4-byte aligned; the controller accesses them concurrently, hence atomics.
-        let (db, ei) = unsafe {
-            (
-                AtomicU32::from_ptr(self.db.as_ptr()),
-                AtomicU32::from_ptr(self.ei.as_ptr()),
-            )
-        };
-        db.store(value, Ordering::Release);
-        // Full fence: the shadow store must be visible before we read EventIdx (a
-        // store-load order, which release/acquire do not give). Otherwise we could read an
-        // old EventIdx, skip the MMIO write, and the controller, having gone idle before
-        // seeing our store, would never look again (Linux: mb() in nvme_dbbuf_update_and_check_event).
-        std::sync::atomic::fence(Ordering::SeqCst);
-        ei.load(Ordering::Acquire)
+        // 4-byte aligned; the controller accesses them concurrently, with single 32-bit
+        // accesses, as these are.
+        unsafe { barrier::write_once(self.db.as_ptr(), value) };
+        // dma_mb: the shadow store is visible before we read EventIdx (a store-load order,
+        // which dma_wmb/dma_rmb do not give). Otherwise we could read an old EventIdx, skip
+        // the MMIO write, and the controller, having armed EventIdx and gone idle before
+        // seeing our store, would never look again. It pairs with the controller's barrier
+        // between its EventIdx store and its shadow load (the emulator's `arm_event_idx`);
+        // Linux has mb() here, in nvme_dbbuf_update_and_check_event.
+        barrier::dma_mb();
+        // SAFETY: as above. No barrier after: nothing is read because of the value, it
+        // only decides whether the MMIO write is made.
+        unsafe { barrier::read_once(self.ei.as_ptr()) }
     }
 }
 

@@ -311,12 +311,19 @@ impl CtrlrShared {
         Ok(cqe.dw0 & 1 == 0)
     }
 
-    /// Deletes the SQ and CQ of `qid` and returns the identifier to the free list.
-    pub(crate) fn release_io_queue(&self, qid: u16, device_gone: bool) {
+    /// Deletes the SQ and CQ of `qid` and returns the identifier to the free list. Returns
+    /// whether the controller is known to be done with the queue's commands (both deletes
+    /// succeeded: Delete I/O SQ completes or aborts every command of the queue; or the
+    /// device is gone); false when a delete failed with the device still there, and its
+    /// memory must not be reused.
+    pub(crate) fn release_io_queue(&self, qid: u16, device_gone: bool) -> bool {
+        let mut quiesced = true;
         if !device_gone && !self.is_removed() {
             for sqe in [Sqe::delete_io_sq(qid), Sqe::delete_io_cq(qid)] {
                 if let Err(e) = self.admin(sqe) {
                     tracing::warn!("{}: deleting qid {qid}: {e}", self.describe);
+                    // A device that was removed meanwhile does no more DMA.
+                    quiesced &= self.is_removed();
                 }
             }
         }
@@ -324,6 +331,7 @@ impl CtrlrShared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(qid);
+        quiesced
     }
 
     /// Sends Abort for `cid` on `sqid`. Returns whether the controller says it aborted it

@@ -5,6 +5,36 @@ use super::ParseError;
 /// The largest core number accepted in a core list.
 pub const MAX_CORE: usize = 4095;
 
+/// The cores this process may run on (its CPU affinity), sorted; `None` when the affinity
+/// cannot be read.
+pub fn available_cores() -> Option<Vec<usize>> {
+    let mut v: Vec<usize> = core_affinity::get_core_ids()?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    v.sort_unstable();
+    Some(v)
+}
+
+/// A sorted core list as text, runs as ranges: `0-3,6`.
+pub fn core_list_text(cores: &[usize]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cores.len() {
+        let mut j = i;
+        while j + 1 < cores.len() && cores[j + 1] == cores[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cores[i].to_string()
+        } else {
+            format!("{}-{}", cores[i], cores[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
 /// Parses a core list (`0,2-3`, `[0,2-3]`) or a hex mask (`0x5`: cores 0 and 2).
 /// Returns the cores sorted, without duplicates; never empty.
 pub fn parse_cores(input: &str) -> Result<Vec<usize>, ParseError> {

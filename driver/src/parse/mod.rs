@@ -31,7 +31,7 @@ pub mod target;
 mod units;
 
 pub use bdf::{parse_bdf, Bdf};
-pub use cores::{parse_cores, MAX_CORE};
+pub use cores::{available_cores, core_list_text, parse_cores, MAX_CORE};
 pub use target::{
     parse_target, CoreSpec, EmuNsSpec, EmuSpec, FileSpec, StoreSpec, TargetSpec, MAX_EMU_METADATA,
     MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP, TARGET_HELP,

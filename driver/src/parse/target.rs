@@ -497,10 +497,18 @@ fn parse_emu(opts: &str) -> Result<EmuSpec, String> {
             }
         }
     }
-    if let (Some(size), Some(lba)) = (e.size, e.lba) {
+    if let Some(size) = e.size {
+        // Without lba=, the blocks are the default 4096 bytes: the size must be whole ones
+        // of those too (the emulator would refuse it at start, a run-time error).
+        let lba = e.lba.unwrap_or(4096);
         if size % lba as u64 != 0 || size < lba as u64 {
+            let given = if e.lba.is_some() {
+                ""
+            } else {
+                " (lba= not given: the default)"
+            };
             return Err(format!(
-                "size={size} is not a whole number of {lba}-byte blocks"
+                "size={size} is not a whole number of {lba}-byte blocks{given}"
             ));
         }
     }

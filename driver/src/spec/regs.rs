@@ -3,7 +3,9 @@
 //! Each register is a newtype over its raw value with accessors named after the
 //! spec's field mnemonics. The newtypes are plain values: reading and writing the
 //! device goes through [`crate::hw::mmio::Bar`], never through a reference into BAR
-//! memory.
+//! memory (`Bar` reads and writes a register with `hw::barrier::read_once`/`write_once`
+//! on a raw pointer, one 32-bit access each, ordered against DMA memory as Linux's
+//! `readl`/`writel`).
 
 /// Byte offsets of the controller registers in BAR0.
 pub mod offset {

@@ -10,7 +10,7 @@
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
-use crate::hw::dma::DmaPool;
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, LeaseError, Leases, LeasesMut};
 use crate::io::{Completion, IoRequest, QueueStats, SubmitError};
 use crate::nvme::CtrlrError;
 
@@ -127,10 +127,78 @@ pub enum TargetError {
 }
 
 /// A queue on a target: one thread submits and reaps (`Send`, not `Sync`).
+///
+/// # Buffers
+/// The memory a request's data travels in is owned by the queue while any request may use
+/// it: a [`DmaBuf`] of the target's pool is lent to the queue ([`TargetQueue::lend`]), which
+/// gives back the [`DmaSlice`] requests carry; every submission refuses a segment that is
+/// not a slice of a buffer lent to this queue ([`InvalidRequest::NotLent`]
+/// (crate::io::InvalidRequest::NotLent)). The buffer's bytes are reached through the queue
+/// ([`TargetQueue::read_lent`], [`TargetQueue::write_lent`]); it comes back with
+/// [`TargetQueue::reclaim`] while nothing is outstanding, or is freed after
+/// [`TargetQueue::release`] once nothing is. Dropping the queue waits until the device or
+/// the kernel is done with every request (or leaks the memory if it cannot be sure), then
+/// frees what it holds. So no safe code can free or reuse memory a device may still
+/// write; `docs/api.md` ("Buffer ownership") has the why.
 pub trait TargetQueue: Send {
     /// Queues one request. It goes to the device at the next [`TargetQueue::flush`] or
-    /// [`TargetQueue::poll`] (batched doorbells); never blocks.
+    /// [`TargetQueue::poll`] (batched doorbells); never blocks. Every data segment (and a
+    /// separate metadata buffer) must be a slice of a buffer lent to this queue.
     fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError>;
+    /// As [`TargetQueue::submit_ref`], without the ownership rule: the segments need not
+    /// be slices of buffers lent to this queue. For a layer that owns the buffers itself
+    /// (the aio layer hands its requests to a poller's queue).
+    ///
+    /// # Safety
+    /// Every data segment and the separate metadata buffer of `req` must be memory of the
+    /// target's DMA pool ([`Target::dma_pool`]) that stays allocated, and is not handed to
+    /// anything else, until this queue has delivered the request's completion. A request
+    /// whose completion is never delivered (the queue was dropped first) keeps its memory
+    /// for good: nothing can tell whether the device or the kernel still holds it.
+    unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError>;
+    /// The buffers lent to this queue.
+    fn leases(&self) -> &Leases;
+    /// As [`TargetQueue::leases`], to lend more or write into them (never to free one:
+    /// [`TargetQueue::reclaim`] and [`TargetQueue::release`] do that, knowing what is
+    /// outstanding).
+    fn leases_mut(&mut self) -> LeasesMut<'_>;
+    /// Lends `buf` (from the target's pool) to the queue and returns the whole of it as
+    /// the slice requests carry (narrow it with [`DmaSlice::sub`]).
+    fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
+        self.leases_mut().lend(buf)
+    }
+    /// Copies `out.len()` bytes of the lent slice `s`, from its byte `offset`, into `out`.
+    /// What a command still in flight on those bytes leaves there is unspecified: read a
+    /// buffer after its read has completed.
+    fn read_lent(&self, s: &DmaSlice, offset: usize, out: &mut [u8]) -> Result<(), LeaseError> {
+        self.leases().read(s, offset, out)
+    }
+    /// Copies `data` into the lent slice `s` at its byte `offset`.
+    fn write_lent(&mut self, s: &DmaSlice, offset: usize, data: &[u8]) -> Result<(), LeaseError> {
+        self.leases_mut().write(s, offset, data)
+    }
+    /// Gives back the buffer `s` is a slice of, while nothing is outstanding on the queue
+    /// ([`LeaseError::InFlight`] otherwise). Its slices are refused from then on.
+    fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {
+        let n = self.outstanding();
+        self.leases_mut().inner().reclaim(s, n)
+    }
+    /// Gives up the buffer `s` is a slice of: its slices are refused at once, and it is
+    /// freed once nothing is outstanding on the queue (the queue looks as completions are
+    /// reaped; at the latest when it is dropped).
+    fn release(&mut self, s: &DmaSlice) -> Result<(), LeaseError> {
+        let n = self.outstanding();
+        self.leases_mut().inner().release(s, n)
+    }
+    /// Frees released buffers now if nothing is outstanding (queues do it themselves as
+    /// they reap; a caller that polls only busy queues can ask an idle one). Returns
+    /// whether released buffers are still waiting.
+    fn collect_released(&mut self) -> bool {
+        if self.leases().has_released() && self.outstanding() == 0 {
+            self.leases_mut().inner().collect();
+        }
+        self.leases().has_released()
+    }
     /// As [`TargetQueue::submit`], reading the request where the caller keeps it: a
     /// request is several hundred bytes (its segments are inline), and a caller that
     /// keeps one per slot spares the copy. Targets that keep nothing of the request

@@ -1,6 +1,6 @@
 //! An NVMe namespace as a [`Target`]: each queue is an I/O queue pair of its controller.
 
-use crate::hw::dma::DmaPool;
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, LeaseError, Leases, LeasesMut};
 use crate::io::{AbortOutcome, Completion, IoRequest, QueueStats, SubmitError};
 use crate::nvme::ctrlr::{Controller, CtrlrError};
 use crate::nvme::qpair::{DoorbellMode, IoQpair, QpairOptions};
@@ -93,6 +93,24 @@ impl TargetQueue for IoQpair {
     }
     fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         IoQpair::submit_ref(self, req)
+    }
+    unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // SAFETY: the caller keeps the memory of `req` as this trait method's contract
+        // says, which is IoQpair::submit_unchecked's contract word for word (the target's
+        // pool is the controller's pool).
+        unsafe { IoQpair::submit_unchecked(self, req) }
+    }
+    fn leases(&self) -> &Leases {
+        IoQpair::leases(self)
+    }
+    fn leases_mut(&mut self) -> LeasesMut<'_> {
+        IoQpair::leases_mut(self)
+    }
+    fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {
+        IoQpair::reclaim(self, s)
+    }
+    fn release(&mut self, s: &DmaSlice) -> Result<(), LeaseError> {
+        IoQpair::release(self, s)
     }
     fn flush(&mut self) {
         IoQpair::flush(self)

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kestrel::emu::{EmuConfig, EmuController};
+use kestrel::hw::dma::{DmaPool, DmaSlice};
 use kestrel::io::{Completion, IoError, IoRequest};
+use kestrel::target::TargetQueue;
 use kestrel::{Controller, ControllerOptions, IoQpair};
 
 pub const WAIT: Duration = Duration::from_secs(20);
@@ -59,6 +61,26 @@ pub fn assert_quiet(qp: &mut IoQpair) {
         std::thread::yield_now();
     }
     assert!(extra.is_empty(), "unexpected completions: {extra:?}");
+}
+
+/// Allocates `len` bytes of `pool` and lends them to `q`: the slice requests carry.
+pub fn lend<Q: TargetQueue + ?Sized>(q: &mut Q, pool: &DmaPool, len: usize) -> DmaSlice {
+    let buf = pool
+        .alloc(len)
+        .unwrap_or_else(|e| panic!("alloc {len}: {e}"));
+    q.lend(buf).unwrap_or_else(|e| panic!("lend {len}: {e}"))
+}
+
+/// The bytes of the lent slice `s`.
+pub fn lent_bytes<Q: TargetQueue + ?Sized>(q: &Q, s: &DmaSlice) -> Vec<u8> {
+    let mut v = vec![0u8; s.len()];
+    q.read_lent(s, 0, &mut v).unwrap();
+    v
+}
+
+/// Sets every byte of the lent slice `s` to `byte`.
+pub fn fill_lent<Q: TargetQueue + ?Sized>(q: &mut Q, s: &DmaSlice, byte: u8) {
+    q.write_lent(s, 0, &vec![byte; s.len()]).unwrap();
 }
 
 /// A deterministic byte pattern for (lba, generation).

@@ -7,7 +7,7 @@ use kestrel::io::{InvalidRequest, IoRequest};
 use kestrel::target::file::{FileError, FileKind, FileOptions, FileTarget};
 use kestrel::{QueueOptions, Target};
 
-use crate::common::{check, check_zero, disk_dir, fill, invalid, opts, run1};
+use crate::common::{check, check_zero, disk_dir, fill, invalid, lend, opts, run1};
 
 struct Loop {
     dev: PathBuf,
@@ -41,6 +41,18 @@ fn setup_loop(backing: &Path, direct: bool) -> Result<Loop, String> {
     })
 }
 
+/// The logical block size sysfs gives for the block device `dev`.
+fn sysfs_lbs(dev: &std::path::Path) -> u32 {
+    std::fs::read_to_string(format!(
+        "/sys/block/{}/queue/logical_block_size",
+        dev.file_name().unwrap().to_string_lossy()
+    ))
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap()
+}
+
 #[test]
 fn block_device_through_a_loop_device() {
     let dir = disk_dir();
@@ -60,23 +72,19 @@ fn block_device_through_a_loop_device() {
     assert_eq!(t.kind(), FileKind::BlockDevice);
     assert!(t.is_direct());
     let info = t.info().clone();
-    let sysfs_lbs: u32 = std::fs::read_to_string(format!(
-        "/sys/block/{}/queue/logical_block_size",
-        lo.dev.file_name().unwrap().to_string_lossy()
-    ))
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
-    assert_eq!(info.block_size, sysfs_lbs, "block size from BLKSSZGET");
+    assert_eq!(
+        info.block_size,
+        sysfs_lbs(&lo.dev),
+        "block size from BLKSSZGET"
+    );
     assert_eq!(info.num_blocks * info.block_size as u64, 8 << 20);
     let bs = info.block_size as usize;
     let pool = t.dma_pool().clone();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
     let n = 128u32;
-    let mut b = pool.alloc(n as usize * bs).unwrap();
-    fill(&mut b, 0, 51, 0, n as usize * bs);
-    run1(&mut *q, IoRequest::write_buf(1, 0, n, &b, 1)).unwrap();
+    let b = lend(&mut *q, &pool, n as usize * bs);
+    fill(&mut *q, &b, 0, 51, 0, n as usize * bs);
+    run1(&mut *q, IoRequest::write(1, 0, n, b, 1)).unwrap();
     run1(&mut *q, IoRequest::flush(1, 2)).unwrap();
     run1(&mut *q, IoRequest::write_zeroes(1, 8, 8, 3)).unwrap();
     let discard = info.deallocate;
@@ -86,13 +94,14 @@ fn block_device_through_a_loop_device() {
     } else {
         eprintln!("note: this loop device does not take discards");
     }
-    let r = pool.alloc(n as usize * bs).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, 0, n, &r, 5)).unwrap();
+    let r = lend(&mut *q, &pool, n as usize * bs);
+    run1(&mut *q, IoRequest::read(1, 0, n, r, 5)).unwrap();
     for blk in 0..n as usize {
         if (8..16).contains(&blk) || (discard && (64..80).contains(&blk)) {
-            check_zero(&r, blk * bs, bs, &format!("block {blk}"));
+            check_zero(&*q, &r, blk * bs, bs, &format!("block {blk}"));
         } else {
             check(
+                &*q,
                 &r,
                 blk * bs,
                 51,

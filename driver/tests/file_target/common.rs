@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use kestrel::io::{InvalidRequest, IoError, IoRequest, SubmitError};
 use kestrel::target::file::{FileOptions, FileTarget};
-use kestrel::{Completion, DmaBuf, QueueOptions, Target, TargetQueue};
+use kestrel::{Completion, DmaPool, DmaSlice, QueueOptions, Target, TargetQueue};
 
 /// A directory on the machine's disk (not tmpfs), for direct I/O.
 pub fn disk_dir() -> tempfile::TempDir {
@@ -60,14 +60,43 @@ pub fn pat(seed: u64, off: u64) -> u8 {
     (x >> 56) as u8
 }
 
-pub fn fill(buf: &mut DmaBuf, buf_off: usize, seed: u64, file_off: u64, len: usize) {
-    let data: Vec<u8> = (0..len as u64).map(|i| pat(seed, file_off + i)).collect();
-    buf.write_at(buf_off, &data).unwrap();
+/// Allocates `len` bytes of `pool` and lends them to `q`.
+pub fn lend(q: &mut dyn TargetQueue, pool: &DmaPool, len: usize) -> DmaSlice {
+    q.lend(pool.alloc(len).unwrap()).unwrap()
 }
 
-pub fn check(buf: &DmaBuf, buf_off: usize, seed: u64, file_off: u64, len: usize, what: &str) {
+/// Sets every byte of the lent slice `s` to `byte`.
+pub fn fill_byte(q: &mut dyn TargetQueue, s: &DmaSlice, byte: u8) {
+    q.write_lent(s, 0, &vec![byte; s.len()]).unwrap();
+}
+
+/// Writes pattern `seed` for file offset `file_off` into `len` bytes of the lent slice
+/// `buf` from its byte `buf_off`.
+pub fn fill(
+    q: &mut dyn TargetQueue,
+    buf: &DmaSlice,
+    buf_off: usize,
+    seed: u64,
+    file_off: u64,
+    len: usize,
+) {
+    let data: Vec<u8> = (0..len as u64).map(|i| pat(seed, file_off + i)).collect();
+    q.write_lent(buf, buf_off, &data).unwrap();
+}
+
+/// The `len` bytes of the lent slice `buf` from `buf_off` hold pattern `seed` for file
+/// offset `file_off`.
+pub fn check(
+    q: &dyn TargetQueue,
+    buf: &DmaSlice,
+    buf_off: usize,
+    seed: u64,
+    file_off: u64,
+    len: usize,
+    what: &str,
+) {
     let mut got = vec![0u8; len];
-    buf.read_at(buf_off, &mut got).unwrap();
+    q.read_lent(buf, buf_off, &mut got).unwrap();
     for (i, &b) in got.iter().enumerate() {
         let want = pat(seed, file_off + i as u64);
         assert_eq!(
@@ -79,9 +108,9 @@ pub fn check(buf: &DmaBuf, buf_off: usize, seed: u64, file_off: u64, len: usize,
     }
 }
 
-pub fn check_zero(buf: &DmaBuf, off: usize, len: usize, what: &str) {
+pub fn check_zero(q: &dyn TargetQueue, buf: &DmaSlice, off: usize, len: usize, what: &str) {
     let mut got = vec![0xFFu8; len];
-    buf.read_at(off, &mut got).unwrap();
+    q.read_lent(buf, off, &mut got).unwrap();
     if let Some(i) = got.iter().position(|&b| b != 0) {
         panic!("{what}: byte {} is {:#x}, want 0", off + i, got[i]);
     }

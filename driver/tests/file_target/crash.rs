@@ -5,7 +5,7 @@ use kestrel::target::file::{FileOptions, FileTarget};
 use kestrel::{QueueOptions, Target};
 
 use crate::child::{child_role, spawn_child};
-use crate::common::{check, disk_dir, fill, opts, reap, run1};
+use crate::common::{check, disk_dir, fill, lend, opts, reap, run1};
 
 const CRASH_BLOCKS: u32 = 512;
 
@@ -21,8 +21,8 @@ fn crash_child() {
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
     match role.as_str() {
         "write" => {
-            let mut b = pool.alloc(CRASH_BLOCKS as usize * bs).unwrap();
-            fill(&mut b, 0, 31, 0, CRASH_BLOCKS as usize * bs);
+            let b = lend(&mut *q, &pool, CRASH_BLOCKS as usize * bs);
+            fill(&mut *q, &b, 0, 31, 0, CRASH_BLOCKS as usize * bs);
             // Many writes in flight, then a flush; once the flush completes, die without
             // any cleanup.
             for i in 0..CRASH_BLOCKS / 8 {
@@ -38,9 +38,10 @@ fn crash_child() {
             std::process::abort();
         }
         "verify" => {
-            let r = pool.alloc(CRASH_BLOCKS as usize * bs).unwrap();
-            run1(&mut *q, IoRequest::read_buf(1, 0, CRASH_BLOCKS, &r, 1)).unwrap();
+            let r = lend(&mut *q, &pool, CRASH_BLOCKS as usize * bs);
+            run1(&mut *q, IoRequest::read(1, 0, CRASH_BLOCKS, r, 1)).unwrap();
             check(
+                &*q,
                 &r,
                 0,
                 31,

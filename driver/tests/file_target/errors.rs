@@ -5,12 +5,12 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use kestrel::hw::dma::{DmaPoolOptions, IdentityMapper};
+use kestrel::hw::dma::{DmaPoolOptions, IdentityMapper, LeaseError};
 use kestrel::io::{InvalidRequest, IoOp, IoRequest};
 use kestrel::target::file::{Direct, FileError, FileOptions, FileTarget};
 use kestrel::{DmaPool, QueueOptions, Target};
 
-use crate::common::{disk_dir, invalid, opts, run1};
+use crate::common::{disk_dir, invalid, lend, opts, run1};
 
 #[test]
 fn bad_input_is_rejected_before_submission() {
@@ -30,7 +30,7 @@ fn malformed_requests_are_refused(t: &FileTarget) {
     let cap = t.info().num_blocks;
     let pool = t.dma_pool().clone();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    let b = pool.alloc(4 * bs + 4096).unwrap();
+    let b = lend(&mut *q, &pool, 4 * bs + 4096);
 
     // Buffer not aligned under direct I/O.
     let s = b.slice(8, bs).unwrap();
@@ -73,12 +73,17 @@ fn malformed_requests_are_refused(t: &FileTarget) {
         }
         other => panic!("{other:?}"),
     }
-    // Memory that is not the target's pool.
+    // Memory that is not the target's pool cannot be lent to its queue, and a slice of
+    // the target's memory lent to another queue is not this one's.
     let other_pool = DmaPool::new(Arc::new(IdentityMapper), DmaPoolOptions::default());
     let foreign = other_pool.alloc(bs).unwrap();
+    let e = q.lend(foreign).unwrap_err();
+    assert!(matches!(e, LeaseError::ForeignPool { .. }), "{e}");
+    let mut other_q = t.create_queue(&QueueOptions::default()).unwrap();
+    let elsewhere = lend(&mut *other_q, &pool, bs);
     assert!(matches!(
-        invalid(&mut *q, IoRequest::read_buf(1, 0, 1, &foreign, 8)),
-        InvalidRequest::BadSegments { .. }
+        invalid(&mut *q, IoRequest::read(1, 0, 1, elsewhere, 8)),
+        InvalidRequest::NotLent { index: 0, .. }
     ));
     // Data on an operation that takes none; none on one that needs it.
     let mut f = IoRequest::flush(1, 9);
@@ -109,15 +114,15 @@ fn writes_to_a_read_only_target_are_refused(path: &Path, bs: usize) {
     .unwrap();
     assert!(ro.info().read_only);
     let mut q = ro.create_queue(&QueueOptions::default()).unwrap();
-    let b = ro.dma_pool().alloc(bs).unwrap();
+    let b = lend(&mut *q, ro.dma_pool(), bs);
     for req in [
-        IoRequest::write_buf(1, 0, 1, &b, 11),
+        IoRequest::write(1, 0, 1, b, 11),
         IoRequest::write_zeroes(1, 0, 1, 12),
         IoRequest::deallocate(1, 0, 1, 13),
     ] {
         assert_eq!(invalid(&mut *q, req), InvalidRequest::ReadOnly);
     }
-    run1(&mut *q, IoRequest::read_buf(1, 0, 1, &b, 14)).unwrap();
+    run1(&mut *q, IoRequest::read(1, 0, 1, b, 14)).unwrap();
 }
 
 #[test]

@@ -8,9 +8,11 @@ use std::sync::Arc;
 use kestrel::hw::dma::{DmaPoolOptions, IdentityMapper, PageKind};
 use kestrel::io::{IoOp, IoRequest};
 use kestrel::target::file::{Direct, FileError, FileKind, FileOptions, FileTarget};
-use kestrel::{DmaBuf, DmaPool, QueueOptions, Target};
+use kestrel::{DmaPool, DmaSlice, QueueOptions, Target};
 
-use crate::common::{check, check_zero, disk_dir, fill, ns, on_tmpfs, opts, qopts, reap, run1};
+use crate::common::{
+    check, check_zero, disk_dir, fill, fill_byte, lend, ns, on_tmpfs, opts, qopts, reap, run1,
+};
 
 #[test]
 fn integrity_across_sizes_and_offsets_with_direct_io() {
@@ -44,9 +46,9 @@ fn integrity_across_sizes_and_offsets_with_direct_io() {
     let mut bufs = Vec::new();
     for (i, &(lba, nlb)) in cases.iter().enumerate() {
         let len = nlb as usize * bs as usize;
-        let mut b = pool.alloc(len).unwrap();
-        fill(&mut b, 0, 1, lba * bs, len);
-        q.submit(IoRequest::write_buf(ns(&t), lba, nlb, &b, i as u64))
+        let b = lend(&mut *q, &pool, len);
+        fill(&mut *q, &b, 0, 1, lba * bs, len);
+        q.submit(IoRequest::write(ns(&t), lba, nlb, b, i as u64))
             .unwrap();
         bufs.push(b);
     }
@@ -57,8 +59,8 @@ fn integrity_across_sizes_and_offsets_with_direct_io() {
     // Read back into fresh buffers, all at once.
     let mut rbufs = Vec::new();
     for (i, &(lba, nlb)) in cases.iter().enumerate() {
-        let b = pool.alloc(nlb as usize * bs as usize).unwrap();
-        q.submit(IoRequest::read_buf(ns(&t), lba, nlb, &b, 100 + i as u64))
+        let b = lend(&mut *q, &pool, nlb as usize * bs as usize);
+        q.submit(IoRequest::read(ns(&t), lba, nlb, b, 100 + i as u64))
             .unwrap();
         rbufs.push(b);
     }
@@ -73,6 +75,7 @@ fn integrity_across_sizes_and_offsets_with_direct_io() {
     assert_eq!(seen, (100..100 + cases.len() as u64).collect::<Vec<_>>());
     for (i, &(lba, nlb)) in cases.iter().enumerate() {
         check(
+            &*q,
             &rbufs[i],
             0,
             1,
@@ -82,9 +85,9 @@ fn integrity_across_sizes_and_offsets_with_direct_io() {
         );
     }
     // A block never written reads as zeroes (sparse file).
-    let z = pool.alloc(bs as usize).unwrap();
-    run1(&mut *q, IoRequest::read_buf(ns(&t), 50, 1, &z, 999)).unwrap();
-    check_zero(&z, 0, bs as usize, "unwritten block");
+    let z = lend(&mut *q, &pool, bs as usize);
+    run1(&mut *q, IoRequest::read(ns(&t), 50, 1, z, 999)).unwrap();
+    check_zero(&*q, &z, 0, bs as usize, "unwritten block");
     let st = q.stats();
     assert_eq!(st.submitted, 2 * cases.len() as u64 + 1);
     assert_eq!(st.completed, st.submitted);
@@ -100,19 +103,19 @@ fn vectored_reads_and_writes() {
     // Three segments of 1, 3 and 4 blocks, from different buffers.
     let lens = [bs, 3 * bs, 4 * bs];
     let lba = 33u64;
-    let mut segs_bufs: Vec<DmaBuf> = lens.iter().map(|&l| pool.alloc(l).unwrap()).collect();
+    let segs: Vec<DmaSlice> = lens.iter().map(|&l| lend(&mut *q, &pool, l)).collect();
     let mut off = lba * bs as u64;
-    for (b, &l) in segs_bufs.iter_mut().zip(&lens) {
-        fill(b, 0, 7, off, l);
+    for (b, &l) in segs.iter().zip(&lens) {
+        fill(&mut *q, b, 0, 7, off, l);
         off += l as u64;
     }
-    let segs: Vec<_> = segs_bufs.iter().map(|b| b.slice_all()).collect();
     let w = IoRequest::vectored(IoOp::Write, 1, lba, 8, &segs, 1).unwrap();
     run1(&mut *q, w).unwrap();
     // Read as one buffer.
-    let one = pool.alloc(8 * bs).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, lba, 8, &one, 2)).unwrap();
+    let one = lend(&mut *q, &pool, 8 * bs);
+    run1(&mut *q, IoRequest::read(1, lba, 8, one, 2)).unwrap();
     check(
+        &*q,
         &one,
         0,
         7,
@@ -122,12 +125,13 @@ fn vectored_reads_and_writes() {
     );
     // Read vectored into sub-slices of one buffer in another split (5 + 3 blocks), with
     // a last segment longer than the transfer needs.
-    let big = pool.alloc(16 * bs).unwrap();
+    let big = lend(&mut *q, &pool, 16 * bs);
     let s1 = big.slice(0, 5 * bs).unwrap();
     let s2 = big.slice(8 * bs, 8 * bs).unwrap();
     let r = IoRequest::vectored(IoOp::Read, 1, lba, 8, &[s1, s2], 3).unwrap();
     run1(&mut *q, r).unwrap();
     check(
+        &*q,
         &big,
         0,
         7,
@@ -136,6 +140,7 @@ fn vectored_reads_and_writes() {
         "vectored read, first segment",
     );
     check(
+        &*q,
         &big,
         8 * bs,
         7,
@@ -143,7 +148,13 @@ fn vectored_reads_and_writes() {
         3 * bs,
         "vectored read, second segment",
     );
-    check_zero(&big, 11 * bs, 5 * bs, "untouched tail of the last segment");
+    check_zero(
+        &*q,
+        &big,
+        11 * bs,
+        5 * bs,
+        "untouched tail of the last segment",
+    );
 }
 
 #[test]
@@ -168,23 +179,24 @@ fn zeroes_and_discard(t: &FileTarget) {
     let pool = t.dma_pool().clone();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
     let nlb = 256u32;
-    let mut b = pool.alloc(nlb as usize * bs).unwrap();
-    fill(&mut b, 0, 3, 0, nlb as usize * bs);
-    run1(&mut *q, IoRequest::write_buf(1, 0, nlb, &b, 1)).unwrap();
+    let b = lend(&mut *q, &pool, nlb as usize * bs);
+    fill(&mut *q, &b, 0, 3, 0, nlb as usize * bs);
+    run1(&mut *q, IoRequest::write(1, 0, nlb, b, 1)).unwrap();
     // Zero blocks 10..30, deallocate 100..164 (aligned to 4 KiB and not).
     run1(&mut *q, IoRequest::write_zeroes(1, 10, 20, 2)).unwrap();
     run1(&mut *q, IoRequest::deallocate(1, 100, 64, 3)).unwrap();
     run1(&mut *q, IoRequest::deallocate(1, 201, 3, 4)).unwrap();
-    let r = pool.alloc(nlb as usize * bs).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, 0, nlb, &r, 5)).unwrap();
+    let r = lend(&mut *q, &pool, nlb as usize * bs);
+    run1(&mut *q, IoRequest::read(1, 0, nlb, r, 5)).unwrap();
     let zeroed = |blk: usize| {
         (10..30).contains(&blk) || (100..164).contains(&blk) || (201..204).contains(&blk)
     };
     for blk in 0..nlb as usize {
         if zeroed(blk) {
-            check_zero(&r, blk * bs, bs, &format!("block {blk}"));
+            check_zero(&*q, &r, blk * bs, bs, &format!("block {blk}"));
         } else {
             check(
+                &*q,
                 &r,
                 blk * bs,
                 3,
@@ -212,12 +224,12 @@ fn buffered_io_is_accepted_unaligned() {
     assert_eq!(t.info().block_size, 4096);
     let pool = t.dma_pool().clone();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    let mut b = pool.alloc(3 * 4096).unwrap();
-    fill(&mut b, 100, 5, 4096, 4096);
+    let b = lend(&mut *q, &pool, 3 * 4096);
+    fill(&mut *q, &b, 100, 5, 4096, 4096);
     let s = b.slice(100, 4096).unwrap();
     run1(&mut *q, IoRequest::write(1, 1, 1, s, 1)).unwrap();
     // Read back vectored, split at an odd byte.
-    let r = pool.alloc(2 * 4096).unwrap();
+    let r = lend(&mut *q, &pool, 2 * 4096);
     let a = r.slice(1, 1000).unwrap();
     let c = r.slice(2000, 3096).unwrap();
     run1(
@@ -225,8 +237,8 @@ fn buffered_io_is_accepted_unaligned() {
         IoRequest::vectored(IoOp::Read, 1, 1, 1, &[a, c], 2).unwrap(),
     )
     .unwrap();
-    check(&r, 1, 5, 4096, 1000, "first piece");
-    check(&r, 2000, 5, 4096 + 1000, 3096, "second piece");
+    check(&*q, &r, 1, 5, 4096, 1000, "first piece");
+    check(&*q, &r, 2000, 5, 4096 + 1000, 3096, "second piece");
 }
 
 #[test]
@@ -267,13 +279,13 @@ fn tmpfs_falls_back_to_buffered_io_or_refuses_when_direct_is_required() {
     drop(fq);
     let pool = t.dma_pool().clone();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    let mut b = pool.alloc(64 * 4096).unwrap();
-    fill(&mut b, 0, 21, 300 * 4096, 64 * 4096);
-    run1(&mut *q, IoRequest::write_buf(1, 300, 64, &b, 1)).unwrap();
+    let b = lend(&mut *q, &pool, 64 * 4096);
+    fill(&mut *q, &b, 0, 21, 300 * 4096, 64 * 4096);
+    run1(&mut *q, IoRequest::write(1, 300, 64, b, 1)).unwrap();
     run1(&mut *q, IoRequest::flush(1, 2)).unwrap();
-    let r = pool.alloc(64 * 4096).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, 300, 64, &r, 3)).unwrap();
-    check(&r, 0, 21, 300 * 4096, 64 * 4096, "tmpfs read back");
+    let r = lend(&mut *q, &pool, 64 * 4096);
+    run1(&mut *q, IoRequest::read(1, 300, 64, r, 3)).unwrap();
+    check(&*q, &r, 0, 21, 300 * 4096, 64 * 4096, "tmpfs read back");
 }
 
 #[test]
@@ -285,9 +297,9 @@ fn read_past_the_end_of_a_shorter_file_returns_zeroes() {
     let pool = t.dma_pool().clone();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
     let n = (256 << 10) / bs;
-    let mut b = pool.alloc(n * bs).unwrap();
-    fill(&mut b, 0, 13, 0, n * bs);
-    run1(&mut *q, IoRequest::write_buf(1, 0, n as u32, &b, 1)).unwrap();
+    let b = lend(&mut *q, &pool, n * bs);
+    fill(&mut *q, &b, 0, 13, 0, n * bs);
+    run1(&mut *q, IoRequest::write(1, 0, n as u32, b, 1)).unwrap();
     // Someone shrinks the file under the target, to a length that is not a block
     // multiple: a read across the new end transfers short, the rest reads as zeroes.
     let cut = 64 * 1024 + 100;
@@ -297,20 +309,20 @@ fn read_past_the_end_of_a_shorter_file_returns_zeroes() {
         .unwrap()
         .set_len(cut as u64)
         .unwrap();
-    let mut r = pool.alloc(n * bs).unwrap();
-    r.fill(0xEE);
-    run1(&mut *q, IoRequest::read_buf(1, 0, n as u32, &r, 2)).unwrap();
-    check(&r, 0, 13, 0, cut, "data before the end");
-    check_zero(&r, cut, n * bs - cut, "past the end");
+    let r = lend(&mut *q, &pool, n * bs);
+    fill_byte(&mut *q, &r, 0xEE);
+    run1(&mut *q, IoRequest::read(1, 0, n as u32, r, 2)).unwrap();
+    check(&*q, &r, 0, 13, 0, cut, "data before the end");
+    check_zero(&*q, &r, cut, n * bs - cut, "past the end");
     // Wholly past the end.
-    let mut r2 = pool.alloc(bs).unwrap();
-    r2.fill(0xEE);
+    let r2 = lend(&mut *q, &pool, bs);
+    fill_byte(&mut *q, &r2, 0xEE);
     run1(
         &mut *q,
-        IoRequest::read_buf(1, (512 << 10) / bs as u64, 1, &r2, 3),
+        IoRequest::read(1, (512 << 10) / bs as u64, 1, r2, 3),
     )
     .unwrap();
-    check_zero(&r2, 0, bs, "wholly past the end");
+    check_zero(&*q, &r2, 0, bs, "wholly past the end");
 }
 
 #[test]
@@ -335,8 +347,8 @@ fn sqpoll_ring_moves_data() {
     };
     let bs = t.info().block_size as usize;
     let pool = t.dma_pool().clone();
-    let mut b = pool.alloc(32 * bs).unwrap();
-    fill(&mut b, 0, 17, 0, 32 * bs);
+    let b = lend(&mut *q, &pool, 32 * bs);
+    fill(&mut *q, &b, 0, 17, 0, 32 * bs);
     for i in 0..32u64 {
         let s = b.slice(i as usize * bs, bs).unwrap();
         q.submit(IoRequest::write(1, i * 3, 1, s, i)).unwrap();
@@ -344,10 +356,10 @@ fn sqpoll_ring_moves_data() {
     for c in reap(&mut *q, 32) {
         c.result.unwrap();
     }
-    let r = pool.alloc(bs).unwrap();
+    let r = lend(&mut *q, &pool, bs);
     for i in 0..32u64 {
-        run1(&mut *q, IoRequest::read_buf(1, i * 3, 1, &r, 100 + i)).unwrap();
-        check(&r, 0, 17, i * bs as u64, bs, "sqpoll read back");
+        run1(&mut *q, IoRequest::read(1, i * 3, 1, r, 100 + i)).unwrap();
+        check(&*q, &r, 0, 17, i * bs as u64, bs, "sqpoll read back");
     }
 }
 
@@ -374,18 +386,18 @@ fn pool_regions_created_after_the_queue_are_used() {
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
     let before = pool.regions().len();
     // Each 64 KiB buffer takes a region of its own.
-    let mut bufs: Vec<DmaBuf> = (0..8).map(|_| pool.alloc(64 << 10).unwrap()).collect();
+    let bufs: Vec<DmaSlice> = (0..8).map(|_| lend(&mut *q, &pool, 64 << 10)).collect();
     assert!(pool.regions().len() >= before + 7);
     let nlb = ((64 << 10) / bs) as u32;
-    for (i, b) in bufs.iter_mut().enumerate() {
-        fill(b, 0, 23, (i * (64 << 10)) as u64, 64 << 10);
+    for (i, b) in bufs.iter().enumerate() {
+        fill(&mut *q, b, 0, 23, (i * (64 << 10)) as u64, 64 << 10);
     }
     for (i, b) in bufs.iter().enumerate() {
-        q.submit(IoRequest::write_buf(
+        q.submit(IoRequest::write(
             1,
             i as u64 * nlb as u64,
             nlb,
-            b,
+            *b,
             i as u64,
         ))
         .unwrap();
@@ -393,7 +405,7 @@ fn pool_regions_created_after_the_queue_are_used() {
     for c in reap(&mut *q, 8) {
         c.result.unwrap();
     }
-    let r = pool.alloc(8 << 16).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, 0, 8 * nlb, &r, 9)).unwrap();
-    check(&r, 0, 23, 0, 8 << 16, "read back across regions");
+    let r = lend(&mut *q, &pool, 8 << 16);
+    run1(&mut *q, IoRequest::read(1, 0, 8 * nlb, r, 9)).unwrap();
+    check(&*q, &r, 0, 23, 0, 8 << 16, "read back across regions");
 }

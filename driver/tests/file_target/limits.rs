@@ -8,7 +8,7 @@ use kestrel::target::file::{FileError, FileTarget};
 use kestrel::{QueueOptions, Target};
 
 use crate::child::{child_line, child_role, child_stdout, spawn_child};
-use crate::common::{disk_dir, fill, opts, run1};
+use crate::common::{disk_dir, fill, lend, opts, run1};
 
 #[test]
 #[ignore = "helper: runs only as a child process of short_write_is_completed_not_reported_as_success"]
@@ -31,10 +31,10 @@ fn short_write_child() {
     let limit = 64 * 1024 + 3 * bs as u64;
     let lim = limit_file_size(limit);
     assert!(lim, "setrlimit");
-    let mut b = pool.alloc(256 << 10).unwrap();
-    fill(&mut b, 0, 41, 0, 256 << 10);
+    let b = lend(&mut *q, &pool, 256 << 10);
+    fill(&mut *q, &b, 0, 41, 0, 256 << 10);
     let nlb = ((256 << 10) / bs) as u32;
-    let r = run1(&mut *q, IoRequest::write_buf(1, 0, nlb, &b, 1));
+    let r = run1(&mut *q, IoRequest::write(1, 0, nlb, b, 1));
     // The kernel writes up to the limit (a short write), the rest is resubmitted and
     // fails with EFBIG: the request fails rather than reporting success, with an error
     // naming the offset and the limit.

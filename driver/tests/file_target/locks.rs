@@ -7,7 +7,7 @@ use kestrel::target::file::{FileError, FileOptions, FileTarget};
 use kestrel::{QueueOptions, Target};
 
 use crate::child::{child_line, child_role, child_stdout};
-use crate::common::{disk_dir, opts, run1};
+use crate::common::{disk_dir, lend, opts, run1};
 
 #[test]
 #[ignore = "helper: runs only as a child process of the lock tests"]
@@ -37,9 +37,9 @@ fn a_second_writer_in_another_process_is_refused_at_open_naming_the_holder() {
     let path = dir.path().join("locked.img");
     let t = FileTarget::open(&path, &opts(1 << 20)).unwrap();
     // A queue that has done I/O: the ring holds the file too.
-    let b = t.dma_pool().alloc(t.info().block_size as usize).unwrap();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    run1(&mut *q, IoRequest::write_buf(1, 0, 1, &b, 1)).unwrap();
+    let b = lend(&mut *q, t.dma_pool(), t.info().block_size as usize);
+    run1(&mut *q, IoRequest::write(1, 0, 1, b, 1)).unwrap();
     let me = std::process::id();
     for role in ["rw", "ro"] {
         let msg = child_open(role, &path);
@@ -100,9 +100,9 @@ fn the_same_file_twice_in_one_process_is_refused() {
         ..FileOptions::default()
     };
     let t = FileTarget::open(&path, &opts(1 << 20)).unwrap();
-    let b = t.dma_pool().alloc(t.info().block_size as usize).unwrap();
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    run1(&mut *q, IoRequest::write_buf(1, 0, 1, &b, 1)).unwrap();
+    let b = lend(&mut *q, t.dma_pool(), t.info().block_size as usize);
+    run1(&mut *q, IoRequest::write(1, 0, 1, b, 1)).unwrap();
     // Through the same path, another path to the same inode, writable or read-only.
     let link = dir.path().join("twice-link.img");
     std::fs::hard_link(&path, &link).unwrap();

@@ -5,7 +5,7 @@ use kestrel::io::{IoError, IoRequest, SubmitError};
 use kestrel::target::file::FileTarget;
 use kestrel::{QueueOptions, Target, TargetQueue};
 
-use crate::common::{check, disk_dir, fill, opts, qopts, reap, run1};
+use crate::common::{check, disk_dir, fill, lend, opts, qopts, reap, run1};
 
 #[test]
 fn flush_makes_one_enter_per_batch_and_poll_reaps_without_syscalls() {
@@ -14,8 +14,8 @@ fn flush_makes_one_enter_per_batch_and_poll_reaps_without_syscalls() {
     let bs = t.info().block_size as usize;
     let pool = t.dma_pool().clone();
     let mut q = t.create_file_queue(&qopts(32, 0)).unwrap();
-    let mut b = pool.alloc(16 * bs).unwrap();
-    fill(&mut b, 0, 9, 0, 16 * bs);
+    let b = lend(&mut q, &pool, 16 * bs);
+    fill(&mut q, &b, 0, 9, 0, 16 * bs);
     for i in 0..16u32 {
         let s = b.slice(i as usize * bs, bs).unwrap();
         q.submit(IoRequest::write(1, i as u64, 1, s, i as u64))
@@ -82,8 +82,8 @@ fn overflow_beyond_ring_depth_completes_each_once_then_busy() {
     let depth = 8u32;
     let mut q = t.create_queue(&qopts(depth, 3 * depth)).unwrap();
     let total = 4 * depth;
-    let mut b = pool.alloc(total as usize * bs).unwrap();
-    fill(&mut b, 0, 11, 0, total as usize * bs);
+    let b = lend(&mut *q, &pool, total as usize * bs);
+    fill(&mut *q, &b, 0, 11, 0, total as usize * bs);
     for i in 0..total {
         let s = b.slice(i as usize * bs, bs).unwrap();
         q.submit(IoRequest::write(1, i as u64, 1, s, i as u64))
@@ -115,9 +115,9 @@ fn overflow_beyond_ring_depth_completes_each_once_then_busy() {
     }
     assert_eq!(more, 0);
     assert_eq!(q.stats().sw_queued, 3 * depth as u64);
-    let r = pool.alloc(total as usize * bs).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, 0, total, &r, 77)).unwrap();
-    check(&r, 0, 11, 0, total as usize * bs, "overflowed writes");
+    let r = lend(&mut *q, &pool, total as usize * bs);
+    run1(&mut *q, IoRequest::read(1, 0, total, r, 77)).unwrap();
+    check(&*q, &r, 0, 11, 0, total as usize * bs, "overflowed writes");
 }
 
 #[test]
@@ -151,15 +151,16 @@ fn dropping_a_queue_with_io_in_flight_waits_for_it() {
     let t = FileTarget::open(dir.path().join("drop.img"), &opts(8 << 20)).unwrap();
     let bs = t.info().block_size as usize;
     let pool = t.dma_pool().clone();
-    let bufs: Vec<_> = (0..64).map(|_| pool.alloc(64 << 10).unwrap()).collect();
     for round in 0..4 {
         let mut q = t.create_queue(&qopts(32, 64)).unwrap();
-        for (i, b) in bufs.iter().enumerate() {
+        // Lent to the queue, which frees them once the kernel is done with them.
+        let bufs: Vec<_> = (0..64).map(|_| lend(&mut *q, &pool, 64 << 10)).collect();
+        for (i, &b) in bufs.iter().enumerate() {
             let nlb = ((64 << 10) / bs) as u32;
             let req = if round % 2 == 0 {
-                IoRequest::write_buf(1, i as u64 * nlb as u64, nlb, b, i as u64)
+                IoRequest::write(1, i as u64 * nlb as u64, nlb, b, i as u64)
             } else {
-                IoRequest::read_buf(1, i as u64 * nlb as u64, nlb, b, i as u64)
+                IoRequest::read(1, i as u64 * nlb as u64, nlb, b, i as u64)
             };
             q.submit(req).unwrap();
         }
@@ -167,7 +168,9 @@ fn dropping_a_queue_with_io_in_flight_waits_for_it() {
         assert!(q.outstanding() > 0);
         drop(q);
     }
-    // The target and its pool are fine afterwards.
+    // The target and its pool are fine afterwards: every buffer went back to the pool.
+    assert_eq!(pool.used_bytes(), 0);
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    run1(&mut *q, IoRequest::read_buf(1, 0, 1, &bufs[0], 1)).unwrap();
+    let b = lend(&mut *q, &pool, 64 << 10);
+    run1(&mut *q, IoRequest::read(1, 0, 1, b, 1)).unwrap();
 }

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use kestrel::io::{InvalidRequest, IoRequest, SubmitError};
 use kestrel::target::file::FileTarget;
 use kestrel::{AioError, ContextOptions, Event, IoContext, Iocb};
-use kestrel::{DmaBuf, QueueOptions, Target, TargetQueue};
+use kestrel::{QueueOptions, Target, TargetQueue};
 
-use crate::common::{disk_dir, opts, reap, run1};
+use crate::common::{disk_dir, lend, opts, reap, run1};
 
 #[test]
 fn a_queue_belongs_to_the_thread_that_first_uses_it() {
@@ -16,10 +16,10 @@ fn a_queue_belongs_to_the_thread_that_first_uses_it() {
     let t = FileTarget::open(dir.path().join("thread.img"), &opts(1 << 20)).unwrap();
     // Created here, used (and dropped) on another thread.
     let mut q = t.create_queue(&QueueOptions::default()).unwrap();
-    let b = t.dma_pool().alloc(t.info().block_size as usize).unwrap();
+    let b = lend(&mut *q, t.dma_pool(), t.info().block_size as usize);
     let h = std::thread::spawn(move || {
-        run1(&mut *q, IoRequest::write_buf(1, 0, 1, &b, 1)).unwrap();
-        run1(&mut *q, IoRequest::read_buf(1, 0, 1, &b, 2)).unwrap();
+        run1(&mut *q, IoRequest::write(1, 0, 1, b, 1)).unwrap();
+        run1(&mut *q, IoRequest::read(1, 0, 1, b, 2)).unwrap();
         run1(&mut *q, IoRequest::flush(1, 3)).unwrap();
     });
     h.join().unwrap();
@@ -30,25 +30,25 @@ fn an_idle_queue_moves_to_another_thread_and_keeps_working() {
     let dir = disk_dir();
     let t = FileTarget::open(dir.path().join("move.img"), &opts(1 << 20)).unwrap();
     let bs = t.info().block_size as usize;
-    let b = t.dma_pool().alloc(bs).unwrap();
     let mut q = t.create_file_queue(&QueueOptions::default()).unwrap();
+    let b = lend(&mut q, t.dma_pool(), bs);
     // Single-issuer rings need Linux 6.1; older kernels give rings any thread may use.
     let single = q.is_single_issuer();
-    run1(&mut q, IoRequest::write_buf(1, 0, 1, &b, 1)).unwrap();
+    run1(&mut q, IoRequest::write(1, 0, 1, b, 1)).unwrap();
     // Used here (this thread owns the ring), then on another thread, with one request
     // pushed here and never submitted: it goes with the queue.
-    q.submit(IoRequest::write_buf(1, 2, 1, &b, 5)).unwrap();
+    q.submit(IoRequest::write(1, 2, 1, b, 5)).unwrap();
     let (mut q, b) = std::thread::spawn(move || {
         let c = reap(&mut q, 1);
         assert_eq!((c[0].token, c[0].result), (5, Ok(())));
-        run1(&mut q, IoRequest::write_buf(1, 1, 1, &b, 2)).unwrap();
-        run1(&mut q, IoRequest::read_buf(1, 0, 1, &b, 3)).unwrap();
+        run1(&mut q, IoRequest::write(1, 1, 1, b, 2)).unwrap();
+        run1(&mut q, IoRequest::read(1, 0, 1, b, 3)).unwrap();
         (q, b)
     })
     .join()
     .unwrap();
     // A queue that moved once works from any thread: no second move back here.
-    run1(&mut q, IoRequest::read_buf(1, 1, 1, &b, 4)).unwrap();
+    run1(&mut q, IoRequest::read(1, 1, 1, b, 4)).unwrap();
     assert_eq!(q.counters().thread_moves, u64::from(single));
     assert!(!q.is_single_issuer());
     let start = Instant::now();
@@ -64,14 +64,14 @@ fn an_idle_queue_moves_to_another_thread_and_keeps_working() {
 fn another_thread_is_refused_at_once_while_the_owner_has_io_in_flight() {
     let dir = disk_dir();
     let t = FileTarget::open(dir.path().join("inflight.img"), &opts(1 << 20)).unwrap();
-    let b = t.dma_pool().alloc(t.info().block_size as usize).unwrap();
     let mut q = t.create_file_queue(&QueueOptions::default()).unwrap();
-    run1(&mut q, IoRequest::write_buf(1, 0, 1, &b, 1)).unwrap();
-    q.submit(IoRequest::write_buf(1, 1, 1, &b, 2)).unwrap();
+    let b = lend(&mut q, t.dma_pool(), t.info().block_size as usize);
+    run1(&mut q, IoRequest::write(1, 0, 1, b, 1)).unwrap();
+    q.submit(IoRequest::write(1, 1, 1, b, 2)).unwrap();
     q.flush();
     let (mut q, b, r, took) = std::thread::spawn(move || {
         let start = Instant::now();
-        let r = q.submit(IoRequest::read_buf(1, 0, 1, &b, 3));
+        let r = q.submit(IoRequest::read(1, 0, 1, b, 3));
         (q, b, r, start.elapsed())
     })
     .join()
@@ -98,7 +98,7 @@ fn another_thread_is_refused_at_once_while_the_owner_has_io_in_flight() {
     assert_eq!(q.outstanding(), 0);
     // Idle now: the other thread may have it.
     let q = std::thread::spawn(move || {
-        run1(&mut q, IoRequest::read_buf(1, 1, 1, &b, 4)).unwrap();
+        run1(&mut q, IoRequest::read(1, 1, 1, b, 4)).unwrap();
         q
     })
     .join()
@@ -110,11 +110,11 @@ fn another_thread_is_refused_at_once_while_the_owner_has_io_in_flight() {
 fn dropping_on_a_thread_that_cannot_complete_the_io_is_fast() {
     let dir = disk_dir();
     let t = FileTarget::open(dir.path().join("dropthread.img"), &opts(1 << 20)).unwrap();
-    let b = t.dma_pool().alloc(64 << 10).unwrap();
     let mut q = t.create_file_queue(&QueueOptions::default()).unwrap();
+    let b = lend(&mut q, t.dma_pool(), 64 << 10);
     let nlb = (64 << 10) / t.info().block_size;
-    run1(&mut q, IoRequest::write_buf(1, 0, nlb, &b, 1)).unwrap();
-    q.submit(IoRequest::write_buf(1, 0, nlb, &b, 2)).unwrap();
+    run1(&mut q, IoRequest::write(1, 0, nlb, b, 1)).unwrap();
+    q.submit(IoRequest::write(1, 0, nlb, b, 2)).unwrap();
     q.flush();
     let took = std::thread::spawn(move || {
         let start = Instant::now();
@@ -133,23 +133,18 @@ fn an_aio_context_used_on_one_thread_then_another() {
     let dir = disk_dir();
     let t = FileTarget::open(dir.path().join("aio-thread.img"), &opts(1 << 20)).unwrap();
     let bs = t.info().block_size as usize;
-    let buf = t.dma_pool().alloc(2 * bs).unwrap();
     let target: Arc<dyn Target> = t;
     let mut opts_ctx = ContextOptions::new(8);
     opts_ctx.drain_timeout = Duration::from_millis(300);
-    aio_idle_context_moves(&target, &buf, bs, opts_ctx.clone());
+    aio_idle_context_moves(&target, bs, opts_ctx.clone());
     opts_ctx.drain_timeout = Duration::from_secs(20);
-    aio_busy_context_is_refused_elsewhere(&target, &buf, bs, opts_ctx);
+    aio_busy_context_is_refused_elsewhere(&target, bs, opts_ctx);
 }
 
 /// Idle when moved: the request made on the other thread completes.
-fn aio_idle_context_moves(
-    target: &Arc<dyn Target>,
-    buf: &DmaBuf,
-    bs: usize,
-    opts_ctx: ContextOptions,
-) {
+fn aio_idle_context_moves(target: &Arc<dyn Target>, bs: usize, opts_ctx: ContextOptions) {
     let mut ctx = IoContext::setup_with(Arc::clone(target), opts_ctx).unwrap();
+    let buf = ctx.lend(target.dma_pool().alloc(2 * bs).unwrap()).unwrap();
     let mut evs = [Event::default(); 4];
     ctx.submit(&[Iocb::write(0, buf.slice(0, bs).unwrap(), 1)])
         .unwrap();
@@ -184,11 +179,11 @@ fn aio_idle_context_moves(
 /// dropping there does not wait for what it cannot complete.
 fn aio_busy_context_is_refused_elsewhere(
     target: &Arc<dyn Target>,
-    buf: &DmaBuf,
     bs: usize,
     opts_ctx: ContextOptions,
 ) {
     let mut ctx = IoContext::setup_with(Arc::clone(target), opts_ctx).unwrap();
+    let buf = ctx.lend(target.dma_pool().alloc(2 * bs).unwrap()).unwrap();
     ctx.submit(&[Iocb::write(0, buf.slice(0, bs).unwrap(), 3)])
         .unwrap();
     let s = buf.slice(bs, bs).unwrap();

@@ -163,16 +163,19 @@ pub struct Counting;
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         record();
-        // SAFETY: same contract as ours.
+        // SAFETY: GlobalAlloc::alloc's requirement (`l` has a non-zero size) is the same for
+        // System and was met by whoever called this alloc.
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as ours.
+        // SAFETY: `p` came from this allocator with `l`, i.e. from System (every alloc and
+        // realloc above forwards to it), as GlobalAlloc::dealloc requires of whoever calls.
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         record();
-        // SAFETY: same contract as ours.
+        // SAFETY: `p` came from System with `l` (as in `dealloc`) and `n` is a valid non-zero
+        // size, as GlobalAlloc::realloc requires of whoever calls.
         unsafe { System.realloc(p, l, n) }
     }
 }

@@ -81,18 +81,22 @@ impl Job {
             return Err(Outside::Misaligned);
         }
         let (lba, nlb) = (offset / bs, (len / bs) as u32);
-        if lba + nlb as u64 > self.num_blocks {
+        if lba
+            .checked_add(nlb as u64)
+            .is_none_or(|end| end > self.num_blocks)
+        {
             return Err(Outside::PastEnd);
         }
         Ok((lba, nlb))
     }
 
-    /// The `len` bytes of the job's DMA memory at address `buf`.
+    /// The `len` bytes of the job's DMA memory at address `buf`: a slice of the memory
+    /// lent to the queue pair.
     #[inline]
     fn buffer(&self, buf: usize, len: u64) -> Option<DmaSlice> {
         let m = self.mem.as_ref()?;
-        let off = buf.checked_sub(m.as_ptr() as usize)?;
-        m.slice(off, len as usize).ok()
+        let off = buf.checked_sub(m.addr())?;
+        m.sub(off, usize::try_from(len).ok()?)
     }
 
     /// Hands `req` to the queue pair; on success slot `i` remembers `io_u`.
@@ -145,7 +149,7 @@ impl Job {
     }
 
     fn out_of_range(&mut self, offset: u64, len: u64) -> Failure {
-        let capacity = self.num_blocks * self.block_size;
+        let capacity = self.capacity();
         (
             libc::EINVAL,
             self.say(WARN_RANGE, |name| {

@@ -53,12 +53,12 @@ impl Conn {
             opc & 3
         };
         if let Role::Io { ctrl, .. } = &self.role {
-            // The namespace (and so the pool group its data goes to) of an I/O command.
+            // The namespace (and so the buffer set its data goes to) of an I/O command.
             let nsid = u32::from_le_bytes([sqe[4], sqe[5], sqe[6], sqe[7]]);
-            if let Some(ns) = ctrl.subsys.namespace(nsid) {
+            if ctrl.subsys.namespace(nsid).is_some() {
                 let slot = &mut self.slots[s as usize];
                 slot.ns = (nsid - 1) as u16;
-                slot.g = ns.group as u8;
+                slot.g = (nsid - 1) as u8;
             }
         }
         let sgl = Sgl::parse(&sqe);

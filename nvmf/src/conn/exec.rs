@@ -56,7 +56,7 @@ impl Conn {
                             let n = (slot.local.len() as u32).min(slot.len);
                             slot.local.truncate(n as usize);
                             slot.buf = BufLoc::Local;
-                            self.send_data_and_resp(s, Status::SUCCESS);
+                            self.send_data_and_resp(s, Status::SUCCESS, ctx.queues);
                         } else {
                             self.finish(s, status, ctx);
                         }
@@ -184,7 +184,7 @@ impl Conn {
     ) -> bool {
         let sub = c.subsys.index;
         let bufs = match open_target_queues(&c, ctx) {
-            Ok(()) => alloc_io_bufs(&c, qid, &ctx.shared.limits, entries),
+            Ok(()) => lend_io_bufs(&c, qid, &ctx.shared.limits, entries, ctx.queues),
             Err(()) => None,
         };
         let Some(bufs) = bufs else {
@@ -239,36 +239,75 @@ fn open_target_queues(c: &Controller, ctx: &mut Ctx<'_>) -> Result<(), ()> {
     Ok(())
 }
 
-/// An I/O queue's data buffers from each DMA pool of the subsystem's targets.
-fn alloc_io_bufs(c: &Controller, qid: u16, lim: &Limits, entries: usize) -> Option<Vec<IoBufs>> {
+/// An I/O queue's data buffers, one set per namespace of the subsystem, each allocated
+/// from the namespace's target's DMA pool and lent to this reactor's queue on that target
+/// (which owns it from then on: requests to the queue carry slices of it). `None` when
+/// one could not be had (what was lent is released again).
+///
+/// One set per namespace rather than one per DMA pool: a lent buffer belongs to exactly one
+/// queue, and namespaces of one controller, though they share a pool, each have their own
+/// queue. The memory of an I/O queue grows with the namespaces that share a pool.
+fn lend_io_bufs(
+    c: &Controller,
+    qid: u16,
+    lim: &Limits,
+    entries: usize,
+    queues: &mut Queues,
+) -> Option<Vec<IoBufs>> {
     let max_io = c.subsys.max_io;
     let max_order = (max_io / 4096).trailing_zeros() as u8;
     let arena_len = (lim.queue_buffer as usize).max(max_io as usize);
     let icd_size = lim.in_capsule_data as usize;
     let icd_n = (lim.in_capsule_buffers as usize).min(entries);
-    let mut bufs = Vec::with_capacity(c.subsys.pools.len());
-    for pool in &c.subsys.pools {
-        let b = pool.alloc(arena_len).and_then(|arena| {
-            let icd = if icd_size > 0 {
-                Some(pool.alloc(icd_size * icd_n)?)
-            } else {
-                None
-            };
-            Ok((arena, icd))
+    let mut bufs = Vec::with_capacity(c.subsys.namespaces.len());
+    for ns in &c.subsys.namespaces {
+        let set = lend_one(ns, arena_len, icd_size * icd_n, queues).map(|(arena, icd)| IoBufs {
+            qidx: ns.qidx,
+            arena,
+            buddy: Buddy::new(arena_len, max_order),
+            icd,
+            icd_size,
+            icd_free: (0..icd_n as u16).rev().collect(),
         });
-        match b {
-            Ok((arena, icd)) => bufs.push(IoBufs {
-                buddy: Buddy::new(arena_len, max_order),
-                arena,
-                icd,
-                icd_size,
-                icd_free: (0..icd_n as u16).rev().collect(),
-            }),
+        match set {
+            Ok(set) => bufs.push(set),
             Err(e) => {
-                tracing::error!(nqn = %c.subsys.nqn, qid, "no dma memory for an i/o queue: {e}");
+                tracing::error!(nqn = %c.subsys.nqn, qid, nsid = ns.nsid, "no dma memory for an i/o queue: {e}");
+                release_lent(&mut bufs, queues);
                 return None;
             }
         }
     }
     Some(bufs)
+}
+
+/// Allocates namespace `ns`'s arena (`arena_len` bytes) and in-capsule buffers
+/// (`icd_len` bytes, none if 0) and lends them to its queue.
+fn lend_one(
+    ns: &crate::ctrl::Namespace,
+    arena_len: usize,
+    icd_len: usize,
+    queues: &mut Queues,
+) -> Result<(DmaSlice, Option<DmaSlice>), String> {
+    let pool = ns.target.dma_pool();
+    let q = queues
+        .get_mut(ns.qidx)
+        .and_then(|q| q.as_mut())
+        .ok_or("no target queue")?;
+    let arena = pool.alloc(arena_len).map_err(|e| e.to_string())?;
+    let icd = match icd_len {
+        0 => None,
+        n => Some(pool.alloc(n).map_err(|e| e.to_string())?),
+    };
+    let arena = q.lend(arena).map_err(|e| e.to_string())?;
+    let Some(icd) = icd else {
+        return Ok((arena, None));
+    };
+    match q.lend(icd) {
+        Ok(icd) => Ok((arena, Some(icd))),
+        Err(e) => {
+            let _ = q.release(&arena);
+            Err(e.to_string())
+        }
+    }
 }

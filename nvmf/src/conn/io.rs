@@ -86,7 +86,7 @@ impl Conn {
             self.wait_buf.push_back(s);
             return None;
         }
-        let Some(seg) = self.dma_slice(s) else {
+        let Some((_, seg)) = self.dma_slice(s) else {
             self.finish(s, Status::INTERNAL_ERROR, ctx);
             return None;
         };
@@ -137,7 +137,7 @@ impl Conn {
             return;
         }
         let mut ranges = [0u8; 256 * 16];
-        if !self.copy_in(s, &mut ranges[..nr * 16]) {
+        if !self.copy_in(s, &mut ranges[..nr * 16], ctx.queues) {
             self.finish(s, Status::INTERNAL_ERROR, ctx);
             return;
         }
@@ -194,38 +194,33 @@ impl Conn {
         }
     }
 
-    pub(super) fn dma_slice(&self, s: u16) -> Option<kestrel::DmaSlice> {
+    /// The lent slice holding slot `s`'s data (an in-capsule buffer or an arena block), and
+    /// the queue it is lent to.
+    pub(super) fn dma_slice(&self, s: u16) -> Option<(usize, DmaSlice)> {
         let slot = &self.slots[s as usize];
-        match slot.buf {
-            BufLoc::Icd { g, i } => {
-                let b = self.bufs.get(g as usize)?;
-                b.icd
-                    .as_ref()?
-                    .slice(i as usize * b.icd_size, slot.len as usize)
-                    .ok()
+        let (g, seg) = match slot.buf {
+            BufLoc::Icd { g, i } => (g, self.bufs.get(g as usize)?.icd_at(i, slot.len)?),
+            BufLoc::Arena { g, off, .. } => {
+                (g, self.bufs.get(g as usize)?.arena_at(off, slot.len)?)
             }
-            BufLoc::Arena { g, off, .. } => self
-                .bufs
-                .get(g as usize)?
-                .arena
-                .slice(off as usize, slot.len as usize)
-                .ok(),
-            _ => None,
-        }
+            _ => return None,
+        };
+        Some((self.bufs[g as usize].qidx, seg))
     }
 
-    pub(super) fn copy_in(&self, s: u16, out: &mut [u8]) -> bool {
+    /// Copies the first `out.len()` bytes of slot `s`'s data into `out` (through the lease
+    /// table of the queue its DMA buffer is lent to).
+    pub(super) fn copy_in(&self, s: u16, out: &mut [u8], queues: &Queues) -> bool {
         let slot = &self.slots[s as usize];
         match slot.buf {
-            BufLoc::Icd { g, i } => self.bufs.get(g as usize).is_some_and(|b| {
-                b.icd
-                    .as_ref()
-                    .is_some_and(|d| d.read_at(i as usize * b.icd_size, out).is_ok())
-            }),
-            BufLoc::Arena { g, off, .. } => self
-                .bufs
-                .get(g as usize)
-                .is_some_and(|b| b.arena.read_at(off as usize, out).is_ok()),
+            BufLoc::Icd { .. } | BufLoc::Arena { .. } => {
+                self.dma_slice(s).is_some_and(|(qidx, seg)| {
+                    queues
+                        .get(qidx)
+                        .and_then(|q| q.as_ref())
+                        .is_some_and(|q| q.read_lent(&seg, 0, out).is_ok())
+                })
+            }
             BufLoc::Local => {
                 let n = out.len().min(slot.local.len());
                 out[..n].copy_from_slice(&slot.local[..n]);
@@ -278,7 +273,7 @@ impl Conn {
         }
         let slot = &self.slots[s as usize];
         if status.is_success() && slot.sqe[0] == nvm_opc::READ {
-            self.send_data_and_resp(s, status);
+            self.send_data_and_resp(s, status, ctx.queues);
         } else {
             self.finish(s, status, ctx);
         }

@@ -7,17 +7,26 @@
 //! most three PDUs per slot, in-capsule data lands in a fixed set of buffers and read or
 //! R2T data in the queue's buddy-managed buffer; a command that finds no room waits in a
 //! FIFO bounded by the slots. Nothing is allocated per command on an I/O queue.
+//!
+//! DMA memory: an I/O queue connection has one set of buffers per namespace (an arena
+//! for read and R2T data, in-capsule buffers), each *lent* to this reactor's queue on that
+//! namespace's target when the connection binds, so the target queue owns the memory its
+//! requests name (`kestrel::TargetQueue::lend`) and no request can outlive it. The
+//! connection keeps only the slices; it reaches the bytes (socket receives and sends,
+//! digests, copies) through that queue's lease table, and gives the buffers up
+//! ([`Conn::release_buffers`]) when it is dropped: the queue frees them once it has nothing
+//! outstanding.
 
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kestrel::io::{InvalidRequest, IoError};
 use kestrel::spec::{nvm_opc, Status};
-use kestrel::{DmaBuf, IoRequest, SubmitError};
+use kestrel::{DmaBuf, DmaSlice, IoRequest, SubmitError, TargetQueue};
 
 use crate::buddy::Buddy;
 use crate::ctrl::{self, AdminOutcome, Connected, Controller, Shared};
@@ -79,12 +88,13 @@ enum St {
 enum BufLoc {
     None,
     Local,
-    /// In-capsule buffer `i` of pool group `g`.
+    /// In-capsule buffer `i` of buffer set `g` (`Conn::bufs`: that of the command's
+    /// namespace).
     Icd {
         g: u8,
         i: u16,
     },
-    /// A block of pool group `g`'s queue buffer.
+    /// A block of buffer set `g`'s arena.
     Arena {
         g: u8,
         off: u32,
@@ -106,7 +116,7 @@ struct Slot {
     buf: BufLoc,
     /// Index of the command's namespace in the subsystem (I/O queues), or `NO_NS`.
     ns: u16,
-    /// The DMA pool group its data lives in (that of its namespace).
+    /// The buffer set its data lives in (`Conn::bufs`: that of its namespace).
     g: u8,
     local: Vec<u8>,
     /// Target requests outstanding.
@@ -138,14 +148,39 @@ impl Slot {
     }
 }
 
-/// DMA memory of an I/O queue from one DMA pool (one per pool of the subsystem's
-/// namespaces).
+/// DMA memory of an I/O queue for one namespace, lent to this reactor's queue on the
+/// namespace's target (`qidx`), which owns it from then on. One set per namespace, not
+/// per DMA pool: a lent buffer belongs to one queue, and each namespace has its own.
 struct IoBufs {
-    arena: DmaBuf,
+    /// The reactor queue the buffers are lent to (`Namespace::qidx`).
+    qidx: usize,
+    /// Read and R2T data, carved into blocks by `buddy`.
+    arena: DmaSlice,
     buddy: Buddy,
-    icd: Option<DmaBuf>,
+    /// In-capsule data: `icd_size` bytes per buffer.
+    icd: Option<DmaSlice>,
     icd_size: usize,
     icd_free: Vec<u16>,
+}
+
+impl IoBufs {
+    /// `len` bytes of the arena at `off`.
+    fn arena_at(&self, off: u32, len: u32) -> Option<DmaSlice> {
+        self.arena.sub(off as usize, len as usize)
+    }
+    /// The first `len` bytes of in-capsule buffer `i`.
+    fn icd_at(&self, i: u16, len: u32) -> Option<DmaSlice> {
+        self.icd?.sub(i as usize * self.icd_size, len as usize)
+    }
+}
+
+/// A reactor's queues, by `Namespace::qidx`.
+pub type Queues = [Option<Box<dyn TargetQueue>>];
+
+/// The buffer `s` is a slice of, lent to queue `qidx`, and where `s` starts in it: how a
+/// connection reaches the bytes of its lent memory.
+fn lent<'q>(queues: &'q Queues, qidx: usize, s: &DmaSlice) -> Option<(&'q DmaBuf, usize)> {
+    queues.get(qidx)?.as_ref()?.leases().buffer(s).ok()
 }
 
 enum TxData {
@@ -185,9 +220,9 @@ impl TxItem {
 enum Dest {
     Discard,
     Local(u16),
-    /// The in-capsule buffers of pool group `g`.
+    /// The in-capsule buffers of buffer set `g`.
     Icd(u8),
-    /// The queue buffer of pool group `g`.
+    /// The arena of buffer set `g`.
     Arena(u8),
 }
 
@@ -229,7 +264,7 @@ pub struct Ctx<'a> {
     /// Server state.
     pub shared: &'a Shared,
     /// Per namespace (`Namespace::qidx`), this reactor's queue on its target.
-    pub queues: &'a mut [Option<Box<dyn kestrel::TargetQueue>>],
+    pub queues: &'a mut Queues,
     /// Requests the target refused as busy, in order, with their queue index.
     pub retry: &'a mut VecDeque<(usize, IoRequest)>,
     /// This connection's token prefix.
@@ -304,6 +339,8 @@ pub enum Close {
     Shutdown,
     /// No Connect in time.
     Idle,
+    /// Its handling panicked (the reactor caught the panic and logged it).
+    Panicked,
 }
 
 impl std::fmt::Display for Close {
@@ -319,6 +356,7 @@ impl std::fmt::Display for Close {
             Close::Io(e) => write!(f, "socket error: {e}"),
             Close::Shutdown => f.write_str("the server is stopping"),
             Close::Idle => f.write_str("no Connect within the time allowed"),
+            Close::Panicked => f.write_str("its handling panicked"),
         }
     }
 }
@@ -343,7 +381,8 @@ pub struct Conn {
     free: Vec<u16>,
     wait_buf: VecDeque<u16>,
     held_aers: usize,
-    /// Per DMA pool group of the subsystem (empty before an I/O queue connects).
+    /// Per namespace of the subsystem, its buffers lent to the namespace's queue (empty
+    /// before an I/O queue connects, and after [`Conn::release_buffers`]).
     bufs: Vec<IoBufs>,
     rx: Rx,
     tx: VecDeque<TxItem>,
@@ -410,8 +449,8 @@ impl Conn {
     }
 
     /// The socket descriptor.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        self.sock.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 
     /// Whether the transmit queue has anything.
@@ -475,6 +514,14 @@ impl Conn {
         self.wait_buf.clear();
     }
 
+    /// Gives the connection's DMA buffers up to the queues they are lent to: their slices
+    /// are refused from now on, and each queue frees them as soon as it has nothing
+    /// outstanding (other connections' requests may still be). For a connection being
+    /// dropped, once none of its own requests is at the target (`at_target == 0`).
+    pub fn release_buffers(&mut self, queues: &mut Queues) {
+        release_lent(&mut self.bufs, queues);
+    }
+
     fn rules(&self) -> Rules {
         let max_icd = match self.role {
             Role::Io { .. } => self
@@ -491,6 +538,22 @@ impl Conn {
             hdgst: self.hdgst,
             ddgst: self.ddgst,
             max_data: (max_icd as u32).max(1 << 24),
+        }
+    }
+}
+
+/// Releases every buffer of `bufs` to the queue it is lent to, emptying `bufs`.
+fn release_lent(bufs: &mut Vec<IoBufs>, queues: &mut Queues) {
+    for b in bufs.drain(..) {
+        let Some(q) = queues.get_mut(b.qidx).and_then(|q| q.as_mut()) else {
+            continue;
+        };
+        for s in std::iter::once(b.arena).chain(b.icd) {
+            if let Err(e) = q.release(&s) {
+                // Not lent there: nothing to give up (the queue frees what it holds when
+                // it is dropped in any case).
+                tracing::warn!(qidx = b.qidx, "releasing a connection's dma buffer: {e}");
+            }
         }
     }
 }

@@ -44,7 +44,7 @@ impl Conn {
                         self.data_received(ctx)?;
                         continue;
                     }
-                    let n = self.read_data()?;
+                    let n = self.read_data(ctx.queues)?;
                     if n == 0 {
                         continue;
                     }
@@ -147,7 +147,7 @@ impl Conn {
         }
     }
 
-    pub(super) fn read_data(&mut self) -> Result<usize, Close> {
+    pub(super) fn read_data(&mut self, queues: &mut Queues) -> Result<usize, Close> {
         let want = self.rx.left;
         let off = self.rx.dest_off;
         let r = match self.rx.dest {
@@ -161,14 +161,31 @@ impl Conn {
                 (&self.sock).read(&mut v[off..off + want])
             }
             Dest::Icd(g) | Dest::Arena(g) => {
-                let b = self.bufs.get_mut(g as usize).ok_or(Close::Shutdown)?;
-                let fd = self.sock.as_raw_fd();
-                let buf = if matches!(self.rx.dest, Dest::Icd(_)) {
-                    b.icd.as_mut().ok_or(Close::Shutdown)?
+                let b = self.bufs.get(g as usize).ok_or(Close::Shutdown)?;
+                let lent = if matches!(self.rx.dest, Dest::Icd(_)) {
+                    b.icd.ok_or(Close::Shutdown)?
                 } else {
-                    &mut b.arena
+                    b.arena
                 };
-                sys::recv_into_dma(fd, buf, off, want)
+                // The bytes `[off, off + want)` of the lent buffer belong to the command
+                // being received alone, and it is not at the target: its in-capsule buffer
+                // (taken from `icd_free` in `recv_in_capsule`) or its arena block (taken
+                // from the buddy in `get_buf`, the data inside `datao + datal <= len` as
+                // `h2c_header` checks); both go back only in `release`, after the
+                // command's response. So no device DMA touches them during the receive
+                // (what `sys::recv` relies on); the queue's lease keeps the buffer alive.
+                let q = queues
+                    .get_mut(b.qidx)
+                    .and_then(|q| q.as_mut())
+                    .ok_or(Close::Shutdown)?;
+                let dst = lent
+                    .sub(off, want)
+                    .ok_or(Close::Shutdown)
+                    .and_then(|d| q.leases_mut().as_mut_ptr(&d).map_err(|_| Close::Shutdown))?;
+                // SAFETY: `dst..dst + want` lies inside the lent buffer (`sub` checked it), which
+                // the queue's lease keeps allocated across the call; no command at the target
+                // and no Rust reference uses those bytes (the paragraph above).
+                unsafe { sys::recv(self.sock.as_fd(), dst, want) }
             }
         };
         match r {
@@ -201,7 +218,8 @@ impl Conn {
         v[pdu::TERM_HLEN..].copy_from_slice(&self.rx.hdr[..hlen]);
         self.tx.clear();
         self.tx.push_back(TxItem::owned(v));
-        let _ = self.flush();
+        // Only the TermReq is queued, in memory of its own: no lent buffer is sent.
+        let _ = self.flush(&[]);
         Close::Protocol(e)
     }
 
@@ -277,16 +295,18 @@ impl Conn {
             let crc = match self.rx.dest {
                 Dest::Discard => want,
                 Dest::Local(s) => pdu::crc32c(&self.slots[s as usize].local[start..start + len]),
-                Dest::Icd(g) => self
+                Dest::Icd(g) | Dest::Arena(g) => self
                     .bufs
                     .get(g as usize)
-                    .and_then(|b| b.icd.as_ref())
-                    .map(|b| sys::crc32c_dma(0, b, start, len))
-                    .unwrap_or(!want),
-                Dest::Arena(g) => self
-                    .bufs
-                    .get(g as usize)
-                    .map(|b| sys::crc32c_dma(0, &b.arena, start, len))
+                    .and_then(|b| {
+                        let s = if matches!(self.rx.dest, Dest::Icd(_)) {
+                            b.icd?
+                        } else {
+                            b.arena
+                        };
+                        lent(ctx.queues, b.qidx, &s)
+                    })
+                    .map(|(buf, at)| sys::crc32c_dma(0, buf, at + start, len))
                     .unwrap_or(!want),
             };
             digest_ok = crc == want;

@@ -46,8 +46,9 @@ impl Conn {
     }
 
     /// C2HData with the slot's data, then the response (or the SUCCESS flag when the host
-    /// disabled SQ flow control, so no response capsule is needed).
-    pub(super) fn send_data_and_resp(&mut self, s: u16, status: Status) {
+    /// disabled SQ flow control, so no response capsule is needed). `queues` hold the lent
+    /// buffers the data digest is computed over.
+    pub(super) fn send_data_and_resp(&mut self, s: u16, status: Status, queues: &Queues) {
         let slot = &mut self.slots[s as usize];
         slot.st = St::Sending;
         let (data, len, ddgst) = match slot.buf {
@@ -59,8 +60,14 @@ impl Conn {
             BufLoc::Arena { g, off, .. } => {
                 let len = slot.len;
                 let d = self.ddgst.then(|| {
-                    let b = &self.bufs[g as usize].arena;
-                    sys::crc32c_dma(0, b, off as usize, len as usize).to_le_bytes()
+                    let crc = self
+                        .bufs
+                        .get(g as usize)
+                        .and_then(|b| lent(queues, b.qidx, &b.arena))
+                        .map(|(b, at)| sys::crc32c_dma(0, b, at + off as usize, len as usize));
+                    // No lent arena (cannot happen while the slot holds a block of it): a
+                    // digest the host rejects rather than one over other bytes.
+                    crc.unwrap_or(!0).to_le_bytes()
                 });
                 (TxData::Arena { g, off, len }, len, d)
             }

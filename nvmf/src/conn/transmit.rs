@@ -4,8 +4,9 @@
 use super::*;
 
 impl Conn {
-    /// Writes queued PDUs until done or the socket is full. `Err` closes.
-    pub fn flush(&mut self) -> Result<(), Close> {
+    /// Writes queued PDUs until done or the socket is full. `Err` closes. `queues` hold
+    /// the lent buffers read data is sent from.
+    pub fn flush(&mut self, queues: &Queues) -> Result<(), Close> {
         while !self.tx.is_empty() && self.writable {
             let mut iovs: [RawIov; 64] = [RawIov {
                 base: std::ptr::null(),
@@ -16,7 +17,7 @@ impl Conn {
                 if n + 4 > iovs.len() {
                     break;
                 }
-                let (parts, k) = self.item_parts(item)?;
+                let (parts, k) = self.item_parts(item, queues)?;
                 // Skip what an earlier partial write sent.
                 let mut skip = item.done;
                 for p in &parts[..k] {
@@ -34,8 +35,13 @@ impl Conn {
             }
             // SAFETY: every piece points into memory that lives until the call returns and
             // is not changed meanwhile: item headers and owned vectors in self.tx, slot
-            // vectors and DMA buffers that are released only when their item is fully sent
-            // (in `sent`), and the static zero padding.
+            // vectors, the static zero padding, and arena blocks of buffers lent to the
+            // reactor's queues. Those stay allocated: the queue's lease owns the buffer, and
+            // the connection gives it up only when it is dropped (`release_buffers`, from
+            // `Reactor::reap`), never during a flush. They are not written meanwhile: a
+            // block goes back to the buddy only in `release`, once its item is fully sent
+            // (in `sent`), and a read's data is queued only after its target request
+            // completed (`target_done`), so no device DMA writes it during the send.
             let r = unsafe { sys::writev(self.sock.as_raw_fd(), &iovs[..n]) };
             match r {
                 Ok(w) => self.sent(w),
@@ -51,7 +57,7 @@ impl Conn {
     }
 
     /// The pieces of a queued PDU: header, padding, data, data digest (`k` of the 4).
-    fn item_parts(&self, item: &TxItem) -> Result<([RawIov; 4], usize), Close> {
+    fn item_parts(&self, item: &TxItem, queues: &Queues) -> Result<([RawIov; 4], usize), Close> {
         let mut parts: [RawIov; 4] = [RawIov {
             base: std::ptr::null(),
             len: 0,
@@ -76,9 +82,11 @@ impl Conn {
                 k += 1;
             }
             TxData::Arena { g, off, len } => {
-                let b = &self.bufs.get(*g as usize).ok_or(Close::Shutdown)?.arena;
+                // The arena's buffer through the lease table of the queue it is lent to.
+                let set = self.bufs.get(*g as usize).ok_or(Close::Shutdown)?;
+                let (b, at) = lent(queues, set.qidx, &set.arena).ok_or(Close::Shutdown)?;
                 parts[k] =
-                    RawIov::of_dma(b, *off as usize, *len as usize).ok_or(Close::Shutdown)?;
+                    RawIov::of_dma(b, at + *off as usize, *len as usize).ok_or(Close::Shutdown)?;
                 k += 1;
             }
         }

@@ -176,7 +176,7 @@ impl Controller {
     /// The discovery log page: the subsystems this host may reach, on every listener, and
     /// the discovery subsystem itself.
     pub fn discovery_log(&self, shared: &Shared, local: Option<SocketAddr>) -> Vec<u8> {
-        let listeners = shared.listeners.lock().unwrap().clone();
+        let listeners = super::lock(&shared.listeners, "the listener list").clone();
         let mut entries = Vec::new();
         let addr_of = |l: &SocketAddr| -> SocketAddr {
             match local {
@@ -228,7 +228,7 @@ impl Controller {
             return done(Status::new(Sct::CommandSpecific, 0x0D).with_dnr(true));
             // not saveable
         }
-        let mut st = self.st.lock().unwrap();
+        let mut st = super::lock(&self.st, "a controller's state");
         match cdw10 as u8 {
             fid::NUMBER_OF_QUEUES => {
                 let nsqr = cdw11 & 0xffff;
@@ -256,7 +256,7 @@ impl Controller {
     }
 
     pub(super) fn get_features(&self, cdw10: u32) -> AdminOutcome {
-        let st = self.st.lock().unwrap();
+        let st = super::lock(&self.st, "a controller's state");
         let sel = (cdw10 >> 8) & 7;
         if sel == 3 {
             // Capabilities: nothing saveable, nothing namespace specific; changeable.

@@ -106,7 +106,7 @@ fn connect_admin(
             "",
         ));
     }
-    let mut t = sub.table.lock().unwrap();
+    let mut t = super::lock(&sub.table, "the controller table");
     if t.live.len() >= lim.max_controllers as usize {
         return Err(ConnectRefusal {
             status: Status::new(Sct::CommandSpecific, connect_sc::CONTROLLER_BUSY),
@@ -163,7 +163,7 @@ fn connect_io(
     if ctrl.hostnqn != d.hostnqn || ctrl.hostid != d.hostid || sub.is_discovery() {
         return Err(refuse_param(cntlid_param, &format!(" ({})", d.cntlid)));
     }
-    let mut st = ctrl.st.lock().unwrap();
+    let mut st = super::lock(&ctrl.st, "a controller's state");
     let qid_param = InvalidParam {
         offset: fabrics::connect_off::QID as u16,
         in_data: false,

@@ -8,7 +8,8 @@
 //! A module per area: the host ([`host::Host`]), the whole life of a host with admin and
 //! I/O commands, refusals (malformed PDUs, unknown hosts, limits), discovery, connections
 //! that end (keep-alive expiry, a connection killed mid-I/O), several namespaces of one
-//! subsystem, and Asynchronous Event Requests.
+//! subsystem, Asynchronous Event Requests, and a panic in one connection's handling that
+//! the others survive.
 
 mod common;
 mod host;
@@ -18,4 +19,5 @@ mod async_events;
 mod connection_loss;
 mod discovery;
 mod namespaces;
+mod panics;
 mod refusals;

@@ -1,5 +1,5 @@
 //! Two namespaces of one subsystem: Identify per NSID, I/O routed by NSID, inactive NSIDs
-//! refused.
+//! refused; namespaces of one controller (one DMA pool) each with their own buffers.
 
 use kestrel::spec::Status;
 use kestrel_nvmf::{Limits, Server};
@@ -27,6 +27,47 @@ fn several_namespaces_of_one_subsystem_are_identified_and_routed_by_nsid() {
         .fabric_connect(1, 63, cntlid, 0, 0, NQN, HOSTNQN)
         .status
         .is_success());
+    let p1 = io_routed_by_nsid(&mut io);
+    ranges_and_flush_per_namespace(&mut io);
+    io_refuses_inactive_nsids(&mut io, &p1);
+    drop(io);
+    drop(a);
+    srv.shutdown();
+}
+
+/// Two namespaces of one controller (4 KiB and 512-byte blocks, as in `two_namespaces`)
+/// share its DMA pool but not a target queue: an I/O queue's buffers are lent per
+/// namespace, so data in capsule and through R2T reaches each namespace, and reads of each
+/// come back.
+#[test]
+fn namespaces_of_one_controller_each_have_their_own_lent_buffers() {
+    let spec = kestrel::target_spec::parse("emu:ns=16M,ns=8M+512,core=none").unwrap();
+    let opened = kestrel::target_spec::open_with(&spec, &Default::default()).expect("emulator");
+    let targets = opened.block_targets().expect("two namespaces");
+    assert_eq!(targets.len(), 2);
+    assert!(
+        targets[0].dma_pool().same_pool(targets[1].dma_pool()),
+        "one controller, one pool"
+    );
+    let pool = targets[0].dma_pool().clone();
+    let cfg = config(targets, 1, Vec::new(), true, Limits::default());
+    let srv = Server::start(cfg).expect("server starts");
+    let addr = srv.local_addr();
+    let mut a = Host::connect(addr, false, false);
+    let cntlid = a.admin_up(NQN, 0);
+    let before = pool.used_bytes();
+    let mut io = Host::connect(addr, false, false);
+    assert!(io
+        .fabric_connect(1, 63, cntlid, 0, 0, NQN, HOSTNQN)
+        .status
+        .is_success());
+    let lim = Limits::default();
+    let per_ns = lim.queue_buffer as usize + 32 * lim.in_capsule_data as usize;
+    assert!(
+        pool.used_bytes() - before >= 2 * per_ns,
+        "a set of buffers per namespace: {} bytes",
+        pool.used_bytes() - before
+    );
     let p1 = io_routed_by_nsid(&mut io);
     ranges_and_flush_per_namespace(&mut io);
     io_refuses_inactive_nsids(&mut io, &p1);

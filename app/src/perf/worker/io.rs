@@ -249,10 +249,10 @@ impl Worker<'_> {
         let data = &mut self.scratch[..ts.io_bytes];
         let md = &mut self.md_scratch[..ts.md_bytes];
         q.buf
-            .read_at(slot_i, data)
+            .read_at(&*q.q, slot_i, data)
             .map_err(|e| format!("verify: reading the read buffer: {e}"))?;
         if let Some(b) = &q.md_buf {
-            b.read_at(slot_i, md)
+            b.read_at(&*q.q, slot_i, md)
                 .map_err(|e| format!("verify: reading the metadata buffer: {e}"))?;
         }
         let mut mismatch = |m: Mismatch| {
@@ -309,17 +309,17 @@ impl Worker<'_> {
             }
         } else {
             q.buf
-                .read_at(slot, data)
+                .read_at(&*q.q, slot, data)
                 .map_err(|e| format!("pi: reading the write buffer: {e}"))?;
         }
         if let Some(f) = ts.pi {
             f.fill(data, md, ts.io_blocks as usize, ref_tag(&f, lba), APP_TAG);
         }
         q.buf
-            .write_at(slot, data)
+            .write_at(&mut *q.q, slot, data)
             .map_err(|e| format!("filling the write buffer: {e}"))?;
-        if let Some(b) = &mut q.md_buf {
-            b.write_at(slot, md)
+        if let Some(b) = &q.md_buf {
+            b.write_at(&mut *q.q, slot, md)
                 .map_err(|e| format!("filling the metadata buffer: {e}"))?;
         }
         Ok(())

@@ -1,8 +1,9 @@
 //! One pinned poller of `kestrel perf`: its queues, its I/O slots, its hot loop.
 //!
 //! Everything a poller touches while running is allocated before the run starts: queue
-//! pairs, DMA buffers (one per I/O slot), the completion list, the HDR histograms (fixed
-//! bounds, no auto-resize) and, with `--verify`, the generation table. The loop:
+//! pairs, DMA buffers (one region per I/O slot, lent to the slot's queue for the run), the
+//! completion list, the HDR histograms (fixed bounds, no auto-resize) and, with
+//! `--verify`, the generation table. The loop:
 //!
 //! ```text
 //! loop:
@@ -218,6 +219,7 @@ struct QueueState {
     /// operation and the blocks and submits it where it lies (`submit_ref`), so the
     /// several-hundred-byte request is neither rebuilt nor copied per I/O.
     reqs: Box<[IoRequest]>,
+    /// The slots' data regions, lent to `q`: their bytes are reached through it.
     buf: bufs::SlotBufs,
     /// Separate metadata: one region per slot (each slot's request points at its own).
     md_buf: Option<bufs::SlotBufs>,

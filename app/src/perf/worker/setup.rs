@@ -139,36 +139,45 @@ fn queue_state(
     t: &dyn Target,
     ts: &TargetState,
     ti: usize,
-    q: Box<dyn TargetQueue>,
+    mut q: Box<dyn TargetQueue>,
     zslots: Box<[zoned::ZoneSlot]>,
 ) -> Result<QueueState, WorkerError> {
     let stride = ts.io_bytes.next_multiple_of(4096);
     let md_stride = ts.md_bytes.next_multiple_of(64);
     let qd = cfg.queue_depth as usize;
     let name = &t.info().name;
-    let buf = SlotBufs::alloc(t.dma_pool(), qd, stride)
+    // Lent to the queue for the whole run: the requests below carry slices of them, and
+    // the queue's lease check is the only per-I/O cost of that.
+    let buf = SlotBufs::lend(t.dma_pool(), q.as_mut(), qd, stride)
         .map_err(|e| format!("core {}: i/o buffers for {name}: {e}", cfg.core))?;
     let md_buf = if ts.md_bytes > 0 {
         Some(
-            SlotBufs::alloc(t.dma_pool(), qd, md_stride)
+            SlotBufs::lend(t.dma_pool(), q.as_mut(), qd, md_stride)
                 .map_err(|e| format!("core {}: metadata buffers for {name}: {e}", cfg.core))?,
         )
     } else {
         None
     };
+    let slice = |b: &SlotBufs, i: usize, len: usize| {
+        b.slice(i, len).ok_or_else(|| {
+            format!(
+                "core {}: i/o buffer slices: {len} bytes past slot {i}'s region",
+                cfg.core
+            )
+        })
+    };
     let reqs = (0..qd)
         .map(|i| {
-            let req = IoRequest::read(0, 0, 0, buf.slice(i, ts.io_bytes)?, i as u64);
+            let req = IoRequest::read(0, 0, 0, slice(&buf, i, ts.io_bytes)?, i as u64);
             Ok(match (&ts.md, &md_buf) {
                 (Some(m), Some(b)) => {
-                    req.with_meta(IoMeta::for_layout(m, b.slice(i, ts.md_bytes)?))
+                    req.with_meta(IoMeta::for_layout(m, slice(b, i, ts.md_bytes)?))
                 }
                 (Some(m), None) => req.with_meta(IoMeta::for_layout(m, IoMeta::NONE.buf)),
                 _ => req,
             })
         })
-        .collect::<Result<Box<[_]>, kestrel::hw::dma::DmaError>>()
-        .map_err(|e| format!("core {}: i/o buffer slices: {e}", cfg.core))?;
+        .collect::<Result<Box<[_]>, WorkerError>>()?;
     Ok(QueueState {
         q,
         target: ti,

@@ -58,7 +58,6 @@
 
 mod poller;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -69,6 +68,8 @@ use crate::io::QueueStats;
 use crate::target::{QueueOptions, Target};
 
 use super::notify::Notify;
+// `std`'s atomics, or loom's in a `--cfg loom` build (see `aio::sync`).
+use super::sync::atomic::{AtomicBool, Ordering};
 use super::wire::{PollerShared, ReactorShared};
 use super::{AioError, ContextOptions, IoContext};
 use poller::{poller_main, PollerConfig};

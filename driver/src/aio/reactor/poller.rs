@@ -2,7 +2,6 @@
 //! requests to its own queues, rings each doorbell once per pass, and posts completions
 //! back; drains at shutdown. See the reactor's module documentation for the pass.
 
-use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -10,10 +9,15 @@ use crate::io::{Completion, IoError, IoRequest, SubmitError};
 use crate::target::{AbortOutcome, QueueOptions, Target, TargetQueue};
 
 use super::super::notify::InterruptWait;
+// `std`'s, or loom's in a `--cfg loom` build (see `aio::sync`).
+use super::super::sync::atomic::Ordering;
 use super::super::wire::{self, CancelMsg, Msg, PollerEnd, PollerShared};
 use super::{
     Backoff, IdlePolicy, OnStart, PollerReport, QueueReport, ReactorError, MAX_CONTEXTS_PER_POLLER,
 };
+
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 /// Spin-loop hints per pause pass.
 const PAUSE_SPINS: u32 = 32;
@@ -457,7 +461,8 @@ impl Poller {
         };
         let mut work = 0u64;
         if let Some((t, req)) = c.stalled.take() {
-            match self.queues[t as usize].submit(req) {
+            // SAFETY: as for the submission below: a request from a context's ring.
+            match unsafe { self.queues[t as usize].submit_unchecked(&req) } {
                 Ok(()) => {
                     self.dirty[t as usize] = true;
                     work += 1;
@@ -502,7 +507,13 @@ impl Poller {
             };
             let ctx_token = req.token;
             req.token = wire::with_ring(ctx_token, id);
-            match q.submit(req) {
+            // SAFETY: every message on a context's ring was built by that context's
+            // `Core::prepare`, which checked each DMA segment to be a slice of a buffer lent
+            // to the context (or of its bounce buffers) from this target's pool; the
+            // context frees neither while the request is outstanding (its events not all
+            // returned), and leaks both if it is dropped before (`IoContext::drop`). The
+            // completion comes back to it through this poller.
+            match unsafe { q.submit_unchecked(&req) } {
                 Ok(()) => {
                     c.in_queue += 1;
                     self.dirty[target as usize] = true;

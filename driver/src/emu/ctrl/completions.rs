@@ -10,6 +10,7 @@ use super::rings::Held;
 use super::Ctrl;
 use crate::emu::faults::FaultAction;
 use crate::emu::mem::Mem;
+use crate::hw::barrier;
 use crate::spec::identify::ErrorLogEntry;
 use crate::spec::{Cqe, Sct, Status};
 
@@ -40,12 +41,16 @@ impl Ctrl {
         e.store_u32(0, cqe.dw0, Ordering::Relaxed);
         e.store_u32(4, cqe.dw1, Ordering::Relaxed);
         e.store_u32(8, cqe.dw2(), Ordering::Relaxed);
-        // Release: dwords 0-2 and every byte the command moved to the host must be visible
-        // to a driver that acquire-loads dword 3 and sees the new phase tag.
+        // dma_wmb: dwords 0-2 and every byte the command moved to the host are visible
+        // before dword 3 with the new phase tag, so a driver that reads dword 3, sees the
+        // phase and then issues its dma_rmb reads this completion and its data. It also
+        // keeps this command's reads of host memory (a write's data) before the host can
+        // learn it may reuse that memory.
+        barrier::dma_wmb();
         e.store_u32(
             12,
             cqe.cid as u32 | ((status as u32) << 16),
-            Ordering::Release,
+            Ordering::Relaxed,
         );
         cq.tail += 1;
         if cq.tail == cq.size {

@@ -7,6 +7,7 @@ use super::events::aen;
 use super::rings::{DbBuf, DbView, Sq};
 use super::{done, fail, Ctrl, Outcome};
 use crate::emu::mem::{GuestSlice, Mem};
+use crate::hw::barrier;
 use crate::spec::{Sqe, Status};
 
 impl Ctrl {
@@ -46,6 +47,7 @@ impl Ctrl {
     /// preemption of this thread between them (a loaded machine) to hit.
     pub(super) fn read_doorbell(&mut self, slot: usize, db: Option<DbView<'_>>) -> Option<u32> {
         let mut new = None;
+        // `read32` ends with a dma_rmb: the entries a new tail covers are read after it.
         let v = self.bar.read32(self.db_off(slot));
         if v != self.db_seen[slot] {
             self.db_seen[slot] = v;
@@ -55,9 +57,12 @@ impl Ctrl {
         if slot >= 2 {
             if let Some(d) = db {
                 if let Some(off) = self.shadow_off(slot, &d.shadow) {
-                    // Acquire: pairs with the driver's release store of the shadow value
-                    // after it wrote the entries.
-                    let s = d.shadow.load_u32(off, Ordering::Acquire);
+                    let s = d.shadow.load_u32(off, Ordering::Relaxed);
+                    // dma_rmb: the entries this value covers are read after it; pairs with
+                    // the driver's dma_wmb between writing them and storing the value
+                    // (`ring::ShadowSlot`). The MMIO register's read (`Bar::read32`) has
+                    // the same barrier.
+                    barrier::dma_rmb();
                     if s != self.shadow_seen[slot] {
                         self.shadow_seen[slot] = s;
                         self.st.shadow_doorbell_reads += 1;
@@ -166,14 +171,14 @@ impl Ctrl {
                 d.eventidx.store_u32(off, cq.head, Ordering::Release);
             }
         }
-        // SeqCst fence: the EventIdx stores above must be visible before the next pass
-        // loads the shadow doorbells (a store-load order, which release/acquire do not
-        // give). It pairs with the driver's fence between its shadow store and its EventIdx
-        // load (`ring::ShadowSlot::publish`): either that pass sees the driver's new value,
-        // or the driver sees the armed EventIdx and writes MMIO. Without it both can miss,
-        // and the update waits for a later pass (this controller polls the shadow page on
-        // every pass, so that costs up to one sleep interval, never the update).
-        std::sync::atomic::fence(Ordering::SeqCst);
+        // dma_mb: the EventIdx stores above are visible before the next pass loads the
+        // shadow doorbells (a store-load order, which dma_wmb/dma_rmb do not give). It
+        // pairs with the driver's dma_mb between its shadow store and its EventIdx load
+        // (`ring::ShadowSlot::publish`): either that pass sees the driver's new value, or
+        // the driver sees the armed EventIdx and writes MMIO. Without it both can miss, and
+        // the update waits for a later pass (this controller polls the shadow page on every
+        // pass, so that costs up to one sleep interval, never the update).
+        barrier::dma_mb();
     }
 
     pub(super) fn doorbell_buffer_config(&mut self, mem: &Mem<'_>, sqe: &Sqe) -> Outcome {

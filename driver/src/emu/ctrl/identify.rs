@@ -86,6 +86,10 @@ impl Ctrl {
             dlfeat: 0x09,
             ..Default::default()
         };
+        if let Some(n) = self.inj.nsze() {
+            // A fault: identify data that is wrong (the namespace keeps its real size).
+            (id.nsze, id.ncap, id.nuse) = (n, n, n);
+        }
         id.lbaf[0] = LbaFormat {
             ms: 0,
             lbads: 9,

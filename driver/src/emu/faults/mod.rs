@@ -144,6 +144,10 @@ pub struct FaultPlan {
     pub fatal_after: Option<u64>,
     /// Surprise removal after this many I/O commands (counted from installation).
     pub remove_after: Option<u64>,
+    /// Identify Namespace reports this NSZE (and NCAP and NUSE) for every namespace,
+    /// whatever its size: a device whose identify data is wrong. The namespaces keep their
+    /// real size for I/O.
+    pub nsze: Option<u64>,
 }
 
 impl Default for FaultPlan {
@@ -153,6 +157,7 @@ impl Default for FaultPlan {
             seed: 1,
             fatal_after: None,
             remove_after: None,
+            nsze: None,
         }
     }
 }
@@ -160,7 +165,10 @@ impl Default for FaultPlan {
 impl FaultPlan {
     /// Whether the plan does nothing.
     pub fn is_empty(&self) -> bool {
-        self.rules.is_empty() && self.fatal_after.is_none() && self.remove_after.is_none()
+        self.rules.is_empty()
+            && self.fatal_after.is_none()
+            && self.remove_after.is_none()
+            && self.nsze.is_none()
     }
 
     /// Parses a fault spec (grammar in the module doc of [`crate::emu`]). A spec that asks
@@ -177,7 +185,7 @@ impl FaultPlan {
                 why,
             };
             let action = item.split('/').next().unwrap_or_default();
-            if matches!(action, "seed" | "fatal" | "remove") {
+            if matches!(action, "seed" | "fatal" | "remove" | "nsze") {
                 if seen.contains(&action) {
                     return Err(err(format!("{action} is given twice")));
                 }
@@ -456,6 +464,11 @@ impl Injector {
     pub(super) fn injected(&self) -> u64 {
         self.injected
     }
+
+    /// The NSZE Identify Namespace reports instead of the namespace's, if the plan says.
+    pub(super) fn nsze(&self) -> Option<u64> {
+        self.plan.nsze
+    }
 }
 
 #[cfg(test)]
@@ -466,10 +479,13 @@ mod tests {
     #[test]
     fn parse_full_spec() {
         let p = FaultPlan::parse(
-            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42+pi-guard/read/1%+pi-ref/read/max1+pi-app/io",
+            "status/read/2-81/dnr/1%+drop/write/0.001+delay/io/5ms/10%/max3+dup/flush+spurious/io/cid900/0.5%+status/admin0x05/internal+fatal/after/1000+remove/after/5000+seed/42+pi-guard/read/1%+pi-ref/read/max1+pi-app/io+nsze/0x10000000000000",
         )
         .unwrap();
         assert_eq!(p.seed, 42);
+        assert_eq!(p.nsze, Some(1 << 52));
+        assert_eq!(FaultPlan::parse("nsze/1024").unwrap().nsze, Some(1024));
+        assert!(!FaultPlan::parse("nsze/1").unwrap().is_empty());
         assert_eq!(p.fatal_after, Some(1000));
         assert_eq!(p.remove_after, Some(5000));
         assert_eq!(p.rules.len(), 9);
@@ -529,6 +545,10 @@ mod tests {
             "drop/read/1%/2%",
             "drop/read/max1/max2",
             "fatal/after/5/7",
+            "nsze/0",
+            "nsze/many",
+            "nsze/",
+            "nsze/5/6",
         ] {
             let e = FaultPlan::parse(bad).unwrap_err();
             let msg = e.to_string();

@@ -96,8 +96,8 @@ fn num(s: Option<&str>, what: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{what} needs a number"))
 }
 
-/// The items that set the plan rather than add a rule (`seed`, `fatal`, `remove`);
-/// returns whether `action` was one.
+/// The items that set the plan rather than add a rule (`seed`, `fatal`, `remove`,
+/// `nsze`); returns whether `action` was one.
 fn parse_plan_item<'a>(
     action: &str,
     f: &mut impl Iterator<Item = &'a str>,
@@ -106,6 +106,22 @@ fn parse_plan_item<'a>(
     match action {
         "seed" => {
             plan.seed = num(f.next(), "seed")?;
+            Ok(true)
+        }
+        "nsze" => {
+            let v = f.next().ok_or("nsze needs a number of blocks")?;
+            let n = match v.strip_prefix("0x") {
+                Some(h) => u64::from_str_radix(h, 16).ok(),
+                None => v.parse().ok(),
+            }
+            .ok_or_else(|| format!("bad nsze `{v}` (a number of blocks, decimal or 0x hex)"))?;
+            if n == 0 {
+                return Err("nsze/0 hides every namespace; give a number of blocks".into());
+            }
+            if let Some(extra) = f.next() {
+                return Err(format!("unexpected `{extra}` after the nsze"));
+            }
+            plan.nsze = Some(n);
             Ok(true)
         }
         "fatal" | "remove" => {
@@ -163,7 +179,7 @@ fn parse_rule_action<'a>(
         "spurious" => FaultAction::Spurious,
         _ => {
             return Err(format!(
-                "unknown fault `{action}`: use status, delay, drop, dup, spurious, pi-guard, pi-app, pi-ref, fatal, remove or seed"
+                "unknown fault `{action}`: use status, delay, drop, dup, spurious, pi-guard, pi-app, pi-ref, fatal, remove, nsze or seed"
             ))
         }
     };

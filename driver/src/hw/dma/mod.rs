@@ -21,6 +21,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::spec::PAGE_SIZE;
 
+mod lease;
+pub use lease::{LeaseError, Leases, LeasesMut, MAX_LENT};
+
 /// Errors of the DMA layer.
 #[derive(Debug, thiserror::Error)]
 pub enum DmaError {
@@ -325,23 +328,65 @@ impl core::fmt::Debug for DmaPool {
     }
 }
 
-/// A run of device-visible memory: what a command's data pointer refers to. Plain data,
-/// copied into requests; it does not keep the memory alive (the pool does).
+/// A run of device-visible memory: what a command's data pointer refers to.
+///
+/// A handle, not a pointer: it is made only by lending a [`DmaBuf`] to the queue or
+/// context that submits I/O with it (`TargetQueue::lend`, `IoContext::lend`, which own the
+/// buffer from then on) and narrowed with [`DmaSlice::sub`]; its fields are private, so
+/// safe code cannot point it anywhere else. It carries the lease it belongs to, and every
+/// submission checks that lease against the submitting queue's table ([`Leases`]): a
+/// slice of a buffer lent elsewhere, or given back, is refused. `Copy`, so requests stay
+/// plain data.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct DmaSlice {
     /// Process virtual address of the first byte.
-    pub vaddr: usize,
+    pub(crate) vaddr: usize,
     /// IOVA of the first byte.
-    pub iova: u64,
+    pub(crate) iova: u64,
     /// Length in bytes.
-    pub len: usize,
+    pub(crate) len: usize,
     /// Index of the pool region holding it (the fixed-buffer index of io_uring targets).
-    pub region: u32,
+    pub(crate) region: u32,
+    /// The slot of its lease in the owner's table ([`Leases`]).
+    pub(crate) slot: u16,
     /// Virtual address of the start of that region.
-    pub region_vaddr: usize,
+    pub(crate) region_vaddr: usize,
+    /// The lease of the lent buffer it is a slice of ([`NO_LEASE`]: none; such a slice is
+    /// refused by every submission that checks leases).
+    pub(crate) lease: u64,
 }
 
+/// The lease of a slice that is not a slice of a lent buffer: no table holds it.
+pub(crate) const NO_LEASE: u64 = u64::MAX;
+const _: () = assert!(std::mem::size_of::<DmaSlice>() == 48);
+
 impl DmaSlice {
+    /// The empty slice: no memory, no lease (the data of a request without data).
+    pub const EMPTY: DmaSlice = DmaSlice {
+        vaddr: 0,
+        iova: 0,
+        len: 0,
+        region: 0,
+        slot: 0,
+        region_vaddr: 0,
+        lease: NO_LEASE,
+    };
+
+    /// A run of memory with no lease, for computations on addresses alone (PRP lists,
+    /// layouts, fuzzing them): every submission refuses it, since no lease table holds
+    /// its lease, and nothing reads or writes through it.
+    pub const fn unleased(vaddr: usize, iova: u64, len: usize) -> DmaSlice {
+        DmaSlice {
+            vaddr,
+            iova,
+            len,
+            region: 0,
+            slot: 0,
+            region_vaddr: 0,
+            lease: NO_LEASE,
+        }
+    }
+
     /// A sub-slice, or `None` when it does not fit.
     pub fn sub(&self, offset: usize, len: usize) -> Option<DmaSlice> {
         (offset.checked_add(len)? <= self.len).then_some(DmaSlice {
@@ -350,6 +395,49 @@ impl DmaSlice {
             len,
             ..*self
         })
+    }
+    /// `len` bytes at `offset`, or [`DmaError::OutOfBounds`].
+    pub fn slice(&self, offset: usize, len: usize) -> Result<DmaSlice, DmaError> {
+        self.sub(offset, len).ok_or(DmaError::OutOfBounds {
+            offset,
+            len,
+            buf_len: self.len,
+        })
+    }
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it has no bytes.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// IOVA of the first byte (what the device is given).
+    #[inline]
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+    /// Process virtual address of the first byte, as a number: for messages and for
+    /// matching the slice with memory handed to C (`kestrel_dma_alloc`). Reaching the
+    /// bytes goes through the queue that holds the buffer (`TargetQueue::read_lent`).
+    #[inline]
+    pub fn addr(&self) -> usize {
+        self.vaddr
+    }
+    /// Index of the pool region holding it.
+    #[inline]
+    pub fn region(&self) -> u32 {
+        self.region
+    }
+    /// The same run with lease `lease` in slot `slot` (lending).
+    pub(crate) const fn with_lease(self, lease: u64, slot: u16) -> DmaSlice {
+        DmaSlice {
+            lease,
+            slot,
+            ..self
+        }
     }
 }
 
@@ -361,13 +449,18 @@ pub struct DmaBuf {
     region: u32,
     first_page: usize,
     pages: usize,
+    /// Never given back to the pool, and the pool never unmapped ([`DmaBuf::leak`]).
+    leaked: bool,
     pool: Arc<PoolShared>,
 }
 
 // SAFETY: the buffer refers to pool memory kept alive by `pool`; it is reached only
 // through raw-pointer copies, writes need &mut self.
 unsafe impl Send for DmaBuf {}
-// SAFETY: &self methods only read (copy out), which is race-free against other readers.
+// SAFETY: through `&self` the buffer's bytes are only read (`read_at`, `to_vec`: copies
+// out through the raw pointer) and `as_ptr` gives a `*const u8`; every write needs
+// `&mut self` (`write_at`, `fill`, `as_mut_ptr`). So shared references on several threads
+// only ever read concurrently, which is race-free.
 unsafe impl Sync for DmaBuf {}
 
 impl DmaPool {
@@ -384,6 +477,11 @@ impl DmaPool {
                 }),
             }),
         }
+    }
+
+    /// The mapper's name, for messages.
+    pub fn mapper_name(&self) -> String {
+        self.shared.mapper.name()
     }
 
     /// The options the pool was made with.
@@ -495,6 +593,7 @@ impl DmaPool {
             region: ri as u32,
             first_page: start,
             pages,
+            leaked: false,
             pool: Arc::clone(sh),
         })
     }
@@ -520,6 +619,11 @@ impl DmaPool {
 
 impl Drop for DmaBuf {
     fn drop(&mut self) {
+        if self.leaked {
+            // Keep the pool, and so every region, mapped for the life of the process.
+            std::mem::forget(Arc::clone(&self.pool));
+            return;
+        }
         let mut st = self.pool.state.lock().unwrap();
         st.used_bytes -= self.pages * PAGE_SIZE;
         let slot = &mut st.regions[self.region as usize];
@@ -554,24 +658,44 @@ impl DmaBuf {
     pub fn iova(&self) -> u64 {
         self.iova
     }
-    /// Raw pointer to the first byte, for FFI and io_uring. Never turn it into a reference
-    /// while a command may be using the buffer.
-    pub fn as_ptr(&self) -> *mut u8 {
+    /// Raw pointer to the first byte, to read through (FFI, io_uring registration). Never
+    /// turn it into a reference while a command may be using the buffer.
+    pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
-    /// The whole buffer as a [`DmaSlice`].
-    pub fn slice_all(&self) -> DmaSlice {
+    /// Raw pointer to the first byte, to write through (FFI, `recv` into the buffer):
+    /// `&mut self`, so nothing else reads the buffer through this value meanwhile.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    /// Makes dropping the buffer leak it: its pages are never handed out again and its
+    /// pool's regions stay mapped for the life of the process. For memory a device may
+    /// still use when its owner goes (a queue that could not be deleted).
+    pub fn leak(&mut self) {
+        self.leaked = true;
+    }
+    /// Whether the buffer was allocated from `pool` (a clone of it): memory mapped for the
+    /// devices of that pool.
+    pub fn is_from(&self, pool: &DmaPool) -> bool {
+        Arc::ptr_eq(&self.pool, &pool.shared)
+    }
+    /// The whole buffer as a [`DmaSlice`] with no lease: for the crate's own commands
+    /// (admin, bounce buffers it lends itself) and tests; lend the buffer to get a slice
+    /// a queue accepts.
+    pub(crate) fn slice_all(&self) -> DmaSlice {
         let region_vaddr = self.ptr.as_ptr() as usize - self.first_page * PAGE_SIZE;
         DmaSlice {
             vaddr: self.ptr.as_ptr() as usize,
             iova: self.iova,
             len: self.len,
             region: self.region,
+            slot: 0,
             region_vaddr,
+            lease: NO_LEASE,
         }
     }
-    /// `len` bytes at `offset` as a [`DmaSlice`].
-    pub fn slice(&self, offset: usize, len: usize) -> Result<DmaSlice, DmaError> {
+    /// `len` bytes at `offset` as a [`DmaSlice`] with no lease (as [`DmaBuf::slice_all`]).
+    pub(crate) fn slice(&self, offset: usize, len: usize) -> Result<DmaSlice, DmaError> {
         self.slice_all()
             .sub(offset, len)
             .ok_or(DmaError::OutOfBounds {

@@ -99,6 +99,11 @@ impl IoQpair {
         self.stats.completed += delivered as u64;
         if reaped > 0 {
             self.ring_cq(old_head);
+            if self.leases.has_released() && self.outstanding() == 0 {
+                // Nothing outstanding any more: no command the device holds names a
+                // released buffer.
+                self.leases.collect();
+            }
             if !self.pending.is_empty() || self.splitting.is_some() {
                 self.drain_pending();
             }
@@ -112,6 +117,11 @@ impl IoQpair {
         if self.polls_since_housekeeping >= HOUSEKEEPING_EVERY {
             self.polls_since_housekeeping = 0;
             self.housekeeping();
+            if self.leases.has_released() && self.outstanding() == 0 {
+                // Nothing outstanding: no command the device holds names a released
+                // buffer.
+                self.leases.collect();
+            }
         }
         delivered
     }

@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hw::clock::Clock;
-use crate::hw::dma::DmaBuf;
+use crate::hw::dma::{DmaBuf, DmaSlice, LeaseError, Leases, LeasesMut};
 use crate::hw::mmio::Doorbell;
 use crate::io::{Completion, IoError, IoRequest, QueueStats};
 use crate::nvme::prp::PrpListMem;
@@ -260,8 +260,8 @@ impl Parent {
 /// - line 2: the shadow doorbell slots, the SQ position counter (which also counts the
 ///   commands placed) and the coarse clock;
 /// - line 3: the SQ and CQ doorbells and the namespace table;
-/// - line 4: the controller (epoch) and the epoch seen, the completion cap, the request
-///   being split, the doorbell mode and flags.
+/// - line 4: the controller (epoch) and the epoch seen, the lent buffers' table, the
+///   completion cap, the request being split, the doorbell mode and flags.
 ///
 /// Then the counters on lines of their own (5 and 6: written by every submission and
 /// completion), then the fields no I/O of one or two pages touches.
@@ -290,6 +290,9 @@ pub struct IoQpair {
     // ---- line 4 ----
     ctrlr: Arc<CtrlrShared>,
     epoch: u64,
+    /// The buffers lent to the queue: every data and metadata segment of a request is
+    /// checked against it at submission ([`Leases::holds`]).
+    leases: Leases,
     polls_since_housekeeping: u32,
     max_completions: u32,
     splitting: Option<u16>,
@@ -366,9 +369,10 @@ const _: () = {
     assert!(offset_of!(IoQpair, sq_db) == 3 * 64);
     assert!(offset_of!(IoQpair, ns) + 16 == 4 * 64);
     assert!(offset_of!(IoQpair, ctrlr) == 4 * 64);
-    // Line 4 ends at byte 292: 28 bytes are free for a hot field before the counters'
+    // Line 4 ends at byte 308: 12 bytes are free for a hot field before the counters'
     // lines; move this with it.
-    assert!(offset_of!(IoQpair, max_retries) + 1 == 292);
+    assert!(offset_of!(IoQpair, leases) == 4 * 64 + 16);
+    assert!(offset_of!(IoQpair, max_retries) + 1 == 308);
     assert!(offset_of!(IoQpair, stats) == 5 * 64);
     assert!(std::mem::size_of::<LineAligned<QueueStats>>() == 2 * 64);
     assert!(offset_of!(IoQpair, prp_lists) == 7 * 64);
@@ -411,11 +415,11 @@ pub(crate) struct QpairParts {
 impl QpairParts {
     /// Where each buffer of PRP list pages is, for the qpair's PRP building (each
     /// tracker's pages are `prp_pages_per_tracker` long).
-    fn prp_list_mems(&self) -> Box<[PrpListMem]> {
+    fn prp_list_mems(&mut self) -> Box<[PrpListMem]> {
         self.prp_mem
-            .iter()
+            .iter_mut()
             .map(|b| PrpListMem {
-                vaddr: b.as_ptr().cast::<u64>(),
+                vaddr: b.as_mut_ptr().cast::<u64>(),
                 iova: b.iova(),
                 pages: self.prp_pages_per_tracker,
             })
@@ -424,7 +428,7 @@ impl QpairParts {
 }
 
 impl IoQpair {
-    pub(crate) fn new(ctrlr: Arc<CtrlrShared>, parts: QpairParts, opts: &QpairOptions) -> Self {
+    pub(crate) fn new(ctrlr: Arc<CtrlrShared>, mut parts: QpairParts, opts: &QpairOptions) -> Self {
         let depth = parts.rings.depth();
         let ntrk = (depth as u32 - 1).min(MAX_TRACKERS) as usize;
         let trackers: Box<[Tracker]> = (0..ntrk).map(|_| Tracker::IDLE).collect();
@@ -468,6 +472,7 @@ impl IoQpair {
             polls_since_housekeeping: 0,
             max_completions,
             epoch: ctrlr.epoch(),
+            leases: Leases::new(&ctrlr.pool),
             injecting: false,
             sq_seq: 0,
             ns,
@@ -689,8 +694,57 @@ impl IoQpair {
     }
 }
 
+impl IoQpair {
+    /// Lends `buf` to the queue: the queue owns it from now on, and the slice returned
+    /// (the whole buffer; narrow it with [`DmaSlice::sub`]) is what requests carry. The
+    /// buffer must come from the controller's DMA pool. See [`crate::hw::dma::Leases`].
+    pub fn lend(&mut self, buf: DmaBuf) -> Result<DmaSlice, LeaseError> {
+        self.leases.lend(buf)
+    }
+    /// The buffers lent to the queue: their contents ([`Leases::read`], [`Leases::write`],
+    /// [`Leases::buffer`]).
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+    /// As [`IoQpair::leases`], to lend more or write into lent buffers (never to free one:
+    /// [`IoQpair::reclaim`] and [`IoQpair::release`] do that).
+    pub fn leases_mut(&mut self) -> LeasesMut<'_> {
+        LeasesMut::new(&mut self.leases)
+    }
+    /// Gives back the buffer `s` is a slice of, when nothing is outstanding on the queue
+    /// ([`LeaseError::InFlight`] otherwise: poll until [`IoQpair::outstanding`] is 0).
+    pub fn reclaim(&mut self, s: &DmaSlice) -> Result<DmaBuf, LeaseError> {
+        let n = self.outstanding();
+        self.leases.reclaim(s, n)
+    }
+    /// Gives up the buffer `s` is a slice of: refused from now on, freed once nothing is
+    /// outstanding on the queue.
+    pub fn release(&mut self, s: &DmaSlice) -> Result<(), LeaseError> {
+        let n = self.outstanding();
+        self.leases.release(s, n)
+    }
+}
+
 impl Drop for IoQpair {
     fn drop(&mut self) {
-        self.ctrlr.release_io_queue(self.qid, self.removed);
+        // The device must be done with every command before the memory they name (lent
+        // buffers, PRP lists, the rings themselves) goes back to the pool: Delete I/O SQ
+        // completes or aborts every command of the queue. When that cannot be made sure
+        // (the delete failed or timed out), the memory is leaked instead.
+        if !self.ctrlr.release_io_queue(self.qid, self.removed) {
+            tracing::error!(
+                qid = self.qid,
+                outstanding = self.outstanding(),
+                "{}: qid {} could not be deleted, so the controller may still use its memory; leaking its rings, prp lists and {} lent buffers",
+                self.ctrlr.describe,
+                self.qid,
+                self.leases.lent()
+            );
+            self.leases.leak_all();
+            self.rings.leak_memory();
+            for b in self._prp_mem.iter_mut() {
+                b.leak();
+            }
+        }
     }
 }

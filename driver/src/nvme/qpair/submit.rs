@@ -46,9 +46,16 @@ impl IoQpair {
     /// building the command and its PRPs) work from; they check nothing again.
     #[inline]
     pub(super) fn check(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
-        match self.check_common(req) {
+        self.check_as::<true>(req)
+    }
+
+    /// [`IoQpair::check`], with the ownership rule ([`IoQpair::check_leases`]) applied
+    /// when `LEASED` (every submission but [`IoQpair::submit_unchecked`]'s).
+    #[inline]
+    fn check_as<const LEASED: bool>(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
+        match self.check_common::<LEASED>(req) {
             Some(ns) => Ok(ns),
-            None => self.check_full(req),
+            None => self.check_full(req, LEASED),
         }
     }
 
@@ -58,7 +65,7 @@ impl IoQpair {
     /// serves. `None` is not a verdict: the request goes through [`IoQpair::check_full`],
     /// which gives every other request its answer.
     #[inline]
-    fn check_common(&self, req: &IoRequest) -> Option<IoNs> {
+    fn check_common<const LEASED: bool>(&self, req: &IoRequest) -> Option<IoNs> {
         let ns = self.ns_entry(req.nsid)?;
         let s = req.data.single()?;
         // A zoned namespace's write goes out as one command (pieces of a split one could
@@ -74,8 +81,9 @@ impl IoQpair {
                 .checked_add(req.nlb as u64)
                 .is_some_and(|end| end <= ns.num_blocks)
             && s.len as u64 >= req.nlb as u64 * ns.block_size as u64
-            && s.iova % 4 == 0)
-            .then_some(*ns)
+            && s.iova % 4 == 0
+            && (!LEASED || self.leases.holds(s)))
+        .then_some(*ns)
     }
 
     /// The check of the submission fast path: a whole (at most one command's blocks) Read
@@ -86,7 +94,7 @@ impl IoQpair {
     /// request takes the general path, whose check answers). What passes is what
     /// [`IoQpair::issue_direct`] builds the command from.
     #[inline]
-    fn check_direct(&self, req: &IoRequest) -> Option<Direct> {
+    fn check_direct<const LEASED: bool>(&self, req: &IoRequest) -> Option<Direct> {
         let ns = self.ns.get(req.nsid.wrapping_sub(1) as usize)?;
         let s = req.data.single()?;
         let nlb = req.nlb;
@@ -100,19 +108,20 @@ impl IoQpair {
             && nlb.wrapping_sub(1) < ns.chunk_blocks
             && req.lba <= ns.num_blocks - nlb as u64
             && s.len as u64 >= bytes
-            && s.iova % 4 == 0)
-            .then_some(Direct {
-                iova: s.iova,
-                bytes,
-                cdw12: u64::from((nlb - 1) | ns.rw_cdw12),
-                reftag: ns.reftag,
-            })
+            && s.iova % 4 == 0
+            && (!LEASED || self.leases.holds(s)))
+        .then_some(Direct {
+            iova: s.iova,
+            bytes,
+            cdw12: u64::from((nlb - 1) | ns.rw_cdw12),
+            reftag: ns.reftag,
+        })
     }
 
     /// Every rule, for every operation: the error a request that breaks one gets.
     #[cold]
     #[inline(never)]
-    fn check_full(&self, req: &IoRequest) -> Result<IoNs, InvalidRequest> {
+    fn check_full(&self, req: &IoRequest, leased: bool) -> Result<IoNs, InvalidRequest> {
         let ns = self
             .ns_entry(req.nsid)
             .ok_or(InvalidRequest::InactiveNamespace { nsid: req.nsid })?;
@@ -122,6 +131,9 @@ impl IoQpair {
         if ns.has(ns_flags::ZONED) || req.op.is_zoned() {
             let zones = self.ctrlr.ns_info(req.nsid).and_then(|n| n.zones);
             self.validate_zoned(req, zones, ns)?;
+        }
+        if leased {
+            self.check_leases(req)?;
         }
         let op = req.op.name();
         if !req.op.has_data() && !req.data.is_empty() {
@@ -166,6 +178,30 @@ impl IoQpair {
             _ => {}
         }
         Ok(ns)
+    }
+
+    /// The ownership rule: every data segment, and a separate metadata buffer, is a slice
+    /// of a buffer lent to this queue ([`Leases::holds`](crate::hw::dma::Leases::holds)), so the memory stays the queue's
+    /// until the device is done with it.
+    fn check_leases(&self, req: &IoRequest) -> Result<(), InvalidRequest> {
+        for (index, s) in req.data.as_slice().iter().enumerate() {
+            if !self.leases.holds(s) {
+                return Err(InvalidRequest::NotLent {
+                    index,
+                    iova: s.iova,
+                    len: s.len,
+                });
+            }
+        }
+        let m = &req.meta.buf;
+        if req.meta.with && !m.is_empty() && !self.leases.holds(m) {
+            return Err(InvalidRequest::NotLent {
+                index: crate::io::MAX_SEGMENTS,
+                iova: m.iova,
+                len: m.len,
+            });
+        }
+        Ok(())
     }
 
     /// The data rules of a transfer: a buffer holding the blocks (or the report), whose
@@ -352,10 +388,31 @@ impl IoQpair {
     /// command, unless it has to wait in the software queue). As [`IoQpair::submit`].
     #[inline]
     pub fn submit_ref(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.submit_as::<true>(req)
+    }
+
+    /// As [`IoQpair::submit_ref`], without the ownership rule: the data and metadata
+    /// segments need not be slices of buffers lent to this queue (the other rules apply).
+    /// For a layer that owns the buffers itself (an aio context hands its requests to a
+    /// poller's queue).
+    ///
+    /// # Safety
+    /// Every data segment and the separate metadata buffer of `req` must be memory of the
+    /// controller's DMA pool that stays allocated, and is not handed to anything else,
+    /// until this queue has delivered the request's completion. A request whose completion
+    /// is never delivered (the queue was dropped first) keeps its memory for good: the
+    /// queue cannot tell whether the device still holds it.
+    #[inline]
+    pub unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        self.submit_as::<false>(req)
+    }
+
+    #[inline(always)]
+    fn submit_as<const LEASED: bool>(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
         // The common case straight through: a whole Read or Write that passes the check
         // in a few comparisons, on a queue open to direct submission, with a free tracker.
         if self.direct {
-            if let Some(d) = self.check_direct(req) {
+            if let Some(d) = self.check_direct::<LEASED>(req) {
                 if let Some(cid) = self.free.pop() {
                     self.issue_direct(cid, req, d);
                     self.stats.submitted += 1;
@@ -363,15 +420,20 @@ impl IoQpair {
                 }
             }
         }
-        self.submit_general(req)
+        self.submit_general(req, LEASED)
     }
 
     /// Every other submission: the full check, any operation, a split, the software
     /// queue, a queue whose device is gone.
     #[cold]
     #[inline(never)]
-    fn submit_general(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
-        let ns = match self.check(req) {
+    fn submit_general(&mut self, req: &IoRequest, leased: bool) -> Result<(), SubmitError> {
+        let checked = if leased {
+            self.check_as::<true>(req)
+        } else {
+            self.check_as::<false>(req)
+        };
+        let ns = match checked {
             Ok(ns) => ns,
             Err(reason) => {
                 return Err(SubmitError::Invalid {
@@ -440,12 +502,22 @@ impl IoQpair {
     }
 
     /// Submits a raw command (passthrough): the caller's SQE with CID and data pointer
-    /// filled in by the qpair from `data` (PRPs built as for reads and writes). No
-    /// validation beyond the PRP rules and the format rule (nothing goes to a namespace
-    /// whose format the driver does not implement): the device judges the rest. Used by
-    /// conformance tests to check device-reported errors. Raw commands are never retried,
-    /// nor resubmitted after a reset (they complete with `IoError::Aborted` then).
-    pub fn submit_raw(
+    /// filled in by the qpair from `data` (PRPs built as for reads and writes; `data` must
+    /// be a slice of a buffer lent to this queue). No validation beyond the PRP rules and
+    /// the format rule (nothing goes to a namespace whose format the driver does not
+    /// implement): the device judges the rest. Used by conformance tests to check
+    /// device-reported errors. Raw commands are never retried, nor resubmitted after a
+    /// reset (they complete with `IoError::Aborted` then).
+    ///
+    /// # Safety
+    /// Nothing in the SQE is checked against the memory the command makes the device
+    /// touch: the transfer its opcode and fields describe must fit in `data` (its PRPs are
+    /// built for `data`'s length only: a longer transfer would read PRP2's page as a PRP
+    /// list), and any other address it carries (PRPs without `data`, MPTR, an SGL) must be
+    /// memory that stays allocated and used by nothing else until the command's completion
+    /// is delivered, or the command must be one the controller refuses before any
+    /// transfer.
+    pub unsafe fn submit_raw(
         &mut self,
         mut sqe: Sqe,
         data: Option<DmaSlice>,
@@ -458,6 +530,16 @@ impl IoQpair {
             return Err(SubmitError::Invalid {
                 token,
                 reason: InvalidRequest::UnsupportedFormat { nsid: sqe.nsid },
+            });
+        }
+        if let Some(d) = data.filter(|d| !self.leases.holds(d)) {
+            return Err(SubmitError::Invalid {
+                token,
+                reason: InvalidRequest::NotLent {
+                    index: 0,
+                    iova: d.iova,
+                    len: d.len,
+                },
             });
         }
         let Some(cid) = self.free.pop() else {

@@ -183,6 +183,12 @@ fn refuses_with_reasons_and_the_grammar() {
         ("emu:size=4q", "invalid size"),
         ("emu:size=0", "at least one block"),
         ("emu:size=1000,lba=4096", "whole number of 4096-byte blocks"),
+        (
+            "emu:size=1000",
+            "whole number of 4096-byte blocks (lba= not given",
+        ),
+        ("emu:size=6K", "whole number of 4096-byte blocks"),
+        ("emu:lba=512,size=1000", "whole number of 512-byte blocks"),
         ("emu:namespaces=0", "1 to 64"),
         ("emu:namespaces=65", "1 to 64"),
         ("emu:size=1G,size=2G", "given twice"),

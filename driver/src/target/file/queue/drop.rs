@@ -102,6 +102,9 @@ impl FileQueue {
 
     /// The kernel may still write our memory: never unmap it.
     fn leak(&mut self) {
+        // The kernel may still write the lent buffers: they are never freed, and the pool
+        // (so every region) stays mapped.
+        self.leases.leak_all();
         std::mem::forget(self.pool.clone());
         std::mem::forget(std::mem::take(&mut self.iovecs));
     }

@@ -8,14 +8,18 @@
 //! - `sw`: the bounded software queue for requests that find every slot busy.
 //!
 //! # Buffer lifetimes (why the `unsafe` pushes are sound)
-//! Every data segment is checked at submit to lie inside a region of this queue's
-//! [`DmaPool`], whose memory stays mapped until the pool's last clone is dropped; the queue
-//! holds a clone, and its `Drop` waits for every operation the kernel holds before the
-//! ring (declared first, so dropped first) and then the pool are released. The iovec
-//! arrays are reached only through `iovecs[slot]`, which is not rewritten while the slot's
-//! operation is in flight. The file is registered with the ring (`Fixed(0)`), so the ring
-//! holds its own reference. What the caller owes, as with every target: a buffer is not
-//! reused or freed until its request completes.
+//! Every data segment is checked at submit to be a slice of a buffer lent to this queue
+//! (`leases`, [`crate::hw::dma::Leases`]; or, through the `unsafe`
+//! [`TargetQueue::submit_unchecked`], memory its caller keeps until the completion) and to
+//! lie inside a region of this queue's [`DmaPool`], whose memory stays mapped until the
+//! pool's last clone is dropped; the queue holds a clone. A lent buffer is given back or
+//! freed only while nothing is outstanding, and the queue's `Drop` waits for every
+//! operation the kernel holds before the ring (declared first, so dropped first), the lent
+//! buffers and then the pool are released; when it cannot wait (another thread owns the
+//! ring, the drain timeout passed) it leaks the lent buffers and the pool instead. The
+//! iovec arrays are reached only through `iovecs[slot]`, which is not rewritten while the
+//! slot's operation is in flight. The file is registered with the ring (`Fixed(0)`), so the
+//! ring holds its own reference.
 //!
 //! # Syscalls
 //! `submit` only writes SQEs. `flush` makes one `io_uring_enter` for everything pushed since
@@ -33,7 +37,7 @@ use std::time::{Duration, Instant};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{DiscardKind, FileError, FileKind, Shared};
-use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice};
+use crate::hw::dma::{DmaBuf, DmaPool, DmaSlice, Leases, LeasesMut};
 use crate::hw::limits::Limit;
 use crate::io::{
     Busy, Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError,
@@ -169,6 +173,9 @@ pub struct FileQueue {
     // The ring is declared first so it is dropped (closed, buffers unregistered) before the
     // pool clone below releases the memory registered with it.
     ring: IoUring,
+    /// The buffers lent to the queue; freed after `Drop` has waited for the ring (or
+    /// leaked with it).
+    leases: Leases,
     shared: Arc<Shared>,
     slots: Box<[Slot]>,
     iovecs: Box<[[IoVec; MAX_SEGMENTS]]>,
@@ -247,6 +254,7 @@ impl FileQueue {
         };
         let mut q = FileQueue {
             ring,
+            leases: Leases::new(&pool),
             slots: vec![Slot::FREE; n].into_boxed_slice(),
             iovecs: vec![[IoVec::default(); MAX_SEGMENTS]; n].into_boxed_slice(),
             free: (0..n as u32).rev().collect(),
@@ -327,23 +335,36 @@ impl FileQueue {
     }
 }
 
-impl TargetQueue for FileQueue {
-    fn stranded_here(&self) -> Option<u32> {
-        if !self.single_issuer || self.owner == 0 || self.owner == thread_token() {
-            return None;
+impl FileQueue {
+    /// The end of a poll: requests from the software queue into freed slots, the idle
+    /// count, and released buffers freed once nothing is outstanding.
+    fn after_poll(&mut self, idle: bool) {
+        while !self.sw.is_empty() {
+            let Some(idx) = self.free.pop() else {
+                break;
+            };
+            let req = self.sw.pop_front().expect("software queue is not empty");
+            self.dispatch(idx, req);
         }
-        let in_kernel = self.in_ring - self.unsubmitted.min(self.in_ring);
-        (in_kernel > 0).then_some(in_kernel)
+        if idle {
+            self.stats.idle_polls += 1;
+        }
+        if self.leases.has_released() && self.outstanding() == 0 {
+            // Nothing outstanding: no operation the kernel holds names a released buffer.
+            self.leases.collect();
+        }
     }
 
-    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+    /// Submission: the thread and request checks (the ownership rule when `leased`), then
+    /// a free slot, or the software queue.
+    fn submit_as(&mut self, req: IoRequest, leased: bool) -> Result<(), SubmitError> {
         if let Err(in_flight) = self.check_thread() {
             return Err(SubmitError::Invalid {
                 token: req.token,
                 reason: InvalidRequest::WrongThread { in_flight },
             });
         }
-        if let Err(reason) = self.validate(&req) {
+        if let Err(reason) = self.validate(&req, leased) {
             return Err(SubmitError::Invalid {
                 token: req.token,
                 reason,
@@ -367,6 +388,34 @@ impl TargetQueue for FileQueue {
             in_flight: self.busy_slots(),
             queued: (self.sw.len() + self.cancelled.len()) as u32,
         }))
+    }
+}
+
+impl TargetQueue for FileQueue {
+    fn stranded_here(&self) -> Option<u32> {
+        if !self.single_issuer || self.owner == 0 || self.owner == thread_token() {
+            return None;
+        }
+        let in_kernel = self.in_ring - self.unsubmitted.min(self.in_ring);
+        (in_kernel > 0).then_some(in_kernel)
+    }
+
+    fn submit(&mut self, req: IoRequest) -> Result<(), SubmitError> {
+        self.submit_as(req, true)
+    }
+
+    unsafe fn submit_unchecked(&mut self, req: &IoRequest) -> Result<(), SubmitError> {
+        // The caller keeps every segment's memory until the completion is delivered (this
+        // method's contract), which is what the ownership check stands for.
+        self.submit_as(*req, false)
+    }
+
+    fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    fn leases_mut(&mut self) -> LeasesMut<'_> {
+        LeasesMut::new(&mut self.leases)
     }
 
     fn flush(&mut self) {
@@ -442,16 +491,7 @@ impl TargetQueue for FileQueue {
                 }
             }
         }
-        while !self.sw.is_empty() {
-            let Some(idx) = self.free.pop() else {
-                break;
-            };
-            let req = self.sw.pop_front().expect("software queue is not empty");
-            self.dispatch(idx, req);
-        }
-        if n == 0 {
-            self.stats.idle_polls += 1;
-        }
+        self.after_poll(n == 0);
         n as u32
     }
 

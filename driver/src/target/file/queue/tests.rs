@@ -35,6 +35,13 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The bytes of the lent slice `s`.
+fn lent_vec(q: &FileQueue, s: &DmaSlice) -> Vec<u8> {
+    let mut v = vec![0u8; s.len()];
+    q.read_lent(s, 0, &mut v).unwrap();
+    v
+}
+
 fn run(q: &mut FileQueue, req: IoRequest) -> Result<(), IoError> {
     q.submit(req).unwrap();
     q.flush();
@@ -58,15 +65,15 @@ fn buffered_requests_go_out_in_unaligned_pieces_and_reassemble() {
     let pool = t.dma_pool().clone();
     let bs = t.info().block_size as usize;
     let data = pattern(4 * bs, 1);
-    let mut w = pool.alloc(4 * bs).unwrap();
-    w.write_at(0, &data).unwrap();
-    run(&mut q, IoRequest::write_buf(1, 2, 4, &w, 1)).unwrap();
+    let w = q.lend(pool.alloc(4 * bs).unwrap()).unwrap();
+    q.write_lent(&w, 0, &data).unwrap();
+    run(&mut q, IoRequest::write(1, 2, 4, w, 1)).unwrap();
     let want_pieces = (4 * bs as u64).div_ceil(1000);
     assert_eq!(q.stats().commands, want_pieces);
     assert_eq!(q.stats().split, 1);
     assert_eq!(q.stats().retries, 0, "pieces are not retries");
     // Vectored read in three uneven segments, also in 1000-byte pieces.
-    let r = pool.alloc(8 * bs).unwrap();
+    let r = q.lend(pool.alloc(8 * bs).unwrap()).unwrap();
     let segs = [
         r.slice(0, 1500).unwrap(),
         r.slice(2000, 5 * bs).unwrap(),
@@ -78,8 +85,8 @@ fn buffered_requests_go_out_in_unaligned_pieces_and_reassemble() {
     )
     .unwrap();
     let mut got = vec![0u8; 4 * bs];
-    r.read_at(0, &mut got[..1500]).unwrap();
-    r.read_at(2000, &mut got[1500..]).unwrap();
+    q.read_lent(&r, 0, &mut got[..1500]).unwrap();
+    q.read_lent(&r, 2000, &mut got[1500..]).unwrap();
     assert_eq!(got, data);
     assert!(
         q.counters().vectored_rw > 0,
@@ -99,14 +106,14 @@ fn direct_requests_go_out_in_block_pieces() {
     q.set_max_op_bytes(3 * bs);
     let pool = t.dma_pool().clone();
     let data = pattern(16 * bs as usize, 2);
-    let mut w = pool.alloc(data.len()).unwrap();
-    w.write_at(0, &data).unwrap();
-    run(&mut q, IoRequest::write_buf(1, 5, 16, &w, 1)).unwrap();
+    let w = q.lend(pool.alloc(data.len()).unwrap()).unwrap();
+    q.write_lent(&w, 0, &data).unwrap();
+    run(&mut q, IoRequest::write(1, 5, 16, w, 1)).unwrap();
     assert_eq!(q.stats().commands, 6);
     q.set_max_op_bytes(MAX_OP_BYTES);
-    let r = pool.alloc(data.len()).unwrap();
-    run(&mut q, IoRequest::read_buf(1, 5, 16, &r, 2)).unwrap();
-    assert_eq!(r.to_vec(), data);
+    let r = q.lend(pool.alloc(data.len()).unwrap()).unwrap();
+    run(&mut q, IoRequest::read(1, 5, 16, r, 2)).unwrap();
+    assert_eq!(lent_vec(&q, &r), data);
     assert_eq!(q.stats().commands, 7);
 }
 
@@ -120,12 +127,12 @@ fn unregistered_regions_fall_back_to_plain_reads_and_writes() {
     let pool = t.dma_pool().clone();
     let bs = t.info().block_size as usize;
     let data = pattern(8 * bs, 3);
-    let mut w = pool.alloc(8 * bs).unwrap();
-    w.write_at(0, &data).unwrap();
-    run(&mut q, IoRequest::write_buf(1, 0, 8, &w, 1)).unwrap();
-    let r = pool.alloc(8 * bs).unwrap();
-    run(&mut q, IoRequest::read_buf(1, 0, 8, &r, 2)).unwrap();
-    assert_eq!(r.to_vec(), data);
+    let w = q.lend(pool.alloc(8 * bs).unwrap()).unwrap();
+    q.write_lent(&w, 0, &data).unwrap();
+    run(&mut q, IoRequest::write(1, 0, 8, w, 1)).unwrap();
+    let r = q.lend(pool.alloc(8 * bs).unwrap()).unwrap();
+    run(&mut q, IoRequest::read(1, 0, 8, r, 2)).unwrap();
+    assert_eq!(lent_vec(&q, &r), data);
     assert_eq!(q.counters().plain_rw, 2);
     assert_eq!(q.counters().fixed_rw, 0);
 }
@@ -136,9 +143,9 @@ fn registered_regions_use_fixed_buffers() {
     let mut q = t.create_file_queue(&QueueOptions::default()).unwrap();
     let pool = t.dma_pool().clone();
     let bs = t.info().block_size as usize;
-    let w = pool.alloc(bs).unwrap();
-    run(&mut q, IoRequest::write_buf(1, 0, 1, &w, 1)).unwrap();
-    run(&mut q, IoRequest::read_buf(1, 0, 1, &w, 2)).unwrap();
+    let w = q.lend(pool.alloc(bs).unwrap()).unwrap();
+    run(&mut q, IoRequest::write(1, 0, 1, w, 1)).unwrap();
+    run(&mut q, IoRequest::read(1, 0, 1, w, 2)).unwrap();
     assert_eq!(q.counters().fixed_rw, 2);
     assert_eq!(q.counters().plain_rw, 0);
 }
@@ -161,13 +168,13 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
     let pool = t.dma_pool().clone();
     let bs = t.info().block_size as usize;
     let data = pattern(8 * bs, 4);
-    let mut w = pool.alloc(8 * bs).unwrap();
-    w.write_at(0, &data).unwrap();
-    run(&mut q, IoRequest::write_buf(1, 0, 8, &w, 1)).unwrap();
+    let w = q.lend(pool.alloc(8 * bs).unwrap()).unwrap();
+    q.write_lent(&w, 0, &data).unwrap();
+    run(&mut q, IoRequest::write(1, 0, 8, w, 1)).unwrap();
     // Dispatch a read and, instead of the kernel's CQE, feed one reporting 3 blocks: the
     // queue must send another operation for the other 5 and complete only after it.
-    let mut r = pool.alloc(8 * bs).unwrap();
-    q.submit(IoRequest::read_buf(1, 0, 8, &r, 2)).unwrap();
+    let r = q.lend(pool.alloc(8 * bs).unwrap()).unwrap();
+    q.submit(IoRequest::read(1, 0, 8, r, 2)).unwrap();
     q.flush();
     let mut real = Vec::new();
     while real.is_empty() {
@@ -178,7 +185,7 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
     let (ud, res) = real[0];
     assert_eq!(res as usize, 8 * bs);
     // The kernel is done with the buffer: spoil what the "short" read did not cover.
-    r.write_at(3 * bs, &vec![0xEE; 5 * bs]).unwrap();
+    q.write_lent(&r, 3 * bs, &vec![0xEE; 5 * bs]).unwrap();
     let mut done = Vec::new();
     assert!(!q.on_cqe(ud, (3 * bs) as i32, &mut |c| done.push(c)));
     assert!(done.is_empty(), "a short transfer is not a completion");
@@ -198,9 +205,9 @@ fn a_short_transfer_is_resubmitted_for_the_rest() {
             value: 0,
         }]
     );
-    assert_eq!(r.to_vec(), data);
+    assert_eq!(lent_vec(&q, &r), data);
     // A write that keeps transferring nothing fails instead of spinning.
-    q.submit(IoRequest::write_buf(1, 0, 8, &w, 3)).unwrap();
+    q.submit(IoRequest::write(1, 0, 8, w, 3)).unwrap();
     q.flush();
     let mut real = Vec::new();
     while real.is_empty() {

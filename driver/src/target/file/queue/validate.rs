@@ -5,7 +5,7 @@ use super::*;
 
 impl FileQueue {
     /// Checks a request before it takes a slot.
-    pub(super) fn validate(&mut self, req: &IoRequest) -> Result<(), InvalidRequest> {
+    pub(super) fn validate(&mut self, req: &IoRequest, leased: bool) -> Result<(), InvalidRequest> {
         // Scalars copied out, so the pool check below can borrow `self` mutably.
         let sh = &*self.shared;
         let (read_only, no_discard, capacity, nsid, block_size, direct, mem_align) = (
@@ -82,7 +82,7 @@ impl FileQueue {
                 have,
             });
         }
-        self.check_segments(req, need, direct, mem_align)
+        self.check_segments(req, need, direct, mem_align, leased)
     }
 
     /// The segments that carry the request's `need` bytes: in this queue's DMA pool and,
@@ -93,6 +93,7 @@ impl FileQueue {
         need: u64,
         direct: bool,
         mem_align: usize,
+        leased: bool,
     ) -> Result<(), InvalidRequest> {
         let op = req.op;
         let nseg = req.data.len();
@@ -123,6 +124,13 @@ impl FileQueue {
                         why: "under direct i/o every segment must carry whole blocks",
                     });
                 }
+            }
+            if leased && !self.leases.holds(s) {
+                return Err(InvalidRequest::NotLent {
+                    index,
+                    iova: s.iova,
+                    len: s.len,
+                });
             }
             if !self.in_pool(s) {
                 return Err(InvalidRequest::BadSegments {
