@@ -34,7 +34,7 @@ use crate::{
 
 /// How long the harness waits for a case's last references to the device to go (a
 /// thread of the driver finishing).
-const RELEASE_WAIT: Duration = Duration::from_secs(5);
+const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// The device opened for a run.
 pub(crate) struct Dut {
