@@ -42,6 +42,10 @@ const SHAPES: &[(&str, &str)] = &[
         "emu:mdts=7,ns=16M+512,ns=32M+4096,ns=16M+4096,ns=48M+512+zoned+zone512K+zcap256K+open2,ns=8M+512+md8",
     ),
     (
+        "never-written blocks read with all-zero pi, which fails the reference tag check (QEMU's 512-byte blocks)",
+        "emu:ns=64M+512+md8+pi1+zeropi,ns=64M+4096+md16+ext+pi2+zeropi,ns=64M+512+md8+ext+pi1+pifirst+zeropi",
+    ),
+    (
         "a controller whose only namespace kestrel refuses",
         "emu:ns=16M+4096+md16+pi1+guard64",
     ),
