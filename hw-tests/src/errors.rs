@@ -36,9 +36,17 @@ pub(crate) fn error_lba_range(t: &mut Ctx) -> CaseResult {
     // raw command gets a fresh qpair). The metadata pointer is given where the format has
     // separate metadata, so a controller that moved data before checking the range would
     // not write through address 0.
+    // Two blocks across the end, where they fit one command (a controller may check MDTS
+    // first); else one block past it.
     let buf = alloc(c, 16384 + 2 * md)?;
-    let (r, buf) = raw_status_with(c, Sqe::read(nsid, nsze - 1, 2, 0, 0), buf, 2 * hb, 2 * md)?;
-    expect_nvme(r, Status::LBA_OUT_OF_RANGE, "read across the end")?;
+    let (slba, n, what) = if 2 * hb as u64 <= ns.max_command_bytes {
+        (nsze - 1, 2, "read across the end")
+    } else {
+        (nsze, 1, "read past the end")
+    };
+    let sqe = Sqe::read(nsid, slba, n, 0, 0);
+    let (r, buf) = raw_status_with(c, sqe, buf, n as usize * hb, n as usize * md)?;
+    expect_nvme(r, Status::LBA_OUT_OF_RANGE, what)?;
     let (r, _buf) = raw_status_with(c, Sqe::write(nsid, nsze, 1, 0, 0), buf, hb, md)?;
     expect_nvme(r, Status::LBA_OUT_OF_RANGE, "write past the end")?;
     let mut qp = qpair(c, 8)?;
