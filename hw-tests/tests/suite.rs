@@ -18,20 +18,28 @@ use kestrel_hw_tests::{
 const SHAPES: &[(&str, &str)] = &[
     ("the default emulator", "emu"),
     (
-        "the VM's controller: plain, pi1, extended, md16+pi1, md without pi, zoned with zcap, refused 64-bit guard",
-        "emu:ns=64M+512,ns=64M+4096,ns=64M+4096+md8+pi1,ns=64M+512+md8+ext,ns=64M+4096+md16+pi1,ns=64M+512+md8,ns=64M+4096+zoned+zone8M+zcap6M,ns=64M+4096+md16+pi1+guard64",
+        "the VM matrix's controller 0: plain, pi1, extended, md16+pi1, md without pi, zoned with zcap, refused 64-bit guard",
+        "emu:mdts=3,ns=64M+512,ns=64M+4096,ns=64M+4096+md8+pi1,ns=64M+512+md8+ext,ns=64M+4096+md16+pi1,ns=64M+512+md8,ns=64M+4096+zoned+zone8M+zcap6M,ns=64M+4096+md16+pi1+guard64",
     ),
     (
         "every pi type, first and last, separate and extended, metadata of 8 to 64 bytes",
         "emu:ns=32M+512+md8+pi2,ns=32M+4096+md8+pi3,ns=32M+4096+md16+pi2+pifirst,ns=32M+512+md64+pi3,ns=32M+512+md16+ext+pi1+pifirst,ns=32M+4096+md64+ext,ns=32M+512+md8+ext+pi3,ns=32M+4096+md8+ext+pi1",
     ),
     (
-        "mdts 1 (8 KiB): splits everywhere, with metadata separate and extended, and a zone",
-        "emu:mdts=1,ns=64M+4096,ns=64M+512+md8+pi1,ns=64M+4096+md16+ext+pi2,ns=64M+4096+zoned+zone1M+zcap768K",
+        "the VM matrix's controller 1, mdts 1 (8 KiB): splits everywhere, metadata separate and extended, pi 1 to 3, a read across the end larger than mdts",
+        "emu:mdts=1,ns=64M+4096,ns=64M+512+md8+pi1,ns=64M+4096+md16+ext+pi2,ns=64M+512+md64+pi3+pifirst",
     ),
     (
-        "one i/o queue, a zoned namespace first",
-        "emu:queues=1,ns=64M+4096+zoned+zone2M,ns=64M+512",
+        "the VM matrix's controller 2: one i/o queue, a zoned namespace first",
+        "emu:mdts=7,queues=1,ns=64M+4096+zoned+zone4M+zcap3M,ns=64M+512,ns=64M+4096+md8+ext+pi3",
+    ),
+    (
+        "the VM matrix's controller 3: pi first, 64 bytes extended, a zoned namespace of 512-byte blocks last",
+        "emu:mdts=3,ns=64M+4096+md8+ext+pi1+pifirst,ns=64M+512+md16+pi2+pifirst,ns=64M+4096+md64+ext,ns=64M+512+md8+ext+pi2,ns=64M+512+zoned+zone2M",
+    ),
+    (
+        "mdts 1 with a zone of 192 blocks",
+        "emu:mdts=1,ns=64M+4096+zoned+zone1M+zcap768K,ns=16M+4096",
     ),
     (
         "no mdts limit",
