@@ -67,7 +67,11 @@ pub fn format_report(r: &Report) -> String {
         "{:<w$}  {:<24}  {:<6}  {:>9}  detail",
         "case", "target", "result", "time"
     );
-    let ctrl: Vec<&CaseReport> = r.rows.iter().filter(|x| x.nsid.is_none()).collect();
+    let ctrl: Vec<&CaseReport> = r
+        .rows
+        .iter()
+        .filter(|x| x.nsid.is_none() && !is_file(x))
+        .collect();
     if !ctrl.is_empty() {
         let (p, f, k) = counts(&ctrl);
         let _ = writeln!(
@@ -94,7 +98,29 @@ pub fn format_report(r: &Report) -> String {
         );
         rows_table(&mut s, &rows, w);
     }
+    let mut files: Vec<&str> = r
+        .rows
+        .iter()
+        .filter(|x| is_file(x))
+        .map(|x| x.target.as_str())
+        .collect();
+    files.dedup();
+    for f in files {
+        let rows: Vec<&CaseReport> = r.rows.iter().filter(|x| x.target == f).collect();
+        let (p, fl, k) = counts(&rows);
+        let _ = writeln!(
+            s,
+            "## {f}: {} ran ({p} passed, {fl} failed), {k} skipped",
+            p + fl
+        );
+        rows_table(&mut s, &rows, w);
+    }
     s
+}
+
+/// A row of a file target's (`--file`), not of the device.
+fn is_file(x: &CaseReport) -> bool {
+    x.nsid.is_none() && x.target.starts_with("file:")
 }
 
 fn row_json(r: &CaseReport) -> Value {
@@ -112,15 +138,25 @@ fn row_json(r: &CaseReport) -> Value {
 
 /// The report as JSON: `device`, `description` (the controller's facts and every
 /// namespace's format), `summary`, `controller` (its cases) and `namespaces` (per
-/// namespace: `nsid`, `format`, `served` or `refused`, `ran`, `skipped` with each reason,
-/// `failed`, and every case's row).
+/// namespace: `nsid`, `format`, `refused`, `ran`, `passed`, `failed`, `skipped` with each
+/// reason, and every case's row) and `files` (the target cases on `--file` targets).
 pub fn report_json(r: &Report) -> Value {
     let (p, f, k) = tally(r);
     let ctrl: Vec<Value> = r
         .rows
         .iter()
-        .filter(|x| x.nsid.is_none())
+        .filter(|x| x.nsid.is_none() && !is_file(x))
         .map(row_json)
+        .collect();
+    let files: Vec<Value> = r
+        .rows
+        .iter()
+        .filter(|x| is_file(x))
+        .map(|x| {
+            let mut v = row_json(x);
+            v["target"] = json!(x.target);
+            v
+        })
         .collect();
     let mut nsids: Vec<u32> = r.rows.iter().filter_map(|x| x.nsid).collect();
     nsids.dedup();
@@ -188,6 +224,7 @@ pub fn report_json(r: &Report) -> Value {
         "summary": {"passed": p, "failed": f, "skipped": k},
         "controller": ctrl,
         "namespaces": namespaces,
+        "files": files,
     })
 }
 
