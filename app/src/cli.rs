@@ -40,7 +40,8 @@ Target to use; repeat for several. Forms:
       namespaces= and size=). ATTR: 512|4096 (block size; default lba=), mdN (N bytes of
       metadata per block, separate buffer), ext (metadata inline: extended LBA),
       pi1|pi2|pi3 (protection type; needs md8 or more), pifirst (PI in the first
-      metadata bytes), guard32|guard64 (report that guard size: refused), zoned, zoneSIZE
+      metadata bytes), zeropi (never-written blocks read with all-zero PI, as on QEMU),
+      guard32|guard64 (report that guard size: refused), zoned, zoneSIZE
       (zone size, 1M), zcapSIZE (zone capacity, the writable part; default the zone size),
       openN, activeN (zone limits), csiN (report command set N).
       E.g. emu:ns=256M+4096+md8+pi1,ns=1G+4096+zoned+zone64M+zcap48M

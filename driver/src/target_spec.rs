@@ -256,6 +256,7 @@ pub fn emu_namespace(d: &EmuNsSpec, lba: u32, store: EmuStore) -> EmuNamespace {
             extended: d.extended,
             pi_type: d.pi_type,
             pi_first: d.pi_first,
+            zeroed_pi: d.zeroed_pi,
             pif: d.pif,
             csi: d.csi(),
             zones: EmuZones {

@@ -4,19 +4,19 @@
 use kestrel::io::{InvalidRequest, IoRequest, SubmitError};
 use kestrel::nvme::ctrlr::CtrlrError;
 use kestrel::spec::{Sqe, Status};
-use kestrel::ControllerOptions;
 
-use crate::support::{alloc, expect_nvme, ns_of, qpair, raw_status, raw_status_with};
-use crate::{CaseResult, Device, Outcome};
+use crate::blocks::Blocks;
+use crate::support::{alloc, expect_nvme, qpair, raw_status, raw_status_with};
+use crate::{CaseResult, Ctx, Outcome};
 
-pub(crate) fn error_invalid_nsid(d: &Device, _nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let buf = alloc(&c, 4096)?;
+pub(crate) fn error_invalid_nsid(t: &mut Ctx) -> CaseResult {
+    let c = t.open()?;
+    let buf = alloc(c, 4096)?;
     let bad = c.identify().nn.saturating_add(1).max(2);
-    let (r, buf) = raw_status_with(&c, Sqe::read(bad, 0, 1, 0, 0), buf, 4096)?;
+    let (r, buf) = raw_status_with(c, Sqe::read(bad, 0, 1, 0, 0), buf, 4096, 0)?;
     expect_nvme(r, Status::INVALID_NAMESPACE_OR_FORMAT, "read of nsid NN+1")?;
     // And the driver refuses it before the device when asked through the checked path.
-    let mut qp = qpair(&c, 8)?;
+    let mut qp = qpair(c, 8)?;
     let buf = qp.lend(buf).map_err(|e| e.to_string())?;
     match qp.submit(IoRequest::read(bad, 0, 1, buf, 1)) {
         Err(SubmitError::Invalid {
@@ -28,18 +28,30 @@ pub(crate) fn error_invalid_nsid(d: &Device, _nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn error_lba_range(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let nsze = ns_of(&c, nsid)?.nsze;
-    // One buffer, lent to each queue in turn (each raw command gets a fresh qpair).
-    let buf = alloc(&c, 8192)?;
-    let (r, buf) = raw_status_with(&c, Sqe::read(nsid, nsze - 1, 2, 0, 0), buf, 8192)?;
-    expect_nvme(r, Status::LBA_OUT_OF_RANGE, "read across the end")?;
-    let (r, buf) = raw_status_with(&c, Sqe::write(nsid, nsze, 1, 0, 0), buf, 4096)?;
+pub(crate) fn error_lba_range(t: &mut Ctx) -> CaseResult {
+    let ns = t.ns()?;
+    let c = t.open()?;
+    let (nsid, nsze, hb, md) = (ns.nsid, ns.num_blocks, ns.host_block(), ns.md_block());
+    // One buffer (data, and the metadata at the page after it), lent to each queue in turn (each
+    // raw command gets a fresh qpair). The metadata pointer is given where the format has
+    // separate metadata, so a controller that moved data before checking the range would
+    // not write through address 0.
+    // Two blocks across the end, where they fit one command (a controller may check MDTS
+    // first); else one block past it.
+    let buf = alloc(c, 16384 + 2 * md)?;
+    let (slba, n, what) = if 2 * hb as u64 <= ns.max_command_bytes {
+        (nsze - 1, 2, "read across the end")
+    } else {
+        (nsze, 1, "read past the end")
+    };
+    let sqe = Sqe::read(nsid, slba, n, 0, 0);
+    let (r, buf) = raw_status_with(c, sqe, buf, n as usize * hb, n as usize * md)?;
+    expect_nvme(r, Status::LBA_OUT_OF_RANGE, what)?;
+    let (r, _buf) = raw_status_with(c, Sqe::write(nsid, nsze, 1, 0, 0), buf, hb, md)?;
     expect_nvme(r, Status::LBA_OUT_OF_RANGE, "write past the end")?;
-    let mut qp = qpair(&c, 8)?;
-    let buf = qp.lend(buf).map_err(|e| e.to_string())?;
-    match qp.submit(IoRequest::read(nsid, nsze, 1, buf, 1)) {
+    let mut qp = qpair(c, 8)?;
+    let b = Blocks::lend(c.dma_pool(), &mut qp, ns, 1)?;
+    match qp.submit(ns.read_req(nsze, &b, true, 1)) {
         Err(SubmitError::Invalid {
             reason: InvalidRequest::OutOfRange { .. },
             ..
@@ -49,13 +61,13 @@ pub(crate) fn error_lba_range(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn error_invalid_opcode(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    ns_of(&c, nsid)?;
+pub(crate) fn error_invalid_opcode(t: &mut Ctx) -> CaseResult {
+    let ns = t.ns()?;
+    let c = t.open()?;
     let mut sqe = Sqe::new(0x7E);
-    sqe.nsid = nsid;
+    sqe.nsid = ns.nsid;
     expect_nvme(
-        raw_status(&c, sqe)?,
+        raw_status(c, sqe)?,
         Status::INVALID_OPCODE,
         "nvm opcode 7Eh",
     )?;
@@ -73,12 +85,9 @@ pub(crate) fn error_invalid_opcode(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn error_queue_creation(d: &Device, _nsid: u32) -> CaseResult {
-    let c = d.open_with(ControllerOptions {
-        io_queues: 2,
-        ..Default::default()
-    })?;
-    let mut mem = alloc(&c, 1 << 20)?;
+pub(crate) fn error_queue_creation(t: &mut Ctx) -> CaseResult {
+    let c = t.open_with(|o| o.io_queues = 2)?;
+    let mut mem = alloc(c, 1 << 20)?;
     let base = mem.iova();
     let mut created = false;
     let mut check = |sqe: Sqe, want: Status, what: &str| -> Result<(), String> {

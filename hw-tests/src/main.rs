@@ -1,29 +1,39 @@
 //! `kestrel-hw-tests`: runs the conformance suite against the emulator or a real
-//! controller and prints a results table and a summary.
+//! controller and prints a results table (per namespace: what ran, what was skipped and
+//! why) and a summary.
 //!
 //! ```text
-//! kestrel-hw-tests                       # the emulator
-//! kestrel-hw-tests --device 0000:01:00.0 --destructive [--noiommu]
+//! kestrel-hw-tests                                   # the emulator
+//! kestrel-hw-tests --target 'emu:mdts=1,ns=64M+512+md8+pi1,ns=64M+4096+zoned'
+//! kestrel-hw-tests --device 0000:01:00.0 --destructive [--noiommu] [--nsid 2] [--json out.json]
 //! KESTREL_TEST_DEVICE=0000:01:00.0 KESTREL_TEST_DESTRUCTIVE=1 kestrel-hw-tests
 //! ```
 //! Exit status: 0 when no case failed, 1 when one did, 2 for usage errors.
 
-use kestrel_hw_tests::targets::{run_targets, TargetKind};
-use kestrel_hw_tests::{format_report, run, summary_json, tally, Device};
+use kestrel_hw_tests::targets::{run_file, FileTarget};
+use kestrel_hw_tests::{format_report, report_json, run, summary_json, tally, Device, RunOptions};
 
 const USAGE: &str =
-    "usage: kestrel-hw-tests [--device BDF] [--noiommu] [--destructive] [--filter SUBSTR] [--list]
+    "usage: kestrel-hw-tests [--device BDF | --target TARGET] [--noiommu] [--destructive]
+                        [--nsid N] [--filter SUBSTR] [--file PATH] [--json PATH] [--list]
 
-Runs Kestrel's NVMe conformance suite: the controller cases once, the data path cases
-on every active namespace (a namespace of a format kestrel refuses: skipped, with the reason).
+Runs Kestrel's NVMe conformance suite: the controller cases once, the namespace cases on
+every active namespace, each in the form the namespace's format needs (metadata and
+protection information, zone-sequential writes, sizes from MDTS) or skipped with the
+reason (see docs/conformance.md).
   (no --device)     against the built-in emulated controller
   --device BDF      against a controller bound to vfio-pci (or KESTREL_TEST_DEVICE=BDF);
-                    destructive: overwrites the first 64 MiB of every namespace it serves, so it also
-                    needs --destructive (or KESTREL_TEST_DESTRUCTIVE=1)
+                    destructive: overwrites the first 64 MiB of every namespace it serves
+                    (on a zoned namespace, the zones that start there), so it also needs
+                    --destructive (or KESTREL_TEST_DESTRUCTIVE=1)
+  --target TARGET   emu:OPTIONS (an emulated controller of that shape: namespaces, formats,
+                    mdts, queues; the grammar of kestrel --target) or pci:BDF
   --noiommu         use the VFIO noiommu path (or KESTREL_NOIOMMU=1)
+  --nsid N          only namespace N (its cases, and the controller cases' i/o on it)
   --file PATH       also run the target cases on a file target at PATH (created
                     sparse at 64 MiB if missing; direct I/O where the file system allows)
   --filter SUBSTR   only cases whose name contains SUBSTR
+  --json PATH       also write the report as JSON to PATH (- for stdout, instead of the table)
   --list            list the cases and exit";
 
 fn main() {
@@ -38,36 +48,38 @@ fn main() {
     let mut bdf = std::env::var("KESTREL_TEST_DEVICE")
         .ok()
         .filter(|s| !s.is_empty());
+    let mut target: Option<String> = None;
     let mut destructive = std::env::var("KESTREL_TEST_DESTRUCTIVE").is_ok_and(|v| v == "1");
     let mut noiommu = std::env::var("KESTREL_NOIOMMU").is_ok_and(|v| v == "1");
-    let mut filter = String::new();
+    let mut opts = RunOptions::default();
     let mut files: Vec<std::path::PathBuf> = Vec::new();
+    let mut json: Option<String> = None;
+    let value = |args: &mut std::iter::Skip<std::env::Args>, what: &str| {
+        args.next()
+            .unwrap_or_else(|| usage(&format!("{what} needs a value")))
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--device" => {
-                bdf = Some(
-                    args.next()
-                        .unwrap_or_else(|| usage("--device needs a PCI address")),
-                )
-            }
+            "--device" => bdf = Some(value(&mut args, "--device")),
+            "--target" => target = Some(value(&mut args, "--target")),
             "--destructive" => destructive = true,
             "--noiommu" => noiommu = true,
-            "--filter" => {
-                filter = args
-                    .next()
-                    .unwrap_or_else(|| usage("--filter needs a value"))
+            "--filter" => opts.filter = value(&mut args, "--filter"),
+            "--nsid" => {
+                let v = value(&mut args, "--nsid");
+                opts.nsid = Some(v.parse().ok().filter(|n| *n >= 1).unwrap_or_else(|| {
+                    usage(&format!("--nsid {v}: a namespace id is a number from 1"))
+                }));
             }
-            "--file" => files.push(
-                args.next()
-                    .unwrap_or_else(|| usage("--file needs a path"))
-                    .into(),
-            ),
+            "--file" => files.push(value(&mut args, "--file").into()),
+            "--json" => json = Some(value(&mut args, "--json")),
             "--list" => {
                 for c in kestrel_hw_tests::cases() {
-                    println!("{:<28} {}", c.name, c.about);
-                }
-                for (name, _) in kestrel_hw_tests::targets::target_cases() {
-                    println!("{name:<28} (through the Target trait: nvme namespace and file)");
+                    let scope = match c.scope {
+                        kestrel_hw_tests::Scope::Controller => "controller",
+                        kestrel_hw_tests::Scope::Namespace => "namespace",
+                    };
+                    println!("{:<32} {scope:<10} {}", c.name, c.about);
                 }
                 return;
             }
@@ -78,32 +90,52 @@ fn main() {
             other => usage(&format!("unknown argument {other:?}")),
         }
     }
-    let device = match bdf {
-        Some(bdf) => {
-            if !destructive {
-                eprintln!("kestrel-hw-tests: refusing to run on {bdf}: the suite overwrites the first 64 MiB of every namespace kestrel serves; pass --destructive or set KESTREL_TEST_DESTRUCTIVE=1");
-                std::process::exit(2);
-            }
-            Device::Pci { bdf, noiommu }
+    let device = match (target, bdf) {
+        (Some(t), _) if t == "emu" || t.starts_with("emu:") => {
+            Device::from_target(&t, noiommu).unwrap_or_else(|e| usage(&e))
         }
-        None => Device::Emulator,
+        (Some(t), _) => pci(
+            Device::from_target(&t, noiommu).unwrap_or_else(|e| usage(&e)),
+            destructive,
+        ),
+        (None, Some(bdf)) => pci(Device::Pci { bdf, noiommu }, destructive),
+        (None, None) => Device::emulator(),
     };
-    let mut reports = run(&device, &filter);
-    reports.extend(run_targets(&TargetKind::Nvme(device.clone()), &filter));
+    let mut report = run(&device, &opts);
     for path in files {
-        reports.extend(run_targets(
-            &TargetKind::File {
+        report.rows.extend(run_file(
+            &FileTarget {
                 path,
                 direct: false,
             },
-            &filter,
+            &opts.filter,
         ));
     }
-    print!("{}", format_report(&reports));
-    println!("{}", summary_json(&reports));
-    let (p, f, s) = tally(&reports);
+    let text = format_report(&report);
+    match json.as_deref() {
+        Some("-") => println!("{}", report_json(&report)),
+        Some(path) => {
+            print!("{text}");
+            if let Err(e) = std::fs::write(path, format!("{:#}\n", report_json(&report))) {
+                eprintln!("kestrel-hw-tests: writing {path}: {e}");
+                std::process::exit(2);
+            }
+        }
+        None => print!("{text}"),
+    }
+    println!("{}", summary_json(&report));
+    let (p, f, s) = tally(&report);
     println!("hw-tests: {p} passed, {f} failed, {s} skipped");
     std::process::exit(if f == 0 && p + s > 0 { 0 } else { 1 });
+}
+
+/// A PCI device, which the suite overwrites: only with --destructive.
+fn pci(d: Device, destructive: bool) -> Device {
+    if !destructive {
+        eprintln!("kestrel-hw-tests: refusing to run on {}: the suite overwrites the first 64 MiB of every namespace kestrel serves; pass --destructive or set KESTREL_TEST_DESTRUCTIVE=1", d.name());
+        std::process::exit(2);
+    }
+    d
 }
 
 fn usage(msg: &str) -> ! {

@@ -1,39 +1,31 @@
 //! The queue cases: queues granted and created, the software queue past the depth,
 //! doorbell writes (batched, immediate, shadow), qpairs driven from several threads.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use kestrel::io::{IoRequest, SubmitError};
+use kestrel::io::SubmitError;
 use kestrel::nvme::ctrlr::CtrlrError;
-use kestrel::{ControllerOptions, DoorbellMode, QpairOptions};
+use kestrel::{Controller, DoorbellMode, QpairOptions};
 
-use crate::support::{
-    all_ok, alloc, lent, ns_of, pattern, put, qpair, quiet, reap, reclaim, run_one, WAIT,
-};
+use crate::blocks::{Blocks, Space};
+use crate::support::{all_ok, pattern, qpair, quiet, reap, wait, with_wait};
 use crate::verify::{read_compare, write_read};
-use crate::{CaseError, CaseResult, Device, Outcome};
+use crate::{CaseError, CaseResult, Ctx, NsDesc, Outcome};
 
-pub(crate) fn queues_granted(d: &Device, _nsid: u32) -> CaseResult {
-    let c = d.open_with(ControllerOptions {
-        io_queues: 4,
-        ..Default::default()
-    })?;
+pub(crate) fn queues_granted(t: &mut Ctx) -> CaseResult {
+    let c = t.open_with(|o| o.io_queues = 4)?;
     let g = c.io_queues_granted();
     ensure!((1..=4).contains(&g), "asked for 4 queues, granted {g}");
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn max_qpairs(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open_with(ControllerOptions {
-        io_queues: 16,
-        ..Default::default()
-    })?;
-    ns_of(&c, nsid)?;
+pub(crate) fn max_qpairs(t: &mut Ctx) -> CaseResult {
+    let ns = t.ns()?;
+    let c = t.open_with(|o| o.io_queues = 16)?;
     let n = c.io_queues_granted() as usize;
     let mut qps = Vec::new();
     for _ in 0..n {
-        qps.push(qpair(&c, 16)?);
+        qps.push(qpair(c, 16)?);
     }
     let mut qids: Vec<u16> = qps.iter().map(|q| q.qid()).collect();
     qids.sort();
@@ -51,21 +43,32 @@ pub(crate) fn max_qpairs(d: &Device, nsid: u32) -> CaseResult {
             .into())
         }
     }
-    // Every one of them does I/O, into one buffer: lent to each qpair in turn, and
-    // reclaimed once its read completed.
-    let mut buf = alloc(&c, 4096)?;
+    // Every one of them writes a block and reads it back.
+    let mut space = Space::at(ns, 0);
     for (i, qp) in qps.iter_mut().enumerate() {
-        let s = qp.lend(buf).map_err(|e| e.to_string())?;
-        let r = run_one(qp, IoRequest::read(nsid, i as u64, 1, s, i as u64))?;
-        ensure!(r.is_ok(), "read on qid {}: {r:?}", qp.qid());
-        buf = reclaim(qp, &s)?;
+        let w = Blocks::lend(c.dma_pool(), qp, ns, 1)?;
+        let r = Blocks::lend(c.dma_pool(), qp, ns, 1)?;
+        let lba = space.take(c.dma_pool(), qp, 1)?;
+        write_read(qp, ns, &w, &r, lba, &pattern(ns.block_size, i as u64))
+            .map_err(|e| format!("qid {}: {e}", qp.qid()))?;
     }
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn overflow_beyond_depth(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    ns_of(&c, nsid)?;
+/// Writes `n` blocks at the start of `space` with one request on a qpair of its own, for
+/// cases that then only read them; their first LBA.
+fn prepare(c: &Controller, ns: &NsDesc, space: &mut Space, n: usize) -> Result<u64, CaseError> {
+    let mut qp = qpair(c, 8)?;
+    let w = Blocks::lend(c.dma_pool(), &mut qp, ns, n)?;
+    let lba = space.take(c.dma_pool(), &mut qp, n as u64)?;
+    ns.write(&mut qp, &w, lba, &pattern(n * ns.block_size, lba))?;
+    Ok(lba)
+}
+
+pub(crate) fn overflow_beyond_depth(t: &mut Ctx) -> CaseResult {
+    let ns = t.ns()?;
+    let c = t.open()?;
+    let base = prepare(c, ns, &mut Space::at(ns, 0), 64)?;
     let sw = 64u32;
     let mut qp = c
         .create_io_qpair(&QpairOptions {
@@ -75,13 +78,14 @@ pub(crate) fn overflow_beyond_depth(d: &Device, nsid: u32) -> CaseResult {
         })
         .map_err(|e| e.to_string())?;
     let slots = qp.slots() as u32;
-    let buf = lent(&c, &mut qp, 4096)?;
+    let b = Blocks::lend(c.dma_pool(), &mut qp, ns, 1)?;
     let total = slots + sw;
+    let read = |i: u64, token: u64| ns.read_req(base + i % 64, &b, true, token);
     for i in 0..total {
-        qp.submit(IoRequest::read(nsid, i as u64, 1, buf, i as u64))
+        qp.submit(read(i as u64, i as u64))
             .map_err(|e| format!("submit {i}: {e}"))?;
     }
-    let extra = IoRequest::read(nsid, 0, 1, buf, 1 << 40);
+    let extra = read(0, 1 << 40);
     match qp.submit(extra) {
         Err(SubmitError::Busy(b)) => {
             ensure!(b.request == extra, "busy did not hand the request back")
@@ -108,15 +112,10 @@ pub(crate) fn overflow_beyond_depth(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-fn doorbell_counts(
-    d: &Device,
-    nsid: u32,
-    mode: DoorbellMode,
-) -> Result<kestrel::QueueStats, String> {
-    let c = d.open_with(ControllerOptions {
-        shadow_doorbells: false,
-        ..Default::default()
-    })?;
+fn doorbell_counts(t: &mut Ctx, mode: DoorbellMode) -> Result<kestrel::QueueStats, CaseError> {
+    let ns = t.ns()?;
+    let c = t.open_with(|o| o.shadow_doorbells = false)?;
+    let base = prepare(c, ns, &mut Space::at(ns, 0), 32)?;
     let mut qp = c
         .create_io_qpair(&QpairOptions {
             depth: 64,
@@ -125,21 +124,31 @@ fn doorbell_counts(
             ..Default::default()
         })
         .map_err(|e| e.to_string())?;
-    let buf = lent(&c, &mut qp, 4096)?;
+    let b = Blocks::lend(c.dma_pool(), &mut qp, ns, 1)?;
     let mut nonempty = 0u64;
-    for b in 0..20u64 {
+    for batch in 0..20u64 {
         let reqs: Vec<_> = (0..32)
-            .map(|i| IoRequest::read(nsid, i, 1, buf, b * 32 + i))
+            .map(|i| ns.read_req(base + i, &b, true, batch * 32 + i))
             .collect();
         let n = qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
         ensure!(n == 32, "batch took {n} of 32");
         let mut got = 0;
-        let deadline = Instant::now() + WAIT;
+        let deadline = Instant::now() + wait();
         while got < 32 {
-            if qp.process_completions(128, &mut |_| got += 1) > 0 {
+            let mut failed = None;
+            if qp.process_completions(128, &mut |c| {
+                got += 1;
+                if c.result.is_err() {
+                    failed = Some(c);
+                }
+            }) > 0
+            {
                 nonempty += 1;
             }
-            ensure!(Instant::now() < deadline, "batch {b} did not complete");
+            if let Some(f) = failed {
+                return Err(format!("read {} failed: {:?}", f.token, f.result).into());
+            }
+            ensure!(Instant::now() < deadline, "batch {batch} did not complete");
         }
     }
     let st = qp.stats();
@@ -152,13 +161,8 @@ fn doorbell_counts(
     Ok(st)
 }
 
-pub(crate) fn doorbells_batched(d: &Device, nsid: u32) -> CaseResult {
-    if nsid == 0 {
-        return Err(CaseError::Skip(
-            "no active namespace kestrel does i/o to (see the per-namespace rows)".into(),
-        ));
-    }
-    let st = doorbell_counts(d, nsid, DoorbellMode::Batched)?;
+pub(crate) fn doorbells_batched(t: &mut Ctx) -> CaseResult {
+    let st = doorbell_counts(t, DoorbellMode::Batched)?;
     ensure!(
         st.sq_doorbell_writes == 20,
         "batched: {} sq doorbell writes for 20 batches",
@@ -167,13 +171,8 @@ pub(crate) fn doorbells_batched(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn doorbells_immediate(d: &Device, nsid: u32) -> CaseResult {
-    if nsid == 0 {
-        return Err(CaseError::Skip(
-            "no active namespace kestrel does i/o to (see the per-namespace rows)".into(),
-        ));
-    }
-    let st = doorbell_counts(d, nsid, DoorbellMode::Immediate)?;
+pub(crate) fn doorbells_immediate(t: &mut Ctx) -> CaseResult {
+    let st = doorbell_counts(t, DoorbellMode::Immediate)?;
     ensure!(
         st.sq_doorbell_writes == 640,
         "immediate: {} sq doorbell writes for 640 commands",
@@ -182,45 +181,54 @@ pub(crate) fn doorbells_immediate(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    if !c.identify().supports_shadow_doorbells() {
+pub(crate) fn shadow_doorbells(t: &mut Ctx) -> CaseResult {
+    let (dev, ns) = (t.dev(), t.ns()?);
+    if !dev.shadow_doorbells {
         return Ok(Outcome::Skip(
             "controller does not offer Doorbell Buffer Config (OACS bit 8)".into(),
         ));
     }
+    let c = t.open()?;
     ensure!(c.shadow_doorbells(), "offered but not configured");
-    let mut qp = qpair(&c, 64)?;
+    let mut qp = qpair(c, 64)?;
     ensure!(
         qp.uses_shadow_doorbells(),
         "qpair not using shadow doorbells"
     );
-    let ns = ns_of(&c, nsid)?;
-    let w = lent(&c, &mut qp, 32 * ns.bs)?;
-    let r = lent(&c, &mut qp, 32 * ns.bs)?;
-    let data = pattern(32 * ns.bs, 11);
-    put(&mut qp, &w, 0, &data)?;
+    let w = Blocks::lend(c.dma_pool(), &mut qp, ns, 32)?;
+    let r = Blocks::lend(c.dma_pool(), &mut qp, ns, 32)?;
+    let data = pattern(32 * ns.block_size, 11);
+    // Ten batches of 32 single-block writes: over the same 32 blocks on a conventional
+    // namespace; on a zoned one, 32 new blocks at the write pointer each time (one
+    // command at a time: the order of a batch's writes is the device's business).
+    let mut space = Space::at(ns, 7000);
+    let mut lba = space.take(c.dma_pool(), &mut qp, 32)?;
     for round in 0..10u64 {
-        let reqs: Vec<_> = (0..32)
+        if ns.zoned() && round > 0 {
+            lba = space.take(c.dma_pool(), &mut qp, 32)?;
+        }
+        ns.stage(&mut qp, &w, lba, &data)?;
+        let reqs: Vec<_> = (0..32usize)
             .map(|i| {
-                IoRequest::write(
-                    nsid,
-                    7000 + i,
-                    1,
-                    w.slice(i as usize * ns.bs, ns.bs).unwrap(),
-                    round * 64 + i,
-                )
+                w.sub(ns, i, 1)
+                    .map(|b| ns.write_req(lba + i as u64, &b, round * 64 + i as u64))
             })
-            .collect();
-        qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
-        all_ok(&reap(&mut qp, 32)?)?;
+            .collect::<Result<_, _>>()?;
+        if ns.zoned() {
+            for req in reqs {
+                qp.submit(req).map_err(|e| e.to_string())?;
+                all_ok(&reap(&mut qp, 1)?)?;
+            }
+        } else {
+            qp.submit_batch(&reqs).map_err(|e| e.to_string())?;
+            all_ok(&reap(&mut qp, 32)?)?;
+        }
     }
     read_compare(
         &mut qp,
-        nsid,
+        ns,
         &r,
-        7000,
-        ns.bs,
+        lba,
         &data,
         "data written with shadow doorbells",
     )?;
@@ -232,46 +240,63 @@ pub(crate) fn shadow_doorbells(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(crate) fn concurrent_pinned_qpairs(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let ns = ns_of(&c, nsid)?;
+pub(crate) fn concurrent_pinned_qpairs(t: &mut Ctx) -> CaseResult {
+    let (dev, ns) = (t.dev(), t.ns()?);
+    let c = t.open()?;
     let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let threads = cores.len().clamp(1, 4).max(2);
-    let c = Arc::new(c);
-    let handles: Vec<_> = (0..threads)
-        .map(|t| {
-            let c = Arc::clone(&c);
-            let core = cores.get(t % cores.len().max(1)).copied();
-            let bs = ns.bs;
-            std::thread::spawn(move || -> Result<(), String> {
-                if let Some(core) = core {
-                    if !core_affinity::set_for_current(core) {
-                        return Err(format!("could not pin thread {t} to core {}", core.id));
-                    }
-                }
-                let mut qp = qpair(&c, 32)?;
-                let w = lent(&c, &mut qp, 32 * bs)?;
-                let r = lent(&c, &mut qp, 32 * bs)?;
-                let base = 10_000 + t as u64 * 1000;
-                for round in 0..20u64 {
-                    let lba = base + (round % 10) * 32;
-                    write_read(
-                        &mut qp,
-                        nsid,
-                        &w,
-                        &r,
-                        lba,
-                        bs,
-                        0,
-                        &pattern(32 * bs, t as u64 * 100 + round),
-                    )?;
-                }
-                Ok(())
+    let threads = cores.len().clamp(2, 4).min(dev.queues_granted as usize);
+    let w = wait();
+    // Scoped: every thread is joined before the scope ends, even when one fails or
+    // panics, so none outlives the case with the controller.
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let core = cores.get(i % cores.len().max(1)).copied();
+                s.spawn(move || {
+                    with_wait(w, || -> Result<(), String> {
+                        if let Some(core) = core {
+                            if !core_affinity::set_for_current(core) {
+                                return Err(format!(
+                                    "could not pin thread {i} to core {}",
+                                    core.id
+                                ));
+                            }
+                        }
+                        let mut qp = qpair(c, 32)?;
+                        let wb = Blocks::lend(c.dma_pool(), &mut qp, ns, 32)?;
+                        let rb = Blocks::lend(c.dma_pool(), &mut qp, ns, 32)?;
+                        let mut space = Space::at(ns, 14_500 + i as u64 * 400);
+                        let base = space
+                            .take(c.dma_pool(), &mut qp, 320)
+                            .map_err(|e| e.to_string())?;
+                        for round in 0..20u64 {
+                            let lba = base + (round % 10) * 32;
+                            write_read(
+                                &mut qp,
+                                ns,
+                                &wb,
+                                &rb,
+                                lba,
+                                &pattern(32 * ns.block_size, i as u64 * 100 + round),
+                            )
+                            .map_err(|e| format!("thread {i} on qid {}: {e}", qp.qid()))?;
+                        }
+                        Ok(())
+                    })
+                })
             })
-        })
-        .collect();
-    for (t, h) in handles.into_iter().enumerate() {
-        h.join().map_err(|_| format!("thread {t} panicked"))??;
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(format!("thread {i} panicked")))
+            })
+            .collect()
+    });
+    for r in results {
+        r?;
     }
     Ok(Outcome::Pass)
 }

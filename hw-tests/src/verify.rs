@@ -1,53 +1,48 @@
-//! Write, read back, compare: the data checks the cases share. A mismatch is reported at
-//! its first differing byte, with its block and both values.
+//! Write, read back, compare: the data checks the cases share, in the form the
+//! namespace's format needs ([`crate::blocks`]). A mismatch is reported at its first
+//! differing byte, with its block and both values.
 
-use kestrel::io::IoRequest;
-use kestrel::{DmaSlice, IoQpair};
+use kestrel::target::TargetQueue;
 
-use crate::support::{fill, put, run_one};
+use crate::blocks::Blocks;
+use crate::desc::NsDesc;
 
-/// Writes `data` at `lba` through `wbuf[off..]` and reads it back through `rbuf[off..]`
-/// (both lent to `qp`).
-#[allow(clippy::too_many_arguments)]
+/// Writes `data` at `lba` through `w` and reads it back through `r` (both lent to `q`),
+/// each with one request; the data and the metadata must come back.
 pub(crate) fn write_read(
-    qp: &mut IoQpair,
-    nsid: u32,
-    wbuf: &DmaSlice,
-    rbuf: &DmaSlice,
+    q: &mut dyn TargetQueue,
+    ns: &NsDesc,
+    w: &Blocks,
+    r: &Blocks,
     lba: u64,
-    bs: usize,
-    off: usize,
     data: &[u8],
 ) -> Result<(), String> {
-    let nlb = (data.len() / bs) as u32;
-    put(qp, wbuf, off, data)?;
-    let w = wbuf.slice(off, data.len()).map_err(|e| e.to_string())?;
-    let res = run_one(qp, IoRequest::write(nsid, lba, nlb, w, 1))?;
-    ensure!(res.is_ok(), "write of {nlb} blocks at lba {lba}: {res:?}");
-    let got = read_back(qp, nsid, rbuf, lba, bs, off, data.len())?;
-    compare(&got, data, bs)
-        .map_err(|e| format!("data mismatch: {nlb} blocks at lba {lba}, buffer offset {off}: {e}"))
+    let n = data.len() / ns.block_size;
+    ns.write(q, w, lba, data)?;
+    read_compare(
+        q,
+        ns,
+        r,
+        lba,
+        data,
+        &format!("{n} blocks written at lba {lba}"),
+    )
 }
 
-/// Reads `want.len()` bytes at `lba` through the start of `rbuf` (lent to `qp`) with one
-/// command and compares them with `want`; `what` (what the data is) leads the error.
+/// Reads `want.len()` bytes of data at `lba` through `r` (lent to `q`) with one request
+/// and compares them with `want`; `what` (what the data is) leads the error.
 pub(crate) fn read_compare(
-    qp: &mut IoQpair,
-    nsid: u32,
-    rbuf: &DmaSlice,
+    q: &mut dyn TargetQueue,
+    ns: &NsDesc,
+    r: &Blocks,
     lba: u64,
-    bs: usize,
     want: &[u8],
     what: &str,
 ) -> Result<(), String> {
-    let got =
-        read_back(qp, nsid, rbuf, lba, bs, 0, want.len()).map_err(|e| format!("{what}: {e}"))?;
-    compare(&got, want, bs).map_err(|e| {
-        format!(
-            "{what}: {} blocks at lba {lba} differ: {e}",
-            want.len() / bs
-        )
-    })
+    let n = want.len() / ns.block_size;
+    let got = ns.read(q, r, lba, n).map_err(|e| format!("{what}: {e}"))?;
+    compare(&got, want, ns.block_size)
+        .map_err(|e| format!("{what}: {n} blocks at lba {lba} differ: {e}"))
 }
 
 /// `got` against `want` (blocks of `bs` bytes): where they first differ.
@@ -64,29 +59,6 @@ pub(crate) fn compare(got: &[u8], want: &[u8], bs: usize) -> Result<(), String> 
             want[first]
         )),
     }
-}
-
-/// Reads `len` bytes at `lba` into `rbuf[off..]` (cleared first, so nothing of an
-/// earlier read passes for this one) with one command, and returns them.
-fn read_back(
-    qp: &mut IoQpair,
-    nsid: u32,
-    rbuf: &DmaSlice,
-    lba: u64,
-    bs: usize,
-    off: usize,
-    len: usize,
-) -> Result<Vec<u8>, String> {
-    let nlb = (len / bs) as u32;
-    fill(qp, rbuf, 0)?;
-    let r = rbuf.slice(off, len).map_err(|e| e.to_string())?;
-    let res = run_one(qp, IoRequest::read(nsid, lba, nlb, r, 2))?;
-    ensure!(res.is_ok(), "read of {nlb} blocks at lba {lba}: {res:?}");
-    let mut got = vec![0u8; len];
-    qp.leases()
-        .read(rbuf, off, &mut got)
-        .map_err(|e| e.to_string())?;
-    Ok(got)
 }
 
 #[cfg(test)]

@@ -8,27 +8,30 @@ use kestrel::spec::zns::{parse_report, ZoneDescriptor, ZoneState};
 use kestrel::spec::Status;
 use kestrel::{Controller, DmaSlice, IoQpair};
 
-use crate::support::{
-    contents, expect_nvme, lent, mdts, no_io_namespace, pattern, put, qpair, reap, run_one,
-};
+use crate::blocks::Blocks;
+use crate::support::{contents, expect_nvme, lent, pattern, put, qpair, reap, run_one};
 use crate::verify::read_compare;
-use crate::{CaseError, CaseResult, Device, Outcome};
+use crate::{CaseError, CaseResult, Ctx, NsDesc, Outcome};
 
-/// The zone geometry of `nsid`, or a skip saying why the case does not apply.
-fn zones_of(c: &Controller, nsid: u32) -> Result<(ZoneGeometry, usize), CaseError> {
-    if nsid == 0 {
-        return Err(CaseError::Skip(no_io_namespace(c)));
-    }
-    let ns = c.namespace(nsid).map_err(|e| e.to_string())?;
-    if let Some(u) = &ns.unsupported {
-        return Err(CaseError::Skip(u.to_string()));
-    }
-    match ns.zones {
-        Some(z) => Ok((z, ns.block_size as usize)),
-        None => Err(CaseError::Skip(format!(
-            "nsid {nsid} is not a zoned namespace (csi {:#04x})",
-            ns.format.csi
-        ))),
+/// The case's namespace, its zone geometry and block size, and the controller (the
+/// registry runs these cases on zoned namespaces only).
+fn zoned<'c>(
+    t: &'c mut Ctx,
+) -> Result<(&'c Controller, &'c NsDesc, ZoneGeometry, usize), CaseError> {
+    let ns = t.ns()?;
+    let z = ns
+        .zones
+        .ok_or_else(|| CaseError::Skip(format!("nsid {} is not a zoned namespace", ns.nsid)))?;
+    let c = t.open()?;
+    Ok((c, ns, z.geometry, ns.block_size))
+}
+
+/// `n` blocks in `s` (a zoned namespace has no metadata).
+fn blocks(s: DmaSlice, n: usize) -> Blocks {
+    Blocks {
+        data: s,
+        md: DmaSlice::EMPTY,
+        n,
     }
 }
 
@@ -69,11 +72,11 @@ fn fresh_zone(
     Ok((zslba, d.zcap))
 }
 
-pub(super) fn zoned_report_zones(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let (z, _) = zones_of(&c, nsid)?;
-    let mut qp = qpair(&c, 8)?;
-    let rep = lent(&c, &mut qp, 4096)?;
+pub(super) fn zoned_report_zones(t: &mut Ctx) -> CaseResult {
+    let (c, ns, z, _) = zoned(t)?;
+    let nsid = ns.nsid;
+    let mut qp = qpair(c, 8)?;
+    let rep = lent(c, &mut qp, 4096)?;
     let all = report(&mut qp, nsid, &rep, 0)?;
     let want = z.zones.min(4096 / 64 - 1) as usize;
     ensure!(all.len() == want, "{} descriptors, want {want}", all.len());
@@ -108,13 +111,13 @@ pub(super) fn zoned_report_zones(d: &Device, nsid: u32) -> CaseResult {
     Ok(Outcome::Pass)
 }
 
-pub(super) fn zoned_write_pointer(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let (z, bs) = zones_of(&c, nsid)?;
-    let mut qp = qpair(&c, 8)?;
-    let rep = lent(&c, &mut qp, 4096)?;
+pub(super) fn zoned_write_pointer(t: &mut Ctx) -> CaseResult {
+    let (c, ns, z, bs) = zoned(t)?;
+    let nsid = ns.nsid;
+    let mut qp = qpair(c, 8)?;
+    let rep = lent(c, &mut qp, 4096)?;
     let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
-    let w = lent(&c, &mut qp, 4 * bs)?;
+    let w = lent(c, &mut qp, 4 * bs)?;
     let data = pattern(4 * bs, u64::from(nsid) + 77);
     put(&mut qp, &w, 0, &data)?;
     let s = |off: usize, n: usize| w.slice(off * bs, n * bs).map_err(|e| e.to_string());
@@ -138,19 +141,26 @@ pub(super) fn zoned_write_pointer(d: &Device, nsid: u32) -> CaseResult {
         d[0].wp,
         zslba + 4
     );
-    let rbuf = lent(&c, &mut qp, 4 * bs)?;
-    read_compare(&mut qp, nsid, &rbuf, zslba, bs, &data, "the zone's data")?;
+    let rbuf = lent(c, &mut qp, 4 * bs)?;
+    read_compare(
+        &mut qp,
+        ns,
+        &blocks(rbuf, 4),
+        zslba,
+        &data,
+        "the zone's data",
+    )?;
     Ok(Outcome::Pass)
 }
 
-pub(super) fn zoned_append(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let (z, bs) = zones_of(&c, nsid)?;
-    let mut qp = qpair(&c, 8)?;
-    let rep = lent(&c, &mut qp, 4096)?;
+pub(super) fn zoned_append(t: &mut Ctx) -> CaseResult {
+    let (c, ns, z, bs) = zoned(t)?;
+    let nsid = ns.nsid;
+    let mut qp = qpair(c, 8)?;
+    let rep = lent(c, &mut qp, 4096)?;
     let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
     let n = 4usize;
-    let w = lent(&c, &mut qp, n * bs)?;
+    let w = lent(c, &mut qp, n * bs)?;
     let data = pattern(n * bs, u64::from(nsid) + 99);
     put(&mut qp, &w, 0, &data)?;
     for i in 0..n {
@@ -180,23 +190,23 @@ pub(super) fn zoned_append(d: &Device, nsid: u32) -> CaseResult {
         "appends returned lbas {lbas:?}: not distinct"
     );
     // Each append's data is at the LBA its completion named.
-    let rbuf = lent(&c, &mut qp, bs)?;
+    let rbuf = lent(c, &mut qp, bs)?;
     for c in &done {
         let i = c.token as usize;
         let want = &data[i * bs..(i + 1) * bs];
         let what = format!("append {i}'s data at the lba its completion named");
-        read_compare(&mut qp, nsid, &rbuf, c.value, bs, want, &what)?;
+        read_compare(&mut qp, ns, &blocks(rbuf, 1), c.value, want, &what)?;
     }
     Ok(Outcome::Pass)
 }
 
-pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let (z, bs) = zones_of(&c, nsid)?;
-    let mut qp = qpair(&c, 8)?;
-    let rep = lent(&c, &mut qp, 4096)?;
+pub(super) fn zoned_reset(t: &mut Ctx) -> CaseResult {
+    let (c, ns, z, bs) = zoned(t)?;
+    let nsid = ns.nsid;
+    let mut qp = qpair(c, 8)?;
+    let rep = lent(c, &mut qp, 4096)?;
     let (zslba, _) = fresh_zone(&mut qp, nsid, &z, &rep)?;
-    let w = lent(&c, &mut qp, bs)?;
+    let w = lent(c, &mut qp, bs)?;
     let r = run_one(&mut qp, IoRequest::write(nsid, zslba, 1, w, 1))?;
     ensure!(r.is_ok(), "write at {zslba}: {r:?}");
     // Finish: Full, and an append is then Zone Is Full.
@@ -236,15 +246,15 @@ pub(super) fn zoned_reset(d: &Device, nsid: u32) -> CaseResult {
 /// nothing, the write that reaches it makes the zone Full, and a write past it is then
 /// Zone Is Full. Where the capacity is the whole zone (the last zone: the namespace's end)
 /// the two writes past it are the driver's to refuse and are not sent.
-pub(super) fn zoned_capacity(d: &Device, nsid: u32) -> CaseResult {
-    let c = d.open()?;
-    let (z, bs) = zones_of(&c, nsid)?;
-    let mut qp = qpair(&c, 8)?;
-    let rep = lent(&c, &mut qp, 4096)?;
+pub(super) fn zoned_capacity(t: &mut Ctx) -> CaseResult {
+    let (c, ns, z, bs) = zoned(t)?;
+    let nsid = ns.nsid;
+    let mut qp = qpair(c, 8)?;
+    let rep = lent(c, &mut qp, 4096)?;
     let (zslba, zcap) = fresh_zone(&mut qp, nsid, &z, &rep)?;
     let short = zcap < z.zone_size;
-    let chunk = (mdts(&c) as usize / bs).clamp(1, 32) as u64;
-    let w = lent(&c, &mut qp, chunk as usize * bs)?;
+    let chunk = (ns.max_command_bytes as usize / bs).clamp(1, 32) as u64;
+    let w = lent(c, &mut qp, chunk as usize * bs)?;
     put(
         &mut qp,
         &w,

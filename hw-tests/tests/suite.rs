@@ -1,48 +1,240 @@
-//! The conformance suite as part of `cargo test`: every case against the emulator, and the
-//! hardware run when a device is named (skipped, saying how to enable it, otherwise).
+//! The conformance suite as part of `cargo test`: the whole suite on every shape of
+//! controller and namespace format in [`SHAPES`] (the emulator, through the `emu:` target
+//! grammar), with 0 failures, every skip naming its reason and every namespace exercised;
+//! the target cases on files; and the hardware run when a device is named (skipped, saying
+//! how to enable it, otherwise).
 
-use kestrel_hw_tests::targets::{run_targets, TargetKind};
-use kestrel_hw_tests::{cases, format_report, run, tally, CaseReport, Device, Outcome};
+use kestrel_hw_tests::targets::{run_file, FileTarget};
+use kestrel_hw_tests::{
+    cases, format_report, report_json, run, tally, CaseReport, Device, Outcome, Report, RunOptions,
+    Scope,
+};
 
-fn assert_all_pass(reports: &[CaseReport], allow_skip: bool) {
-    println!("{}", format_report(reports));
-    let bad: Vec<_> = reports
-        .iter()
-        .filter(|r| match &r.outcome {
-            Outcome::Fail(_) => true,
-            Outcome::Skip(_) => !allow_skip,
-            Outcome::Pass => false,
-        })
-        .map(|r| (r.name, r.target.clone(), r.outcome.clone()))
-        .collect();
-    assert!(bad.is_empty(), "{bad:#?}");
+/// The shapes: `(what it stands for, the emulator's target string)`. Together they cover
+/// every metadata size and placement and each PI type and place the VM matrix gives QEMU
+/// (docs/vm-testing.md), a zoned namespace first and second, MDTS of one page pair, no
+/// MDTS, one I/O queue, several namespaces of different block sizes, and a controller
+/// whose only namespace is refused.
+const SHAPES: &[(&str, &str)] = &[
+    ("the default emulator", "emu"),
+    (
+        "the VM matrix's controller 0: plain, pi1, extended, md16+pi1, md without pi, zoned with zcap, refused 64-bit guard",
+        "emu:mdts=3,ns=64M+512,ns=64M+4096,ns=64M+4096+md8+pi1,ns=64M+512+md8+ext,ns=64M+4096+md16+pi1,ns=64M+512+md8,ns=64M+4096+zoned+zone8M+zcap6M,ns=64M+4096+md16+pi1+guard64",
+    ),
+    (
+        "every pi type, first and last, separate and extended, metadata of 8 to 64 bytes",
+        "emu:ns=32M+512+md8+pi2,ns=32M+4096+md8+pi3,ns=32M+4096+md16+pi2+pifirst,ns=32M+512+md64+pi3,ns=32M+512+md16+ext+pi1+pifirst,ns=32M+4096+md64+ext,ns=32M+512+md8+ext+pi3,ns=32M+4096+md8+ext+pi1",
+    ),
+    (
+        "the VM matrix's controller 1, mdts 1 (8 KiB): splits everywhere, metadata separate and extended, pi 1 to 3, a read across the end larger than mdts",
+        "emu:mdts=1,ns=64M+4096,ns=64M+512+md8+pi1,ns=64M+4096+md16+ext+pi2,ns=64M+512+md64+pi3+pifirst",
+    ),
+    (
+        "the VM matrix's controller 2: one i/o queue, a zoned namespace first",
+        "emu:mdts=7,queues=1,ns=64M+4096+zoned+zone4M+zcap3M,ns=64M+512,ns=64M+4096+md8+ext+pi3",
+    ),
+    (
+        "the VM matrix's controller 3: pi first, 64 bytes extended, a zoned namespace of 512-byte blocks last",
+        "emu:mdts=3,ns=64M+4096+md8+ext+pi1+pifirst,ns=64M+512+md16+pi2+pifirst,ns=64M+4096+md64+ext,ns=64M+512+md8+ext+pi2,ns=64M+512+zoned+zone2M",
+    ),
+    (
+        "mdts 1 with a zone of 192 blocks",
+        "emu:mdts=1,ns=64M+4096+zoned+zone1M+zcap768K,ns=16M+4096",
+    ),
+    (
+        "no mdts limit",
+        "emu:mdts=0,ns=128M+512,ns=128M+4096+md8+pi1",
+    ),
+    (
+        "namespaces of different block sizes and sizes, a small one, a zoned one second to last with open limits",
+        "emu:mdts=7,ns=16M+512,ns=32M+4096,ns=16M+4096,ns=48M+512+zoned+zone512K+zcap256K+open2,ns=8M+512+md8",
+    ),
+    (
+        "never-written blocks read with all-zero pi, which fails the reference tag check (QEMU's 512-byte blocks)",
+        "emu:ns=64M+512+md8+pi1+zeropi,ns=64M+4096+md16+ext+pi2+zeropi,ns=64M+512+md8+ext+pi1+pifirst+zeropi",
+    ),
+    (
+        "a controller whose only namespace kestrel refuses",
+        "emu:ns=16M+4096+md16+pi1+guard64",
+    ),
+];
+
+/// The suite on the shape `target`, its report printed; the report.
+fn run_shape(target: &str) -> Report {
+    let device = Device::from_target(target, false).expect("a valid emu target");
+    let r = run(&device, &RunOptions::default());
+    println!("{}", format_report(&r));
+    r
 }
 
-/// The suite on an emulated controller built from `cfg`, its report printed; no case failed.
-fn run_without_failures(cfg: kestrel::emu::EmuConfig) -> Vec<CaseReport> {
-    let reports = run(&Device::EmulatorWith(Box::new(cfg)), "");
-    println!("{}", format_report(&reports));
-    let failed: Vec<_> = reports
+/// 0 failed; every skip names its reason; every namespace exercised: a served one by at
+/// least 12 cases that passed, a refused one skipped by every namespace case with the
+/// refusal as the reason; every namespace case has a row on every namespace.
+fn assert_conformant(what: &str, r: &Report) {
+    let failed: Vec<_> = r
+        .rows
         .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
+        .filter(|x| matches!(x.outcome, Outcome::Fail(_)))
+        .map(|x| (x.name, x.nsid, x.outcome.clone()))
         .collect();
-    assert!(failed.is_empty(), "{failed:#?}");
-    reports
+    assert!(failed.is_empty(), "{what}: failed: {failed:#?}");
+    for x in &r.rows {
+        if let Outcome::Skip(why) = &x.outcome {
+            assert!(
+                why.len() > 10,
+                "{what}: {} on nsid {:?} skipped without a reason: {why:?}",
+                x.name,
+                x.nsid
+            );
+        }
+    }
+    let desc = r.desc.as_ref().expect("described");
+    let ns_cases = cases()
+        .iter()
+        .filter(|c| c.scope == Scope::Namespace)
+        .count();
+    for n in &desc.namespaces {
+        let rows: Vec<&CaseReport> = r.rows.iter().filter(|x| x.nsid == Some(n.nsid)).collect();
+        assert_eq!(rows.len(), ns_cases, "{what}: nsid {} rows", n.nsid);
+        match &n.refused {
+            Some(why) => assert!(
+                rows.iter().all(|x| x.outcome == Outcome::Skip(why.clone())),
+                "{what}: nsid {} is refused; every case must skip with the refusal",
+                n.nsid
+            ),
+            None => {
+                let passed = rows.iter().filter(|x| x.outcome == Outcome::Pass).count();
+                assert!(
+                    passed >= 12,
+                    "{what}: nsid {} ({}) exercised by only {passed} cases",
+                    n.nsid,
+                    n.format
+                );
+            }
+        }
+    }
 }
 
 #[test]
-fn target_cases_on_the_emulated_namespace() {
-    assert_all_pass(&run_targets(&TargetKind::Nvme(Device::Emulator), ""), false);
+fn the_suite_passes_on_every_shape() {
+    for (what, target) in SHAPES {
+        let t0 = std::time::Instant::now();
+        let r = run_shape(target);
+        assert_conformant(what, &r);
+        let (p, f, s) = tally(&r);
+        println!(
+            "{what}: {p} passed, {f} failed, {s} skipped in {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+#[test]
+fn each_format_runs_the_cases_in_its_form() {
+    // The VM's controller: what ran where, and why the rest skipped.
+    let r = run_shape(SHAPES[1].1);
+    let outcome = |case: &str, nsid: u32| {
+        r.rows
+            .iter()
+            .find(|x| x.name == case && x.nsid == Some(nsid))
+            .map(|x| x.outcome.clone())
+            .unwrap_or_else(|| panic!("no row for {case} on nsid {nsid}"))
+    };
+    // Metadata (separate, extended, with and without pi) and pi: the data cases pass.
+    for nsid in [3, 4, 5, 6] {
+        for case in [
+            "rw_sizes",
+            "large_io_split",
+            "mixed_workload_verify",
+            "target_rw_sizes",
+        ] {
+            assert_eq!(outcome(case, nsid), Outcome::Pass, "{case} on nsid {nsid}");
+        }
+    }
+    // The controller inserts pi only where the metadata is the pi alone.
+    assert_eq!(outcome("pi_inserted_by_the_controller", 3), Outcome::Pass);
+    assert!(
+        matches!(outcome("pi_inserted_by_the_controller", 5), Outcome::Skip(w) if w.contains("16 bytes"))
+    );
+    // Zoned: zone-sequential data cases and the zoned cases pass; overwrites skip, saying why.
+    for case in [
+        "rw_sizes",
+        "rw_queue_depths",
+        "write_zeroes",
+        "zoned_capacity",
+        "target_rw_sizes",
+    ] {
+        assert_eq!(
+            outcome(case, 7),
+            Outcome::Pass,
+            "{case} on the zoned nsid 7"
+        );
+    }
+    assert!(
+        matches!(outcome("mixed_workload_verify", 7), Outcome::Skip(w) if w.contains("zoned") && w.contains("overwrites"))
+    );
+    assert!(
+        matches!(outcome("zoned_append", 2), Outcome::Skip(w) if w.contains("not a zoned namespace"))
+    );
+    // The refused namespace: skipped with the refusal.
+    assert!(matches!(outcome("rw_sizes", 8), Outcome::Skip(w) if w.contains("64-bit guard")));
+    // The JSON report says the same per namespace.
+    let j = report_json(&r);
+    let ns7 = &j["namespaces"][6];
+    assert_eq!(ns7["nsid"], 7);
+    assert!(ns7["ran"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c == "zoned_capacity"));
+    assert!(ns7["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["case"] == "mixed_workload_verify"
+            && s["why"].as_str().unwrap().contains("overwrites")));
+    assert_eq!(j["summary"]["failed"], 0);
+    assert_eq!(j["description"]["namespaces"][6]["zone_capacity"], 1536);
+}
+
+#[test]
+fn nsid_narrows_the_run_to_one_namespace() {
+    let device = Device::from_target(SHAPES[3].1, false).unwrap();
+    let r = run(
+        &device,
+        &RunOptions {
+            nsid: Some(3),
+            ..Default::default()
+        },
+    );
+    println!("{}", format_report(&r));
+    assert!(r.rows.iter().all(|x| x.nsid.is_none() || x.nsid == Some(3)));
+    assert!(r
+        .rows
+        .iter()
+        .any(|x| x.nsid == Some(3) && x.outcome == Outcome::Pass));
+    assert_eq!(tally(&r).1, 0);
+    // A namespace that is not there: every namespace case fails, saying so.
+    let r = run(
+        &device,
+        &RunOptions {
+            nsid: Some(9),
+            filter: "rw_sizes".into(),
+            ..Default::default()
+        },
+    );
+    assert!(r
+        .rows
+        .iter()
+        .any(|x| matches!(&x.outcome, Outcome::Fail(w) if w.contains("nsid 9 is not an active namespace"))));
 }
 
 #[test]
 fn target_cases_on_a_file_on_disk_with_direct_io() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let path = dir.path().join("target.img");
-    assert_all_pass(
-        &run_targets(&TargetKind::File { path, direct: true }, ""),
-        false,
-    );
+    let rows = run_file(&FileTarget { path, direct: true }, "");
+    assert_all_pass(&rows);
 }
 
 #[test]
@@ -54,16 +246,22 @@ fn target_cases_on_a_file_on_tmpfs_buffered() {
     }
     let dir = tempfile::tempdir_in(shm).unwrap();
     let path = dir.path().join("target.img");
-    assert_all_pass(
-        &run_targets(
-            &TargetKind::File {
-                path,
-                direct: false,
-            },
-            "",
-        ),
-        false,
+    let rows = run_file(
+        &FileTarget {
+            path,
+            direct: false,
+        },
+        "",
     );
+    assert_all_pass(&rows);
+}
+
+fn assert_all_pass(rows: &[CaseReport]) {
+    for r in rows {
+        println!("{} {} {:?}", r.name, r.target, r.outcome);
+    }
+    assert_eq!(rows.len(), 6);
+    assert!(rows.iter().all(|r| r.outcome == Outcome::Pass), "{rows:#?}");
 }
 
 #[test]
@@ -74,127 +272,6 @@ fn suite_has_at_least_25_independent_cases() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), c.len(), "case names are unique");
-}
-
-#[test]
-fn suite_passes_on_the_emulator() {
-    let reports = run(&Device::Emulator, "");
-    println!("{}", format_report(&reports));
-    let (p, f, s) = tally(&reports);
-    println!("emulator: {p} passed, {f} failed, {s} skipped");
-    let failed: Vec<_> = reports
-        .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Fail(_)))
-        .collect();
-    assert!(failed.is_empty(), "failed on the emulator: {failed:#?}");
-    // The emulator offers every optional feature the suite checks: nothing may skip but
-    // the zoned cases, its namespace not being zoned (they run in the test below).
-    let skipped: Vec<_> = reports
-        .iter()
-        .filter(|r| match &r.outcome {
-            Outcome::Skip(why) => {
-                !(r.name.starts_with("zoned_") && why.contains("not a zoned namespace"))
-            }
-            _ => false,
-        })
-        .map(|r| (r.name, r.outcome.clone()))
-        .collect();
-    assert!(skipped.is_empty(), "skipped on the emulator: {skipped:?}");
-}
-
-#[test]
-fn suite_covers_every_namespace_and_skips_refused_ones_saying_why() {
-    use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore, EmuZones};
-    let ns = |size: u64, lba: u32, format: EmuFormat| EmuNamespace {
-        format,
-        ..EmuNamespace::new(size, lba, EmuStore::Memory)
-    };
-    let cfg = EmuConfig {
-        namespaces: vec![
-            ns(64 << 20, 4096, EmuFormat::default()),
-            ns(
-                64 << 20,
-                4096,
-                // The PI is all of the metadata: served, the controller inserting and
-                // checking it (PRACT); every data case must pass on it.
-                EmuFormat {
-                    ms: 8,
-                    pi_type: 1,
-                    ..Default::default()
-                },
-            ),
-            ns(32 << 20, 512, EmuFormat::default()),
-            ns(
-                64 << 20,
-                4096,
-                EmuFormat {
-                    csi: kestrel::spec::csi::ZONED,
-                    // Zones partly writable, as zoned SSDs ship them (ZCAP < ZSZE).
-                    zones: EmuZones {
-                        zone_size: 4 << 20,
-                        zone_capacity: 3 << 20,
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
-            ),
-        ],
-        ..EmuConfig::default()
-    };
-    let reports = run_without_failures(cfg);
-    let per_ns: Vec<&str> = cases()
-        .iter()
-        .filter(|c| c.per_namespace)
-        .map(|c| c.name)
-        .collect();
-    assert!(per_ns.len() >= 10, "{per_ns:?}");
-    // nsid 4 is zoned: the zoned cases pass there and skip elsewhere, saying why; the
-    // other data cases (conventional writes) pass elsewhere and skip there.
-    for nsid in 1..=4 {
-        let zoned_ns = nsid == 4;
-        let target = format!("emu(4 namespaces) ns={nsid}");
-        let rows: Vec<_> = reports.iter().filter(|r| r.target == target).collect();
-        assert_eq!(rows.len(), per_ns.len(), "{target}");
-        for r in rows {
-            let want_pass = r.name.starts_with("zoned_") == zoned_ns;
-            let why = if zoned_ns {
-                "is a zoned namespace"
-            } else {
-                "not a zoned namespace"
-            };
-            match &r.outcome {
-                Outcome::Pass if want_pass => {}
-                Outcome::Skip(w) if !want_pass && w.contains(why) => {}
-                o => panic!("{} on {target}: {o:?}, want pass {want_pass}", r.name),
-            }
-        }
-    }
-    // The controller cases ran once, on nsid 1, and passed.
-    let ctrl: Vec<_> = reports
-        .iter()
-        .filter(|r| r.target == "emu(4 namespaces)")
-        .collect();
-    assert_eq!(ctrl.len(), cases().len() - per_ns.len());
-    assert!(ctrl.iter().all(|r| r.outcome == Outcome::Pass), "{ctrl:#?}");
-}
-
-#[test]
-fn suite_skips_everything_on_a_controller_it_cannot_serve() {
-    use kestrel::emu::{EmuConfig, EmuFormat, EmuNamespace, EmuStore};
-    let cfg = EmuConfig {
-        namespaces: vec![EmuNamespace {
-            format: EmuFormat {
-                ms: 8,
-                extended: true,
-                ..Default::default()
-            },
-            ..EmuNamespace::new(16 << 20, 512, EmuStore::Memory)
-        }],
-        ..EmuConfig::default()
-    };
-    let reports = run_without_failures(cfg);
-    let (p, _, s) = tally(&reports);
-    assert!(s >= 15 && p >= 5, "{p} passed, {s} skipped");
 }
 
 #[test]
@@ -211,8 +288,8 @@ fn suite_on_real_hardware_when_named() {
         return;
     }
     let noiommu = std::env::var("KESTREL_NOIOMMU").as_deref() == Ok("1");
-    let reports = run(&Device::Pci { bdf, noiommu }, "");
-    println!("{}", format_report(&reports));
-    let (_, f, _) = tally(&reports);
+    let r = run(&Device::Pci { bdf, noiommu }, &RunOptions::default());
+    println!("{}", format_report(&r));
+    let (_, f, _) = tally(&r);
     assert_eq!(f, 0, "cases failed on the device");
 }

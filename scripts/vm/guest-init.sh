@@ -2,7 +2,8 @@
 # /init of the guest that scripts/vm-test.sh boots (copied into the initramfs).
 #
 # Mounts the pseudo file systems, loads the NVMe and VFIO modules, finds the
-# emulated NVMe controller (PCI class 0x010802), binds it to vfio-pci with
+# emulated NVMe controllers (PCI class 0x010802; the first in address order is
+# $BDF, all of them $KESTREL_NVME_BDFS), binds them to vfio-pci with
 # scripts/setup.sh (or plain sysfs writes when the payload has no setup.sh),
 # runs the payload command and hands its exit status to the host through
 # QEMU's isa-debug-exit device (the host sees (status << 1) | 1).
@@ -102,53 +103,62 @@ if [ "$KESTREL_MODE" = iommu ]; then
     fi
 fi
 
-BDF=
+BDFS=
 for dev in /sys/bus/pci/devices/*; do
     if [ "$(cat "$dev/class")" = 0x010802 ]; then
-        BDF=${dev##*/}
-        break
+        BDFS="$BDFS${BDFS:+ }${dev##*/}"
     fi
 done
-[ -n "$BDF" ] || fail "no NVMe controller (PCI class 0x010802) in the guest"
-sysdev=/sys/bus/pci/devices/$BDF
-driver=none
-[ -e "$sysdev/driver" ] && driver=$(basename "$(readlink "$sysdev/driver")")
-say "NVMe controller at $BDF ($(cat "$sysdev/vendor"):$(cat "$sysdev/device")), driver $driver"
+[ -n "$BDFS" ] || fail "no NVMe controller (PCI class 0x010802) in the guest"
+BDF=${BDFS%% *}
+for b in $BDFS; do
+    sysdev=/sys/bus/pci/devices/$b
+    driver=none
+    [ -e "$sysdev/driver" ] && driver=$(basename "$(readlink "$sysdev/driver")")
+    say "NVMe controller at $b ($(cat "$sysdev/vendor"):$(cat "$sysdev/device")), driver $driver"
+done
 
 if [ -x /kestrel/scripts/setup.sh ]; then
-    say "binding $BDF with scripts/setup.sh config"
+    say "binding $BDFS with scripts/setup.sh config"
     if [ "$KESTREL_MODE" = noiommu ]; then
-        (cd /kestrel && PCI_ALLOWED=$BDF HUGEMEM=$KESTREL_HUGEMEM NOIOMMU=1 scripts/setup.sh config) ||
+        (cd /kestrel && PCI_ALLOWED=$BDFS HUGEMEM=$KESTREL_HUGEMEM NOIOMMU=1 scripts/setup.sh config) ||
             fail "scripts/setup.sh config failed (status $?)"
     else
-        (cd /kestrel && PCI_ALLOWED=$BDF HUGEMEM=$KESTREL_HUGEMEM scripts/setup.sh config) ||
+        (cd /kestrel && PCI_ALLOWED=$BDFS HUGEMEM=$KESTREL_HUGEMEM scripts/setup.sh config) ||
             fail "scripts/setup.sh config failed (status $?)"
     fi
 else
-    say "scripts/setup.sh is not in the payload: binding $BDF with sysfs writes instead"
-    echo vfio-pci >"$sysdev/driver_override" || fail "cannot write $sysdev/driver_override"
-    if [ -e "$sysdev/driver" ]; then
-        echo "$BDF" >"$sysdev/driver/unbind" || fail "cannot unbind $BDF from $driver"
-    fi
-    echo "$BDF" >/sys/bus/pci/drivers_probe || fail "drivers_probe of $BDF failed"
+    say "scripts/setup.sh is not in the payload: binding $BDFS with sysfs writes instead"
+    for b in $BDFS; do
+        sysdev=/sys/bus/pci/devices/$b
+        echo vfio-pci >"$sysdev/driver_override" || fail "cannot write $sysdev/driver_override"
+        if [ -e "$sysdev/driver" ]; then
+            echo "$b" >"$sysdev/driver/unbind" || fail "cannot unbind $b from its driver"
+        fi
+        echo "$b" >/sys/bus/pci/drivers_probe || fail "drivers_probe of $b failed"
+    done
     echo $((KESTREL_HUGEMEM / 2)) >/proc/sys/vm/nr_hugepages
     mount -t hugetlbfs nodev /dev/hugepages || fail "cannot mount hugetlbfs on /dev/hugepages"
 fi
 
 # Check what the binding gave, whoever did it.
-[ -e "$sysdev/driver" ] || fail "$BDF has no driver after binding"
-driver=$(basename "$(readlink "$sysdev/driver")")
-[ "$driver" = vfio-pci ] || fail "$BDF is bound to $driver, not vfio-pci"
-group=$(basename "$(readlink "$sysdev/iommu_group")")
-if [ "$KESTREL_MODE" = noiommu ]; then
-    groupdev=/dev/vfio/noiommu-$group
-else
-    groupdev=/dev/vfio/$group
-fi
-[ -c "$groupdev" ] || fail "$BDF is bound to vfio-pci but $groupdev is missing (/dev/vfio has: $(echo /dev/vfio/*))"
-say "$BDF bound to vfio-pci, group $groupdev, $(awk '/HugePages_Total/ {print $2}' /proc/meminfo) hugepages of 2 MiB"
+for b in $BDFS; do
+    sysdev=/sys/bus/pci/devices/$b
+    [ -e "$sysdev/driver" ] || fail "$b has no driver after binding"
+    driver=$(basename "$(readlink "$sysdev/driver")")
+    [ "$driver" = vfio-pci ] || fail "$b is bound to $driver, not vfio-pci"
+    group=$(basename "$(readlink "$sysdev/iommu_group")")
+    if [ "$KESTREL_MODE" = noiommu ]; then
+        groupdev=/dev/vfio/noiommu-$group
+    else
+        groupdev=/dev/vfio/$group
+    fi
+    [ -c "$groupdev" ] || fail "$b is bound to vfio-pci but $groupdev is missing (/dev/vfio has: $(echo /dev/vfio/*))"
+    say "$b bound to vfio-pci, group $groupdev"
+done
+say "$(awk '/HugePages_Total/ {print $2}' /proc/meminfo) hugepages of 2 MiB"
 
-export BDF KESTREL_TEST_DEVICE=$BDF KESTREL_TEST_DESTRUCTIVE=1
+export BDF KESTREL_NVME_BDFS=$BDFS KESTREL_TEST_DEVICE=$BDF KESTREL_TEST_DESTRUCTIVE=1
 if [ "$KESTREL_MODE" = noiommu ]; then
     export KESTREL_NOIOMMU=1 NOIOMMU=1
 fi

@@ -26,8 +26,16 @@ VM_NVME_PARAMS=
 VM_PAYLOAD_EXTRA=()
 # The emulated controller's namespaces, one "SIZE_MIB:NVME_NS_PROPERTIES" each (nsid 1,
 # 2, ... in order; e.g. "64:logical_block_size=4096,ms=8,pi=1"), each backed by its own
-# image BACKEND.nsN. Empty: one namespace on BACKEND itself.
+# image BACKEND.nsN. Empty: one namespace on BACKEND itself. VM_NVME_PROPS: further
+# properties of that controller's nvme device (e.g. "mdts=3").
 VM_NVME_NAMESPACES=()
+VM_NVME_PROPS=
+# Further emulated controllers, beside the one above, one "PROPERTIES|NS|NS..." each: the
+# nvme device's own properties (e.g. "mdts=1" or "max_ioqpairs=1"; may be empty) and its
+# namespaces as in VM_NVME_NAMESPACES, each on an image BACKEND.cK.nsN. Controller K
+# (1, 2, ...) sits at PCI address 00:1K.0 (0x10 + K - 1), after the first controller, so
+# the guest lists the first one first.
+VM_NVME_CONTROLLERS=()
 # Bump when the layout of what is cached changes.
 VM_CACHE_FORMAT=1
 
@@ -632,19 +640,12 @@ vm_qemu_cmdline() {
     [[ $mode == iommu ]] && VM_QEMU+=(-device "intel-iommu,intremap=on")
     VM_QEMU+=(-kernel "$VM_KDIR/vmlinux" -initrd "$initrd" -append "$append")
     if ((${#VM_NVME_NAMESPACES[@]})); then
-        # One controller, one nvme-ns device per namespace, each on its own image.
-        local i=0 ns size props
-        VM_QEMU+=(-device "nvme,id=nvme0,serial=kestrel0")
-        for ns in "${VM_NVME_NAMESPACES[@]}"; do
-            i=$((i + 1))
-            size=${ns%%:*} props=${ns#*:}
-            if [[ $backend == null ]]; then
-                drive="driver=null-co,read-zeroes=on,size=${size}M,if=none,id=nvm$i"
-            else
-                truncate -s "${size}M" "$backend.ns$i"
-                drive="file=$backend.ns$i,format=raw,if=none,id=nvm$i,cache=writeback,aio=threads,discard=unmap"
-            fi
-            VM_QEMU+=(-drive "$drive" -device "nvme-ns,drive=nvm$i,bus=nvme0,nsid=$i${props:+,$props}")
+        vm_qemu_nvme 0 "$VM_NVME_PROPS" "$backend" "${VM_NVME_NAMESPACES[@]}"
+        local k=0 c nss
+        for c in "${VM_NVME_CONTROLLERS[@]}"; do
+            k=$((k + 1))
+            IFS='|' read -r -a nss <<<"${c#*|}"
+            vm_qemu_nvme "$k" "${c%%|*}" "$backend" "${nss[@]}"
         done
     else
         VM_QEMU+=(-drive "$drive" -device "nvme,serial=kestrel0,drive=nvm")
@@ -652,6 +653,30 @@ vm_qemu_cmdline() {
     VM_QEMU+=(
         -virtfs "local,path=$share,mount_tag=host,security_model=none,id=host0"
         -device "isa-debug-exit,iobase=0xf4,iosize=0x04")
+}
+
+# Appends to VM_QEMU controller $1 (0: the first, at the address QEMU picks; K: at
+# 00:(0x10 + K - 1).0) with the nvme properties $2, on NVMe backend $3 (an image path, its
+# namespaces on $3.nsN for controller 0 and $3.cK.nsN for K, or "null"), and the
+# namespaces "SIZE_MIB:NVME_NS_PROPERTIES" that follow (nsid 1, 2, ...).
+vm_qemu_nvme() {
+    local k=$1 cprops=$2 backend=$3 i=0 ns size props img id dev drive
+    shift 3
+    dev="nvme,id=nvme$k,serial=kestrel$k"
+    ((k == 0)) || dev+=",addr=$(printf '0x%x' $((0x10 + k - 1)))"
+    VM_QEMU+=(-device "$dev${cprops:+,$cprops}")
+    for ns in "$@"; do
+        i=$((i + 1))
+        size=${ns%%:*} props=${ns#*:} id=nvm$k-$i
+        if ((k == 0)); then img=$backend.ns$i; else img=$backend.c$k.ns$i; fi
+        if [[ $backend == null ]]; then
+            drive="driver=null-co,read-zeroes=on,size=${size}M,if=none,id=$id"
+        else
+            truncate -s "${size}M" "$img"
+            drive="file=$img,format=raw,if=none,id=$id,cache=writeback,aio=threads,discard=unmap"
+        fi
+        VM_QEMU+=(-drive "$drive" -device "nvme-ns,drive=$id,bus=nvme$k,nsid=$i${props:+,$props}")
+    done
 }
 
 # Boots one guest and waits for it. Arguments: mode (iommu | noiommu),

@@ -109,6 +109,12 @@ pub struct EmuFormat {
     pub pi_type: u8,
     /// DPS bit 3: protection information in the first bytes of the metadata.
     pub pi_first: bool,
+    /// Blocks never written (or zeroed without PRACT) read with all-zero PI instead of
+    /// all-ones (escaped) PI: a reference tag check (types 1 and 2) then fails on them, as
+    /// it does on QEMU's model for never-written blocks that share a host file system
+    /// block with written ones. Deallocated blocks still read with all-ones PI, as the
+    /// spec says. For testing that a host never reads what it did not write.
+    pub zeroed_pi: bool,
     /// The Protection Information Format reported in the NVM Command Set Identify
     /// Namespace (ELBAF PIF): 0 the 16-bit guard, 1 32-bit, 2 64-bit. Reported only: the
     /// controller checks and generates 16-bit guards whatever this says.

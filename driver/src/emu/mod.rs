@@ -175,7 +175,10 @@
 //! driver; the PRPs (and MPTR) are still walked and translated, but no PI is checked.
 //! Metadata is kept in the same store after the data (a memory store's chunks, or the
 //! file's bytes past the data); the PI bytes are stored inverted, so blocks never written
-//! or deallocated read back with all-ones PI (DLFEAT bit 4 = 0: guard FFFFh).
+//! or deallocated read back with all-ones PI (DLFEAT bit 4 = 0: guard FFFFh), or, with
+//! [`EmuFormat::zeroed_pi`], as they are, so blocks never written read back with all-zero
+//! PI and fail a reference tag check (as on QEMU's model, for blocks near written ones;
+//! deallocated blocks then get all-ones PI stored, as the spec says).
 //!
 //! # Fault injection
 //! [`EmuFaults`] (from [`EmuController::faults`], or [`EmuConfig::faults`] at start)

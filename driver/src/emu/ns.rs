@@ -6,7 +6,9 @@
 //! region after the data). The 8 bytes of protection information inside the metadata are
 //! stored inverted (each byte XOR FFh), so a block never written, or deallocated, reads
 //! back with all-ones PI: application tag FFFFh and reference tag FFFFFFFFh, which disable
-//! checking (and a guard of FFFFh, as DLFEAT bit 4 cleared says).
+//! checking (and a guard of FFFFh, as DLFEAT bit 4 cleared says). With
+//! [`EmuFormat::zeroed_pi`] the PI is stored as it is, so a block never written reads back
+//! with all-zero PI, which fails a reference tag check; deallocating stores all-ones PI.
 
 use super::config::{EmuFormat, EmuNamespace, EmuStore};
 use super::error::EmuError;
@@ -110,7 +112,9 @@ impl Ns {
     }
 
     /// Zeroes blocks `slba..slba + nlb` and their metadata (with `deac`, deallocates
-    /// them); their PI then reads as all ones (module doc).
+    /// them); their PI then reads as all ones (module doc). With
+    /// [`EmuFormat::zeroed_pi`], deallocated blocks get all-ones PI stored (the spec's
+    /// values for a deallocated block), zeroed ones all-zero PI.
     pub(super) fn zero_blocks(
         &mut self,
         slba: u64,
@@ -123,13 +127,36 @@ impl Ns {
         if self.ms() != 0 {
             let off = self.meta_off(slba);
             self.store.zero(off, nlb as u64 * self.ms() as u64, deac)?;
+            if deac && self.format.zeroed_pi && self.pi_type().is_some() {
+                self.escape_pi(slba, nlb)?;
+            }
         }
         Ok(())
     }
 
-    /// Inverts the PI bytes of every block in `meta` (the stored form, module doc).
+    /// Stores all-ones PI for blocks `slba..slba + nlb` (metadata otherwise zero), a
+    /// bounded piece at a time.
+    fn escape_pi(&mut self, slba: u64, nlb: u32) -> Result<(), StoreError> {
+        const PIECE: u64 = 4096;
+        let (ms, off) = (self.ms(), self.pi_off());
+        let mut piece = vec![0u8; PIECE.min(nlb as u64) as usize * ms];
+        for m in piece.chunks_exact_mut(ms) {
+            m[off..off + PI_SIZE].fill(0xFF);
+        }
+        let mut done = 0u64;
+        while done < nlb as u64 {
+            let n = PIECE.min(nlb as u64 - done) as usize;
+            let at = self.meta_off(slba + done);
+            self.store.write_bytes(at, &piece[..n * ms], false)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+
+    /// Inverts the PI bytes of every block in `meta` (the stored form, module doc; none
+    /// with [`EmuFormat::zeroed_pi`]).
     pub(super) fn flip_pi(&self, meta: &mut [u8]) {
-        if self.pi_type().is_none() {
+        if self.pi_type().is_none() || self.format.zeroed_pi {
             return;
         }
         let (ms, off) = (self.ms(), self.pi_off());

@@ -53,6 +53,9 @@ pub struct ControllerOptions {
     pub dma_max_bytes: usize,
     /// Override of the CAP.TO bound for the ready waits (testing).
     pub ready_timeout: Option<Duration>,
+    /// Deliberate faults of the controller's queue pairs, for testing test suites (off).
+    #[doc(hidden)]
+    pub faults: super::faults::DriverFaults,
 }
 
 impl Default for ControllerOptions {
@@ -65,6 +68,7 @@ impl Default for ControllerOptions {
             io_timeout: Duration::from_secs(30),
             dma_max_bytes: 8 << 30,
             ready_timeout: None,
+            faults: super::faults::DriverFaults::NONE,
         }
     }
 }

@@ -10,6 +10,8 @@
 
 mod admin;
 pub mod ctrlr;
+#[doc(hidden)]
+pub mod faults;
 pub mod format;
 mod init;
 pub mod prp;

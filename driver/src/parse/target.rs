@@ -17,6 +17,7 @@
 //!         | "ext"                                  ; the metadata inline: an extended lba
 //!         | "pi" 1..3                              ; end-to-end protection type (md >= 8)
 //!         | "pifirst"                              ; the PI in the first bytes of the metadata
+//!         | "zeropi"                               ; never-written blocks read with all-zero PI
 //!         | "zoned"                                ; a zoned namespace (command set 02h)
 //!         | "zone" size                            ; its zone size (1M; implies zoned)
 //!         | "zcap" size                            ; its zone capacity (the zone size; implies zoned)
@@ -43,9 +44,9 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
 /// What a namespace definition (`ns=`) accepts, for messages.
-pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +zcapSIZE (zone capacity), +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
+pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +zeropi (never-written blocks read with all-zero PI, failing a reference tag check, as on QEMU), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +zcapSIZE (zone capacity), +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
 /// The most metadata bytes per block an emulated namespace may have.
 pub const MAX_EMU_METADATA: u16 = 256;
 
@@ -114,6 +115,8 @@ pub struct EmuNsSpec {
     pub pi_type: u8,
     /// The PI in the first bytes of the metadata (DPS bit 3).
     pub pi_first: bool,
+    /// Never-written blocks read with all-zero PI (`EmuFormat::zeroed_pi`).
+    pub zeroed_pi: bool,
     /// The guard of its protection information, as the NVM Command Set's Protection
     /// Information Format (PIF): 0 the 16-bit guard (default), 1 32-bit, 2 64-bit.
     pub pif: u8,
@@ -317,6 +320,7 @@ fn parse_ns(v: &str) -> Result<EmuNsSpec, String> {
         extended: false,
         pi_type: 0,
         pi_first: false,
+        zeroed_pi: false,
         pif: 0,
         zoned: false,
         zone_size: None,
@@ -361,6 +365,7 @@ fn ns_attribute(n: &mut EmuNsSpec, a: &str, key: &str) -> Result<(), String> {
             t => n.pi_type = t as u8,
         },
         "pifirst" if a == "pifirst" => n.pi_first = true,
+        "zeropi" if a == "zeropi" => n.zeroed_pi = true,
         "guard" => {
             n.pif = match attr_number(a, "guard", 64)? {
                 16 => 0,
@@ -391,7 +396,7 @@ fn ns_attribute(n: &mut EmuNsSpec, a: &str, key: &str) -> Result<(), String> {
         "csi" => n.csi = Some(attr_number(a, "csi", 255)? as u8),
         _ => {
             return Err(format!(
-                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, guard16, guard32, guard64, zoned, zoneSIZE, zcapSIZE, openN, activeN, csiN)"
+                "unknown attribute '+{a}' (known: 512, 4096, mdN, ext, pi1, pi2, pi3, pifirst, zeropi, guard16, guard32, guard64, zoned, zoneSIZE, zcapSIZE, openN, activeN, csiN)"
             ))
         }
     }
@@ -418,6 +423,9 @@ fn check_ns(n: &EmuNsSpec) -> Result<(), String> {
     }
     if n.pi_first && n.pi_type == 0 {
         return Err("+pifirst: needs a protection type (+pi1, +pi2 or +pi3)".into());
+    }
+    if n.zeroed_pi && n.pi_type == 0 {
+        return Err("+zeropi: needs a protection type (+pi1, +pi2 or +pi3)".into());
     }
     if (n.max_open != 0 || n.max_active != 0) && !n.zoned {
         return Err("+open/+active: only a zoned namespace has zone limits (add +zoned)".into());

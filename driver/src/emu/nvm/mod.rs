@@ -157,6 +157,27 @@ impl Nvm {
         }
         let slba = sqe.slba();
         let nlb = sqe.nlb();
+        // MDTS before the range, as QEMU checks them: a transfer larger than MDTS is
+        // Invalid Field even where it also runs past the end. The transfer counts the
+        // metadata of an extended LBA, unless PRACT inserts or strips all of it (MS 8).
+        if matches!(
+            sqe.opc(),
+            nvm_opc::READ | nvm_opc::WRITE | zns_opc::ZONE_APPEND
+        ) {
+            let ns = &self.ns[i];
+            let pract_only = ns.pi_type().is_some()
+                && ns.ms() == crate::spec::pi::PI_SIZE
+                && crate::spec::pi::Prinfo::from_cdw12(sqe.cdw12).pract();
+            let md = if ns.format.extended && !pract_only {
+                ns.ms() as u64
+            } else {
+                0
+            };
+            let bytes = nlb as u64 * ((1u64 << ns.lba_shift) + md);
+            if self.mdts_bytes.is_some_and(|m| bytes > m) {
+                return Err(IoDone::err(Status::INVALID_FIELD.with_dnr(true), slba));
+            }
+        }
         match slba.checked_add(nlb as u64) {
             Some(end) if end <= self.ns[i].nsze => Ok((i, slba, nlb)),
             _ => Err(IoDone::err(Status::LBA_OUT_OF_RANGE.with_dnr(true), slba)),

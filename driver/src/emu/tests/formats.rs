@@ -270,6 +270,45 @@ fn pi_checks_on_read_and_unwritten_blocks_escape() {
 }
 
 #[test]
+fn with_zeroed_pi_an_unwritten_block_fails_the_reference_tag_check() {
+    let mut h = H::new(EmuConfig {
+        namespaces: vec![ns(
+            512,
+            EmuFormat {
+                zeroed_pi: true,
+                ..fmt(8, true, 1, false)
+            },
+        )],
+        ..Default::default()
+    });
+    let mut q = h.pair(1, 16);
+    let chk = Pi {
+        prinfo: ALL_CHECKS,
+        ilbrt: 9,
+        app: 0,
+        mask: 0,
+    };
+    // Never written: all-zero PI (the guard of zeroes is 0, the reference tag 0, not 9).
+    let r = h.buf(4096);
+    let c = io(&mut h, &mut q, false, 1, 9, 1, &r, 0, chk);
+    assert_status(&c, Status::E2E_REFERENCE_TAG_CHECK_ERROR);
+    let guard_only = Pi {
+        prinfo: Prinfo::PRCHK_GUARD,
+        ..chk
+    };
+    assert_ok(&io(&mut h, &mut q, false, 1, 9, 1, &r, 0, guard_only));
+    assert_eq!(&r.to_vec()[..520], &[0u8; 520][..]);
+    // Written with its PI: read back with every check.
+    let data = pattern(512, 8);
+    let mut wire = data.clone();
+    wire.extend(pi_for(&data, 0, 9));
+    let w = buf_with(&h, &wire);
+    assert_ok(&io(&mut h, &mut q, true, 1, 9, 1, &w, 0, chk));
+    assert_ok(&io(&mut h, &mut q, false, 1, 9, 1, &r, 0, chk));
+    assert_eq!(&r.to_vec()[..520], &wire[..]);
+}
+
+#[test]
 fn pract_inserts_on_write_and_checks_then_strips_on_read() {
     let mut h = H::new(EmuConfig {
         namespaces: vec![

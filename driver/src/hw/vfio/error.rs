@@ -131,13 +131,17 @@ pub enum VfioError {
         /// The node.
         path: PathBuf,
     },
-    /// Another process has the group open.
-    #[error("{path} (for {bdf}) is already open in another process (another kestrel, qemu or spdk?); stop it first")]
+    /// The group is open already (vfio allows one opener at a time), in another process
+    /// or in this one.
+    #[error("{path} (for {bdf}) is already open (vfio allows one opener at a time): {holders}")]
     GroupBusy {
         /// The device.
         bdf: Bdf,
         /// The node.
         path: PathBuf,
+        /// Who has it open (pid and command, or this process), or why nobody could be
+        /// named.
+        holders: String,
     },
     /// Opening a VFIO node hit the open-file limit (EMFILE, ENFILE).
     #[error("cannot open {path} (for {bdf}): {why}")]

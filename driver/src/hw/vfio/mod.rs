@@ -49,6 +49,7 @@
 //! in the private `sys` module, each with its safety argument.
 
 pub mod affinity;
+mod holders;
 mod iova;
 mod mapper;
 mod sys;
@@ -132,7 +133,16 @@ fn ioctl_hint(e: &io::Error) -> String {
 }
 
 /// Maps an error opening a VFIO node to the message for it.
-fn open_error(bdf: Bdf, path: &Path, e: io::Error, noiommu_group: bool) -> VfioError {
+///
+/// A busy node (EBUSY: open elsewhere) is looked up among the processes below
+/// `proc_root`, so the message names who holds it, this process included.
+fn open_error(
+    bdf: Bdf,
+    path: &Path,
+    e: io::Error,
+    noiommu_group: bool,
+    proc_root: &Path,
+) -> VfioError {
     let errno = e.raw_os_error();
     if noiommu_group && errno == Some(libc::EPERM) {
         return VfioError::NoiommuNeedsRawio {
@@ -153,10 +163,14 @@ fn open_error(bdf: Bdf, path: &Path, e: io::Error, noiommu_group: bool) -> VfioE
                 mode,
             }
         }
-        Some(libc::EBUSY) => VfioError::GroupBusy {
-            bdf,
-            path: path.to_path_buf(),
-        },
+        Some(libc::EBUSY) => {
+            let (found, complete) = holders::holders(proc_root, path);
+            VfioError::GroupBusy {
+                bdf,
+                path: path.to_path_buf(),
+                holders: holders::holders_text(path, &found, complete, std::process::id()),
+            }
+        }
         Some(libc::EMFILE) | Some(libc::ENFILE) => VfioError::TooManyOpenFiles {
             bdf,
             path: path.to_path_buf(),
@@ -269,7 +283,7 @@ fn open_group(pf: &Preflight, opts: &VfioOptions) -> Result<(sys::Group, PathBuf
                 }
             })
         }
-        Err(e) => Err(open_error(pf.bdf, want, e, opts.noiommu)),
+        Err(e) => Err(open_error(pf.bdf, want, e, opts.noiommu, &opts.proc_root)),
     }
 }
 
@@ -399,7 +413,7 @@ fn attach_container(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Err(VfioError::VfioNotLoaded { path: cpath })
         }
-        Err(e) => return Err(open_error(bdf, &cpath, e, false)),
+        Err(e) => return Err(open_error(bdf, &cpath, e, false, &opts.proc_root)),
     };
     let version =
         container

@@ -253,6 +253,7 @@ fn permission_denied_busy_and_rawio_messages() {
         &path,
         io::Error::from_raw_os_error(libc::EACCES),
         false,
+        &f.proc(),
     )
     .to_string();
     assert!(
@@ -276,6 +277,7 @@ fn permission_denied_busy_and_rawio_messages() {
         &path,
         io::Error::from_raw_os_error(libc::EPERM),
         true,
+        &f.proc(),
     )
     .to_string();
     assert!(
@@ -287,14 +289,38 @@ fn permission_denied_busy_and_rawio_messages() {
         &path,
         io::Error::from_raw_os_error(libc::EBUSY),
         false,
+        &f.proc(),
     )
     .to_string();
-    assert!(e.contains("is already open in another process"), "{e}");
+    assert!(
+        e.contains(
+            "is already open (vfio allows one opener at a time): no process with it open was found"
+        ),
+        "{e}"
+    );
+    // A holder in the (fake) proc tree is named, by pid and command.
+    let fd = f.proc().join("4242/fd");
+    std::fs::create_dir_all(&fd).unwrap();
+    std::fs::write(f.proc().join("4242/comm"), "qemu-system-x86\n").unwrap();
+    std::os::unix::fs::symlink(&path, fd.join("9")).unwrap();
+    let e = open_error(
+        bdf(),
+        &path,
+        io::Error::from_raw_os_error(libc::EBUSY),
+        false,
+        &f.proc(),
+    )
+    .to_string();
+    assert!(
+        e.ends_with("is already open (vfio allows one opener at a time): pid 4242 (qemu-system-x86) has it open; stop it first"),
+        "{e}"
+    );
     let e = open_error(
         bdf(),
         &path,
         io::Error::from_raw_os_error(libc::EMFILE),
         false,
+        &f.proc(),
     )
     .to_string();
     assert!(
@@ -304,7 +330,14 @@ fn permission_denied_busy_and_rawio_messages() {
             && e.contains("ulimit -n"),
         "{e}"
     );
-    let e = open_error(bdf(), &path, io::Error::from_raw_os_error(libc::EIO), false).to_string();
+    let e = open_error(
+        bdf(),
+        &path,
+        io::Error::from_raw_os_error(libc::EIO),
+        false,
+        &f.proc(),
+    )
+    .to_string();
     assert!(
         e.contains("cannot open ") && e.contains("(for 0000:01:00.0)"),
         "{e}"

@@ -81,7 +81,12 @@ impl IoQpair {
                 self.splitting = None;
                 break;
             }
-            let Some(cid) = self.free.pop() else {
+            let reused = if self.ctrlr.opts().faults.cid_reused_early {
+                self.fault_reused_cid(pi)
+            } else {
+                None
+            };
+            let Some(cid) = reused.or_else(|| self.free.pop()) else {
                 break;
             };
             let p = &mut self.parents[pi as usize];
@@ -195,7 +200,11 @@ impl IoQpair {
             .ns_info(req.nsid)
             .map_or(IoProtection::NONE, |n| n.protection);
         let lba = req.lba + blk_off as u64;
-        let (cdw12, cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
+        let (cdw12, mut cdw14, cdw15) = prot.caller_dwords(lba, blk_off, &req.meta);
+        let faults = self.ctrlr.opts().faults;
+        if faults.ref_tag_off_by_one && prot.ref_tag {
+            cdw14 = cdw14.wrapping_add(1);
+        }
         // NLB stays; the namespace's PRACT bits give way to the caller's checks.
         t.set_cdw12((t.cdw12_13 as u32 & 0xFFFF) | cdw12);
         t.reftag = false;
@@ -203,7 +212,8 @@ impl IoQpair {
         let mptr = if ns.has(ns_flags::EXTENDED) {
             0
         } else {
-            req.meta.buf.iova + u64::from(blk_off) * u64::from(ns.ms)
+            let blocks = if faults.mptr_not_advanced { 0 } else { blk_off };
+            req.meta.buf.iova + u64::from(blocks) * u64::from(ns.ms)
         };
         self.meta_dw[cid as usize] = MetaDwords { mptr, cdw14, cdw15 };
         self.trackers[cid as usize] = t;
@@ -212,6 +222,24 @@ impl IoQpair {
         }
         let q = self.sqe_of(cid);
         self.push_qwords(q);
+    }
+
+    /// The deliberate fault `cid_reused_early` (`crate::nvme::faults`): the CID of the
+    /// first piece of parent `pi`, still outstanding, for its second piece. A free
+    /// tracker is taken out of use for good in its place, so the SQ still has a slot for
+    /// every command in flight.
+    #[cold]
+    fn fault_reused_cid(&mut self, pi: u16) -> Option<u16> {
+        let p = &self.parents[pi as usize];
+        if p.issued_blocks != p.ns.chunk_blocks || p.outstanding != 1 {
+            return None;
+        }
+        let cid = self
+            .trackers
+            .iter()
+            .position(|t| t.active() && t.parent == pi)?;
+        self.free.pop()?;
+        Some(cid as u16)
     }
 
     /// The tracker of the command for blocks `[blk_off, blk_off + nlb)` of `req`

@@ -71,7 +71,7 @@ fn targets() {
 #[test]
 fn namespace_definitions_and_selection() {
     let TargetSpec::Emu(e) = parse_target(
-        "emu:lba=512,ns=256M+4096+md8+pi1,ns=64M,ns=32M+md16+ext+pi3+pifirst,ns=1G+4096+zoned+zone64M+open4+active8,ns=4M+csi1,ns=8M+zone2M+zcap1536K/ns=2",
+        "emu:lba=512,ns=256M+4096+md8+pi1,ns=64M,ns=32M+md16+ext+pi3+pifirst+zeropi,ns=1G+4096+zoned+zone64M+open4+active8,ns=4M+csi1,ns=8M+zone2M+zcap1536K/ns=2",
     )
     .unwrap() else {
         panic!("not emu")
@@ -85,6 +85,7 @@ fn namespace_definitions_and_selection() {
         extended: false,
         pi_type: 0,
         pi_first: false,
+        zeroed_pi: false,
         pif: 0,
         zoned: false,
         zone_size: None,
@@ -113,6 +114,7 @@ fn namespace_definitions_and_selection() {
                 extended: true,
                 pi_type: 3,
                 pi_first: true,
+                zeroed_pi: true,
                 ..base.clone()
             },
             EmuNsSpec {
@@ -211,6 +213,8 @@ fn refuses_with_reasons_and_the_grammar() {
         ("emu:ns=1M+md8+pi4", "0 to 3"),
         ("emu:ns=1M+md8+pi0", "types are 1, 2 and 3"),
         ("emu:ns=1M+pifirst", "needs a protection type"),
+        ("emu:ns=1M+md8+zeropi", "+zeropi: needs a protection type"),
+        ("emu:ns=1M+md8+pi1+zeropi+zeropi", "zeropi is given twice"),
         ("emu:ns=1M+open2", "only a zoned namespace"),
         ("emu:ns=1M+zoned+open4+active2", "more open zones"),
         ("emu:ns=1M+zone3M", "divide the namespace size"),
