@@ -403,6 +403,35 @@ fn describe(dut: &Dut, wait: Duration) -> Result<DeviceDesc, String> {
     Ok(d)
 }
 
+/// The rows of the namespace cases when `--nsid want` names no active namespace: each
+/// fails, naming the active ones.
+fn inactive_nsid_rows(
+    selected: &[&Case],
+    name: &str,
+    want: u32,
+    dev: &DeviceDesc,
+) -> Vec<CaseReport> {
+    let active = dev
+        .namespaces
+        .iter()
+        .map(|n| n.nsid.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    selected
+        .iter()
+        .filter(|c| c.scope == Scope::Namespace)
+        .map(|c| CaseReport {
+            name: c.name,
+            target: format!("{name} ns={want}"),
+            nsid: Some(want),
+            outcome: Outcome::Fail(format!(
+                "nsid {want} is not an active namespace (active: {active})"
+            )),
+            elapsed: Duration::ZERO,
+        })
+        .collect()
+}
+
 /// Runs `cases` against `device` as `opts` selects (the crate's module doc).
 pub(crate) fn run_cases(device: &Device, cases: &[Case], opts: &RunOptions) -> crate::Report {
     let name = device.name();
@@ -453,22 +482,7 @@ pub(crate) fn run_cases(device: &Device, cases: &[Case], opts: &RunOptions) -> c
         .filter(|n| opts.nsid.is_none_or(|want| want == n.nsid))
         .collect();
     if let (Some(want), true) = (opts.nsid, namespaces.is_empty()) {
-        for c in selected.iter().filter(|c| c.scope == Scope::Namespace) {
-            rows.push(CaseReport {
-                name: c.name,
-                target: format!("{name} ns={want}"),
-                nsid: Some(want),
-                outcome: Outcome::Fail(format!(
-                    "nsid {want} is not an active namespace (active: {})",
-                    dev.namespaces
-                        .iter()
-                        .map(|n| n.nsid.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
-                elapsed: Duration::ZERO,
-            });
-        }
+        rows.extend(inactive_nsid_rows(&selected, &name, want, &dev));
     }
     for ns in namespaces {
         for c in selected.iter().filter(|c| c.scope == Scope::Namespace) {

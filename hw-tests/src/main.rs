@@ -11,7 +11,9 @@
 //! Exit status: 0 when no case failed, 1 when one did, 2 for usage errors.
 
 use kestrel_hw_tests::targets::{run_file, FileTarget};
-use kestrel_hw_tests::{format_report, report_json, run, summary_json, tally, Device, RunOptions};
+use kestrel_hw_tests::{
+    format_report, report_json, run, summary_json, tally, Device, Report, RunOptions,
+};
 
 const USAGE: &str =
     "usage: kestrel-hw-tests [--device BDF | --target TARGET] [--noiommu] [--destructive]
@@ -73,16 +75,7 @@ fn main() {
             }
             "--file" => files.push(value(&mut args, "--file").into()),
             "--json" => json = Some(value(&mut args, "--json")),
-            "--list" => {
-                for c in kestrel_hw_tests::cases() {
-                    let scope = match c.scope {
-                        kestrel_hw_tests::Scope::Controller => "controller",
-                        kestrel_hw_tests::Scope::Namespace => "namespace",
-                    };
-                    println!("{:<32} {scope:<10} {}", c.name, c.about);
-                }
-                return;
-            }
+            "--list" => return list_cases(),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return;
@@ -111,22 +104,39 @@ fn main() {
             &opts.filter,
         ));
     }
-    let text = format_report(&report);
-    match json.as_deref() {
-        Some("-") => println!("{}", report_json(&report)),
+    print_report(&report, json.as_deref());
+    let (p, f, s) = tally(&report);
+    println!("hw-tests: {p} passed, {f} failed, {s} skipped");
+    std::process::exit(if f == 0 && p + s > 0 { 0 } else { 1 });
+}
+
+/// `--list`: every case, its scope and what it checks.
+fn list_cases() {
+    for c in kestrel_hw_tests::cases() {
+        let scope = match c.scope {
+            kestrel_hw_tests::Scope::Controller => "controller",
+            kestrel_hw_tests::Scope::Namespace => "namespace",
+        };
+        println!("{:<32} {scope:<10} {}", c.name, c.about);
+    }
+}
+
+/// The report as a table (and JSON to `json`: a path, or `-` for stdout instead of the
+/// table), then the one-line JSON summary.
+fn print_report(report: &Report, json: Option<&str>) {
+    let text = format_report(report);
+    match json {
+        Some("-") => println!("{}", report_json(report)),
         Some(path) => {
             print!("{text}");
-            if let Err(e) = std::fs::write(path, format!("{:#}\n", report_json(&report))) {
+            if let Err(e) = std::fs::write(path, format!("{:#}\n", report_json(report))) {
                 eprintln!("kestrel-hw-tests: writing {path}: {e}");
                 std::process::exit(2);
             }
         }
         None => print!("{text}"),
     }
-    println!("{}", summary_json(&report));
-    let (p, f, s) = tally(&report);
-    println!("hw-tests: {p} passed, {f} failed, {s} skipped");
-    std::process::exit(if f == 0 && p + s > 0 { 0 } else { 1 });
+    println!("{}", summary_json(report));
 }
 
 /// A PCI device, which the suite overwrites: only with --destructive.

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::{CaseReport, Outcome, Report};
+use crate::{CaseReport, DeviceDesc, Outcome, Report};
 
 fn result_word(o: &Outcome) -> (&'static str, &str) {
     match o {
@@ -190,34 +190,7 @@ pub fn report_json(r: &Report) -> Value {
             })
         })
         .collect();
-    let desc = r.desc.as_ref().map(|d| {
-        json!({
-            "model": d.model,
-            "serial": d.serial,
-            "firmware": d.firmware,
-            "version": d.version,
-            "mdts_bytes": d.mdts_bytes,
-            "max_command_bytes": d.max_command_bytes,
-            "queues_granted": d.queues_granted,
-            "max_queue_entries": d.max_queue_entries,
-            "write_zeroes": d.write_zeroes,
-            "dataset_management": d.dsm,
-            "shadow_doorbells": d.shadow_doorbells,
-            "namespaces": d.namespaces.iter().map(|n| json!({
-                "nsid": n.nsid,
-                "format": n.format,
-                "refused": n.refused,
-                "block_size": n.block_size,
-                "blocks": n.num_blocks,
-                "metadata_bytes": n.meta.map(|m| m.ms),
-                "metadata_extended": n.meta.map(|m| m.extended),
-                "pi_type": n.meta.map(|m| m.pi_type),
-                "pi_first": n.meta.map(|m| m.pi_first),
-                "zone_blocks": n.zones.map(|z| z.geometry.zone_size),
-                "zone_capacity": n.zones.and_then(|z| z.capacity),
-            })).collect::<Vec<_>>(),
-        })
-    });
+    let desc = r.desc.as_ref().map(description_json);
     json!({
         "device": r.device,
         "description": desc,
@@ -225,6 +198,36 @@ pub fn report_json(r: &Report) -> Value {
         "controller": ctrl,
         "namespaces": namespaces,
         "files": files,
+    })
+}
+
+/// The device description of the JSON report.
+fn description_json(d: &DeviceDesc) -> Value {
+    json!({
+        "model": d.model,
+        "serial": d.serial,
+        "firmware": d.firmware,
+        "version": d.version,
+        "mdts_bytes": d.mdts_bytes,
+        "max_command_bytes": d.max_command_bytes,
+        "queues_granted": d.queues_granted,
+        "max_queue_entries": d.max_queue_entries,
+        "write_zeroes": d.write_zeroes,
+        "dataset_management": d.dsm,
+        "shadow_doorbells": d.shadow_doorbells,
+        "namespaces": d.namespaces.iter().map(|n| json!({
+            "nsid": n.nsid,
+            "format": n.format,
+            "refused": n.refused,
+            "block_size": n.block_size,
+            "blocks": n.num_blocks,
+            "metadata_bytes": n.meta.map(|m| m.ms),
+            "metadata_extended": n.meta.map(|m| m.extended),
+            "pi_type": n.meta.map(|m| m.pi_type),
+            "pi_first": n.meta.map(|m| m.pi_first),
+            "zone_blocks": n.zones.map(|z| z.geometry.zone_size),
+            "zone_capacity": n.zones.and_then(|z| z.capacity),
+        })).collect::<Vec<_>>(),
     })
 }
 
