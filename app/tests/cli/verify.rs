@@ -94,8 +94,11 @@ fn verify_catches_a_corrupted_block() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("ns.img");
     let spec = format!("emu:size=4M,store={}", store.display());
+    // A counted run, not a timed one: the 4 MiB namespace holds 1024 blocks, and 2048
+    // sequential I/Os write (then read) each of them at least once however much CPU the
+    // run gets (a 1 s window checked fewer than 1024 blocks on a loaded machine).
     let verified = |workload: &str| {
-        Perf::timed("1")
+        Perf::counted(2048)
             .args(&["-w", workload, "-q", "4", "--verify"])
             .target(&spec)
     };
