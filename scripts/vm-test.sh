@@ -124,6 +124,12 @@ if [[ ${KESTREL_VM_MATRIX:-1} != 0 ]]; then
     )
 fi
 
+# The matrix runs in IOMMU mode only: in noiommu mode a guest once hung in the fourth
+# controller's suite (the suite's task blocked in D state for minutes, RCU stalls on the
+# other vCPU; docs/vm-testing.md), which is not understood yet. noiommu mode runs the
+# first controller's formats as before.
+matrix=("${VM_NVME_CONTROLLERS[@]}")
+
 vm_step "initramfs"
 vm_initramfs_base
 
@@ -143,6 +149,11 @@ run_mode() {
         cmd=$guest_cmd
     else
         cmd="KESTREL_NS_SUPPORTED='$ns_supported' KESTREL_NS_MD='$ns_md' KESTREL_NS_NO_KERNEL='6' KESTREL_NS_NO_KERNEL_WRITE='5' KESTREL_NS_ZONED='$ns_zoned' KESTREL_NS_REFUSED='$ns_refused' bash /kestrel/scripts/vm/guest-formats.sh; f=\$?; bash /kestrel/scripts/vm/guest-matrix.sh || f=1; exit \$f"
+    fi
+    if [[ $m == noiommu ]]; then
+        VM_NVME_CONTROLLERS=()
+    else
+        VM_NVME_CONTROLLERS=("${matrix[@]}")
     fi
     truncate -s 1G "$run_dir/nvme-$m.img"
     vm_step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
