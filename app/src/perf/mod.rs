@@ -20,6 +20,7 @@ mod verdict;
 pub mod verify;
 pub mod worker;
 
+use kestrel::parse::core_list_text;
 use std::time::Duration;
 
 use crate::cli::PerfArgs;
@@ -38,24 +39,6 @@ pub fn run(args: &PerfArgs) -> Result<()> {
     layout::announce(args, &plan);
     let ran = launch::run_pollers(args, &plan, &layout.blocks)?;
     finish::report(args, &plan, layout, config, ran)
-}
-
-fn core_list_text(cores: &[usize]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cores.len() {
-        let mut j = i;
-        while j + 1 < cores.len() && cores[j + 1] == cores[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            cores[i].to_string()
-        } else {
-            format!("{}-{}", cores[i], cores[j])
-        });
-        i = j + 1;
-    }
-    out.join(",")
 }
 
 /// Ring entries for a queue kept at `qd` I/Os: twice the depth plus one (at least 64, at
