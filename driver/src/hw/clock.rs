@@ -143,8 +143,8 @@ impl Clock {
 
     fn calibrate() -> Clock {
         let choice = Choice::from_env(std::env::var("KESTREL_CLOCK").ok().as_deref());
-        let invariant = std::env::var("KESTREL_TSC_INVARIANT").ok().as_deref() != Some("0")
-            && tsc::invariant();
+        let invariant =
+            std::env::var("KESTREL_TSC_INVARIANT").ok().as_deref() != Some("0") && tsc::invariant();
         Clock::calibrate_with(choice, invariant)
     }
 
