@@ -45,7 +45,7 @@ pub(super) fn report(
     let clock = kestrel::clock::Clock::get();
     if clock.source() != kestrel::clock::ClockSource::Tsc {
         conditions.push(
-            "timestamps come from CLOCK_MONOTONIC (KESTREL_CLOCK=monotonic): where the clocksource is not TSC-based each reading is a system call, counted in ns per I/O"
+            "timestamps come from CLOCK_MONOTONIC (KESTREL_CLOCK=monotonic, or a TSC that did not count at a plausible rate): where the clocksource is not TSC-based each reading is a system call, counted in ns per I/O"
                 .into(),
         );
     } else if !clock.tsc_invariant() {

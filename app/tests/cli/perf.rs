@@ -479,8 +479,8 @@ fn a_tsc_cpuid_does_not_call_invariant_times_the_window_without_a_system_call() 
     }
     run.assert_exit(&o, true, 0);
     let j = stdout_json(&o);
-    assert_eq!(j["config"]["clock"], "tsc", "{j}");
-    assert_eq!(j["config"]["tsc_invariant"], false, "{j}");
+    assert_eq!(j["config"]["clock"], "tsc", "{}", j["config"]);
+    assert_eq!(j["config"]["tsc_invariant"], false, "{}", j["config"]);
     let conditions = j["conditions"].to_string();
     assert!(
         conditions.contains("CPUID does not call invariant"),
