@@ -42,11 +42,26 @@ pub(super) fn report(
     );
     let (mut report, hist) = report::build(&ran.results, &names, config, target_json);
     cpu_wait_notes(&report, &mut warnings, &mut conditions);
-    if kestrel::clock::Clock::get().source() != kestrel::clock::ClockSource::Tsc {
+    let clock = kestrel::clock::Clock::get();
+    if clock.source() != kestrel::clock::ClockSource::Tsc {
         conditions.push(
-            "timestamps come from CLOCK_MONOTONIC (the TSC is not used): where the clocksource is not TSC-based each reading is a system call, counted in ns per I/O; KESTREL_CLOCK=tsc uses the TSC if it runs at a constant rate"
+            "timestamps come from CLOCK_MONOTONIC (KESTREL_CLOCK=monotonic, or a TSC that did not count at a plausible rate): where the clocksource is not TSC-based each reading is a system call, counted in ns per I/O"
                 .into(),
         );
+    } else if !clock.tsc_invariant() {
+        conditions.push(
+            "timestamps come from a TSC that CPUID does not call invariant (usual in a guest): its rate was checked against CLOCK_MONOTONIC after the run".into(),
+        );
+    }
+    // After the run, outside every timed loop: the TSC kept the rate it was calibrated at.
+    if let Some(e) = clock.rate_error() {
+        if e.abs() > kestrel::clock::RATE_TOLERANCE {
+            warnings.push(format!(
+                "the TSC ran {:.2} % {} than CLOCK_MONOTONIC since calibration: its rate changed (a TSC that is not invariant follows the core's frequency), so times and rates are off by as much; KESTREL_CLOCK=monotonic uses the kernel's clock",
+                e.abs() * 100.0,
+                if e > 0.0 { "faster" } else { "slower" }
+            ));
+        }
     }
     report.conditions.splice(0..0, conditions);
     report.placement = placement;

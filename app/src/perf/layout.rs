@@ -457,6 +457,7 @@ pub(super) fn config_json(
         "io_timeout_ms": secs(args.io_timeout) * 1e3,
         "admin_timeout_ms": secs(args.admin_timeout) * 1e3,
         "clock": kestrel::clock::Clock::get().source().name(),
+        "tsc_invariant": kestrel::clock::Clock::get().tsc_invariant(),
     })
 }
 

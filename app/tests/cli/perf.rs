@@ -458,3 +458,40 @@ fn count_syscalls_finds_none_in_a_polled_nvme_window_and_the_file_targets_enters
     assert!(counted[1].0 > 0, "{counted:?}");
     assert_eq!(counted[1].1, libc::SYS_io_uring_enter, "{counted:?}");
 }
+
+/// A guest whose CPUID does not call the TSC invariant (QEMU's TCG; forced here with
+/// `KESTREL_TSC_INVARIANT=0`) still times with the TSC: not one system call in the window
+/// at QD 1, where nearly every loop iteration is a poll that finds nothing. (On the
+/// kernel clock under the HPET clocksource each of those polls was a `clock_gettime`
+/// system call.)
+#[test]
+fn a_tsc_cpuid_does_not_call_invariant_times_the_window_without_a_system_call() {
+    let run = Perf::counted(3000).args(&["-q", "1", "--count-syscalls"]);
+    let o = run
+        .json_command()
+        .env("KESTREL_TSC_INVARIANT", "0")
+        .env_remove("KESTREL_CLOCK")
+        .output()
+        .expect("run kestrel perf");
+    if !o.status.success() && stderr(&o).contains("seccomp user notification refused") {
+        eprintln!("skipped: {}", stderr(&o).trim());
+        return;
+    }
+    run.assert_exit(&o, true, 0);
+    let j = stdout_json(&o);
+    assert_eq!(j["config"]["clock"], "tsc", "{}", j["config"]);
+    assert_eq!(j["config"]["tsc_invariant"], false, "{}", j["config"]);
+    let conditions = j["conditions"].to_string();
+    assert!(
+        conditions.contains("CPUID does not call invariant"),
+        "{conditions}"
+    );
+    let c = &j["per_core"][0];
+    assert_eq!(u64_at(c, "/ios"), 3000, "{c}");
+    assert!(
+        u64_at(c, "/iterations") > u64_at(c, "/ios"),
+        "polls that found nothing were made: {c}"
+    );
+    assert_eq!(u64_at(c, "/syscalls_in_window"), 0, "{c}");
+    assert_eq!(c["first_syscall_nr"], serde_json::Value::Null, "{c}");
+}

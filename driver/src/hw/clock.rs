@@ -1,15 +1,30 @@
 //! A clock for the poll loop that costs (almost) nothing to read.
 //!
-//! Where the CPU has an invariant TSC (CPUID leaf 0x8000_0007, EDX bit 8: the counter runs
-//! at a constant rate in every power state, so it is usable as a clock across cores), the
-//! clock is `rdtsc` scaled to nanoseconds, calibrated once against `CLOCK_MONOTONIC` the
-//! first time the clock is asked for. Elsewhere (no invariant TSC, not x86-64, or
-//! `KESTREL_CLOCK=monotonic` in the environment) it falls back to the kernel's
-//! `CLOCK_MONOTONIC`, which in some virtual machines is a system call and an emulated HPET
-//! read (microseconds) rather than a vDSO TSC read. [`Clock::source`] says which is in use,
-//! for `identify` and `perf` output. `KESTREL_CLOCK=tsc` uses the TSC even where CPUID does
-//! not promise a constant rate (QEMU's TCG guests, some hypervisors whose TSC is in fact
-//! constant): the calibration still refuses a counter that does not run at a plausible rate.
+//! On x86-64 the clock is `rdtsc` scaled to nanoseconds, calibrated once against
+//! `CLOCK_MONOTONIC` the first time the clock is asked for, whatever CPUID says about the
+//! counter: this is what SPDK and DPDK do (`rte_get_tsc_hz`). The kernel clock is not an
+//! option for a poll loop where it is slow: in a guest whose clocksource is the HPET or the
+//! ACPI PM timer (QEMU's TCG, some hypervisors) each `CLOCK_MONOTONIC` reading is a system
+//! call and an emulated device read, microseconds, and a poller reads the clock on every
+//! pass. `KESTREL_CLOCK=monotonic` in the environment chooses the kernel's clock anyway
+//! (`KESTREL_CLOCK=tsc` is accepted and is the default); off x86-64 it is the only one.
+//! [`Clock::source`] says which is in use and [`Clock::tsc_invariant`] what CPUID promised,
+//! for `identify` and `perf` output.
+//!
+//! # A TSC that is not invariant
+//! CPUID leaf 0x8000_0007, EDX bit 8, promises an invariant TSC: a constant rate in every
+//! power state. Without that promise (pre-Nehalem CPUs, and guests whose hypervisor does
+//! not pass the bit on, TCG among them) the counter may run at the core's current frequency
+//! and drift from real time when the frequency changes, so readings could be off by the
+//! ratio of the frequencies. The library guards against it twice: the calibration refuses
+//! a counter that does not run at a plausible rate (the clock is then `CLOCK_MONOTONIC`),
+//! and [`Clock::rate_error`] compares the TSC's elapsed time since calibration with the
+//! kernel's, for a caller to check at the end of a measurement (outside its timed part:
+//! it reads the kernel clock) and to flag, or refuse, figures taken on a drifting counter
+//! (`kestrel perf` warns past [`RATE_TOLERANCE`]). Every CPU that runs the rest of this
+//! driver's environment (IOMMU, VFIO) has a constant-rate TSC; the check is for old or
+//! misconfigured ones. `KESTREL_TSC_INVARIANT=0` takes CPUID's bit as clear, to exercise
+//! the path a TCG guest takes on any machine.
 //!
 //! Timeouts need no fine clock: [`Clock::now_coarse_ns`] reads `CLOCK_MONOTONIC_COARSE`
 //! on the fallback, which the vDSO serves from its data page whatever the clocksource (no
@@ -36,7 +51,8 @@ use std::time::{Duration, Instant};
 /// Which counter a [`Clock`] reads.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ClockSource {
-    /// The invariant TSC, calibrated against `CLOCK_MONOTONIC`.
+    /// The TSC, calibrated against `CLOCK_MONOTONIC` (invariant or not: see
+    /// [`Clock::tsc_invariant`]).
     Tsc,
     /// The kernel's `CLOCK_MONOTONIC` (`Instant`).
     Monotonic,
@@ -69,6 +85,8 @@ pub struct Clock {
     ns_per_tick_q32: u64,
     /// TSC ticks per second, as calibrated (0 for the monotonic clock).
     tsc_hz: u64,
+    /// CPUID promises a constant-rate TSC.
+    invariant: bool,
     /// Origin of the monotonic fallback.
     origin: Instant,
     /// `CLOCK_MONOTONIC_COARSE` at the origin, ns.
@@ -79,6 +97,29 @@ static CLOCK: OnceLock<Clock> = OnceLock::new();
 
 /// How long calibration watches both clocks.
 const CALIBRATION: Duration = Duration::from_millis(20);
+
+/// The largest [`Clock::rate_error`] taken as calibration noise (0.5 %): beyond it the
+/// TSC has not kept the calibrated rate.
+pub const RATE_TOLERANCE: f64 = 0.005;
+
+/// The clock asked for in the environment (`KESTREL_CLOCK`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Choice {
+    /// The TSC on x86-64 (the default, or `tsc`).
+    Tsc,
+    /// `monotonic`: the kernel's clock.
+    Monotonic,
+}
+
+impl Choice {
+    /// `KESTREL_CLOCK`'s value; anything but `monotonic` is the default.
+    fn from_env(v: Option<&str>) -> Choice {
+        match v {
+            Some("monotonic") => Choice::Monotonic,
+            _ => Choice::Tsc,
+        }
+    }
+}
 
 impl Clock {
     /// The process's clock: set up (and calibrated, about 20 ms) on first use, then a copy
@@ -94,16 +135,28 @@ impl Clock {
             tsc_origin: 0,
             ns_per_tick_q32: 0,
             tsc_hz: 0,
+            invariant: tsc::invariant(),
             origin: Instant::now(),
             coarse_origin: coarse_ns(),
         }
     }
 
     fn calibrate() -> Clock {
-        let forced = std::env::var("KESTREL_CLOCK").ok();
-        let force_tsc = forced.as_deref() == Some("tsc") && cfg!(target_arch = "x86_64");
-        if forced.as_deref() == Some("monotonic") || !(tsc::invariant() || force_tsc) {
-            return Clock::monotonic();
+        let choice = Choice::from_env(std::env::var("KESTREL_CLOCK").ok().as_deref());
+        let invariant =
+            std::env::var("KESTREL_TSC_INVARIANT").ok().as_deref() != Some("0") && tsc::invariant();
+        Clock::calibrate_with(choice, invariant)
+    }
+
+    /// The clock for `choice` on a CPU whose TSC CPUID says is invariant or not: the TSC on
+    /// x86-64 either way (the module doc, "A TSC that is not invariant"), unless it does not
+    /// count at a plausible rate.
+    fn calibrate_with(choice: Choice, invariant: bool) -> Clock {
+        if choice == Choice::Monotonic || !cfg!(target_arch = "x86_64") {
+            return Clock {
+                invariant,
+                ..Clock::monotonic()
+            };
         }
         // The tightest (TSC, monotonic) pair of a few tries, at the start and at the end:
         // a pair split by an interrupt or preemption would skew the rate.
@@ -126,7 +179,10 @@ impl Clock {
         let ticks = tsc1.wrapping_sub(tsc0);
         if ns == 0 || ticks < ns / 16 {
             // Not counting at any plausible rate (under 62.5 MHz): do not trust it.
-            return Clock::monotonic();
+            return Clock {
+                invariant,
+                ..Clock::monotonic()
+            };
         }
         let tsc_hz = (ticks as u128 * 1_000_000_000 / ns as u128) as u64;
         let ns_per_tick_q32 = ((ns as u128) << 32) / ticks as u128;
@@ -135,6 +191,7 @@ impl Clock {
             tsc_origin: tsc0,
             ns_per_tick_q32: ns_per_tick_q32 as u64,
             tsc_hz,
+            invariant,
             origin: t0,
             coarse_origin: 0,
         }
@@ -148,6 +205,30 @@ impl Clock {
     /// The calibrated TSC rate in Hz (`None` on the monotonic clock).
     pub fn tsc_hz(&self) -> Option<u64> {
         (self.source == ClockSource::Tsc).then_some(self.tsc_hz)
+    }
+
+    /// Whether CPUID promises a constant-rate TSC (or `KESTREL_TSC_INVARIANT=0` said to
+    /// take it as not). On the TSC clock without it, check [`Clock::rate_error`] after a
+    /// measurement.
+    pub fn tsc_invariant(&self) -> bool {
+        self.invariant
+    }
+
+    /// How far the TSC clock has strayed from `CLOCK_MONOTONIC` since calibration, as a
+    /// fraction of the time elapsed (+0.01: it ran 1 % fast): calibration noise is within
+    /// [`RATE_TOLERANCE`], a TSC whose rate changed with the core's frequency beyond it.
+    /// `None` on the monotonic clock, or under a millisecond after calibration. Reads the
+    /// kernel clock: not for a timed loop.
+    pub fn rate_error(&self) -> Option<f64> {
+        if self.source != ClockSource::Tsc {
+            return None;
+        }
+        // The kernel reading between two TSC readings, their midpoint against it.
+        let a = self.now_ns();
+        let kernel = self.origin.elapsed().as_nanos() as u64;
+        let b = self.now_ns();
+        let ours = a / 2 + b / 2;
+        (kernel >= 1_000_000).then(|| (ours as f64 - kernel as f64) / kernel as f64)
     }
 
     /// Nanoseconds since the clock's origin.
@@ -210,7 +291,7 @@ mod tsc {
     }
 }
 
-/// No counter read directly: the clock falls back to `CLOCK_MONOTONIC` (module doc, "Other
+/// No counter read directly: the clock is `CLOCK_MONOTONIC` (module doc, "Other
 /// architectures"; the crate does not build off x86-64 until `hw/barrier.rs` is ported).
 #[cfg(not(target_arch = "x86_64"))]
 mod tsc {
@@ -237,12 +318,9 @@ mod tests {
         assert!(b >= a + 5_000_000, "{a} -> {b}");
     }
 
-    #[test]
-    fn process_clock_agrees_with_the_kernel_clock() {
-        let c = Clock::get();
-        if c.source() == ClockSource::Monotonic {
-            eprintln!("no invariant TSC here: the fallback is what is in use");
-        }
+    /// `c`'s readings follow the kernel's clock within the calibration's 2 % and never go
+    /// backwards.
+    fn agrees_with_the_kernel_clock(c: Clock) {
         // Bracket each reading between two kernel clock reads, so preemption anywhere
         // only widens the bounds and cannot fail the test.
         let k0 = Instant::now();
@@ -270,6 +348,60 @@ mod tests {
             assert!(n >= last);
             last = n;
         }
+    }
+
+    #[test]
+    fn process_clock_agrees_with_the_kernel_clock() {
+        let c = Clock::get();
+        if cfg!(target_arch = "x86_64") && std::env::var_os("KESTREL_CLOCK").is_none() {
+            assert_eq!(c.source(), ClockSource::Tsc, "the TSC is the default");
+        }
+        agrees_with_the_kernel_clock(c);
+    }
+
+    /// What a guest whose CPUID hides the invariant-TSC bit (QEMU's TCG) gets: still the
+    /// TSC, not a kernel clock that may be a system call per reading.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_tsc_cpuid_does_not_call_invariant_is_still_the_clock() {
+        let c = Clock::calibrate_with(Choice::Tsc, false);
+        assert_eq!(c.source(), ClockSource::Tsc);
+        assert!(!c.tsc_invariant());
+        assert!(c.tsc_hz().is_some_and(|hz| hz >= 62_500_000), "{c:?}");
+        agrees_with_the_kernel_clock(c);
+        // Its rate holds against the kernel's over the test's sleeps.
+        let e = c.rate_error().expect("TSC clock, past a millisecond");
+        assert!(e.abs() < 0.02, "rate error {e}");
+    }
+
+    #[test]
+    fn kestrel_clock_monotonic_chooses_the_kernel_clock() {
+        assert_eq!(Choice::from_env(Some("monotonic")), Choice::Monotonic);
+        assert_eq!(Choice::from_env(Some("tsc")), Choice::Tsc);
+        assert_eq!(Choice::from_env(None), Choice::Tsc);
+        for invariant in [false, true] {
+            let c = Clock::calibrate_with(Choice::Monotonic, invariant);
+            assert_eq!(c.source(), ClockSource::Monotonic);
+            assert_eq!(c.tsc_invariant(), invariant);
+            assert_eq!(c.rate_error(), None);
+        }
+    }
+
+    /// A TSC whose rate changed since calibration (here: reads as twice its real rate, as
+    /// if the core's clock had doubled) is caught by `rate_error`.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn rate_error_catches_a_tsc_off_its_calibrated_rate() {
+        let good = Clock::calibrate_with(Choice::Tsc, false);
+        let drifted = Clock {
+            ns_per_tick_q32: good.ns_per_tick_q32 * 2,
+            ..good
+        };
+        std::thread::sleep(Duration::from_millis(10));
+        let g = good.rate_error().unwrap();
+        assert!(g.abs() < RATE_TOLERANCE * 4.0, "{g}");
+        let d = drifted.rate_error().unwrap();
+        assert!(d > 0.9 && d < 1.1, "{d}");
     }
 
     #[test]

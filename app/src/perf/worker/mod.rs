@@ -7,16 +7,19 @@
 //!
 //! ```text
 //! loop:
-//!   t0 = clock
+//!   check the deadline against t0 (the latest reading)
 //!   for each queue: poll (up to --max-completions); if something completed:
-//!       t = clock; for each completion: latency = t - submit time; verify; resubmit
-//!       flush (one doorbell write for the batch)
-//!   if something completed: busy += clock - t0      (idle iterations are not busy)
+//!       t = clock (once per iteration, at the first such queue); for each completion:
+//!       latency = t - submit time; verify; resubmit at t; flush (one doorbell write)
+//!   t1 = t, or clock if nothing completed      (the iteration's one reading)
+//!   if the previous iteration completed something: busy += t1 - t0
+//!   t0 = t1
 //! ```
 //!
-//! Timestamps come from the driver's clock (`kestrel::clock`: the TSC, calibrated once
-//! against the monotonic clock, where it is invariant or `KESTREL_CLOCK=tsc` says to use
-//! it; the monotonic clock otherwise, where each reading may be a system call). Random offsets come from a
+//! Timestamps come from the driver's clock (`kestrel::clock`: on x86-64 the TSC,
+//! calibrated once against the monotonic clock whatever CPUID says, so a reading is an
+//! `rdtsc` and never a system call; `KESTREL_CLOCK=monotonic` chooses the kernel's clock,
+//! where each reading may be a system call). Random offsets come from a
 //! per-core wyrand generator (`fastrand`), mapped onto the I/O unit range by a widening
 //! multiply and shift, not a division.
 

@@ -67,6 +67,18 @@ impl Worker<'_> {
     /// The loop itself, until the window ends (time, `--number-ios`, abort, or every
     /// device gone): poll every queue, account for the iteration's busy time, publish the
     /// progress totals.
+    ///
+    /// One clock reading per iteration, and nothing else that leaves user space: the
+    /// reading is taken right after the poll (at the first queue with completions, else
+    /// after them all) and serves as the completions' and resubmissions' timestamp, the
+    /// deadline and warmup checks of the next iteration, and the end of the previous
+    /// iteration's busy time (an iteration that reaped work is busy from its reading to the
+    /// next one: its processing and the next poll). The clock is the TSC on x86-64
+    /// (`kestrel::clock`), so the reading is an `rdtsc`, not a system call, whatever the
+    /// guest's clocksource. Comparing it with the deadline is cheaper than counting polls
+    /// to check less often. Not inlined, so that `callgrind --toggle-collect` can count
+    /// the loop's instructions alone (docs/perf.md, "Instructions per I/O").
+    #[inline(never)]
     fn window(&mut self) -> Result<Window, WorkerError> {
         let cfg = self.cfg;
         let shared = self.shared;
@@ -92,11 +104,14 @@ impl Worker<'_> {
         let mut idle_since = None::<u64>;
         let irq_wait = self.interrupt_wait()?;
         let mut completed_total = 0u64;
+        // The latest clock reading, and the completions handled since it (busy time).
         let mut t0 = clock.now_ns();
+        let mut busy_work = 0u32;
         loop {
             let elapsed = t0.saturating_sub(start);
             if !w.measuring && elapsed >= warm_end {
                 t0 = self.begin_window(&mut w);
+                busy_work = 0;
             }
             // The window is `-t` long from the moment this poller began it: one kept off
             // its CPU as the warmup ended still measures a whole window, not what is left
@@ -112,12 +127,24 @@ impl Worker<'_> {
                 self.end_window(&mut w, last);
                 break;
             }
-            let work = self.poll_all(&mut w)?;
+            let (work, read) = self.poll_all(&mut w)?;
+            let t1 = match read {
+                Some(t) => t,
+                None => clock.now_ns(),
+            };
+            if busy_work > 0 && w.measuring {
+                let d = t1.saturating_sub(t0);
+                w.busy += d;
+                w.busy_per_io
+                    .saturating_record_n((d / busy_work as u64).max(1), busy_work as u64);
+            }
+            t0 = t1;
+            busy_work = work;
             // Every device of this poller gone and nothing left to reap: the run is over
             // for it (a removed device is not measured at zero for the rest of -t).
             if self.dead == self.queues.len() && self.queues.iter().all(|q| q.q.outstanding() == 0)
             {
-                self.end_window(&mut w, clock.now_ns());
+                self.end_window(&mut w, t0);
                 break;
             }
             if w.measuring {
@@ -125,19 +152,10 @@ impl Worker<'_> {
             }
             if work > 0 {
                 completed_total += work as u64;
-                let t1 = clock.now_ns();
-                if w.measuring {
-                    let d = t1.saturating_sub(t0);
-                    w.busy += d;
-                    w.busy_per_io
-                        .saturating_record_n((d / work as u64).max(1), work as u64);
-                }
                 self.publish_progress(completed_total);
-                t0 = t1;
                 idle_since = None;
             } else {
                 self.idle_pass(&mut w, irq_wait.as_ref(), &mut idle_since, t0);
-                t0 = clock.now_ns();
             }
         }
         Ok(w)
@@ -194,12 +212,15 @@ impl Worker<'_> {
     }
 
     /// One pass over the queues: poll each, account for its completions, resubmit in the
-    /// freed slots and flush (one doorbell per queue). Returns the completions reaped.
+    /// freed slots and flush (one doorbell per queue). Returns the completions reaped, and
+    /// the clock reading it took (at the first queue with completions; none if no queue
+    /// had any), which timestamps every completion and resubmission of the pass.
     #[inline]
-    fn poll_all(&mut self, w: &mut Window) -> Result<u32, WorkerError> {
+    fn poll_all(&mut self, w: &mut Window) -> Result<(u32, Option<u64>), WorkerError> {
         let cfg = self.cfg;
         let clock = &self.shared.clock;
         let mut work = 0u32;
+        let mut read = None::<u64>;
         for qi in 0..self.queues.len() {
             let q = &mut self.queues[qi];
             q.done.clear();
@@ -208,7 +229,7 @@ impl Worker<'_> {
             if n == 0 && q.done.is_empty() {
                 continue;
             }
-            let t = clock.now_ns();
+            let t = *read.get_or_insert_with(|| clock.now_ns());
             w.last_completion = t;
             for i in 0..self.queues[qi].done.len() {
                 let c = self.queues[qi].done[i];
@@ -223,7 +244,7 @@ impl Worker<'_> {
             work += self.queues[qi].done.len() as u32;
             self.queues[qi].q.flush();
         }
-        Ok(work)
+        Ok((work, read))
     }
 
     /// The running totals the progress lines read.
