@@ -22,8 +22,10 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod ctrl;
-pub mod fabrics;
-pub mod pdu;
+/// The NVMe over Fabrics definitions, shared with the driver's NVMe/TCP host.
+pub use kestrel::spec::fabrics;
+/// The NVMe/TCP PDUs, shared with the driver's NVMe/TCP host.
+pub use kestrel::spec::tcp as pdu;
 pub mod reactor;
 pub mod sys;
 

@@ -332,7 +332,7 @@ pub fn parse<'a>(buf: &'a [u8], rules: &Rules) -> Result<Option<(Parsed<'a>, usi
 pub(super) mod tests {
     use super::*;
 
-    pub(in crate::pdu) fn host_rules() -> Rules {
+    pub(in crate::spec::tcp) fn host_rules() -> Rules {
         Rules {
             receiver: Receiver::Host,
             initialized: true,
@@ -341,7 +341,7 @@ pub(super) mod tests {
             max_data: 1 << 20,
         }
     }
-    pub(in crate::pdu) fn ctrl_rules(hdgst: bool, ddgst: bool) -> Rules {
+    pub(in crate::spec::tcp) fn ctrl_rules(hdgst: bool, ddgst: bool) -> Rules {
         Rules {
             receiver: Receiver::Controller,
             initialized: true,
