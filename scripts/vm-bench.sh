@@ -18,6 +18,12 @@
 #                  machine's fio, which is the guest's), with its libraries;
 #                  $KESTREL_FIO_ENGINE in the guest. Example list:
 #                  scripts/vm/bench-fio-engine.cmds.
+#   --perf         Debian's linux-perf profiler (perf) with its libraries, at
+#                  /usr/bin/perf in the guest: under TCG only software events
+#                  work, e.g. `perf record -e cpu-clock -F 10000 -g -o
+#                  /host/k.data kestrel perf ...` then `perf report -i
+#                  /host/k.data --stdio` (docs/perf.md, "Where the QD 1 time
+#                  goes"). /host is the run directory, kept with --keep.
 #   --mode         iommu (default) or noiommu, as in scripts/vm-test.sh.
 #   --keep, --shell  as in scripts/vm-test.sh.
 #
@@ -32,7 +38,7 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-mode=iommu binary='' engine='' keep=0 shell=0 cmds=()
+mode=iommu binary='' engine='' profiler=0 keep=0 shell=0 cmds=()
 VM_MODE_NEEDS="iommu or noiommu"
 while (($#)); do
     case $1 in
@@ -41,6 +47,10 @@ while (($#)); do
         [[ -r $engine ]] || vm_die "cannot read $engine"
         engine=$(realpath "$engine")
         shift 2
+        ;;
+    --perf)
+        profiler=1
+        shift
         ;;
     --cmd)
         cmds+=("${2:?--cmd needs a command}")
@@ -62,6 +72,7 @@ timeout_s=${KESTREL_VM_TIMEOUT:-900}
 VM_NVME_PARAMS=${KESTREL_VM_NVME_PARAMS-poll_queues=2}
 
 VM_PACKAGES+=(fio)
+((profiler)) && VM_PACKAGES+=(linux-perf)
 vm_lock_cache
 vm_install_packages
 vm_guest_kernel
@@ -77,6 +88,10 @@ vm_initramfs_base
 # fio engine with its own, at the same paths as here).
 fio_bin=$(command -v fio)
 vm_initramfs_dynamic fio "$fio_bin" ${engine:+"$engine"}
+if ((profiler)); then
+    perf_bin=$(command -v perf) || vm_die "--perf: no perf on this machine (apt-get install linux-perf)"
+    vm_initramfs_dynamic perf "$perf_bin"
+fi
 
 vm_make_run_dir "$keep"
 

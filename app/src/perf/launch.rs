@@ -1,8 +1,9 @@
 //! The run itself: one pinned poller thread per core, started together, watched once a
-//! second for the progress lines, and joined.
+//! second for the progress lines (the watcher sleeps in between), and joined.
 
 use std::io::IsTerminal as _;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -31,14 +32,17 @@ pub(super) struct Ran {
 pub(super) fn run_pollers(args: &PerfArgs, plan: &Plan, blocks: &[Arc<dyn Target>]) -> Result<Ran> {
     let shared = Arc::new(Shared::new(plan.cores.len()));
     let interrupted = on_ctrl_c(&shared);
-    let handles = spawn(args, plan, blocks, &shared)?;
+    // Each poller holds a sender until its thread ends (returns or unwinds): the channel
+    // disconnects when the last one has ended, and that wakes the watcher at once.
+    let (ended_tx, ended) = mpsc::channel();
+    let handles = spawn(args, plan, blocks, &shared, ended_tx)?;
     shared.setup.wait();
     shared
         .start_raw
         .store(shared.clock.now_ns(), Ordering::Release);
     let started = std::time::Instant::now();
     shared.go.wait();
-    let progress = watch(args, &shared, &handles, started);
+    let progress = watch(args, &shared, &ended, started);
     join(handles, &interrupted, progress)
 }
 
@@ -64,6 +68,7 @@ fn spawn(
     plan: &Plan,
     blocks: &[Arc<dyn Target>],
     shared: &Arc<Shared>,
+    ended: Sender<()>,
 ) -> Result<Vec<JoinHandle<std::result::Result<CoreResult, WorkerError>>>> {
     let cores = &plan.cores;
     let queue = QueueOptions {
@@ -103,9 +108,14 @@ fn spawn(
             },
         };
         let sh = Arc::clone(shared);
+        let ended = ended.clone();
         let h = std::thread::Builder::new()
             .name(format!("kestrel-poller-{core}"))
-            .spawn(move || worker::run(cfg, sh))
+            .spawn(move || {
+                // Dropped when the thread ends, however it ends.
+                let _ended = ended;
+                worker::run(cfg, sh)
+            })
             .map_err(|e| AppError::Os {
                 context: format!("starting the poller thread for core {core}"),
                 source: e,
@@ -115,11 +125,15 @@ fn spawn(
     Ok(handles)
 }
 
-/// Samples the pollers' totals once a second until they all end.
-fn watch<T>(
+/// Samples the pollers' totals once a second until they all end. The main thread sleeps
+/// until the next second or until the last poller ends (`ended` disconnects): it wakes
+/// once a second, not on a short timer, because on a guest without a cheap timer each
+/// wake-up of an idle vCPU costs the emulated device's thread time the pollers wait on
+/// (docs/perf.md, "Where the QD 1 time goes").
+fn watch(
     args: &PerfArgs,
     shared: &Shared,
-    handles: &[JoinHandle<T>],
+    ended: &Receiver<()>,
     started: std::time::Instant,
 ) -> Vec<ProgressJson> {
     let mut progress = Progress {
@@ -132,8 +146,12 @@ fn watch<T>(
         samples: Vec::new(),
     };
     let mut next_tick = Duration::from_secs(1);
-    while !handles.iter().all(|h| h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(20));
+    loop {
+        let wait = next_tick.saturating_sub(started.elapsed());
+        match ended.recv_timeout(wait) {
+            Err(RecvTimeoutError::Disconnected) => break,
+            Ok(()) | Err(RecvTimeoutError::Timeout) => {}
+        }
         let el = started.elapsed();
         if el >= next_tick {
             progress.sample(shared, args.io_size, false);

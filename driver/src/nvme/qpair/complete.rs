@@ -24,8 +24,9 @@ impl IoQpair {
 
     /// Reaps at most `max` completions (capped at [`MAX_COMPLETIONS_PER_POLL`]), calling
     /// `done` for each finished request, then submits waiting requests into the trackers
-    /// freed. Rings the SQ doorbell first (the end of the previous batch), and the CQ head
-    /// doorbell once if anything was reaped. `done` cannot re-enter the qpair: it runs
+    /// freed. Rings the SQ tail and CQ head doorbells of the previous batch first (if the
+    /// caller did not `flush` it); the CQ head of this pass is rung by `flush`, after the
+    /// SQ tail of the requests the caller submits in the freed slots, or by the next pass. `done` cannot re-enter the qpair: it runs
     /// while the qpair is mutably borrowed. `done` may be a closure (called directly) or a
     /// `&mut dyn FnMut(Completion)`.
     // one piece: the reaping pass is counted instruction by instruction (docs/perf.md,
@@ -38,7 +39,10 @@ impl IoQpair {
         if self.ctrlr.epoch_relaxed() != self.epoch {
             self.on_epoch_change();
         }
+        // The end of the previous batch, if the caller did not flush it: its SQ tail, then
+        // its CQ head.
         self.ring_sq();
+        self.ring_cq();
         self.stats.polls += 1;
         let max = max.clamp(1, MAX_COMPLETIONS_PER_POLL);
         let mut delivered = 0u32;
@@ -49,7 +53,6 @@ impl IoQpair {
             done(c);
             delivered += 1;
         }
-        let old_head = self.rings.cq_head();
         let mut reaped = 0u32;
         if CtrlrState::from_epoch(self.epoch) == CtrlrState::Ready && !self.removed {
             // At most `max` completions in all: the CQ may give what the deferred queue
@@ -98,7 +101,9 @@ impl IoQpair {
         // (`done` cannot look at the counters: it cannot reach the qpair).
         self.stats.completed += delivered as u64;
         if reaped > 0 {
-            self.ring_cq(old_head);
+            // The CQ head stays pending until `flush` (after the caller's resubmissions
+            // and their SQ tail) or the next pass: one doorbell write per reaping pass
+            // either way, and the SQ tail, which a new command waits on, goes first.
             if self.leases.has_released() && self.outstanding() == 0 {
                 // Nothing outstanding any more: no command the device holds names a
                 // released buffer.

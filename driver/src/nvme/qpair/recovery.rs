@@ -81,6 +81,7 @@ impl IoQpair {
         self.commands_before += self.sq_seq;
         self.sq_seq = 0;
         self.sq_tail_rung = 0;
+        self.cq_head_rung = 0;
         self.delayed.clear();
         if let Err(err) = self.ctrlr.create_io_queue(
             self.qid,

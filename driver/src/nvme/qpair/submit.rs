@@ -642,9 +642,16 @@ impl IoQpair {
         self.stats.sq_doorbell_writes += 1;
     }
 
+    /// Publishes the CQ head of the completions reaped since the last time, if any: the
+    /// shadow doorbell, and the MMIO doorbell when the controller asks for it.
     #[inline]
-    pub(super) fn ring_cq(&mut self, old: u16) {
+    pub(super) fn ring_cq(&mut self) {
         let new = self.rings.cq_head();
+        if new == self.cq_head_rung {
+            return;
+        }
+        let old = self.cq_head_rung;
+        self.cq_head_rung = new;
         let cq_shadow = self.shadow.as_ref().map(|(_, cq)| cq);
         if publish_shadow(cq_shadow, self.event_idx, new, old, self.rings.depth()) {
             self.stats.shadow_doorbell_updates += 1;
@@ -655,9 +662,13 @@ impl IoQpair {
     }
 
     /// Ends a batch: rings the SQ tail doorbell once for everything submitted since the
-    /// last ring.
+    /// last ring, then the CQ head doorbell for the completions reaped since the last
+    /// one. The tail goes first: the next commands reach the controller one doorbell
+    /// write sooner, and the head, which only returns CQ slots the controller does not
+    /// need yet (the CQ holds every command that can be outstanding), follows.
     #[inline]
     pub fn flush(&mut self) {
         self.ring_sq();
+        self.ring_cq();
     }
 }
