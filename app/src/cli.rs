@@ -466,7 +466,7 @@ pub struct PerfArgs {
     #[arg(long, value_enum, default_value_t = DoorbellArg::Batched)]
     pub doorbell: DoorbellArg,
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller offers them.
-    #[arg(long, value_name = "on|off", default_value = "on", action = ArgAction::Set, value_parser = switch_parser)]
+    #[arg(long, value_name = "on|off", default_value = "off", action = ArgAction::Set, value_parser = switch_parser)]
     pub shadow_doorbells: bool,
     /// How pollers wait: busy polling, or sleeping on completion interrupts (MSI-X through
     /// VFIO, or the emulator's) when idle (hybrid: after polling 1 ms without a completion).
@@ -592,7 +592,7 @@ mod tests {
         assert_eq!(p.cores, CoreList(vec![0]));
         assert_eq!(p.qpairs_per_core, 1);
         assert_eq!(p.doorbell, DoorbellArg::Batched);
-        assert!(p.shadow_doorbells);
+        assert!(!p.shadow_doorbells);
         assert!(p.targets.targets.is_empty());
     }
 

@@ -38,7 +38,7 @@ impl Default for OpenOptions {
         OpenOptions {
             io_queues: 64,
             emu_queues: 64,
-            shadow_doorbells: true,
+            shadow_doorbells: false,
             default_store: StoreSpec::Memory,
             default_emu_core: None,
             noiommu: false,

@@ -340,6 +340,9 @@ fn doorbell_run(mode: DoorbellMode, shadow: bool) -> (kestrel::QueueStats, u64) 
             );
         }
     }
+    // The CQ head of the last pass is published by the flush that ends the batch (or the
+    // next pass); publish it so every pass is counted.
+    qp.flush();
     (qp.stats(), nonempty_passes)
 }
 

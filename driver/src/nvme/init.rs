@@ -63,7 +63,7 @@ impl Default for ControllerOptions {
         ControllerOptions {
             admin_queue_entries: 32,
             io_queues: 64,
-            shadow_doorbells: true,
+            shadow_doorbells: false,
             admin_timeout: Duration::from_secs(60),
             io_timeout: Duration::from_secs(30),
             dma_max_bytes: 8 << 30,

@@ -97,7 +97,7 @@ impl Default for QueueOptions {
             depth: 256,
             sw_queue_depth: 1024,
             immediate_doorbell: false,
-            shadow_doorbells: true,
+            shadow_doorbells: false,
             timeout: None,
             interrupts: false,
         }

@@ -15,9 +15,16 @@ use kestrel::{Controller, ControllerOptions, IoQpair};
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// The emulator and a controller brought up on it; shadow doorbells (off by default in
+/// the driver) are configured when the emulator offers them, so the tests keep covering
+/// them.
 pub fn emu_with(cfg: EmuConfig) -> (Arc<EmuController>, Controller) {
+    let opts = ControllerOptions {
+        shadow_doorbells: cfg.shadow_doorbells,
+        ..Default::default()
+    };
     let emu = EmuController::start(cfg).expect("start emulator");
-    let ctrlr = Controller::new(emu.clone(), ControllerOptions::default()).expect("bring-up");
+    let ctrlr = Controller::new(emu.clone(), opts).expect("bring-up");
     (emu, ctrlr)
 }
 

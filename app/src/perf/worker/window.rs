@@ -36,6 +36,27 @@ struct Window {
     sleeps: u64,
 }
 
+impl Window {
+    /// Nothing measured yet.
+    fn new() -> Result<Window, WorkerError> {
+        Ok(Window {
+            measuring: false,
+            start: 0,
+            end: 0,
+            wait_start: None,
+            wait_end: None,
+            busy: 0,
+            iters: 0,
+            idle: 0,
+            busy_per_io: Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
+                .map_err(|e| format!("busy histogram: {e}"))?,
+            done: 0,
+            last_completion: 0,
+            sleeps: 0,
+        })
+    }
+}
+
 impl Worker<'_> {
     /// Ends the counted part of the window (before anything that makes a system call).
     #[inline]
@@ -85,21 +106,7 @@ impl Worker<'_> {
         let clock = &shared.clock;
         let start = shared.start_raw.load(Ordering::Acquire);
         let warm_end = cfg.warmup_ns;
-        let mut w = Window {
-            measuring: false,
-            start: 0,
-            end: 0,
-            wait_start: None,
-            wait_end: None,
-            busy: 0,
-            iters: 0,
-            idle: 0,
-            busy_per_io: Histogram::new_with_bounds(1, LATENCY_MAX_NS, LATENCY_SIGFIG)
-                .map_err(|e| format!("busy histogram: {e}"))?,
-            done: 0,
-            last_completion: 0,
-            sleeps: 0,
-        };
+        let mut w = Window::new()?;
         // --poll-mode: when the queues last had work.
         let mut idle_since = None::<u64>;
         let irq_wait = self.interrupt_wait()?;

@@ -135,7 +135,7 @@ impl Default for QpairOptions {
             depth: 256,
             sw_queue_depth: 1024,
             doorbell: DoorbellMode::Batched,
-            shadow_doorbells: true,
+            shadow_doorbells: false,
             max_completions: 0,
             max_command_bytes: DEFAULT_MAX_COMMAND_BYTES,
             max_retries: DEFAULT_MAX_RETRIES,
