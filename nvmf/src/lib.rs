@@ -18,6 +18,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod buddy;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod conn;
@@ -179,6 +180,17 @@ impl Server {
     /// Connections open (closing ones included until their requests finish).
     pub fn connections(&self) -> u32 {
         self.shared.connections.load(Ordering::Acquire)
+    }
+
+    /// What the connections hold now, per class, and the most one connection of each
+    /// class has held (the server's own accounting, `budget`).
+    pub fn memory(&self) -> budget::MemoryReport {
+        self.shared.acct.report()
+    }
+
+    /// Times a limit of the budget was hit.
+    pub fn limit_hits(&self, limit: budget::Limit) -> u64 {
+        self.shared.acct.hits(limit)
     }
 
     /// Connections dropped because a panic in their handling was caught.
