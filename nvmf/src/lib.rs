@@ -188,6 +188,12 @@ impl Server {
         self.shared.acct.report()
     }
 
+    /// The most one connection of `class` may hold (`None`: an I/O queue, whose DMA sets
+    /// are allocated once at Connect).
+    pub fn connection_bound(&self, class: budget::Class) -> Option<u64> {
+        conn::connection_bound(class, &self.shared.limits, self.shared.max_admin_data)
+    }
+
     /// Times a limit of the budget was hit.
     pub fn limit_hits(&self, limit: budget::Limit) -> u64 {
         self.shared.acct.hits(limit)

@@ -5,6 +5,38 @@
 
 use super::*;
 use crate::budget::{self, Class, Limit};
+use crate::config::Limits;
+
+/// PDUs one slot may have in the transmit queue at once.
+const TX_PER_SLOT: usize = 3;
+
+/// The most a connection of `class` holds (structures and slot buffers), whatever its
+/// host sends, with `lim` and the largest admin answer `max_admin_data`; `None` for an I/O
+/// queue, whose DMA sets (per namespace) are allocated once at Connect and slot buffers
+/// are not used.
+pub fn connection_bound(class: Class, lim: &Limits, max_admin_data: usize) -> Option<u64> {
+    let max_cmd = max_admin_data.max(fabrics::CONNECT_DATA_LEN);
+    let (slots, data) = match class {
+        Class::PreConnect => (UNBOUND_SLOTS, budget::PRE_CONNECT_DATA),
+        Class::Unauth => (0, lim.unauth_buffer as usize),
+        Class::Admin => (0, lim.admin_buffer as usize),
+        Class::Io => return None,
+    };
+    let (slots, data) = if slots == 0 {
+        (
+            lim.max_queue_size as usize + ctrl::MAX_AERS,
+            data.max(2 * max_cmd),
+        )
+    } else {
+        (slots, data)
+    };
+    // The transmit queue: reserved for every PDU the slots may queue; a growth doubles.
+    let tx = 2 * (slots * TX_PER_SLOT + 2).max(16);
+    let fixed = std::mem::size_of::<Conn>()
+        + slots * (std::mem::size_of::<Slot>() + 8)
+        + tx * std::mem::size_of::<TxItem>();
+    Some((fixed + data) as u64)
+}
 
 impl Conn {
     /// Bytes it holds: its structures, slot buffers and DMA sets.
@@ -78,11 +110,10 @@ impl Conn {
         if self.class == Class::Io {
             self.budget = 0;
         }
-        // Every PDU a slot may have queued at once (C2HData and a response; a TermReq), so
-        // the transmit queue never grows past what is accounted.
-        let per_slot = if self.class == Class::Io { 3 } else { 2 };
+        // Every PDU a slot may have queued at once (an R2T, C2HData, a response; a TermReq),
+        // so the transmit queue does not grow past what is accounted.
         self.tx
-            .reserve((self.slots.len() * per_slot + 2).saturating_sub(self.tx.len()));
+            .reserve((self.slots.len() * TX_PER_SLOT + 2).saturating_sub(self.tx.len()));
         self.account(shared);
     }
 

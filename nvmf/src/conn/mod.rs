@@ -38,6 +38,7 @@ use crate::pdu::{
 use crate::sys::{self, RawIov};
 
 mod account;
+pub use account::connection_bound;
 mod capsule;
 mod exec;
 mod io;
