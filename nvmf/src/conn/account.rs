@@ -45,12 +45,7 @@ impl Conn {
             + self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.tx.capacity() * std::mem::size_of::<TxItem>()
             + (self.free.capacity() + self.wait_buf.capacity()) * 2;
-        let dma: usize = self
-            .bufs
-            .iter()
-            .map(|b| b.arena.len() + b.icd.map_or(0, |s| s.len()))
-            .sum();
-        (fixed + data + dma) as u64
+        (fixed + data + self.dma_bytes) as u64
     }
 
     /// Brings the server's accounting up to date with what it holds.
@@ -96,6 +91,11 @@ impl Conn {
     /// Its class and budget once Connect made it an admin or I/O queue.
     pub(super) fn bind_budget(&mut self, shared: &Shared) {
         self.unpend(shared);
+        self.dma_bytes = self
+            .bufs
+            .iter()
+            .map(|b| b.arena.len() + b.icd.map_or(0, |s| s.len()))
+            .sum();
         let lim = &shared.limits;
         let max_cmd = shared.max_admin_data.max(fabrics::CONNECT_DATA_LEN);
         (self.class, self.budget) = match &self.role {
@@ -181,16 +181,32 @@ impl Conn {
         hold
     }
 
-    /// What is wrong with the data of admin or pre-Connect command `s` (direction `dir`,
-    /// `len` bytes): before Connect only a Connect is served; host-to-controller data
-    /// longer than the command carries is refused (and not kept).
-    pub(super) fn admin_data_refusal(
-        &self,
+    /// Answers admin or pre-Connect command `s` (direction `dir`, `len` bytes of data,
+    /// `icd` of them in the capsule, discarded) with an error when its data cannot be
+    /// served; true if so.
+    pub(super) fn refused_admin_data(
+        &mut self,
         s: u16,
         dir: u8,
         len: u32,
-        ctx: &Ctx<'_>,
-    ) -> Option<Status> {
+        icd: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> bool {
+        let Some(st) = self.admin_data_refusal(s, dir, len, ctx) else {
+            return false;
+        };
+        if icd > 0 {
+            self.rx.dest = Dest::Discard;
+            self.rx.after = After::Nothing;
+        }
+        self.finish(s, st, ctx);
+        true
+    }
+
+    /// What is wrong with the data of admin or pre-Connect command `s` (direction `dir`,
+    /// `len` bytes): before Connect only a Connect is served; host-to-controller data
+    /// longer than the command carries is refused (and not kept).
+    fn admin_data_refusal(&self, s: u16, dir: u8, len: u32, ctx: &Ctx<'_>) -> Option<Status> {
         let sqe = &self.slots[s as usize].sqe;
         let connect = sqe[0] == FABRICS_OPC && fabrics::fctype_of(sqe) == fctype::CONNECT;
         if matches!(self.role, Role::Unbound) && !connect {
@@ -222,7 +238,8 @@ impl Conn {
         let now = shared.now_ms();
         self.clock_ms = now;
         let lim = &shared.limits;
-        let mid_pdu = !(self.rx.phase == Phase::Header && self.rx.got == 0) && !self.held_back;
+        let between_pdus = self.rx.phase == Phase::Header && self.rx.got == 0;
+        let mid_pdu = !between_pdus && !self.held_back;
         let hit =
             if self.pending && now.saturating_sub(self.born_ms) > lim.connect_timeout_ms as u64 {
                 Some((Limit::ConnectTimeout, lim.connect_timeout_ms))

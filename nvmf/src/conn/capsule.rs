@@ -76,16 +76,9 @@ impl Conn {
             self.finish(s, st, ctx);
             return Ok(());
         }
-        if !self.is_io() {
-            // Admin and pre-Connect data is kept only as long as the command carries.
-            if let Some(st) = self.admin_data_refusal(s, dir, len, ctx) {
-                if icd > 0 {
-                    self.rx.dest = Dest::Discard;
-                    self.rx.after = After::Nothing;
-                }
-                self.finish(s, st, ctx);
-                return Ok(());
-            }
+        // Admin and pre-Connect data: no more than the command carries (`account.rs`).
+        if !self.is_io() && self.refused_admin_data(s, dir, len, icd, ctx) {
+            return Ok(());
         }
         let max_len = if self.is_io() {
             self.max_io(ctx).max(fabrics::CONNECT_DATA_LEN as u32)

@@ -426,6 +426,8 @@ pub struct Conn {
     class: crate::budget::Class,
     /// What the accounting has of it: class and bytes (`None`: not yet, or dropped).
     accounted: Option<(crate::budget::Class, u64)>,
+    /// The DMA sets' bytes (an I/O queue's, allocated at Connect).
+    dma_bytes: usize,
     /// Slot buffer bytes held (admin and pre-Connect data), and of them R2T buffers.
     data_held: usize,
     r2t_held: usize,
@@ -490,6 +492,7 @@ impl Conn {
             pending: false,
             class: crate::budget::Class::PreConnect,
             accounted: None,
+            dma_bytes: 0,
             data_held: 0,
             r2t_held: 0,
             data_peak: 0,

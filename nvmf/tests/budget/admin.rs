@@ -24,7 +24,9 @@ fn never_answered_r2ts_hold_nothing() {
     let mut ok = Allowed::up(addr);
     ok.verify();
     let rss0 = rss();
-    let mut strangers: Vec<_> = (0..2).map(|_| stranger_discovery(addr, 127)).collect();
+    let mut strangers: Vec<_> = (0..2)
+        .map(|i| stranger_discovery(addr, 127, i == 1))
+        .collect();
     for d in &mut strangers {
         for cid in 0..128u16 {
             let mut s = sqe(0x09, 0);
@@ -70,7 +72,9 @@ fn unread_log_pages_hold_the_budget_only() {
     let mut ok = Allowed::up(addr);
     ok.verify();
     let rss0 = rss();
-    let mut strangers: Vec<_> = (0..2).map(|_| stranger_discovery(addr, 127)).collect();
+    let mut strangers: Vec<_> = (0..2)
+        .map(|i| stranger_discovery(addr, 127, i == 1))
+        .collect();
     let numd = MIB / 4 - 1;
     for d in &mut strangers {
         for cid in 0..127u16 {

@@ -40,7 +40,7 @@ fn a_half_sent_pdu_closes_its_connection_whatever_kato() {
     let mut a = Host::connect(addr, false, false);
     a.admin_up(NQN, 0);
     half_capsule(&mut a);
-    let mut d = stranger_discovery(addr, 31);
+    let mut d = stranger_discovery(addr, 31, false);
     half_capsule(&mut d);
     let mut raw = TcpStream::connect(addr).unwrap();
     let mut b = [0u8; 128];

@@ -94,9 +94,10 @@ impl Allowed {
     }
 }
 
-/// A discovery admin queue (`sqsize`, keep-alive off) of a host no allow-list names.
-pub fn stranger_discovery(addr: SocketAddr, sqsize: u16) -> Host {
-    let mut d = Host::connect(addr, false, false);
+/// A discovery admin queue (`sqsize`, keep-alive off, header and data digests if
+/// `digests`) of a host no allow-list names.
+pub fn stranger_discovery(addr: SocketAddr, sqsize: u16, digests: bool) -> Host {
+    let mut d = Host::connect(addr, digests, digests);
     let c = d.fabric_connect(0, sqsize, 0xffff, 0, 0, DISCOVERY_NQN, STRANGER);
     assert!(c.status.is_success(), "discovery connect: {c:?}");
     d.prop_set(fabrics::prop::CC, 1 | (6 << 16) | (4 << 20));
@@ -136,7 +137,8 @@ pub fn wait_until(mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
-/// Whether the server closes `s` within `PATIENCE` (what it sends before is skipped).
+/// Whether the server closes `s` within `PATIENCE` (what it sends before is skipped): the
+/// end of the stream, or any error but the read timing out (a reset).
 pub fn closed_by_server(s: &mut TcpStream) -> bool {
     s.set_read_timeout(Some(PATIENCE)).unwrap();
     let mut b = [0u8; 4096];
@@ -144,8 +146,15 @@ pub fn closed_by_server(s: &mut TcpStream) -> bool {
         match s.read(&mut b) {
             Ok(0) => return true,
             Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
-            Err(_) => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let timed_out = matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                );
+                eprintln!("reading until the server closes: {e}");
+                return !timed_out;
+            }
         }
     }
 }
