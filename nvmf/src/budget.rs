@@ -254,3 +254,51 @@ pub fn unauth_controller_refusal(
         ),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_are_counted_and_logged_at_most_every_10_s() {
+        let a = Accounting::default();
+        let unlogged = |a: &Accounting| a.unlogged[Limit::PduTimeout.idx()].load(Ordering::Relaxed);
+        a.hit(Limit::PduTimeout, 5, format_args!("first"));
+        assert_eq!(unlogged(&a), 0, "the first is logged");
+        for t in [6, 5000, 10_003] {
+            a.hit(Limit::PduTimeout, t, format_args!("again"));
+        }
+        assert_eq!(unlogged(&a), 3, "within 10 s of the first: not logged");
+        a.hit(Limit::PduTimeout, 10_005, format_args!("10 s later"));
+        assert_eq!(
+            unlogged(&a),
+            0,
+            "logged, with the count of those that were not"
+        );
+        a.hit(Limit::R2tTimeout, 10_006, format_args!("another limit"));
+        assert_eq!(
+            a.unlogged[Limit::R2tTimeout.idx()].load(Ordering::Relaxed),
+            0
+        );
+        assert_eq!(a.hits(Limit::PduTimeout), 5);
+        assert_eq!(a.hits(Limit::R2tTimeout), 1);
+    }
+
+    #[test]
+    fn connections_move_between_classes() {
+        let a = Accounting::default();
+        a.moved(None, Some((Class::PreConnect, 2000)), 2500);
+        a.moved(
+            Some((Class::PreConnect, 2000)),
+            Some((Class::Unauth, 50_000)),
+            60_000,
+        );
+        let r = a.report();
+        assert_eq!((r.pre_connect.connections, r.pre_connect.bytes), (0, 0));
+        assert_eq!(r.pre_connect.peak_per_connection, 2500);
+        assert_eq!((r.unauth.connections, r.unauth.bytes), (1, 50_000));
+        assert_eq!(r.unauth.peak_per_connection, 60_000);
+        a.moved(Some((Class::Unauth, 50_000)), None, 0);
+        assert_eq!(a.report().total_bytes(), 0);
+    }
+}

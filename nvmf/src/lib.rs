@@ -9,6 +9,8 @@
 //! - [`pdu`]: PDU encoding and decoding, header and data digests.
 //! - [`fabrics`]: Connect, properties, SGLs, NQNs, the discovery log.
 //! - [`config`]: what a server exports and its limits.
+//! - [`budget`]: what connections may hold (per class), the server's accounting of it and
+//!   the limits hit.
 //! - [`ctrl`]: subsystems and controllers (admin commands, properties, keep-alive).
 //! - [`conn`]: one connection (queue): PDUs, slots, R2T, I/O to the target.
 //! - [`reactor`]: pinned per-core threads owning connections and target queues.
