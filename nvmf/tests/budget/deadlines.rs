@@ -30,7 +30,7 @@ fn half_capsule(h: &mut Host) {
 fn a_half_sent_pdu_closes_its_connection_whatever_kato() {
     let _one = serial();
     let limits = Limits {
-        pdu_timeout_ms: 1000,
+        pdu_timeout_ms: 3000,
         connect_timeout_ms: 120_000,
         ..Limits::default()
     };
@@ -77,7 +77,7 @@ fn a_half_sent_pdu_closes_its_connection_whatever_kato() {
 fn an_unanswered_r2t_closes_its_connection() {
     let _one = serial();
     let limits = Limits {
-        r2t_timeout_ms: 1000,
+        r2t_timeout_ms: 3000,
         ..Limits::default()
     };
     let srv = budget_server(limits);
