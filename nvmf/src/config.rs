@@ -41,6 +41,23 @@ pub struct Limits {
     pub max_connections: u32,
     /// Entries of each reactor's queue on each target.
     pub target_queue_depth: u32,
+    /// Data buffers (responses, in-capsule and R2T data) of one admin queue of a host an
+    /// allow-list names; a command that would go beyond it waits in the socket.
+    pub admin_buffer: u32,
+    /// The same for a discovery admin queue of a host no allow-list names.
+    pub unauth_buffer: u32,
+    /// Connections that have not connected yet (ICReq, Connect), server wide; a new one
+    /// beyond it closes the oldest of them.
+    pub max_pending: u32,
+    /// Discovery controllers of hosts no allow-list names, at once; the rest of
+    /// `max_controllers` is kept for listed hosts.
+    pub max_unauth_controllers: u16,
+    /// Time from accept to a successful Connect, ms.
+    pub connect_timeout_ms: u32,
+    /// Time to receive a PDU whole once its first byte came, ms, whatever KATO says.
+    pub pdu_timeout_ms: u32,
+    /// Time for all the data an R2T asked for to arrive, ms.
+    pub r2t_timeout_ms: u32,
 }
 
 impl Default for Limits {
@@ -56,6 +73,13 @@ impl Default for Limits {
             max_controllers: 16,
             max_connections: 256,
             target_queue_depth: 256,
+            admin_buffer: 128 << 10,
+            unauth_buffer: 32 << 10,
+            max_pending: 64,
+            max_unauth_controllers: 4,
+            connect_timeout_ms: 10_000,
+            pdu_timeout_ms: 10_000,
+            r2t_timeout_ms: 30_000,
         }
     }
 }
@@ -273,6 +297,47 @@ impl Limits {
         }
         if l.max_controllers == 0 || l.max_connections == 0 || l.target_queue_depth < 2 {
             return bad("controller, connection and target queue limits must be positive".into());
+        }
+        self.validate_budget()
+    }
+
+    /// Checks the memory and time limits.
+    fn validate_budget(&self) -> Result<(), ConfigError> {
+        let bad = |s: String| Err(ConfigError::Invalid(s));
+        let l = self;
+        for (what, v) in [
+            ("admin", l.admin_buffer),
+            ("unauthenticated", l.unauth_buffer),
+        ] {
+            if !(16 << 10..=16 << 20).contains(&v) {
+                return bad(format!(
+                    "the {what} queue buffer {v} is outside 16 KiB..=16 MiB"
+                ));
+            }
+        }
+        if l.max_pending == 0 || l.max_pending >= l.max_connections {
+            return bad(format!(
+                "connections before connect ({}) must be 1 to fewer than the connections ({})",
+                l.max_pending, l.max_connections
+            ));
+        }
+        if l.max_unauth_controllers >= l.max_controllers
+            || l.max_unauth_controllers as u32 + l.max_pending >= l.max_connections
+        {
+            return bad(format!(
+                "unauthenticated discovery controllers ({}) must leave room to listed hosts \
+                 (fewer than {} controllers and, with {} pending, {} connections)",
+                l.max_unauth_controllers, l.max_controllers, l.max_pending, l.max_connections
+            ));
+        }
+        for (what, v) in [
+            ("connect", l.connect_timeout_ms),
+            ("pdu", l.pdu_timeout_ms),
+            ("r2t", l.r2t_timeout_ms),
+        ] {
+            if v < 100 {
+                return bad(format!("the {what} timeout {v} ms is below 100 ms"));
+            }
         }
         Ok(())
     }

@@ -9,6 +9,8 @@
 //! - [`pdu`]: PDU encoding and decoding, header and data digests.
 //! - [`fabrics`]: Connect, properties, SGLs, NQNs, the discovery log.
 //! - [`config`]: what a server exports and its limits.
+//! - [`budget`]: what connections may hold (per class), the server's accounting of it and
+//!   the limits hit.
 //! - [`ctrl`]: subsystems and controllers (admin commands, properties, keep-alive).
 //! - [`conn`]: one connection (queue): PDUs, slots, R2T, I/O to the target.
 //! - [`reactor`]: pinned per-core threads owning connections and target queues.
@@ -18,6 +20,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod buddy;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod conn;
@@ -179,6 +182,23 @@ impl Server {
     /// Connections open (closing ones included until their requests finish).
     pub fn connections(&self) -> u32 {
         self.shared.connections.load(Ordering::Acquire)
+    }
+
+    /// What the connections hold now, per class, and the most one connection of each
+    /// class has held (the server's own accounting, `budget`).
+    pub fn memory(&self) -> budget::MemoryReport {
+        self.shared.acct.report()
+    }
+
+    /// The most one connection of `class` may hold (`None`: an I/O queue, whose DMA sets
+    /// are allocated once at Connect).
+    pub fn connection_bound(&self, class: budget::Class) -> Option<u64> {
+        conn::connection_bound(class, &self.shared.limits, self.shared.max_admin_data)
+    }
+
+    /// Times a limit of the budget was hit.
+    pub fn limit_hits(&self, limit: budget::Limit) -> u64 {
+        self.shared.acct.hits(limit)
     }
 
     /// Connections dropped because a panic in their handling was caught.

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use kestrel::io::IoError;
 use kestrel::{Completion, IoRequest, SubmitError, TargetQueue};
 
+use crate::budget::Limit;
 use crate::conn::{Close, Conn, Ctx, Role};
 use crate::ctrl::Shared;
 use crate::sys::{Epoll, EventFd, EV_ERR, EV_IN, EV_OUT};
@@ -134,7 +135,7 @@ fn conn_panicked(
     // still marked closing (the first thing `Conn::close` does) and only waits for its
     // requests at the target.
     if catch_unwind(AssertUnwindSafe(|| {
-        close_conn(epoll, conn, Close::Panicked)
+        close_conn(epoll, shared, conn, Close::Panicked)
     }))
     .is_err()
     {
@@ -339,9 +340,10 @@ impl Reactor {
             }));
             match r {
                 Ok(Ok(())) => {}
-                Ok(Err(why)) => close_conn(epoll, &mut e.conn, why),
+                Ok(Err(why)) => close_conn(epoll, shared, &mut e.conn, why),
                 Err(p) => conn_panicked(epoll, shared, &mut e.conn, p.as_ref()),
             }
+            e.conn.account(shared);
         }
     }
 
@@ -434,9 +436,10 @@ impl Reactor {
             if !e.conn.closing && e.conn.has_tx() && e.conn.writable {
                 match catch_unwind(AssertUnwindSafe(|| e.conn.flush(queues))) {
                     Ok(Ok(())) => {}
-                    Ok(Err(why)) => close_conn(epoll, &mut e.conn, why),
+                    Ok(Err(why)) => close_conn(epoll, shared, &mut e.conn, why),
                     Err(p) => conn_panicked(epoll, shared, &mut e.conn, p.as_ref()),
                 }
+                e.conn.account(shared);
             }
         }
     }
@@ -448,9 +451,10 @@ impl Reactor {
             }
             match catch_unwind(AssertUnwindSafe(|| e.conn.check_controller(&self.shared))) {
                 Ok(None) => {}
-                Ok(Some(why)) => close_conn(&self.epoll, &mut e.conn, why),
+                Ok(Some(why)) => close_conn(&self.epoll, &self.shared, &mut e.conn, why),
                 Err(p) => conn_panicked(&self.epoll, &self.shared, &mut e.conn, p.as_ref()),
             }
+            e.conn.account(&self.shared);
         }
     }
 
@@ -464,6 +468,7 @@ impl Reactor {
             if done {
                 if let Some(e) = self.conns[idx].as_mut() {
                     e.conn.release_buffers(&mut self.queues);
+                    e.conn.unaccount(&self.shared);
                 }
                 self.conns[idx] = None;
                 self.free_idx.push(idx);
@@ -480,18 +485,19 @@ impl Reactor {
             match l.accept() {
                 Ok((s, peer)) => {
                     let n = self.shared.connections.fetch_add(1, Ordering::AcqRel);
-                    if n >= self.shared.limits.max_connections {
+                    let target = self.deal(n);
+                    let Some(target) = target.filter(|_| s.set_nonblocking(true).is_ok()) else {
                         self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-                        tracing::warn!(%peer, "refused a connection: {n} connections are open (the limit)");
+                        if target.is_none() {
+                            self.shared.acct.hit(
+                                Limit::ConnectionTable,
+                                self.shared.now_ms(),
+                                format_args!("peer {peer} refused: {n} connections are open"),
+                            );
+                        }
                         continue;
-                    }
-                    if s.set_nonblocking(true).is_err() {
-                        self.shared.connections.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
+                    };
                     let _ = s.set_nodelay(true);
-                    let target = self.next_peer % self.peers.len();
-                    self.next_peer = self.next_peer.wrapping_add(1);
                     if target == self.id {
                         self.add_conn(s, peer);
                     } else {
@@ -508,6 +514,73 @@ impl Reactor {
                 }
             }
         }
+    }
+
+    /// The reactor a new connection goes to (`n` connections open before it), `None` when
+    /// it is refused. Round robin; but while the connections that have not connected are
+    /// at their limit, or the table is full, to the reactor with the most of them, which
+    /// closes its oldest for it (`evict_pending`). A full table with none of them refuses.
+    fn deal(&mut self, n: u32) -> Option<usize> {
+        let lim = &self.shared.limits;
+        let pending: Vec<u32> = self
+            .shared
+            .pending
+            .iter()
+            .map(|p| p.load(Ordering::Acquire))
+            .collect();
+        let total: u32 = pending.iter().sum();
+        let full = n >= lim.max_connections;
+        if (full && total == 0) || n >= lim.max_connections + lim.max_pending {
+            return None;
+        }
+        if full || total >= lim.max_pending {
+            return (0..pending.len()).max_by_key(|&r| pending[r]);
+        }
+        let target = self.next_peer % self.peers.len();
+        self.next_peer = self.next_peer.wrapping_add(1);
+        Some(target)
+    }
+
+    /// Closes this reactor's oldest connection that has not connected (not `keep`, the
+    /// one just added) while such connections are over their limit or the table is over
+    /// full.
+    fn evict_pending(&mut self, keep: usize) {
+        let lim = &self.shared.limits;
+        let total: u32 = self
+            .shared
+            .pending
+            .iter()
+            .map(|p| p.load(Ordering::Acquire))
+            .sum();
+        let over = self.shared.connections.load(Ordering::Acquire) > lim.max_connections;
+        if total <= lim.max_pending && !over {
+            return;
+        }
+        let oldest = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| Some((i, e.as_ref()?)))
+            .filter(|(i, e)| *i != keep && e.conn.is_pending() && !e.conn.closing)
+            .min_by_key(|(i, e)| (e.conn.born_ms, *i))
+            .map(|(i, _)| i);
+        let Some(e) = oldest.and_then(|i| self.conns[i].as_mut()) else {
+            return;
+        };
+        self.shared.acct.hit(
+            Limit::PendingEvicted,
+            self.shared.now_ms(),
+            format_args!(
+                "peer {} closed: {total} connections have not connected ({} at most)",
+                e.conn.peer, lim.max_pending
+            ),
+        );
+        close_conn(
+            &self.epoll,
+            &self.shared,
+            &mut e.conn,
+            Close::Limit(Limit::PendingEvicted),
+        );
     }
 
     fn take_inbox(&mut self) {
@@ -529,7 +602,7 @@ impl Reactor {
         };
         self.gens[idx] = self.gens[idx].wrapping_add(1) & 0xff_ffff;
         let gen = self.gens[idx];
-        let conn = Conn::new(s, peer, self.shared.now_ms());
+        let mut conn = Conn::new(s, peer, self.shared.now_ms(), self.id);
         if let Err(e) = self.epoll.add(conn.fd(), conn_key(idx, gen), true) {
             tracing::warn!(%peer, "cannot watch a connection: {e}");
             self.free_idx.push(idx);
@@ -537,12 +610,15 @@ impl Reactor {
             return;
         }
         tracing::debug!(%peer, reactor = self.id, "connection accepted");
+        conn.mark_pending(&self.shared);
+        conn.account(&self.shared);
         self.conns[idx] = Some(Entry { conn, gen });
+        self.evict_pending(idx);
     }
 
     fn shutdown(&mut self) {
         for e in self.conns.iter_mut().flatten() {
-            close_conn(&self.epoll, &mut e.conn, Close::Shutdown);
+            close_conn(&self.epoll, &self.shared, &mut e.conn, Close::Shutdown);
         }
         // Requests at the target finish before their buffers go.
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -575,7 +651,7 @@ fn invalid(r: kestrel::io::InvalidRequest) -> kestrel::spec::Status {
     }
 }
 
-fn close_conn(epoll: &Epoll, conn: &mut Conn, why: Close) {
+fn close_conn(epoll: &Epoll, shared: &Shared, conn: &mut Conn, why: Close) {
     if conn.closing {
         return;
     }
@@ -584,11 +660,13 @@ fn close_conn(epoll: &Epoll, conn: &mut Conn, why: Close) {
         Close::Protocol(_) | Close::HostTerm(..) | Close::Io(_) => {
             tracing::warn!(peer = %conn.peer, "closing connection: {why}")
         }
-        Close::Controller(_) | Close::Idle => {
+        Close::Controller(_) => {
             tracing::info!(peer = %conn.peer, "closing connection: {why}")
         }
+        // A limit was logged where it was hit (rate-limited).
+        Close::Limit(_) => tracing::debug!(peer = %conn.peer, "closing connection: {why}"),
         // A panic was logged as an error where it was caught.
         Close::Peer | Close::Shutdown | Close::Panicked => {}
     }
-    conn.close(&why);
+    conn.close(&why, shared);
 }

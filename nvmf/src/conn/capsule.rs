@@ -76,6 +76,10 @@ impl Conn {
             self.finish(s, st, ctx);
             return Ok(());
         }
+        // Admin and pre-Connect data: no more than the command carries (`account.rs`).
+        if !self.is_io() && self.refused_admin_data(s, dir, len, icd, ctx) {
+            return Ok(());
+        }
         let max_len = if self.is_io() {
             self.max_io(ctx).max(fabrics::CONNECT_DATA_LEN as u32)
         } else {
@@ -120,10 +124,14 @@ impl Conn {
             self.rx.dest_off = i as usize * b.icd_size;
             Dest::Icd(g)
         } else {
-            let slot = &mut self.slots[s as usize];
-            slot.local.clear();
-            slot.local.resize(icd, 0);
-            slot.buf = BufLoc::Local;
+            // Within the budget: the command was read only with room for its data
+            // (`must_hold_back`) and carries no more than it needs (`admin_data_refusal`).
+            if !self.take_local(s, icd, false) {
+                self.rx.dest = Dest::Discard;
+                self.finish(s, Status::INTERNAL_ERROR, ctx);
+                return;
+            }
+            self.slots[s as usize].buf = BufLoc::Local;
             self.rx.dest_off = 0;
             Dest::Local(s)
         };
@@ -144,10 +152,11 @@ impl Conn {
     pub(super) fn get_buf(&mut self, s: u16) -> bool {
         let len = self.slots[s as usize].len as usize;
         if !self.is_io() {
-            let slot = &mut self.slots[s as usize];
-            slot.local.clear();
-            slot.local.resize(len, 0);
-            slot.buf = BufLoc::Local;
+            // An R2T buffer within the budget, or the command waits for room.
+            if !self.take_local(s, len, true) {
+                return false;
+            }
+            self.slots[s as usize].buf = BufLoc::Local;
             return true;
         }
         let g = self.slots[s as usize].g;
@@ -183,6 +192,7 @@ impl Conn {
         let slot = &mut self.slots[s as usize];
         slot.st = St::WaitH2c;
         slot.got = 0;
+        slot.r2t_ms = self.clock_ms;
         let r = Pdu::R2t(R2t {
             cccid: slot.cid,
             ttag: s,
@@ -200,7 +210,8 @@ impl Conn {
             }
             self.wait_buf.pop_front();
             let opc = self.slots[s as usize].sqe[0];
-            if opc & 3 == 1 {
+            // Admin commands wait only for R2T buffers.
+            if !self.is_io() || opc & 3 == 1 {
                 // A write: now ask for its data.
                 self.send_r2t(s);
             } else {

@@ -34,10 +34,10 @@ impl Conn {
                     self.finish(s, Status::SUCCESS, ctx);
                     return;
                 }
-                let mut out = std::mem::take(&mut self.slots[s as usize].local);
-                let input = out.clone();
+                let input = self.take_local_vec(s);
+                let mut out = Vec::new();
                 let r = c.admin(&sqe, &input, &mut out, ctx.shared, self.local);
-                self.slots[s as usize].local = out;
+                drop(input);
                 match r {
                     AdminOutcome::Hold => {
                         if self.held_aers >= ctrl::MAX_AERS {
@@ -53,9 +53,11 @@ impl Conn {
                         slot.dw1 = dw1;
                         let dir = sqe[0] & 3;
                         if status.is_success() && dir == 2 && slot.len > 0 {
-                            let n = (slot.local.len() as u32).min(slot.len);
-                            slot.local.truncate(n as usize);
-                            slot.buf = BufLoc::Local;
+                            // The data itself only (at most `max_admin_data`, within the
+                            // budget); the rest of the transfer goes out as zeroes.
+                            out.truncate(slot.len as usize);
+                            self.set_local(s, out);
+                            self.slots[s as usize].buf = BufLoc::Local;
                             self.send_data_and_resp(s, Status::SUCCESS, ctx.queues);
                         } else {
                             self.finish(s, status, ctx);
@@ -166,6 +168,7 @@ impl Conn {
                 }
             }
         }
+        self.bind_budget(ctx.shared);
         self.sqsize = cmd.sqsize;
         self.sqhd = 1 % (cmd.sqsize + 1);
         self.finish(s, Status::SUCCESS, ctx);

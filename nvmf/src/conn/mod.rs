@@ -37,6 +37,8 @@ use crate::pdu::{
 };
 use crate::sys::{self, RawIov};
 
+mod account;
+pub use account::connection_bound;
 mod capsule;
 mod exec;
 mod io;
@@ -47,8 +49,10 @@ mod transmit;
 /// In-capsule data accepted on admin queues (and before Connect): the Linux host sends
 /// Fabrics and admin data in capsule up to 8 KiB whatever IOCCSZ says.
 pub const ADMIN_ICD: usize = 8192;
-const UNBOUND_SLOTS: usize = 4;
-static ZEROS: [u8; 128] = [0u8; 128];
+const UNBOUND_SLOTS: usize = crate::budget::PRE_CONNECT_SLOTS;
+/// Zeroes sent from here: PDU padding, and the rest of an admin command's transfer past
+/// the end of its data (a log page shorter than asked), in pieces of this size.
+static ZEROS: [u8; 64 << 10] = [0u8; 64 << 10];
 
 /// What the connection serves.
 pub enum Role {
@@ -125,6 +129,10 @@ struct Slot {
     dw0: u32,
     dw1: u32,
     fua_flush: bool,
+    /// `local` is an R2T buffer (counted in `Conn::r2t_held`).
+    r2t_local: bool,
+    /// When its R2T went out (`Conn::clock_ms`).
+    r2t_ms: u64,
 }
 
 impl Slot {
@@ -144,6 +152,8 @@ impl Slot {
             dw0: 0,
             dw1: 0,
             fua_flush: false,
+            r2t_local: false,
+            r2t_ms: 0,
         }
     }
 }
@@ -185,8 +195,17 @@ fn lent<'q>(queues: &'q Queues, qidx: usize, s: &DmaSlice) -> Option<(&'q DmaBuf
 
 enum TxData {
     None,
-    Local { slot: u16, len: u32 },
-    Arena { g: u8, off: u32, len: u32 },
+    /// `len` bytes of a slot's buffer, then `zeros` zero bytes.
+    Local {
+        slot: u16,
+        len: u32,
+        zeros: u32,
+    },
+    Arena {
+        g: u8,
+        off: u32,
+        len: u32,
+    },
     Owned(Vec<u8>),
 }
 
@@ -337,10 +356,10 @@ pub enum Close {
     Io(std::io::Error),
     /// The server stops.
     Shutdown,
-    /// No Connect in time.
-    Idle,
     /// Its handling panicked (the reactor caught the panic and logged it).
     Panicked,
+    /// A limit of the budget (logged where it was hit).
+    Limit(crate::budget::Limit),
 }
 
 impl std::fmt::Display for Close {
@@ -355,8 +374,8 @@ impl std::fmt::Display for Close {
             Close::Controller(w) => f.write_str(w),
             Close::Io(e) => write!(f, "socket error: {e}"),
             Close::Shutdown => f.write_str("the server is stopping"),
-            Close::Idle => f.write_str("no Connect within the time allowed"),
             Close::Panicked => f.write_str("its handling panicked"),
+            Close::Limit(l) => write!(f, "{l}"),
         }
     }
 }
@@ -399,11 +418,35 @@ pub struct Conn {
     /// Subsystem index of an I/O queue.
     pub sub: usize,
     closing_peer: bool,
+    /// The reactor owning it.
+    reactor: usize,
+    /// Counted in `Shared::pending` (no successful Connect yet, not closed).
+    pending: bool,
+    /// Its class and budget (`account.rs`).
+    class: crate::budget::Class,
+    /// What the accounting has of it: class and bytes (`None`: not yet, or dropped).
+    accounted: Option<(crate::budget::Class, u64)>,
+    /// The DMA sets' bytes (an I/O queue's, allocated at Connect).
+    dma_bytes: usize,
+    /// Slot buffer bytes held (admin and pre-Connect data), and of them R2T buffers.
+    data_held: usize,
+    r2t_held: usize,
+    /// The most `data_held` has been.
+    data_peak: usize,
+    /// Slot buffer bytes it may hold, and the most one command may take.
+    budget: usize,
+    max_cmd: usize,
+    /// The server's clock at the last check (ms), for deadlines.
+    clock_ms: u64,
+    /// When the PDU being received began.
+    rx_since_ms: u64,
+    /// Reading paused with a command's header received: the budget has no room for it.
+    held_back: bool,
 }
 
 impl Conn {
     /// A new connection, before ICReq.
-    pub fn new(sock: TcpStream, peer: SocketAddr, now_ms: u64) -> Self {
+    pub fn new(sock: TcpStream, peer: SocketAddr, now_ms: u64, reactor: usize) -> Self {
         let local = sock.local_addr().ok();
         let mut slots = Vec::with_capacity(UNBOUND_SLOTS);
         slots.resize_with(UNBOUND_SLOTS, Slot::new);
@@ -445,6 +488,19 @@ impl Conn {
             born_ms: now_ms,
             sub: usize::MAX,
             closing_peer: false,
+            reactor,
+            pending: false,
+            class: crate::budget::Class::PreConnect,
+            accounted: None,
+            dma_bytes: 0,
+            data_held: 0,
+            r2t_held: 0,
+            data_peak: 0,
+            budget: crate::budget::PRE_CONNECT_DATA,
+            max_cmd: fabrics::CONNECT_DATA_LEN,
+            clock_ms: now_ms,
+            rx_since_ms: now_ms,
+            held_back: false,
         }
     }
 
@@ -464,11 +520,12 @@ impl Conn {
     }
 
     /// Checks the controller's state: `Some` when this connection must close.
-    pub fn check_controller(&self, shared: &Shared) -> Option<Close> {
+    pub fn check_controller(&mut self, shared: &Shared) -> Option<Close> {
+        if let Some(why) = self.deadlines(shared) {
+            return Some(why);
+        }
         match &self.role {
-            Role::Unbound => {
-                (shared.now_ms().saturating_sub(self.born_ms) > 30_000).then_some(Close::Idle)
-            }
+            Role::Unbound => None,
             Role::Admin(c) => {
                 if c.keep_alive_expired(shared.now_ms()) {
                     Some(Close::Controller("keep alive timer expired"))
@@ -493,11 +550,12 @@ impl Conn {
     /// Ends the connection's life on the wire: the controller or queue is released. The
     /// socket is shut; target requests still finish (the reactor keeps the connection
     /// until `at_target` is 0).
-    pub fn close(&mut self, why: &Close) {
+    pub fn close(&mut self, why: &Close, shared: &Shared) {
         if self.closing {
             return;
         }
         self.closing = true;
+        self.unpend(shared);
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
         match &self.role {
             Role::Admin(c) => {

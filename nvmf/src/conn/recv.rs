@@ -13,27 +13,20 @@ impl Conn {
             }
             match self.rx.phase {
                 Phase::Header => {
-                    let need = match self.rx.frame {
-                        None => CH_LEN,
-                        Some(f) => f.header_len(),
-                    };
-                    let got = self.rx.got;
-                    let n = match self.read_plain(got, need) {
-                        Some(n) => n,
-                        None if self.closing_peer => return Err(Close::Peer),
-                        None => break,
-                    };
-                    self.rx.got += n;
-                    if self.rx.got < need {
+                    if !self.read_header()? {
+                        break;
+                    }
+                    if self.rx.got < self.rx.frame.map_or(CH_LEN, |f| f.header_len()) {
                         continue;
                     }
-                    if self.rx.frame.is_none() {
-                        let ch = CommonHeader::parse(&self.rx.hdr).unwrap_or_default();
-                        let fr = pdu::frame(&ch, &self.rules()).map_err(|e| self.fatal(e))?;
-                        self.rx.frame = Some(fr);
-                        if fr.header_rest > 0 {
-                            continue;
-                        }
+                    // A command waits in the socket, its header read, while the budget has
+                    // no room for it (backpressure; responses going out make room).
+                    let capsule = self
+                        .rx
+                        .frame
+                        .is_some_and(|f| f.ch.pdu_type == pdu::pdu_type::CAPSULE_CMD);
+                    if capsule && self.must_hold_back(ctx) {
+                        break;
                     }
                     budget -= 1;
                     self.header_done(ctx)?;
@@ -63,6 +56,35 @@ impl Conn {
             }
         }
         Ok(())
+    }
+
+    /// Reads header bytes; false when nothing more can be read now. The header is whole
+    /// when `rx.got` reaches the frame's header length (the common header first).
+    fn read_header(&mut self) -> Result<bool, Close> {
+        let need = match self.rx.frame {
+            None => CH_LEN,
+            Some(f) => f.header_len(),
+        };
+        let got = self.rx.got;
+        if got == need {
+            // Whole, and held back before: nothing to read.
+            return Ok(true);
+        }
+        let n = match self.read_plain(got, need) {
+            Some(n) => n,
+            None if self.closing_peer => return Err(Close::Peer),
+            None => return Ok(false),
+        };
+        if got == 0 {
+            self.pdu_begun();
+        }
+        self.rx.got += n;
+        if self.rx.got == CH_LEN && self.rx.frame.is_none() {
+            let ch = CommonHeader::parse(&self.rx.hdr).unwrap_or_default();
+            let fr = pdu::frame(&ch, &self.rules()).map_err(|e| self.fatal(e))?;
+            self.rx.frame = Some(fr);
+        }
+        Ok(true)
     }
 
     /// Skips the padding between a header and its data.

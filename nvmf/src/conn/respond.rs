@@ -53,9 +53,28 @@ impl Conn {
         slot.st = St::Sending;
         let (data, len, ddgst) = match slot.buf {
             BufLoc::Local => {
+                // The data, then zeroes to the length asked (a log page shorter than that).
                 let len = slot.local.len() as u32;
-                let d = self.ddgst.then(|| pdu::crc32c(&slot.local).to_le_bytes());
-                (TxData::Local { slot: s, len }, len, d)
+                let zeros = slot.len.saturating_sub(len);
+                let d = self.ddgst.then(|| {
+                    let mut crc = pdu::crc32c(&slot.local);
+                    let mut left = zeros as usize;
+                    while left > 0 {
+                        let n = left.min(ZEROS.len());
+                        crc = pdu::crc32c_append(crc, &ZEROS[..n]);
+                        left -= n;
+                    }
+                    crc.to_le_bytes()
+                });
+                (
+                    TxData::Local {
+                        slot: s,
+                        len,
+                        zeros,
+                    },
+                    len + zeros,
+                    d,
+                )
             }
             BufLoc::Arena { g, off, .. } => {
                 let len = slot.len;
@@ -168,9 +187,7 @@ impl Conn {
         }
         slot.buf = BufLoc::None;
         slot.st = St::Free;
-        if !matches!(self.role, Role::Io { .. }) && slot.local.capacity() > 2 * ADMIN_ICD {
-            slot.local = Vec::new();
-        }
+        self.drop_local(s);
         self.free.push(s);
     }
 }

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The most pieces of one PDU: header, padding, data, 16 pieces of zeroes (1 MiB), digest.
+const MAX_PARTS: usize = 24;
+
 impl Conn {
     /// Writes queued PDUs until done or the socket is full. `Err` closes. `queues` hold
     /// the lent buffers read data is sent from.
@@ -14,10 +17,10 @@ impl Conn {
             }; 64];
             let mut n = 0;
             for item in self.tx.iter() {
-                if n + 4 > iovs.len() {
+                let (parts, k) = self.item_parts(item, queues)?;
+                if n + k > iovs.len() {
                     break;
                 }
-                let (parts, k) = self.item_parts(item, queues)?;
                 // Skip what an earlier partial write sent.
                 let mut skip = item.done;
                 for p in &parts[..k] {
@@ -56,12 +59,17 @@ impl Conn {
         Ok(())
     }
 
-    /// The pieces of a queued PDU: header, padding, data, data digest (`k` of the 4).
-    fn item_parts(&self, item: &TxItem, queues: &Queues) -> Result<([RawIov; 4], usize), Close> {
-        let mut parts: [RawIov; 4] = [RawIov {
+    /// The pieces of a queued PDU: header, padding, data (and zeroes after it), data
+    /// digest (`k` of them).
+    fn item_parts(
+        &self,
+        item: &TxItem,
+        queues: &Queues,
+    ) -> Result<([RawIov; MAX_PARTS], usize), Close> {
+        let mut parts: [RawIov; MAX_PARTS] = [RawIov {
             base: std::ptr::null(),
             len: 0,
-        }; 4];
+        }; MAX_PARTS];
         let mut k = 0;
         if item.hlen > 0 {
             parts[k] = RawIov::of(&item.hdr[..item.hlen as usize]);
@@ -77,9 +85,20 @@ impl Conn {
                 parts[k] = RawIov::of(v);
                 k += 1;
             }
-            TxData::Local { slot, len } => {
+            TxData::Local { slot, len, zeros } => {
                 parts[k] = RawIov::of(&self.slots[*slot as usize].local[..*len as usize]);
                 k += 1;
+                let mut left = *zeros as usize;
+                while left > 0 {
+                    // At most 1 MiB of admin data (`capsule`): 16 pieces.
+                    if k + 2 > MAX_PARTS {
+                        return Err(Close::Shutdown);
+                    }
+                    let n = left.min(ZEROS.len());
+                    parts[k] = RawIov::of(&ZEROS[..n]);
+                    k += 1;
+                    left -= n;
+                }
             }
             TxData::Arena { g, off, len } => {
                 // The arena's buffer through the lease table of the queue it is lent to.
@@ -109,7 +128,8 @@ impl Conn {
                 + match &item.data {
                     TxData::None => 0,
                     TxData::Owned(v) => v.len(),
-                    TxData::Local { len, .. } | TxData::Arena { len, .. } => *len as usize,
+                    TxData::Local { len, zeros, .. } => (*len + *zeros) as usize,
+                    TxData::Arena { len, .. } => *len as usize,
                 }
                 + if item.ddgst.is_some() { DIGEST_LEN } else { 0 };
             let left = total - item.done;

@@ -168,8 +168,9 @@ impl Controller {
         }
         let start = off as usize;
         let end = (start + len as usize).min(page.len());
+        // The log's own bytes only: the transfer's rest, past the end of the log, is sent
+        // as zeroes without being held (`conn`, `TxData::Local`).
         out.extend_from_slice(&page[start..end]);
-        out.resize(len as usize, 0);
         ok(0)
     }
 

@@ -118,6 +118,7 @@ fn connect_admin(
             ),
         });
     }
+    let unauth = crate::budget::unauth_controller_refusal(shared, sub, &t.live, &d.hostnqn)?;
     // Next free CNTLID in 1..=FFEFh, distinct from every live one.
     let mut id = t.next_cntlid;
     while t.live.iter().any(|c| c.cntlid == id) {
@@ -133,6 +134,7 @@ fn connect_admin(
         epoch: AtomicU32::new(0),
         kato_ms: AtomicU32::new(cmd.kato_ms),
         last_keep_alive: AtomicU64::new(shared.now_ms()),
+        unauth,
         st: Mutex::new(CtrlState {
             regs: Regs::default(),
             nq_granted: 0,

@@ -236,6 +236,13 @@ pub struct Shared {
     pub panics: AtomicU64,
     /// Stop flag.
     pub stop: AtomicBool,
+    /// What the connections hold, limits hit.
+    pub acct: crate::budget::Accounting,
+    /// Per reactor, its connections that have not connected yet.
+    pub pending: Vec<AtomicU32>,
+    /// The most data one admin command answers with (Identify, the longest log page:
+    /// the discovery log of every subsystem on every listener).
+    pub max_admin_data: usize,
 }
 
 impl Shared {
@@ -289,6 +296,9 @@ impl Shared {
             )));
         }
         let n = subs.len();
+        // Discovery log: a header and a record per subsystem on the main listener, and one
+        // per listener (at most two) for the discovery subsystem.
+        let max_admin_data = (fabrics::DISC_RECORD_LEN * (n + 3)).max(IDENTIFY_SIZE);
         subs.push(Arc::new(Subsystem::new(
             n,
             DISCOVERY_NQN,
@@ -306,6 +316,17 @@ impl Shared {
             connections: AtomicU32::new(0),
             panics: AtomicU64::new(0),
             stop: AtomicBool::new(false),
+            acct: Default::default(),
+            pending: cfg.reactors.iter().map(|_| AtomicU32::new(0)).collect(),
+            max_admin_data,
+        })
+    }
+
+    /// Whether an allow-list names `hostnqn` (or a subsystem admits any host): a host
+    /// that is not gets the discovery service only, within the unauthenticated budget.
+    pub fn host_listed(&self, hostnqn: &str) -> bool {
+        self.subsystems.iter().any(|s| {
+            !s.is_discovery() && (s.allow_any_host || s.hosts.iter().any(|h| h == hostnqn))
         })
     }
 
@@ -362,6 +383,8 @@ pub struct Controller {
     pub kato_ms: AtomicU32,
     /// When the last Keep Alive came (ms since the server started).
     pub last_keep_alive: AtomicU64,
+    /// A discovery controller of a host no allow-list names.
+    pub unauth: bool,
     st: Mutex<CtrlState>,
 }
 
