@@ -19,7 +19,9 @@
 //!   `sq_tail`; the SQ tail doorbell is written once when the batch ends
 //!   ([`IoQpair::flush`], or the start of [`IoQpair::process_completions`]), as SPDK's
 //!   `delay_cmd_submit`. [`DoorbellMode::Immediate`] rings per command, for comparison.
-//!   The CQ head doorbell is written once per reaping pass, only if something was reaped.
+//!   The CQ head doorbell is written once per reaping pass that reaped anything, after the
+//!   SQ tail of the commands submitted in the freed slots ([`IoQpair::flush`], or the
+//!   start of the next pass): the next command reaches the controller one doorbell sooner.
 //! - **Shadow doorbells.** With Doorbell Buffer Config the new value goes to the shadow
 //!   page, and the MMIO write happens only when the controller's EventIdx asks for it. A
 //!   qpair that opts out ([`QpairOptions::shadow_doorbells`] false) on such a controller
