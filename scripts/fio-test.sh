@@ -3,7 +3,11 @@
 # builds libkestrel_fio.so against the installed fio, and runs fio jobs through it:
 #   - a build for a fio whose version differs from the source tree fails, naming both;
 #   - an engine built for another fio version fails its job when this fio loads it;
-#   - the engine refuses thread=0 and a bad target string with messages naming the option;
+#   - the engine refuses a bad target string, and a forked job it could not make a
+#     thread (create_serialize=0 on every job, no thread=1), with messages naming the
+#     option; a job without thread=1 runs (the engine makes it a thread);
+#   - examples/fio/phases.fio: a write phase, then stonewalled verify phases set up only
+#     when they start (create_serialize=0): the emulator outlives a job of the run;
 #   - examples/fio/emu.fio: randwrite, randread, randrw with verify=crc32c on the emulator
 #     (numjobs=2, thread=1);
 #   - examples/fio/file.fio: the file target with verify=crc32c;
@@ -148,8 +152,11 @@ groups_ok() {
 }
 
 log "refusals name the option"
-run thread0 1 --name=t --ioengine="external:$SO" --kestrel_target=emu --rw=read --size=1M
-expect thread0 'thread=1 is required'
+run thread0 0 --name=t --ioengine="external:$SO" --kestrel_target=emu --rw=read --size=1M
+expect thread0 'err= 0'
+run forked 1 --name=t --ioengine="external:$SO" --kestrel_target=emu --rw=read --size=1M \
+    --create_serialize=0
+expect forked 'func=thread'
 run badtarget 1 --name=t --ioengine="external:$SO" --thread --kestrel_target=emu:bogus=1 --rw=read --size=1M
 expect badtarget 'kestrel_target=emu:bogus=1: invalid target'
 run wrongfio 1 --name=t --ioengine="external:$TMP/engine-3.99.so" --thread --kestrel_target=emu --rw=read --size=1M
@@ -161,6 +168,10 @@ log "emulator: randwrite, randread, randrw with verify=crc32c, numjobs=2"
 run emu 0 "$(job emu.fio)"
 groups_ok emu 3
 expect emu 'randrw: (groupid=2, jobs=2)'
+
+log "phases: fill, then stonewalled verify jobs set up when they start, on one emulator"
+run phases 0 "$(job phases.fio)"
+groups_ok phases 3
 
 log "file target with verify=crc32c"
 sed -i "s|/tmp/kestrel-fio.img|$TMP/kestrel-fio.img|" "$(job file.fio)"

@@ -74,6 +74,21 @@ fn init_logging() {
     });
 }
 
+extern "C" fn close_at_exit() {
+    guard("close_at_exit", || (), crate::shared::close_at_exit);
+}
+
+/// Closes, at exit, the targets no job holds any more ([`crate::shared::close_at_exit`]).
+fn register_exit_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: atexit takes a pointer to an extern "C" fn of no arguments that does not
+        // unwind (`guard`), and the library holding it is never unloaded (linked with
+        // -z nodelete, build.rs), so the pointer stays valid until the handler runs.
+        let _ = unsafe { libc::atexit(close_at_exit) };
+    });
+}
+
 /// # Safety
 /// `job` is null or a pointer returned by [`kfio_job_open`] and not yet closed, and no
 /// other reference to the job exists or is made for `'a` (one call into a job at a time).
@@ -93,6 +108,7 @@ unsafe fn job_mut<'a>(job: *mut Job) -> Option<&'a mut Job> {
 pub unsafe extern "C" fn kfio_job_open(
     target: *const c_char,
     flags: u32,
+    run_jobs: u32,
     err: *mut c_int,
     msg: *mut c_char,
     msglen: usize,
@@ -111,11 +127,14 @@ pub unsafe extern "C" fn kfio_job_open(
             let spec = spec
                 .to_str()
                 .map_err(|_| (libc::EINVAL, "the target string is not UTF-8".to_string()))?;
-            Job::open(spec, flags)
+            Job::open(spec, flags, run_jobs as usize)
         },
     );
     match r {
-        Ok(job) => Box::into_raw(Box::new(job)),
+        Ok(job) => {
+            register_exit_handler();
+            Box::into_raw(Box::new(job))
+        }
         Err((e, m)) => {
             // SAFETY: `err` is null (skipped) or writable for one aligned c_int, and `msg`
             // null or writable for `msglen` bytes overlapping nothing else (# Safety

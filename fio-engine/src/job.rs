@@ -64,11 +64,13 @@ impl Job {
         self.num_blocks.saturating_mul(self.block_size)
     }
 
-    pub(crate) fn open(spec: &str, flags: u32) -> Result<Job, (i32, String)> {
+    /// Opens or joins `spec`; `run_jobs` is how many jobs of the fio run name it
+    /// ([`acquire`]).
+    pub(crate) fn open(spec: &str, flags: u32, run_jobs: usize) -> Result<Job, (i32, String)> {
         if flags & !OPEN_NOIOMMU != 0 {
             return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));
         }
-        let target = acquire(spec, flags & OPEN_NOIOMMU != 0)?;
+        let target = acquire(spec, flags & OPEN_NOIOMMU != 0, run_jobs)?;
         let info = target.info().clone();
         Ok(Job {
             key: spec.to_string(),

@@ -39,9 +39,11 @@ struct kfio_job;
 
 /* Opens (or joins, when another job of this process already opened the same string with
  * the same flags) the target and returns the job, or NULL with msg set and *err a
- * positive errno. */
-struct kfio_job *kfio_job_open(const char *target, unsigned int flags, int *err, char *msg,
-			       size_t msglen);
+ * positive errno. run_jobs: how many jobs of the fio run name this target, this one
+ * included (0: not known, as 1); the target stays open until that many jobs have been
+ * closed, so that phases of a run (stonewall) share it. */
+struct kfio_job *kfio_job_open(const char *target, unsigned int flags, unsigned int run_jobs,
+			       int *err, char *msg, size_t msglen);
 /* Capacity in bytes and logical block size of the job's target. */
 uint64_t kfio_job_size(const struct kfio_job *job);
 uint32_t kfio_job_block_size(const struct kfio_job *job);
@@ -69,8 +71,8 @@ int kfio_job_getevents(struct kfio_job *job, uint32_t min, uint32_t max, int64_t
 void *kfio_job_event(struct kfio_job *job, uint32_t i, int *err);
 /* What failed for I/O unit index, malloc()ed (the caller frees it), or NULL. */
 char *kfio_job_errdetails(struct kfio_job *job, uint32_t index);
-/* Drains outstanding I/O, frees everything, and leaves the target (closed with its last
- * job). */
+/* Drains outstanding I/O, frees everything, and leaves the target (closed with the last
+ * job of the run that names it). */
 void kfio_job_close(struct kfio_job *job);
 
 #endif

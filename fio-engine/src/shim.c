@@ -95,14 +95,73 @@ static int kfio_fail(struct thread_data *td, int err, const char *option, const 
 	return 1;
 }
 
-static int kfio_setup(struct thread_data *td)
+/* The target string of a job: kestrel_target= if given, else its first file's name. */
+static const char *kfio_spec(struct thread_data *td, int *named)
 {
 	struct kfio_options *o = td->eo;
-	char msg[KFIO_MSG_LEN], full[KFIO_MSG_LEN + 256];
-	struct kfio_job *job = td_job(td);
-	struct fio_file *f;
-	const char *spec;
-	int err = EINVAL;
+
+	*named = o && o->target && o->target[0];
+	if (*named)
+		return o->target;
+	return td->files_index ? td->files[0]->file_name : NULL;
+}
+
+/*
+ * How many jobs of this run name the target spec on this engine. fio's job table is
+ * complete once the job files are parsed, before any job is set up, so the first job to
+ * open a target can tell how many will use it: the target stays open until they have all
+ * ended (fio tells an engine nothing about the end of the run).
+ */
+static unsigned int kfio_run_jobs(const char *spec)
+{
+	unsigned int i, n = 0;
+	int named;
+
+	for (i = 0; i < thread_number; i++) {
+		struct thread_data *td = tnumber_to_td(i);
+		const char *s;
+
+		if (td->io_ops != &ioengine)
+			continue;
+		s = kfio_spec(td, &named);
+		if (s && !strcmp(s, spec))
+			n++;
+	}
+	return n;
+}
+
+/*
+ * fio forks a process per job unless thread=1, and a forked job could not use the target
+ * (its emulator or controller lives in this process, with threads that fork does not
+ * copy). As fio's own rbd, rados and http engines do, the engine makes its jobs threads
+ * when fio sets them up: fio decides between thread and fork only when it starts a job,
+ * after every job's setup. Done for every job of the run on this engine at once, so that
+ * jobs with create_serialize=0 (whose setup comes only once they run) are threads too.
+ */
+static int kfio_not_started(struct thread_data *td)
+{
+	/* pid is set when the job's thread or process starts; fio's setup_files() marks the
+	 * job it sets up TD_SETTING_UP. */
+	return !td->pid && (td->runstate == TD_NOT_CREATED || td->runstate == TD_SETTING_UP);
+}
+
+static void kfio_make_threads(void)
+{
+	unsigned int i;
+
+	for (i = 0; i < thread_number; i++) {
+		struct thread_data *td = tnumber_to_td(i);
+
+		if (td->io_ops == &ioengine && kfio_not_started(td))
+			td->o.use_thread = 1;
+	}
+}
+
+/* Checks that do not need the target: this fio is the one the engine was built for, and
+ * the job has one target. */
+static int kfio_check_job(struct thread_data *td)
+{
+	char full[KFIO_MSG_LEN + 256];
 
 	if (td->io_ops != &ioengine)
 		return kfio_fail(td, EINVAL, "ioengine",
@@ -115,11 +174,6 @@ static int kfio_setup(struct thread_data *td)
 			 KFIO_BUILT_FOR, fio_version_string);
 		return kfio_fail(td, EINVAL, "ioengine", full);
 	}
-	if (!td->o.use_thread)
-		return kfio_fail(td, EINVAL, "thread",
-				 "thread=1 is required: the engine keeps one controller per process "
-				 "and polls it from job threads, which forked job processes cannot "
-				 "share; add thread=1 (or --thread) to the job");
 	if (td->o.zone_mode == ZONE_MODE_ZBD)
 		return kfio_fail(td, EINVAL, "zonemode",
 				 "zonemode=zbd is not supported by the Kestrel engine");
@@ -130,14 +184,24 @@ static int kfio_setup(struct thread_data *td)
 			 td->files_index);
 		return kfio_fail(td, EINVAL, "nrfiles", full);
 	}
-	f = td->files[0];
-	if (!job) {
-		int named = o && o->target && o->target[0];
+	return 0;
+}
 
-		spec = named ? o->target : f->file_name;
+/* Opens or joins the job's target (once per job) and gives fio its size. */
+static int kfio_attach(struct thread_data *td)
+{
+	struct kfio_options *o = td->eo;
+	char msg[KFIO_MSG_LEN], full[KFIO_MSG_LEN + 256];
+	struct kfio_job *job = td_job(td);
+	struct fio_file *f = td->files[0];
+	const char *spec;
+	int err = EINVAL, named;
+
+	if (!job) {
+		spec = kfio_spec(td, &named);
 		msg[0] = 0;
-		job = kfio_job_open(spec, o && o->noiommu ? KFIO_OPEN_NOIOMMU : 0, &err, msg,
-				    sizeof(msg));
+		job = kfio_job_open(spec, o && o->noiommu ? KFIO_OPEN_NOIOMMU : 0,
+				    kfio_run_jobs(spec), &err, msg, sizeof(msg));
 		if (!job) {
 			if (named)
 				snprintf(full, sizeof(full), "kestrel_target=%s: %s", spec, msg);
@@ -155,6 +219,17 @@ static int kfio_setup(struct thread_data *td)
 	fio_file_set_size_known(f);
 	FILE_SET_ENG_DATA(f, job);
 	return 0;
+}
+
+/* On fio's main thread before any job starts (create_serialize=1, fio's default), or at
+ * the job's start (create_serialize=0, from kfio_init). */
+static int kfio_setup(struct thread_data *td)
+{
+	if (kfio_check_job(td))
+		return 1;
+	if (kfio_not_started(td))
+		kfio_make_threads();
+	return kfio_attach(td);
 }
 
 static int kfio_check_bs(struct thread_data *td, enum fio_ddir d, const char *what,
@@ -178,8 +253,17 @@ static int kfio_init(struct thread_data *td)
 	struct kfio_job *job;
 	uint32_t block;
 
+	/* Only when every job of the run has create_serialize=0 does fio start one without
+	 * setting it up first, and then it may fork it. */
+	if (!td->o.use_thread)
+		return kfio_fail(td, EINVAL, "thread",
+				 "this job runs in a process of its own (fio forks one per job "
+				 "unless thread=1), and the engine shares a target between the jobs "
+				 "of a run as threads of one process: add thread=1 (the engine makes "
+				 "jobs threads when fio sets them up first, which create_serialize=0 "
+				 "on every job skips)");
 	/* With create_serialize=0 fio sets files up after init, in the job's thread. */
-	if (!td_job(td) && kfio_setup(td))
+	if (!td_job(td) && (kfio_check_job(td) || kfio_attach(td)))
 		return 1;
 	job = td_job(td);
 	block = kfio_job_block_size(job);

@@ -7,13 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ffi::*;
-use super::shared::users_of;
+use super::shared::{is_open, users_of};
 use super::*;
 
 #[path = "../../driver/tests/support/counting_alloc.rs"]
 mod counting_alloc;
 
 use counting_alloc::{unwatch_this_thread, Counter};
+
+mod run;
 
 const MSG: usize = 512;
 
@@ -30,11 +32,17 @@ fn open(spec: &str) -> Result<H, (i32, String)> {
 }
 
 fn open_flags(spec: &str, flags: u32) -> Result<H, (i32, String)> {
+    open_run(spec, flags, 0)
+}
+
+/// Opens `spec` as a job of a fio run in which `run_jobs` jobs name it.
+fn open_run(spec: &str, flags: u32, run_jobs: u32) -> Result<H, (i32, String)> {
     let c = CString::new(spec).unwrap();
     let mut err = 0;
     let mut msg = [0 as c_char; MSG];
     // SAFETY: a NUL-terminated string, writable err and msg.
-    let job = unsafe { kfio_job_open(c.as_ptr(), flags, &mut err, msg.as_mut_ptr(), MSG) };
+    let job =
+        unsafe { kfio_job_open(c.as_ptr(), flags, run_jobs, &mut err, msg.as_mut_ptr(), MSG) };
     if job.is_null() {
         // SAFETY: `msg` started zeroed and kfio_job_open's write_msg ends what it writes
         // with a NUL, so a NUL lies within its MSG bytes.
