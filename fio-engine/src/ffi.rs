@@ -11,9 +11,9 @@
 //!   valid for writes of one aligned `int`/`void *` (`err` may be null); `target` is
 //!   readable up to its NUL. None overlaps another argument or the job.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use crate::job::Job;
 
@@ -170,6 +170,32 @@ pub unsafe extern "C" fn kfio_job_block_size(job: *const Job) -> u32 {
     // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
     // during this call (# Safety above); the shared reference ends with the call.
     unsafe { job.as_ref() }.map_or(0, |j| j.block_size as u32)
+}
+
+/// What the job's target can do: `KFIO_CAP_*` bits.
+///
+/// # Safety
+/// As [`kfio_job_size`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_caps(job: *const Job) -> u32 {
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, Job::caps)
+}
+
+/// The `kestrel_target` option's help: the library's target grammar, so that `fio
+/// --enghelp` says what `kestrel perf --help` says.
+#[no_mangle]
+pub extern "C" fn kfio_target_help() -> *const c_char {
+    static HELP: OnceLock<CString> = OnceLock::new();
+    HELP.get_or_init(|| {
+        let text = format!(
+            "Kestrel target: {} (default: the job's filename, with ':' escaped as '\\:')",
+            kestrel::target_spec::TARGET_HELP
+        );
+        CString::new(text).unwrap_or_default()
+    })
+    .as_ptr()
 }
 
 /// The target's name, NUL-terminated, valid while the job lives.

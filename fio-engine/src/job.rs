@@ -18,7 +18,10 @@ use kestrel::io::IoError;
 use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
 
 use crate::shared::{acquire, release};
-use crate::{DRAIN_TIMEOUT, MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU};
+use crate::{
+    CAP_READ_ONLY, CAP_TRIM, CAP_TRIM_ZEROES, CAP_VOLATILE_CACHE, CAP_ZONED, DRAIN_TIMEOUT,
+    MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU,
+};
 
 mod io;
 
@@ -31,6 +34,7 @@ pub struct Job {
     pub(crate) block_size: u64,
     pub(crate) num_blocks: u64,
     deallocate: bool,
+    caps: u32,
     pub(crate) queue: Option<Box<dyn TargetQueue>>,
     /// fio's I/O memory, lent to `queue`: what the I/O units' slices are cut from.
     mem: Option<DmaSlice>,
@@ -41,6 +45,11 @@ pub struct Job {
     io_us: Box<[usize]>,
     /// Per I/O unit index: why its last request failed.
     errors: Box<[Option<IoError>]>,
+    /// Per I/O unit index: the operation in flight (`OP_*`).
+    ops: Box<[u8]>,
+    /// Writes and Flushes at the device, and whether a write was queued since the last
+    /// Flush: a Flush is sent only after a write, and once the writes before it are done.
+    pub(crate) sync: SyncState,
     /// Completions reaped by the last getevents: (index, errno).
     events: Vec<(u32, i32)>,
     /// Messages already printed (one per kind per job, not one per I/O).
@@ -54,6 +63,18 @@ const WARN_BUF: u32 = 1 << 3;
 const WARN_INVALID: u32 = 1 << 4;
 const WARN_OP: u32 = 1 << 5;
 
+/// What fio's sync requests (fsync=, fdatasync=, sync_file_range=, end_fsync=) depend on.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SyncState {
+    pub(crate) writes_in_flight: u32,
+    pub(crate) flushes_in_flight: u32,
+    /// A write was queued since the last Flush was.
+    pub(crate) dirty: bool,
+    /// fio's sync requests, and the Flush commands sent for them.
+    pub(crate) requests: u64,
+    pub(crate) flushes: u64,
+}
+
 /// A failure: a positive errno and, unless already said, a message.
 type Failure = (i32, Option<String>);
 
@@ -64,6 +85,11 @@ impl Job {
         self.num_blocks.saturating_mul(self.block_size)
     }
 
+    /// What the target can do: `CAP_*` bits.
+    pub(crate) fn caps(&self) -> u32 {
+        self.caps
+    }
+
     /// Opens or joins `spec`; `run_jobs` is how many jobs of the fio run name it
     /// ([`acquire`]).
     pub(crate) fn open(spec: &str, flags: u32, run_jobs: usize) -> Result<Job, (i32, String)> {
@@ -72,7 +98,21 @@ impl Job {
         }
         let target = acquire(spec, flags & OPEN_NOIOMMU != 0, run_jobs)?;
         let info = target.info().clone();
+        let caps = [
+            (info.deallocate, CAP_TRIM),
+            (
+                info.deallocate && info.deallocate_reads_zeroes,
+                CAP_TRIM_ZEROES,
+            ),
+            (info.flush, CAP_VOLATILE_CACHE),
+            (info.read_only, CAP_READ_ONLY),
+            (info.zones.is_some(), CAP_ZONED),
+        ]
+        .iter()
+        .filter(|(has, _)| *has)
+        .fold(0, |c, (_, bit)| c | bit);
         Ok(Job {
+            caps,
             key: spec.to_string(),
             name: CString::new(info.name.replace('\0', " ")).unwrap_or_default(),
             nsid: info.nsid,
@@ -85,6 +125,8 @@ impl Job {
             unlent: None,
             io_us: Box::new([]),
             errors: Box::new([]),
+            ops: Box::new([]),
+            sync: SyncState::default(),
             events: Vec::new(),
             warned: 0,
         })
@@ -128,6 +170,7 @@ impl Job {
         let n = iodepth as usize;
         self.io_us = vec![0; n].into_boxed_slice();
         self.errors = vec![None; n].into_boxed_slice();
+        self.ops = vec![0; n].into_boxed_slice();
         self.events = Vec::with_capacity(n);
         Ok(())
     }
@@ -227,7 +270,8 @@ impl Drop for Job {
             let s = q.stats();
             tracing::info!(
                 "{}: queue pair: {} requests, {} completions, {} commands, {} sq doorbell writes, \
-                 {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle)",
+                 {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle); \
+                 {} sync requests, {} flushes sent",
                 self.name.to_string_lossy(),
                 s.submitted,
                 s.completed,
@@ -236,7 +280,9 @@ impl Drop for Job {
                 s.cq_doorbell_writes,
                 s.shadow_doorbell_updates,
                 s.polls,
-                s.idle_polls
+                s.idle_polls,
+                self.sync.requests,
+                self.sync.flushes
             );
         }
         self.iomem_free();

@@ -29,8 +29,17 @@
 #define KFIO_OP_FLUSH 3
 
 /* kfio_job_queue results besides negative errnos. */
-#define KFIO_QUEUED 0
-#define KFIO_BUSY   1
+#define KFIO_QUEUED    0
+#define KFIO_BUSY      1
+#define KFIO_COMPLETED 2 /* done at once, successfully, with no command (a Flush with no
+			  * write since the last one) */
+
+/* kfio_job_caps bits (mirrored as consts in lib.rs). */
+#define KFIO_CAP_TRIM           1 /* Deallocate */
+#define KFIO_CAP_TRIM_ZEROES    2 /* deallocated blocks read back as zeroes */
+#define KFIO_CAP_VOLATILE_CACHE 4 /* a volatile write cache: Flush does something */
+#define KFIO_CAP_READ_ONLY      8 /* writes are refused */
+#define KFIO_CAP_ZONED          16 /* a zoned namespace */
 
 /* kfio_job_open flags (mirrored as consts in lib.rs). */
 #define KFIO_OPEN_NOIOMMU 1 /* a pci: target through VFIO's noiommu mode */
@@ -47,6 +56,10 @@ struct kfio_job *kfio_job_open(const char *target, unsigned int flags, unsigned 
 /* Capacity in bytes and logical block size of the job's target. */
 uint64_t kfio_job_size(const struct kfio_job *job);
 uint32_t kfio_job_block_size(const struct kfio_job *job);
+/* What the target can do: KFIO_CAP_* bits. */
+uint32_t kfio_job_caps(const struct kfio_job *job);
+/* The kestrel_target option's help text (the target grammar), static. */
+const char *kfio_target_help(void);
 /* A short name of the target, for messages; valid while the job lives. */
 const char *kfio_job_name(const struct kfio_job *job);
 /* On the job's thread: creates its queue pair (queue_size ring entries, 0: 2 x iodepth + 1
@@ -58,8 +71,11 @@ int kfio_job_iomem_alloc(struct kfio_job *job, size_t len, void **ptr, char *msg
 			 size_t msglen);
 void kfio_job_iomem_free(struct kfio_job *job);
 /* Queues one request for the I/O unit index (< iodepth); io_u is returned by
- * kfio_job_event. Returns KFIO_QUEUED, KFIO_BUSY (nothing queued: reap and retry) or a
- * negative errno (the request failed at once; msg says why when it is non-empty). */
+ * kfio_job_event. Returns KFIO_QUEUED, KFIO_BUSY (nothing queued: reap and retry),
+ * KFIO_COMPLETED (nothing to send: done) or a negative errno (the request failed at
+ * once; msg says why when it is non-empty). A Flush waits (KFIO_BUSY) for the writes
+ * queued before it to complete, and is sent only when a write was queued since the last
+ * Flush (KFIO_COMPLETED otherwise, once that Flush is done). */
 int kfio_job_queue(struct kfio_job *job, int op, uint64_t offset, uint64_t len, void *buf,
 		   uint32_t index, void *io_u, char *msg, size_t msglen);
 /* Makes the queued requests visible to the device: one doorbell write. */

@@ -20,13 +20,11 @@
 #include "fio.h"
 #include "optgroup.h"
 
-#include "kfio.h"
+#include "shim.h"
 
 #ifndef KFIO_BUILT_FOR
 #error "KFIO_BUILT_FOR (the fio version of the source tree) is set by build.rs"
 #endif
-
-#define KFIO_MSG_LEN 1024
 
 /* Defined in fio (init.c), exported by its -rdynamic link. */
 extern const char fio_version_string[];
@@ -44,10 +42,8 @@ static struct fio_option options[] = {
 		.lname = "Kestrel target",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct kfio_options, target),
-		.help = "Kestrel target: emu[:size=SIZE,lba=512|4096,latency=DURATION,"
-			"store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], "
-			"file:PATH[,size=SIZE][,direct=on|off], or pci:DDDD:BB:DD.F "
-			"(default: the job's filename, with ':' escaped as '\\:')",
+		/* Set from the library's target grammar by kfio_shim_ops(). */
+		.help = "Kestrel target",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -82,13 +78,7 @@ static struct fio_option options[] = {
 
 static struct ioengine_ops ioengine;
 
-static struct kfio_job *td_job(struct thread_data *td)
-{
-	return td->io_ops_data;
-}
-
-/* Fails the job: the message now, and fio's error (with the option named) for its report. */
-static int kfio_fail(struct thread_data *td, int err, const char *option, const char *msg)
+int kfio_fail(struct thread_data *td, int err, const char *option, const char *msg)
 {
 	log_err("kestrel: %s\n", msg);
 	td_vmsg(td, err, msg, option);
@@ -218,7 +208,7 @@ static int kfio_attach(struct thread_data *td)
 	f->filetype = FIO_TYPE_BLOCK;
 	fio_file_set_size_known(f);
 	FILE_SET_ENG_DATA(f, job);
-	return 0;
+	return kfio_check_target(td, f, job);
 }
 
 /* On fio's main thread before any job starts (create_serialize=1, fio's default), or at
@@ -232,26 +222,11 @@ static int kfio_setup(struct thread_data *td)
 	return kfio_attach(td);
 }
 
-static int kfio_check_bs(struct thread_data *td, enum fio_ddir d, const char *what,
-			 uint32_t block)
-{
-	char full[KFIO_MSG_LEN];
-
-	if (!(td->o.min_bs[d] % block) && !(td->o.max_bs[d] % block))
-		return 0;
-	snprintf(full, sizeof(full),
-		 "%s sizes %llu..%llu (bs=, bsrange= or bssplit=) are not whole %u-byte blocks of "
-		 "the target",
-		 what, td->o.min_bs[d], td->o.max_bs[d], block);
-	return kfio_fail(td, EINVAL, "bs", full);
-}
-
 static int kfio_init(struct thread_data *td)
 {
 	struct kfio_options *o = td->eo;
 	char msg[KFIO_MSG_LEN];
 	struct kfio_job *job;
-	uint32_t block;
 
 	/* Only when every job of the run has create_serialize=0 does fio start one without
 	 * setting it up first, and then it may fork it. */
@@ -266,11 +241,6 @@ static int kfio_init(struct thread_data *td)
 	if (!td_job(td) && (kfio_check_job(td) || kfio_attach(td)))
 		return 1;
 	job = td_job(td);
-	block = kfio_job_block_size(job);
-	if ((td_read(td) && kfio_check_bs(td, DDIR_READ, "read", block)) ||
-	    (td_write(td) && kfio_check_bs(td, DDIR_WRITE, "write", block)) ||
-	    (td_trim(td) && kfio_check_bs(td, DDIR_TRIM, "trim", block)))
-		return 1;
 	msg[0] = 0;
 	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0, msg, sizeof(msg)))
 		return kfio_fail(td, EINVAL, "iodepth", msg);
@@ -311,6 +281,10 @@ static enum fio_q_status kfio_queue(struct thread_data *td, struct io_u *io_u)
 		return FIO_Q_QUEUED;
 	if (ret == KFIO_BUSY)
 		return FIO_Q_BUSY;
+	if (ret == KFIO_COMPLETED) {
+		io_u->error = 0;
+		return FIO_Q_COMPLETED;
+	}
 	if (msg[0])
 		log_err("kestrel: %s\n", msg);
 	io_u->error = -ret;
@@ -444,5 +418,6 @@ static struct ioengine_ops ioengine = {
 struct ioengine_ops *kfio_shim_ops(void);
 struct ioengine_ops *kfio_shim_ops(void)
 {
+	options[0].help = kfio_target_help();
 	return &ioengine;
 }
