@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// The C half: compiled against the fio source's headers.
-const SHIM_SOURCES: &[&str] = &["src/shim.c", "src/checks.c"];
+const SHIM_SOURCES: &[&str] = &["src/shim.c", "src/checks.c", "src/zbd.c"];
 
 fn main() {
     for f in SHIM_SOURCES
@@ -172,6 +172,16 @@ fn check_source(src: &Path, installed: &Option<(PathBuf, String)>) -> Result<Str
 /// Compiles `src/shim.c` with the headers and configuration of the fio tree `src`.
 fn compile_shim(src: &Path, src_ver: &str) -> Result<(), String> {
     let mut b = cc::Build::new();
+    // Zone operations that newer fio headers add to struct ioengine_ops.
+    let ops = fs::read_to_string(src.join("ioengines.h")).unwrap_or_default();
+    for (member, define) in [
+        ("(*finish_zone)", "KFIO_HAVE_FINISH_ZONE"),
+        ("(*get_max_active_zones)", "KFIO_HAVE_MAX_ACTIVE_ZONES"),
+    ] {
+        if ops.contains(member) {
+            b.define(define, None);
+        }
+    }
     b.files(SHIM_SOURCES)
         .include("src")
         .include(src)

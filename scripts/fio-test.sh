@@ -10,6 +10,8 @@
 #     when they start (create_serialize=0): the emulator outlives a job of the run;
 #   - examples/fio/emu.fio: randwrite, randread, randrw with verify=crc32c on the emulator
 #     (numjobs=2, thread=1);
+#   - examples/fio/zbd.fio: zonemode=zbd random writes with verify, then a verified
+#     sequential read, on the emulator's zoned namespace (fio's zone operations);
 #   - examples/fio/file.fio: the file target with verify=crc32c;
 #   - examples/fio/emu-faults.fio and a stop-at-first-error job: emulator faults reported
 #     by fio (error counts, the NVMe status), not a hang;
@@ -199,6 +201,13 @@ expect emu 'randrw: (groupid=2, jobs=2)'
 log "phases: fill, then stonewalled verify jobs set up when they start, on one emulator"
 run phases 0 "$(job phases.fio)"
 groups_ok phases 3
+
+log "zonemode=zbd: random writes with verify, then a verified read, on a zoned namespace"
+run zbd 0 "$(job zbd.fio)"
+groups_ok zbd 2
+run zoned-nozbd 1 --name=t --ioengine="external:$SO" --rw=randwrite --size=4M \
+    --kestrel_target=emu:ns=64M+4096+zoned+zone4M
+expect zoned-nozbd 'func=zonemode'
 
 log "file target with verify=crc32c"
 sed -i "s|/tmp/kestrel-fio.img|$TMP/kestrel-fio.img|" "$(job file.fio)"

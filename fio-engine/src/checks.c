@@ -17,6 +17,10 @@
  *                      (its default) blocks that read back as zeroes
  *   sync=1, atomic=1   O_SYNC/O_ATOMIC writes are not offered (a target with a volatile
  *                      write cache would otherwise be tested without them)
+ *   zonemode=          writes to a zoned namespace need zonemode=zbd (fio then keeps
+ *                      them at the write pointers), and a write there must fit in one
+ *                      command (it is not split: the pieces could reach the write
+ *                      pointer out of order), so bs= is bounded by the transfer limit
  */
 #include <errno.h>
 #include <stdio.h>
@@ -163,8 +167,36 @@ static int kfio_check_caps(struct thread_data *td, struct kfio_job *job)
 	return 0;
 }
 
+static int kfio_check_zoned(struct thread_data *td, struct kfio_job *job)
+{
+	uint64_t max = kfio_job_max_transfer(job);
+	const char *name = kfio_job_name(job);
+	char full[KFIO_MSG_LEN];
+
+	if (!(kfio_job_caps(job) & KFIO_CAP_ZONED) || !td_write(td))
+		return 0;
+	if (td->o.zone_mode != ZONE_MODE_ZBD) {
+		snprintf(full, sizeof(full),
+			 "%s is a zoned namespace, where writes must go to a zone's write "
+			 "pointer: add zonemode=zbd (and direct=1), and fio places them",
+			 name);
+		return kfio_fail(td, EINVAL, "zonemode", full);
+	}
+	if (max && td->o.max_bs[DDIR_WRITE] > max) {
+		snprintf(full, sizeof(full),
+			 "writes of up to %llu bytes (bs=) on the zoned namespace %s, which "
+			 "carries at most %llu bytes per command and does not split writes (the "
+			 "pieces could reach the write pointer out of order): use bs=%llu or less",
+			 td->o.max_bs[DDIR_WRITE], name, (unsigned long long)max,
+			 (unsigned long long)max);
+		return kfio_fail(td, EINVAL, "bs", full);
+	}
+	return 0;
+}
+
 int kfio_check_target(struct thread_data *td, struct fio_file *f, struct kfio_job *job)
 {
 	return kfio_check_memory(td) || kfio_check_blocks(td, kfio_job_block_size(job)) ||
-	       kfio_check_region(td, f, job) || kfio_check_caps(td, job);
+	       kfio_check_region(td, f, job) || kfio_check_caps(td, job) ||
+	       kfio_check_zoned(td, job);
 }

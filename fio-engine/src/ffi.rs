@@ -15,7 +15,10 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Once, OnceLock};
 
-use crate::job::Job;
+use kestrel::io::ZoneAction;
+
+use crate::job::{Job, KfioZone};
+use crate::{ZONE_FINISH, ZONE_RESET};
 
 /// Copies `s` into the C buffer `msg` of `len` bytes, truncated and NUL-terminated.
 ///
@@ -170,6 +173,17 @@ pub unsafe extern "C" fn kfio_job_block_size(job: *const Job) -> u32 {
     // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
     // during this call (# Safety above); the shared reference ends with the call.
     unsafe { job.as_ref() }.map_or(0, |j| j.block_size as u32)
+}
+
+/// The largest transfer one command of the job's target carries, in bytes.
+///
+/// # Safety
+/// As [`kfio_job_size`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_max_transfer(job: *const Job) -> u64 {
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, |j| j.target.info().max_transfer_bytes)
 }
 
 /// What the job's target can do: `KFIO_CAP_*` bits.
@@ -416,6 +430,98 @@ pub unsafe extern "C" fn kfio_job_errdetails(job: *mut Job, index: u32) -> *mut 
         write_msg(p, s.len() + 1, &s);
         p
     }
+}
+
+/// Reports up to `nr` zones from the one holding byte `offset`; see `kfio.h`.
+///
+/// # Safety
+/// As [`kfio_job_start`] for `job` and `msg`; `zones` is valid for writes of `nr`
+/// `struct kfio_zone` for the call, overlapping nothing else.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_report_zones(
+    job: *mut Job,
+    offset: u64,
+    zones: *mut KfioZone,
+    nr: u32,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    if zones.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `zones` is non-null (checked above), aligned and writable for `nr` zones,
+    // overlapping nothing else, for this call (# Safety above); KfioZone is plain
+    // integers, so any bytes there are a valid value.
+    let out = unsafe { std::slice::from_raw_parts_mut(zones, nr as usize) };
+    let r = guard(
+        "kfio_job_report_zones",
+        || Err((libc::EIO, "panic".into())),
+        || j.report_zones(offset, out),
+    );
+    match r {
+        Ok(n) => n as c_int,
+        Err((e, m)) => {
+            // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and `m`
+            // is a String of ours: `write_msg`'s contract.
+            unsafe { write_msg(msg, msglen, &m) };
+            -e
+        }
+    }
+}
+
+/// Resets or finishes the zones of `len` bytes from byte `offset`; see `kfio.h`.
+///
+/// # Safety
+/// As [`kfio_job_start`] for `job` and `msg`.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_zone_action(
+    job: *mut Job,
+    action: c_int,
+    offset: u64,
+    len: u64,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    let action = match action {
+        ZONE_RESET => ZoneAction::Reset,
+        ZONE_FINISH => ZoneAction::Finish,
+        _ => return -libc::EINVAL,
+    };
+    let r = guard(
+        "kfio_job_zone_action",
+        || Err((libc::EIO, "panic".into())),
+        || j.zone_action(action, offset, len),
+    );
+    match r {
+        Ok(()) => 0,
+        Err((e, m)) => {
+            // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and `m`
+            // is a String of ours: `write_msg`'s contract.
+            unsafe { write_msg(msg, msglen, &m) };
+            -e
+        }
+    }
+}
+
+/// The namespace's open (`active` 0) or active zone limit, 0 for none.
+///
+/// # Safety
+/// As [`kfio_job_size`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_zone_limit(job: *const Job, active: c_int) -> u32 {
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, |j| j.zone_limit(active != 0))
 }
 
 /// Closes the job.

@@ -24,6 +24,9 @@ use crate::{
 };
 
 mod io;
+mod zones;
+
+pub use zones::KfioZone;
 
 /// One fio job thread's state.
 pub struct Job {
@@ -52,6 +55,8 @@ pub struct Job {
     pub(crate) sync: SyncState,
     /// Completions reaped by the last getevents: (index, errno).
     events: Vec<(u32, i32)>,
+    /// The queue pair of fio's zone operations, made at the first one.
+    zones: Option<zones::ZoneQueue>,
     /// Messages already printed (one per kind per job, not one per I/O).
     warned: u32,
 }
@@ -128,6 +133,7 @@ impl Job {
             ops: Box::new([]),
             sync: SyncState::default(),
             events: Vec::new(),
+            zones: None,
             warned: 0,
         })
     }
@@ -292,8 +298,9 @@ impl Drop for Job {
                 self.name.to_string_lossy()
             );
         }
-        // The queue pair goes before the target it was made on.
+        // The queue pairs go before the target they were made on.
         self.queue = None;
+        self.zones = None;
         release(&self.key);
     }
 }

@@ -46,6 +46,21 @@
 
 struct kfio_job;
 
+/* One zone, as fio's struct zbd_zone has it (bytes; cond and type are fio's enum values,
+ * which are NVMe's zone state and type codes). */
+struct kfio_zone {
+	uint64_t start;
+	uint64_t wp;
+	uint64_t len;
+	uint64_t capacity;
+	uint32_t cond;
+	uint32_t type;
+};
+
+/* kfio_job_zone_action actions. */
+#define KFIO_ZONE_RESET  0
+#define KFIO_ZONE_FINISH 1
+
 /* Opens (or joins, when another job of this process already opened the same string with
  * the same flags) the target and returns the job, or NULL with msg set and *err a
  * positive errno. run_jobs: how many jobs of the fio run name this target, this one
@@ -56,6 +71,9 @@ struct kfio_job *kfio_job_open(const char *target, unsigned int flags, unsigned 
 /* Capacity in bytes and logical block size of the job's target. */
 uint64_t kfio_job_size(const struct kfio_job *job);
 uint32_t kfio_job_block_size(const struct kfio_job *job);
+/* The largest transfer one command carries, bytes (larger reads and writes are split,
+ * except writes on a zoned namespace, which must reach the write pointer whole). */
+uint64_t kfio_job_max_transfer(const struct kfio_job *job);
 /* What the target can do: KFIO_CAP_* bits. */
 uint32_t kfio_job_caps(const struct kfio_job *job);
 /* The kestrel_target option's help text (the target grammar), static. */
@@ -87,6 +105,16 @@ int kfio_job_getevents(struct kfio_job *job, uint32_t min, uint32_t max, int64_t
 void *kfio_job_event(struct kfio_job *job, uint32_t i, int *err);
 /* What failed for I/O unit index, malloc()ed (the caller frees it), or NULL. */
 char *kfio_job_errdetails(struct kfio_job *job, uint32_t index);
+/* Zoned namespaces (fio's zonemode=zbd); callable before kfio_job_start, on fio's main
+ * thread or the job's, waiting for the device. Report: up to nr zones from the one
+ * holding byte offset into zones; how many, or a negative errno. Action: reset or finish
+ * every zone of len bytes from byte offset (whole zones); 0 or a negative errno. Limit:
+ * the namespace's open (active = 0) or active zone limit, 0 for none. */
+int kfio_job_report_zones(struct kfio_job *job, uint64_t offset, struct kfio_zone *zones,
+			  uint32_t nr, char *msg, size_t msglen);
+int kfio_job_zone_action(struct kfio_job *job, int action, uint64_t offset, uint64_t len,
+			 char *msg, size_t msglen);
+uint32_t kfio_job_zone_limit(const struct kfio_job *job, int active);
 /* Drains outstanding I/O, frees everything, and leaves the target (closed with the last
  * job of the run that names it). */
 void kfio_job_close(struct kfio_job *job);

@@ -27,7 +27,7 @@ mod ffi;
 mod job;
 mod shared;
 
-pub use job::Job;
+pub use job::{Job, KfioZone};
 
 /// `KFIO_OP_READ` of `kfio.h`.
 pub const OP_READ: c_int = 0;
@@ -53,6 +53,10 @@ pub const CAP_VOLATILE_CACHE: u32 = 1 << 2;
 pub const CAP_READ_ONLY: u32 = 1 << 3;
 /// `KFIO_CAP_ZONED`: a zoned namespace.
 pub const CAP_ZONED: u32 = 1 << 4;
+/// `KFIO_ZONE_RESET`: Zone Management Send, Reset.
+pub const ZONE_RESET: c_int = 0;
+/// `KFIO_ZONE_FINISH`: Zone Management Send, Finish.
+pub const ZONE_FINISH: c_int = 1;
 /// `KFIO_OPEN_NOIOMMU`: open a `pci:` target in VFIO's noiommu mode.
 pub const OPEN_NOIOMMU: u32 = 1 << 0;
 

@@ -19,6 +19,7 @@
 
 #include "fio.h"
 #include "optgroup.h"
+#include "smalloc.h"
 
 #include "shim.h"
 
@@ -164,9 +165,6 @@ static int kfio_check_job(struct thread_data *td)
 			 KFIO_BUILT_FOR, fio_version_string);
 		return kfio_fail(td, EINVAL, "ioengine", full);
 	}
-	if (td->o.zone_mode == ZONE_MODE_ZBD)
-		return kfio_fail(td, EINVAL, "zonemode",
-				 "zonemode=zbd is not supported by the Kestrel engine");
 	if (td->files_index != 1) {
 		snprintf(full, sizeof(full),
 			 "a job drives one target, but this one has %u files (nrfiles= or a "
@@ -211,6 +209,33 @@ static int kfio_attach(struct thread_data *td)
 	return kfio_check_target(td, f, job);
 }
 
+/*
+ * A job that names its target with kestrel_target= and gives no filename= has a file
+ * name of fio's making (jobname.N.M), one per job. fio shares per-file state between
+ * jobs by file name, and zonemode=zbd needs that (one table of zone write pointers and
+ * locks per device), so the file takes the target's name: jobs on one target are jobs
+ * on one device, as with filename=/dev/X. Before fio's zbd set-up, which comes after the
+ * engine's setup in setup_files().
+ */
+static void kfio_name_file(struct thread_data *td, struct fio_file *f)
+{
+	struct kfio_options *o = td->eo;
+	char *name;
+
+	if (td->o.filename || !o || !o->target || !o->target[0] ||
+	    !strcmp(f->file_name, o->target))
+		return;
+	name = td_ioengine_flagged(td, FIO_NOFILEHASH) ? strdup(o->target)
+						       : smalloc_strdup(o->target);
+	if (!name)
+		return;
+	if (td_ioengine_flagged(td, FIO_NOFILEHASH))
+		free(f->file_name);
+	else
+		sfree(f->file_name);
+	f->file_name = name;
+}
+
 /* On fio's main thread before any job starts (create_serialize=1, fio's default), or at
  * the job's start (create_serialize=0, from kfio_init). */
 static int kfio_setup(struct thread_data *td)
@@ -219,6 +244,7 @@ static int kfio_setup(struct thread_data *td)
 		return 1;
 	if (kfio_not_started(td))
 		kfio_make_threads();
+	kfio_name_file(td, td->files[0]);
 	return kfio_attach(td);
 }
 
@@ -238,8 +264,13 @@ static int kfio_init(struct thread_data *td)
 				 "jobs threads when fio sets them up first, which create_serialize=0 "
 				 "on every job skips)");
 	/* With create_serialize=0 fio sets files up after init, in the job's thread. */
-	if (!td_job(td) && (kfio_check_job(td) || kfio_attach(td)))
-		return 1;
+	if (!td_job(td)) {
+		if (kfio_check_job(td))
+			return 1;
+		kfio_name_file(td, td->files[0]);
+		if (kfio_attach(td))
+			return 1;
+	}
 	job = td_job(td);
 	msg[0] = 0;
 	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0, msg, sizeof(msg)))
@@ -410,6 +441,16 @@ static struct ioengine_ops ioengine = {
 	.get_file_size = kfio_get_file_size,
 	.iomem_alloc = kfio_iomem_alloc,
 	.iomem_free = kfio_iomem_free,
+	.get_zoned_model = kfio_get_zoned_model,
+	.report_zones = kfio_report_zones,
+	.reset_wp = kfio_reset_wp,
+	.get_max_open_zones = kfio_get_max_open_zones,
+#ifdef KFIO_HAVE_FINISH_ZONE
+	.finish_zone = kfio_finish_zone,
+#endif
+#ifdef KFIO_HAVE_MAX_ACTIVE_ZONES
+	.get_max_active_zones = kfio_get_max_active_zones,
+#endif
 	.option_struct_size = sizeof(struct kfio_options),
 	.options = options,
 };

@@ -26,4 +26,18 @@ int kfio_fail(struct thread_data *td, int err, const char *option, const char *m
  * asked (checks.c). f is the job's file, its size already the target's. */
 int kfio_check_target(struct thread_data *td, struct fio_file *f, struct kfio_job *job);
 
+/* fio's zone operations (zbd.c). */
+int kfio_get_zoned_model(struct thread_data *td, struct fio_file *f,
+			 enum zbd_zoned_model *model);
+int kfio_report_zones(struct thread_data *td, struct fio_file *f, uint64_t offset,
+		      struct zbd_zone *zones, unsigned int nr_zones);
+int kfio_reset_wp(struct thread_data *td, struct fio_file *f, uint64_t offset,
+		  uint64_t length);
+int kfio_finish_zone(struct thread_data *td, struct fio_file *f, uint64_t offset,
+		     uint64_t length);
+int kfio_get_max_open_zones(struct thread_data *td, struct fio_file *f,
+			    unsigned int *max_open_zones);
+int kfio_get_max_active_zones(struct thread_data *td, struct fio_file *f,
+			      unsigned int *max_active_zones);
+
 #endif

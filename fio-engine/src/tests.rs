@@ -17,6 +17,7 @@ use counting_alloc::{unwatch_this_thread, Counter};
 
 mod run;
 mod sync;
+mod zones;
 
 const MSG: usize = 512;
 
