@@ -17,7 +17,7 @@ use std::sync::{Once, OnceLock};
 
 use kestrel::io::ZoneAction;
 
-use crate::job::{Job, KfioZone};
+use crate::job::{Idle, Job, KfioZone};
 use crate::{ZONE_FINISH, ZONE_RESET};
 
 /// Copies `s` into the C buffer `msg` of `len` bytes, truncated and NUL-terminated.
@@ -233,6 +233,8 @@ pub unsafe extern "C" fn kfio_job_start(
     job: *mut Job,
     iodepth: u32,
     queue_size: u32,
+    idle: c_int,
+    spin_ns: u64,
     msg: *mut c_char,
     msglen: usize,
 ) -> c_int {
@@ -244,7 +246,7 @@ pub unsafe extern "C" fn kfio_job_start(
     let r = guard(
         "kfio_job_start",
         || Err("panic".into()),
-        || j.start(iodepth, queue_size),
+        || j.start(iodepth, queue_size, Idle::from_c(idle, spin_ns)?),
     );
     match r {
         Ok(()) => 0,

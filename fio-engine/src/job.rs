@@ -14,8 +14,9 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kestrel::file::FileTarget;
 use kestrel::io::IoError;
-use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
+use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target};
 
 use crate::shared::{acquire, release};
 use crate::{
@@ -23,8 +24,12 @@ use crate::{
     MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU,
 };
 
+mod idle;
 mod io;
 mod zones;
+
+pub(crate) use idle::Idle;
+use idle::Queue;
 
 pub use zones::KfioZone;
 
@@ -38,7 +43,10 @@ pub struct Job {
     pub(crate) num_blocks: u64,
     deallocate: bool,
     caps: u32,
-    pub(crate) queue: Option<Box<dyn TargetQueue>>,
+    pub(crate) queue: Option<Queue>,
+    /// The file target behind `target`, if it is one: its queue pairs can sleep in the
+    /// kernel ([`Queue::File`]).
+    file: Option<Arc<FileTarget>>,
     /// fio's I/O memory, lent to `queue`: what the I/O units' slices are cut from.
     mem: Option<DmaSlice>,
     /// fio's I/O memory while there is no queue to lend it to yet (an `iomem_alloc`
@@ -55,6 +63,9 @@ pub struct Job {
     pub(crate) sync: SyncState,
     /// Completions reaped by the last getevents: (index, errno).
     events: Vec<(u32, i32)>,
+    /// What getevents does while it waits (`kestrel_idle=`), and how often it slept.
+    idle: Idle,
+    pub(crate) sleeps: u64,
     /// The queue pair of fio's zone operations, made at the first one.
     zones: Option<zones::ZoneQueue>,
     /// Messages already printed (one per kind per job, not one per I/O).
@@ -101,7 +112,7 @@ impl Job {
         if flags & !OPEN_NOIOMMU != 0 {
             return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));
         }
-        let target = acquire(spec, flags & OPEN_NOIOMMU != 0, run_jobs)?;
+        let (target, file) = acquire(spec, flags & OPEN_NOIOMMU != 0, run_jobs)?;
         let info = target.info().clone();
         let caps = [
             (info.deallocate, CAP_TRIM),
@@ -126,6 +137,7 @@ impl Job {
             deallocate: info.deallocate,
             target,
             queue: None,
+            file,
             mem: None,
             unlent: None,
             io_us: Box::new([]),
@@ -134,11 +146,20 @@ impl Job {
             sync: SyncState::default(),
             events: Vec::new(),
             zones: None,
+            idle: Idle::Busy,
+            sleeps: 0,
             warned: 0,
         })
     }
 
-    pub(crate) fn start(&mut self, iodepth: u32, queue_size: u32) -> Result<(), String> {
+    /// Makes the job's queue pair (`queue_size` entries, 0: automatic) for `iodepth` I/O
+    /// units, with interrupts when the idle policy sleeps on them.
+    pub(crate) fn start(
+        &mut self,
+        iodepth: u32,
+        queue_size: u32,
+        idle: Idle,
+    ) -> Result<(), String> {
         if self.queue.is_some() {
             // A second queue pair would drop the first, and the I/O memory lent to it.
             return Err("the job's queue pair is already made (init ran twice)".into());
@@ -158,9 +179,22 @@ impl Job {
         };
         let opts = QueueOptions {
             depth,
+            interrupts: idle.sleeps(),
             ..QueueOptions::default()
         };
-        let q = self.target.create_queue(&opts).map_err(|e| {
+        self.idle = idle;
+        let made = match &self.file {
+            Some(f) => f
+                .create_file_queue(&opts)
+                .map(|q| Queue::File(Box::new(q)))
+                .map_err(|e| e.to_string()),
+            None => self
+                .target
+                .create_queue(&opts)
+                .map(Queue::Any)
+                .map_err(|e| e.to_string()),
+        };
+        let q = made.map_err(|e| {
             format!(
                 "creating a queue pair of {depth} entries on {}: {e}",
                 self.name.to_string_lossy()
@@ -277,7 +311,7 @@ impl Drop for Job {
             tracing::info!(
                 "{}: queue pair: {} requests, {} completions, {} commands, {} sq doorbell writes, \
                  {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle); \
-                 {} sync requests, {} flushes sent",
+                 {} sync requests, {} flushes sent, {} sleeps ({:?})",
                 self.name.to_string_lossy(),
                 s.submitted,
                 s.completed,
@@ -288,7 +322,9 @@ impl Drop for Job {
                 s.polls,
                 s.idle_polls,
                 self.sync.requests,
-                self.sync.flushes
+                self.sync.flushes,
+                self.sleeps,
+                self.idle
             );
         }
         self.iomem_free();

@@ -80,10 +80,16 @@ uint32_t kfio_job_caps(const struct kfio_job *job);
 const char *kfio_target_help(void);
 /* A short name of the target, for messages; valid while the job lives. */
 const char *kfio_job_name(const struct kfio_job *job);
+/* What kfio_job_getevents does while it waits (kestrel_idle=). */
+#define KFIO_IDLE_BUSY      0 /* poll without pause */
+#define KFIO_IDLE_HYBRID    1 /* poll for spin_ns after the last completion, then sleep */
+#define KFIO_IDLE_INTERRUPT 2 /* sleep on the queue's interrupt when a poll finds nothing */
+
 /* On the job's thread: creates its queue pair (queue_size ring entries, 0: 2 x iodepth + 1
- * and at least 64) and the tables for iodepth I/O units. */
-int kfio_job_start(struct kfio_job *job, uint32_t iodepth, uint32_t queue_size, char *msg,
-		   size_t msglen);
+ * and at least 64; with interrupts unless idle is KFIO_IDLE_BUSY) and the tables for
+ * iodepth I/O units. */
+int kfio_job_start(struct kfio_job *job, uint32_t iodepth, uint32_t queue_size, int idle,
+		   uint64_t spin_ns, char *msg, size_t msglen);
 /* I/O memory from the target's DMA pool: len bytes at *ptr. */
 int kfio_job_iomem_alloc(struct kfio_job *job, size_t len, void **ptr, char *msg,
 			 size_t msglen);
@@ -99,7 +105,8 @@ int kfio_job_queue(struct kfio_job *job, int op, uint64_t offset, uint64_t len, 
 /* Makes the queued requests visible to the device: one doorbell write. */
 void kfio_job_commit(struct kfio_job *job);
 /* Polls until at least min completions (at most max) are reaped, or timeout_ns passes
- * (negative: no limit) or nothing is outstanding. Returns how many. */
+ * (negative: no limit) or nothing is outstanding, idling as kfio_job_start's idle says.
+ * Returns how many. */
 int kfio_job_getevents(struct kfio_job *job, uint32_t min, uint32_t max, int64_t timeout_ns);
 /* The i-th reaped completion: its io_u, and *err = 0 or a positive errno. */
 void *kfio_job_event(struct kfio_job *job, uint32_t i, int *err);

@@ -53,6 +53,13 @@ pub const CAP_VOLATILE_CACHE: u32 = 1 << 2;
 pub const CAP_READ_ONLY: u32 = 1 << 3;
 /// `KFIO_CAP_ZONED`: a zoned namespace.
 pub const CAP_ZONED: u32 = 1 << 4;
+/// `KFIO_IDLE_BUSY`: poll without pause while fio waits.
+pub const IDLE_BUSY: c_int = 0;
+/// `KFIO_IDLE_HYBRID`: poll for a spin after the last completion, then sleep on the
+/// queue's interrupt.
+pub const IDLE_HYBRID: c_int = 1;
+/// `KFIO_IDLE_INTERRUPT`: sleep on the queue's interrupt as soon as a poll finds nothing.
+pub const IDLE_INTERRUPT: c_int = 2;
 /// `KFIO_ZONE_RESET`: Zone Management Send, Reset.
 pub const ZONE_RESET: c_int = 0;
 /// `KFIO_ZONE_FINISH`: Zone Management Send, Finish.

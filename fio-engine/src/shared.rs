@@ -13,6 +13,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use kestrel::file::FileTarget;
+use kestrel::target_spec::Opened;
 use kestrel::Target;
 
 /// One opened target, shared by the jobs of this process that named the same string.
@@ -20,6 +22,8 @@ struct Shared {
     key: String,
     noiommu: bool,
     target: Arc<dyn Target>,
+    /// The same target when it is a file (its queues can sleep in `io_uring_enter`).
+    file: Option<Arc<FileTarget>>,
     /// Jobs holding it now.
     users: usize,
     /// Jobs of the run that will use it and have not ended yet (at least `users`).
@@ -37,15 +41,18 @@ fn targets() -> std::sync::MutexGuard<'static, Vec<Shared>> {
     TARGETS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A target, and the same as a file target when it is one.
+pub(crate) type Acquired = (Arc<dyn Target>, Option<Arc<FileTarget>>);
+
 /// Opens `spec` (a `pci:` controller in VFIO's noiommu mode if `noiommu`), or joins the
 /// target another job opened with the same string. `run_jobs`: how many jobs of the run
 /// name this target, this one included (0: not known, as 1), which only the job that
-/// opens it uses.
+/// opens it uses. Returns the target, and the same as a file target if it is one.
 pub(crate) fn acquire(
     spec: &str,
     noiommu: bool,
     run_jobs: usize,
-) -> Result<Arc<dyn Target>, (i32, String)> {
+) -> Result<Acquired, (i32, String)> {
     let mut list = targets();
     forget_inherited(&mut list);
     if let Some(s) = list.iter_mut().find(|s| s.key == spec) {
@@ -61,26 +68,33 @@ pub(crate) fn acquire(
         }
         s.users += 1;
         s.remaining = s.remaining.max(s.users);
-        return Ok(Arc::clone(&s.target));
+        return Ok((Arc::clone(&s.target), s.file.clone()));
     }
     let parsed = kestrel::target_spec::parse(spec).map_err(|e| (e.errno(), e.to_string()))?;
     let opts = kestrel::target_spec::OpenOptions {
         noiommu,
         ..Default::default()
     };
-    let target = kestrel::target_spec::open_with(&parsed, &opts)
-        .and_then(|o| o.first_target())
+    let opened =
+        kestrel::target_spec::open_with(&parsed, &opts).map_err(|e| (e.errno(), e.to_string()))?;
+    let target = opened
+        .first_target()
         .map_err(|e| (e.errno(), e.to_string()))?;
+    let file = match &opened {
+        Opened::File(f) => Some(Arc::clone(f)),
+        Opened::Nvme { .. } => None,
+    };
     check_addressable(&*target)?;
     list.push(Shared {
         key: spec.to_string(),
         noiommu,
         target: Arc::clone(&target),
+        file: file.clone(),
         users: 1,
         remaining: run_jobs.max(1),
         pid: std::process::id(),
     });
-    Ok(target)
+    Ok((target, file))
 }
 
 /// Refuses a target the engine cannot drive: a format whose metadata every I/O must

@@ -35,6 +35,8 @@ struct kfio_options {
 	char *target;
 	unsigned int queue_size;
 	unsigned int noiommu;
+	unsigned int idle;
+	unsigned int spin_us;
 };
 
 static struct fio_option options[] = {
@@ -69,6 +71,38 @@ static struct fio_option options[] = {
 		.def = "0",
 		.help = "Open a pci: target in VFIO's unsafe noiommu mode (the device must be "
 			"in a noiommu group; DMA is then unconfined)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "kestrel_idle",
+		.lname = "Kestrel idle policy",
+		.type = FIO_OPT_STR,
+		.off1 = offsetof(struct kfio_options, idle),
+		.def = "hybrid",
+		.help = "What a job does while fio waits for completions and none has come",
+		.posval = {
+			{ .ival = "busy", .oval = KFIO_IDLE_BUSY,
+			  .help = "poll without pause (lowest latency; a core at 100%)" },
+			{ .ival = "hybrid", .oval = KFIO_IDLE_HYBRID,
+			  .help = "poll for kestrel_spin_us after the last completion, then sleep "
+				  "on the queue's interrupt" },
+			{ .ival = "interrupt", .oval = KFIO_IDLE_INTERRUPT,
+			  .help = "sleep on the queue's interrupt as soon as a poll finds nothing" },
+		},
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "kestrel_spin_us",
+		.lname = "Kestrel hybrid spin",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct kfio_options, spin_us),
+		.minval = 0,
+		.maxval = 1000000,
+		.def = "20",
+		.help = "kestrel_idle=hybrid: microseconds of polling after the last completion "
+			"before sleeping",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -273,7 +307,9 @@ static int kfio_init(struct thread_data *td)
 	}
 	job = td_job(td);
 	msg[0] = 0;
-	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0, msg, sizeof(msg)))
+	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0,
+			   o ? (int)o->idle : KFIO_IDLE_HYBRID, (o ? o->spin_us : 20) * 1000ULL, msg,
+			   sizeof(msg)))
 		return kfio_fail(td, EINVAL, "iodepth", msg);
 	return 0;
 }

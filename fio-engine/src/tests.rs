@@ -15,6 +15,7 @@ mod counting_alloc;
 
 use counting_alloc::{unwatch_this_thread, Counter};
 
+mod idle;
 mod run;
 mod sync;
 mod zones;
@@ -71,9 +72,22 @@ impl H {
             .into_owned()
     }
     fn start(&mut self, iodepth: u32, queue_size: u32) -> c_int {
+        self.start_idle(iodepth, queue_size, IDLE_BUSY, 0)
+    }
+    fn start_idle(&mut self, iodepth: u32, queue_size: u32, idle: c_int, spin_ns: u64) -> c_int {
         self.msg[0] = 0;
         // SAFETY: a live job; msg is writable.
-        unsafe { kfio_job_start(self.job, iodepth, queue_size, self.msg.as_mut_ptr(), MSG) }
+        unsafe {
+            kfio_job_start(
+                self.job,
+                iodepth,
+                queue_size,
+                idle,
+                spin_ns,
+                self.msg.as_mut_ptr(),
+                MSG,
+            )
+        }
     }
     fn iomem(&mut self, len: usize) -> c_int {
         let mut p: *mut c_void = std::ptr::null_mut();

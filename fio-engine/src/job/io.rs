@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use kestrel::io::{IoOp, IoRequest, SubmitError};
 use kestrel::DmaSlice;
 
+use super::idle::Waiting;
 use super::{Failure, Job, WARN_ALIGN, WARN_BUF, WARN_INVALID, WARN_OP, WARN_RANGE, WARN_TRIM};
 use crate::{BUSY, COMPLETED, OP_FLUSH, OP_READ, OP_TRIM, OP_WRITE, QUEUED};
 
@@ -270,10 +271,12 @@ impl Job {
             &self.ops,
             &mut self.sync,
         );
+        let mut waiting = Waiting::new(self.idle);
         loop {
             let want = max - events.len() as u32;
+            let mut got = 0;
             if want > 0 {
-                q.poll(want, &mut |c| {
+                got = q.poll(want, &mut |c| {
                     let index = c.token as u32;
                     match ops.get(index as usize).map(|&o| o as c_int) {
                         Some(OP_WRITE) => sync.writes_in_flight -= 1,
@@ -299,7 +302,9 @@ impl Job {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return n as c_int;
             }
-            std::hint::spin_loop();
+            if waiting.idle(got, q, deadline) {
+                self.sleeps += 1;
+            }
         }
     }
 
