@@ -13,6 +13,8 @@
 #   - examples/fio/zbd.fio: zonemode=zbd random writes with verify, then a verified
 #     sequential read, on the emulator's zoned namespace (fio's zone operations);
 #   - examples/fio/file.fio: the file target with verify=crc32c;
+#   - fio's own examples/*.fio (scripts/fio-examples.sh): each passes or is refused at
+#     set-up naming the option; none errs, crashes or hangs;
 #   - examples/fio/emu-faults.fio and a stop-at-first-error job: emulator faults reported
 #     by fio (error counts, the NVMe status), not a hang;
 #   - and it prints fio's IOPS through the engine as a ratio to `kestrel perf` (QD 32, 1 s):
@@ -223,6 +225,12 @@ run faults-stop 1 --name=stop --ioengine="external:$SO" --thread \
     --rw=randread --bs=4k --iodepth=16 --size=32M --time_based --runtime=3
 expect faults-stop 'nvme status Unrecovered Read Error'
 expect faults-stop 'err= 5'
+
+# fio's own examples/*.fio from the source the engine was built against, rewritten only
+# in their engine, target, filename and runtime lines: none may err, crash or hang.
+log "fio's own examples (scripts/fio-examples.sh)"
+scripts/fio-examples.sh "$SO" "$SRC" "$TMP/examples" ||
+    die "fio's examples: some failed (above)"
 
 # The throughput figure of issue 17 (fio through the engine against kestrel perf, QD 32),
 # on the emulator as `emu` gives it (memory store: the emulator's copy bounds both) and

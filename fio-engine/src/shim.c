@@ -461,7 +461,12 @@ static struct ioengine_ops ioengine = {
 	.version = FIO_IOOPS_VERSION,
 	/* FIO_NO_OFFLOAD: a queue pair belongs to its job's thread, so fio must not queue from
 	 * its io_submit_mode=offload worker threads. */
-	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_NO_OFFLOAD,
+	/* FIO_NOFILEHASH: fio keeps its file structures and names on the heap rather than in
+	 * its shared-memory pool, which forked jobs would need and the engine's threads do
+	 * not; that pool runs out (and fio aborts in alloc_new_file) with nrfiles=31250,
+	 * before the engine could refuse the job. */
+	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_NO_OFFLOAD |
+		 FIO_NOFILEHASH,
 	.setup = kfio_setup,
 	.init = kfio_init,
 	.queue = kfio_queue,
