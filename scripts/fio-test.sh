@@ -203,6 +203,11 @@ expect emu 'randrw: (groupid=2, jobs=2)'
 log "phases: fill, then stonewalled verify jobs set up when they start, on one emulator"
 run phases 0 "$(job phases.fio)"
 groups_ok phases 3
+# Two jobs, both set up only when they start (create_serialize=0 everywhere), as threads.
+run serialize0 0 --thread --create_serialize=0 --ioengine="external:$SO" \
+    --kestrel_target=emu:size=16M --bs=4k --verify=crc32c --verify_state_save=0 \
+    --name=w --rw=write --do_verify=0 --name=r --stonewall --rw=read --do_verify=1
+groups_ok serialize0 2
 
 log "zonemode=zbd: random writes with verify, then a verified read, on a zoned namespace"
 run zbd 0 "$(job zbd.fio)"
