@@ -18,7 +18,10 @@
 //! panic into an error return.
 //!
 //! The modules: `shared` (the process-wide list of opened targets), `job` (one job
-//! thread's state and setup; its I/O path in `job::io`) and `ffi` (the C entry points).
+//! thread's state and setup; its I/O path in `job::io`, its idle policy in `job::idle`,
+//! fio's zone operations in `job::zones`) and `ffi` (the C entry points). The C half is
+//! `shim.c` (the ops table, options, set-up, I/O), `checks.c` (the fio options refused at
+//! set-up) and `zbd.c` (fio's zone operations), sharing `shim.h`.
 
 use std::ffi::c_int;
 use std::time::Duration;
