@@ -516,7 +516,8 @@ fn the_io_memory_is_lent_to_the_queue_pair_and_given_back() {
 #[test]
 fn no_allocation_per_io() {
     let mut h = open("emu:size=48M").unwrap();
-    assert_eq!(h.start(32, 0), 0);
+    // The default idle policy: polls, and sleeps on the interrupt when it waits.
+    assert_eq!(h.start_idle(32, 0, IDLE_HYBRID, 20_000), 0);
     assert_eq!(h.iomem(32 * 4096), 0);
     let mut free: Vec<u32> = Vec::with_capacity(32);
     let mut run = |h: &mut H, n: u64| {
