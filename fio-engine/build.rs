@@ -25,8 +25,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// The C half: compiled against the fio source's headers.
+const SHIM_SOURCES: &[&str] = &["src/shim.c", "src/checks.c", "src/zbd.c"];
+
 fn main() {
-    for f in ["build.rs", "src/shim.c", "src/kfio.h"] {
+    for f in SHIM_SOURCES
+        .iter()
+        .chain(&["build.rs", "src/shim.h", "src/kfio.h"])
+    {
         println!("cargo:rerun-if-changed={f}");
     }
     for v in [
@@ -166,7 +172,17 @@ fn check_source(src: &Path, installed: &Option<(PathBuf, String)>) -> Result<Str
 /// Compiles `src/shim.c` with the headers and configuration of the fio tree `src`.
 fn compile_shim(src: &Path, src_ver: &str) -> Result<(), String> {
     let mut b = cc::Build::new();
-    b.file("src/shim.c")
+    // Zone operations that newer fio headers add to struct ioengine_ops.
+    let ops = fs::read_to_string(src.join("ioengines.h")).unwrap_or_default();
+    for (member, define) in [
+        ("(*finish_zone)", "KFIO_HAVE_FINISH_ZONE"),
+        ("(*get_max_active_zones)", "KFIO_HAVE_MAX_ACTIVE_ZONES"),
+    ] {
+        if ops.contains(member) {
+            b.define(define, None);
+        }
+    }
+    b.files(SHIM_SOURCES)
         .include("src")
         .include(src)
         .flag("-std=gnu99")
@@ -187,7 +203,8 @@ fn compile_shim(src: &Path, src_ver: &str) -> Result<(), String> {
         .flag_if_supported("-Wno-missing-field-initializers");
     b.try_compile("kfio_shim").map_err(|e| {
         format!(
-            "compiling src/shim.c against the fio source at {}: {e}",
+            "compiling {} against the fio source at {}: {e}",
+            SHIM_SOURCES.join(", "),
             src.display()
         )
     })

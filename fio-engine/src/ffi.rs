@@ -11,11 +11,14 @@
 //!   valid for writes of one aligned `int`/`void *` (`err` may be null); `target` is
 //!   readable up to its NUL. None overlaps another argument or the job.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
-use crate::job::Job;
+use kestrel::io::ZoneAction;
+
+use crate::job::{Idle, Job, KfioZone};
+use crate::{ZONE_FINISH, ZONE_RESET};
 
 /// Copies `s` into the C buffer `msg` of `len` bytes, truncated and NUL-terminated.
 ///
@@ -74,6 +77,21 @@ fn init_logging() {
     });
 }
 
+extern "C" fn close_at_exit() {
+    guard("close_at_exit", || (), crate::shared::close_at_exit);
+}
+
+/// Closes, at exit, the targets no job holds any more ([`crate::shared::close_at_exit`]).
+fn register_exit_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: atexit takes a pointer to an extern "C" fn of no arguments that does not
+        // unwind (`guard`), and the library holding it is never unloaded (linked with
+        // -z nodelete, build.rs), so the pointer stays valid until the handler runs.
+        let _ = unsafe { libc::atexit(close_at_exit) };
+    });
+}
+
 /// # Safety
 /// `job` is null or a pointer returned by [`kfio_job_open`] and not yet closed, and no
 /// other reference to the job exists or is made for `'a` (one call into a job at a time).
@@ -93,6 +111,7 @@ unsafe fn job_mut<'a>(job: *mut Job) -> Option<&'a mut Job> {
 pub unsafe extern "C" fn kfio_job_open(
     target: *const c_char,
     flags: u32,
+    run_jobs: u32,
     err: *mut c_int,
     msg: *mut c_char,
     msglen: usize,
@@ -111,11 +130,14 @@ pub unsafe extern "C" fn kfio_job_open(
             let spec = spec
                 .to_str()
                 .map_err(|_| (libc::EINVAL, "the target string is not UTF-8".to_string()))?;
-            Job::open(spec, flags)
+            Job::open(spec, flags, run_jobs as usize)
         },
     );
     match r {
-        Ok(job) => Box::into_raw(Box::new(job)),
+        Ok(job) => {
+            register_exit_handler();
+            Box::into_raw(Box::new(job))
+        }
         Err((e, m)) => {
             // SAFETY: `err` is null (skipped) or writable for one aligned c_int, and `msg`
             // null or writable for `msglen` bytes overlapping nothing else (# Safety
@@ -153,6 +175,43 @@ pub unsafe extern "C" fn kfio_job_block_size(job: *const Job) -> u32 {
     unsafe { job.as_ref() }.map_or(0, |j| j.block_size as u32)
 }
 
+/// The largest transfer one command of the job's target carries, in bytes.
+///
+/// # Safety
+/// As [`kfio_job_size`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_max_transfer(job: *const Job) -> u64 {
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, |j| j.target.info().max_transfer_bytes)
+}
+
+/// What the job's target can do: `KFIO_CAP_*` bits.
+///
+/// # Safety
+/// As [`kfio_job_size`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_caps(job: *const Job) -> u32 {
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, Job::caps)
+}
+
+/// The `kestrel_target` option's help: the library's target grammar, so that `fio
+/// --enghelp` says what `kestrel perf --help` says.
+#[no_mangle]
+pub extern "C" fn kfio_target_help() -> *const c_char {
+    static HELP: OnceLock<CString> = OnceLock::new();
+    HELP.get_or_init(|| {
+        let text = format!(
+            "Kestrel target: {} (default: the job's filename, with ':' escaped as '\\:')",
+            kestrel::target_spec::TARGET_HELP
+        );
+        CString::new(text).unwrap_or_default()
+    })
+    .as_ptr()
+}
+
 /// The target's name, NUL-terminated, valid while the job lives.
 ///
 /// # Safety
@@ -174,6 +233,8 @@ pub unsafe extern "C" fn kfio_job_start(
     job: *mut Job,
     iodepth: u32,
     queue_size: u32,
+    idle: c_int,
+    spin_ns: u64,
     msg: *mut c_char,
     msglen: usize,
 ) -> c_int {
@@ -185,7 +246,7 @@ pub unsafe extern "C" fn kfio_job_start(
     let r = guard(
         "kfio_job_start",
         || Err("panic".into()),
-        || j.start(iodepth, queue_size),
+        || j.start(iodepth, queue_size, Idle::from_c(idle, spin_ns)?),
     );
     match r {
         Ok(()) => 0,
@@ -371,6 +432,98 @@ pub unsafe extern "C" fn kfio_job_errdetails(job: *mut Job, index: u32) -> *mut 
         write_msg(p, s.len() + 1, &s);
         p
     }
+}
+
+/// Reports up to `nr` zones from the one holding byte `offset`; see `kfio.h`.
+///
+/// # Safety
+/// As [`kfio_job_start`] for `job` and `msg`; `zones` is valid for writes of `nr`
+/// `struct kfio_zone` for the call, overlapping nothing else.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_report_zones(
+    job: *mut Job,
+    offset: u64,
+    zones: *mut KfioZone,
+    nr: u32,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    if zones.is_null() {
+        return -libc::EINVAL;
+    }
+    // SAFETY: `zones` is non-null (checked above), aligned and writable for `nr` zones,
+    // overlapping nothing else, for this call (# Safety above); KfioZone is plain
+    // integers, so any bytes there are a valid value.
+    let out = unsafe { std::slice::from_raw_parts_mut(zones, nr as usize) };
+    let r = guard(
+        "kfio_job_report_zones",
+        || Err((libc::EIO, "panic".into())),
+        || j.report_zones(offset, out),
+    );
+    match r {
+        Ok(n) => n as c_int,
+        Err((e, m)) => {
+            // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and `m`
+            // is a String of ours: `write_msg`'s contract.
+            unsafe { write_msg(msg, msglen, &m) };
+            -e
+        }
+    }
+}
+
+/// Resets or finishes the zones of `len` bytes from byte `offset`; see `kfio.h`.
+///
+/// # Safety
+/// As [`kfio_job_start`] for `job` and `msg`.
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_zone_action(
+    job: *mut Job,
+    action: c_int,
+    offset: u64,
+    len: u64,
+    msg: *mut c_char,
+    msglen: usize,
+) -> c_int {
+    // SAFETY: `job` is null or live with no other call into it during this one (# Safety
+    // above): `job_mut`'s contract, for a reference that ends with the call.
+    let Some(j) = (unsafe { job_mut(job) }) else {
+        return -libc::EINVAL;
+    };
+    let action = match action {
+        ZONE_RESET => ZoneAction::Reset,
+        ZONE_FINISH => ZoneAction::Finish,
+        _ => return -libc::EINVAL,
+    };
+    let r = guard(
+        "kfio_job_zone_action",
+        || Err((libc::EIO, "panic".into())),
+        || j.zone_action(action, offset, len),
+    );
+    match r {
+        Ok(()) => 0,
+        Err((e, m)) => {
+            // SAFETY: `msg` is null or writable for `msglen` bytes (# Safety above), and `m`
+            // is a String of ours: `write_msg`'s contract.
+            unsafe { write_msg(msg, msglen, &m) };
+            -e
+        }
+    }
+}
+
+/// The namespace's open (`active` 0) or active zone limit, 0 for none.
+///
+/// # Safety
+/// As [`kfio_job_size`].
+#[no_mangle]
+pub unsafe extern "C" fn kfio_job_zone_limit(job: *const Job, active: c_int) -> u32 {
+    // SAFETY: `job` is null (None) or a live Job from `kfio_job_open` that nothing mutates
+    // during this call (# Safety above); the shared reference ends with the call.
+    unsafe { job.as_ref() }.map_or(0, |j| j.zone_limit(active != 0))
 }
 
 /// Closes the job.

@@ -14,13 +14,24 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kestrel::file::FileTarget;
 use kestrel::io::IoError;
-use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target, TargetQueue};
+use kestrel::{DmaBuf, DmaSlice, QueueOptions, Target};
 
 use crate::shared::{acquire, release};
-use crate::{DRAIN_TIMEOUT, MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU};
+use crate::{
+    CAP_READ_ONLY, CAP_TRIM, CAP_TRIM_ZEROES, CAP_VOLATILE_CACHE, CAP_ZONED, DRAIN_TIMEOUT,
+    MAX_AUTO_QUEUE_SIZE, MAX_IODEPTH, MIN_QUEUE_SIZE, OPEN_NOIOMMU,
+};
 
+mod idle;
 mod io;
+mod zones;
+
+pub(crate) use idle::Idle;
+use idle::Queue;
+
+pub use zones::KfioZone;
 
 /// One fio job thread's state.
 pub struct Job {
@@ -31,7 +42,11 @@ pub struct Job {
     pub(crate) block_size: u64,
     pub(crate) num_blocks: u64,
     deallocate: bool,
-    pub(crate) queue: Option<Box<dyn TargetQueue>>,
+    caps: u32,
+    pub(crate) queue: Option<Queue>,
+    /// The file target behind `target`, if it is one: its queue pairs can sleep in the
+    /// kernel ([`Queue::File`]).
+    file: Option<Arc<FileTarget>>,
     /// fio's I/O memory, lent to `queue`: what the I/O units' slices are cut from.
     mem: Option<DmaSlice>,
     /// fio's I/O memory while there is no queue to lend it to yet (an `iomem_alloc`
@@ -41,8 +56,18 @@ pub struct Job {
     io_us: Box<[usize]>,
     /// Per I/O unit index: why its last request failed.
     errors: Box<[Option<IoError>]>,
+    /// Per I/O unit index: the operation in flight (`OP_*`).
+    ops: Box<[u8]>,
+    /// Writes and Flushes at the device, and whether a write was queued since the last
+    /// Flush: a Flush is sent only after a write, and once the writes before it are done.
+    pub(crate) sync: SyncState,
     /// Completions reaped by the last getevents: (index, errno).
     events: Vec<(u32, i32)>,
+    /// What getevents does while it waits (`kestrel_idle=`), and how often it slept.
+    idle: Idle,
+    pub(crate) sleeps: u64,
+    /// The queue pair of fio's zone operations, made at the first one.
+    zones: Option<zones::ZoneQueue>,
     /// Messages already printed (one per kind per job, not one per I/O).
     warned: u32,
 }
@@ -54,6 +79,18 @@ const WARN_BUF: u32 = 1 << 3;
 const WARN_INVALID: u32 = 1 << 4;
 const WARN_OP: u32 = 1 << 5;
 
+/// What fio's sync requests (fsync=, fdatasync=, sync_file_range=, end_fsync=) depend on.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SyncState {
+    pub(crate) writes_in_flight: u32,
+    pub(crate) flushes_in_flight: u32,
+    /// A write was queued since the last Flush was.
+    pub(crate) dirty: bool,
+    /// fio's sync requests, and the Flush commands sent for them.
+    pub(crate) requests: u64,
+    pub(crate) flushes: u64,
+}
+
 /// A failure: a positive errno and, unless already said, a message.
 type Failure = (i32, Option<String>);
 
@@ -64,13 +101,34 @@ impl Job {
         self.num_blocks.saturating_mul(self.block_size)
     }
 
-    pub(crate) fn open(spec: &str, flags: u32) -> Result<Job, (i32, String)> {
+    /// What the target can do: `CAP_*` bits.
+    pub(crate) fn caps(&self) -> u32 {
+        self.caps
+    }
+
+    /// Opens or joins `spec`; `run_jobs` is how many jobs of the fio run name it
+    /// ([`acquire`]).
+    pub(crate) fn open(spec: &str, flags: u32, run_jobs: usize) -> Result<Job, (i32, String)> {
         if flags & !OPEN_NOIOMMU != 0 {
             return Err((libc::EINVAL, format!("unknown open flags {flags:#x}")));
         }
-        let target = acquire(spec, flags & OPEN_NOIOMMU != 0)?;
+        let (target, file) = acquire(spec, flags & OPEN_NOIOMMU != 0, run_jobs)?;
         let info = target.info().clone();
+        let caps = [
+            (info.deallocate, CAP_TRIM),
+            (
+                info.deallocate && info.deallocate_reads_zeroes,
+                CAP_TRIM_ZEROES,
+            ),
+            (info.flush, CAP_VOLATILE_CACHE),
+            (info.read_only, CAP_READ_ONLY),
+            (info.zones.is_some(), CAP_ZONED),
+        ]
+        .iter()
+        .filter(|(has, _)| *has)
+        .fold(0, |c, (_, bit)| c | bit);
         Ok(Job {
+            caps,
             key: spec.to_string(),
             name: CString::new(info.name.replace('\0', " ")).unwrap_or_default(),
             nsid: info.nsid,
@@ -79,16 +137,29 @@ impl Job {
             deallocate: info.deallocate,
             target,
             queue: None,
+            file,
             mem: None,
             unlent: None,
             io_us: Box::new([]),
             errors: Box::new([]),
+            ops: Box::new([]),
+            sync: SyncState::default(),
             events: Vec::new(),
+            zones: None,
+            idle: Idle::Busy,
+            sleeps: 0,
             warned: 0,
         })
     }
 
-    pub(crate) fn start(&mut self, iodepth: u32, queue_size: u32) -> Result<(), String> {
+    /// Makes the job's queue pair (`queue_size` entries, 0: automatic) for `iodepth` I/O
+    /// units, with interrupts when the idle policy sleeps on them.
+    pub(crate) fn start(
+        &mut self,
+        iodepth: u32,
+        queue_size: u32,
+        idle: Idle,
+    ) -> Result<(), String> {
         if self.queue.is_some() {
             // A second queue pair would drop the first, and the I/O memory lent to it.
             return Err("the job's queue pair is already made (init ran twice)".into());
@@ -108,9 +179,22 @@ impl Job {
         };
         let opts = QueueOptions {
             depth,
+            interrupts: idle.sleeps(),
             ..QueueOptions::default()
         };
-        let q = self.target.create_queue(&opts).map_err(|e| {
+        self.idle = idle;
+        let made = match &self.file {
+            Some(f) => f
+                .create_file_queue(&opts)
+                .map(|q| Queue::File(Box::new(q)))
+                .map_err(|e| e.to_string()),
+            None => self
+                .target
+                .create_queue(&opts)
+                .map(Queue::Any)
+                .map_err(|e| e.to_string()),
+        };
+        let q = made.map_err(|e| {
             format!(
                 "creating a queue pair of {depth} entries on {}: {e}",
                 self.name.to_string_lossy()
@@ -126,6 +210,7 @@ impl Job {
         let n = iodepth as usize;
         self.io_us = vec![0; n].into_boxed_slice();
         self.errors = vec![None; n].into_boxed_slice();
+        self.ops = vec![0; n].into_boxed_slice();
         self.events = Vec::with_capacity(n);
         Ok(())
     }
@@ -225,7 +310,8 @@ impl Drop for Job {
             let s = q.stats();
             tracing::info!(
                 "{}: queue pair: {} requests, {} completions, {} commands, {} sq doorbell writes, \
-                 {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle)",
+                 {} cq doorbell writes, {} shadow-only doorbell updates, {} polls ({} idle); \
+                 {} sync requests, {} flushes sent, {} sleeps ({:?})",
                 self.name.to_string_lossy(),
                 s.submitted,
                 s.completed,
@@ -234,7 +320,11 @@ impl Drop for Job {
                 s.cq_doorbell_writes,
                 s.shadow_doorbell_updates,
                 s.polls,
-                s.idle_polls
+                s.idle_polls,
+                self.sync.requests,
+                self.sync.flushes,
+                self.sleeps,
+                self.idle
             );
         }
         self.iomem_free();
@@ -244,8 +334,9 @@ impl Drop for Job {
                 self.name.to_string_lossy()
             );
         }
-        // The queue pair goes before the target it was made on.
+        // The queue pairs go before the target they were made on.
         self.queue = None;
+        self.zones = None;
         release(&self.key);
     }
 }

@@ -10,15 +10,18 @@
 //! pool (fio's `iomem_alloc` hook) and lent to the job's queue pair, which owns them for
 //! the job's life, so requests carry fio's buffers with no copy.
 //!
-//! Jobs of one fio process that name the same target string share one opened target (one
+//! Jobs of one fio run that name the same target string share one opened target (one
 //! controller, one emulator), each with its own queue pair; the target is closed when the
-//! last of them ends.
+//! last job of the run that names it has ended (`shared`).
 //!
 //! Nothing unwinds into fio: every entry point runs under `catch_unwind` and turns a
 //! panic into an error return.
 //!
 //! The modules: `shared` (the process-wide list of opened targets), `job` (one job
-//! thread's state and setup; its I/O path in `job::io`) and `ffi` (the C entry points).
+//! thread's state and setup; its I/O path in `job::io`, its idle policy in `job::idle`,
+//! fio's zone operations in `job::zones`) and `ffi` (the C entry points). The C half is
+//! `shim.c` (the ops table, options, set-up, I/O), `checks.c` (the fio options refused at
+//! set-up) and `zbd.c` (fio's zone operations), sharing `shim.h`.
 
 use std::ffi::c_int;
 use std::time::Duration;
@@ -27,7 +30,7 @@ mod ffi;
 mod job;
 mod shared;
 
-pub use job::Job;
+pub use job::{Job, KfioZone};
 
 /// `KFIO_OP_READ` of `kfio.h`.
 pub const OP_READ: c_int = 0;
@@ -41,6 +44,29 @@ pub const OP_FLUSH: c_int = 3;
 pub const QUEUED: c_int = 0;
 /// `KFIO_BUSY`.
 pub const BUSY: c_int = 1;
+/// `KFIO_COMPLETED`: done at once, with no command.
+pub const COMPLETED: c_int = 2;
+/// `KFIO_CAP_TRIM`: Deallocate.
+pub const CAP_TRIM: u32 = 1 << 0;
+/// `KFIO_CAP_TRIM_ZEROES`: deallocated blocks read back as zeroes.
+pub const CAP_TRIM_ZEROES: u32 = 1 << 1;
+/// `KFIO_CAP_VOLATILE_CACHE`: Flush does something.
+pub const CAP_VOLATILE_CACHE: u32 = 1 << 2;
+/// `KFIO_CAP_READ_ONLY`: writes are refused.
+pub const CAP_READ_ONLY: u32 = 1 << 3;
+/// `KFIO_CAP_ZONED`: a zoned namespace.
+pub const CAP_ZONED: u32 = 1 << 4;
+/// `KFIO_IDLE_BUSY`: poll without pause while fio waits.
+pub const IDLE_BUSY: c_int = 0;
+/// `KFIO_IDLE_HYBRID`: poll for a spin after the last completion, then sleep on the
+/// queue's interrupt.
+pub const IDLE_HYBRID: c_int = 1;
+/// `KFIO_IDLE_INTERRUPT`: sleep on the queue's interrupt as soon as a poll finds nothing.
+pub const IDLE_INTERRUPT: c_int = 2;
+/// `KFIO_ZONE_RESET`: Zone Management Send, Reset.
+pub const ZONE_RESET: c_int = 0;
+/// `KFIO_ZONE_FINISH`: Zone Management Send, Finish.
+pub const ZONE_FINISH: c_int = 1;
 /// `KFIO_OPEN_NOIOMMU`: open a `pci:` target in VFIO's noiommu mode.
 pub const OPEN_NOIOMMU: u32 = 1 << 0;
 

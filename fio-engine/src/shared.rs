@@ -1,8 +1,20 @@
 //! The process-wide list of opened targets: jobs of one fio process that name the same
-//! target string share one opened target, which the last of them to end closes.
+//! target string share one opened target, which stays open until every job of the run
+//! that names it has ended.
+//!
+//! How the run's end is known: fio has no engine call for it (each job only gets
+//! `cleanup`), so the first job to open a target tells how many jobs of the run name it
+//! (the glue counts fio's job table, which is complete once the job file is parsed), and
+//! the target is closed when that many have ended. Phases separated by `stonewall`, and
+//! jobs that fio sets up only when they start (`create_serialize=0`), so find the target
+//! still open, with the data the earlier ones wrote. A counted job that never ends (fio
+//! gave up on it before it started) keeps the target open until the process exits, when
+//! an exit handler closes what no job uses any more.
 
 use std::sync::{Arc, Mutex};
 
+use kestrel::file::FileTarget;
+use kestrel::target_spec::Opened;
 use kestrel::Target;
 
 /// One opened target, shared by the jobs of this process that named the same string.
@@ -10,7 +22,15 @@ struct Shared {
     key: String,
     noiommu: bool,
     target: Arc<dyn Target>,
+    /// The same target when it is a file (its queues can sleep in `io_uring_enter`).
+    file: Option<Arc<FileTarget>>,
+    /// Jobs holding it now.
     users: usize,
+    /// Jobs of the run that will use it and have not ended yet (at least `users`).
+    remaining: usize,
+    /// The process that opened it: a forked child never uses its parent's targets (their
+    /// threads and device state did not follow it).
+    pid: u32,
 }
 
 static TARGETS: Mutex<Vec<Shared>> = Mutex::new(Vec::new());
@@ -21,10 +41,20 @@ fn targets() -> std::sync::MutexGuard<'static, Vec<Shared>> {
     TARGETS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A target, and the same as a file target when it is one.
+pub(crate) type Acquired = (Arc<dyn Target>, Option<Arc<FileTarget>>);
+
 /// Opens `spec` (a `pci:` controller in VFIO's noiommu mode if `noiommu`), or joins the
-/// target another job opened with the same string.
-pub(crate) fn acquire(spec: &str, noiommu: bool) -> Result<Arc<dyn Target>, (i32, String)> {
+/// target another job opened with the same string. `run_jobs`: how many jobs of the run
+/// name this target, this one included (0: not known, as 1), which only the job that
+/// opens it uses. Returns the target, and the same as a file target if it is one.
+pub(crate) fn acquire(
+    spec: &str,
+    noiommu: bool,
+    run_jobs: usize,
+) -> Result<Acquired, (i32, String)> {
     let mut list = targets();
+    forget_inherited(&mut list);
     if let Some(s) = list.iter_mut().find(|s| s.key == spec) {
         if s.noiommu != noiommu {
             return Err((
@@ -37,16 +67,39 @@ pub(crate) fn acquire(spec: &str, noiommu: bool) -> Result<Arc<dyn Target>, (i32
             ));
         }
         s.users += 1;
-        return Ok(Arc::clone(&s.target));
+        s.remaining = s.remaining.max(s.users);
+        return Ok((Arc::clone(&s.target), s.file.clone()));
     }
     let parsed = kestrel::target_spec::parse(spec).map_err(|e| (e.errno(), e.to_string()))?;
     let opts = kestrel::target_spec::OpenOptions {
         noiommu,
         ..Default::default()
     };
-    let target = kestrel::target_spec::open_with(&parsed, &opts)
-        .and_then(|o| o.first_target())
+    let opened =
+        kestrel::target_spec::open_with(&parsed, &opts).map_err(|e| (e.errno(), e.to_string()))?;
+    let target = opened
+        .first_target()
         .map_err(|e| (e.errno(), e.to_string()))?;
+    let file = match &opened {
+        Opened::File(f) => Some(Arc::clone(f)),
+        Opened::Nvme { .. } => None,
+    };
+    check_addressable(&*target)?;
+    list.push(Shared {
+        key: spec.to_string(),
+        noiommu,
+        target: Arc::clone(&target),
+        file: file.clone(),
+        users: 1,
+        remaining: run_jobs.max(1),
+        pid: std::process::id(),
+    });
+    Ok((target, file))
+}
+
+/// Refuses a target the engine cannot drive: a format whose metadata every I/O must
+/// carry, or a capacity that does not fit in 64 bits of bytes.
+fn check_addressable(target: &dyn Target) -> Result<(), (i32, String)> {
     // The engine's reads and writes carry no metadata: a format that needs it with every
     // I/O would fail them all, so it is refused here, once, with the reason.
     let info = target.info();
@@ -88,29 +141,56 @@ pub(crate) fn acquire(spec: &str, noiommu: bool) -> Result<Arc<dyn Target>, (i32
             ),
         ));
     }
-    list.push(Shared {
-        key: spec.to_string(),
-        noiommu,
-        target: Arc::clone(&target),
-        users: 1,
-    });
-    Ok(target)
+    Ok(())
 }
 
-/// Leaves a target; the last job to leave closes it.
+/// Leaves a target; the last job of the run to leave closes it.
 pub(crate) fn release(spec: &str) {
     let last = {
         let mut list = targets();
         match list.iter().position(|s| s.key == spec) {
             Some(i) => {
-                list[i].users -= 1;
-                (list[i].users == 0).then(|| list.swap_remove(i))
+                let s = &mut list[i];
+                s.users = s.users.saturating_sub(1);
+                s.remaining = s.remaining.saturating_sub(1);
+                (s.remaining == 0).then(|| list.swap_remove(i))
             }
             None => None,
         }
     };
     // Closing a controller (shutdown, queue deletion) happens outside the lock.
     drop(last);
+}
+
+/// Entries a forked child inherited from its parent: forgotten, never dropped (dropping
+/// one would join threads or shut down a controller that belong to the parent).
+fn forget_inherited(list: &mut Vec<Shared>) {
+    let pid = std::process::id();
+    if list.iter().any(|s| s.pid != pid) {
+        for s in std::mem::take(list) {
+            if s.pid == pid {
+                list.push(s);
+            } else {
+                std::mem::forget(s);
+            }
+        }
+    }
+}
+
+/// At exit, targets that no job holds any more (counted jobs that never ran kept them
+/// open) are closed: a controller is shut down, an emulator stopped.
+pub(crate) fn close_at_exit() {
+    let mut list = targets();
+    forget_inherited(&mut list);
+    let idle: Vec<Shared> = {
+        let (idle, busy) = std::mem::take(&mut *list)
+            .into_iter()
+            .partition(|s| s.users == 0);
+        *list = busy;
+        idle
+    };
+    drop(list);
+    drop(idle);
 }
 
 /// Jobs of this process currently holding `spec`.
@@ -120,4 +200,10 @@ pub(crate) fn users_of(spec: &str) -> usize {
         .iter()
         .find(|s| s.key == spec)
         .map_or(0, |s| s.users)
+}
+
+/// Whether `spec` is open in this process.
+#[cfg(test)]
+pub(crate) fn is_open(spec: &str) -> bool {
+    targets().iter().any(|s| s.key == spec)
 }

@@ -19,14 +19,13 @@
 
 #include "fio.h"
 #include "optgroup.h"
+#include "smalloc.h"
 
-#include "kfio.h"
+#include "shim.h"
 
 #ifndef KFIO_BUILT_FOR
 #error "KFIO_BUILT_FOR (the fio version of the source tree) is set by build.rs"
 #endif
-
-#define KFIO_MSG_LEN 1024
 
 /* Defined in fio (init.c), exported by its -rdynamic link. */
 extern const char fio_version_string[];
@@ -36,6 +35,8 @@ struct kfio_options {
 	char *target;
 	unsigned int queue_size;
 	unsigned int noiommu;
+	unsigned int idle;
+	unsigned int spin_us;
 };
 
 static struct fio_option options[] = {
@@ -44,10 +45,8 @@ static struct fio_option options[] = {
 		.lname = "Kestrel target",
 		.type = FIO_OPT_STR_STORE,
 		.off1 = offsetof(struct kfio_options, target),
-		.help = "Kestrel target: emu[:size=SIZE,lba=512|4096,latency=DURATION,"
-			"store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], "
-			"file:PATH[,size=SIZE][,direct=on|off], or pci:DDDD:BB:DD.F "
-			"(default: the job's filename, with ':' escaped as '\\:')",
+		/* Set from the library's target grammar by kfio_shim_ops(). */
+		.help = "Kestrel target",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -76,33 +75,118 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "kestrel_idle",
+		.lname = "Kestrel idle policy",
+		.type = FIO_OPT_STR,
+		.off1 = offsetof(struct kfio_options, idle),
+		.def = "hybrid",
+		.help = "What a job does while fio waits for completions and none has come",
+		.posval = {
+			{ .ival = "busy", .oval = KFIO_IDLE_BUSY,
+			  .help = "poll without pause (lowest latency; a core at 100%)" },
+			{ .ival = "hybrid", .oval = KFIO_IDLE_HYBRID,
+			  .help = "poll for kestrel_spin_us after the last completion, then sleep "
+				  "on the queue's interrupt" },
+			{ .ival = "interrupt", .oval = KFIO_IDLE_INTERRUPT,
+			  .help = "sleep on the queue's interrupt as soon as a poll finds nothing" },
+		},
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "kestrel_spin_us",
+		.lname = "Kestrel hybrid spin",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct kfio_options, spin_us),
+		.minval = 0,
+		.maxval = 1000000,
+		.def = "20",
+		.help = "kestrel_idle=hybrid: microseconds of polling after the last completion "
+			"before sleeping",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
 
 static struct ioengine_ops ioengine;
 
-static struct kfio_job *td_job(struct thread_data *td)
-{
-	return td->io_ops_data;
-}
-
-/* Fails the job: the message now, and fio's error (with the option named) for its report. */
-static int kfio_fail(struct thread_data *td, int err, const char *option, const char *msg)
+int kfio_fail(struct thread_data *td, int err, const char *option, const char *msg)
 {
 	log_err("kestrel: %s\n", msg);
 	td_vmsg(td, err, msg, option);
 	return 1;
 }
 
-static int kfio_setup(struct thread_data *td)
+/* The target string of a job: kestrel_target= if given, else its first file's name. */
+static const char *kfio_spec(struct thread_data *td, int *named)
 {
 	struct kfio_options *o = td->eo;
-	char msg[KFIO_MSG_LEN], full[KFIO_MSG_LEN + 256];
-	struct kfio_job *job = td_job(td);
-	struct fio_file *f;
-	const char *spec;
-	int err = EINVAL;
+
+	*named = o && o->target && o->target[0];
+	if (*named)
+		return o->target;
+	return td->files_index ? td->files[0]->file_name : NULL;
+}
+
+/*
+ * How many jobs of this run name the target spec on this engine. fio's job table is
+ * complete once the job files are parsed, before any job is set up, so the first job to
+ * open a target can tell how many will use it: the target stays open until they have all
+ * ended (fio tells an engine nothing about the end of the run).
+ */
+static unsigned int kfio_run_jobs(const char *spec)
+{
+	unsigned int i, n = 0;
+	int named;
+
+	for (i = 0; i < thread_number; i++) {
+		struct thread_data *td = tnumber_to_td(i);
+		const char *s;
+
+		if (td->io_ops != &ioengine)
+			continue;
+		s = kfio_spec(td, &named);
+		if (s && !strcmp(s, spec))
+			n++;
+	}
+	return n;
+}
+
+/*
+ * fio forks a process per job unless thread=1, and a forked job could not use the target
+ * (its emulator or controller lives in this process, with threads that fork does not
+ * copy). As fio's own rbd, rados and http engines do, the engine makes its jobs threads
+ * when fio sets them up: fio decides between thread and fork only when it starts a job,
+ * after every job's setup. Done for every job of the run on this engine at once, so that
+ * jobs with create_serialize=0 (whose setup comes only once they run) are threads too.
+ */
+static int kfio_not_started(struct thread_data *td)
+{
+	/* pid is set when the job's thread or process starts; fio's setup_files() marks the
+	 * job it sets up TD_SETTING_UP. */
+	return !td->pid && (td->runstate == TD_NOT_CREATED || td->runstate == TD_SETTING_UP);
+}
+
+static void kfio_make_threads(void)
+{
+	unsigned int i;
+
+	for (i = 0; i < thread_number; i++) {
+		struct thread_data *td = tnumber_to_td(i);
+
+		if (td->io_ops == &ioengine && kfio_not_started(td))
+			td->o.use_thread = 1;
+	}
+}
+
+/* Checks that do not need the target: this fio is the one the engine was built for, and
+ * the job has one target. */
+static int kfio_check_job(struct thread_data *td)
+{
+	char full[KFIO_MSG_LEN + 256];
 
 	if (td->io_ops != &ioengine)
 		return kfio_fail(td, EINVAL, "ioengine",
@@ -115,14 +199,6 @@ static int kfio_setup(struct thread_data *td)
 			 KFIO_BUILT_FOR, fio_version_string);
 		return kfio_fail(td, EINVAL, "ioengine", full);
 	}
-	if (!td->o.use_thread)
-		return kfio_fail(td, EINVAL, "thread",
-				 "thread=1 is required: the engine keeps one controller per process "
-				 "and polls it from job threads, which forked job processes cannot "
-				 "share; add thread=1 (or --thread) to the job");
-	if (td->o.zone_mode == ZONE_MODE_ZBD)
-		return kfio_fail(td, EINVAL, "zonemode",
-				 "zonemode=zbd is not supported by the Kestrel engine");
 	if (td->files_index != 1) {
 		snprintf(full, sizeof(full),
 			 "a job drives one target, but this one has %u files (nrfiles= or a "
@@ -130,14 +206,24 @@ static int kfio_setup(struct thread_data *td)
 			 td->files_index);
 		return kfio_fail(td, EINVAL, "nrfiles", full);
 	}
-	f = td->files[0];
-	if (!job) {
-		int named = o && o->target && o->target[0];
+	return 0;
+}
 
-		spec = named ? o->target : f->file_name;
+/* Opens or joins the job's target (once per job) and gives fio its size. */
+static int kfio_attach(struct thread_data *td)
+{
+	struct kfio_options *o = td->eo;
+	char msg[KFIO_MSG_LEN], full[KFIO_MSG_LEN + 256];
+	struct kfio_job *job = td_job(td);
+	struct fio_file *f = td->files[0];
+	const char *spec;
+	int err = EINVAL, named;
+
+	if (!job) {
+		spec = kfio_spec(td, &named);
 		msg[0] = 0;
-		job = kfio_job_open(spec, o && o->noiommu ? KFIO_OPEN_NOIOMMU : 0, &err, msg,
-				    sizeof(msg));
+		job = kfio_job_open(spec, o && o->noiommu ? KFIO_OPEN_NOIOMMU : 0,
+				    kfio_run_jobs(spec), &err, msg, sizeof(msg));
 		if (!job) {
 			if (named)
 				snprintf(full, sizeof(full), "kestrel_target=%s: %s", spec, msg);
@@ -154,21 +240,46 @@ static int kfio_setup(struct thread_data *td)
 	f->filetype = FIO_TYPE_BLOCK;
 	fio_file_set_size_known(f);
 	FILE_SET_ENG_DATA(f, job);
-	return 0;
+	return kfio_check_target(td, f, job);
 }
 
-static int kfio_check_bs(struct thread_data *td, enum fio_ddir d, const char *what,
-			 uint32_t block)
+/*
+ * A job that names its target with kestrel_target= and gives no filename= has a file
+ * name of fio's making (jobname.N.M), one per job. fio shares per-file state between
+ * jobs by file name, and zonemode=zbd needs that (one table of zone write pointers and
+ * locks per device), so the file takes the target's name: jobs on one target are jobs
+ * on one device, as with filename=/dev/X. Before fio's zbd set-up, which comes after the
+ * engine's setup in setup_files().
+ */
+static void kfio_name_file(struct thread_data *td, struct fio_file *f)
 {
-	char full[KFIO_MSG_LEN];
+	struct kfio_options *o = td->eo;
+	char *name;
 
-	if (!(td->o.min_bs[d] % block) && !(td->o.max_bs[d] % block))
-		return 0;
-	snprintf(full, sizeof(full),
-		 "%s sizes %llu..%llu (bs=, bsrange= or bssplit=) are not whole %u-byte blocks of "
-		 "the target",
-		 what, td->o.min_bs[d], td->o.max_bs[d], block);
-	return kfio_fail(td, EINVAL, "bs", full);
+	if (td->o.filename || !o || !o->target || !o->target[0] ||
+	    !strcmp(f->file_name, o->target))
+		return;
+	name = td_ioengine_flagged(td, FIO_NOFILEHASH) ? strdup(o->target)
+						       : smalloc_strdup(o->target);
+	if (!name)
+		return;
+	if (td_ioengine_flagged(td, FIO_NOFILEHASH))
+		free(f->file_name);
+	else
+		sfree(f->file_name);
+	f->file_name = name;
+}
+
+/* On fio's main thread before any job starts (create_serialize=1, fio's default), or at
+ * the job's start (create_serialize=0, from kfio_init). */
+static int kfio_setup(struct thread_data *td)
+{
+	if (kfio_check_job(td))
+		return 1;
+	if (kfio_not_started(td))
+		kfio_make_threads();
+	kfio_name_file(td, td->files[0]);
+	return kfio_attach(td);
 }
 
 static int kfio_init(struct thread_data *td)
@@ -176,19 +287,29 @@ static int kfio_init(struct thread_data *td)
 	struct kfio_options *o = td->eo;
 	char msg[KFIO_MSG_LEN];
 	struct kfio_job *job;
-	uint32_t block;
 
+	/* Only when every job of the run has create_serialize=0 does fio start one without
+	 * setting it up first, and then it may fork it. */
+	if (!td->o.use_thread)
+		return kfio_fail(td, EINVAL, "thread",
+				 "this job runs in a process of its own (fio forks one per job "
+				 "unless thread=1), and the engine shares a target between the jobs "
+				 "of a run as threads of one process: add thread=1 (the engine makes "
+				 "jobs threads when fio sets them up first, which create_serialize=0 "
+				 "on every job skips)");
 	/* With create_serialize=0 fio sets files up after init, in the job's thread. */
-	if (!td_job(td) && kfio_setup(td))
-		return 1;
+	if (!td_job(td)) {
+		if (kfio_check_job(td))
+			return 1;
+		kfio_name_file(td, td->files[0]);
+		if (kfio_attach(td))
+			return 1;
+	}
 	job = td_job(td);
-	block = kfio_job_block_size(job);
-	if ((td_read(td) && kfio_check_bs(td, DDIR_READ, "read", block)) ||
-	    (td_write(td) && kfio_check_bs(td, DDIR_WRITE, "write", block)) ||
-	    (td_trim(td) && kfio_check_bs(td, DDIR_TRIM, "trim", block)))
-		return 1;
 	msg[0] = 0;
-	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0, msg, sizeof(msg)))
+	if (kfio_job_start(job, td->o.iodepth, o ? o->queue_size : 0,
+			   o ? (int)o->idle : KFIO_IDLE_HYBRID, (o ? o->spin_us : 20) * 1000ULL, msg,
+			   sizeof(msg)))
 		return kfio_fail(td, EINVAL, "iodepth", msg);
 	return 0;
 }
@@ -227,6 +348,10 @@ static enum fio_q_status kfio_queue(struct thread_data *td, struct io_u *io_u)
 		return FIO_Q_QUEUED;
 	if (ret == KFIO_BUSY)
 		return FIO_Q_BUSY;
+	if (ret == KFIO_COMPLETED) {
+		io_u->error = 0;
+		return FIO_Q_COMPLETED;
+	}
 	if (msg[0])
 		log_err("kestrel: %s\n", msg);
 	io_u->error = -ret;
@@ -336,7 +461,12 @@ static struct ioengine_ops ioengine = {
 	.version = FIO_IOOPS_VERSION,
 	/* FIO_NO_OFFLOAD: a queue pair belongs to its job's thread, so fio must not queue from
 	 * its io_submit_mode=offload worker threads. */
-	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_NO_OFFLOAD,
+	/* FIO_NOFILEHASH: fio keeps its file structures and names on the heap rather than in
+	 * its shared-memory pool, which forked jobs would need and the engine's threads do
+	 * not; that pool runs out (and fio aborts in alloc_new_file) with nrfiles=31250,
+	 * before the engine could refuse the job. */
+	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_NO_OFFLOAD |
+		 FIO_NOFILEHASH,
 	.setup = kfio_setup,
 	.init = kfio_init,
 	.queue = kfio_queue,
@@ -352,6 +482,16 @@ static struct ioengine_ops ioengine = {
 	.get_file_size = kfio_get_file_size,
 	.iomem_alloc = kfio_iomem_alloc,
 	.iomem_free = kfio_iomem_free,
+	.get_zoned_model = kfio_get_zoned_model,
+	.report_zones = kfio_report_zones,
+	.reset_wp = kfio_reset_wp,
+	.get_max_open_zones = kfio_get_max_open_zones,
+#ifdef KFIO_HAVE_FINISH_ZONE
+	.finish_zone = kfio_finish_zone,
+#endif
+#ifdef KFIO_HAVE_MAX_ACTIVE_ZONES
+	.get_max_active_zones = kfio_get_max_active_zones,
+#endif
 	.option_struct_size = sizeof(struct kfio_options),
 	.options = options,
 };
@@ -360,5 +500,6 @@ static struct ioengine_ops ioengine = {
 struct ioengine_ops *kfio_shim_ops(void);
 struct ioengine_ops *kfio_shim_ops(void)
 {
+	options[0].help = kfio_target_help();
 	return &ioengine;
 }

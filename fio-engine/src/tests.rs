@@ -7,13 +7,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ffi::*;
-use super::shared::users_of;
+use super::shared::{is_open, users_of};
 use super::*;
 
 #[path = "../../driver/tests/support/counting_alloc.rs"]
 mod counting_alloc;
 
 use counting_alloc::{unwatch_this_thread, Counter};
+
+mod idle;
+mod run;
+mod sync;
+mod zones;
 
 const MSG: usize = 512;
 
@@ -30,11 +35,17 @@ fn open(spec: &str) -> Result<H, (i32, String)> {
 }
 
 fn open_flags(spec: &str, flags: u32) -> Result<H, (i32, String)> {
+    open_run(spec, flags, 0)
+}
+
+/// Opens `spec` as a job of a fio run in which `run_jobs` jobs name it.
+fn open_run(spec: &str, flags: u32, run_jobs: u32) -> Result<H, (i32, String)> {
     let c = CString::new(spec).unwrap();
     let mut err = 0;
     let mut msg = [0 as c_char; MSG];
     // SAFETY: a NUL-terminated string, writable err and msg.
-    let job = unsafe { kfio_job_open(c.as_ptr(), flags, &mut err, msg.as_mut_ptr(), MSG) };
+    let job =
+        unsafe { kfio_job_open(c.as_ptr(), flags, run_jobs, &mut err, msg.as_mut_ptr(), MSG) };
     if job.is_null() {
         // SAFETY: `msg` started zeroed and kfio_job_open's write_msg ends what it writes
         // with a NUL, so a NUL lies within its MSG bytes.
@@ -61,9 +72,22 @@ impl H {
             .into_owned()
     }
     fn start(&mut self, iodepth: u32, queue_size: u32) -> c_int {
+        self.start_idle(iodepth, queue_size, IDLE_BUSY, 0)
+    }
+    fn start_idle(&mut self, iodepth: u32, queue_size: u32, idle: c_int, spin_ns: u64) -> c_int {
         self.msg[0] = 0;
         // SAFETY: a live job; msg is writable.
-        unsafe { kfio_job_start(self.job, iodepth, queue_size, self.msg.as_mut_ptr(), MSG) }
+        unsafe {
+            kfio_job_start(
+                self.job,
+                iodepth,
+                queue_size,
+                idle,
+                spin_ns,
+                self.msg.as_mut_ptr(),
+                MSG,
+            )
+        }
     }
     fn iomem(&mut self, len: usize) -> c_int {
         let mut p: *mut c_void = std::ptr::null_mut();
@@ -492,7 +516,8 @@ fn the_io_memory_is_lent_to_the_queue_pair_and_given_back() {
 #[test]
 fn no_allocation_per_io() {
     let mut h = open("emu:size=48M").unwrap();
-    assert_eq!(h.start(32, 0), 0);
+    // The default idle policy: polls, and sleeps on the interrupt when it waits.
+    assert_eq!(h.start_idle(32, 0, IDLE_HYBRID, 20_000), 0);
     assert_eq!(h.iomem(32 * 4096), 0);
     let mut free: Vec<u32> = Vec::with_capacity(32);
     let mut run = |h: &mut H, n: u64| {
@@ -509,8 +534,20 @@ fn no_allocation_per_io() {
                     _ => OP_READ,
                 };
                 let off = (next * 7919 % 4096) * 4096;
-                assert_eq!(h.queue(op, off, 4096, i as usize * 4096, i), QUEUED);
                 next += 1;
+                // A Flush waits for the writes before it (BUSY), or has nothing to do.
+                match h.queue(op, off, 4096, i as usize * 4096, i) {
+                    QUEUED => {}
+                    COMPLETED if op == OP_FLUSH => {
+                        free.push(i);
+                        done += 1;
+                    }
+                    BUSY if op == OP_FLUSH => {
+                        free.push(i);
+                        break;
+                    }
+                    r => panic!("op {op}: {r}"),
+                }
                 if next % 8 == 0 {
                     h.commit();
                 }

@@ -5,11 +5,12 @@
 use std::ffi::c_int;
 use std::time::{Duration, Instant};
 
-use kestrel::io::{IoRequest, SubmitError};
+use kestrel::io::{IoOp, IoRequest, SubmitError};
 use kestrel::DmaSlice;
 
+use super::idle::Waiting;
 use super::{Failure, Job, WARN_ALIGN, WARN_BUF, WARN_INVALID, WARN_OP, WARN_RANGE, WARN_TRIM};
-use crate::{BUSY, OP_FLUSH, OP_READ, OP_TRIM, OP_WRITE, QUEUED};
+use crate::{BUSY, COMPLETED, OP_FLUSH, OP_READ, OP_TRIM, OP_WRITE, QUEUED};
 
 /// Why an I/O's bytes are not a run of the target's blocks.
 #[derive(Clone, Copy)]
@@ -46,7 +47,12 @@ impl Job {
         }
         let token = index as u64;
         let req = match op {
-            OP_FLUSH => IoRequest::flush(self.nsid, token),
+            OP_FLUSH => {
+                if let Some(now) = self.flush_now() {
+                    return Ok(now);
+                }
+                IoRequest::flush(self.nsid, token)
+            }
             OP_READ | OP_WRITE | OP_TRIM => {
                 let (lba, nlb) = match self.blocks(offset, len) {
                     Ok(b) => b,
@@ -71,6 +77,24 @@ impl Job {
             _ => return Err(self.unknown_op(op)),
         };
         self.submit(req, i, io_u)
+    }
+
+    /// Whether one of fio's sync requests needs a Flush now: `None` if so; `BUSY` while
+    /// writes queued before it are at the device (a Flush covers only completed writes)
+    /// or, with no write since, while the last Flush is; `COMPLETED` when no write was
+    /// queued since the last Flush, which is done (fio asks again until its own sync
+    /// completes, which at depth is one request per queued I/O: those cost nothing).
+    #[inline]
+    fn flush_now(&mut self) -> Option<c_int> {
+        let s = &mut self.sync;
+        if s.dirty {
+            return (s.writes_in_flight > 0).then_some(BUSY);
+        }
+        if s.flushes_in_flight > 0 {
+            return Some(BUSY);
+        }
+        s.requests += 1;
+        Some(COMPLETED)
     }
 
     /// `len` bytes at `offset` as (first LBA, block count): whole blocks inside the target.
@@ -103,10 +127,26 @@ impl Job {
     #[inline]
     fn submit(&mut self, req: IoRequest, i: usize, io_u: usize) -> Result<c_int, Failure> {
         let q = self.queue.as_mut().expect("checked at the top of queue");
+        let op = match req.op {
+            IoOp::Write => OP_WRITE,
+            IoOp::Flush => OP_FLUSH,
+            _ => OP_READ,
+        };
         match q.submit(req) {
             Ok(()) => {
                 self.io_us[i] = io_u;
                 self.errors[i] = None;
+                self.ops[i] = op as u8;
+                let s = &mut self.sync;
+                if op == OP_WRITE {
+                    s.writes_in_flight += 1;
+                    s.dirty = true;
+                } else if op == OP_FLUSH {
+                    s.flushes_in_flight += 1;
+                    s.dirty = false;
+                    s.requests += 1;
+                    s.flushes += 1;
+                }
                 Ok(QUEUED)
             }
             Err(SubmitError::Busy(_)) => Ok(BUSY),
@@ -225,12 +265,24 @@ impl Job {
         let min = min.min(max);
         let deadline =
             (timeout_ns >= 0).then(|| Instant::now() + Duration::from_nanos(timeout_ns as u64));
-        let (events, errors) = (&mut self.events, &mut self.errors);
+        let (events, errors, ops, sync) = (
+            &mut self.events,
+            &mut self.errors,
+            &self.ops,
+            &mut self.sync,
+        );
+        let mut waiting = Waiting::new(self.idle);
         loop {
             let want = max - events.len() as u32;
+            let mut got = 0;
             if want > 0 {
-                q.poll(want, &mut |c| {
+                got = q.poll(want, &mut |c| {
                     let index = c.token as u32;
+                    match ops.get(index as usize).map(|&o| o as c_int) {
+                        Some(OP_WRITE) => sync.writes_in_flight -= 1,
+                        Some(OP_FLUSH) => sync.flushes_in_flight -= 1,
+                        _ => {}
+                    }
                     let err = match c.result {
                         Ok(()) => 0,
                         Err(e) => {
@@ -250,7 +302,9 @@ impl Job {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return n as c_int;
             }
-            std::hint::spin_loop();
+            if waiting.idle(got, q, deadline) {
+                self.sleeps += 1;
+            }
         }
     }
 
