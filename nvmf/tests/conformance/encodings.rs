@@ -132,3 +132,57 @@ fn empty_and_non_nqn_host_nqns_connect_where_any_host_is_allowed() {
     connect(&mut a, 0, 0xffff, NQN, listed.as_bytes(), 0).expect("listed host");
     srv.shutdown();
 }
+
+/// Get Features of every feature the base specification makes mandatory for an NVM
+/// controller on a fabric (the interrupt ones are PCIe only) succeeds: Arbitration, Power
+/// Management, Temperature Threshold (over and under, composite sensor), Error Recovery,
+/// Number of Queues, Write Atomicity Normal, Asynchronous Event Configuration, and Keep
+/// Alive Timer (a fabrics controller has keep-alive). `spdk_nvme_identify` asks for
+/// Temperature Threshold and Error Recovery.
+#[test]
+fn mandatory_features_are_served() {
+    const GET_FEATURES: u8 = 0x0a;
+    let srv = server(true, &[]);
+    let (mut a, _) = admin_up(srv.local_addr(), NQN, hostnqn(), 0);
+    let features = [
+        (0x01, 0),
+        (0x02, 0),
+        (0x04, 0),
+        (0x04, 1 << 20),
+        (0x05, 0),
+        (FID_NUMBER_OF_QUEUES, 0),
+        (0x0a, 0),
+        (FID_ASYNC_EVENT_CONFIG, 0),
+        (FID_KEEP_ALIVE_TIMER, 0),
+    ];
+    for (fid, cdw11) in features {
+        let s = sqe(GET_FEATURES, 0, fid as u32, cdw11);
+        let r = a.exec(s, Style::Spdk.no_data(GET_FEATURES));
+        assert!(
+            r.cqe.ok(),
+            "get features {fid:#x} ({cdw11:#x}): {:?}",
+            r.cqe
+        );
+        if fid == 0x04 {
+            assert_eq!(r.cqe.dw0 & 0x003f_0000, cdw11, "TMPSEL and THSEL echoed");
+        }
+    }
+    // A threshold set to the value it has is accepted (Set Features, SPDK's encoding).
+    let over = a.exec(
+        sqe(GET_FEATURES, 0, 0x04, 0),
+        Style::Spdk.no_data(GET_FEATURES),
+    );
+    let r = a.exec(
+        sqe(SET_FEATURES, 0, 0x04, over.cqe.dw0),
+        Style::Spdk.no_data(SET_FEATURES),
+    );
+    assert!(r.cqe.ok(), "set temperature threshold: {:?}", r.cqe);
+    // A sensor that does not exist: Invalid Field.
+    let r = a.exec(
+        sqe(GET_FEATURES, 0, 0x04, 5 << 16),
+        Style::Spdk.no_data(GET_FEATURES),
+    );
+    assert!(r.cqe.is(0, 0x02), "temperature sensor 5: {:?}", r.cqe);
+    assert!(a.violations.is_empty());
+    srv.shutdown();
+}
