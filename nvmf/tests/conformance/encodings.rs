@@ -186,3 +186,27 @@ fn mandatory_features_are_served() {
     assert!(a.violations.is_empty());
     srv.shutdown();
 }
+
+/// The Connect data may come through R2T and H2CData (a Transport SGL) as well as in the
+/// capsule: the specifications let the host choose, on the admin and I/O queues.
+#[test]
+fn connect_data_through_r2t() {
+    let srv = server(true, &[]);
+    let addr = srv.local_addr();
+    let connect_r2t = |c: &mut Client, qid: u16, cntlid: u16| {
+        let d = connect_data(crate::client::HOSTID, cntlid, NQN, hostnqn());
+        c.qid = qid;
+        c.exec(connect_sqe(qid, 31, 0, 0), Data::R2t(&d)).cqe
+    };
+    let mut a = Client::connect(addr, true, true);
+    let r = connect_r2t(&mut a, 0, 0xffff);
+    assert!(r.ok(), "admin connect through r2t: {r:?}");
+    let cntlid = r.dw0 as u16;
+    enable(&mut a);
+    assert!(set_queues(&mut a, Style::Linux, 1) >= 1);
+    let mut q = Client::connect(addr, false, false);
+    let r = connect_r2t(&mut q, 1, cntlid);
+    assert!(r.ok(), "i/o connect through r2t: {r:?}");
+    write_read_flush(&mut q, Style::Linux, 20);
+    srv.shutdown();
+}
