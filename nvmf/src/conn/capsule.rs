@@ -272,7 +272,24 @@ impl Conn {
 
 /// What is wrong with a command's data pointer, given its data length, the in-capsule
 /// data that came with it and its direction (1: host to controller, 2: back).
+///
+/// A descriptor of length 0 with no in-capsule data moves no data, whatever its type,
+/// subtype or address, and is accepted for every command, as the Linux and SPDK targets
+/// do: stock hosts describe "no data" in several ways (the Linux host a Transport SGL
+/// Data Block of length 0; SPDK's an in-capsule SGL Data Block, Offset subtype, of length
+/// 0 for a command whose direction is host to controller, such as Set Features, and a
+/// Transport one for the others). A descriptor that does describe data must be one
+/// NVMe/TCP defines: in-capsule (Data Block, Offset) for host-to-controller data carried
+/// in the capsule, Transport Data Block for data moved by R2T/H2CData or C2HData.
 fn data_pointer_status(sqe: &[u8; 64], sgl: Sgl, len: u32, icd: usize, dir: u8) -> Option<Status> {
+    let empty = match sgl {
+        // A type NVMe/TCP does not define: its length field read as a Data Block's.
+        Sgl::Other(_) => u32::from_le_bytes([sqe[32], sqe[33], sqe[34], sqe[35]]) == 0,
+        _ => len == 0,
+    };
+    if icd == 0 && empty {
+        return None;
+    }
     match sgl {
         _ if sqe[1] & 0xc0 == 0 && len > 0 => Some(Status::INVALID_FIELD.with_dnr(true)),
         Sgl::InCapsule { offset, len } => {
@@ -289,12 +306,6 @@ fn data_pointer_status(sqe: &[u8; 64], sgl: Sgl, len: u32, icd: usize, dir: u8) 
         Sgl::Transport { .. } if icd > 0 => Some(Status::DATA_SGL_LENGTH_INVALID.with_dnr(true)),
         Sgl::Transport { len } if len > 0 && dir == 0 => Some(Status::INVALID_FIELD.with_dnr(true)),
         Sgl::Transport { .. } => None,
-        // No data at all (a zero length): the descriptor's type does not matter.
-        Sgl::Keyed { .. } | Sgl::Other(_)
-            if icd == 0 && u32::from_le_bytes([sqe[32], sqe[33], sqe[34], sqe[35]]) == 0 =>
-        {
-            None
-        }
         Sgl::Keyed { .. } | Sgl::Other(_) => {
             Some(Status::SGL_DESCRIPTOR_TYPE_INVALID.with_dnr(true))
         }

@@ -96,13 +96,18 @@ impl Conn {
                         dw1: 0,
                     },
                 };
-                // A controller reset (CC.EN cleared) or a shutdown ends the commands
-                // outstanding: held Asynchronous Event Requests complete as aborted
-                // (before the Property Set's own answer), and the host sends new ones
-                // once the controller is ready again.
-                let cc = c.cc();
-                if cc & 1 == 0 || (cc >> 14) & 3 != 0 {
-                    self.abort_held(Status::ABORTED_SQ_DELETION, ctx);
+                // A controller reset (CC.EN cleared) stops the processing of the commands
+                // outstanding (NVMe Base, Controller Level Reset): held Asynchronous
+                // Event Requests end with no completion, and the host, which completes
+                // them itself (SPDK's initiator as aborted, before it writes CC), sends
+                // new ones once the controller is ready again. A shutdown (CC.SHN) leaves
+                // them held: they are answered only by an Abort, ended by a reset or go
+                // with the connection. Answering them here would complete, for SPDK's
+                // initiator, commands it has already freed (a response for a CID it has
+                // nothing outstanding for, which fails its admin queue and so the
+                // shutdown itself). Every answer carries its own command's CID.
+                if c.cc() & 1 == 0 {
+                    self.drop_held();
                 }
                 self.admin_done(s, r, ctx);
             }
@@ -122,10 +127,13 @@ impl Conn {
         }
     }
 
-    /// Completes every held Asynchronous Event Request with `status`.
-    pub(super) fn abort_held(&mut self, status: Status, ctx: &mut Ctx<'_>) {
+    /// Ends every held Asynchronous Event Request without a completion (a controller
+    /// reset): their slots are free again.
+    pub(super) fn drop_held(&mut self) {
         for s in 0..self.slots.len() {
-            self.complete_held(s as u16, status, ctx);
+            if self.slots[s].st == St::Held {
+                self.release(s as u16);
+            }
         }
     }
 

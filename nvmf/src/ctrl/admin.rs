@@ -252,11 +252,15 @@ impl Controller {
                 ok(0)
             }
             fid::ARBITRATION | fid::POWER_MANAGEMENT if cdw11 == 0 => ok(0),
+            // Error Recovery (TLER 0, DULBE 0) and Write Atomicity Normal (DN 0) keep their
+            // one value; a Temperature Threshold may be set to the one it has.
+            fid::ERROR_RECOVERY | fid::WRITE_ATOMICITY if cdw11 == 0 => ok(0),
+            fid::TEMPERATURE_THRESHOLD if temperature_threshold(cdw11) == Some(cdw11) => ok(0),
             _ => done(Status::new(Sct::CommandSpecific, 0x0E).with_dnr(true)), // not changeable
         }
     }
 
-    pub(super) fn get_features(&self, cdw10: u32) -> AdminOutcome {
+    pub(super) fn get_features(&self, cdw10: u32, cdw11: u32) -> AdminOutcome {
         let st = super::lock(&self.st, "a controller's state");
         let sel = (cdw10 >> 8) & 7;
         if sel == 3 {
@@ -274,9 +278,30 @@ impl Controller {
                 ok(self.subsys.namespaces.iter().any(|n| n.info.flush) as u32)
             }
             fid::ARBITRATION | fid::POWER_MANAGEMENT => ok(0),
+            fid::ERROR_RECOVERY | fid::WRITE_ATOMICITY => ok(0),
+            fid::TEMPERATURE_THRESHOLD => match temperature_threshold(cdw11) {
+                Some(v) => ok(v),
+                None => invalid_field(),
+            },
             _ => invalid_field(),
         }
     }
+}
+
+/// The Temperature Threshold feature (mandatory, Get and Set): dword 11's sensor (TMPSEL)
+/// and threshold type (THSEL) with the threshold (TMPTH, kelvins) filled in. There is one
+/// sensor, the composite temperature (TMPSEL 0), whose over-temperature threshold is
+/// 343 K (70 °C) and under-temperature threshold 0 K (none); the SMART log reports a
+/// composite temperature of 0, so neither is ever crossed. `None` for another sensor or
+/// threshold type.
+fn temperature_threshold(cdw11: u32) -> Option<u32> {
+    let (tmpsel, thsel) = ((cdw11 >> 16) & 0xf, (cdw11 >> 20) & 3);
+    let tmpth = match (tmpsel, thsel) {
+        (0, 0) => 343,
+        (0, 1) => 0,
+        _ => return None,
+    };
+    Some((cdw11 & 0x003f_0000) | tmpth)
 }
 
 /// Identify Namespace data of a namespace.

@@ -37,7 +37,7 @@ pub fn connect(
     cmd: &ConnectCmd,
     data: &[u8],
 ) -> Result<(Connected, ConnectData), ConnectRefusal> {
-    let d = ConnectData::parse(data).map_err(|p| refuse_param(p, ""))?;
+    let (d, nqn_host) = connect_data(data)?;
     if cmd.recfmt != 0 {
         return Err(ConnectRefusal {
             status: Status::new(Sct::CommandSpecific, connect_sc::INCOMPATIBLE_FORMAT)
@@ -56,6 +56,16 @@ pub fn connect(
             &format!(" ({})", d.subnqn),
         ));
     };
+    if !nqn_host && !sub.is_discovery() && !sub.allow_any_host {
+        return Err(refuse_param(
+            InvalidParam {
+                offset: fabrics::connect_data_off::HOSTNQN as u16,
+                in_data: true,
+                why: "hostnqn is not a valid nqn",
+            },
+            &format!(" ({:?})", d.hostnqn),
+        ));
+    }
     if !sub.host_allowed(&d.hostnqn) {
         return Err(ConnectRefusal {
             status: Status::new(Sct::CommandSpecific, connect_sc::INVALID_HOST).with_dnr(true),
@@ -86,6 +96,45 @@ pub fn connect(
         return connect_admin(shared, sub, cmd, d);
     }
     connect_io(sub, cmd, d, lim)
+}
+
+/// The Connect data, with the host NQN as sent even when it is not an NQN (and whether it
+/// is one). A host that sends an empty host NQN (SPDK's initiator when none is given) or
+/// some other text may still connect where any host is allowed, as with the Linux
+/// target: it is known by that text (printable ASCII as sent, other bytes escaped; the
+/// empty string for none) and its HOSTID, which its I/O queues must repeat. Such a name
+/// never matches an allow-list entry (those are NQNs), so the host reaches only the
+/// discovery subsystem and subsystems open to any host.
+fn connect_data(data: &[u8]) -> Result<(ConnectData, bool), ConnectRefusal> {
+    use fabrics::connect_data_off as o;
+    match ConnectData::parse(data) {
+        Ok(d) => Ok((d, true)),
+        Err(p) if p.offset as usize == o::HOSTNQN && data.len() >= fabrics::CONNECT_DATA_LEN => {
+            let field = &data[o::HOSTNQN..o::HOSTNQN + fabrics::NQN_FIELD];
+            let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+            let mut hostid = [0u8; 16];
+            hostid.copy_from_slice(&data[o::HOSTID..o::HOSTID + 16]);
+            let subnqn = fabrics::read_nqn(&data[o::SUBNQN..o::SUBNQN + fabrics::NQN_FIELD])
+                .ok_or_else(|| {
+                    refuse_param(
+                        InvalidParam {
+                            offset: o::SUBNQN as u16,
+                            in_data: true,
+                            why: "subnqn is not a valid nqn",
+                        },
+                        "",
+                    )
+                })?;
+            let d = ConnectData {
+                hostid,
+                cntlid: u16::from_le_bytes([data[o::CNTLID], data[o::CNTLID + 1]]),
+                subnqn,
+                hostnqn: field[..end].escape_ascii().to_string(),
+            };
+            Ok((d, false))
+        }
+        Err(p) => Err(refuse_param(p, "")),
+    }
 }
 
 /// A Connect on an admin queue: a new controller with the next free CNTLID.

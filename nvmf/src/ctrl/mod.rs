@@ -68,8 +68,14 @@ pub mod fid {
     pub const ARBITRATION: u8 = 0x01;
     /// Power Management.
     pub const POWER_MANAGEMENT: u8 = 0x02;
+    /// Temperature Threshold.
+    pub const TEMPERATURE_THRESHOLD: u8 = 0x04;
+    /// Error Recovery.
+    pub const ERROR_RECOVERY: u8 = 0x05;
     /// Volatile Write Cache.
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
+    /// Write Atomicity Normal.
+    pub const WRITE_ATOMICITY: u8 = 0x0A;
     /// Number of Queues.
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
     /// Asynchronous Event Configuration.
@@ -546,7 +552,7 @@ impl Controller {
                 self.get_log_page(cdw10 as u8, off, numd * 4, out, shared, local)
             }
             admin_opc::SET_FEATURES => self.set_features(cdw10, cdw11, &shared.limits),
-            admin_opc::GET_FEATURES => self.get_features(cdw10),
+            admin_opc::GET_FEATURES => self.get_features(cdw10, cdw11),
             #[cfg(feature = "panic-hook")]
             admin_opc::KEEP_ALIVE if self.hostnqn == PANIC_HOOK_HOSTNQN => {
                 // Poisons a lock every connection of the subsystem takes.

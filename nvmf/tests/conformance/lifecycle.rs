@@ -1,0 +1,131 @@
+//! A controller's life: keep-alive (kept by Keep Alive commands, its expiry tears the
+//! association down), reconnection after the connections close, and Asynchronous Event
+//! Requests outstanding at shutdown and at a reset.
+
+use std::time::{Duration, Instant};
+
+use crate::client::{Client, Data};
+use crate::fabric::*;
+use crate::wire::*;
+use crate::{eventually, server, NQN};
+
+#[test]
+fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
+    let srv = server(true, &[]);
+    let addr = srv.local_addr();
+    let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 1_000);
+    assert!(set_queues(&mut a, Style::Spdk, 1) >= 1);
+    let mut q = io_up(addr, cntlid, 1, NQN, hostnqn());
+    // Keep Alive every 250 ms for 2.5 KATO: the controller stays.
+    let end = Instant::now() + Duration::from_millis(2_500);
+    while Instant::now() < end {
+        let r = a.exec(sqe(KEEP_ALIVE, 0, 0, 0), Style::Spdk.no_data(KEEP_ALIVE));
+        assert!(r.cqe.ok(), "keep alive: {:?}", r.cqe);
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let d = pattern(4096, 4);
+    assert!(q.exec(rw(WRITE, 3, 1), Data::InCapsule(&d)).cqe.ok());
+    assert_eq!(srv.controllers(NQN), 1);
+    // Then none: the controller ends and both connections close.
+    assert!(
+        a.closed_within(Duration::from_secs(5)),
+        "admin queue closed"
+    );
+    assert!(q.closed_within(Duration::from_secs(5)), "i/o queue closed");
+    eventually("the controller ends", || srv.controllers(NQN) == 0);
+    assert!(a.violations.is_empty() && q.violations.is_empty());
+    srv.shutdown();
+}
+
+#[test]
+fn a_host_reconnects_after_closing_its_association() {
+    let srv = server(true, &[]);
+    let addr = srv.local_addr();
+    let d = pattern(16384, 5);
+    for round in 0..3 {
+        let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 0);
+        assert!(set_queues(&mut a, Style::Spdk, 2) >= 2);
+        let mut q = io_up(addr, cntlid, 2, NQN, hostnqn());
+        if round == 0 {
+            assert!(q.exec(rw(WRITE, 40, 4), Data::R2t(&d)).cqe.ok());
+        }
+        let r = q.exec(rw(READ, 40, 4), Data::Read(16384));
+        assert!(r.cqe.ok() && r.data == d, "round {round}: data read back");
+        drop(q);
+        drop(a);
+        eventually("the controller ends", || srv.controllers(NQN) == 0);
+    }
+    srv.shutdown();
+}
+
+/// An AER outstanding through CC.SHN is not completed (a shut-down controller reports
+/// nothing, and SPDK's host has already given it up); an Abort still finds it. At a
+/// controller reset (CC.EN cleared) the controller stops processing the AERs outstanding
+/// without completing them, so after it the host may send AERL + 1 new ones.
+#[test]
+fn aers_outstanding_at_shutdown_and_reset() {
+    let srv = server(true, &[]);
+    let addr = srv.local_addr();
+    let (mut a, _) = admin_up(addr, NQN, hostnqn(), 0);
+    let id = a.exec(sqe(IDENTIFY, 0, 1, 0), Data::Read(4096));
+    let n = id.data[259] as u16 + 1;
+    let aers: Vec<u16> = (0..n)
+        .map(|_| a.submit(sqe(AER, 0, 0, 0), Style::Linux.no_data(AER)))
+        .collect();
+    let cc = prop_get(&mut a, prop::CC, false) as u32;
+    prop_set(&mut a, prop::CC, cc | (1 << 14));
+    poll_csts(&mut a, |c| (c >> 2) & 3 == 2, "SHST complete");
+    a.settle(Duration::from_millis(200)).unwrap();
+    assert!(a.unclaimed().is_empty(), "no AER completes at shutdown");
+    assert!(aers.iter().all(|c| a.is_outstanding(*c)));
+    // Abort (admin opcode 08h) of the first: it completes as Command Abort Requested.
+    let abort = sqe(0x08, 0, (aers[0] as u32) << 16, 0);
+    let cid = a.submit(abort, Style::Linux.no_data(0x08));
+    let r = a.wait(cid);
+    assert!(r.cqe.ok() && r.cqe.dw0 & 1 == 0, "abort: {:?}", r.cqe);
+    let r = a.wait(aers[0]);
+    assert!(r.cqe.is(0, 0x07), "the aborted AER: {:?}", r.cqe);
+    // Reset: CC.EN cleared. The other AERs end without a completion.
+    prop_set(&mut a, prop::CC, 0);
+    poll_csts(&mut a, |c| c & 1 == 0, "CSTS.RDY = 0");
+    a.settle(Duration::from_millis(200)).unwrap();
+    assert!(a.unclaimed().is_empty(), "no AER completes at a reset");
+    for c in &aers[1..] {
+        a.forget(*c);
+    }
+    enable(&mut a);
+    let again: Vec<u16> = (0..n)
+        .map(|_| a.submit(sqe(AER, 0, 0, 0), Style::Linux.no_data(AER)))
+        .collect();
+    let over = a.submit(sqe(AER, 0, 0, 0), Style::Linux.no_data(AER));
+    let r = a.wait(over);
+    assert!(r.cqe.is(1, sc::AER_LIMIT_EXCEEDED), "{:?}", r.cqe);
+    assert!(again.iter().all(|c| a.is_outstanding(*c)));
+    assert!(a.violations.is_empty(), "{:?}", a.violations);
+    srv.shutdown();
+}
+
+/// A second admin queue of the same host is a second controller; the first is not
+/// disturbed by the second's shutdown.
+#[test]
+fn one_controllers_shutdown_leaves_another_alone() {
+    let srv = server(true, &[]);
+    let addr = srv.local_addr();
+    let (mut a, c1) = admin_up(addr, NQN, hostnqn(), 0);
+    let (mut b, c2) = admin_up(addr, NQN, hostnqn(), 0);
+    assert_ne!(c1, c2);
+    assert!(set_queues(&mut a, Style::Spdk, 1) >= 1);
+    let mut q: Client = io_up(addr, c1, 1, NQN, hostnqn());
+    let cc = prop_get(&mut b, prop::CC, false) as u32;
+    prop_set(&mut b, prop::CC, cc | (1 << 14));
+    poll_csts(&mut b, |c| (c >> 2) & 3 == 2, "SHST complete");
+    drop(b);
+    let d = pattern(4096, 6);
+    assert!(q.exec(rw(WRITE, 9, 1), Data::InCapsule(&d)).cqe.ok());
+    assert_eq!(
+        prop_get(&mut a, prop::CSTS, false) & 0xd,
+        1,
+        "RDY, no shutdown"
+    );
+    srv.shutdown();
+}
