@@ -30,12 +30,13 @@ limit=${TIMEOUT:-90}
 mkdir -p "$out"
 
 # The target per example: a zoned namespace for fio's zbd mode (256 MiB zones, as fio's
-# zbd examples use; writes of up to 512 KiB: mdts=7; no data kept), a small one for a job
+# zbd examples use; writes of up to 512 KiB: mdts=7; sparse memory, so a job that verifies
+# reads back what it wrote), a small one for a job
 # that fills the device and verifies it, else 4 TiB of 512-byte blocks in sparse memory
 # (larger sizes and offsets are refused naming them).
 target_for() {
     if grep -q '^[[:space:]]*zonemode=zbd' "$1"; then
-        echo 'emu:store=null,mdts=7,ns=160G+4096+zoned+zone256M'
+        echo 'emu:mdts=7,ns=160G+4096+zoned+zone256M'
     elif grep -q '^[[:space:]]*fill_device=1' "$1"; then
         echo 'emu:size=256M,lba=512'
     else
