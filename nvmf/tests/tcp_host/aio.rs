@@ -1,0 +1,1 @@
+//! The aio API over a `tcp:` target.

@@ -1,0 +1,1 @@
+//! Discovery through the `tcp:` target kind.

@@ -1,0 +1,61 @@
+//! Reads and writes through `tcp:` targets.
+
+use kestrel::io::{IoError, IoRequest};
+
+use crate::common::*;
+
+fn sizes_round_trip(opts: &str) {
+    let s = server(1, "64M", 128 << 10);
+    let t = kestrel::target_spec::open(&spec(&s, opts)).expect("tcp target opens");
+    let info = t.info().clone();
+    assert_eq!((info.nsid, info.block_size), (1, 4096));
+    assert_eq!(info.num_blocks, (64 << 20) / 4096);
+    assert_eq!(info.max_transfer_bytes, 128 << 10);
+    let (mut q, buf) = queue_with_buffer(&t, 32, 2 << 20);
+    // In-capsule (4 KiB, 8 KiB), R2T (12 KiB .. 128 KiB), split at MDTS (above).
+    for (k, kib) in [4usize, 8, 12, 64, 128, 132, 512, 1024]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(kib << 10, k as u64 + 7);
+        write_read(q.as_mut(), &buf, 1, 4096, 100 * k as u64, &data);
+    }
+    let st = q.stats();
+    assert!(
+        st.split >= 3,
+        "1 MiB and 512 KiB and 132 KiB are split at MDTS: {st:?}"
+    );
+}
+
+#[test]
+fn reads_and_writes_from_4k_to_1m() {
+    sizes_round_trip("");
+}
+
+#[test]
+fn reads_and_writes_with_digests() {
+    sizes_round_trip("digest=both");
+    sizes_round_trip("digest=hdr");
+    sizes_round_trip("digest=data");
+}
+
+#[test]
+fn out_of_range_and_nvme_errors() {
+    let s = server(1, "16M", 128 << 10);
+    let t = kestrel::target_spec::open(&spec(&s, "")).unwrap();
+    let (mut q, buf) = queue_with_buffer(&t, 8, 1 << 20);
+    let n = t.info().num_blocks;
+    let e = q.submit(IoRequest::read(1, n, 1, buf.sub(0, 4096).unwrap(), 9));
+    assert!(e.is_err(), "past the end is refused before it is sent");
+    // Flush, write zeroes, deallocate: the namespace's support as the target says.
+    q.submit(IoRequest::flush(1, 3)).unwrap();
+    q.flush();
+    assert_eq!(reap(q.as_mut(), 1)[0].result, Ok(()));
+    if t.info().write_zeroes {
+        q.submit(IoRequest::write_zeroes(1, 0, 70_000.min(n as u32), 4))
+            .unwrap();
+        q.flush();
+        assert_eq!(reap(q.as_mut(), 1)[0].result, Ok(()));
+    }
+    let _ = IoError::Timeout;
+}

@@ -1,0 +1,1 @@
+//! A target killed mid-write.
