@@ -128,7 +128,7 @@ mod tests {
         let e = unsafe { recv_into(rx.as_fd(), base + 10, 8) }.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         tx.write_all(b"0123456789").unwrap();
-        // SAFETY: as above.
+        // SAFETY: 10..18 of `buf` again, alive for the call, no reference in use meanwhile.
         let n = unsafe { recv_into(rx.as_fd(), base + 10, 8) }.unwrap();
         assert_eq!(n, 8);
         assert_eq!(&buf[8..20], b"\xee\xee01234567\xee\xee");

@@ -38,6 +38,7 @@ use crate::target::{QueueInUse, QueueOptions, TargetInfo, TargetQueue};
 use super::link::{Link, Negotiated};
 use super::{TcpController, TcpError};
 
+mod check;
 mod issue;
 mod rx;
 
@@ -101,6 +102,74 @@ struct Cmd {
     /// C2HData bytes received.
     received: u32,
     deadline: Instant,
+}
+
+impl Cmd {
+    fn new(now: Instant) -> Cmd {
+        Cmd {
+            live: false,
+            req: 0,
+            op: IoOp::Flush,
+            data_off: 0,
+            data_len: 0,
+            hdr: [0; HDR_CAP],
+            hdr_len: 0,
+            pdu_off: 0,
+            pdu_len: 0,
+            trailer: false,
+            ddgst: [0; 4],
+            sent: 0,
+            tx: Tx::Idle,
+            ttag: 0,
+            r2t_next: 0,
+            r2t_end: 0,
+            awaiting_r2t: false,
+            received: 0,
+            deadline: now,
+        }
+    }
+}
+
+impl Req {
+    fn new() -> Req {
+        Req {
+            req: IoRequest::flush(0, 0),
+            live: false,
+            issued: 0,
+            cmds: 0,
+            err: None,
+            value: 0,
+        }
+    }
+}
+
+/// Connects I/O queue `qid` of `ctrl` with `depth` entries: TCP, ICReq/ICResp, Fabrics
+/// Connect with the controller's CNTLID; the socket then turns non-blocking.
+fn open_conn(
+    ctrl: &TcpController,
+    qid: u16,
+    depth: u32,
+) -> Result<(TcpStream, Negotiated, String), TcpError> {
+    let o = ctrl.options();
+    let f = ctrl.facts();
+    let mut link = Link::open(&o.endpoint, o.hdgst, o.ddgst)?;
+    link.fabrics_connect(
+        qid,
+        (depth - 1) as u16,
+        0,
+        Some(f.cntlid),
+        &o.subnqn,
+        &o.host,
+    )?;
+    let Link {
+        sock, neg, addr, ..
+    } = link;
+    sock.set_nonblocking(true).map_err(|source| TcpError::Io {
+        addr: addr.clone(),
+        what: "making the socket non-blocking",
+        source,
+    })?;
+    Ok((sock, neg, addr))
 }
 
 /// What the receive side is reading.
@@ -204,57 +273,13 @@ impl TcpQueue {
             .min(o.queue_size)
             .min(f.cap.max_queue_entries())
             .max(2);
-        let mut link = Link::open(&o.endpoint, o.hdgst, o.ddgst)?;
-        link.fabrics_connect(
-            qid,
-            (depth - 1) as u16,
-            0,
-            Some(f.cntlid),
-            &o.subnqn,
-            &o.host,
-        )?;
-        let Link {
-            sock, neg, addr, ..
-        } = link;
-        sock.set_nonblocking(true).map_err(|source| TcpError::Io {
-            addr: addr.clone(),
-            what: "making the socket non-blocking",
-            source,
-        })?;
+        let (sock, neg, addr) = open_conn(ctrl, qid, depth)?;
         let slots = depth - 1;
         let nreqs = slots + opts.sw_queue_depth.min(MAX_SW_QUEUE);
         let bs = info.block_size;
         let mdts_blocks = (f.max_transfer.min(1 << 30) / u64::from(bs)).max(1) as u32;
         let now = Instant::now();
-        let cmd = Cmd {
-            live: false,
-            req: 0,
-            op: IoOp::Flush,
-            data_off: 0,
-            data_len: 0,
-            hdr: [0; HDR_CAP],
-            hdr_len: 0,
-            pdu_off: 0,
-            pdu_len: 0,
-            trailer: false,
-            ddgst: [0; 4],
-            sent: 0,
-            tx: Tx::Idle,
-            ttag: 0,
-            r2t_next: 0,
-            r2t_end: 0,
-            awaiting_r2t: false,
-            received: 0,
-            deadline: now,
-        };
-        let req = Req {
-            req: IoRequest::flush(0, 0),
-            live: false,
-            issued: 0,
-            cmds: 0,
-            err: None,
-            value: 0,
-        };
+        let (cmd, req) = (Cmd::new(now), Req::new());
         let in_capsule = if f.icdoff == 0 { f.in_capsule } else { 0 };
         Ok(TcpQueue {
             ctrl: ctrl.clone(),
@@ -300,98 +325,6 @@ impl TcpQueue {
             token: req.token,
             reason,
         }
-    }
-
-    /// The checks of a request (range, lengths, what the namespace supports, buffers lent
-    /// when `leased`).
-    fn validate(&self, req: &IoRequest, leased: bool) -> Result<(), InvalidRequest> {
-        let op = req.op;
-        if op.is_zoned() {
-            return Err(InvalidRequest::NotZoned {
-                op: op.name(),
-                nsid: self.nsid,
-            });
-        }
-        if req.nsid != self.nsid {
-            return Err(InvalidRequest::InactiveNamespace { nsid: req.nsid });
-        }
-        if req.meta.with {
-            return Err(InvalidRequest::Metadata {
-                op: op.name(),
-                nsid: self.nsid,
-                nlb: req.nlb,
-                ms: 0,
-                extended: false,
-                why: "the namespace is used without metadata over nvme/tcp",
-            });
-        }
-        let nseg = req.data.len();
-        if op.has_data() == (nseg == 0) {
-            return Err(InvalidRequest::BadSegments {
-                op: op.name(),
-                n: nseg,
-                why: if nseg == 0 {
-                    "a read or write needs at least one data segment"
-                } else {
-                    "this operation takes no data segments"
-                },
-            });
-        }
-        let unsupported = match op {
-            IoOp::WriteZeroes => !self.info.write_zeroes,
-            IoOp::Deallocate => !self.info.deallocate || self.in_capsule < 16,
-            _ => false,
-        };
-        if unsupported {
-            return Err(InvalidRequest::Unsupported { op: op.name() });
-        }
-        if !op.has_range() {
-            return Ok(());
-        }
-        if req.nlb == 0 {
-            return Err(InvalidRequest::ZeroBlocks {
-                op: op.name(),
-                lba: req.lba,
-            });
-        }
-        if req
-            .lba
-            .checked_add(u64::from(req.nlb))
-            .is_none_or(|e| e > self.num_blocks)
-        {
-            return Err(InvalidRequest::OutOfRange {
-                nsid: self.nsid,
-                lba: req.lba,
-                nlb: req.nlb,
-                capacity: self.num_blocks,
-            });
-        }
-        if !op.has_data() {
-            return Ok(());
-        }
-        let need = u64::from(req.nlb) * u64::from(self.block_size);
-        let have = req.data.total_len() as u64;
-        if have < need || need > u64::from(u32::MAX) {
-            return Err(InvalidRequest::LengthMismatch {
-                op: op.name(),
-                nlb: req.nlb,
-                block_size: self.block_size,
-                need,
-                have,
-            });
-        }
-        if leased {
-            for (index, s) in req.data.as_slice().iter().enumerate() {
-                if !self.leases.holds(s) {
-                    return Err(InvalidRequest::NotLent {
-                        index,
-                        iova: s.iova(),
-                        len: s.len(),
-                    });
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Takes a request: checked, given a slot, queued for commands; a failed connection
