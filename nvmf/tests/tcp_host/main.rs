@@ -9,6 +9,7 @@
 mod common;
 
 mod aio;
+mod capi;
 mod discovery;
 mod io;
 mod recovery;
