@@ -59,3 +59,46 @@ fn out_of_range_and_nvme_errors() {
     }
     let _ = IoError::Timeout;
 }
+
+#[test]
+fn a_tcp_target_served_again() {
+    // Server A exports an emulated namespace; server B exports A's namespace through the
+    // tcp: target kind; the host reaches it through B, and sees what it wrote through A.
+    let a = server(1, "32M", 128 << 10);
+    let through_a = kestrel::target_spec::open(&spec(&a, "digest=both")).unwrap();
+    let b = kestrel_nvmf::Server::start(kestrel_nvmf::ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        discovery_listen: None,
+        reactors: vec![None; 1],
+        subsystems: vec![kestrel_nvmf::SubsystemConfig {
+            nqn: NQN.into(),
+            namespaces: vec![through_a],
+            allowed_hosts: Vec::new(),
+            allow_any_host: true,
+        }],
+        limits: kestrel_nvmf::Limits::default(),
+    })
+    .expect("a tcp: target is exportable");
+    let t = kestrel::target_spec::open(&spec(&b, "")).unwrap();
+    let (mut q, buf) = queue_with_buffer(&t, 16, 1 << 20);
+    for (k, kib) in [4usize, 64, 256].into_iter().enumerate() {
+        write_read(
+            q.as_mut(),
+            &buf,
+            1,
+            4096,
+            64 * k as u64,
+            &pattern(kib << 10, k as u64),
+        );
+    }
+    drop(q);
+    let direct = kestrel::target_spec::open(&spec(&a, "")).unwrap();
+    let (mut q, buf) = queue_with_buffer(&direct, 4, 8192);
+    let r = buf.sub(0, 4096).unwrap();
+    q.submit(IoRequest::read(1, 0, 1, r, 1)).unwrap();
+    q.flush();
+    assert_eq!(reap(q.as_mut(), 1)[0].result, Ok(()));
+    let mut got = vec![0u8; 4096];
+    q.read_lent(&r, 0, &mut got).unwrap();
+    assert_eq!(got, pattern(4096, 0), "written through B, read through A");
+}
