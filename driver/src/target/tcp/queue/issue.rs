@@ -261,7 +261,7 @@ impl TcpQueue {
 
     /// Sends queued PDUs until the socket takes no more.
     pub(crate) fn transmit(&mut self) {
-        while !self.txq.is_empty() && self.failed.is_none() {
+        while !self.txq.is_empty() && self.connected() {
             let mut out = [Piece { addr: 0, len: 0 }; MAX_IOV];
             let mut n = 0;
             let mut want = 0usize;

@@ -40,6 +40,7 @@ use super::{TcpController, TcpError};
 
 mod check;
 mod issue;
+mod recover;
 mod rx;
 
 /// The most software-queued requests beyond the command slots.
@@ -151,13 +152,12 @@ fn open_conn(
     depth: u32,
 ) -> Result<(TcpStream, Negotiated, String), TcpError> {
     let o = ctrl.options();
-    let f = ctrl.facts();
     let mut link = Link::open(&o.endpoint, o.hdgst, o.ddgst)?;
     link.fabrics_connect(
         qid,
         (depth - 1) as u16,
         0,
-        Some(f.cntlid),
+        Some(ctrl.cntlid()),
         &o.subnqn,
         &o.host,
     )?;
@@ -237,8 +237,10 @@ pub struct TcpQueue {
     /// Completions decided outside `poll` (a failed connection), delivered by the next.
     done: VecDeque<Completion>,
     outstanding: u32,
-    /// Set when the connection failed: what every request gets from then on.
+    /// Set when the connection failed for good: what every request gets from then on.
     failed: Option<IoError>,
+    /// Set while a lost connection is being made again.
+    recon: Option<recover::Recon>,
     next_scan: Instant,
     stats: QueueStats,
 }
@@ -310,6 +312,7 @@ impl TcpQueue {
             done: VecDeque::with_capacity(nreqs as usize),
             outstanding: 0,
             failed: None,
+            recon: None,
             next_scan: now,
             stats: QueueStats::default(),
         })
@@ -353,7 +356,7 @@ impl TcpQueue {
             self.finish(ri, Some(e));
             return Ok(());
         }
-        if !self.free_cids.is_empty() && self.pending.is_empty() {
+        if self.recon.is_none() && !self.free_cids.is_empty() && self.pending.is_empty() {
             self.issue_request(ri);
         }
         if self.reqs[ri as usize].live && self.needs_more(ri) {
@@ -387,39 +390,23 @@ impl TcpQueue {
         self.free_reqs.push(ri);
     }
 
-    /// Closes the connection: every request still at the controller or waiting fails
-    /// with `err` (those with a command past its deadline with a timeout), and every later
-    /// one too.
+    /// The connection is gone: with a controller loss timeout the queue reconnects and
+    /// sends its requests again ([`recover`]); without one (or once the controller is
+    /// lost) every request fails with `err`.
     fn fail(&mut self, err: IoError, why: &dyn std::fmt::Display) {
-        if self.failed.is_some() {
+        if !self.connected() {
             return;
         }
-        tracing::warn!(addr = %self.addr, qid = self.qid, error = %why, "nvme/tcp i/o queue failed; its requests fail");
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
-        self.failed = Some(err);
-        let now = Instant::now();
-        for cid in 0..self.cmds.len() {
-            let c = &mut self.cmds[cid];
-            if c.live {
-                c.live = false;
-                let timed_out = now >= c.deadline;
-                let ri = c.req as usize;
-                if timed_out {
-                    self.reqs[ri].err = Some(IoError::Timeout);
-                }
-                self.free_cids.push(cid as u16);
-            }
+        if self.ctrl.options().ctrl_loss_tmo.is_zero() || self.ctrl.is_lost() {
+            self.fail_all(err, why);
+        } else {
+            self.begin_reconnect(why);
         }
-        self.txq.clear();
-        self.pending.clear();
-        for ri in 0..self.reqs.len() as u16 {
-            if self.reqs[ri as usize].live {
-                let own = self.reqs[ri as usize]
-                    .err
-                    .filter(|e| *e == IoError::Timeout);
-                self.finish(ri, Some(own.unwrap_or(err)));
-            }
-        }
+    }
+
+    /// Whether the connection is up (neither failed for good nor being made again).
+    fn connected(&self) -> bool {
+        self.failed.is_none() && self.recon.is_none()
     }
 
     /// Delivers up to `max` completions waiting in `done`.
@@ -444,7 +431,7 @@ impl TcpQueue {
     /// millisecond).
     fn check_timeouts(&mut self) {
         let now = Instant::now();
-        if now < self.next_scan || self.failed.is_some() {
+        if now < self.next_scan || !self.connected() {
             return;
         }
         self.next_scan = now + TIMEOUT_SCAN;
@@ -476,7 +463,7 @@ impl TargetQueue for TcpQueue {
         LeasesMut::new(&mut self.leases)
     }
     fn flush(&mut self) {
-        if self.failed.is_none() {
+        if self.connected() {
             self.transmit();
         }
     }
@@ -484,7 +471,10 @@ impl TargetQueue for TcpQueue {
         let max = if max == 0 { 256 } else { max };
         self.stats.polls += 1;
         let mut n = self.deliver(max, done);
-        if self.failed.is_none() && n < max {
+        if self.recon.is_some() {
+            self.try_reconnect();
+        }
+        if self.connected() && n < max {
             self.transmit();
             self.receive(max - n);
             self.issue_pending();
@@ -522,7 +512,7 @@ impl TargetQueue for TcpQueue {
         if !self.done.is_empty()
             || !self.txq.is_empty()
             || !self.pending.is_empty()
-            || self.failed.is_some()
+            || !self.connected()
         {
             return true;
         }
@@ -544,7 +534,7 @@ impl TargetQueue for TcpQueue {
 
 impl Drop for TcpQueue {
     fn drop(&mut self) {
-        if self.failed.is_none() && self.outstanding == 0 {
+        if self.connected() && self.outstanding == 0 {
             // Disconnect (best effort: the queue closes whatever the answer).
             let mut s = [0u8; 64];
             s[0] = FABRICS_OPC;

@@ -27,7 +27,7 @@ impl TcpQueue {
     /// Reads and handles PDUs until the socket is empty or `budget` requests completed.
     pub(super) fn receive(&mut self, budget: u32) {
         let start = self.done.len();
-        while self.failed.is_none() && self.done.len() - start < budget as usize {
+        while self.connected() && self.done.len() - start < budget as usize {
             let step = match self.rx {
                 Rx::Header { got } => self.read_header(got),
                 Rx::Pad { .. } => self.read_pad(),

@@ -8,7 +8,7 @@
 //! from a thread of its own; dropping the last handle (every queue holds one) stops it,
 //! sets CC.SHN to normal shutdown and waits (bounded) for CSTS.SHST to say complete.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -17,12 +17,15 @@ use crate::hw::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
 use crate::parse::TcpSpec;
 use crate::spec::fabrics::{ctrl_off, prop, PropertyCmd, DISCOVERY_NQN};
 use crate::spec::identify::{parse_active_ns_list, IDENTIFY_SIZE};
-use crate::spec::{admin_opc, cns, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, Sqe, Vs};
+use crate::spec::{cns, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, Sqe, Vs};
 use crate::target::TargetInfo;
 
 use super::hostnqn::{default_identity, HostIdentity};
+
+mod keepalive;
 use super::link::Link;
 use super::{Endpoint, TcpError};
+pub(super) use keepalive::{FIRST_BACKOFF, MAX_BACKOFF};
 
 /// Keep Alive Timeout when `kato=` is not given (as Linux's initiator).
 pub const DEFAULT_KATO: Duration = Duration::from_secs(5);
@@ -113,10 +116,15 @@ pub struct TcpNsInfo {
 /// The admin connection and the Keep Alive thread's controls.
 pub(super) struct Admin {
     link: Mutex<Link>,
-    stop: Mutex<bool>,
+    /// What the Keep Alive thread is asked: stop, or look at the controller now.
+    state: Mutex<keepalive::Asked>,
     wake: Condvar,
-    /// A Keep Alive failed: the controller is taken as lost.
+    /// The controller could not be reached again within the controller loss timeout.
     pub(super) lost: AtomicBool,
+    /// The CNTLID of the controller now (a new one after a reconnect).
+    cntlid: AtomicU32,
+    /// How to connect again.
+    opts: TcpOpenOptions,
 }
 
 impl Admin {
@@ -172,17 +180,7 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
 impl TcpController {
     /// Connects and brings the controller up (see the module documentation).
     pub fn open(opts: &TcpOpenOptions) -> Result<TcpController, TcpError> {
-        let mut link = Link::open(&opts.endpoint, opts.hdgst, opts.ddgst)?;
-        let kato_ms = opts.kato.as_millis().min(u32::MAX as u128) as u32;
-        let cntlid = link.fabrics_connect(
-            0,
-            ADMIN_QUEUE_ENTRIES - 1,
-            kato_ms,
-            None,
-            &opts.subnqn,
-            &opts.host,
-        )?;
-        let (cap, vs) = enable(&mut link)?;
+        let (mut link, cntlid, cap, vs) = connect_admin(opts)?;
         let raw = identify(&mut link, cns::CONTROLLER, 0)?;
         let id = IdentifyController::parse(&raw);
         let discovery = opts.subnqn == DISCOVERY_NQN;
@@ -209,11 +207,13 @@ impl TcpController {
         };
         let admin = Arc::new(Admin {
             link: Mutex::new(link),
-            stop: Mutex::new(false),
+            state: Mutex::new(keepalive::Asked::default()),
             wake: Condvar::new(),
             lost: AtomicBool::new(false),
+            cntlid: AtomicU32::new(u32::from(cntlid)),
+            opts: opts.clone(),
         });
-        let ka = start_keep_alive(&admin, opts.kato, &opts.endpoint);
+        let ka = keepalive::start(&admin);
         Ok(TcpController {
             sh: Arc::new(Shared {
                 opts: opts.clone(),
@@ -255,9 +255,19 @@ impl TcpController {
     pub fn dma_pool(&self) -> &DmaPool {
         &self.sh.pool
     }
-    /// Whether a Keep Alive failed (the controller is taken as lost).
+    /// Whether the controller is lost: it could not be reached again within the
+    /// controller loss timeout.
     pub fn is_lost(&self) -> bool {
         self.sh.admin.lost.load(Ordering::Acquire)
+    }
+    /// The controller's CNTLID now (I/O queues connect with it; a reconnect changes it).
+    pub fn cntlid(&self) -> u16 {
+        self.sh.admin.cntlid.load(Ordering::Acquire) as u16
+    }
+    /// Asks the Keep Alive thread to look at the admin connection now (an I/O queue lost
+    /// its connection: the controller may be gone too).
+    pub(super) fn kick(&self) {
+        self.sh.admin.kick();
     }
     /// Runs one admin command (data out in-capsule, at most `data_in` bytes back).
     pub fn admin_command(
@@ -432,39 +442,26 @@ fn namespaces(
     Ok(out)
 }
 
-/// Keep Alive every KATO/2 until stopped; `None` when KATO is zero.
-fn start_keep_alive(admin: &Arc<Admin>, kato: Duration, ep: &Endpoint) -> Option<JoinHandle<()>> {
-    if kato.is_zero() {
-        return None;
-    }
-    let a = Arc::clone(admin);
-    let addr = ep.to_string();
-    let every = kato / 2;
-    std::thread::Builder::new()
-        .name("kestrel-tcp-ka".into())
-        .spawn(move || loop {
-            let stop = a.stop.lock().unwrap_or_else(|p| p.into_inner());
-            let (stop, _) = a.wake.wait_timeout_while(stop, every, |s| !*s).unwrap_or_else(|p| p.into_inner());
-            if *stop {
-                return;
-            }
-            drop(stop);
-            let sqe = Sqe::new(admin_opc::KEEP_ALIVE).to_bytes();
-            let r = a.link().command(sqe, &[], 0);
-            if let Err(e) = r {
-                tracing::warn!(%addr, error = %e, "keep alive failed: the controller is taken as lost");
-                a.lost.store(true, Ordering::Release);
-                return;
-            }
-        })
-        .map_err(|e| tracing::warn!(error = %e, "cannot start the keep alive thread"))
-        .ok()
+/// A new admin connection: TCP, ICReq/ICResp, Fabrics Connect of the admin queue with
+/// KATO, CAP and VS, then CC.EN and CSTS.RDY. Returns it with its CNTLID.
+fn connect_admin(opts: &TcpOpenOptions) -> Result<(Link, u16, Cap, Vs), TcpError> {
+    let mut link = Link::open(&opts.endpoint, opts.hdgst, opts.ddgst)?;
+    let kato_ms = opts.kato.as_millis().min(u32::MAX as u128) as u32;
+    let cntlid = link.fabrics_connect(
+        0,
+        ADMIN_QUEUE_ENTRIES - 1,
+        kato_ms,
+        None,
+        &opts.subnqn,
+        &opts.host,
+    )?;
+    let (cap, vs) = enable(&mut link)?;
+    Ok((link, cntlid, cap, vs))
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        *self.admin.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        self.admin.wake.notify_all();
+        self.admin.stop();
         if let Some(t) = self.ka.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
