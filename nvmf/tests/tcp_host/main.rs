@@ -7,9 +7,12 @@
 //! It lives here because it needs both crates: the driver does not depend on the target.
 
 mod common;
+#[path = "../../../driver/tests/support/counting_alloc.rs"]
+mod counting_alloc;
 
 mod aio;
 mod capi;
 mod discovery;
 mod io;
+mod noalloc;
 mod recovery;
