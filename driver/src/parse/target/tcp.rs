@@ -241,3 +241,92 @@ pub(super) fn parse_tcp(s: &str, nsid: Option<u32>) -> Result<TcpSpec, String> {
     }
     Ok(t)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse_target, TargetSpec};
+    use super::*;
+
+    fn tcp(s: &str) -> Result<TcpSpec, String> {
+        match parse_target(s) {
+            Ok(TargetSpec::Tcp(t)) => Ok(t),
+            Ok(other) => panic!("{s}: not a tcp spec: {other:?}"),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn subsystems_with_every_option() {
+        let t = tcp("tcp:192.0.2.10:4421/nqn.2026-12.io.kestrel:disk,hostnqn=nqn.2014-08.org.nvmexpress:uuid:1,hostid=11111111-2222-3333-4444-555555555555,digest=both,queues=4,queue_size=64,kato=2s,ctrl_loss_tmo=10s,connect_timeout=500ms/ns=2").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("192.0.2.10", 4421));
+        assert_eq!(t.subnqn.as_deref(), Some("nqn.2026-12.io.kestrel:disk"));
+        assert_eq!(
+            t.hostnqn.as_deref(),
+            Some("nqn.2014-08.org.nvmexpress:uuid:1")
+        );
+        assert_eq!(
+            uuid_text(&t.hostid.unwrap()),
+            "11111111-2222-3333-4444-555555555555"
+        );
+        assert_eq!(
+            t.digests,
+            Digests {
+                header: true,
+                data: true
+            }
+        );
+        assert_eq!((t.queues, t.queue_size), (Some(4), Some(64)));
+        assert_eq!(t.kato, Some(Duration::from_secs(2)));
+        assert_eq!(t.ctrl_loss_tmo, Some(Duration::from_secs(10)));
+        assert_eq!(t.connect_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(t.nsid, Some(2));
+        assert!(!t.is_discovery());
+        // Defaults: port 4420 for a subsystem, 8009 for discovery; IPv6 in brackets.
+        let t = tcp("tcp:host.example/nqn.2026-12.io.kestrel:a").unwrap();
+        assert_eq!((t.port, t.digests), (DEFAULT_TCP_PORT, Digests::default()));
+        let t = tcp("tcp:[::1]").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.is_discovery()),
+            ("::1", DEFAULT_DISCOVERY_PORT, true)
+        );
+        assert_eq!(t.address(), "[::1]:8009");
+        let t = tcp("tcp:[fe80::1]:4420/nqn.2014-08.org.nvmexpress.discovery").unwrap();
+        assert!(t.is_discovery());
+        assert_eq!(
+            TargetSpec::Tcp(tcp("tcp:h:1/nqn.x.y:z,digest=hdr").unwrap()).to_string(),
+            "tcp:h:1/nqn.x.y:z"
+        );
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        for (s, want) in [
+            ("tcp:", "not a host name"),
+            ("tcp:h:0/nqn.x.y:z", "port '0'"),
+            ("tcp:h:99999/nqn.x.y:z", "port '99999'"),
+            ("tcp:h/iqn.x", "not a subsystem nqn"),
+            ("tcp:h/nqn.x.y:z,digest=crc", "digest=crc"),
+            ("tcp:h/nqn.x.y:z,queues=0", "queues=0"),
+            ("tcp:h/nqn.x.y:z,queue_size=1", "queue_size=1"),
+            ("tcp:h/nqn.x.y:z,hostid=xyz", "hostid=xyz"),
+            ("tcp:h/nqn.x.y:z,hostnqn=bob", "hostnqn=bob"),
+            ("tcp:h/nqn.x.y:z,kato=5", "invalid duration"),
+            ("tcp:h/nqn.x.y:z,connect_timeout=0", "connect_timeout=0"),
+            ("tcp:h/nqn.x.y:z,bogus=1", "unknown option 'bogus' for tcp"),
+            ("tcp:h/nqn.x.y:z,queues=2,queues=3", "given twice"),
+            ("tcp:[::1/nqn.x.y:z", "no closing ]"),
+            ("tcp:h/ns=1", "discovery controller has no namespaces"),
+        ] {
+            let e = tcp(s).unwrap_err();
+            assert!(e.contains(want), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn uuids_round_trip() {
+        let u = parse_uuid("0123abcd-4567-89ef-0123-456789abcdef").unwrap();
+        assert_eq!(uuid_text(&u), "0123abcd-4567-89ef-0123-456789abcdef");
+        assert_eq!(parse_uuid("0123abcd456789ef0123456789abcdef"), None);
+        assert_eq!(parse_uuid("0123abcd-4567-89ef-0123-456789abcdeg"), None);
+    }
+}
