@@ -102,3 +102,34 @@ fn a_tcp_target_served_again() {
     q.read_lent(&r, 0, &mut got).unwrap();
     assert_eq!(got, pattern(4096, 0), "written through B, read through A");
 }
+
+#[test]
+fn keep_alive_holds_an_idle_controller_and_drop_shuts_it_down() {
+    let s = server(1, "16M", 128 << 10);
+    let t = kestrel::target_spec::open(&spec(&s, "kato=1s")).unwrap();
+    let (mut q, buf) = queue_with_buffer(&t, 8, 64 << 10);
+    assert_eq!(s.controllers(NQN), 1);
+    // Idle for more than twice KATO: only Keep Alive keeps the controller.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(s.controllers(NQN), 1, "the controller expired while idle");
+    write_read(q.as_mut(), &buf, 1, 4096, 0, &pattern(8192, 1));
+    assert_eq!(
+        q.stats().resets,
+        0,
+        "the queue had to reconnect: {:?}",
+        q.stats()
+    );
+    // The last handle gone: shutdown, then the connections close.
+    drop(q);
+    drop(t);
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while s.controllers(NQN) != 0 || s.connections() != 0 {
+        assert!(
+            std::time::Instant::now() < end,
+            "{} controllers, {} connections left",
+            s.controllers(NQN),
+            s.connections()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
