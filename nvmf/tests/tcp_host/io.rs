@@ -106,11 +106,11 @@ fn a_tcp_target_served_again() {
 #[test]
 fn keep_alive_holds_an_idle_controller_and_drop_shuts_it_down() {
     let s = server(1, "16M", 128 << 10);
-    let t = kestrel::target_spec::open(&spec(&s, "kato=1s")).unwrap();
+    let t = kestrel::target_spec::open(&spec(&s, "kato=2s")).unwrap();
     let (mut q, buf) = queue_with_buffer(&t, 8, 64 << 10);
     assert_eq!(s.controllers(NQN), 1);
     // Idle for more than twice KATO: only Keep Alive keeps the controller.
-    std::thread::sleep(std::time::Duration::from_millis(2500));
+    std::thread::sleep(std::time::Duration::from_millis(5000));
     assert_eq!(s.controllers(NQN), 1, "the controller expired while idle");
     write_read(q.as_mut(), &buf, 1, 4096, 0, &pattern(8192, 1));
     assert_eq!(
