@@ -17,6 +17,7 @@
 #     set-up naming the option; none errs, crashes or hangs;
 #   - examples/fio/emu-faults.fio and a stop-at-first-error job: emulator faults reported
 #     by fio (error counts, the NVMe status), not a hang;
+#   - a tcp: target (the NVMe/TCP host) against `kestrel serve` on loopback, with verify;
 #   - and it prints fio's IOPS through the engine as a ratio to `kestrel perf` (QD 32, 1 s):
 #     a figure for the log, not a test.
 # Every fio run is bounded by `timeout`.
@@ -236,6 +237,23 @@ expect faults-stop 'err= 5'
 log "fio's own examples (scripts/fio-examples.sh)"
 scripts/fio-examples.sh "$SO" "$SRC" "$TMP/examples" ||
     die "fio's examples: some failed (above)"
+
+log "nvme/tcp: kestrel serve on loopback, fio through a tcp: target (digests, 4 KiB to 1 MiB, verify)"
+cargo build --release -p kestrel-app
+"$TARGET_DIR/release/kestrel" serve --target d=emu:size=256M,core=none --listen 127.0.0.1:0 \
+    --discovery-port off --allow-any-host --max-io-size 1048576 --queue-buffer 8388608 \
+    --time 120 >"$TMP/serve.out" 2>&1 &
+SERVE=$!
+for _ in $(seq 50); do grep -q 'listening on' "$TMP/serve.out" && break; sleep 0.1; done
+ADDR=$(sed -n 's/^kestrel serve: listening on //p' "$TMP/serve.out")
+[[ -n $ADDR ]] || die "kestrel serve did not start: $(cat "$TMP/serve.out")"
+run tcp 0 --name=tcp --ioengine="external:$SO" --thread \
+    --kestrel_target="tcp:$ADDR/nqn.2026-12.io.kestrel:d,digest=both" \
+    --rw=randwrite --bsrange=4k-1m --size=64M --iodepth=16 --numjobs=2 --offset_increment=64M \
+    --verify=crc32c --do_verify=1 --group_reporting
+groups_ok tcp 1
+kill "$SERVE"
+wait "$SERVE" || true
 
 # The throughput figure of issue 17 (fio through the engine against kestrel perf, QD 32),
 # on the emulator as `emu` gives it (memory store: the emulator's copy bounds both) and

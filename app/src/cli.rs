@@ -31,6 +31,10 @@ Target to use; repeat for several. Forms:
   pci:0000:01:00.0 (or a bare BDF): an NVMe controller bound to vfio-pci
   file:PATH[,size=SIZE][,direct=on|off]: a file or block device through io_uring
       (direct: on = O_DIRECT or fail, off = page cache, unset = O_DIRECT where possible)
+  tcp:HOST:PORT/NQN[,OPTS]: a subsystem over NVMe/TCP (docs/nvme-tcp-host.md); OPTS:
+      hostnqn=NQN, hostid=UUID (default /etc/nvme/hostnqn, hostid, else from
+      /etc/machine-id), digest=none|hdr|data|both, queues=N, queue_size=N,
+      kato=DURATION (5s), ctrl_loss_tmo=DURATION (30s), connect_timeout=DURATION (3s)
   emu[:OPTS]: the emulated controller; OPTS are comma-separated key=value:
       size=SIZE (1G), lba=512|4096 (4096), namespaces=N (1), latency=DURATION (0),
       store=memory|null|PATH, mdts=N (5: 128 KiB), queues=N, core=N|none,
@@ -271,7 +275,7 @@ Examples:
 /// Options every subcommand that opens a device takes.
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
-    #[arg(long = "target", value_name = "SPEC", value_parser = target_parser, long_help = TARGET_HELP_LONG, help = "Target: pci:BDF, file:PATH[,...] or emu[:...] (repeatable; default emu)")]
+    #[arg(long = "target", value_name = "SPEC", value_parser = target_parser, long_help = TARGET_HELP_LONG, help = "Target: pci:BDF, file:PATH[,...], tcp:HOST:PORT/NQN[,...] or emu[:...] (repeatable; default emu)")]
     /// Targets (empty: the default emulator).
     pub targets: Vec<TargetSpec>,
     /// Allow VFIO's unsafe noiommu mode for pci targets (DMA is then unconfined).
@@ -307,6 +311,10 @@ pub struct ListArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// A discovery controller to list instead of the local controllers: tcp:HOST[:PORT]
+    /// (port 8009 unless given), repeatable; prints what it offers as `nvme discover` does.
+    #[arg(long = "target", value_name = "SPEC", value_parser = target_parser)]
+    pub targets: Vec<TargetSpec>,
 }
 
 /// The I/O pattern.

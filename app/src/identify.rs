@@ -158,7 +158,8 @@ pub struct FormatJson {
 }
 
 impl FormatJson {
-    fn of(f: &kestrel::spec::NsFormat) -> Self {
+    /// The JSON of a namespace's format.
+    pub fn of(f: &kestrel::spec::NsFormat) -> Self {
         FormatJson {
             lbaf: f.lbaf_index,
             lba_data_size: f.data_size().unwrap_or(0),
@@ -185,7 +186,7 @@ impl FormatJson {
 /// A controller.
 #[derive(Serialize, Debug)]
 pub struct ControllerJson {
-    /// `nvme`.
+    /// `nvme`, or `nvme-tcp` for a remote controller.
     pub kind: &'static str,
     /// The `--target` spec.
     pub target: String,
@@ -284,6 +285,7 @@ pub fn describe(o: &Opened) -> TargetJson {
     match o {
         Opened::Nvme(n) => describe_nvme(n),
         Opened::File(f) => describe_file(f),
+        Opened::Tcp(t) => crate::remote::describe(&t.spec, &t.ctrlr),
     }
 }
 

@@ -9,6 +9,7 @@ pub mod list;
 pub mod parse;
 pub mod perf;
 pub mod read;
+pub mod remote;
 pub mod smart;
 pub mod targets;
 pub mod units;

@@ -1,4 +1,5 @@
-//! `kestrel list`: NVMe controllers on the PCI bus and hugepages, from sysfs.
+//! `kestrel list`: NVMe controllers on the PCI bus and hugepages, from sysfs; with
+//! `--target tcp:HOST[:PORT]`, what that discovery controller offers (`remote::list`).
 
 use std::path::Path;
 
@@ -67,6 +68,9 @@ pub struct ListJson {
 
 /// Runs `kestrel list` over `/sys` and `/proc`.
 pub fn run(args: &ListArgs) -> Result<()> {
+    if !args.targets.is_empty() {
+        return crate::remote::list(&args.targets, args.json);
+    }
     let roots = SysRoots::new("/sys", "/proc");
     let ctrls = pci::list_nvme_controllers(&roots).map_err(|e| AppError::runtime(e.to_string()))?;
     let huge =

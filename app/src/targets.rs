@@ -124,12 +124,22 @@ pub struct FileTargetOpened {
     pub target: Arc<FileTarget>,
 }
 
+/// An opened remote controller (NVMe/TCP).
+pub struct TcpTargetOpened {
+    /// What was asked for.
+    pub spec: TargetSpec,
+    /// The controller, up.
+    pub ctrlr: kestrel::target::tcp::TcpController,
+}
+
 /// An opened target.
 pub enum Opened {
     /// An NVMe controller (VFIO or the emulator).
     Nvme(NvmeTarget),
     /// A file or block device.
     File(FileTargetOpened),
+    /// A remote controller over NVMe/TCP.
+    Tcp(TcpTargetOpened),
 }
 
 impl Opened {
@@ -138,6 +148,7 @@ impl Opened {
         match self {
             Opened::Nvme(n) => &n.spec,
             Opened::File(f) => &f.spec,
+            Opened::Tcp(t) => &t.spec,
         }
     }
 
@@ -149,6 +160,10 @@ impl Opened {
                 nsid: n.spec.nsid(),
             },
             Opened::File(f) => target_spec::Opened::File(Arc::clone(&f.target)),
+            Opened::Tcp(t) => target_spec::Opened::Tcp {
+                ctrlr: t.ctrlr.clone(),
+                nsid: t.spec.nsid(),
+            },
         }
     }
 
@@ -211,6 +226,10 @@ pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
         target_spec::Opened::File(target) => Opened::File(FileTargetOpened {
             spec: spec.clone(),
             target,
+        }),
+        target_spec::Opened::Tcp { ctrlr, .. } => Opened::Tcp(TcpTargetOpened {
+            spec: spec.clone(),
+            ctrlr,
         }),
     })
 }

@@ -238,6 +238,9 @@ uint32_t kestrel_abi_version(void);
  *        store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC]
  *   file:PATH[,size=SIZE][,direct=on|off]
  *   pci:DDDD:BB:DD.F (or a bare BDF)
+ *   tcp:HOST:PORT/NQN[,digest=none|hdr|data|both,hostnqn=NQN,hostid=UUID,queues=N,
+ *        queue_size=N,kato=DURATION,ctrl_loss_tmo=DURATION] (NVMe/TCP; namespace 1,
+ *        or /ns=N; docs/nvme-tcp-host.md)
  * Options are key=value in any order; the strings are those of `kestrel --target`
  * and mean the same targets.
  */

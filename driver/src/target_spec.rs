@@ -24,11 +24,13 @@ use crate::nvme::format::UnsupportedFormat;
 use crate::parse::ParseError;
 use crate::target::file::{Direct, FileOptions, FileTarget};
 use crate::target::nvme::NvmeNamespace;
+use crate::target::tcp::{DiscoveryLog, TcpController, TcpOpenOptions};
 use crate::target::Target;
 
 pub use crate::parse::{
-    parse_bdf, parse_duration, parse_size, CoreSpec, EmuNsSpec, EmuSpec, FileSpec, StoreSpec,
-    TargetSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP, TARGET_HELP,
+    parse_bdf, parse_duration, parse_size, CoreSpec, Digests, EmuNsSpec, EmuSpec, FileSpec,
+    StoreSpec, TargetSpec, TcpSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP,
+    TARGET_HELP,
 };
 
 /// Namespace size of an `emu` that does not give `size=`.
@@ -65,6 +67,16 @@ pub enum TargetSpecError {
     /// Opening the file failed.
     #[error(transparent)]
     File(#[from] crate::target::file::FileError),
+    /// Reaching or bringing up a controller over NVMe/TCP failed.
+    #[error(transparent)]
+    Tcp(#[from] crate::target::tcp::TcpError),
+    /// A `tcp:` target without a subsystem NQN names a discovery controller, which has no
+    /// namespaces.
+    #[error("{target} is a discovery controller, which has no namespaces: add /NQN for a subsystem (`kestrel list --target {target}` lists the subsystems it offers)")]
+    Discovery {
+        /// The target string's short form.
+        target: String,
+    },
     /// The controller has no active namespace to open.
     #[error("{ctrlr}: the controller has no active namespace")]
     NoNamespace {
@@ -103,8 +115,25 @@ impl TargetSpecError {
             TargetSpecError::File(F::BadOption { .. }) => libc::EINVAL,
             TargetSpecError::File(_) => libc::EIO,
             TargetSpecError::NoNamespace { .. } => libc::ENODEV,
+            TargetSpecError::Discovery { .. } => libc::EINVAL,
+            TargetSpecError::Tcp(e) => tcp_errno(e),
             TargetSpecError::NoSupportedNamespace { .. } => libc::EOPNOTSUPP,
         }
+    }
+}
+
+/// The errno a C caller sees for an NVMe/TCP failure.
+fn tcp_errno(e: &crate::target::tcp::TcpError) -> i32 {
+    use crate::target::tcp::TcpError as T;
+    match e {
+        T::Resolve { .. } => libc::EHOSTUNREACH,
+        T::Connect { source, .. } => source.raw_os_error().unwrap_or(libc::ECONNREFUSED),
+        T::Timeout { .. } => libc::ETIMEDOUT,
+        T::ConnectRefused { .. } => libc::EACCES,
+        T::Closed { .. } => libc::ECONNRESET,
+        T::Unsupported { .. } => libc::EOPNOTSUPP,
+        T::NoQueue { .. } => libc::EBUSY,
+        _ => libc::EIO,
     }
 }
 
@@ -169,6 +198,13 @@ pub enum Opened {
     },
     /// A file or block device.
     File(Arc<FileTarget>),
+    /// A remote controller over NVMe/TCP, up.
+    Tcp {
+        /// The controller.
+        ctrlr: TcpController,
+        /// The namespace selected with `/ns=N`; `None`: all of them.
+        nsid: Option<u32>,
+    },
 }
 
 impl Opened {
@@ -200,6 +236,7 @@ impl Opened {
                 Ok(v)
             }
             Opened::File(f) => Ok(vec![Arc::clone(f) as Arc<dyn Target>]),
+            Opened::Tcp { ctrlr, nsid } => Ok(ctrlr.targets(*nsid)?),
         }
     }
 
@@ -350,9 +387,28 @@ pub fn emu_config(
     Ok((cfg, summary))
 }
 
+/// The NVMe/TCP options a `tcp:` spec asks for, with `opts` filling what it leaves unsaid
+/// (I/O queues, admin and I/O timeouts).
+pub fn tcp_options(t: &TcpSpec, opts: &OpenOptions) -> TcpOpenOptions {
+    let c = &opts.controller;
+    TcpOpenOptions::from_spec(t, c.io_queues, c.admin_timeout, c.io_timeout)
+}
+
+/// Reads the discovery log of the discovery controller a `tcp:` spec names.
+pub fn discover(t: &TcpSpec, opts: &OpenOptions) -> Result<DiscoveryLog, TargetSpecError> {
+    Ok(crate::target::tcp::discover(&tcp_options(t, opts))?)
+}
+
 /// Opens a parsed target with `opts`.
 pub fn open_with(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened, TargetSpecError> {
     match spec {
+        TargetSpec::Tcp(t) if t.is_discovery() => Err(TargetSpecError::Discovery {
+            target: spec.to_string(),
+        }),
+        TargetSpec::Tcp(t) => Ok(Opened::Tcp {
+            ctrlr: TcpController::open(&tcp_options(t, opts))?,
+            nsid: t.nsid,
+        }),
         TargetSpec::Emu(e) => {
             let (cfg, summary) = emu_config(e, opts)?;
             let emu = EmuController::start(cfg)?;

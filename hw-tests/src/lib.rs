@@ -116,6 +116,9 @@ impl Device {
             TargetSpec::File(_) => Err(format!(
                 "{target}: a file target takes only the target_* cases: use --file PATH"
             )),
+            TargetSpec::Tcp(_) => Err(format!(
+                "{target}: an nvme/tcp target takes only the target_* cases: use --remote {target}"
+            )),
         }
     }
 

@@ -10,14 +10,14 @@
 //! ```
 //! Exit status: 0 when no case failed, 1 when one did, 2 for usage errors.
 
-use kestrel_hw_tests::targets::{run_file, FileTarget};
+use kestrel_hw_tests::targets::{run_file, run_spec, FileTarget};
 use kestrel_hw_tests::{
     format_report, report_json, run, summary_json, tally, Device, Report, RunOptions,
 };
 
 const USAGE: &str =
     "usage: kestrel-hw-tests [--device BDF | --target TARGET] [--noiommu] [--destructive]
-                        [--nsid N] [--filter SUBSTR] [--file PATH] [--json PATH] [--list]
+                        [--nsid N] [--filter SUBSTR] [--file PATH] [--remote TARGET] [--json PATH] [--list]
 
 Runs Kestrel's NVMe conformance suite: the controller cases once, the namespace cases on
 every active namespace, each in the form the namespace's format needs (metadata and
@@ -34,6 +34,8 @@ reason (see docs/conformance.md).
   --nsid N          only namespace N (its cases, and the controller cases' i/o on it)
   --file PATH       also run the target cases on a file target at PATH (created
                     sparse at 64 MiB if missing; direct I/O where the file system allows)
+  --remote TARGET   also run the target cases on every namespace of TARGET, a target
+                    string such as tcp:HOST:PORT/NQN (an NVMe/TCP subsystem)
   --filter SUBSTR   only cases whose name contains SUBSTR
   --json PATH       also write the report as JSON to PATH (- for stdout, instead of the table)
   --list            list the cases and exit";
@@ -55,6 +57,7 @@ fn main() {
     let mut noiommu = std::env::var("KESTREL_NOIOMMU").is_ok_and(|v| v == "1");
     let mut opts = RunOptions::default();
     let mut files: Vec<std::path::PathBuf> = Vec::new();
+    let mut remotes: Vec<String> = Vec::new();
     let mut json: Option<String> = None;
     let value = |args: &mut std::iter::Skip<std::env::Args>, what: &str| {
         args.next()
@@ -74,6 +77,7 @@ fn main() {
                 }));
             }
             "--file" => files.push(value(&mut args, "--file").into()),
+            "--remote" => remotes.push(value(&mut args, "--remote")),
             "--json" => json = Some(value(&mut args, "--json")),
             "--list" => return list_cases(),
             "-h" | "--help" => {
@@ -103,6 +107,9 @@ fn main() {
             },
             &opts.filter,
         ));
+    }
+    for spec in remotes {
+        report.rows.extend(run_spec(&spec, &opts.filter));
     }
     print_report(&report, json.as_deref());
     let (p, f, s) = tally(&report);

@@ -401,3 +401,58 @@ pub fn run_file(f: &FileTarget, filter: &str) -> Vec<CaseReport> {
         })
         .collect()
 }
+
+/// Runs the target cases whose names contain `filter` against every namespace a target
+/// string names that the suite's controller cases do not cover (a `tcp:` subsystem, or any
+/// string the library opens): each case opens the target afresh and drops it.
+pub fn run_spec(spec: &str, filter: &str) -> Vec<CaseReport> {
+    let open = || -> Result<Vec<Arc<dyn Target>>, String> {
+        let parsed = kestrel::target_spec::parse(spec).map_err(|e| e.to_string())?;
+        let opened = kestrel::target_spec::open_with(&parsed, &Default::default())
+            .map_err(|e| e.to_string())?;
+        opened.block_targets().map_err(|e| e.to_string())
+    };
+    let nsids: Vec<u32> = match open() {
+        Ok(ts) => ts.iter().map(|t| t.info().nsid).collect(),
+        Err(e) => {
+            return vec![CaseReport {
+                name: "target_open",
+                target: spec.to_string(),
+                nsid: None,
+                outcome: Outcome::Fail(e),
+                elapsed: Default::default(),
+            }]
+        }
+    };
+    let mut rows = Vec::new();
+    for c in target_cases()
+        .into_iter()
+        .filter(|c| filter.is_empty() || c.name.contains(filter))
+    {
+        let Run::Target(run) = c.run else {
+            unreachable!("target cases run on targets")
+        };
+        for &nsid in &nsids {
+            let start = Instant::now();
+            let r = std::panic::catch_unwind(|| {
+                with_wait(DEFAULT_WAIT, || -> CaseResult {
+                    let ts = open()?;
+                    let t = ts
+                        .iter()
+                        .find(|t| t.info().nsid == nsid)
+                        .ok_or(format!("nsid {nsid} is gone"))?;
+                    let ns = NsDesc::of_target(t.info());
+                    run(t.as_ref(), &ns)
+                })
+            });
+            rows.push(CaseReport {
+                name: c.name,
+                target: spec.to_string(),
+                nsid: Some(nsid),
+                outcome: crate::harness::outcome_of(r),
+                elapsed: start.elapsed(),
+            });
+        }
+    }
+    rows
+}

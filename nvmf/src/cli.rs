@@ -258,6 +258,7 @@ fn parse_targets(a: &ServeArgs) -> Result<Vec<(String, String, TargetSpec)>, Cli
             TargetSpec::Pci { .. } => "pci",
             TargetSpec::File(_) => "file",
             TargetSpec::Emu(_) => "emu",
+            TargetSpec::Tcp(_) => "tcp",
         };
         let name = match name {
             Some(n) => n.to_string(),

@@ -142,6 +142,10 @@ impl Layout {
                 }
                 self.emus.push(n.emu_ctrlr.clone());
             }
+            Opened::Tcp(_) => {
+                tj["kind"] = json!("nvme-tcp");
+                self.emus.push(None);
+            }
             Opened::File(f) => {
                 tj["kind"] = json!("file");
                 tj["direct"] = json!(f.target.is_direct());

@@ -114,7 +114,7 @@ fn max_namespaces(specs: &[TargetSpec]) -> u32 {
             _ if s.nsid().is_some() => 1,
             TargetSpec::Emu(e) if !e.ns.is_empty() => e.ns.len() as u32,
             TargetSpec::Emu(e) => e.namespaces.unwrap_or(1),
-            TargetSpec::Pci { .. } => kestrel::target_spec::MAX_EMU_NAMESPACES,
+            TargetSpec::Pci { .. } | TargetSpec::Tcp(_) => kestrel::target_spec::MAX_EMU_NAMESPACES,
             TargetSpec::File(_) => 1,
         })
         .max()
@@ -215,6 +215,7 @@ fn check_specs(specs: &[TargetSpec], avail: &[usize]) -> Result<()> {
                 }
                 seen.push(key);
             }
+            TargetSpec::Tcp(_) => {}
             TargetSpec::Pci { bdf, .. } => {
                 let key = format!("pci:{bdf}");
                 if seen.contains(&key) {

@@ -4,6 +4,8 @@
 //! target  = ("pci:" bdf | bdf) [nssel]             ; an NVMe controller bound to vfio-pci
 //!         | "file:" PATH *("," fileopt)            ; a file or block device
 //!         | "emu" [":" emuopt *("," emuopt)] [nssel] ; the built-in emulated controller
+//!         | "tcp:" ADDR [":" PORT] ["/" NQN] *("," tcpopt) [nssel]
+//!                                                  ; a subsystem over NVMe/TCP ([`tcp`])
 //! nssel   = "/ns=" NSID                            ; only namespace NSID (1..=4294967294)
 //! fileopt = "size=" size | "direct=" switch
 //! emuopt  = "size=" size | "lba=" ("512" | "4096") | "namespaces=" 1..64
@@ -37,6 +39,9 @@ use std::time::Duration;
 
 use super::{parse_bdf, parse_duration, parse_size, parse_switch, ParseError, MAX_CORE};
 
+pub mod tcp;
+pub use tcp::{Digests, TcpSpec};
+
 /// The most namespaces an emulated controller may be given.
 pub const MAX_EMU_NAMESPACES: u32 = 64;
 /// The most I/O queues an emulated controller may be given.
@@ -44,7 +49,7 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci or emu target may end in /ns=N to select one namespace";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], tcp:HOST:PORT/NQN[,hostnqn=NQN,hostid=UUID,digest=none|hdr|data|both,queues=N,queue_size=N,kato=DURATION,ctrl_loss_tmo=DURATION,connect_timeout=DURATION] (tcp:HOST[:8009] alone: a discovery controller), or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci, tcp or emu target may end in /ns=N to select one namespace";
 /// What a namespace definition (`ns=`) accepts, for messages.
 pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +zeropi (never-written blocks read with all-zero PI, failing a reference tag check, as on QEMU), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +zcapSIZE (zone capacity), +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
 /// The most metadata bytes per block an emulated namespace may have.
@@ -167,6 +172,8 @@ pub enum TargetSpec {
     File(FileSpec),
     /// The emulated controller.
     Emu(EmuSpec),
+    /// A subsystem (or a discovery controller) over NVMe/TCP.
+    Tcp(TcpSpec),
 }
 
 impl std::fmt::Display for TargetSpec {
@@ -177,6 +184,10 @@ impl std::fmt::Display for TargetSpec {
             TargetSpec::Pci { bdf, .. } => write!(f, "pci:{bdf}")?,
             TargetSpec::File(s) => return write!(f, "file:{}", s.path.display()),
             TargetSpec::Emu(_) => f.write_str("emu")?,
+            TargetSpec::Tcp(t) => match &t.subnqn {
+                Some(n) => write!(f, "tcp:{}/{n}", t.address())?,
+                None => write!(f, "tcp:{}", t.address())?,
+            },
         }
         match self.nsid() {
             Some(n) => write!(f, "/ns={n}"),
@@ -191,6 +202,7 @@ impl TargetSpec {
         match self {
             TargetSpec::Pci { nsid, .. } => *nsid,
             TargetSpec::Emu(e) => e.nsid,
+            TargetSpec::Tcp(t) => t.nsid,
             TargetSpec::File(_) => None,
         }
     }
@@ -583,6 +595,9 @@ pub fn parse_target(input: &str) -> Result<TargetSpec, ParseError> {
         return parse_file(rest).map(TargetSpec::File).map_err(err);
     }
     let (s, nsid) = split_nssel(s).map_err(err)?;
+    if let Some(rest) = s.strip_prefix("tcp:") {
+        return tcp::parse_tcp(rest, nsid).map(TargetSpec::Tcp).map_err(err);
+    }
     let emu_opts = match s {
         "emu" => Some(""),
         _ => s.strip_prefix("emu:"),

@@ -1,5 +1,6 @@
 //! One trait over the things Kestrel does block I/O to: an NVMe namespace (through I/O
-//! queue pairs, [`nvme`]) and a file or block device (through io_uring, [`file`](mod@file)). The aio
+//! queue pairs, [`nvme`]), a file or block device (through io_uring, [`file`](mod@file))
+//! and a remote namespace over NVMe/TCP ([`tcp`]). The aio
 //! API, the pollers, `kestrel perf` and the conformance suite use only this.
 //!
 //! Lives here: the [`Target`]/[`TargetQueue`] traits, their options, the layer's error
@@ -18,6 +19,7 @@ pub use crate::io::AbortOutcome;
 
 pub mod file;
 pub mod nvme;
+pub mod tcp;
 
 /// What a target is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,6 +126,9 @@ pub enum TargetError {
     /// A file target: setting up its io_uring failed.
     #[error(transparent)]
     File(#[from] file::FileError),
+    /// An NVMe/TCP target: connecting its I/O queue failed.
+    #[error(transparent)]
+    Tcp(#[from] tcp::TcpError),
 }
 
 /// A queue on a target: one thread submits and reaps (`Send`, not `Sync`).

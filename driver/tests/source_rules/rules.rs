@@ -100,6 +100,22 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
         "driver/src/target/file/queue/complete.rs",
         "zeroing the unread tail of a short read",
     ),
+    (
+        "driver/src/target/tcp/sock.rs",
+        "recv into and gathered sendmsg from request memory, CRC32C over it",
+    ),
+    (
+        "driver/src/target/tcp/queue/mod.rs",
+        "implements TargetQueue::submit_unchecked for an NVMe/TCP queue",
+    ),
+    (
+        "driver/src/target/tcp/queue/issue.rs",
+        "the one call of sock::send_gather, data digests of request memory",
+    ),
+    (
+        "driver/src/target/tcp/queue/rx.rs",
+        "the one call of sock::recv_into, data digests of what it received",
+    ),
     ("driver/src/aio/spsc.rs", "the ring slots"),
     (
         "driver/src/aio/types.rs",

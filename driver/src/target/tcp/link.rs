@@ -1,0 +1,367 @@
+//! One NVMe/TCP connection driven one command at a time, with blocking reads bounded by a
+//! timeout: the admin queue, and every I/O queue while it connects (ICReq/ICResp, Fabrics
+//! Connect) before it turns non-blocking. Safe code only: admin data lives in ordinary
+//! vectors.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use crate::spec::fabrics::{ConnectCmd, ConnectData, Sgl, CNTLID_DYNAMIC};
+use crate::spec::tcp::{
+    self, check_header_digest, dgst, CommonHeader, Frame, IcReq, Pdu, Receiver, Rules, CH_LEN,
+    DIGEST_LEN, IC_LEN,
+};
+use crate::spec::{Cqe, Status};
+
+use super::{Endpoint, TcpError};
+
+/// The most data one admin command reads back (a discovery log of 255 entries and more
+/// fits; Identify needs 4 KiB).
+pub const MAX_ADMIN_DATA: usize = 1 << 20;
+
+/// What ICResp settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Header digests on.
+    pub hdgst: bool,
+    /// Data digests on.
+    pub ddgst: bool,
+    /// MAXH2CDATA.
+    pub maxh2cdata: u32,
+    /// CPDA: the controller's PDU data alignment (0's based dwords).
+    pub cpda: u8,
+}
+
+/// A connected, initialised NVMe/TCP connection.
+pub struct Link {
+    pub(super) sock: TcpStream,
+    pub(super) neg: Negotiated,
+    pub(super) addr: String,
+    cid: u16,
+    timeout: Duration,
+}
+
+/// Resolves `host:port` and connects to the first address that answers within `timeout`.
+pub fn connect_tcp(ep: &Endpoint, timeout: Duration) -> Result<TcpStream, TcpError> {
+    let addrs: Vec<SocketAddr> = (ep.host.as_str(), ep.port)
+        .to_socket_addrs()
+        .map_err(|source| TcpError::Resolve {
+            addr: ep.to_string(),
+            source,
+        })?
+        .collect();
+    let mut last = None;
+    for a in &addrs {
+        match TcpStream::connect_timeout(a, timeout) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(TcpError::Connect {
+        addr: ep.to_string(),
+        source: last.unwrap_or_else(|| std::io::Error::from(ErrorKind::AddrNotAvailable)),
+    })
+}
+
+impl Link {
+    /// Connects and exchanges ICReq/ICResp, asking for the digests in `want`.
+    pub fn open(ep: &Endpoint, want_hdgst: bool, want_ddgst: bool) -> Result<Link, TcpError> {
+        let sock = connect_tcp(ep, ep.connect_timeout)?;
+        let mut l = Link {
+            sock,
+            neg: Negotiated {
+                hdgst: false,
+                ddgst: false,
+                maxh2cdata: tcp::MIN_MAXH2CDATA,
+                cpda: 0,
+            },
+            addr: ep.to_string(),
+            cid: 0,
+            timeout: ep.admin_timeout,
+        };
+        l.sock
+            .set_read_timeout(Some(ep.admin_timeout))
+            .map_err(|e| l.io("setting the socket timeout", e))?;
+        l.sock
+            .set_write_timeout(Some(ep.admin_timeout))
+            .map_err(|e| l.io("setting the socket timeout", e))?;
+        l.initialize(want_hdgst, want_ddgst)?;
+        Ok(l)
+    }
+
+    fn io(&self, what: &'static str, source: std::io::Error) -> TcpError {
+        if matches!(source.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) {
+            return TcpError::Timeout {
+                addr: self.addr.clone(),
+                what,
+                after: self.timeout,
+            };
+        }
+        TcpError::Io {
+            addr: self.addr.clone(),
+            what,
+            source,
+        }
+    }
+
+    fn protocol(&self, why: String) -> TcpError {
+        TcpError::Protocol {
+            addr: self.addr.clone(),
+            why,
+        }
+    }
+
+    /// ICReq (PFV 0, HPDA 0, MAXR2T 0: one R2T at a time per command) and ICResp.
+    fn initialize(&mut self, want_hdgst: bool, want_ddgst: bool) -> Result<(), TcpError> {
+        let mut b = [0u8; IC_LEN];
+        let d = if want_hdgst { dgst::HEADER } else { 0 } | if want_ddgst { dgst::DATA } else { 0 };
+        Pdu::IcReq(IcReq {
+            pfv: tcp::PFV_1_0,
+            hpda: 0,
+            dgst: d,
+            maxr2t: 0,
+        })
+        .encode(&mut b, false, false, 0, 0, 0);
+        self.sock
+            .write_all(&b)
+            .map_err(|e| self.io("sending ICReq", e))?;
+        let (pdu, _) = self.read_pdu(false)?;
+        let Pdu::IcResp(r) = pdu else {
+            return Err(self.protocol(format!(
+                "expected ICResp, got pdu type {:#x}",
+                pdu.pdu_type()
+            )));
+        };
+        if r.maxh2cdata < tcp::MIN_MAXH2CDATA || r.maxh2cdata % 4 != 0 || r.cpda > 31 {
+            return Err(self.protocol(format!(
+                "ICResp with maxh2cdata {} and cpda {} (maxh2cdata must be a multiple of 4 of at least 4096, cpda at most 31)",
+                r.maxh2cdata, r.cpda
+            )));
+        }
+        // The controller enables a digest only if asked; one it enables unasked is refused.
+        if r.dgst & !d != 0 {
+            return Err(self.protocol(format!(
+                "ICResp enables digests {:#x} that were not asked for ({d:#x})",
+                r.dgst
+            )));
+        }
+        self.neg = Negotiated {
+            hdgst: r.dgst & dgst::HEADER != 0,
+            ddgst: r.dgst & dgst::DATA != 0,
+            maxh2cdata: r.maxh2cdata,
+            cpda: r.cpda,
+        };
+        Ok(())
+    }
+
+    /// Reads exactly `buf.len()` bytes; end of stream is [`TcpError::Closed`].
+    fn read_exact(&mut self, buf: &mut [u8], what: &'static str) -> Result<(), TcpError> {
+        match self.sock.read_exact(buf) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Err(TcpError::Closed {
+                addr: self.addr.clone(),
+            }),
+            Err(e) => Err(self.io(what, e)),
+        }
+    }
+
+    /// Reads one PDU: its header and its data (digests checked).
+    pub(super) fn read_pdu(&mut self, initialized: bool) -> Result<(Pdu, Vec<u8>), TcpError> {
+        let rules = Rules {
+            receiver: Receiver::Host,
+            initialized,
+            hdgst: self.neg.hdgst,
+            ddgst: self.neg.ddgst,
+            max_data: MAX_ADMIN_DATA as u32,
+        };
+        let mut hdr = [0u8; tcp::MAX_TERM_PLEN + DIGEST_LEN];
+        self.read_exact(&mut hdr[..CH_LEN], "reading a pdu header")?;
+        let ch = CommonHeader::parse(&hdr).unwrap_or_default();
+        let fr: Frame = tcp::frame(&ch, &rules).map_err(|e| self.pdu_error(e))?;
+        let hl = fr.header_len();
+        self.read_exact(&mut hdr[CH_LEN..hl], "reading a pdu header")?;
+        if fr.hdgst {
+            check_header_digest(&hdr[..hl], ch.hlen as usize).map_err(|e| self.pdu_error(e))?;
+        }
+        let pdu = Pdu::decode(&hdr[..ch.hlen as usize]).map_err(|e| self.pdu_error(e))?;
+        let mut pad = [0u8; 256];
+        self.read_exact(&mut pad[..fr.pad], "reading pdu padding")?;
+        let mut data = vec![0u8; fr.data_len];
+        self.read_exact(&mut data, "reading pdu data")?;
+        if fr.ddgst {
+            let mut d = [0u8; 4];
+            self.read_exact(&mut d, "reading a data digest")?;
+            if u32::from_le_bytes(d) != tcp::crc32c(&data) {
+                return Err(self.protocol("a data digest does not match its data".into()));
+            }
+        }
+        if let Pdu::C2HTermReq(t) = pdu {
+            return Err(TcpError::Terminated {
+                addr: self.addr.clone(),
+                fes: t.fes,
+                fei: t.fei,
+            });
+        }
+        Ok((pdu, data))
+    }
+
+    fn pdu_error(&self, e: tcp::PduError) -> TcpError {
+        TcpError::Pdu {
+            addr: self.addr.clone(),
+            source: e,
+        }
+    }
+
+    /// A command ID for the next command (admin queues run one command at a time).
+    fn next_cid(&mut self) -> u16 {
+        self.cid = self.cid.wrapping_add(1);
+        self.cid
+    }
+
+    /// Sends `sqe` (its CID set here) with `data_out` as in-capsule data and waits for its
+    /// response, gathering up to `data_in` bytes of C2HData. The SGL is set here too:
+    /// in-capsule for data out, transport for data in.
+    pub fn command(
+        &mut self,
+        mut sqe: [u8; 64],
+        data_out: &[u8],
+        data_in: usize,
+    ) -> Result<(Cqe, Vec<u8>), TcpError> {
+        let cid = self.next_cid();
+        sqe[2..4].copy_from_slice(&cid.to_le_bytes());
+        sqe[1] = (sqe[1] & !0xc0) | 0x40; // PSDT 01b: SGLs.
+        let sgl = if data_out.is_empty() {
+            Sgl::Transport {
+                len: data_in as u32,
+            }
+        } else {
+            Sgl::InCapsule {
+                offset: 0,
+                len: data_out.len() as u32,
+            }
+        };
+        sgl.encode(&mut sqe);
+        self.send_capsule(sqe, data_out)?;
+        self.await_response(cid, data_in)
+    }
+
+    fn send_capsule(&mut self, sqe: [u8; 64], data: &[u8]) -> Result<(), TcpError> {
+        let (hd, dd) = (self.neg.hdgst, self.neg.ddgst);
+        let p = Pdu::CapsuleCmd(sqe);
+        let mut buf = vec![0u8; p.encoded_len(hd, data.len() as u32, self.neg.cpda)];
+        p.encode(&mut buf, hd, dd, 0, data.len() as u32, self.neg.cpda);
+        buf.extend_from_slice(data);
+        if dd && !data.is_empty() {
+            buf.extend_from_slice(&tcp::crc32c(data).to_le_bytes());
+        }
+        self.sock
+            .write_all(&buf)
+            .map_err(|e| self.io("sending a command capsule", e))
+    }
+
+    fn await_response(&mut self, cid: u16, data_in: usize) -> Result<(Cqe, Vec<u8>), TcpError> {
+        let mut got = vec![0u8; data_in];
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if Instant::now() > deadline {
+                return Err(self.io("waiting for a response", ErrorKind::TimedOut.into()));
+            }
+            let (pdu, data) = self.read_pdu(true)?;
+            match pdu {
+                Pdu::CapsuleResp(c) => {
+                    let d = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
+                    let cqe = Cqe::from_dwords(d(0), d(4), d(8), d(12));
+                    if cqe.cid != cid {
+                        return Err(self.protocol(format!(
+                            "a response for cid {} while cid {cid} is the one outstanding",
+                            cqe.cid
+                        )));
+                    }
+                    return Ok((cqe, got));
+                }
+                Pdu::C2HData(h) => {
+                    let end = h.datao as usize + data.len();
+                    if h.cccid != cid || end > data_in {
+                        return Err(self.protocol(format!("C2HData for cid {} at {}+{} (expected cid {cid}, at most {data_in} bytes)", h.cccid, h.datao, data.len())));
+                    }
+                    // A response capsule follows: this host never disables SQ flow
+                    // control, so the controller never uses C2HData's SUCCESS flag.
+                    got[h.datao as usize..end].copy_from_slice(&data);
+                }
+                other => {
+                    return Err(self.protocol(format!(
+                        "unexpected pdu type {:#x} on a queue with one command",
+                        other.pdu_type()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Fabrics Connect of queue `qid` with `sqsize` (0's based) entries; returns CNTLID.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fabrics_connect(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        kato_ms: u32,
+        cntlid: Option<u16>,
+        subnqn: &str,
+        host: &super::hostnqn::HostIdentity,
+    ) -> Result<u16, TcpError> {
+        let cmd = ConnectCmd {
+            recfmt: 0,
+            qid,
+            sqsize,
+            cattr: 0,
+            kato_ms,
+        };
+        let data = ConnectData {
+            hostid: host.id,
+            cntlid: cntlid.unwrap_or(CNTLID_DYNAMIC),
+            subnqn: subnqn.to_string(),
+            hostnqn: host.nqn.clone(),
+        }
+        .encode();
+        let sqe = cmd.encode(0, Sgl::InCapsule { offset: 0, len: 0 });
+        let (cqe, _) = self.command(sqe, &data, 0)?;
+        let st = cqe.status();
+        if !st.is_success() {
+            return Err(TcpError::ConnectRefused {
+                addr: self.addr.clone(),
+                qid,
+                subnqn: subnqn.to_string(),
+                hostnqn: host.nqn.clone(),
+                status: st,
+                dw0: cqe.dw0,
+            });
+        }
+        Ok(cqe.dw0 as u16)
+    }
+
+    /// Sends without waiting for an answer (Disconnect at close: best effort).
+    pub fn fire(&mut self, sqe: [u8; 64]) {
+        let mut sqe = sqe;
+        let cid = self.next_cid();
+        sqe[2..4].copy_from_slice(&cid.to_le_bytes());
+        let _ = self.send_capsule(sqe, &[]);
+    }
+
+    /// The status of a command, as an error naming `what` when it failed.
+    pub fn check(&self, cqe: &Cqe, what: &'static str) -> Result<(), TcpError> {
+        let status: Status = cqe.status();
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(TcpError::Status {
+                addr: self.addr.clone(),
+                what,
+                status,
+            })
+        }
+    }
+}

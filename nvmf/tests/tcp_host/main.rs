@@ -1,0 +1,18 @@
+//! The driver's NVMe/TCP host (`kestrel::target::tcp`, the `tcp:` target kind) against
+//! `kestrel serve`'s target on an ephemeral loopback port, over emulated controllers: the
+//! bring-up, reads and writes compared byte for byte from 4 KiB to 1 MiB (in-capsule,
+//! R2T, split at MDTS), digests, several I/O queues and namespaces, the aio API over it,
+//! discovery, and a target killed mid-write (no acknowledged write lost).
+//!
+//! It lives here because it needs both crates: the driver does not depend on the target.
+
+mod common;
+#[path = "../../../driver/tests/support/counting_alloc.rs"]
+mod counting_alloc;
+
+mod aio;
+mod capi;
+mod discovery;
+mod io;
+mod noalloc;
+mod recovery;
