@@ -172,6 +172,11 @@ fn check_text(s: &str) {
                     assert!(!f.path.as_os_str().is_empty());
                     assert_ne!(f.size, Some(0));
                 }
+                TargetSpec::Tcp(t) => {
+                    assert!(!t.host.is_empty(), "{t:?}");
+                    assert_ne!(t.nsid, Some(0), "{t:?}");
+                    assert!(t.subnqn.as_deref().is_none_or(|n| !n.is_empty()), "{t:?}");
+                }
                 TargetSpec::Emu(e) => {
                     if let (Some(size), Some(lba)) = (e.size, e.lba) {
                         assert!(size >= lba as u64 && size % lba as u64 == 0, "{e:?}");
