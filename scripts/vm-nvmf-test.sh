@@ -67,7 +67,7 @@ timeout_s=${KESTREL_VM_TIMEOUT:-300}
 ((shell)) && timeout_s=0
 
 # The initiator, and the kernel's own target for comparisons.
-VM_GUEST_MODULES+=(nvme-tcp nvmet-tcp)
+VM_GUEST_MODULES+=(nvme-tcp nvmet-tcp crc32c_generic)
 
 vm_lock_cache
 vm_install_packages

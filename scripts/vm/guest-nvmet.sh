@@ -56,6 +56,10 @@ run() {
 setup() {
     ip link set lo up || die "cannot bring up the loopback interface"
     modprobe nvmet-tcp || die "modprobe nvmet-tcp failed"
+    # nvmet-tcp computes digests with the crypto API's crc32c, a module here: without it an
+    # ICReq asking for digests fails, and 6.1's nvmet-tcp then dereferences a NULL hash in
+    # nvmet_tcp_release_queue_work (an oops, and the target answers no one after).
+    modprobe crc32c_generic || die "modprobe crc32c_generic failed"
     bind_driver nvme || die "cannot bind $BDF to the kernel's nvme driver"
     BLK=$(local_block) || die "no block device for $BDF on the kernel's nvme driver"
     nvmet_export "$NQN" "$BLK" 1 4420 || die "nvmet configuration through configfs ($NQN, $BLK)"
