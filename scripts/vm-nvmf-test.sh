@@ -5,10 +5,16 @@
 # emulated controller with `kestrel serve`, connects to both through
 # /dev/nvme-fabrics, writes, reads back and compares, resets a controller in
 # the middle of a write, lists the subsystems through discovery, and reads
-# the device directly through VFIO (scripts/vm/guest-nvmf.sh).
+# the device directly through VFIO (scripts/vm/guest-nvmf.sh). Then, in the
+# same boot, the reverse: the guest kernel's nvmet-tcp target, configured
+# through configfs, exports the same namespace (the controller on the
+# kernel's nvme driver) and Kestrel's initiator reaches it: discovery,
+# identify, perf --verify (digests too), kestrel write/read cross-checked
+# with the local block device, the fio engine with verify, and a figures-only
+# comparison with the kernel's initiator (scripts/vm/guest-nvmet.sh).
 #
 # Usage: scripts/vm-nvmf-test.sh [--mode iommu|noiommu|both] [--binary PATH]
-#                                [--bench] [--keep] [--shell]
+#                                [--fio-engine PATH] [--bench] [--keep] [--shell]
 #
 #   --mode    as in scripts/vm-test.sh (default: both; iommu with --bench).
 #   --bench   instead of the checks: 4 KiB random reads at QD 32 with fio
@@ -19,6 +25,12 @@
 #             (scripts/vm/guest-nvmf-bench.sh; scripts/vm-nvmf-bench.sh
 #             wraps it with the host's load and a summary).
 #   --binary  the static kestrel executable (default: built here).
+#   --fio-engine  libkestrel_fio.so for the nvmet phase's fio check (default:
+#             release/libkestrel_fio.so of the cargo target directory, as the
+#             workspace build leaves it; without one that check is skipped,
+#             saying so). fio and the engine go into the guest with their
+#             libraries. NVMET_COMPARE_SECONDS (default 3; 0: off) is the
+#             length of each run of the initiator comparison.
 #   --keep, --shell  as in scripts/vm-test.sh.
 #
 # The guest gets the nvme-tcp module chain, and nvme-cli with its libraries
@@ -32,9 +44,14 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-mode='' binary='' keep=0 shell=0 bench=0
+mode='' binary='' engine='' keep=0 shell=0 bench=0
 while (($#)); do
     case $1 in
+    --fio-engine)
+        engine=${2:?--fio-engine needs a path}
+        [[ -r $engine ]] || vm_die "cannot read $engine"
+        shift 2
+        ;;
     --mode=*) mode=${1#*=} && shift ;;
     --bench) bench=1 && shift ;;
     *) vm_runner_opt "$@" && shift "$VM_SHIFT" ;;
@@ -50,13 +67,27 @@ timeout_s=${KESTREL_VM_TIMEOUT:-300}
 ((shell)) && timeout_s=0
 
 # The initiator, and the kernel's own target for comparisons.
-VM_GUEST_MODULES+=(nvme-tcp nvmet-tcp)
+VM_GUEST_MODULES+=(nvme-tcp nvmet-tcp crc32c_generic)
 
 vm_lock_cache
 vm_install_packages
 vm_apt_install nvme-cli || vm_log "nvme-cli is not available: discovery is checked through the kernel only"
-if ((bench)); then
-    vm_apt_install fio || vm_die "cannot install fio"
+have_fio=1
+if ! vm_apt_install fio; then
+    ((bench)) && vm_die "cannot install fio"
+    have_fio=0
+    vm_log "fio is not available: the nvmet phase skips the fio engine and the comparison"
+fi
+if ((!bench && have_fio)) && [[ -z $engine ]]; then
+    engine=$(cd "$VM_REPO" && cargo metadata --format-version 1 --no-deps |
+        sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')/release/libkestrel_fio.so
+    [[ -r $engine ]] || {
+        vm_log "no fio engine at $engine (built by the workspace build, scripts/fio-test.sh): the nvmet phase skips its fio check"
+        engine=''
+    }
+fi
+if [[ -n $engine ]]; then
+    engine=$(realpath "$engine")
 fi
 
 vm_guest_kernel
@@ -72,9 +103,13 @@ vm_initramfs_base
 if nvme_bin=$(command -v nvme); then
     vm_initramfs_dynamic nvme-cli "$nvme_bin"
 fi
-if ((bench)); then
+if ((have_fio)); then
     fio_bin=$(command -v fio)
     vm_initramfs_dynamic fio "$fio_bin"
+    # Its own segment: a rebuilt engine leaves fio's cached.
+    if [[ -n $engine ]]; then
+        vm_initramfs_dynamic fio-engine "$engine"
+    fi
 fi
 
 vm_make_run_dir "$keep"
@@ -96,7 +131,11 @@ for m in "${modes[@]}"; do
         backend=null
         guest="BENCH_SECONDS=${BENCH_SECONDS:-10} BENCH_ROUNDS=${BENCH_ROUNDS:-3} BENCH_RW=${BENCH_RW:-randread} BENCH_BS=${BENCH_BS:-4k} bash /kestrel/scripts/vm/guest-nvmf-bench.sh"
     else
-        guest="bash $guest"
+        # Both phases run, whatever the first gave; the status is their failed checks.
+        guest="export KESTREL_FIO_ENGINE=$(printf %q "$engine") NVMET_COMPARE_SECONDS=${NVMET_COMPARE_SECONDS:-3}
+bash $guest; a=\$?
+bash /kestrel/scripts/vm/guest-nvmet.sh; b=\$?
+s=\$((a + b)); exit \$((s > 127 ? 127 : s))"
     fi
     vm_step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
     vm_run_guest "$m" "$binary" "$guest" "$shell" "$backend" "$run_dir" "$timeout_s"

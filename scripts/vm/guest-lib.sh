@@ -49,3 +49,57 @@ serve_wait_listening() {
     grep -q '^kestrel serve: listening' "$log" && return 0
     return 2
 }
+
+# Binds PCI device $BDF to driver $1 (vfio-pci or nvme); true when it is bound
+# to it afterwards.
+bind_driver() {
+    local sysdev=/sys/bus/pci/devices/${BDF:?}
+    if [ -e "$sysdev/driver" ]; then
+        [ "$(basename "$(readlink "$sysdev/driver")")" = "$1" ] && return 0
+        echo "$BDF" >"$sysdev/driver/unbind"
+    fi
+    if [ "$1" = nvme ]; then
+        echo >"$sysdev/driver_override"
+    else
+        echo "$1" >"$sysdev/driver_override"
+    fi
+    echo "$BDF" >/sys/bus/pci/drivers_probe
+    [ "$(basename "$(readlink "$sysdev/driver" 2>/dev/null)")" = "$1" ]
+}
+
+# The block device of namespace 1 of PCI controller $BDF on the kernel's nvme
+# driver (waits up to 10 s).
+local_block() {
+    local ns
+    for _ in $(seq 100); do
+        for ns in /sys/bus/pci/devices/"${BDF:?}"/nvme/nvme*/nvme*n1; do
+            [ -e "$ns" ] && [ -b "/dev/${ns##*/}" ] && echo "/dev/${ns##*/}" && return 0
+        done
+        sleep 0.1
+    done
+    return 1
+}
+
+# Exports block device or file $2 as namespace 1 of subsystem $1 through the
+# kernel's nvmet, on TCP port $4 of 127.0.0.1 (nvmet port ID $3), open to any
+# host, configured through configfs. A regular file is served with buffered
+# I/O (tmpfs has no O_DIRECT). Creates what is missing; the namespace is
+# enabled again with $2.
+nvmet_export() {
+    local nqn=$1 dev=$2 pid=$3 svc=$4 T=/sys/kernel/config/nvmet s p
+    s=$T/subsystems/$nqn p=$T/ports/$pid
+    grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config || return 1
+    [ -d "$T" ] || modprobe nvmet || return 1
+    if [ ! -d "$s" ]; then
+        mkdir "$s" && echo 1 >"$s/attr_allow_any_host" && mkdir "$s/namespaces/1" || return 1
+    fi
+    if [ ! -d "$p" ]; then
+        mkdir "$p" && echo ipv4 >"$p/addr_adrfam" && echo tcp >"$p/addr_trtype" &&
+            echo 127.0.0.1 >"$p/addr_traddr" && echo "$svc" >"$p/addr_trsvcid" || return 1
+    fi
+    [ -e "$p/subsystems/$nqn" ] || ln -s "$s" "$p/subsystems/$nqn" || return 1
+    echo 0 >"$s/namespaces/1/enable"
+    echo -n "$dev" >"$s/namespaces/1/device_path" || return 1
+    [ -f "$dev" ] && echo 1 >"$s/namespaces/1/buffered_io"
+    echo 1 >"$s/namespaces/1/enable"
+}

@@ -28,28 +28,12 @@ BS=${BENCH_BS:-4k}
 NQN=nqn.2026-12.io.kestrel:dev
 KNQN=nqn.2026-12.io.kestrel:nvmet
 T=/sys/kernel/config/nvmet
-sysdev=/sys/bus/pci/devices/${BDF:?}
 say() { echo "guest-nvmf-bench: [${SECONDS}s] $*"; }
 die() {
     say "setup failed: $*"
     tail -n 20 /tmp/serve.log 2>/dev/null
     dmesg | grep -i nvme | tail -n 20
     exit 125
-}
-
-# Binds the controller to driver $1 (vfio-pci or nvme).
-bind() {
-    if [ -e "$sysdev/driver" ]; then
-        [ "$(basename "$(readlink "$sysdev/driver")")" = "$1" ] && return 0
-        echo "$BDF" >"$sysdev/driver/unbind"
-    fi
-    if [ "$1" = nvme ]; then
-        echo >"$sysdev/driver_override"
-    else
-        echo "$1" >"$sysdev/driver_override"
-    fi
-    echo "$BDF" >/sys/bus/pci/drivers_probe
-    [ "$(basename "$(readlink "$sysdev/driver" 2>/dev/null)")" = "$1" ]
 }
 
 # Busy and total jiffies of all the guest's CPUs.
@@ -77,7 +61,7 @@ run_fio() {
 
 round_kestrel() {
     local inst dev iops serve
-    bind vfio-pci || die "cannot bind $BDF to vfio-pci"
+    bind_driver vfio-pci || die "cannot bind $BDF to vfio-pci"
     "$K" serve --target "dev=pci:$BDF" --allow-host "$HOSTNQN" --listen 127.0.0.1:4420 \
         --discovery-port off -c 0 >/tmp/serve.log 2>&1 &
     serve=$!
@@ -95,36 +79,11 @@ round_kestrel() {
     say "round $1 kestrel: $iops IOPS ($(cat /tmp/cpu-kestrel))"
 }
 
-nvmet_setup() {
-    local blk=$1
-    grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs none /sys/kernel/config
-    if [ ! -d "$T/subsystems/$KNQN" ]; then
-        mkdir "$T/subsystems/$KNQN" || die "configfs subsystem"
-        echo 1 >"$T/subsystems/$KNQN/attr_allow_any_host"
-        mkdir "$T/subsystems/$KNQN/namespaces/1"
-        mkdir "$T/ports/1"
-        echo ipv4 >"$T/ports/1/addr_adrfam"
-        echo tcp >"$T/ports/1/addr_trtype"
-        echo 127.0.0.1 >"$T/ports/1/addr_traddr"
-        echo 4421 >"$T/ports/1/addr_trsvcid"
-        ln -s "$T/subsystems/$KNQN" "$T/ports/1/subsystems/$KNQN" || die "nvmet port link"
-    fi
-    echo -n "$blk" >"$T/subsystems/$KNQN/namespaces/1/device_path"
-    echo 1 >"$T/subsystems/$KNQN/namespaces/1/enable" || die "nvmet namespace enable"
-}
-
 round_nvmet() {
-    local inst dev iops blk='' ns
-    bind nvme || die "cannot bind $BDF to nvme"
-    for _ in $(seq 100); do
-        for ns in "$sysdev"/nvme/nvme*/nvme*n1; do
-            [ -e "$ns" ] && [ -b "/dev/${ns##*/}" ] && blk=/dev/${ns##*/}
-        done
-        [ -n "$blk" ] && break
-        sleep 0.1
-    done
-    [ -n "$blk" ] || die "the controller did not come up on the kernel's nvme driver"
-    nvmet_setup "$blk"
+    local inst dev iops blk
+    bind_driver nvme || die "cannot bind $BDF to nvme"
+    blk=$(local_block) || die "the controller did not come up on the kernel's nvme driver"
+    nvmet_export "$KNQN" "$blk" 1 4421 || die "nvmet configuration through configfs"
     inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=4421,nqn=$KNQN,hostnqn=$HOSTNQN") ||
         die "connect to nvmet-tcp"
     dev=$(block_of "$KNQN") || die "no block device for $KNQN"
@@ -147,7 +106,7 @@ say "$BS $RW QD 32, libaio direct, ${SECS} s per run, $ROUNDS alternating rounds
 # The device's own rate in this guest, through VFIO without the network: what
 # either target could reach at best (BENCH_DIRECT=0 skips it).
 if [ "${BENCH_DIRECT:-1}" = 1 ] && [ "$RW" = randread ] && [ "$BS" = 4k ]; then
-    bind vfio-pci || die "cannot bind $BDF to vfio-pci"
+    bind_driver vfio-pci || die "cannot bind $BDF to vfio-pci"
     if "$K" perf --target "pci:$BDF" -q 32 -o 4k -w randread -t "$SECS" -c 0 --quiet \
         >/tmp/perf.out 2>&1; then
         say "device through VFIO (kestrel perf, QD 32, CPU 0): $(awk '$1 == "Total" {print int($2); exit}' /tmp/perf.out) IOPS"
