@@ -5,8 +5,8 @@
 # emulated controller with `kestrel serve`, connects to both through
 # /dev/nvme-fabrics, writes, reads back and compares, resets a controller in
 # the middle of a write, lists the subsystems through discovery, and reads
-# the device directly through VFIO (scripts/vm/guest-nvmf.sh). Then, in the
-# same boot, the reverse: the guest kernel's nvmet-tcp target, configured
+# the device directly through VFIO (scripts/vm/guest-nvmf.sh). Then, with
+# --nvmet, in the same boot, the reverse: the guest kernel's nvmet-tcp target, configured
 # through configfs, exports the same namespace (the controller on the
 # kernel's nvme driver) and Kestrel's initiator reaches it: discovery,
 # identify, perf --verify (digests too), kestrel write/read cross-checked
@@ -14,7 +14,13 @@
 # comparison with the kernel's initiator (scripts/vm/guest-nvmet.sh).
 #
 # Usage: scripts/vm-nvmf-test.sh [--mode iommu|noiommu|both] [--binary PATH]
-#                                [--fio-engine PATH] [--bench] [--keep] [--shell]
+#                                [--fio-engine PATH] [--nvmet] [--bench] [--keep] [--shell]
+#
+#   --nvmet   also the phase of Kestrel's initiator against the guest kernel's
+#             nvmet-tcp (scripts/vm/guest-nvmet.sh). Not in CI yet: in one of
+#             about ten boots its 128 KiB randrw perf --verify with digests
+#             found 3496 blocks wrong after writes reported done, and the
+#             cause is not found (docs/nvme-tcp-host.md, "Known problems").
 #
 #   --mode    as in scripts/vm-test.sh (default: both; iommu with --bench).
 #   --bench   instead of the checks: 4 KiB random reads at QD 32 with fio
@@ -44,7 +50,7 @@ set -euo pipefail
 # shellcheck source=scripts/vm/lib.sh disable=SC1091 # followed with shellcheck -x
 . "$(dirname "${BASH_SOURCE[0]}")/vm/lib.sh"
 
-mode='' binary='' engine='' keep=0 shell=0 bench=0
+mode='' binary='' engine='' keep=0 shell=0 bench=0 nvmet=0
 while (($#)); do
     case $1 in
     --fio-engine)
@@ -54,6 +60,7 @@ while (($#)); do
         ;;
     --mode=*) mode=${1#*=} && shift ;;
     --bench) bench=1 && shift ;;
+    --nvmet) nvmet=1 && shift ;;
     *) vm_runner_opt "$@" && shift "$VM_SHIFT" ;;
     esac
 done
@@ -131,11 +138,16 @@ for m in "${modes[@]}"; do
         backend=null
         guest="BENCH_SECONDS=${BENCH_SECONDS:-10} BENCH_ROUNDS=${BENCH_ROUNDS:-3} BENCH_RW=${BENCH_RW:-randread} BENCH_BS=${BENCH_BS:-4k} bash /kestrel/scripts/vm/guest-nvmf-bench.sh"
     else
-        # Both phases run, whatever the first gave; the status is their failed checks.
-        guest="export KESTREL_FIO_ENGINE=$(printf %q "$engine") NVMET_COMPARE_SECONDS=${NVMET_COMPARE_SECONDS:-3}
+        # With --nvmet both phases run, whatever the first gave; the status is their
+        # failed checks.
+        if ((nvmet)); then
+            guest="export KESTREL_FIO_ENGINE=$(printf %q "$engine") NVMET_COMPARE_SECONDS=${NVMET_COMPARE_SECONDS:-3}
 bash $guest; a=\$?
 bash /kestrel/scripts/vm/guest-nvmet.sh; b=\$?
 s=\$((a + b)); exit \$((s > 127 ? 127 : s))"
+        else
+            guest="bash $guest"
+        fi
     fi
     vm_step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"
     vm_run_guest "$m" "$binary" "$guest" "$shell" "$backend" "$run_dir" "$timeout_s"
