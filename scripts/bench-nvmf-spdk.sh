@@ -188,6 +188,8 @@ for ((round = 1; round <= rounds; round++)); do
     for t in $order; do run_target "$t" "$round"; done
 done
 echo "bench-nvmf-spdk: load at end $(cut -d' ' -f1-3 /proc/loadavg)"
+# The default backing file lives in RAM: give it back.
+[[ $ktarget != file:/dev/shm/kestrel-bench-nvmf.img,size=256M ]] || rm -f /dev/shm/kestrel-bench-nvmf.img
 
 # col TARGET WORKLOAD QD FIELD: that field of the matching results, sorted.
 col() { awk -v t="$1" -v w="$2" -v q="$3" -v f="$4" '$1 == t && $2 == w && $3 == q { print $f }' "$results" | sort -n; }
