@@ -276,12 +276,17 @@ impl Reactor {
         }
     }
 
+    /// Whether to poll rather than wait: work at the target or waiting, bytes to send, or a
+    /// connection readable (its receive stage may hold PDUs read ahead, which no socket
+    /// event will announce again).
     fn busy(&self) -> bool {
         !self.retry.is_empty()
             || self.conns.iter().flatten().any(|e| {
                 e.conn.at_target > 0
                     || (!e.conn.closing
-                        && (e.conn.has_waiting() || (e.conn.has_tx() && e.conn.writable)))
+                        && (e.conn.has_waiting()
+                            || e.conn.readable
+                            || (e.conn.has_tx() && e.conn.writable)))
             })
     }
 

@@ -33,6 +33,7 @@ pub fn connection_bound(class: Class, lim: &Limits, max_admin_data: usize) -> Op
     // The transmit queue: reserved for every PDU the slots may queue; a growth doubles.
     let tx = 2 * (slots * TX_PER_SLOT + 2).max(16);
     let fixed = std::mem::size_of::<Conn>()
+        + super::stage::RX_STAGE
         + slots * (std::mem::size_of::<Slot>() + 8)
         + tx * std::mem::size_of::<TxItem>();
     Some((fixed + data) as u64)
@@ -42,6 +43,7 @@ impl Conn {
     /// Bytes it holds: its structures, slot buffers and DMA sets.
     fn held_bytes(&self, data: usize) -> u64 {
         let fixed = std::mem::size_of::<Conn>()
+            + super::stage::RX_STAGE
             + self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.tx.capacity() * std::mem::size_of::<TxItem>()
             + (self.free.capacity() + self.wait_buf.capacity()) * 2;

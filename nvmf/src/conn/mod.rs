@@ -18,7 +18,6 @@
 //! outstanding.
 
 use std::collections::VecDeque;
-use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
@@ -44,6 +43,7 @@ mod exec;
 mod io;
 mod recv;
 mod respond;
+mod stage;
 mod transmit;
 
 /// In-capsule data accepted on admin queues (and before Connect): the Linux host sends
@@ -404,6 +404,7 @@ pub struct Conn {
     /// before an I/O queue connects, and after [`Conn::release_buffers`]).
     bufs: Vec<IoBufs>,
     rx: Rx,
+    stage: stage::Stage,
     tx: VecDeque<TxItem>,
     /// Readable edge seen and not yet drained.
     pub readable: bool,
@@ -480,6 +481,7 @@ impl Conn {
                 ddg: [0; 4],
                 after: After::Nothing,
             },
+            stage: stage::Stage::new(),
             tx: VecDeque::with_capacity(16),
             readable: true,
             writable: true,

@@ -91,7 +91,7 @@ impl Conn {
     fn read_pad(&mut self) -> Result<(), Close> {
         let mut scratch = [0u8; 128];
         let n = self.rx.left.min(scratch.len());
-        match (&self.sock).read(&mut scratch[..n]) {
+        match self.stage.read(&self.sock, &mut scratch[..n]) {
             Ok(0) => return Err(Close::Peer),
             Ok(k) => {
                 self.rx.left -= k;
@@ -109,7 +109,7 @@ impl Conn {
     fn read_digest(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Close> {
         let mut b = self.rx.ddg;
         let got = self.rx.got;
-        match (&self.sock).read(&mut b[got..DIGEST_LEN]) {
+        match self.stage.read(&self.sock, &mut b[got..DIGEST_LEN]) {
             Ok(0) => return Err(Close::Peer),
             Ok(k) => {
                 self.rx.ddg = b;
@@ -150,7 +150,7 @@ impl Conn {
 
     /// Reads header bytes [got, need) into the header buffer; `None` when nothing came.
     pub(super) fn read_plain(&mut self, got: usize, need: usize) -> Option<usize> {
-        match (&self.sock).read(&mut self.rx.hdr[got..need]) {
+        match self.stage.read(&self.sock, &mut self.rx.hdr[got..need]) {
             Ok(0) => {
                 self.readable = false;
                 self.closing_peer = true;
@@ -176,11 +176,11 @@ impl Conn {
             Dest::Discard => {
                 let mut scratch = [0u8; 4096];
                 let n = want.min(scratch.len());
-                (&self.sock).read(&mut scratch[..n])
+                self.stage.read(&self.sock, &mut scratch[..n])
             }
             Dest::Local(s) => {
                 let v = &mut self.slots[s as usize].local;
-                (&self.sock).read(&mut v[off..off + want])
+                self.stage.read(&self.sock, &mut v[off..off + want])
             }
             Dest::Icd(g) | Dest::Arena(g) => {
                 let b = self.bufs.get(g as usize).ok_or(Close::Shutdown)?;
@@ -200,6 +200,15 @@ impl Conn {
                     .get_mut(b.qidx)
                     .and_then(|q| q.as_mut())
                     .ok_or(Close::Shutdown)?;
+                let held = self.stage.held();
+                if !held.is_empty() {
+                    // Bytes the stage read ahead: copied in, the socket not read.
+                    let n = held.len().min(want);
+                    q.write_lent(&lent, off, &held[..n])
+                        .map_err(|_| Close::Shutdown)?;
+                    self.stage.consume(n);
+                    return Ok(n);
+                }
                 let dst = lent
                     .sub(off, want)
                     .ok_or(Close::Shutdown)

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# `kestrel serve` beside SPDK's `nvmf_tgt` on this host, over loopback, with
+# the same initiator: SPDK's `spdk_nvme_perf` over NVMe/TCP pinned to core 1,
+# each target confined to core 0 (taskset -c 0; nvmf_tgt -m 0x1, kestrel
+# serve -c 0). 4 KiB randread and randwrite at QD 1, 32 and 128 against each
+# target in turn, in rounds that alternate which target goes first; each
+# target is started afresh every round. Prints every run, then per target,
+# workload and depth the median IOPS (with the range over the rounds), the
+# median average latency and the target's CPU time per I/O, and the ratio
+# kestrel/spdk of the median IOPS; figures for docs/perf.md ("kestrel serve
+# beside SPDK's nvmf_tgt"). Not a test: never run by CI or scripts/test.sh.
+#
+# Backends, the cheapest each side has: SPDK a Null bdev (reads move no data);
+# Kestrel a file target on tmpfs (io_uring from the reactor thread, a
+# page-cache copy per I/O; see docs/perf.md for why not the emulator).
+#
+# Target CPU per I/O: the target process's utime+stime (/proc/PID/stat, all
+# its threads) over a window inside the run (from WARM seconds after perf
+# starts to 1 s before its end) divided by IOPS x the window.
+#
+# SPDK is built outside the repo, never in it: the project's shared harness
+# ../shared/bench/spdk-compare/build.sh (beside the checkout) fetches SPDK's
+# source and builds it into /var/tmp/spdk-cmp/spdk; nvmf_tgt needs a default
+# configuration's bdev and nvmf libraries (its build/bin/nvmf_tgt). Hugepages:
+# 2 x 256 MiB (echo 512 > /proc/sys/vm/nr_hugepages; hugetlbfs mounted).
+#
+# Usage: scripts/bench-nvmf-spdk.sh [SPDK_DIR] [--rounds N] [--seconds S]
+#            [--depths "1 32 128"] [--workloads "randread randwrite"]
+#            [--kestrel-target SPEC] [--kestrel BIN] [--warm S]
+#   SPDK_DIR         SPDK's tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf,
+#                    scripts/rpc.py) or its build/ folder; default $SPDK_DIR,
+#                    else /var/tmp/spdk-cmp/spdk
+#   --rounds         alternating rounds (default 3)
+#   --seconds        spdk_nvme_perf -t per run (default 10)
+#   --kestrel-target kestrel serve's target (default
+#                    file:/dev/shm/kestrel-bench-nvmf.img,size=256M)
+#   --kestrel        the kestrel executable (default target/release/kestrel,
+#                    built with cargo build --release -p kestrel-app)
+#   --warm           seconds into a run before the CPU window opens (default 2)
+# Environment: BENCH_DIR (logs, default /var/tmp/kestrel-bench-nvmf),
+#   SPDK_PORT / KESTREL_PORT (default 4431 / 4432), BENCH_SHM_ID (DPDK
+#   shared-memory id of the target; the initiator takes the next; default 733).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+spdk=${SPDK_DIR:-/var/tmp/spdk-cmp/spdk}
+rounds=3 secs=10 warm=2
+depths="1 32 128" workloads="randread randwrite"
+ktarget=file:/dev/shm/kestrel-bench-nvmf.img,size=256M
+kbin=target/release/kestrel
+while (($#)); do
+    case $1 in
+    --rounds) rounds=${2:?--rounds needs a number} && shift 2 ;;
+    --seconds) secs=${2:?--seconds needs a number} && shift 2 ;;
+    --depths) depths=${2:?--depths needs a list} && shift 2 ;;
+    --workloads) workloads=${2:?--workloads needs a list} && shift 2 ;;
+    --kestrel-target) ktarget=${2:?--kestrel-target needs a spec} && shift 2 ;;
+    --kestrel) kbin=${2:?--kestrel needs a path} && shift 2 ;;
+    --warm) warm=${2:?--warm needs a number} && shift 2 ;;
+    -h | --help)
+        sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+        exit 0
+        ;;
+    -*)
+        echo "bench-nvmf-spdk: unknown argument: $1" >&2
+        exit 2
+        ;;
+    *) spdk=$1 && shift ;;
+    esac
+done
+[[ -x $spdk/bin/nvmf_tgt ]] && spdk=$spdk/..
+tgt_bin=$spdk/build/bin/nvmf_tgt perf_bin=$spdk/build/bin/spdk_nvme_perf rpc=$spdk/scripts/rpc.py
+for f in "$tgt_bin" "$perf_bin" "$rpc" "$kbin"; do
+    [[ -x $f ]] || {
+        echo "bench-nvmf-spdk: $f is missing; build SPDK with ../shared/bench/spdk-compare/build.sh" \
+            "(or pass its tree), kestrel with cargo build --release -p kestrel-app" >&2
+        exit 2
+    }
+done
+((secs >= warm + 3)) || {
+    echo "bench-nvmf-spdk: --seconds must be at least --warm + 3" >&2
+    exit 2
+}
+
+dir=${BENCH_DIR:-/var/tmp/kestrel-bench-nvmf}
+mkdir -p "$dir"
+sport=${SPDK_PORT:-4431} kport=${KESTREL_PORT:-4432}
+shm=${BENCH_SHM_ID:-733}
+snqn=nqn.2026-12.io.kestrel-bench:null knqn=nqn.2026-12.io.kestrel:bench
+hostnqn=nqn.2014-08.org.nvmexpress:uuid:6b657374-7265-6c2d-6265-6e6368000001
+sock=$dir/spdk.sock
+hz=$(getconf CLK_TCK)
+results=$dir/results.txt
+: >"$results"
+pid=
+
+huge_free() { awk '/HugePages_Free/ {print $2}' /proc/meminfo; }
+# Hugepage files DPDK leaves behind for our shared-memory ids (ours only).
+clean_huge() { rm -f /dev/hugepages/spdk"$shm"map_* /dev/hugepages/spdk$((shm + 1))map_*; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+stop_target() {
+    [[ -n $pid ]] || return 0
+    kill -INT "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=
+    clean_huge
+}
+trap stop_target EXIT
+
+wait_port() {
+    for _ in $(seq 100); do
+        (echo >"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    echo "bench-nvmf-spdk: the target did not listen on port $1 (logs in $dir)" >&2
+    exit 1
+}
+
+start_spdk() {
+    rm -f "$sock"
+    taskset -c 0 "$tgt_bin" -m 0x1 -i "$shm" -s 256 -r "$sock" --disable-cpumask-locks \
+        >"$dir/nvmf_tgt.log" 2>&1 &
+    pid=$!
+    local r=("$rpc" -s "$sock" -t 30)
+    for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+    "${r[@]}" framework_wait_init >/dev/null
+    "${r[@]}" nvmf_create_transport -t TCP -q 256 >/dev/null
+    "${r[@]}" bdev_null_create Null0 256 4096 >/dev/null
+    "${r[@]}" nvmf_create_subsystem "$snqn" -a -s KESTRELBENCH0001 >/dev/null
+    "${r[@]}" nvmf_subsystem_add_ns "$snqn" Null0 >/dev/null
+    "${r[@]}" nvmf_subsystem_add_listener "$snqn" -t tcp -f ipv4 -a 127.0.0.1 -s "$sport" >/dev/null
+    wait_port "$sport"
+}
+
+start_kestrel() {
+    taskset -c 0 "$kbin" serve --target "bench=$ktarget" -c 0 --listen "127.0.0.1:$kport" \
+        --discovery-port off --allow-any-host --queue-size 256 >"$dir/kestrel.log" 2>&1 &
+    pid=$!
+    wait_port "$kport"
+}
+
+# run_perf NAME PORT NQN WORKLOAD QD ROUND: one spdk_nvme_perf run; appends
+# "NAME WORKLOAD QD ROUND IOPS AVG_LAT_US CPU_NS_PER_IO TARGET_CPU_PCT".
+run_perf() {
+    local name=$1 port=$2 nqn=$3 rw=$4 qd=$5 round=$6 out=$dir/perf-$1-$4-q$5-r$6.log
+    taskset -c 1 "$perf_bin" -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn hostnqn:$hostnqn" \
+        -c 0x2 -q "$qd" -o 4096 -w "$rw" -t "$secs" -i $((shm + 1)) -s 256 >"$out" 2>&1 &
+    local ppid=$! a b t0 t1
+    sleep "$warm"
+    a=$(cpu_ticks "$pid") t0=$(date +%s%N)
+    sleep $((secs - warm - 1))
+    b=$(cpu_ticks "$pid") t1=$(date +%s%N)
+    wait "$ppid" || echo "bench-nvmf-spdk: spdk_nvme_perf exited $? ($out)" >&2
+    rm -f /dev/hugepages/spdk$((shm + 1))map_*
+    awk -v n="$name" -v rw="$rw" -v q="$qd" -v r="$round" -v dt=$((b - a)) -v hz="$hz" \
+        -v ns=$((t1 - t0)) '
+        /^Total/ { iops = $3; lat = $5 }
+        END {
+            if (iops == "" || iops == 0) { print n, rw, q, r, 0, 0, 0, 0; exit }
+            cpu = dt / hz * 1e9
+            printf "%s %s %s %s %.0f %.1f %.0f %.0f\n", n, rw, q, r, iops, lat,
+                cpu / (iops * ns / 1e9), 100 * cpu / ns
+        }' "$out" | tee -a "$results"
+}
+
+run_target() {
+    local name=$1 round=$2 port nqn rw qd
+    if [[ $name == spdk ]]; then start_spdk; port=$sport nqn=$snqn; else start_kestrel; port=$kport nqn=$knqn; fi
+    for rw in $workloads; do
+        for qd in $depths; do run_perf "$name" "$port" "$nqn" "$rw" "$qd" "$round"; done
+    done
+    stop_target
+}
+
+((${#depths} && ${#workloads})) || exit 2
+clean_huge
+(($(huge_free) >= 256)) || echo "bench-nvmf-spdk: only $(huge_free) free hugepages (256 wanted)" >&2
+echo "bench-nvmf-spdk: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)" \
+    "load $(cut -d' ' -f1-3 /proc/loadavg) rounds=$rounds seconds=$secs kestrel-target=$ktarget"
+echo "# target workload qd round iops avg_lat_us cpu_ns_per_io target_cpu_pct"
+for ((round = 1; round <= rounds; round++)); do
+    if ((round % 2)); then order="spdk kestrel"; else order="kestrel spdk"; fi
+    for t in $order; do run_target "$t" "$round"; done
+done
+echo "bench-nvmf-spdk: load at end $(cut -d' ' -f1-3 /proc/loadavg)"
+# The default backing file lives in RAM: give it back.
+[[ $ktarget != file:/dev/shm/kestrel-bench-nvmf.img,size=256M ]] || rm -f /dev/shm/kestrel-bench-nvmf.img
+
+# col TARGET WORKLOAD QD FIELD: that field of the matching results, sorted.
+col() { awk -v t="$1" -v w="$2" -v q="$3" -v f="$4" '$1 == t && $2 == w && $3 == q { print $f }' "$results" | sort -n; }
+# med ...: the median of col (the lower middle for an even count).
+med() { col "$@" | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }'; }
+# range ...: "min-max" of col.
+range() { col "$@" | awk 'NR == 1 { lo = $1 } { hi = $1 } END { print lo "-" hi }'; }
+
+summary() {
+    local rw qd si ki
+    echo "| workload | QD | spdk IOPS (range) | kestrel IOPS (range) | kestrel/spdk | spdk lat us | kestrel lat us | spdk CPU ns/IO | kestrel CPU ns/IO |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    for rw in $workloads; do
+        for qd in $depths; do
+            si=$(med spdk "$rw" "$qd" 5) ki=$(med kestrel "$rw" "$qd" 5)
+            echo "| $rw | $qd | $si ($(range spdk "$rw" "$qd" 5)) | $ki ($(range kestrel "$rw" "$qd" 5))" \
+                "| $(awk -v a="$ki" -v b="$si" 'BEGIN { printf "%.2f", b ? a / b : 0 }')" \
+                "| $(med spdk "$rw" "$qd" 6) | $(med kestrel "$rw" "$qd" 6)" \
+                "| $(med spdk "$rw" "$qd" 7) | $(med kestrel "$rw" "$qd" 7) |"
+        done
+    done
+}
+summary | tee "$dir/summary.md"
