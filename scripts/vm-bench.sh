@@ -24,6 +24,11 @@
 #                  /host/k.data kestrel perf ...` then `perf report -i
 #                  /host/k.data --stdio` (docs/perf.md, "Where the QD 1 time
 #                  goes"). /host is the run directory, kept with --keep.
+#   --ns SIZE_MIB:PROPS  a namespace of QEMU's controller instead of the
+#                  null-co one (repeatable: nsid 1, 2, ...), e.g. --ns
+#                  '64:logical_block_size=4096,physical_block_size=4096,zoned=true,zoned.zone_size=8M,zoned.zone_capacity=6M';
+#                  each on a sparse image in the run directory, so data written
+#                  reads back (verify jobs).
 #   --mode         iommu (default) or noiommu, as in scripts/vm-test.sh.
 #   --keep, --shell  as in scripts/vm-test.sh.
 #
@@ -46,6 +51,10 @@ while (($#)); do
         engine=${2:?--fio-engine needs a path}
         [[ -r $engine ]] || vm_die "cannot read $engine"
         engine=$(realpath "$engine")
+        shift 2
+        ;;
+    --ns)
+        VM_NVME_NAMESPACES+=("${2:?--ns needs SIZE_MIB:PROPERTIES}")
         shift 2
         ;;
     --perf)
@@ -105,6 +114,8 @@ list_cmd+=$(printf '%s\n' "${cmds[@]}")
 list_cmd+=$'\n'"KESTREL_BENCH_EOF"$'\n'"bash /kestrel/scripts/vm/guest-bench.sh /tmp/bench.cmds"
 
 vm_step "mode $mode: booting the guest (timeout ${timeout_s}s)"
-vm_run_guest "$mode" "$binary" "$list_cmd" "$shell" null "$VM_RUN_DIR" "$timeout_s"
+backend=null
+((${#VM_NVME_NAMESPACES[@]})) && backend=$VM_RUN_DIR/nvme.img
+vm_run_guest "$mode" "$binary" "$list_cmd" "$shell" "$backend" "$VM_RUN_DIR" "$timeout_s"
 vm_mode_line vm-bench "$mode" "$VM_RESULT" "$VM_WHY" "time=$((SECONDS - VM_T_START))s output=$VM_CACHE/logs/output-$mode.txt"
 exit "$VM_RC"
