@@ -16,3 +16,4 @@ mod discovery;
 mod io;
 mod noalloc;
 mod recovery;
+mod stress;
