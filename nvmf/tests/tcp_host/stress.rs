@@ -149,6 +149,7 @@ fn run(opts: &str) {
         bad.len(),
         &bad[..bad.len().min(8)]
     );
+    assert_eq!(q.stats().resets, 0, "{opts:?}: {:?}", q.stats());
     final_check(q.as_mut(), &slots[0], &gen, opts);
 }
 
