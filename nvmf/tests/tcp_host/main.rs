@@ -13,6 +13,7 @@ mod counting_alloc;
 mod aio;
 mod capi;
 mod discovery;
+mod forged;
 mod io;
 mod noalloc;
 mod recovery;

@@ -119,7 +119,11 @@ fn run(opts: &str) {
             let req = IoRequest::vectored(op, 1, lba, (UNIT / BS) as u32, &seg, k as u64);
             q.submit(req.unwrap()).unwrap();
             busy[unit as usize] = true;
-            inflight[k] = Some(Io { unit, write, gen: g });
+            inflight[k] = Some(Io {
+                unit,
+                write,
+                gen: g,
+            });
             issued += 1;
         }
         q.flush();
@@ -127,7 +131,9 @@ fn run(opts: &str) {
         q.poll(0, &mut |c| comps.push(c));
         for c in comps {
             let k = c.token as usize;
-            let io = inflight[k].take().expect("a completion for an i/o in flight");
+            let io = inflight[k]
+                .take()
+                .expect("a completion for an i/o in flight");
             assert_eq!(c.result, Ok(()), "unit {} write {}", io.unit, io.write);
             let mut got = vec![0u8; UNIT];
             q.read_lent(&slots[k], 0, &mut got).unwrap();
@@ -164,7 +170,10 @@ fn final_check(q: &mut dyn TargetQueue, slot: &DmaSlice, gen: &[u64], opts: &str
         let mut got = vec![0u8; UNIT];
         q.read_lent(slot, 0, &mut got).unwrap();
         let at = mismatch(&got, &unit_data(u as u64, g));
-        assert!(at.is_none(), "{opts:?}: unit {u} (generation {g}) differs at byte {at:?}");
+        assert!(
+            at.is_none(),
+            "{opts:?}: unit {u} (generation {g}) differs at byte {at:?}"
+        );
     }
 }
 
