@@ -74,6 +74,28 @@ fn mismatch(got: &[u8], want: &[u8]) -> Option<usize> {
     got.iter().zip(want).position(|(a, b)| a != b)
 }
 
+/// Submits the read or write (generation `g`) of `unit` in slot `k`, in three segments.
+fn submit(
+    q: &mut dyn TargetQueue,
+    slot: &DmaSlice,
+    k: usize,
+    turn: u64,
+    unit: u64,
+    write: bool,
+    g: u64,
+) {
+    if write {
+        q.write_lent(slot, 0, &unit_data(unit, g)).unwrap();
+    } else {
+        q.write_lent(slot, 0, &[0xa5; UNIT]).unwrap();
+    }
+    let op = if write { IoOp::Write } else { IoOp::Read };
+    let lba = unit * (UNIT / BS) as u64;
+    let seg = segments(slot, turn);
+    let req = IoRequest::vectored(op, 1, lba, (UNIT / BS) as u32, &seg, k as u64);
+    q.submit(req.unwrap()).unwrap();
+}
+
 fn run(opts: &str) {
     let s = awkward_server();
     let t = kestrel::target_spec::open(&spec(&s, opts)).expect("tcp target opens");
@@ -108,16 +130,7 @@ fn run(opts: &str) {
             let k = free.pop_front().unwrap();
             let write = next() % 2 == 0;
             let g = gen[unit as usize] + u64::from(write);
-            let seg = segments(&slots[k], issued);
-            if write {
-                q.write_lent(&slots[k], 0, &unit_data(unit, g)).unwrap();
-            } else {
-                q.write_lent(&slots[k], 0, &[0xa5; UNIT]).unwrap();
-            }
-            let op = if write { IoOp::Write } else { IoOp::Read };
-            let lba = unit * (UNIT / BS) as u64;
-            let req = IoRequest::vectored(op, 1, lba, (UNIT / BS) as u32, &seg, k as u64);
-            q.submit(req.unwrap()).unwrap();
+            submit(q.as_mut(), &slots[k], k, issued, unit, write, g);
             busy[unit as usize] = true;
             inflight[k] = Some(Io {
                 unit,
@@ -163,7 +176,7 @@ fn run(opts: &str) {
 fn final_check(q: &mut dyn TargetQueue, slot: &DmaSlice, gen: &[u64], opts: &str) {
     for (u, &g) in gen.iter().enumerate() {
         let lba = u as u64 * (UNIT / BS) as u64;
-        q.submit(IoRequest::read(1, lba, (UNIT / BS) as u32, slot.clone(), 0))
+        q.submit(IoRequest::read(1, lba, (UNIT / BS) as u32, *slot, 0))
             .unwrap();
         q.flush();
         assert_eq!(reap(q, 1)[0].result, Ok(()));
