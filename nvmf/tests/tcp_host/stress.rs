@@ -5,12 +5,17 @@
 //! come interleaved and out of submission order) and with every request's memory in
 //! several segments of odd lengths. A write's memory is scribbled over the moment its
 //! completion arrives, so data sent after a write was reported done would show on read.
+//! Once more behind a relay that hands the target's bytes to the host in pieces of odd
+//! lengths (headers, padding, data and digests split anywhere).
 
 use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kestrel::io::{IoOp, IoRequest};
-use kestrel::target::{QueueOptions, TargetQueue};
+use kestrel::target::{QueueOptions, Target, TargetQueue};
 use kestrel::DmaSlice;
 use kestrel_nvmf::{Limits, Server, ServerConfig, SubsystemConfig};
 
@@ -19,7 +24,7 @@ use crate::common::*;
 const UNIT: usize = 128 << 10;
 const UNITS: u64 = 24;
 const QD: usize = 12;
-const IOS: u64 = 3000;
+const IOS: u64 = 2000;
 const BS: usize = 4096;
 
 fn awkward_server() -> Server {
@@ -96,15 +101,73 @@ fn submit(
     q.submit(req.unwrap()).unwrap();
 }
 
-fn run(opts: &str) {
+/// Copies `from` to `to` in writes of odd lengths, a few bytes to 12 KiB, each sent at
+/// once: the host receives PDU headers, padding, data and digests in pieces.
+fn chop(mut from: TcpStream, mut to: TcpStream) {
+    const LENS: [usize; 8] = [1, 7, 23, 3001, 2, 12_293, 5, 511];
+    let _ = to.set_nodelay(true);
+    let mut b = vec![0u8; 1 << 16];
+    let (mut have, mut k) = (0usize, 0usize);
+    loop {
+        match from.read(&mut b[have..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => have += n,
+        }
+        let mut at = 0;
+        while at < have {
+            let n = LENS[k % LENS.len()].min(have - at);
+            k += 1;
+            if to.write_all(&b[at..at + n]).is_err() {
+                return;
+            }
+            at += n;
+        }
+        have = 0;
+    }
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// A relay in front of `target` that chops what the target sends (see [`chop`]).
+fn chopping_relay(target: SocketAddr) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for host in l.incoming() {
+            let (Ok(host), Ok(t)) = (host, TcpStream::connect(target)) else {
+                return;
+            };
+            let (mut h2, mut t2) = (host.try_clone().unwrap(), t.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut h2, &mut t2);
+                let _ = t2.shutdown(Shutdown::Both);
+            });
+            std::thread::spawn(move || chop(t, host));
+        }
+    });
+    at
+}
+
+/// The awkward server and a queue of depth QD + 1 on it (through the chopping relay when
+/// `chopped`).
+fn open(opts: &str, chopped: bool) -> (Server, Arc<dyn Target>, Box<dyn TargetQueue>) {
     let s = awkward_server();
-    let t = kestrel::target_spec::open(&spec(&s, opts)).expect("tcp target opens");
-    let mut q = t
+    let mut spec = spec(&s, opts);
+    if chopped {
+        let relay = chopping_relay(s.local_addr());
+        spec = spec.replace(&s.local_addr().to_string(), &relay.to_string());
+    }
+    let t = kestrel::target_spec::open(&spec).expect("tcp target opens");
+    let q = t
         .create_queue(&QueueOptions {
             depth: QD as u32 + 1,
             ..QueueOptions::default()
         })
         .expect("queue connects");
+    (s, t, q)
+}
+
+fn run(opts: &str, chopped: bool) {
+    let (_server, t, mut q) = open(opts, chopped);
     let buf = q.lend(t.dma_pool().alloc(QD * UNIT).unwrap()).unwrap();
     let slots: Vec<DmaSlice> = (0..QD).map(|k| buf.sub(k * UNIT, UNIT).unwrap()).collect();
     let mut gen = vec![0u64; UNITS as usize];
@@ -192,6 +255,11 @@ fn final_check(q: &mut dyn TargetQueue, slot: &DmaSlice, gen: &[u64], opts: &str
 
 #[test]
 fn randrw_128k_many_in_flight_with_awkward_transfers() {
-    run("");
-    run("digest=both");
+    run("", false);
+    run("digest=both", false);
+}
+
+#[test]
+fn randrw_128k_received_in_pieces() {
+    run("digest=both", true);
 }
