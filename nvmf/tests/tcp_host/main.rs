@@ -2,7 +2,9 @@
 //! `kestrel serve`'s target on an ephemeral loopback port, over emulated controllers: the
 //! bring-up, reads and writes compared byte for byte from 4 KiB to 1 MiB (in-capsule,
 //! R2T, split at MDTS), digests, several I/O queues and namespaces, the aio API over it,
-//! discovery, and a target killed mid-write (no acknowledged write lost).
+//! discovery, a target killed mid-write (no acknowledged write lost), randrw with many
+//! I/Os in flight over awkward transfers (`stress`), and responses a relay forges
+//! (`forged`).
 //!
 //! It lives here because it needs both crates: the driver does not depend on the target.
 
@@ -13,6 +15,8 @@ mod counting_alloc;
 mod aio;
 mod capi;
 mod discovery;
+mod forged;
 mod io;
 mod noalloc;
 mod recovery;
+mod stress;

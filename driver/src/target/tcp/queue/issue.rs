@@ -106,6 +106,7 @@ impl TcpQueue {
         c.data_len = data_len;
         c.received = 0;
         c.awaiting_r2t = false;
+        c.xfer = 0;
         c.ttag = 0;
         c.r2t_next = 0;
         c.r2t_end = 0;
@@ -116,7 +117,10 @@ impl TcpQueue {
         }
         match r.op {
             IoOp::Deallocate => self.capsule_dsm(cid, sqe, &r),
-            IoOp::Write if data_len <= self.in_capsule => self.capsule(cid, sqe, data_len, true),
+            IoOp::Write if data_len <= self.in_capsule => {
+                self.cmds[cid as usize].xfer = data_len;
+                self.capsule(cid, sqe, data_len, true)
+            }
             IoOp::Write => {
                 self.cmds[cid as usize].awaiting_r2t = true;
                 self.capsule(cid, sqe, data_len, false)

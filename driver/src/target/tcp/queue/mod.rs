@@ -100,6 +100,10 @@ struct Cmd {
     r2t_next: u32,
     r2t_end: u32,
     awaiting_r2t: bool,
+    /// A write's data that went out or was asked for: its in-capsule data, or the sum of
+    /// its R2Ts' lengths. A successful response to a write with less is not an
+    /// acknowledgment of its data.
+    xfer: u32,
     /// C2HData bytes received.
     received: u32,
     deadline: Instant,
@@ -125,6 +129,7 @@ impl Cmd {
             r2t_next: 0,
             r2t_end: 0,
             awaiting_r2t: false,
+            xfer: 0,
             received: 0,
             deadline: now,
         }

@@ -145,6 +145,17 @@ impl TcpQueue {
             ));
         }
         let status = cqe.status();
+        let c = &self.cmds[cid as usize];
+        if status.is_success() && c.op == IoOp::Write && c.xfer < c.data_len {
+            // The controller cannot have written data it never asked for: this response
+            // acknowledges nothing, and completing the write would report data done that
+            // never left this host. The connection is made again and the write resent.
+            self.stats.bogus_completions += 1;
+            return self.protocol(format!(
+                "a successful response for cid {cid}, a write of {} bytes of which the controller asked for {}",
+                c.data_len, c.xfer
+            ));
+        }
         let err = if !status.is_success() {
             Some(IoError::Nvme(status))
         } else {
@@ -389,6 +400,7 @@ impl TcpQueue {
         }
         let c = &mut self.cmds[cid as usize];
         c.awaiting_r2t = false;
+        c.xfer = c.xfer.saturating_add(r.r2tl);
         c.ttag = r.ttag;
         c.r2t_next = r.r2to;
         c.r2t_end = r.r2to + r.r2tl;
