@@ -173,6 +173,26 @@ pub enum TcpError {
     },
 }
 
+impl TcpError {
+    /// The target refused an I/O queue's Connect for its QID (Connect Invalid Parameters
+    /// at the command's QID offset): the ID is in use there, or above what it granted.
+    pub(crate) fn qid_in_use(&self) -> bool {
+        use crate::spec::fabrics::{connect_off, connect_sc};
+        match self {
+            TcpError::ConnectRefused {
+                qid, status, dw0, ..
+            } => {
+                *qid != 0
+                    && status.sct.code() == 1
+                    && status.sc == connect_sc::INVALID_PARAMETERS
+                    && dw0 & (1 << 16) == 0
+                    && (dw0 & 0xffff) as usize == connect_off::QID
+            }
+            _ => false,
+        }
+    }
+}
+
 fn connect_hint(status: Status, dw0: u32) -> String {
     use crate::spec::fabrics::connect_sc as sc;
     if status.sct.code() != 1 {

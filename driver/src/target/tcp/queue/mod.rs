@@ -45,6 +45,8 @@ mod rx;
 
 /// The most software-queued requests beyond the command slots.
 const MAX_SW_QUEUE: u32 = 1024;
+/// How long a Connect refused because the target still holds the queue ID is retried.
+const QID_BUSY_WAIT: Duration = Duration::from_secs(2);
 /// Header bytes a command slot keeps for its current PDU: a capsule header, digest and
 /// padding (PDO is at most 255) and 16 bytes of DSM range with their digest.
 const HDR_CAP: usize = 288;
@@ -257,12 +259,25 @@ impl TcpQueue {
         info: &TargetInfo,
         opts: &QueueOptions,
     ) -> Result<TcpQueue, TcpError> {
-        let qid = ctrl.take_qid()?;
-        match Self::connect_qid(ctrl, info, opts, qid) {
-            Ok(q) => Ok(q),
-            Err(e) => {
-                ctrl.put_qid(qid);
-                Err(e)
+        // A queue ID given back a moment ago (a queue dropped, then another made) may
+        // still be in use at the target until it has seen the old connection close (its
+        // Disconnect is not waited for): the target refuses it as an invalid parameter at
+        // the QID's offset. That refusal is retried, the ID given back each time, with a
+        // short back-off for at most QID_BUSY_WAIT.
+        let deadline = Instant::now() + QID_BUSY_WAIT;
+        let mut delay = Duration::from_millis(2);
+        loop {
+            let qid = ctrl.take_qid()?;
+            match Self::connect_qid(ctrl, info, opts, qid) {
+                Ok(q) => return Ok(q),
+                Err(e) => {
+                    ctrl.put_qid(qid);
+                    if !e.qid_in_use() || Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(Duration::from_millis(100));
+                }
             }
         }
     }
