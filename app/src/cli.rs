@@ -480,8 +480,8 @@ pub struct PerfArgs {
     /// VFIO, or the emulator's) when idle (hybrid: after polling 1 ms without a completion).
     #[arg(long, value_enum, default_value_t = PollModeArg::Busy)]
     pub poll_mode: PollModeArg,
-    /// Completions reaped per poll of a queue pair (0: a quarter of the I/O queue's entries,
-    /// 1 to 128, as the NVMe queue pair's own default and SPDK's).
+    /// Completions reaped per poll of a queue pair (0: the queue's own default: an NVMe
+    /// queue pair a quarter of its entries, 1 to 128, as SPDK; a file every one ready).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=4096))]
     pub max_completions: u32,
     /// Write blocks carrying their LBA, a generation and a checksum, and check them on read.

@@ -214,7 +214,9 @@ pub trait TargetQueue: Send {
     /// Makes submitted requests visible to the device (one doorbell write or one
     /// `io_uring_enter` for the whole batch).
     fn flush(&mut self);
-    /// Reaps at most `max` completions, calling `done` for each; returns how many.
+    /// Reaps at most `max` completions, calling `done` for each; returns how many. `max` 0
+    /// is the queue's own default: for an NVMe queue pair a quarter of its ring (at most
+    /// 128, as SPDK), for a file's io_uring every completion that is ready.
     fn poll(&mut self, max: u32, done: &mut dyn FnMut(Completion)) -> u32;
     /// Requests submitted and not yet completed (at the device or queued in software).
     fn outstanding(&self) -> u32;

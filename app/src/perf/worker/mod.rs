@@ -327,15 +327,12 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         ),
         scratch: vec![0u8; targets.iter().map(|t| t.io_bytes).max().unwrap_or(0)],
         md_scratch: vec![0u8; targets.iter().map(|t| t.md_bytes).max().unwrap_or(0)],
-        // As the NVMe queue pair's own default (and SPDK's): a quarter of the ring per
-        // pass, so the first completions of a large batch are resubmitted, and the
-        // controller fed, while the rest wait for the next pass (docs/perf.md, "Where the
-        // QD 1 time goes").
-        max: if cfg.max_completions == 0 {
-            (cfg.queue.depth / 4).clamp(1, kestrel::nvme::qpair::MAX_COMPLETIONS_PER_POLL)
-        } else {
-            cfg.max_completions
-        },
+        // 0: each queue's own default (`TargetQueue::poll`): an NVMe queue pair reaps a
+        // quarter of its ring per pass (as SPDK), so the first completions of a large batch
+        // are resubmitted, and the controller fed, while the rest wait for the next pass
+        // (docs/perf.md, "Where the QD 1 time goes"); a file's io_uring reaps everything
+        // ready, one io_uring_enter for the whole batch.
+        max: cfg.max_completions,
         cfg: &cfg,
         shared: &shared,
         targets,

@@ -429,7 +429,8 @@ impl TargetQueue for FileQueue {
         if self.unsubmitted > 0 {
             self.enter_submit();
         }
-        let max = max as usize;
+        // 0: the queue's own default, every completion that is ready.
+        let max = if max == 0 { usize::MAX } else { max as usize };
         let mut n = 0usize;
         while n < max {
             let Some(token) = self.cancelled.pop_front() else {
