@@ -4,7 +4,8 @@
 # runtime lines are rewritten (every ioengine= line becomes the engine, with the target
 # after it; filename= and directory= lines go, the target names the device; runtime= and
 # its alias timeout= become RUNTIME, and a [global] runtime= is added where none is;
-# startdelay= becomes 0, as 1mbs_clients.fio would otherwise take two minutes). The
+# startdelay= becomes 0, as 1mbs_clients.fio would otherwise take two minutes); an
+# example whose header says to run it with --section= runs once per section. The
 # xnvme examples take rw, bs and iodepth from the environment, as their headers say
 # (FIO_RW=randwrite FIO_BS=4096 FIO_IODEPTH=8 unless set). Each example ends as
 #   passed     fio exits 0, every job with err=0, no verification failure;
@@ -105,7 +106,22 @@ for f in "$src"/examples/*.fio; do
     fi
     rewrite "$f" >"$out/$name.fio"
     rc=0 t0=$SECONDS
-    (cd "$out" && timeout "$limit" fio "$name.fio" </dev/null) >"$out/$name.log" 2>&1 || rc=$?
+    # An example whose header says to run it with --section= (xnvme-compare, xnvme-zoned)
+    # holds alternative jobs, not jobs meant to run together on one device: each section
+    # runs on its own, as the header says (together, xnvme-zoned's sequential and random
+    # zoned writers reset each other's zones and their verify fails).
+    sections=()
+    if grep -q -- '--section=' "$f"; then
+        mapfile -t sections < <(sed -n 's/^\[\([^]]*\)\][[:space:]]*$/\1/p' "$f" | grep -v '^global$')
+    fi
+    if ((${#sections[@]})); then
+        : >"$out/$name.log"
+        for sec in "${sections[@]}"; do
+            (cd "$out" && timeout "$limit" fio --section="$sec" "$name.fio" </dev/null) >>"$out/$name.log" 2>&1 || rc=$?
+        done
+    else
+        (cd "$out" && timeout "$limit" fio "$name.fio" </dev/null) >"$out/$name.log" 2>&1 || rc=$?
+    fi
     result=$(classify "$out/$name.log" "$rc")
     printf '%s %s s %s\n' "$name" "$((SECONDS - t0))" "${result%%:*}" >>"$out/times"
     case $result in
