@@ -22,6 +22,15 @@ pub const ONCS_NAMES: [(u16, &str); 9] = [
     (1 << 8, "copy"),
 ];
 
+/// The names of the optional NVM commands an ONCS value says are supported.
+pub fn oncs_features(oncs: u16) -> Vec<&'static str> {
+    ONCS_NAMES
+        .iter()
+        .filter(|(bit, _)| oncs & bit != 0)
+        .map(|(_, n)| *n)
+        .collect()
+}
+
 /// One namespace.
 #[derive(Serialize, Debug)]
 pub struct NamespaceJson {
@@ -342,11 +351,7 @@ fn describe_nvme(n: &NvmeTarget) -> TargetJson {
         shadow_doorbells_enabled: c.shadow_doorbells(),
         volatile_write_cache: id.has_volatile_write_cache(),
         oncs: id.oncs,
-        oncs_features: ONCS_NAMES
-            .iter()
-            .filter(|(bit, _)| id.oncs & bit != 0)
-            .map(|(_, n)| *n)
-            .collect(),
+        oncs_features: oncs_features(id.oncs),
         nn: id.nn,
         error_log_entries: id.elpe as u16 + 1,
         namespaces,

@@ -10,7 +10,8 @@ use kestrel::target::tcp::TcpController;
 use serde::Serialize;
 
 use crate::error::{AppError, Result};
-use crate::identify::{ControllerJson, FormatJson, NamespaceJson, TargetJson, ONCS_NAMES};
+use crate::identify::oncs_features;
+use crate::identify::{ControllerJson, FormatJson, NamespaceJson, TargetJson};
 use crate::parse::TargetSpec;
 use crate::units::print_json;
 
@@ -67,11 +68,7 @@ pub fn describe(spec: &TargetSpec, c: &TcpController) -> TargetJson {
         shadow_doorbells_enabled: false,
         volatile_write_cache: id.has_volatile_write_cache(),
         oncs: id.oncs,
-        oncs_features: ONCS_NAMES
-            .iter()
-            .filter(|(bit, _)| id.oncs & bit != 0)
-            .map(|(_, n)| *n)
-            .collect(),
+        oncs_features: oncs_features(id.oncs),
         nn: id.nn,
         error_log_entries: id.elpe as u16 + 1,
         namespaces,
