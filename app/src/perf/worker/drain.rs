@@ -69,7 +69,7 @@ impl Worker<'_> {
         }
         q.done.clear();
         let done = &mut q.done;
-        q.q.poll(self.max, &mut |c| done.push(c));
+        q.q.poll(self.cfg.max_completions, &mut |c| done.push(c));
         Some(self.shared.clock.now_ns())
     }
 

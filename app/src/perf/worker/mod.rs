@@ -275,7 +275,6 @@ struct Worker<'a> {
     queues: Vec<QueueState>,
     scratch: Vec<u8>,
     md_scratch: Vec<u8>,
-    max: u32,
     /// Queues whose device is gone.
     dead: usize,
     /// Running totals for the progress lines: successful completions, their latency sum
@@ -327,12 +326,6 @@ pub fn run(cfg: WorkerConfig, shared: Arc<Shared>) -> Result<CoreResult, WorkerE
         ),
         scratch: vec![0u8; targets.iter().map(|t| t.io_bytes).max().unwrap_or(0)],
         md_scratch: vec![0u8; targets.iter().map(|t| t.md_bytes).max().unwrap_or(0)],
-        // 0: each queue's own default (`TargetQueue::poll`): an NVMe queue pair reaps a
-        // quarter of its ring per pass (as SPDK), so the first completions of a large batch
-        // are resubmitted, and the controller fed, while the rest wait for the next pass
-        // (docs/perf.md, "Where the QD 1 time goes"); a file's io_uring reaps everything
-        // ready, one io_uring_enter for the whole batch.
-        max: cfg.max_completions,
         cfg: &cfg,
         shared: &shared,
         targets,

@@ -232,7 +232,12 @@ impl Worker<'_> {
             let q = &mut self.queues[qi];
             q.done.clear();
             let done = &mut q.done;
-            let n = q.q.poll(self.max, &mut |c| done.push(c));
+            // 0: each queue's own default (`TargetQueue::poll`): an NVMe queue pair reaps a
+            // quarter of its ring per pass (as SPDK), so the first completions of a large batch
+            // are resubmitted, and the controller fed, while the rest wait for the next pass
+            // (docs/perf.md, "Where the QD 1 time goes"); a file's io_uring reaps everything
+            // ready, one io_uring_enter for the whole batch.
+            let n = q.q.poll(cfg.max_completions, &mut |c| done.push(c));
             if n == 0 && q.done.is_empty() {
                 continue;
             }
