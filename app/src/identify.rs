@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use kestrel::spec::{Cap, IdentifyController};
 use serde::Serialize;
 
 use crate::cli::IdentifyArgs;
@@ -246,6 +247,59 @@ pub struct ControllerJson {
     pub emulator: Option<targets::EmuSummary>,
 }
 
+/// What every controller kind knows about itself outside Identify Controller.
+pub struct Header {
+    /// `nvme` or `nvme-tcp`.
+    pub kind: &'static str,
+    /// The `--target` spec.
+    pub target: String,
+    /// The transport's description.
+    pub transport: String,
+    /// The VS register, printed.
+    pub vs: String,
+    /// Controller ID (the one Connect gave, for fabrics).
+    pub cntlid: u16,
+    /// CAP.
+    pub cap: Cap,
+    /// Largest transfer in bytes (`u64::MAX`: unlimited).
+    pub max_transfer: u64,
+    /// I/O queues granted.
+    pub io_queues: u16,
+}
+
+impl ControllerJson {
+    /// A controller's JSON from its header and Identify Controller data; shadow doorbells
+    /// off and no emulator summary until the caller says otherwise.
+    pub fn of(h: Header, id: &IdentifyController, namespaces: Vec<NamespaceJson>) -> Self {
+        ControllerJson {
+            kind: h.kind,
+            target: h.target,
+            transport: h.transport,
+            vs: h.vs,
+            model: id.mn.clone(),
+            serial: id.sn.clone(),
+            firmware: id.fr.clone(),
+            vid: id.vid,
+            ssvid: id.ssvid,
+            cntlid: h.cntlid,
+            mqes: h.cap.mqes(),
+            max_queue_entries: h.cap.max_queue_entries(),
+            mdts: id.mdts,
+            mdts_bytes: (h.max_transfer != u64::MAX).then_some(h.max_transfer),
+            io_queues: h.io_queues,
+            shadow_doorbells_supported: false,
+            shadow_doorbells_enabled: false,
+            volatile_write_cache: id.has_volatile_write_cache(),
+            oncs: id.oncs,
+            oncs_features: oncs_features(id.oncs),
+            nn: id.nn,
+            error_log_entries: u16::from(id.elpe) + 1,
+            namespaces,
+            emulator: None,
+        }
+    }
+}
+
 /// A file target.
 #[derive(Serialize, Debug)]
 pub struct FileJson {
@@ -281,7 +335,8 @@ pub enum TargetJson {
     File(FileJson),
 }
 
-fn dealloc_reads(dlfeat: u8) -> &'static str {
+/// What reading a deallocated block returns, from DLFEAT bits 2:0.
+pub fn dealloc_reads(dlfeat: u8) -> &'static str {
     match dlfeat & 7 {
         1 => "zeroes",
         2 => "ones",
@@ -331,32 +386,24 @@ fn describe_nvme(n: &NvmeTarget) -> TargetJson {
             }),
         })
         .collect();
-    TargetJson::Nvme(Box::new(ControllerJson {
-        kind: "nvme",
-        target: n.spec.to_string(),
-        transport: c.describe().to_string(),
-        vs: c.version().to_string(),
-        model: id.mn.clone(),
-        serial: id.sn.clone(),
-        firmware: id.fr.clone(),
-        vid: id.vid,
-        ssvid: id.ssvid,
-        cntlid: id.cntlid,
-        mqes: c.cap().mqes(),
-        max_queue_entries: c.cap().max_queue_entries(),
-        mdts: id.mdts,
-        mdts_bytes: (c.max_transfer_bytes() != u64::MAX).then_some(c.max_transfer_bytes()),
-        io_queues: c.io_queues_granted(),
-        shadow_doorbells_supported: id.supports_shadow_doorbells(),
-        shadow_doorbells_enabled: c.shadow_doorbells(),
-        volatile_write_cache: id.has_volatile_write_cache(),
-        oncs: id.oncs,
-        oncs_features: oncs_features(id.oncs),
-        nn: id.nn,
-        error_log_entries: id.elpe as u16 + 1,
+    let mut j = ControllerJson::of(
+        Header {
+            kind: "nvme",
+            target: n.spec.to_string(),
+            transport: c.describe().to_string(),
+            vs: c.version().to_string(),
+            cntlid: id.cntlid,
+            cap: c.cap(),
+            max_transfer: c.max_transfer_bytes(),
+            io_queues: c.io_queues_granted(),
+        },
+        id,
         namespaces,
-        emulator: n.emu.clone(),
-    }))
+    );
+    j.shadow_doorbells_supported = id.supports_shadow_doorbells();
+    j.shadow_doorbells_enabled = c.shadow_doorbells();
+    j.emulator = n.emu.clone();
+    TargetJson::Nvme(Box::new(j))
 }
 
 /// A file target, as one namespace.

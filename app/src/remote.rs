@@ -10,8 +10,9 @@ use kestrel::target::tcp::TcpController;
 use serde::Serialize;
 
 use crate::error::{AppError, Result};
-use crate::identify::oncs_features;
-use crate::identify::{ControllerJson, FormatJson, NamespaceJson, TargetJson};
+use crate::identify::{
+    dealloc_reads, ControllerJson, FormatJson, Header, NamespaceJson, TargetJson,
+};
 use crate::parse::TargetSpec;
 use crate::units::print_json;
 
@@ -35,11 +36,7 @@ pub fn describe(spec: &TargetSpec, c: &TcpController) -> TargetJson {
             capacity_lbas: ns.identify.ncap,
             utilization_lbas: ns.identify.nuse,
             dlfeat: ns.identify.dlfeat,
-            deallocated_reads: match ns.identify.dlfeat & 7 {
-                1 => "zeroes",
-                2 => "ones",
-                _ => "unreported",
-            },
+            deallocated_reads: dealloc_reads(ns.identify.dlfeat),
             write_zeroes_deallocates: ns.identify.write_zeroes_deallocates(),
             format: FormatJson::of(&NsFormat::of(&ns.identify, 0)),
             io_supported: ns.unsupported.is_none(),
@@ -48,32 +45,20 @@ pub fn describe(spec: &TargetSpec, c: &TcpController) -> TargetJson {
             zoned: None,
         })
         .collect();
-    TargetJson::Nvme(Box::new(ControllerJson {
-        kind: "nvme-tcp",
-        target: spec.to_string(),
-        transport: c.describe(),
-        vs: f.vs.to_string(),
-        model: id.mn.clone(),
-        serial: id.sn.clone(),
-        firmware: id.fr.clone(),
-        vid: id.vid,
-        ssvid: id.ssvid,
-        cntlid: f.cntlid,
-        mqes: f.cap.mqes(),
-        max_queue_entries: f.cap.max_queue_entries(),
-        mdts: id.mdts,
-        mdts_bytes: (f.max_transfer != u64::MAX).then_some(f.max_transfer),
-        io_queues: f.granted,
-        shadow_doorbells_supported: false,
-        shadow_doorbells_enabled: false,
-        volatile_write_cache: id.has_volatile_write_cache(),
-        oncs: id.oncs,
-        oncs_features: oncs_features(id.oncs),
-        nn: id.nn,
-        error_log_entries: id.elpe as u16 + 1,
+    TargetJson::Nvme(Box::new(ControllerJson::of(
+        Header {
+            kind: "nvme-tcp",
+            target: spec.to_string(),
+            transport: c.describe(),
+            vs: f.vs.to_string(),
+            cntlid: f.cntlid,
+            cap: f.cap,
+            max_transfer: f.max_transfer,
+            io_queues: f.granted,
+        },
+        id,
         namespaces,
-        emulator: None,
-    }))
+    )))
 }
 
 /// One discovery log entry, for `--json`.
