@@ -65,6 +65,10 @@ impl Conn {
                     }
                 }
             }
+            // A queue its host deleted with Disconnect takes no more commands.
+            Role::Io { .. } if self.disconnected => {
+                self.finish(s, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true), ctx)
+            }
             Role::Io { .. } => self.io_command(s, ctx),
         }
     }
@@ -111,7 +115,17 @@ impl Conn {
                 }
                 self.admin_done(s, r, ctx);
             }
-            (fctype::DISCONNECT, Role::Io { .. }) => self.finish(s, Status::SUCCESS, ctx),
+            (fctype::DISCONNECT, Role::Io { ctrl, qid, .. }) => {
+                // Disconnect deletes the I/O queue (NVMe over Fabrics, Disconnect command):
+                // its QID is free for a new Connect now, not when the host gets round to
+                // closing this connection, and commands still here finish as usual.
+                if !self.disconnected {
+                    self.disconnected = true;
+                    ctrl.release_qid(*qid);
+                    tracing::debug!(peer = %self.peer, cntlid = ctrl.cntlid, qid, "i/o queue disconnected");
+                }
+                self.finish(s, Status::SUCCESS, ctx)
+            }
             (_, Role::Unbound) => {
                 self.finish(s, Status::COMMAND_SEQUENCE_ERROR.with_dnr(true), ctx)
             }

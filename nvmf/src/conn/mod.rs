@@ -414,6 +414,8 @@ pub struct Conn {
     pub at_target: u32,
     /// The socket is closed; waiting for the target to finish.
     pub closing: bool,
+    /// An I/O queue deleted by the host's Disconnect: its QID is given back already.
+    disconnected: bool,
     /// When it was accepted (ms since the server started).
     pub born_ms: u64,
     /// Subsystem index of an I/O queue.
@@ -487,6 +489,7 @@ impl Conn {
             writable: true,
             at_target: 0,
             closing: false,
+            disconnected: false,
             born_ms: now_ms,
             sub: usize::MAX,
             closing_peer: false,
@@ -565,7 +568,9 @@ impl Conn {
                 tracing::info!(peer = %self.peer, cntlid = c.cntlid, nqn = %c.subsys.nqn, "admin queue closed ({why}); controller ended");
             }
             Role::Io { ctrl, qid, .. } => {
-                ctrl.release_qid(*qid);
+                if !self.disconnected {
+                    ctrl.release_qid(*qid);
+                }
                 tracing::debug!(peer = %self.peer, cntlid = ctrl.cntlid, qid, "i/o queue closed ({why})");
             }
             Role::Unbound => tracing::debug!(peer = %self.peer, "connection closed ({why})"),

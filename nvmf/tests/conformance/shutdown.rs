@@ -92,8 +92,10 @@ fn linux_style_shutdown_is_clean() {
     srv.shutdown();
 }
 
-/// Disconnect on an I/O queue is answered (success, its own CID); once the host closes
-/// that connection the QID is free for a new Connect, whose queue does I/O.
+/// Disconnect on an I/O queue is answered (success, its own CID) and deletes the queue
+/// (NVMe over Fabrics, Disconnect): its QID is free for a new Connect at once, before the
+/// host has closed the old connection, whose further commands are a Command Sequence
+/// Error; closing the old connection later does not free the QID the new queue holds.
 #[test]
 fn disconnect_then_reconnect_an_io_queue() {
     let srv = server(true, &[]);
@@ -106,19 +108,29 @@ fn disconnect_then_reconnect_an_io_queue() {
     let r = q.exec(fabrics(fctype::DISCONNECT), Data::None(NoData::Transport));
     assert!(r.cqe.ok(), "disconnect: {:?}", r.cqe);
     assert!(q.violations.is_empty());
-    drop(q);
-    let mut again = None;
-    for _ in 0..250 {
-        let mut c = Client::connect(addr, false, false);
-        if connect(&mut c, 1, cntlid, NQN, hostnqn(), 0).is_ok() {
-            again = Some(c);
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut q = again.expect("qid 1 connects again after its disconnect");
-    let r = q.exec(rw(READ, 7, 1), Data::Read(4096));
+    // The old connection still open: QID 1 connects again on the first try.
+    let mut q2 = Client::connect(addr, false, false);
+    connect(&mut q2, 1, cntlid, NQN, hostnqn(), 0)
+        .unwrap_or_else(|c| panic!("qid 1 connects again after its disconnect: {c:?}"));
+    let r = q2.exec(rw(READ, 7, 1), Data::Read(4096));
     assert!(r.cqe.ok() && r.data == d);
+    // The deleted queue takes no more commands.
+    let r = q.exec(rw(READ, 7, 1), Data::Read(4096));
+    assert!(
+        r.cqe.is(0, sc::COMMAND_SEQUENCE_ERROR) && r.cqe.dnr,
+        "a read on a disconnected queue: {:?}",
+        r.cqe
+    );
+    drop(q);
+    // Its close leaves QID 1 with the new queue: a third Connect of it is refused.
+    std::thread::sleep(Duration::from_millis(100));
+    let mut q3 = Client::connect(addr, false, false);
+    assert!(
+        connect(&mut q3, 1, cntlid, NQN, hostnqn(), 0).is_err(),
+        "qid 1 is the new queue's"
+    );
+    let r = q2.exec(rw(READ, 7, 1), Data::Read(4096));
+    assert!(r.cqe.ok() && r.data == d, "the new queue goes on");
     // Disconnect on the admin queue is not the way to end an association: refused.
     let r = a.exec(fabrics(fctype::DISCONNECT), Data::None(NoData::Transport));
     assert!(!r.cqe.ok(), "disconnect on the admin queue: {:?}", r.cqe);

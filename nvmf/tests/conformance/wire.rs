@@ -262,6 +262,7 @@ pub mod sc {
     pub const DATA_SGL_LENGTH_INVALID: u8 = 0x0f;
     pub const SGL_DESCRIPTOR_TYPE_INVALID: u8 = 0x11;
     pub const SGL_OFFSET_INVALID: u8 = 0x16;
+    pub const COMMAND_SEQUENCE_ERROR: u8 = 0x0c;
     /// Command specific (SCT 1): Connect Invalid Parameters.
     pub const CONNECT_INVALID_PARAMETERS: u8 = 0x82;
     /// Command specific: Asynchronous Event Request Limit Exceeded.
