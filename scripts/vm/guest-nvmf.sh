@@ -115,6 +115,22 @@ blocks_of() {
     done
 }
 
+# Waits for the write (pid $1) to end, for up to 120 s: one the initiator cannot complete
+# after the reset stays blocked while the kernel retries (ctrl_loss_tmo, 600 s), and the
+# guest would hit its timeout with nothing said. Then the logs say where it stands.
+wait_write() {
+    for _ in $(seq 1200); do
+        if ! [ -r "/proc/$1/stat" ] || [ "$(awk '{print $3}' "/proc/$1/stat")" = Z ]; then
+            wait "$1"
+            return
+        fi
+        sleep 0.1
+    done
+    say "the write is still running 120 s after the reset"
+    dump_logs
+    return 1
+}
+
 check_subsystem() {
     local nqn=$1 name=$2 nns=$3 inst dev
     if ! inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=$PORT,nqn=$nqn,hostnqn=$HOSTNQN,nr_io_queues=2"); then
@@ -184,7 +200,7 @@ check_subsystem() {
     done
     echo 1 >"/sys/class/nvme/nvme$inst/reset_controller" 2>/dev/null
     say "$name: controller reset (the write was running: $during)"
-    if [ "$during" = yes ] && wait "$ddp" && dd if="$dev" of=/tmp/back bs=64k skip=512 count=256 iflag=direct 2>/dev/null &&
+    if [ "$during" = yes ] && wait_write "$ddp" && dd if="$dev" of=/tmp/back bs=64k skip=512 count=256 iflag=direct 2>/dev/null &&
         cmp -s /tmp/pat2 /tmp/back; then
         pass "$name: a reset in the middle of a 16 MiB write loses nothing"
     else

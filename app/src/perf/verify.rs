@@ -19,7 +19,8 @@ use xxhash_rust::xxh3::xxh3_64;
 pub const HEADER_BYTES: usize = 24;
 
 /// What the reader expects of a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Expect {
     /// This generation (≥ 1).
     Generation(u64),
@@ -40,6 +41,85 @@ pub struct Mismatch {
     pub expected: u64,
     /// What it is.
     pub actual: u64,
+    /// What the reader expected of the whole block (`None` for metadata and PI checks).
+    pub expect: Option<Expect>,
+    /// What the block holds (`None` for metadata and PI checks).
+    pub found: Option<Found>,
+}
+
+/// What a block that failed its check holds: a wrong block of this format tells a stale
+/// or misplaced write from data no `kestrel perf` run wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Found {
+    /// All zeroes.
+    Zeroes,
+    /// A block of this format: generation `generation` of `lba`; `intact` when its
+    /// checksum holds (else torn: a header with another block's data).
+    Block {
+        lba: u64,
+        generation: u64,
+        intact: bool,
+    },
+    /// Neither zeroes nor a block of this format (for its LBA or another): data written by
+    /// something other than `kestrel perf`, or garbage.
+    Foreign,
+}
+
+impl Found {
+    /// What `block` read from `lba` holds.
+    pub fn of(block: &[u8], lba: u64) -> Found {
+        if block.iter().all(|&b| b == 0) {
+            return Found::Zeroes;
+        }
+        let (got_lba, generation, sum) = (rd(block, 0), rd(block, 8), rd(block, 16));
+        let intact = sum == xxh3_64(&block[HEADER_BYTES..]);
+        // A header naming another LBA counts as this format's only with its checksum (a
+        // misplaced block); random data has a wrong LBA and a wrong checksum.
+        if intact || got_lba == lba {
+            Found::Block {
+                lba: got_lba,
+                generation,
+                intact,
+            }
+        } else {
+            Found::Foreign
+        }
+    }
+}
+
+impl std::fmt::Display for Expect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Expect::Generation(g) => write!(f, "generation {g} (written by this run)"),
+            Expect::Unwritten => f.write_str(
+                "not written by this run (zeroes, or an intact block of its lba from an earlier run)",
+            ),
+            Expect::Unknown => f.write_str("any intact block of its lba (a write to it failed)"),
+        }
+    }
+}
+
+impl std::fmt::Display for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Found::Zeroes => f.write_str("zeroes"),
+            Found::Block {
+                lba,
+                generation,
+                intact,
+            } => write!(
+                f,
+                "generation {generation} of lba {lba}{}",
+                if *intact {
+                    ""
+                } else {
+                    ", torn (checksum wrong)"
+                }
+            ),
+            Found::Foreign => f.write_str("data of no kestrel perf block (another writer's)"),
+        }
+    }
 }
 
 impl std::fmt::Display for Mismatch {
@@ -48,7 +128,11 @@ impl std::fmt::Display for Mismatch {
             f,
             "lba {}: {} mismatch: expected {:#x}, found {:#x}",
             self.lba, self.field, self.expected, self.actual
-        )
+        )?;
+        if let (Some(e), Some(found)) = (self.expect, self.found) {
+            write!(f, "; wanted: {e}; holds: {found}")?;
+        }
+        Ok(())
     }
 }
 
@@ -104,12 +188,23 @@ fn same(lba: u64, field: &'static str, expected: u64, actual: u64) -> Result<(),
             field,
             expected,
             actual,
+            expect: None,
+            found: None,
         })
     }
 }
 
-/// Checks one block read from `lba`.
+/// Checks one block read from `lba`; a mismatch says what was expected and what the block
+/// holds.
 pub fn check_block(block: &[u8], lba: u64, expect: Expect) -> Result<Checked, Mismatch> {
+    check_fields(block, lba, expect).map_err(|m| Mismatch {
+        expect: Some(expect),
+        found: Some(Found::of(block, lba)),
+        ..m
+    })
+}
+
+fn check_fields(block: &[u8], lba: u64, expect: Expect) -> Result<Checked, Mismatch> {
     let (got_lba, got_gen, got_sum) = (rd(block, 0), rd(block, 8), rd(block, 16));
     let intact = |block: &[u8]| xxh3_64(&block[HEADER_BYTES..]);
     match expect {
@@ -146,7 +241,13 @@ mod tests {
                 lba: 77,
                 field: "generation",
                 expected: 4,
-                actual: 3
+                actual: 3,
+                expect: Some(Expect::Generation(4)),
+                found: Some(Found::Block {
+                    lba: 77,
+                    generation: 3,
+                    intact: true
+                }),
             })
         );
         assert_eq!(
@@ -181,6 +282,43 @@ mod tests {
                 "flip at {i} not caught"
             );
         }
+    }
+
+    #[test]
+    fn a_mismatch_says_what_the_block_holds() {
+        let mut b = vec![0u8; 512];
+        fill_block(&mut b, 9, 2);
+        // Another LBA's block: misplaced, intact.
+        let m = check_block(&b, 10, Expect::Generation(1)).unwrap_err();
+        assert_eq!(
+            m.found,
+            Some(Found::Block {
+                lba: 9,
+                generation: 2,
+                intact: true
+            })
+        );
+        // Its own header over other data: torn.
+        b[100] ^= 1;
+        let m = check_block(&b, 9, Expect::Generation(2)).unwrap_err();
+        assert_eq!(m.field, "checksum");
+        assert!(matches!(m.found, Some(Found::Block { intact: false, .. })));
+        // Zeroes where a generation was written.
+        let z = vec![0u8; 512];
+        let m = check_block(&z, 9, Expect::Generation(2)).unwrap_err();
+        assert_eq!(m.found, Some(Found::Zeroes));
+        // Another writer's data where this run wrote nothing.
+        let r: Vec<u8> = (0..512u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let m = check_block(&r, 9, Expect::Unwritten).unwrap_err();
+        assert_eq!(m.found, Some(Found::Foreign));
+        assert_eq!(m.expect, Some(Expect::Unwritten));
+        let text = m.to_string();
+        assert!(
+            text.contains("wanted: not written by this run") && text.contains("holds: data of no"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -112,13 +112,16 @@ fn verify_catches_a_corrupted_block() {
         j["verify"]
     );
 
-    // One byte in the payload of LBA 100.
+    // One byte in the payload of LBA 100: its own header over other data, torn.
     flip_byte(&store, 100 * 4096 + 1000);
     let (m, verify, err) = first_mismatch(verified("read"));
     assert_eq!(m["lba"], 100, "{verify}");
     assert_eq!(m["field"], "checksum", "{verify}");
+    assert_eq!(m["found"]["block"]["lba"], 100, "{verify}");
+    assert_eq!(m["found"]["block"]["intact"], false, "{verify}");
     assert!(err.contains("kestrel: error: verify:"), "{err}");
     assert!(err.contains("lba 100"), "{err}");
+    assert!(err.contains("torn"), "{err}");
 
     // A block whose header names another LBA (a misdirected write).
     flip_byte(&store, 100 * 4096 + 1000);
@@ -128,6 +131,54 @@ fn verify_catches_a_corrupted_block() {
     assert_eq!(m["field"], "lba", "{verify}");
     assert_eq!(m["expected"], 200, "{verify}");
     assert_eq!(m["actual"], 200 ^ 0x5a, "{verify}");
+    // Intact, of another LBA: the header is outside the checksum.
+    assert_eq!(m["found"]["block"]["lba"], 200 ^ 0x5a, "{verify}");
+    assert_eq!(m["found"]["block"]["intact"], true, "{verify}");
+}
+
+/// Data another program left on the namespace (here random bytes over 1 MiB of 4) is no
+/// block of `perf --verify`'s format: a run that reads it without having written it fails,
+/// and says that the blocks were never written by this run and hold another writer's data
+/// (not a write of this run gone missing). Once zeroed, the same run passes.
+#[test]
+fn verify_tells_another_writers_data_from_a_lost_write() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("ns.img");
+    let spec = format!("emu:size=4M,store={}", store.display());
+    let foreign: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    let fill = |data: &[u8]| {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&store)
+            .unwrap();
+        f.set_len(4 << 20).unwrap();
+        f.seek(SeekFrom::Start(2 << 20)).unwrap();
+        f.write_all(data).unwrap();
+    };
+    fill(&foreign);
+    // Every one of the 1024 blocks read once, none written.
+    let read_all = || {
+        Perf::counted(1024)
+            .args(&["-w", "read", "-q", "4", "--verify"])
+            .target(&spec)
+    };
+    let (m, verify, err) = first_mismatch(read_all());
+    assert_eq!(verify["mismatches"], 256, "{verify}");
+    assert_eq!(m["lba"], 512, "{verify}");
+    assert_eq!(m["expect"], "unwritten", "{verify}");
+    assert_eq!(m["found"], "foreign", "{verify}");
+    assert!(
+        err.contains("wanted: not written by this run") && err.contains("another writer's"),
+        "{err}"
+    );
+    fill(&vec![0u8; 1 << 20]);
+    let j = read_all().json();
+    assert_eq!(j["verify"]["mismatches"], 0, "{}", j["verify"]);
 }
 
 /// Runs `read_back`, a verified read of a store with a corrupted block, which must end with

@@ -99,6 +99,8 @@ pub(super) fn check_metadata(
                 field: "metadata",
                 expected: u64::from(want),
                 actual: u64::from(b),
+                expect: None,
+                found: None,
             });
         }
     }
@@ -122,5 +124,7 @@ pub(super) fn pi_mismatch(lba: u64, e: PiError) -> Mismatch {
         field,
         expected,
         actual,
+        expect: None,
+        found: None,
     }
 }
