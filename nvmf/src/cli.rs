@@ -259,6 +259,7 @@ fn parse_targets(a: &ServeArgs) -> Result<Vec<(String, String, TargetSpec)>, Cli
             TargetSpec::File(_) => "file",
             TargetSpec::Emu(_) => "emu",
             TargetSpec::Tcp(_) => "tcp",
+            TargetSpec::Null(_) => "null",
         };
         let name = match name {
             Some(n) => n.to_string(),
