@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-pub use config::{subsystem_nqn, ConfigError, Limits, ServerConfig, SubsystemConfig};
+pub use config::{subsystem_nqn, ConfigError, Limits, PollMode, ServerConfig, SubsystemConfig};
 
 /// Errors of starting or running a server.
 #[derive(Debug, thiserror::Error)]

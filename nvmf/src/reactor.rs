@@ -3,7 +3,7 @@
 //! first reactor also owns the listeners and deals accepted connections round robin.
 //!
 //! A pass: wait for socket events (not at all while requests are in flight: the target is
-//! polled), read and handle PDUs, poll the target queues and turn completions into PDUs,
+//! polled; never in [`crate::PollMode::Busy`]), read and handle PDUs, poll the target queues and turn completions into PDUs,
 //! resubmit requests the target refused as busy, write what is queued; every 100 ms check
 //! keep-alive and controller state. A connection whose socket is closed stays until its
 //! requests at the target have completed; its DMA buffers are lent to the target queues,
@@ -219,7 +219,10 @@ impl Reactor {
             // Poll while work is in flight; after a run of passes that found nothing, wait
             // on the sockets for up to a millisecond between polls of the targets, so a
             // core shared with the host's side (or a device model) is not starved.
-            let timeout = if !self.busy() {
+            // In busy mode never: the core is the target's alone.
+            let timeout = if self.shared.limits.poll == crate::PollMode::Busy {
+                0
+            } else if !self.busy() {
                 50
             } else if empty_passes >= IDLE_SPIN_PASSES {
                 1
@@ -244,7 +247,7 @@ impl Reactor {
                     if let Some(Some(e)) = self.conns.get_mut(idx) {
                         if e.gen == gen {
                             if ev & (EV_IN | EV_ERR) != 0 {
-                                e.conn.readable = true;
+                                e.conn.mark_readable(ev & EV_ERR != 0);
                             }
                             if ev & (EV_OUT | EV_ERR) != 0 {
                                 e.conn.writable = true;
@@ -256,7 +259,7 @@ impl Reactor {
             let completed = self.pass();
             if completed == 0 && self.events.is_empty() {
                 empty_passes = empty_passes.saturating_add(1);
-                if timeout == 0 {
+                if timeout == 0 && self.shared.limits.poll == crate::PollMode::Hybrid {
                     // Let other threads of this core run.
                     std::thread::yield_now();
                 }

@@ -209,6 +209,11 @@ impl Conn {
                     self.stage.consume(n);
                     return Ok(n);
                 }
+                if self.stage.socket_empty() {
+                    // The last read emptied the socket (`stage`): no read to hear it again.
+                    self.readable = false;
+                    return Ok(0);
+                }
                 let dst = lent
                     .sub(off, want)
                     .ok_or(Close::Shutdown)
@@ -216,7 +221,11 @@ impl Conn {
                 // SAFETY: `dst..dst + want` lies inside the lent buffer (`sub` checked it), which
                 // the queue's lease keeps allocated across the call; no command at the target
                 // and no Rust reference uses those bytes (the paragraph above).
-                unsafe { sys::recv(self.sock.as_fd(), dst, want) }
+                let r = unsafe { sys::recv(self.sock.as_fd(), dst, want) };
+                if let Ok(n) = r {
+                    self.stage.note_read(want, n);
+                }
+                r
             }
         };
         match r {
