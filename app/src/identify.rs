@@ -368,12 +368,24 @@ fn describe_file(f: &FileTargetOpened) -> TargetJson {
         kestrel::target::file::FileKind::BlockDevice => "block_device",
     };
     let path = t.path().display().to_string();
-    block_json(&f.spec, t.as_ref(), ("file", file_kind, path), t.is_direct(), t.mem_align())
+    block_json(
+        &f.spec,
+        t.as_ref(),
+        ("file", file_kind, path),
+        t.is_direct(),
+        t.mem_align(),
+    )
 }
 
 /// A null target: as a file's, of kind `null` with no path.
 fn describe_null(n: &NullTargetOpened) -> TargetJson {
-    block_json(&n.spec, n.target.as_ref(), ("null", "null", String::new()), false, 1)
+    block_json(
+        &n.spec,
+        n.target.as_ref(),
+        ("null", "null", String::new()),
+        false,
+        1,
+    )
 }
 
 /// The JSON of a block target that is not a controller: `(kind, file_kind, path)`.

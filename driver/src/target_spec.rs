@@ -31,8 +31,8 @@ use crate::target::Target;
 
 pub use crate::parse::{
     parse_bdf, parse_duration, parse_size, CoreSpec, Digests, EmuNsSpec, EmuSpec, FileSpec,
-    NullSpec, StoreSpec, TargetSpec, TcpSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP,
-    TARGET_HELP,
+    NullSpec, StoreSpec, TargetSpec, TcpSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN,
+    NS_HELP, TARGET_HELP,
 };
 
 /// Namespace size of an `emu` that does not give `size=`.

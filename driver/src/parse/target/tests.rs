@@ -299,7 +299,10 @@ fn null_targets() {
         ("null:size=0", "size=0"),
         ("null:size=1000", "not a whole number of 4096-byte blocks"),
         ("null:size=2048", "not a whole number of 4096-byte blocks"),
-        ("null:lba=512,size=1000", "not a whole number of 512-byte blocks"),
+        (
+            "null:lba=512,size=1000",
+            "not a whole number of 512-byte blocks",
+        ),
         ("null:lba=1024", "offers 512 and 4096"),
         ("null:store=memory", "unknown option 'store' for null"),
         ("null:size=1M,size=2M", "given twice"),

@@ -43,7 +43,10 @@ fn a_read_zeroes_what_it_covers_even_after_a_write() {
     let mut got = vec![0u8; 3 * 4096];
     q.read_lent(&b, 0, &mut got).unwrap();
     assert!(got[..8192].iter().all(|&x| x == 0), "read data not zeroed");
-    assert!(got[8192..].iter().all(|&x| x == 0xa5), "read went past its blocks");
+    assert!(
+        got[8192..].iter().all(|&x| x == 0xa5),
+        "read went past its blocks"
+    );
     // Vectored: both segments zeroed.
     q.write_lent(&b, 0, &[0x5a; 3 * 4096]).unwrap();
     let segs = [b.slice(0, 1000).unwrap(), b.slice(4096, 3096).unwrap()];
