@@ -10,9 +10,19 @@
 # kestrel/spdk of the median IOPS; figures for docs/perf.md ("kestrel serve
 # beside SPDK's nvmf_tgt"). Not a test: never run by CI or scripts/test.sh.
 #
-# Backends, the cheapest each side has: SPDK a Null bdev (reads move no data);
-# Kestrel a file target on tmpfs (io_uring from the reactor thread, a
-# page-cache copy per I/O; see docs/perf.md for why not the emulator).
+# Backends: SPDK a Null bdev, Kestrel its null target (null:size=256M), both
+# completing every command in the reactor's own pass with no data stored (a
+# Kestrel read zeroes its buffer; the Null bdev leaves it as it is). A file on
+# tmpfs through io_uring stays available: --kestrel-target
+# file:/dev/shm/kestrel-bench-nvmf.img,size=256M.
+#
+# Polling: nvmf_tgt's reactor polls without pause; kestrel serve runs with
+# --poll busy (the same) unless --kestrel-poll hybrid. SPDK's TCP transport
+# answers a successful read with its C2HData PDU alone (the SUCCESS flag, its
+# c2h_success option, on by default) although its initiator leaves SQ flow
+# control on; Kestrel sends the response capsule the specification asks for
+# then. --spdk-c2h-success off makes nvmf_tgt send it too (nvmf_create_transport
+# -o), for the same bytes on the wire.
 #
 # Target CPU per I/O: the target process's utime+stime (/proc/PID/stat, all
 # its threads) over a window inside the run (from WARM seconds after perf
@@ -26,14 +36,17 @@
 #
 # Usage: scripts/bench-nvmf-spdk.sh [SPDK_DIR] [--rounds N] [--seconds S]
 #            [--depths "1 32 128"] [--workloads "randread randwrite"]
-#            [--kestrel-target SPEC] [--kestrel BIN] [--warm S]
+#            [--kestrel-target SPEC] [--kestrel-poll busy|hybrid]
+#            [--spdk-c2h-success on|off] [--kestrel BIN] [--warm S]
 #   SPDK_DIR         SPDK's tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf,
 #                    scripts/rpc.py) or its build/ folder; default $SPDK_DIR,
 #                    else /var/tmp/spdk-cmp/spdk
 #   --rounds         alternating rounds (default 3)
 #   --seconds        spdk_nvme_perf -t per run (default 10)
-#   --kestrel-target kestrel serve's target (default
-#                    file:/dev/shm/kestrel-bench-nvmf.img,size=256M)
+#   --kestrel-target kestrel serve's target (default null:size=256M)
+#   --kestrel-poll   kestrel serve --poll (default busy, as nvmf_tgt polls)
+#   --spdk-c2h-success  nvmf_tgt's C2H success optimisation (default on, SPDK's
+#                    default; off sends a response capsule per read as Kestrel)
 #   --kestrel        the kestrel executable (default target/release/kestrel,
 #                    built with cargo build --release -p kestrel-app)
 #   --warm           seconds into a run before the CPU window opens (default 2)
@@ -47,7 +60,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 spdk=${SPDK_DIR:-/var/tmp/spdk-cmp/spdk}
 rounds=3 secs=10 warm=2
 depths="1 32 128" workloads="randread randwrite"
-ktarget=file:/dev/shm/kestrel-bench-nvmf.img,size=256M
+ktarget=null:size=256M kpoll=busy c2h=on
 kbin=target/release/kestrel
 while (($#)); do
     case $1 in
@@ -56,6 +69,8 @@ while (($#)); do
     --depths) depths=${2:?--depths needs a list} && shift 2 ;;
     --workloads) workloads=${2:?--workloads needs a list} && shift 2 ;;
     --kestrel-target) ktarget=${2:?--kestrel-target needs a spec} && shift 2 ;;
+    --kestrel-poll) kpoll=${2:?--kestrel-poll needs busy or hybrid} && shift 2 ;;
+    --spdk-c2h-success) c2h=${2:?--spdk-c2h-success needs on or off} && shift 2 ;;
     --kestrel) kbin=${2:?--kestrel needs a path} && shift 2 ;;
     --warm) warm=${2:?--warm needs a number} && shift 2 ;;
     -h | --help)
@@ -69,6 +84,14 @@ while (($#)); do
     *) spdk=$1 && shift ;;
     esac
 done
+[[ $kpoll == busy || $kpoll == hybrid ]] || {
+    echo "bench-nvmf-spdk: --kestrel-poll is busy or hybrid, not $kpoll" >&2
+    exit 2
+}
+[[ $c2h == on || $c2h == off ]] || {
+    echo "bench-nvmf-spdk: --spdk-c2h-success is on or off, not $c2h" >&2
+    exit 2
+}
 [[ -x $spdk/bin/nvmf_tgt ]] && spdk=$spdk/..
 tgt_bin=$spdk/build/bin/nvmf_tgt perf_bin=$spdk/build/bin/spdk_nvme_perf rpc=$spdk/scripts/rpc.py
 for f in "$tgt_bin" "$perf_bin" "$rpc" "$kbin"; do
@@ -129,7 +152,9 @@ start_spdk() {
     local r=("$rpc" -s "$sock" -t 30)
     for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
     "${r[@]}" framework_wait_init >/dev/null
-    "${r[@]}" nvmf_create_transport -t TCP -q 256 >/dev/null
+    local c2h_opt=()
+    [[ $c2h == on ]] || c2h_opt=(-o)
+    "${r[@]}" nvmf_create_transport -t TCP -q 256 "${c2h_opt[@]}" >/dev/null
     "${r[@]}" bdev_null_create Null0 256 4096 >/dev/null
     "${r[@]}" nvmf_create_subsystem "$snqn" -a -s KESTRELBENCH0001 >/dev/null
     "${r[@]}" nvmf_subsystem_add_ns "$snqn" Null0 >/dev/null
@@ -139,7 +164,7 @@ start_spdk() {
 
 start_kestrel() {
     taskset -c 0 "$kbin" serve --target "bench=$ktarget" -c 0 --listen "127.0.0.1:$kport" \
-        --discovery-port off --allow-any-host --queue-size 256 >"$dir/kestrel.log" 2>&1 &
+        --discovery-port off --allow-any-host --queue-size 256 --poll "$kpoll" >"$dir/kestrel.log" 2>&1 &
     pid=$!
     wait_port "$kport"
 }
@@ -181,15 +206,16 @@ run_target() {
 clean_huge
 (($(huge_free) >= 256)) || echo "bench-nvmf-spdk: only $(huge_free) free hugepages (256 wanted)" >&2
 echo "bench-nvmf-spdk: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)" \
-    "load $(cut -d' ' -f1-3 /proc/loadavg) rounds=$rounds seconds=$secs kestrel-target=$ktarget"
+    "load $(cut -d' ' -f1-3 /proc/loadavg) rounds=$rounds seconds=$secs kestrel-target=$ktarget" \
+    "kestrel-poll=$kpoll spdk-c2h-success=$c2h"
 echo "# target workload qd round iops avg_lat_us cpu_ns_per_io target_cpu_pct"
 for ((round = 1; round <= rounds; round++)); do
     if ((round % 2)); then order="spdk kestrel"; else order="kestrel spdk"; fi
     for t in $order; do run_target "$t" "$round"; done
 done
 echo "bench-nvmf-spdk: load at end $(cut -d' ' -f1-3 /proc/loadavg)"
-# The default backing file lives in RAM: give it back.
-[[ $ktarget != file:/dev/shm/kestrel-bench-nvmf.img,size=256M ]] || rm -f /dev/shm/kestrel-bench-nvmf.img
+# The file backend's backing file lives in RAM: give it back.
+[[ $ktarget != file:/dev/shm/kestrel-bench-nvmf.img* ]] || rm -f /dev/shm/kestrel-bench-nvmf.img
 
 # col TARGET WORKLOAD QD FIELD: that field of the matching results, sorted.
 col() { awk -v t="$1" -v w="$2" -v q="$3" -v f="$4" '$1 == t && $2 == w && $3 == q { print $f }' "$results" | sort -n; }
