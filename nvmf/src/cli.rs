@@ -258,6 +258,14 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("kestrel serve: stopping");
+    for (i, (busy, idle)) in server.pass_time().into_iter().enumerate() {
+        // Busy: passes that handled something (socket events, target completions).
+        println!(
+            "kestrel serve: reactor {i}: busy {:.3} s, idle {:.3} s",
+            busy as f64 / 1e9,
+            idle as f64 / 1e9
+        );
+    }
     server.shutdown();
     Ok(())
 }

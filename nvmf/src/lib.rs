@@ -201,6 +201,21 @@ impl Server {
         self.shared.acct.hits(limit)
     }
 
+    /// Per reactor, the nanoseconds its passes spent busy and idle so far
+    /// ([`reactor::PassTime`]; both 0 where the loop's clock is not the TSC).
+    pub fn pass_time(&self) -> Vec<(u64, u64)> {
+        self.shared
+            .pass_time
+            .iter()
+            .map(|t| {
+                (
+                    t.busy_ns.load(Ordering::Relaxed),
+                    t.idle_ns.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+
     /// Connections dropped because a panic in their handling was caught.
     pub fn connection_panics(&self) -> u64 {
         self.shared.panics.load(Ordering::Relaxed)
