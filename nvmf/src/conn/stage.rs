@@ -68,6 +68,23 @@ impl Stage {
         self.head = (self.head + n).min(self.tail);
     }
 
+    /// When nothing is held, one read of `src` into the stage (for data shorter than the
+    /// stage, which is then copied out of it: one read serves it and the PDUs after it).
+    /// `Ok(0)`: end of stream; `WouldBlock` when the socket is known to be empty.
+    pub(super) fn fill(&mut self, mut src: impl Read) -> io::Result<usize> {
+        if self.head != self.tail {
+            return Ok(self.tail - self.head);
+        }
+        if self.socket_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = src.read(&mut self.buf)?;
+        self.note_read(self.buf.len(), n);
+        self.head = 0;
+        self.tail = n;
+        Ok(n)
+    }
+
     /// Reads into `dst`: from the bytes held, else one read of `src` (into the stage, or
     /// into `dst` itself when it is at least as long as the stage). `Ok(0)`: end of stream.
     pub(super) fn read(&mut self, mut src: impl Read, dst: &mut [u8]) -> io::Result<usize> {
@@ -148,6 +165,32 @@ mod tests {
         let e = st.read(&mut src, &mut [0u8; 8]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         assert_eq!(src.reads, 2, "read again after the event");
+    }
+
+    #[test]
+    fn fill_reads_once_and_serves_data_and_the_pdus_after_it() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(3 * (72 + 4096)).collect();
+        let mut src = Src {
+            data: &data,
+            chunk: usize::MAX,
+            reads: 0,
+        };
+        let mut st = Stage::new();
+        assert_eq!(st.fill(&mut src).unwrap(), data.len());
+        assert_eq!(
+            st.fill(&mut src).unwrap(),
+            data.len(),
+            "held: no second read"
+        );
+        assert_eq!(st.held(), &data[..]);
+        st.consume(data.len());
+        let e = st.fill(&mut src).unwrap_err();
+        assert_eq!(
+            e.kind(),
+            io::ErrorKind::WouldBlock,
+            "the short read emptied it"
+        );
+        assert_eq!(src.reads, 1);
     }
 
     #[test]
