@@ -280,16 +280,7 @@ impl Reactor {
             // Poll while work is in flight; after a run of passes that found nothing, wait
             // on the sockets for up to a millisecond between polls of the targets, so a
             // core shared with the host's side (or a device model) is not starved.
-            // In busy mode never: the core is the target's alone.
-            let timeout = if self.shared.limits.poll == crate::PollMode::Busy {
-                0
-            } else if !self.busy() {
-                50
-            } else if empty_passes >= IDLE_SPIN_PASSES {
-                1
-            } else {
-                0
-            };
+            let timeout = self.wait_ms(empty_passes);
             self.events.clear();
             let evs = &mut self.events;
             if let Err(e) = self.epoll.wait(timeout, |ev, key| evs.push((ev, key))) {
@@ -341,6 +332,22 @@ impl Reactor {
                 }
             }
             self.reap();
+        }
+    }
+
+    /// How long the next `epoll_wait` may wait, after `empty_passes` passes in a row that
+    /// found nothing: not at all while work is in flight, up to 1 ms between polls after a
+    /// run of empty passes, up to 50 ms with nothing in flight; never in busy mode (the
+    /// core is the target's alone).
+    fn wait_ms(&self, empty_passes: u32) -> i32 {
+        if self.shared.limits.poll == crate::PollMode::Busy {
+            0
+        } else if !self.busy() {
+            50
+        } else if empty_passes >= IDLE_SPIN_PASSES {
+            1
+        } else {
+            0
         }
     }
 

@@ -200,18 +200,8 @@ impl Conn {
                     .get_mut(b.qidx)
                     .and_then(|q| q.as_mut())
                     .ok_or(Close::Shutdown)?;
-                if want < stage::RX_STAGE && self.stage.held().is_empty() {
-                    // Data shorter than the stage goes through it: the read that takes it
-                    // takes the PDUs after it too (a 4 KiB write's data, then the next
-                    // commands), one read for several commands instead of two.
-                    match self.stage.fill(&self.sock) {
-                        Ok(0) => return Err(Close::Peer),
-                        Ok(_) => {}
-                        Err(e) => {
-                            self.read_err(e)?;
-                            return Ok(0);
-                        }
-                    }
+                if want < stage::RX_STAGE && !self.fill_stage()? {
+                    return Ok(0);
                 }
                 let held = self.stage.held();
                 if !held.is_empty() {
@@ -247,6 +237,20 @@ impl Conn {
             Err(e) => {
                 self.read_err(e)?;
                 Ok(0)
+            }
+        }
+    }
+
+    /// Data shorter than the stage goes through it: the read that takes it takes the PDUs
+    /// after it too (a 4 KiB write's data, then the next commands), one read for several
+    /// commands instead of two. False when nothing could be read now.
+    fn fill_stage(&mut self) -> Result<bool, Close> {
+        match self.stage.fill(&self.sock) {
+            Ok(0) => Err(Close::Peer),
+            Ok(_) => Ok(true),
+            Err(e) => {
+                self.read_err(e)?;
+                Ok(false)
             }
         }
     }
