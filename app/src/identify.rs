@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::cli::IdentifyArgs;
 use crate::error::Result;
-use crate::targets::{self, FileTargetOpened, NvmeTarget, OpenOptions, Opened};
+use crate::targets::{self, FileTargetOpened, NullTargetOpened, NvmeTarget, OpenOptions, Opened};
 use crate::units::{human_bytes, print_json};
 
 /// Optional NVM commands (Identify Controller ONCS), by bit.
@@ -349,6 +349,7 @@ pub fn describe(o: &Opened) -> TargetJson {
     match o {
         Opened::Nvme(n) => describe_nvme(n),
         Opened::File(f) => describe_file(f),
+        Opened::Null(n) => describe_null(n),
         Opened::Tcp(t) => crate::remote::describe(&t.spec, &t.ctrlr),
     }
 }
@@ -409,22 +410,52 @@ fn describe_nvme(n: &NvmeTarget) -> TargetJson {
 /// A file target, as one namespace.
 fn describe_file(f: &FileTargetOpened) -> TargetJson {
     let t = &f.target;
-    let info = kestrel::Target::info(t.as_ref());
-    // A file's size in blocks of its block size: the product is the file's size, which fits.
+    let file_kind = match t.kind() {
+        kestrel::target::file::FileKind::Regular => "regular",
+        kestrel::target::file::FileKind::BlockDevice => "block_device",
+    };
+    let path = t.path().display().to_string();
+    block_json(
+        &f.spec,
+        t.as_ref(),
+        ("file", file_kind, path),
+        t.is_direct(),
+        t.mem_align(),
+    )
+}
+
+/// A null target: as a file's, of kind `null` with no path.
+fn describe_null(n: &NullTargetOpened) -> TargetJson {
+    block_json(
+        &n.spec,
+        n.target.as_ref(),
+        ("null", "null", String::new()),
+        false,
+        1,
+    )
+}
+
+/// The JSON of a block target that is not a controller: `(kind, file_kind, path)`.
+fn block_json(
+    spec: &kestrel::target_spec::TargetSpec,
+    t: &dyn kestrel::Target,
+    (kind, file_kind, path): (&'static str, &'static str, String),
+    direct: bool,
+    mem_align: u32,
+) -> TargetJson {
+    let info = t.info();
+    // A size in blocks of its block size: the product is the target's size, which fits.
     let capacity = info.num_blocks.saturating_mul(u64::from(info.block_size));
     TargetJson::File(FileJson {
-        kind: "file",
-        target: f.spec.to_string(),
-        path: t.path().display().to_string(),
-        file_kind: match t.kind() {
-            kestrel::target::file::FileKind::Regular => "regular",
-            kestrel::target::file::FileKind::BlockDevice => "block_device",
-        },
+        kind,
+        target: spec.to_string(),
+        path,
+        file_kind,
         block_size: info.block_size,
         size_lbas: info.num_blocks,
         capacity_bytes: capacity,
-        direct: t.is_direct(),
-        mem_align: t.mem_align(),
+        direct,
+        mem_align,
         namespaces: vec![NamespaceJson {
             nsid: info.nsid,
             lba_size: info.block_size,
@@ -443,7 +474,7 @@ fn describe_file(f: &FileTargetOpened) -> TargetJson {
                 lba_data_size: info.block_size,
                 metadata: "none",
                 pi_location: "none",
-                command_set: "file",
+                command_set: kind,
                 ..Default::default()
             },
             io_supported: true,

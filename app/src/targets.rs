@@ -124,6 +124,14 @@ pub struct FileTargetOpened {
     pub target: Arc<FileTarget>,
 }
 
+/// An opened null target.
+pub struct NullTargetOpened {
+    /// What was asked for.
+    pub spec: TargetSpec,
+    /// The target.
+    pub target: Arc<kestrel::target::null::NullTarget>,
+}
+
 /// An opened remote controller (NVMe/TCP).
 pub struct TcpTargetOpened {
     /// What was asked for.
@@ -140,6 +148,8 @@ pub enum Opened {
     File(FileTargetOpened),
     /// A remote controller over NVMe/TCP.
     Tcp(TcpTargetOpened),
+    /// A target that stores nothing.
+    Null(NullTargetOpened),
 }
 
 impl Opened {
@@ -149,6 +159,7 @@ impl Opened {
             Opened::Nvme(n) => &n.spec,
             Opened::File(f) => &f.spec,
             Opened::Tcp(t) => &t.spec,
+            Opened::Null(n) => &n.spec,
         }
     }
 
@@ -160,6 +171,7 @@ impl Opened {
                 nsid: n.spec.nsid(),
             },
             Opened::File(f) => target_spec::Opened::File(Arc::clone(&f.target)),
+            Opened::Null(n) => target_spec::Opened::Null(Arc::clone(&n.target)),
             Opened::Tcp(t) => target_spec::Opened::Tcp {
                 ctrlr: t.ctrlr.clone(),
                 nsid: t.spec.nsid(),
@@ -230,6 +242,10 @@ pub fn open(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened> {
         target_spec::Opened::Tcp { ctrlr, .. } => Opened::Tcp(TcpTargetOpened {
             spec: spec.clone(),
             ctrlr,
+        }),
+        target_spec::Opened::Null(target) => Opened::Null(NullTargetOpened {
+            spec: spec.clone(),
+            target,
         }),
     })
 }

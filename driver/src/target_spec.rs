@@ -7,7 +7,8 @@
 //! [`open_with`] opens a parsed [`TargetSpec`] with [`OpenOptions`] (the controller's
 //! options, timeouts among them, and the defaults of an `emu` that leaves things unsaid)
 //! and returns what it opened; [`open`] parses, opens with the defaults and returns the
-//! [`Target`] a single-target user wants (namespace 1 of a controller, or the file). A PCI
+//! [`Target`] a single-target user wants (namespace 1 of a controller, the file, or the
+//! null target). A PCI
 //! controller is opened through VFIO ([`crate::hw::vfio::VfioOptions`]: IOMMU unless
 //! `noiommu`, 2 MiB hugepages).
 
@@ -23,14 +24,15 @@ use crate::nvme::ctrlr::{Controller, ControllerOptions};
 use crate::nvme::format::UnsupportedFormat;
 use crate::parse::ParseError;
 use crate::target::file::{Direct, FileOptions, FileTarget};
+use crate::target::null::{NullTarget, DEFAULT_NULL_LBA, DEFAULT_NULL_SIZE};
 use crate::target::nvme::NvmeNamespace;
 use crate::target::tcp::{DiscoveryLog, TcpController, TcpOpenOptions};
 use crate::target::Target;
 
 pub use crate::parse::{
     parse_bdf, parse_duration, parse_size, CoreSpec, Digests, EmuNsSpec, EmuSpec, FileSpec,
-    StoreSpec, TargetSpec, TcpSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP,
-    TARGET_HELP,
+    NullSpec, StoreSpec, TargetSpec, TcpSpec, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN,
+    NS_HELP, TARGET_HELP,
 };
 
 /// Namespace size of an `emu` that does not give `size=`.
@@ -67,6 +69,9 @@ pub enum TargetSpecError {
     /// Opening the file failed.
     #[error(transparent)]
     File(#[from] crate::target::file::FileError),
+    /// The null target's geometry is not usable.
+    #[error(transparent)]
+    Null(#[from] crate::target::null::NullError),
     /// Reaching or bringing up a controller over NVMe/TCP failed.
     #[error(transparent)]
     Tcp(#[from] crate::target::tcp::TcpError),
@@ -98,7 +103,9 @@ impl TargetSpecError {
     pub fn errno(&self) -> i32 {
         use crate::target::file::FileError as F;
         match self {
-            TargetSpecError::Parse(_) | TargetSpecError::CoreNotAvailable { .. } => libc::EINVAL,
+            TargetSpecError::Parse(_)
+            | TargetSpecError::CoreNotAvailable { .. }
+            | TargetSpecError::Null(_) => libc::EINVAL,
             TargetSpecError::Vfio(crate::hw::vfio::VfioError::PermissionDenied { .. }) => {
                 libc::EACCES
             }
@@ -198,6 +205,8 @@ pub enum Opened {
     },
     /// A file or block device.
     File(Arc<FileTarget>),
+    /// A target that stores nothing.
+    Null(Arc<NullTarget>),
     /// A remote controller over NVMe/TCP, up.
     Tcp {
         /// The controller.
@@ -236,6 +245,7 @@ impl Opened {
                 Ok(v)
             }
             Opened::File(f) => Ok(vec![Arc::clone(f) as Arc<dyn Target>]),
+            Opened::Null(n) => Ok(vec![Arc::clone(n) as Arc<dyn Target>]),
             Opened::Tcp { ctrlr, nsid } => Ok(ctrlr.targets(*nsid)?),
         }
     }
@@ -444,6 +454,10 @@ pub fn open_with(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened, Target
             };
             Ok(Opened::File(FileTarget::open(&f.path, &fopts)?))
         }
+        TargetSpec::Null(n) => Ok(Opened::Null(NullTarget::new(
+            n.size.unwrap_or(DEFAULT_NULL_SIZE),
+            n.lba.unwrap_or(DEFAULT_NULL_LBA),
+        )?)),
     }
 }
 

@@ -82,7 +82,7 @@ pub(crate) fn acquire(
         .map_err(|e| (e.errno(), e.to_string()))?;
     let file = match &opened {
         Opened::File(f) => Some(Arc::clone(f)),
-        Opened::Nvme { .. } | Opened::Tcp { .. } => None,
+        Opened::Nvme { .. } | Opened::Tcp { .. } | Opened::Null(_) => None,
     };
     check_addressable(&*target)?;
     list.push(Shared {

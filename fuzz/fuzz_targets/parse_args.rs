@@ -168,6 +168,12 @@ fn check_text(s: &str) {
                 TargetSpec::Pci { bdf, .. } => {
                     assert_eq!(parse_bdf(bdf).map(|b| b.to_string()).as_ref(), Ok(bdf))
                 }
+                TargetSpec::Null(n) => {
+                    if let Some(size) = n.size {
+                        let lba = u64::from(n.lba.unwrap_or(4096));
+                        assert!(size >= lba && size % lba == 0, "{n:?}");
+                    }
+                }
                 TargetSpec::File(f) => {
                     assert!(!f.path.as_os_str().is_empty());
                     assert_ne!(f.size, Some(0));

@@ -119,6 +119,9 @@ impl Device {
             TargetSpec::Tcp(_) => Err(format!(
                 "{target}: an nvme/tcp target takes only the target_* cases: use --remote {target}"
             )),
+            TargetSpec::Null(_) => Err(format!(
+                "{target}: the suite needs a target that keeps data; a null target stores nothing"
+            )),
         }
     }
 

@@ -43,7 +43,7 @@ Runs until Ctrl-C (or --time). See docs/nvme-tcp.md.";
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Target to export, [NAME=]SPEC (repeatable; one NAME again adds a namespace to its
-    /// subsystem): pci:BDF, file:PATH[,...] or emu[:...].
+    /// subsystem): pci:BDF, file:PATH[,...], emu[:...] or null[:...].
     #[arg(long = "target", value_name = "[NAME=]SPEC", required = true)]
     pub targets: Vec<String>,
     /// Address and port to listen on (an explicit address; 0.0.0.0 only if you mean it).
@@ -79,6 +79,10 @@ pub struct ServeArgs {
     /// Allow VFIO's unsafe noiommu mode for pci targets.
     #[arg(long)]
     pub noiommu: bool,
+    /// How reactors wait when the connections are quiet: hybrid (poll while busy, sleep on
+    /// the sockets after a pause) or busy (never sleep: the cores are always 100 % busy).
+    #[arg(long, value_name = "MODE", default_value = "hybrid", value_parser = parse_poll)]
+    pub poll: crate::PollMode,
     /// Stop after this many seconds (default: at Ctrl-C).
     #[arg(long = "time", value_name = "SECONDS")]
     pub time: Option<u64>,
@@ -101,6 +105,15 @@ pub enum CliError {
     /// The server failed.
     #[error(transparent)]
     Serve(#[from] ServeError),
+}
+
+/// `--poll`: `hybrid` or `busy`.
+fn parse_poll(s: &str) -> Result<crate::PollMode, String> {
+    match s {
+        "hybrid" => Ok(crate::PollMode::Hybrid),
+        "busy" => Ok(crate::PollMode::Busy),
+        _ => Err(format!("'{s}' is not a poll mode: hybrid or busy")),
+    }
 }
 
 /// A core list in the driver's one grammar (`0,2-3`, `[0,2-3]`, `0x5`).
@@ -194,6 +207,7 @@ pub fn build_config(
             in_capsule_data: a.in_capsule,
             max_io_size: a.max_io_size,
             queue_buffer: a.queue_buffer,
+            poll: a.poll,
             ..Limits::default()
         },
     };
@@ -244,6 +258,14 @@ pub fn run(a: &ServeArgs) -> Result<(), CliError> {
         std::thread::sleep(Duration::from_millis(100));
     }
     println!("kestrel serve: stopping");
+    for (i, (busy, idle)) in server.pass_time().into_iter().enumerate() {
+        // Busy: passes that handled something (socket events, target completions).
+        println!(
+            "kestrel serve: reactor {i}: busy {:.3} s, idle {:.3} s",
+            busy as f64 / 1e9,
+            idle as f64 / 1e9
+        );
+    }
     server.shutdown();
     Ok(())
 }
@@ -259,6 +281,7 @@ fn parse_targets(a: &ServeArgs) -> Result<Vec<(String, String, TargetSpec)>, Cli
             TargetSpec::File(_) => "file",
             TargetSpec::Emu(_) => "emu",
             TargetSpec::Tcp(_) => "tcp",
+            TargetSpec::Null(_) => "null",
         };
         let name = match name {
             Some(n) => n.to_string(),

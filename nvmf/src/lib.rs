@@ -37,7 +37,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-pub use config::{subsystem_nqn, ConfigError, Limits, ServerConfig, SubsystemConfig};
+pub use config::{subsystem_nqn, ConfigError, Limits, PollMode, ServerConfig, SubsystemConfig};
 
 /// Errors of starting or running a server.
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +199,21 @@ impl Server {
     /// Times a limit of the budget was hit.
     pub fn limit_hits(&self, limit: budget::Limit) -> u64 {
         self.shared.acct.hits(limit)
+    }
+
+    /// Per reactor, the nanoseconds its passes spent busy and idle so far
+    /// ([`reactor::PassTime`]; both 0 where the loop's clock is not the TSC).
+    pub fn pass_time(&self) -> Vec<(u64, u64)> {
+        self.shared
+            .pass_time
+            .iter()
+            .map(|t| {
+                (
+                    t.busy_ns.load(Ordering::Relaxed),
+                    t.idle_ns.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
     }
 
     /// Connections dropped because a panic in their handling was caught.

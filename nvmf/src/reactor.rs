@@ -3,7 +3,7 @@
 //! first reactor also owns the listeners and deals accepted connections round robin.
 //!
 //! A pass: wait for socket events (not at all while requests are in flight: the target is
-//! polled), read and handle PDUs, poll the target queues and turn completions into PDUs,
+//! polled; never in [`crate::PollMode::Busy`]), read and handle PDUs, poll the target queues and turn completions into PDUs,
 //! resubmit requests the target refused as busy, write what is queued; every 100 ms check
 //! keep-alive and controller state. A connection whose socket is closed stays until its
 //! requests at the target have completed; its DMA buffers are lent to the target queues,
@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,66 @@ const CLOCK_EVERY: u32 = 64;
 /// How often controllers are checked (keep-alive, end, reset).
 const CHECK_PERIOD_NS: u64 = 100_000_000;
 const KEY_LISTENER: u64 = u64::MAX - 16;
+
+/// The time a reactor's passes took: busy (the pass had socket events or target
+/// completions to handle) and idle, in nanoseconds of the TSC. A busy-polling reactor's
+/// core is always 100 % used, so its CPU time says nothing of the work; its busy time
+/// does (as SPDK's reactors count busy and idle ticks). Both stay 0 where the loop's
+/// clock is not the TSC (reading another clock each pass would cost a system call).
+#[derive(Debug, Default)]
+pub struct PassTime {
+    /// Nanoseconds in passes that handled something.
+    pub busy_ns: AtomicU64,
+    /// Nanoseconds in passes that found nothing (waiting in `epoll_wait` included).
+    pub idle_ns: AtomicU64,
+}
+
+/// Busy and idle time counted in a reactor's loop, published to [`PassTime`] every
+/// [`CLOCK_EVERY`] passes.
+struct PassClock {
+    on: bool,
+    last: u64,
+    busy: u64,
+    idle: u64,
+    passes: u32,
+}
+
+impl PassClock {
+    fn new(clock: &kestrel::clock::Clock) -> Self {
+        let on = clock.source() == kestrel::clock::ClockSource::Tsc;
+        PassClock {
+            on,
+            last: if on { clock.now_ns() } else { 0 },
+            busy: 0,
+            idle: 0,
+            passes: 0,
+        }
+    }
+
+    /// A pass ended; `busy`: it handled something.
+    #[inline]
+    fn pass(&mut self, clock: &kestrel::clock::Clock, busy: bool, out: &PassTime) {
+        if !self.on {
+            return;
+        }
+        let now = clock.now_ns();
+        let dt = now.saturating_sub(self.last);
+        self.last = now;
+        if busy {
+            self.busy += dt;
+        } else {
+            self.idle += dt;
+        }
+        self.passes += 1;
+        if self.passes >= CLOCK_EVERY {
+            self.passes = 0;
+            out.busy_ns
+                .fetch_add(std::mem::take(&mut self.busy), Ordering::Relaxed);
+            out.idle_ns
+                .fetch_add(std::mem::take(&mut self.idle), Ordering::Relaxed);
+        }
+    }
+}
 
 /// Where other threads hand a reactor new connections.
 pub struct Mailbox {
@@ -211,6 +271,7 @@ impl Reactor {
         let mut last_check_ns = clock.now_ns();
         let mut passes_unclocked = 0u32;
         let mut empty_passes = 0u32;
+        let mut pass_clock = PassClock::new(&clock);
         loop {
             if self.shared.stop.load(Ordering::Acquire) {
                 self.shutdown();
@@ -219,13 +280,7 @@ impl Reactor {
             // Poll while work is in flight; after a run of passes that found nothing, wait
             // on the sockets for up to a millisecond between polls of the targets, so a
             // core shared with the host's side (or a device model) is not starved.
-            let timeout = if !self.busy() {
-                50
-            } else if empty_passes >= IDLE_SPIN_PASSES {
-                1
-            } else {
-                0
-            };
+            let timeout = self.wait_ms(empty_passes);
             self.events.clear();
             let evs = &mut self.events;
             if let Err(e) = self.epoll.wait(timeout, |ev, key| evs.push((ev, key))) {
@@ -244,7 +299,7 @@ impl Reactor {
                     if let Some(Some(e)) = self.conns.get_mut(idx) {
                         if e.gen == gen {
                             if ev & (EV_IN | EV_ERR) != 0 {
-                                e.conn.readable = true;
+                                e.conn.mark_readable(ev & EV_ERR != 0);
                             }
                             if ev & (EV_OUT | EV_ERR) != 0 {
                                 e.conn.writable = true;
@@ -254,9 +309,13 @@ impl Reactor {
                 }
             }
             let completed = self.pass();
-            if completed == 0 && self.events.is_empty() {
+            let idle = completed == 0 && self.events.is_empty();
+            if let Some(t) = self.shared.pass_time.get(self.id) {
+                pass_clock.pass(&clock, !idle, t);
+            }
+            if idle {
                 empty_passes = empty_passes.saturating_add(1);
-                if timeout == 0 {
+                if timeout == 0 && self.shared.limits.poll == crate::PollMode::Hybrid {
                     // Let other threads of this core run.
                     std::thread::yield_now();
                 }
@@ -273,6 +332,22 @@ impl Reactor {
                 }
             }
             self.reap();
+        }
+    }
+
+    /// How long the next `epoll_wait` may wait, after `empty_passes` passes in a row that
+    /// found nothing: not at all while work is in flight, up to 1 ms between polls after a
+    /// run of empty passes, up to 50 ms with nothing in flight; never in busy mode (the
+    /// core is the target's alone).
+    fn wait_ms(&self, empty_passes: u32) -> i32 {
+        if self.shared.limits.poll == crate::PollMode::Busy {
+            0
+        } else if !self.busy() {
+            50
+        } else if empty_passes >= IDLE_SPIN_PASSES {
+            1
+        } else {
+            0
         }
     }
 

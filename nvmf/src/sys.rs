@@ -145,6 +145,11 @@ pub unsafe fn recv(fd: BorrowedFd<'_>, dst: *mut u8, len: usize) -> io::Result<u
     cvt_size(unsafe { libc::recv(fd.as_raw_fd(), dst.cast(), len, libc::MSG_DONTWAIT) })
 }
 
+/// The most pieces one [`writev`] sends: 85 read responses of three pieces (C2HData
+/// header, data, response capsule), so one call per connection per reactor pass carries
+/// every response of a queue of 64 (`IOV_MAX` is 1024).
+pub const MAX_IOVS: usize = 256;
+
 /// One piece of a gathered write: a header in ordinary memory or data in a DMA buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct RawIov {
@@ -175,7 +180,7 @@ impl RawIov {
 }
 
 /// Writes the pieces in order with one `sendmsg` (a `writev` with `MSG_NOSIGNAL`); returns
-/// the bytes written. At most the first 64 pieces are sent.
+/// the bytes written. At most the first [`MAX_IOVS`] pieces are sent.
 ///
 /// # Safety
 /// For the duration of the call, every piece's `base` is valid for reads of its `len`
@@ -183,11 +188,11 @@ impl RawIov {
 /// writes those bytes meanwhile: no Rust code, no other thread, no command at the target
 /// (so no device DMA). `fd` is an open descriptor of a socket this caller owns.
 pub unsafe fn writev(fd: RawFd, iovs: &[RawIov]) -> io::Result<usize> {
-    let mut v: [libc::iovec; 64] = [libc::iovec {
+    let mut v: [libc::iovec; MAX_IOVS] = [libc::iovec {
         iov_base: std::ptr::null_mut(),
         iov_len: 0,
-    }; 64];
-    let n = iovs.len().min(64);
+    }; MAX_IOVS];
+    let n = iovs.len().min(MAX_IOVS);
     for (d, s) in v.iter_mut().zip(&iovs[..n]) {
         d.iov_base = s.base as *mut libc::c_void;
         d.iov_len = s.len;

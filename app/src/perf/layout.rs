@@ -146,6 +146,11 @@ impl Layout {
                 tj["kind"] = json!("nvme-tcp");
                 self.emus.push(None);
             }
+            Opened::Null(_) => {
+                tj["kind"] = json!("null");
+                desc.push_str(", stores nothing (reads return zeroes)");
+                self.emus.push(None);
+            }
             Opened::File(f) => {
                 tj["kind"] = json!("file");
                 tj["direct"] = json!(f.target.is_direct());

@@ -115,7 +115,7 @@ fn max_namespaces(specs: &[TargetSpec]) -> u32 {
             TargetSpec::Emu(e) if !e.ns.is_empty() => e.ns.len() as u32,
             TargetSpec::Emu(e) => e.namespaces.unwrap_or(1),
             TargetSpec::Pci { .. } | TargetSpec::Tcp(_) => kestrel::target_spec::MAX_EMU_NAMESPACES,
-            TargetSpec::File(_) => 1,
+            TargetSpec::File(_) | TargetSpec::Null(_) => 1,
         })
         .max()
         .unwrap_or(1)
@@ -124,6 +124,11 @@ fn max_namespaces(specs: &[TargetSpec]) -> u32 {
 /// `--verify` needs stores that keep data.
 fn check_verify_stores(specs: &[TargetSpec]) -> Result<()> {
     for s in specs {
+        if let TargetSpec::Null(_) = s {
+            return Err(AppError::usage(
+                "--verify needs a target that keeps data: a null target drops writes and reads zeroes (use emu or a file)",
+            ));
+        }
         if let TargetSpec::Emu(e) = s {
             if e.store == Some(StoreSpec::Null) {
                 return Err(AppError::usage(
@@ -215,7 +220,7 @@ fn check_specs(specs: &[TargetSpec], avail: &[usize]) -> Result<()> {
                 }
                 seen.push(key);
             }
-            TargetSpec::Tcp(_) => {}
+            TargetSpec::Tcp(_) | TargetSpec::Null(_) => {}
             TargetSpec::Pci { bdf, .. } => {
                 let key = format!("pci:{bdf}");
                 if seen.contains(&key) {

@@ -33,8 +33,9 @@ mod units;
 pub use bdf::{parse_bdf, Bdf};
 pub use cores::{available_cores, core_list_text, parse_cores, MAX_CORE};
 pub use target::{
-    parse_target, CoreSpec, Digests, EmuNsSpec, EmuSpec, FileSpec, StoreSpec, TargetSpec, TcpSpec,
-    MAX_EMU_METADATA, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP, TARGET_HELP,
+    parse_target, CoreSpec, Digests, EmuNsSpec, EmuSpec, FileSpec, NullSpec, StoreSpec, TargetSpec,
+    TcpSpec, MAX_EMU_METADATA, MAX_EMU_NAMESPACES, MAX_EMU_QUEUES, MAX_SPEC_LEN, NS_HELP,
+    TARGET_HELP,
 };
 pub use units::{
     parse_duration, parse_duration_or, parse_size, parse_switch, TimeUnit, MAX_DURATION,

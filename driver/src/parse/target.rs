@@ -6,8 +6,10 @@
 //!         | "emu" [":" emuopt *("," emuopt)] [nssel] ; the built-in emulated controller
 //!         | "tcp:" ADDR [":" PORT] ["/" NQN] *("," tcpopt) [nssel]
 //!                                                  ; a subsystem over NVMe/TCP ([`tcp`])
+//!         | "null" [":" nullopt *("," nullopt)]      ; stores nothing, reads zeroes
 //! nssel   = "/ns=" NSID                            ; only namespace NSID (1..=4294967294)
 //! fileopt = "size=" size | "direct=" switch
+//! nullopt = "size=" size | "lba=" ("512" | "4096") ; default 1G of 4096-byte blocks
 //! emuopt  = "size=" size | "lba=" ("512" | "4096") | "namespaces=" 1..64
 //!         | "ns=" nsdef                            ; repeatable: namespaces 1, 2, ... in order
 //!         | "latency=" duration | "store=" ("memory" | "mem" | "null" | PATH)
@@ -49,7 +51,7 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], tcp:HOST:PORT/NQN[,hostnqn=NQN,hostid=UUID,digest=none|hdr|data|both,queues=N,queue_size=N,kato=DURATION,ctrl_loss_tmo=DURATION,connect_timeout=DURATION] (tcp:HOST[:8009] alone: a discovery controller), or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci, tcp or emu target may end in /ns=N to select one namespace";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], null[:size=SIZE,lba=512|4096] (stores nothing, reads return zeroes), tcp:HOST:PORT/NQN[,hostnqn=NQN,hostid=UUID,digest=none|hdr|data|both,queues=N,queue_size=N,kato=DURATION,ctrl_loss_tmo=DURATION,connect_timeout=DURATION] (tcp:HOST[:8009] alone: a discovery controller), or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci, tcp or emu target may end in /ns=N to select one namespace";
 /// What a namespace definition (`ns=`) accepts, for messages.
 pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +zeropi (never-written blocks read with all-zero PI, failing a reference tag check, as on QEMU), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +zcapSIZE (zone capacity), +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
 /// The most metadata bytes per block an emulated namespace may have.
@@ -158,6 +160,16 @@ pub struct FileSpec {
     pub direct: Option<bool>,
 }
 
+/// `null[:size=SIZE,lba=512|4096]`: a target that stores nothing
+/// ([`crate::target::null`]). Unset fields take its defaults (1 GiB, 4 KiB blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NullSpec {
+    /// Size in bytes.
+    pub size: Option<u64>,
+    /// Block size: 512 or 4096.
+    pub lba: Option<u32>,
+}
+
 /// A parsed target string.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TargetSpec {
@@ -174,6 +186,8 @@ pub enum TargetSpec {
     Emu(EmuSpec),
     /// A subsystem (or a discovery controller) over NVMe/TCP.
     Tcp(TcpSpec),
+    /// A target that stores nothing.
+    Null(NullSpec),
 }
 
 impl std::fmt::Display for TargetSpec {
@@ -183,6 +197,7 @@ impl std::fmt::Display for TargetSpec {
         match self {
             TargetSpec::Pci { bdf, .. } => write!(f, "pci:{bdf}")?,
             TargetSpec::File(s) => return write!(f, "file:{}", s.path.display()),
+            TargetSpec::Null(_) => return f.write_str("null"),
             TargetSpec::Emu(_) => f.write_str("emu")?,
             TargetSpec::Tcp(t) => match &t.subnqn {
                 Some(n) => write!(f, "tcp:{}/{n}", t.address())?,
@@ -203,7 +218,7 @@ impl TargetSpec {
             TargetSpec::Pci { nsid, .. } => *nsid,
             TargetSpec::Emu(e) => e.nsid,
             TargetSpec::Tcp(t) => t.nsid,
-            TargetSpec::File(_) => None,
+            TargetSpec::File(_) | TargetSpec::Null(_) => None,
         }
     }
 }
@@ -563,6 +578,33 @@ fn parse_file(spec: &str) -> Result<FileSpec, String> {
     Ok(f)
 }
 
+fn parse_null(opts: &str) -> Result<NullSpec, String> {
+    let mut n = NullSpec::default();
+    for_each_option(opts, |k, v| {
+        match k {
+            "size" => match parse_size(v).map_err(|e| e.to_string())? {
+                0 => return Err("size=0: a null target needs at least one block".into()),
+                s => n.size = Some(s),
+            },
+            "lba" => match parse_size(v) {
+                Ok(b @ (512 | 4096)) => n.lba = Some(b as u32),
+                _ => return Err(format!("lba={v}: a null target offers 512 and 4096")),
+            },
+            _ => return Err(format!("unknown option '{k}' for null (known: size, lba)")),
+        }
+        Ok(())
+    })?;
+    if let Some(size) = n.size {
+        let lba = n.lba.unwrap_or(4096);
+        if size % u64::from(lba) != 0 || size < u64::from(lba) {
+            return Err(format!(
+                "size={size} is not a whole number of {lba}-byte blocks"
+            ));
+        }
+    }
+    Ok(n)
+}
+
 /// Splits a trailing `/ns=N` off a `pci:` or `emu` target.
 fn split_nssel(s: &str) -> Result<(&str, Option<u32>), String> {
     let Some((head, n)) = s.rsplit_once("/ns=") else {
@@ -593,6 +635,13 @@ pub fn parse_target(input: &str) -> Result<TargetSpec, ParseError> {
     let s = input.trim();
     if let Some(rest) = s.strip_prefix("file:") {
         return parse_file(rest).map(TargetSpec::File).map_err(err);
+    }
+    let null_opts = match s {
+        "null" => Some(""),
+        _ => s.strip_prefix("null:"),
+    };
+    if let Some(opts) = null_opts {
+        return parse_null(opts).map(TargetSpec::Null).map_err(err);
     }
     let (s, nsid) = split_nssel(s).map_err(err)?;
     if let Some(rest) = s.strip_prefix("tcp:") {

@@ -1,6 +1,7 @@
 //! One trait over the things Kestrel does block I/O to: an NVMe namespace (through I/O
-//! queue pairs, [`nvme`]), a file or block device (through io_uring, [`file`](mod@file))
-//! and a remote namespace over NVMe/TCP ([`tcp`]). The aio
+//! queue pairs, [`nvme`]), a file or block device (through io_uring, [`file`](mod@file)),
+//! a remote namespace over NVMe/TCP ([`tcp`]) and a target that stores nothing
+//! ([`null`]). The aio
 //! API, the pollers, `kestrel perf` and the conformance suite use only this.
 //!
 //! Lives here: the [`Target`]/[`TargetQueue`] traits, their options, the layer's error
@@ -18,6 +19,7 @@ use crate::nvme::CtrlrError;
 pub use crate::io::AbortOutcome;
 
 pub mod file;
+pub mod null;
 pub mod nvme;
 pub mod tcp;
 

@@ -89,6 +89,10 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
         "the conformance suite's raw admin commands (Controller::admin_command)",
     ),
     (
+        "driver/src/target/null.rs",
+        "implements `TargetQueue::submit_unchecked` for a null queue; zeroes a read's buffers",
+    ),
+    (
         "driver/src/target/file/sys.rs",
         "BLKDISCARD, OFD locks, SIGXFSZ",
     ),

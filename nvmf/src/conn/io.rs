@@ -46,7 +46,7 @@ impl Conn {
             return;
         };
         self.slots[s as usize].st = St::Target;
-        match ctx.submit(ns.qidx, req) {
+        match ctx.submit(ns.qidx, &req) {
             Ok(()) => {
                 self.slots[s as usize].pending = 1;
                 self.at_target += 1;
@@ -172,7 +172,7 @@ impl Conn {
     /// Submits one of the requests of a command that takes several (a flush of every
     /// namespace, a deallocate of several ranges); the first error is its status.
     fn submit_part(&mut self, s: u16, qidx: usize, req: IoRequest, ctx: &mut Ctx<'_>) {
-        match ctx.submit(qidx, req) {
+        match ctx.submit(qidx, &req) {
             Ok(()) => {
                 self.slots[s as usize].pending += 1;
                 self.at_target += 1;
@@ -264,7 +264,7 @@ impl Conn {
                 .map(|n| (n.info.nsid, n.qidx));
             let token = ctx.key | s as u64;
             if let Some((nsid, qidx)) = ns {
-                if ctx.submit(qidx, IoRequest::flush(nsid, token)).is_ok() {
+                if ctx.submit(qidx, &IoRequest::flush(nsid, token)).is_ok() {
                     self.slots[s as usize].pending = 1;
                     self.at_target += 1;
                     return;

@@ -293,15 +293,17 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn submit(&mut self, qidx: usize, req: IoRequest) -> Result<(), Status> {
+    fn submit(&mut self, qidx: usize, req: &IoRequest) -> Result<(), Status> {
         if !self.retry.is_empty() {
-            self.retry.push_back((qidx, req));
+            self.retry.push_back((qidx, *req));
             return Ok(());
         }
         let Some(q) = self.queues.get_mut(qidx).and_then(|q| q.as_mut()) else {
             return Err(Status::INTERNAL_ERROR);
         };
-        match q.submit(req) {
+        // By reference: a request is 488 bytes, and a queue that keeps nothing of it
+        // (an NVMe queue pair, the null target) reads it where it lies.
+        match q.submit_ref(req) {
             Ok(()) => Ok(()),
             Err(SubmitError::Busy(b)) => {
                 self.retry.push_back((qidx, b.request));
@@ -517,6 +519,12 @@ impl Conn {
     /// Whether the transmit queue has anything.
     pub fn has_tx(&self) -> bool {
         !self.tx.is_empty()
+    }
+
+    /// A readable event (`hup`: the peer's FIN, a hang-up or an error came with it).
+    pub fn mark_readable(&mut self, hup: bool) {
+        self.readable = true;
+        self.stage.rearm(hup);
     }
 
     /// Whether commands wait for buffer room.

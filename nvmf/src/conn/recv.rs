@@ -200,6 +200,9 @@ impl Conn {
                     .get_mut(b.qidx)
                     .and_then(|q| q.as_mut())
                     .ok_or(Close::Shutdown)?;
+                if want < stage::RX_STAGE && !self.fill_stage()? {
+                    return Ok(0);
+                }
                 let held = self.stage.held();
                 if !held.is_empty() {
                     // Bytes the stage read ahead: copied in, the socket not read.
@@ -209,6 +212,11 @@ impl Conn {
                     self.stage.consume(n);
                     return Ok(n);
                 }
+                if self.stage.socket_empty() {
+                    // The last read emptied the socket (`stage`): no read to hear it again.
+                    self.readable = false;
+                    return Ok(0);
+                }
                 let dst = lent
                     .sub(off, want)
                     .ok_or(Close::Shutdown)
@@ -216,7 +224,11 @@ impl Conn {
                 // SAFETY: `dst..dst + want` lies inside the lent buffer (`sub` checked it), which
                 // the queue's lease keeps allocated across the call; no command at the target
                 // and no Rust reference uses those bytes (the paragraph above).
-                unsafe { sys::recv(self.sock.as_fd(), dst, want) }
+                let r = unsafe { sys::recv(self.sock.as_fd(), dst, want) };
+                if let Ok(n) = r {
+                    self.stage.note_read(want, n);
+                }
+                r
             }
         };
         match r {
@@ -225,6 +237,20 @@ impl Conn {
             Err(e) => {
                 self.read_err(e)?;
                 Ok(0)
+            }
+        }
+    }
+
+    /// Data shorter than the stage goes through it: the read that takes it takes the PDUs
+    /// after it too (a 4 KiB write's data, then the next commands), one read for several
+    /// commands instead of two. False when nothing could be read now.
+    fn fill_stage(&mut self) -> Result<bool, Close> {
+        match self.stage.fill(&self.sock) {
+            Ok(0) => Err(Close::Peer),
+            Ok(_) => Ok(true),
+            Err(e) => {
+                self.read_err(e)?;
+                Ok(false)
             }
         }
     }

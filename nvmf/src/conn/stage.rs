@@ -4,6 +4,14 @@
 //! write three; with it a burst of commands costs one read, as SPDK's target reads
 //! through its receive pipe. Data is still read straight into its destination when the
 //! stage is empty and the data at least as long as the stage.
+//!
+//! A socket read that returns less than it asked for has emptied the socket (a stream
+//! socket hands over all it holds): the stage then answers the next read it cannot serve
+//! from what it holds with `WouldBlock` itself, sparing the `recv` that would only say
+//! so, until the connection's next readable event ([`Stage::rearm`]). Edge-triggered
+//! epoll reports every arrival after that read, so nothing that comes later is missed. A
+//! peer's FIN or an error seen in an event turns the shortcut off: its last data may come
+//! in a short read, and only reading on finds the end.
 
 use std::io::{self, Read};
 
@@ -15,6 +23,10 @@ pub(super) struct Stage {
     buf: Box<[u8]>,
     head: usize,
     tail: usize,
+    /// The last socket read returned less than it asked for: the socket was empty then.
+    drained: bool,
+    /// The peer's FIN or an error was reported: read until the socket says so itself.
+    hup: bool,
 }
 
 impl Stage {
@@ -23,7 +35,27 @@ impl Stage {
             buf: vec![0; RX_STAGE].into_boxed_slice(),
             head: 0,
             tail: 0,
+            drained: false,
+            hup: false,
         }
+    }
+
+    /// A readable event came (`hup`: with the peer's FIN, a hang-up or an error): the
+    /// socket may hold data again.
+    pub(super) fn rearm(&mut self, hup: bool) {
+        self.drained = false;
+        self.hup |= hup;
+    }
+
+    /// Whether the socket is known to be empty (the last read was short, and no event
+    /// since): a read the stage cannot serve from what it holds would find nothing.
+    pub(super) fn socket_empty(&self) -> bool {
+        self.drained && !self.hup
+    }
+
+    /// A socket read asked for `asked` bytes and got `got`.
+    pub(super) fn note_read(&mut self, asked: usize, got: usize) {
+        self.drained = got < asked;
     }
 
     /// Bytes held and not yet consumed.
@@ -36,14 +68,37 @@ impl Stage {
         self.head = (self.head + n).min(self.tail);
     }
 
+    /// When nothing is held, one read of `src` into the stage (for data shorter than the
+    /// stage, which is then copied out of it: one read serves it and the PDUs after it).
+    /// `Ok(0)`: end of stream; `WouldBlock` when the socket is known to be empty.
+    pub(super) fn fill(&mut self, mut src: impl Read) -> io::Result<usize> {
+        if self.head != self.tail {
+            return Ok(self.tail - self.head);
+        }
+        if self.socket_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = src.read(&mut self.buf)?;
+        self.note_read(self.buf.len(), n);
+        self.head = 0;
+        self.tail = n;
+        Ok(n)
+    }
+
     /// Reads into `dst`: from the bytes held, else one read of `src` (into the stage, or
     /// into `dst` itself when it is at least as long as the stage). `Ok(0)`: end of stream.
     pub(super) fn read(&mut self, mut src: impl Read, dst: &mut [u8]) -> io::Result<usize> {
         if self.head == self.tail {
+            if self.socket_empty() {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
             if dst.len() >= self.buf.len() {
-                return src.read(dst);
+                let n = src.read(dst)?;
+                self.note_read(dst.len(), n);
+                return Ok(n);
             }
             let n = src.read(&mut self.buf)?;
+            self.note_read(self.buf.len(), n);
             self.head = 0;
             self.tail = n;
         }
@@ -100,10 +155,61 @@ mod tests {
         assert_eq!(got, data, "the bytes in order");
         assert_eq!(src.reads, 1, "six header reads, one read of the socket");
         let e = st.read(&mut src, &mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock, "drained");
+        assert_eq!(
+            src.reads, 1,
+            "the short read emptied the socket: no read to hear it say so"
+        );
+        // A readable event: the socket is read again (and says it is empty).
+        st.rearm(false);
+        let e = st.read(&mut src, &mut [0u8; 8]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(src.reads, 2, "read again after the event");
+    }
+
+    #[test]
+    fn fill_reads_once_and_serves_data_and_the_pdus_after_it() {
+        let data: Vec<u8> = (0..=255u8).cycle().take(3 * (72 + 4096)).collect();
+        let mut src = Src {
+            data: &data,
+            chunk: usize::MAX,
+            reads: 0,
+        };
+        let mut st = Stage::new();
+        assert_eq!(st.fill(&mut src).unwrap(), data.len());
+        assert_eq!(
+            st.fill(&mut src).unwrap(),
+            data.len(),
+            "held: no second read"
+        );
+        assert_eq!(st.held(), &data[..]);
+        st.consume(data.len());
+        let e = st.fill(&mut src).unwrap_err();
         assert_eq!(
             e.kind(),
             io::ErrorKind::WouldBlock,
-            "drained: the socket's own answer"
+            "the short read emptied it"
+        );
+        assert_eq!(src.reads, 1);
+    }
+
+    #[test]
+    fn after_a_hang_up_the_socket_is_read_until_it_says_it_is_empty() {
+        let data = [7u8; 100];
+        let mut src = Src {
+            data: &data,
+            chunk: usize::MAX,
+            reads: 0,
+        };
+        let mut st = Stage::new();
+        st.rearm(true);
+        let mut b = [0u8; 100];
+        assert_eq!(st.read(&mut src, &mut b).unwrap(), 100);
+        let e = st.read(&mut src, &mut b).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(
+            src.reads, 2,
+            "the socket itself was asked (its end may follow)"
         );
     }
 
@@ -131,7 +237,13 @@ mod tests {
             "short: only what is held"
         );
         assert_eq!(&b[..4], &data[6..10]);
+        // The first read was short (10 of 16 KiB): the socket counts as empty until the
+        // next readable event.
         let mut big = vec![0u8; RX_STAGE];
+        let e = st.read(&mut src, &mut big).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(src.reads, 1);
+        st.rearm(false);
         assert_eq!(
             st.read(&mut src, &mut big).unwrap(),
             10,

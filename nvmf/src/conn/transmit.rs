@@ -3,38 +3,39 @@
 
 use super::*;
 
-/// The most pieces of one PDU: header, padding, data, 16 pieces of zeroes (1 MiB), digest.
-const MAX_PARTS: usize = 24;
-
 impl Conn {
     /// Writes queued PDUs until done or the socket is full. `Err` closes. `queues` hold
     /// the lent buffers read data is sent from.
     pub fn flush(&mut self, queues: &Queues) -> Result<(), Close> {
         while !self.tx.is_empty() && self.writable {
-            let mut iovs: [RawIov; 64] = [RawIov {
+            let mut iovs: [RawIov; sys::MAX_IOVS] = [RawIov {
                 base: std::ptr::null(),
                 len: 0,
-            }; 64];
+            }; sys::MAX_IOVS];
             let mut n = 0;
             for item in self.tx.iter() {
-                let (parts, k) = self.item_parts(item, queues)?;
-                if n + k > iovs.len() {
+                // The item's pieces go straight after those of the items before it; an item
+                // that does not fit whole waits for the next call.
+                let Some(k) = self.item_parts(item, queues, &mut iovs[n..])? else {
                     break;
-                }
+                };
                 // Skip what an earlier partial write sent.
                 let mut skip = item.done;
-                for p in &parts[..k] {
+                let mut kept = n;
+                for i in n..n + k {
+                    let p = iovs[i];
                     if skip >= p.len {
                         skip -= p.len;
                         continue;
                     }
-                    iovs[n] = RawIov {
+                    iovs[kept] = RawIov {
                         base: p.base.wrapping_add(skip),
                         len: p.len - skip,
                     };
                     skip = 0;
-                    n += 1;
+                    kept += 1;
                 }
+                n = kept;
             }
             // SAFETY: every piece points into memory that lives until the call returns and
             // is not changed meanwhile: item headers and owned vectors in self.tx, slot
@@ -60,43 +61,43 @@ impl Conn {
     }
 
     /// The pieces of a queued PDU: header, padding, data (and zeroes after it), data
-    /// digest (`k` of them).
+    /// digest, written at the start of `parts`; how many, or `None` when they do not fit.
     fn item_parts(
         &self,
         item: &TxItem,
         queues: &Queues,
-    ) -> Result<([RawIov; MAX_PARTS], usize), Close> {
-        let mut parts: [RawIov; MAX_PARTS] = [RawIov {
-            base: std::ptr::null(),
-            len: 0,
-        }; MAX_PARTS];
+        parts: &mut [RawIov],
+    ) -> Result<Option<usize>, Close> {
         let mut k = 0;
+        let mut put = |p: RawIov| -> bool {
+            match parts.get_mut(k) {
+                Some(slot) => {
+                    *slot = p;
+                    k += 1;
+                    true
+                }
+                None => false,
+            }
+        };
+        let mut fits = true;
         if item.hlen > 0 {
-            parts[k] = RawIov::of(&item.hdr[..item.hlen as usize]);
-            k += 1;
+            fits &= put(RawIov::of(&item.hdr[..item.hlen as usize]));
         }
         if item.pad > 0 {
-            parts[k] = RawIov::of(&ZEROS[..item.pad as usize]);
-            k += 1;
+            fits &= put(RawIov::of(&ZEROS[..item.pad as usize]));
         }
         match &item.data {
             TxData::None => {}
-            TxData::Owned(v) => {
-                parts[k] = RawIov::of(v);
-                k += 1;
-            }
+            TxData::Owned(v) => fits &= put(RawIov::of(v)),
             TxData::Local { slot, len, zeros } => {
-                parts[k] = RawIov::of(&self.slots[*slot as usize].local[..*len as usize]);
-                k += 1;
+                fits &= put(RawIov::of(
+                    &self.slots[*slot as usize].local[..*len as usize],
+                ));
+                // At most 1 MiB of admin data (`capsule`): 16 pieces of zeroes.
                 let mut left = *zeros as usize;
-                while left > 0 {
-                    // At most 1 MiB of admin data (`capsule`): 16 pieces.
-                    if k + 2 > MAX_PARTS {
-                        return Err(Close::Shutdown);
-                    }
+                while left > 0 && fits {
                     let n = left.min(ZEROS.len());
-                    parts[k] = RawIov::of(&ZEROS[..n]);
-                    k += 1;
+                    fits &= put(RawIov::of(&ZEROS[..n]));
                     left -= n;
                 }
             }
@@ -104,16 +105,15 @@ impl Conn {
                 // The arena's buffer through the lease table of the queue it is lent to.
                 let set = self.bufs.get(*g as usize).ok_or(Close::Shutdown)?;
                 let (b, at) = lent(queues, set.qidx, &set.arena).ok_or(Close::Shutdown)?;
-                parts[k] =
+                let p =
                     RawIov::of_dma(b, at + *off as usize, *len as usize).ok_or(Close::Shutdown)?;
-                k += 1;
+                fits &= put(p);
             }
         }
         if let Some(d) = &item.ddgst {
-            parts[k] = RawIov::of(d);
-            k += 1;
+            fits &= put(RawIov::of(d));
         }
-        Ok((parts, k))
+        Ok(fits.then_some(k))
     }
 
     /// `wrote` bytes went out: fully sent PDUs leave the queue (releasing their slot), a

@@ -246,6 +246,8 @@ pub struct Shared {
     pub acct: crate::budget::Accounting,
     /// Per reactor, its connections that have not connected yet.
     pub pending: Vec<AtomicU32>,
+    /// Per reactor, the time its passes took, busy and idle (`reactor::PassTime`).
+    pub pass_time: Vec<crate::reactor::PassTime>,
     /// The most data one admin command answers with (Identify, the longest log page:
     /// the discovery log of every subsystem on every listener).
     pub max_admin_data: usize,
@@ -324,6 +326,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             acct: Default::default(),
             pending: cfg.reactors.iter().map(|_| AtomicU32::new(0)).collect(),
+            pass_time: cfg.reactors.iter().map(|_| Default::default()).collect(),
             max_admin_data,
         })
     }

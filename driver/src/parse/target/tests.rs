@@ -282,3 +282,35 @@ fn parsers_never_panic() {
         let _ = parse_target(&format!("emu:{s}"));
     }
 }
+
+#[test]
+fn null_targets() {
+    let n = |size, lba| Ok(TargetSpec::Null(NullSpec { size, lba }));
+    assert_eq!(parse_target("null"), n(None, None));
+    assert_eq!(parse_target("null:"), n(None, None));
+    assert_eq!(parse_target(" null:size=256M "), n(Some(256 << 20), None));
+    assert_eq!(
+        parse_target("null:lba=512,size=1M"),
+        n(Some(1 << 20), Some(512))
+    );
+    assert_eq!(parse_target("null:lba=4k"), n(None, Some(4096)));
+    assert_eq!(parse_target("null:size=1M").unwrap().to_string(), "null");
+    for (s, why) in [
+        ("null:size=0", "size=0"),
+        ("null:size=1000", "not a whole number of 4096-byte blocks"),
+        ("null:size=2048", "not a whole number of 4096-byte blocks"),
+        (
+            "null:lba=512,size=1000",
+            "not a whole number of 512-byte blocks",
+        ),
+        ("null:lba=1024", "offers 512 and 4096"),
+        ("null:store=memory", "unknown option 'store' for null"),
+        ("null:size=1M,size=2M", "given twice"),
+        ("null:size", "has no value"),
+        ("null/ns=1", "names no known kind"),
+        ("nullx", "names no known kind"),
+    ] {
+        let e = parse_target(s).unwrap_err().to_string();
+        assert!(e.contains(why), "{s}: {e}");
+    }
+}
