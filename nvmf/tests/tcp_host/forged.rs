@@ -193,5 +193,8 @@ fn c2h_data_with_success_on_the_admin_queue() {
         .recv_timeout(std::time::Duration::from_secs(20))
         .expect("the tcp target opens (an Identify answered by C2HData with SUCCESS)");
     assert_eq!(got, Ok((16 << 20) / 4096));
-    assert!(forged.load(Ordering::SeqCst) >= 1, "an admin C2HData was forged");
+    assert!(
+        forged.load(Ordering::SeqCst) >= 1,
+        "an admin C2HData was forged"
+    );
 }

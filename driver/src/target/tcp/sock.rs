@@ -37,25 +37,6 @@ fn cvt(r: libc::ssize_t) -> io::Result<usize> {
     }
 }
 
-/// Receives at most `len` bytes into the memory at `addr`; never blocks. `Ok(0)` is end of
-/// stream, `WouldBlock` nothing there yet.
-///
-/// # Safety
-/// `addr..addr + len` lies inside one live allocation that stays allocated for the call,
-/// and nothing else reads or writes those bytes during it (no reference to them exists).
-pub unsafe fn recv_into(fd: BorrowedFd<'_>, addr: usize, len: usize) -> io::Result<usize> {
-    // SAFETY: this function's contract: the range is writable and used by nothing else for
-    // the call; recv(2) writes at most `len` bytes there and keeps no pointer afterwards.
-    cvt(unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            addr as *mut libc::c_void,
-            len,
-            libc::MSG_DONTWAIT,
-        )
-    })
-}
-
 /// Receives at most `len + spill.len()` bytes with one `recvmsg`: first into the memory
 /// at `addr` (up to `len`), then what follows into `spill`; never blocks. Returns the bytes
 /// received in all: `Ok(0)` is end of stream, `WouldBlock` nothing there yet.
@@ -173,11 +154,11 @@ mod tests {
         rx.set_nonblocking(true).unwrap();
         let base = buf.as_mut_ptr() as usize;
         // SAFETY: 10..18 of `buf`, alive for the call, no reference in use meanwhile.
-        let e = unsafe { recv_into(rx.as_fd(), base + 10, 8) }.unwrap_err();
+        let e = unsafe { recv_split(rx.as_fd(), base + 10, 8, &mut []) }.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         tx.write_all(b"0123456789").unwrap();
         // SAFETY: 10..18 of `buf` again, alive for the call, no reference in use meanwhile.
-        let n = unsafe { recv_into(rx.as_fd(), base + 10, 8) }.unwrap();
+        let n = unsafe { recv_split(rx.as_fd(), base + 10, 8, &mut []) }.unwrap();
         assert_eq!(n, 8);
         assert_eq!(&buf[8..20], b"\xee\xee01234567\xee\xee");
         let pieces = [
