@@ -221,6 +221,12 @@ compare() {
     echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
 }
 
+# Hook for guest scripts that source this file with NVMET_SETUP_ONLY=1
+# (scripts/vm/guest-tcp-host-bench.sh): only the set-up runs; its names stay defined.
+if [ "${NVMET_SETUP_ONLY:-0}" = 1 ]; then
+    setup
+    return 0
+fi
 setup
 check_discovery
 check_identify

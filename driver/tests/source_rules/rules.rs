@@ -106,7 +106,7 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
     ),
     (
         "driver/src/target/tcp/sock.rs",
-        "recv into and gathered sendmsg from request memory, CRC32C over it",
+        "recvmsg into request memory (and the receive stage), copies from the stage into it, gathered sendmsg from it, CRC32C over it",
     ),
     (
         "driver/src/target/tcp/queue/mod.rs",
@@ -118,7 +118,7 @@ pub const UNSAFE_MODULES: &[(&str, &str)] = &[
     ),
     (
         "driver/src/target/tcp/queue/rx.rs",
-        "the one call of sock::recv_into, data digests of what it received",
+        "the calls of sock::recv_split and sock::copy_to, data digests of what it received",
     ),
     ("driver/src/aio/spsc.rs", "the ring slots"),
     (

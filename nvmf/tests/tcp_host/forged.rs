@@ -26,6 +26,8 @@ enum Mode {
     R2tToResponse,
     /// Every last C2HData gets the SUCCESS flag and its command's CapsuleResp is dropped.
     C2hSuccess,
+    /// The same on the admin queue too (SPDK's target sets SUCCESS there as well).
+    C2hSuccessAdmin,
     /// Nothing.
     Pass,
 }
@@ -87,10 +89,10 @@ fn relay(target: SocketAddr, forged: Arc<AtomicU32>, mode: Mode) -> SocketAddr {
                 let _ = t2.shutdown(Shutdown::Both);
             });
             let f = Arc::clone(&forged);
-            // The admin queue (the first connection) waits for responses whatever the
-            // flag says (its host never disables SQ flow control): only I/O queues.
+            // C2hSuccess: I/O queues only, the admin queue (the first connection) as is.
             let mode = match mode {
                 Mode::C2hSuccess if first => Mode::Pass,
+                Mode::C2hSuccessAdmin => Mode::C2hSuccess,
                 m => m,
             };
             first = false;
@@ -173,4 +175,26 @@ fn c2h_data_with_success_completes_reads() {
         );
     }
     assert_eq!(q.stats().resets, 0, "{:?}", q.stats());
+}
+
+/// SPDK's target completes an admin command that returns data (Identify) with C2HData's
+/// SUCCESS flag and no response capsule: the controller must come up and work.
+#[test]
+fn c2h_data_with_success_on_the_admin_queue() {
+    let s = server(1, "16M", 128 << 10);
+    let forged = Arc::new(AtomicU32::new(0));
+    let at = relay(s.local_addr(), Arc::clone(&forged), Mode::C2hSuccessAdmin);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let t = kestrel::target_spec::open(&format!("tcp:{at}/{NQN}"));
+        let _ = tx.send(t.map(|t| t.info().num_blocks).map_err(|e| e.to_string()));
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the tcp target opens (an Identify answered by C2HData with SUCCESS)");
+    assert_eq!(got, Ok((16 << 20) / 4096));
+    assert!(
+        forged.load(Ordering::SeqCst) >= 1,
+        "an admin C2HData was forged"
+    );
 }

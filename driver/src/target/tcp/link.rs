@@ -129,7 +129,7 @@ impl Link {
         self.sock
             .write_all(&b)
             .map_err(|e| self.io("sending ICReq", e))?;
-        let (pdu, _) = self.read_pdu(false)?;
+        let (pdu, _, _) = self.read_pdu(false)?;
         let Pdu::IcResp(r) = pdu else {
             return Err(self.protocol(format!(
                 "expected ICResp, got pdu type {:#x}",
@@ -169,8 +169,8 @@ impl Link {
         }
     }
 
-    /// Reads one PDU: its header and its data (digests checked).
-    pub(super) fn read_pdu(&mut self, initialized: bool) -> Result<(Pdu, Vec<u8>), TcpError> {
+    /// Reads one PDU: its header and its data (digests checked), and its header's flags.
+    pub(super) fn read_pdu(&mut self, initialized: bool) -> Result<(Pdu, Vec<u8>, u8), TcpError> {
         let rules = Rules {
             receiver: Receiver::Host,
             initialized,
@@ -206,7 +206,7 @@ impl Link {
                 fei: t.fei,
             });
         }
-        Ok((pdu, data))
+        Ok((pdu, data, ch.flags))
     }
 
     fn pdu_error(&self, e: tcp::PduError) -> TcpError {
@@ -270,7 +270,7 @@ impl Link {
             if Instant::now() > deadline {
                 return Err(self.io("waiting for a response", ErrorKind::TimedOut.into()));
             }
-            let (pdu, data) = self.read_pdu(true)?;
+            let (pdu, data, fl) = self.read_pdu(true)?;
             match pdu {
                 Pdu::CapsuleResp(c) => {
                     let d = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
@@ -288,9 +288,13 @@ impl Link {
                     if h.cccid != cid || end > data_in {
                         return Err(self.protocol(format!("C2HData for cid {} at {}+{} (expected cid {cid}, at most {data_in} bytes)", h.cccid, h.datao, data.len())));
                     }
-                    // A response capsule follows: this host never disables SQ flow
-                    // control, so the controller never uses C2HData's SUCCESS flag.
                     got[h.datao as usize..end].copy_from_slice(&data);
+                    // SUCCESS (with LAST_PDU): the command succeeded and no response
+                    // capsule follows (SPDK's target sets it whenever dwords 0 and 1 of
+                    // the completion are zero).
+                    if fl & tcp::flags::SUCCESS != 0 {
+                        return Ok((Cqe::from_dwords(0, 0, 0, u32::from(cid)), got));
+                    }
                 }
                 other => {
                     return Err(self.protocol(format!(

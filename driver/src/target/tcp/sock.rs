@@ -1,5 +1,7 @@
 //! The I/O queues' socket calls on the caller's data buffers, and the NVMe/TCP host's only
-//! `unsafe`: `recv` straight into a request's data memory (C2HData), one gathered `sendmsg`
+//! `unsafe`: `recv` straight into a request's data memory (C2HData; with what follows the
+//! data into the queue's receive stage, in the same call), copies from the stage into that
+//! memory (data that came in one `recv` with its header), one gathered `sendmsg`
 //! of PDU headers and a request's data memory (in-capsule data, H2CData), and CRC32C over
 //! that memory for data digests. The memory is named by address, never by a Rust
 //! reference (it is lent DMA memory, see `hw::dma`): the kernel copies between the socket
@@ -35,23 +37,50 @@ fn cvt(r: libc::ssize_t) -> io::Result<usize> {
     }
 }
 
-/// Receives at most `len` bytes into the memory at `addr`; never blocks. `Ok(0)` is end of
-/// stream, `WouldBlock` nothing there yet.
+/// Receives at most `len + spill.len()` bytes with one `recvmsg`: first into the memory
+/// at `addr` (up to `len`), then what follows into `spill`; never blocks. Returns the bytes
+/// received in all: `Ok(0)` is end of stream, `WouldBlock` nothing there yet.
 ///
 /// # Safety
 /// `addr..addr + len` lies inside one live allocation that stays allocated for the call,
 /// and nothing else reads or writes those bytes during it (no reference to them exists).
-pub unsafe fn recv_into(fd: BorrowedFd<'_>, addr: usize, len: usize) -> io::Result<usize> {
-    // SAFETY: this function's contract: the range is writable and used by nothing else for
-    // the call; recv(2) writes at most `len` bytes there and keeps no pointer afterwards.
-    cvt(unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            addr as *mut libc::c_void,
-            len,
-            libc::MSG_DONTWAIT,
-        )
-    })
+pub unsafe fn recv_split(
+    fd: BorrowedFd<'_>,
+    addr: usize,
+    len: usize,
+    spill: &mut [u8],
+) -> io::Result<usize> {
+    let mut v = [
+        libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: len,
+        },
+        libc::iovec {
+            iov_base: spill.as_mut_ptr().cast(),
+            iov_len: spill.len(),
+        },
+    ];
+    // SAFETY: msghdr is integers and raw pointers, for which all-zero bytes are a valid
+    // value (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = v.as_mut_ptr();
+    msg.msg_iovlen = 2;
+    // SAFETY: the first iovec is writable and used by nothing else for the call (this
+    // function's contract); the second is `spill`, exclusively borrowed for the call;
+    // `msg` and `v` are locals that outlive it; recvmsg keeps no pointer afterwards.
+    cvt(unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT) })
+}
+
+/// Copies `src` to the memory at `addr`.
+///
+/// # Safety
+/// `addr..addr + src.len()` lies inside one live allocation that stays allocated for the
+/// call, and nothing else reads or writes those bytes during it (no reference to them
+/// exists, so it cannot overlap `src`).
+pub unsafe fn copy_to(addr: usize, src: &[u8]) {
+    // SAFETY: the destination is writable and unaliased by this function's contract, so
+    // it does not overlap `src`, a live shared slice.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) }
 }
 
 /// Sends the pieces, in order, with one `sendmsg` (at most the first [`MAX_IOV`]); returns
@@ -125,11 +154,11 @@ mod tests {
         rx.set_nonblocking(true).unwrap();
         let base = buf.as_mut_ptr() as usize;
         // SAFETY: 10..18 of `buf`, alive for the call, no reference in use meanwhile.
-        let e = unsafe { recv_into(rx.as_fd(), base + 10, 8) }.unwrap_err();
+        let e = unsafe { recv_split(rx.as_fd(), base + 10, 8, &mut []) }.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
         tx.write_all(b"0123456789").unwrap();
         // SAFETY: 10..18 of `buf` again, alive for the call, no reference in use meanwhile.
-        let n = unsafe { recv_into(rx.as_fd(), base + 10, 8) }.unwrap();
+        let n = unsafe { recv_split(rx.as_fd(), base + 10, 8, &mut []) }.unwrap();
         assert_eq!(n, 8);
         assert_eq!(&buf[8..20], b"\xee\xee01234567\xee\xee");
         let pieces = [
@@ -154,5 +183,16 @@ mod tests {
         // SAFETY: `buf` is alive and not written during the call.
         let c = unsafe { crc32c_at(0, base + 10, 8) };
         assert_eq!(c, crc32c::crc32c(b"01234567"));
+        tx.write_all(b"abcdefghij").unwrap();
+        let mut spill = [0u8; 16];
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        // SAFETY: 40..44 of `buf`, alive for the call, no reference in use meanwhile.
+        let n = unsafe { recv_split(rx.as_fd(), base + 40, 4, &mut spill) }.unwrap();
+        assert_eq!(n, 10, "one call takes both parts");
+        assert_eq!(&buf[38..46], b"\xee\xeeabcd\xee\xee");
+        assert_eq!(&spill[..6], b"efghij");
+        // SAFETY: 50..53 of `buf`, alive for the call, no reference in use meanwhile.
+        unsafe { copy_to(base + 50, b"xyz") };
+        assert_eq!(&buf[49..54], b"\xeexyz\xee");
     }
 }

@@ -42,6 +42,7 @@ mod check;
 mod issue;
 mod recover;
 mod rx;
+mod stage;
 
 /// The most software-queued requests beyond the command slots.
 const MAX_SW_QUEUE: u32 = 1024;
@@ -183,7 +184,7 @@ fn open_conn(
 #[derive(Clone, Copy, Debug)]
 enum Rx {
     /// A PDU header (fixed length once connected: 24 bytes, 28 with header digests).
-    Header { got: usize },
+    Header,
     /// Padding before C2HData's data.
     Pad {
         left: usize,
@@ -203,7 +204,6 @@ enum Rx {
     /// C2HData's data digest.
     Digest {
         cid: u16,
-        got: usize,
         crc: u32,
         last: bool,
         end: u32,
@@ -239,6 +239,8 @@ pub struct TcpQueue {
     /// Commands with a PDU to send, in order.
     txq: VecDeque<u16>,
     rx: Rx,
+    /// Bytes received and not yet handled (the receive stage).
+    stage: stage::Stage,
     hdr: [u8; 32],
     digest: [u8; 4],
     /// Completions decided outside `poll` (a failed connection), delivered by the next.
@@ -326,7 +328,8 @@ impl TcpQueue {
             free_cids: (0..slots as u16).rev().collect(),
             pending: VecDeque::with_capacity(nreqs as usize),
             txq: VecDeque::with_capacity(slots as usize),
-            rx: Rx::Header { got: 0 },
+            rx: Rx::Header,
+            stage: stage::Stage::new(),
             hdr: [0; 32],
             digest: [0; 4],
             done: VecDeque::with_capacity(nreqs as usize),
@@ -527,12 +530,13 @@ impl TargetQueue for TcpQueue {
     }
     fn arm_interrupt(&mut self) -> bool {
         // The socket is the interrupt: readable when a PDU arrives. Anything already
-        // waiting here (completions, PDUs to send, requests without a command) must be
-        // polled instead of slept on.
+        // waiting here (completions, PDUs to send, requests without a command, PDUs
+        // received into the stage and not yet handled) must be polled instead of slept on.
         if !self.done.is_empty()
             || !self.txq.is_empty()
             || !self.pending.is_empty()
             || !self.connected()
+            || self.rx_held()
         {
             return true;
         }

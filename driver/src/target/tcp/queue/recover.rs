@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::io::IoError;
 
 use super::super::ctrl::{FIRST_BACKOFF, MAX_BACKOFF};
-use super::{open_conn, Rx, TcpQueue};
+use super::{open_conn, TcpQueue};
 
 /// A connection being made again.
 #[derive(Clone, Copy, Debug)]
@@ -36,7 +36,7 @@ impl TcpQueue {
             }
         }
         self.txq.clear();
-        self.rx = Rx::Header { got: 0 };
+        self.reset_rx();
     }
 
     /// Closes the connection for good: every request still at the controller or waiting

@@ -1,8 +1,10 @@
-//! The receive side: PDU headers into a small buffer, C2HData straight into the request's
-//! memory (digest checked as it lands), R2T handed to the transmit side, CapsuleResp
-//! completing its command.
+//! The receive side: what the socket has into the queue's receive stage with one `recv`
+//! ([`stage`](super::stage)), PDU headers, padding and digests served from it; C2HData's
+//! data copied from it when it came in the same call, else received straight into the
+//! request's memory (what follows it into the stage, in the same call); its digest checked
+//! as it lands; R2T handed to the transmit side; CapsuleResp completing its command.
 
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::os::fd::AsFd;
 
 use crate::io::{IoError, IoOp};
@@ -27,9 +29,10 @@ impl TcpQueue {
     /// Reads and handles PDUs until the socket is empty or `budget` requests completed.
     pub(super) fn receive(&mut self, budget: u32) {
         let start = self.done.len();
+        self.stage.rearm();
         while self.connected() && self.done.len() - start < budget as usize {
             let step = match self.rx {
-                Rx::Header { got } => self.read_header(got),
+                Rx::Header => self.read_header(),
                 Rx::Pad { .. } => self.read_pad(),
                 Rx::Data { .. } => self.read_data(),
                 Rx::Digest { .. } => self.read_digest(),
@@ -40,19 +43,26 @@ impl TcpQueue {
         }
     }
 
+    /// Whether PDUs received wait in the stage (the socket may be empty meanwhile).
+    pub(super) fn rx_held(&self) -> bool {
+        !self.stage.held().is_empty()
+    }
+
+    /// Back to a PDU boundary with nothing held: a new connection's stream.
+    pub(super) fn reset_rx(&mut self) {
+        self.rx = Rx::Header;
+        self.stage.clear();
+    }
+
     fn protocol(&mut self, why: String) -> Step {
         self.fail(IoError::Os(libc::EPROTO), &why);
         Step::Empty
     }
 
-    /// Plain bytes of the stream into `self.hdr[from..to]` (or the digest buffer).
-    fn read_plain(&mut self, digest: bool, from: usize, to: usize) -> Option<usize> {
-        let buf = if digest {
-            &mut self.digest[from..to]
-        } else {
-            &mut self.hdr[from..to]
-        };
-        match (&self.sock).read(buf) {
+    /// The outcome of a receive: the bytes, or (end of stream, an error, nothing there)
+    /// `None` with the connection failed where it must.
+    fn got(&mut self, r: std::io::Result<usize>) -> Option<usize> {
+        match r {
             Ok(0) => {
                 self.fail(
                     IoError::Os(libc::ECONNRESET),
@@ -70,16 +80,26 @@ impl TcpQueue {
         }
     }
 
-    fn read_header(&mut self, got: usize) -> Step {
-        let hl = DATA_HLEN + if self.neg.hdgst { DIGEST_LEN } else { 0 };
-        let Some(n) = self.read_plain(false, got, hl) else {
-            return Step::Empty;
-        };
-        if got + n < hl {
-            self.rx = Rx::Header { got: got + n };
-            return Step::More;
+    /// At least `n` bytes held in the stage (at most one receive): false when the socket
+    /// has not got them yet.
+    fn hold(&mut self, n: usize) -> bool {
+        if self.stage.held().len() >= n {
+            return true;
         }
-        self.rx = Rx::Header { got: 0 };
+        if self.stage.drained() {
+            return false;
+        }
+        let r = self.stage.fill(&self.sock);
+        self.got(r).is_some() && self.stage.held().len() >= n
+    }
+
+    fn read_header(&mut self) -> Step {
+        let hl = DATA_HLEN + if self.neg.hdgst { DIGEST_LEN } else { 0 };
+        if !self.hold(hl) {
+            return Step::Empty;
+        }
+        self.hdr[..hl].copy_from_slice(&self.stage.held()[..hl]);
+        self.stage.consume(hl);
         self.on_header(hl)
     }
 
@@ -235,10 +255,11 @@ impl TcpQueue {
         else {
             return Step::More;
         };
-        let n = left.min(self.hdr.len());
-        let Some(k) = self.read_plain(false, 0, n) else {
+        if !self.hold(1) {
             return Step::Empty;
-        };
+        }
+        let k = left.min(self.stage.held().len());
+        self.stage.consume(k);
         self.rx = if k < left {
             Rx::Pad {
                 left: left - k,
@@ -259,8 +280,9 @@ impl TcpQueue {
         Step::More
     }
 
-    /// Data of a C2HData PDU, received into the request's memory (up to the end of the
-    /// segment it starts in, per call).
+    /// Data of a C2HData PDU into the request's memory (up to the end of the segment it
+    /// starts in, per step): copied from the stage when it is held there, else received
+    /// straight into the memory, what follows it into the stage.
     fn read_data(&mut self) -> Step {
         let Rx::Data {
             cid,
@@ -280,33 +302,39 @@ impl TcpQueue {
                 dst = (a, l);
             }
         });
-        // SAFETY: `dst` is request memory of a read in flight (cid is live, checked when
-        // the PDU's header came), valid and used by nothing else until the request
-        // completes (the module's "Memory").
-        let got = unsafe { sock::recv_into(self.sock.as_fd(), dst.0, dst.1) };
-        let k = match got {
-            Ok(0) => {
-                self.fail(
-                    IoError::Os(libc::ECONNRESET),
-                    &"the controller closed the connection",
-                );
-                return Step::Empty;
-            }
-            Ok(k) => k,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
-                return Step::Empty
-            }
-            Err(e) => {
-                let code = e.raw_os_error().unwrap_or(libc::ECONNRESET);
-                self.fail(IoError::Os(code), &e);
-                return Step::Empty;
-            }
-        };
-        let crc = if self.neg.ddgst {
-            // SAFETY: the `k` bytes just received, inside `dst` (see above).
-            unsafe { sock::crc32c_at(crc, dst.0, k) }
+        let held = self.stage.held();
+        let (k, crc) = if !held.is_empty() {
+            let k = held.len().min(dst.1);
+            // SAFETY: `dst` is request memory of a read in flight (cid is live, checked
+            // when the PDU's header came), valid and used by nothing else until the
+            // request completes (the module's "Memory"); `k` is at most its length.
+            unsafe { sock::copy_to(dst.0, &held[..k]) };
+            let crc = if self.neg.ddgst {
+                crc32c::crc32c_append(crc, &held[..k])
+            } else {
+                crc
+            };
+            self.stage.consume(k);
+            (k, crc)
         } else {
-            crc
+            if self.stage.drained() {
+                return Step::Empty;
+            }
+            let fd = self.sock.as_fd();
+            // SAFETY: as above: `dst` is request memory of a read in flight, valid and
+            // used by nothing else until the request completes.
+            let r = unsafe { sock::recv_split(fd, dst.0, dst.1, self.stage.spill_area()) };
+            let Some(n) = self.got(r) else {
+                return Step::Empty;
+            };
+            let k = self.stage.spilled(dst.1, n);
+            let crc = if self.neg.ddgst {
+                // SAFETY: the `k` bytes just received, inside `dst` (see above).
+                unsafe { sock::crc32c_at(crc, dst.0, k) }
+            } else {
+                crc
+            };
+            (k, crc)
         };
         self.cmds[cid as usize].received += k as u32;
         let pos = pos + k as u32;
@@ -321,7 +349,6 @@ impl TcpQueue {
         } else if self.neg.ddgst {
             Rx::Digest {
                 cid,
-                got: 0,
                 crc,
                 last,
                 end,
@@ -335,7 +362,6 @@ impl TcpQueue {
     fn read_digest(&mut self) -> Step {
         let Rx::Digest {
             cid,
-            got,
             crc,
             last,
             end,
@@ -343,19 +369,12 @@ impl TcpQueue {
         else {
             return Step::More;
         };
-        let Some(k) = self.read_plain(true, got, DIGEST_LEN) else {
+        if !self.hold(DIGEST_LEN) {
             return Step::Empty;
-        };
-        if got + k < DIGEST_LEN {
-            self.rx = Rx::Digest {
-                cid,
-                got: got + k,
-                crc,
-                last,
-                end,
-            };
-            return Step::More;
         }
+        self.digest
+            .copy_from_slice(&self.stage.held()[..DIGEST_LEN]);
+        self.stage.consume(DIGEST_LEN);
         let bad = u32::from_le_bytes(self.digest) != crc;
         if bad {
             tracing::warn!(addr = %self.addr, qid = self.qid, cid, end, "C2HData digest mismatch: the read fails");
@@ -365,7 +384,7 @@ impl TcpQueue {
 
     /// A C2HData PDU has all arrived; with SUCCESS it also completes its command.
     fn data_done(&mut self, cid: u16, success: bool, err: Option<IoError>) -> Step {
-        self.rx = Rx::Header { got: 0 };
+        self.rx = Rx::Header;
         if let Some(e) = err {
             self.reqs[self.cmds[cid as usize].req as usize]
                 .err
