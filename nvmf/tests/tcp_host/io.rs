@@ -136,16 +136,19 @@ fn keep_alive_holds_an_idle_controller_and_drop_shuts_it_down() {
 }
 
 /// A queue dropped and another made at once, 200 times: the new queue takes the queue ID
-/// the old one gave back, which the target frees only when it has seen the old
-/// connection close (the Disconnect is not waited for). The C example (a context set up
-/// twice) once failed in CI with "Connect Invalid Parameters" at the QID's offset; the
-/// host now retries that refusal. This loop did not reproduce the race on an idle
-/// machine (it passes with the retry turned off too): it checks that reuse works, not
-/// the race itself.
+/// the old one gave back. The closing queue waits for its Disconnect's answer, and the
+/// server deletes the queue on Disconnect, so the ID is free before the new Connect is
+/// sent: no Connect is refused for a busy queue ID (the refusal the host would retry, seen
+/// once in CI when the C example set a context up twice).
 #[test]
 fn a_queue_id_given_back_is_taken_again_at_once() {
     let s = server(1, "16M", 128 << 10);
-    let t = kestrel::target_spec::open(&spec(&s, "queues=1")).unwrap();
+    let spec = kestrel::target_spec::parse(&spec(&s, "queues=1")).unwrap();
+    let opened = kestrel::target_spec::open_with(&spec, &Default::default()).unwrap();
+    let kestrel::target_spec::Opened::Tcp { ctrlr, .. } = &opened else {
+        panic!("a tcp target opens as one");
+    };
+    let t = opened.first_target().unwrap();
     for i in 0..200 {
         let q = t.create_queue(&QueueOptions {
             depth: 8,
@@ -153,4 +156,9 @@ fn a_queue_id_given_back_is_taken_again_at_once() {
         });
         assert!(q.is_ok(), "queue {i}: {:?}", q.err().map(|e| e.to_string()));
     }
+    assert_eq!(
+        ctrlr.qid_refusals(),
+        0,
+        "connects refused for a busy queue id"
+    );
 }

@@ -8,7 +8,7 @@
 //! from a thread of its own; dropping the last handle (every queue holds one) stops it,
 //! sets CC.SHN to normal shutdown and waits (bounded) for CSTS.SHST to say complete.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -164,6 +164,8 @@ pub(super) struct Shared {
     pub(super) pool: DmaPool,
     /// `qids[i]`: I/O queue `i + 1` is in use.
     qids: Mutex<Vec<bool>>,
+    /// I/O queue Connects the target refused because it still held the queue ID.
+    qid_refusals: AtomicU64,
     ka: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -219,6 +221,7 @@ impl TcpController {
                 opts: opts.clone(),
                 admin,
                 qids: Mutex::new(vec![false; facts.granted as usize]),
+                qid_refusals: AtomicU64::new(0),
                 facts,
                 ns,
                 pool: DmaPool::new(Arc::new(IdentityMapper), DmaPoolOptions::default()),
@@ -292,6 +295,17 @@ impl TcpController {
                 granted: self.sh.facts.granted,
             }),
         }
+    }
+    /// How many I/O queue Connects the target refused because it still held the queue ID
+    /// (each retried; see `TcpQueue::connect`). A queue closed by this host waits for its
+    /// Disconnect's answer before giving its ID back, so against a target that deletes the
+    /// queue on Disconnect (kestrel serve) this stays 0; one that frees the ID only when
+    /// it sees the connection close (Linux's nvmet) can make it count.
+    pub fn qid_refusals(&self) -> u64 {
+        self.sh.qid_refusals.load(Ordering::Relaxed)
+    }
+    pub(super) fn count_qid_refusal(&self) {
+        self.sh.qid_refusals.fetch_add(1, Ordering::Relaxed);
     }
     /// Gives an I/O queue ID back.
     pub(super) fn put_qid(&self, qid: u16) {

@@ -48,6 +48,8 @@ mod stage;
 const MAX_SW_QUEUE: u32 = 1024;
 /// How long a Connect refused because the target still holds the queue ID is retried.
 const QID_BUSY_WAIT: Duration = Duration::from_secs(2);
+/// How long a closing queue waits for the answer to its Disconnect.
+const DISCONNECT_WAIT: Duration = Duration::from_millis(500);
 /// Header bytes a command slot keeps for its current PDU: a capsule header, digest and
 /// padding (PDO is at most 255) and 16 bytes of DSM range with their digest.
 const HDR_CAP: usize = 288;
@@ -261,11 +263,13 @@ impl TcpQueue {
         info: &TargetInfo,
         opts: &QueueOptions,
     ) -> Result<TcpQueue, TcpError> {
-        // A queue ID given back a moment ago (a queue dropped, then another made) may
-        // still be in use at the target until it has seen the old connection close (its
-        // Disconnect is not waited for): the target refuses it as an invalid parameter at
-        // the QID's offset. That refusal is retried, the ID given back each time, with a
-        // short back-off for at most QID_BUSY_WAIT.
+        // A queue ID given back a moment ago (a queue dropped, then another made) is free
+        // at a target that deletes the queue on Disconnect, whose answer the closing queue
+        // waited for; a target that frees it only once it has seen the old connection
+        // close (Linux's nvmet refuses Disconnect) may still hold it, and refuses the
+        // Connect as an invalid parameter at the QID's offset. That refusal is counted
+        // and retried, the ID given back each time, with a short back-off for at most
+        // QID_BUSY_WAIT.
         let deadline = Instant::now() + QID_BUSY_WAIT;
         let mut delay = Duration::from_millis(2);
         loop {
@@ -277,6 +281,7 @@ impl TcpQueue {
                     if !e.qid_in_use() || Instant::now() >= deadline {
                         return Err(e);
                     }
+                    ctrl.count_qid_refusal();
                     std::thread::sleep(delay);
                     delay = (delay * 2).min(Duration::from_millis(100));
                 }
@@ -559,18 +564,54 @@ impl TargetQueue for TcpQueue {
 impl Drop for TcpQueue {
     fn drop(&mut self) {
         if self.connected() && self.outstanding == 0 {
-            // Disconnect (best effort: the queue closes whatever the answer).
-            let mut s = [0u8; 64];
-            s[0] = FABRICS_OPC;
-            s[1] = 0x40;
-            s[4] = fctype::DISCONNECT;
-            crate::spec::fabrics::Sgl::Transport { len: 0 }.encode(&mut s);
-            let mut l = [0u8; 72 + 4];
-            let p = crate::spec::tcp::Pdu::CapsuleCmd(s);
-            let n = p.encode(&mut l, self.neg.hdgst, false, 0, 0, 0);
-            let _ = std::io::Write::write(&mut &self.sock, &l[..n]);
+            self.disconnect();
         }
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
         self.ctrl.put_qid(self.qid);
+    }
+}
+
+impl TcpQueue {
+    /// Sends Disconnect and waits, at most DISCONNECT_WAIT, for its answer. A target that
+    /// deletes the queue on Disconnect (NVMe over Fabrics, Disconnect command; kestrel
+    /// serve) has then given the queue ID back, so the ID can be connected again at once
+    /// without a refused Connect; a target that refuses the command (Linux's nvmet:
+    /// Invalid Opcode) answers too. Nothing else is outstanding, so the first capsule
+    /// response on the connection is the answer; what it says does not matter: the queue
+    /// closes either way.
+    fn disconnect(&mut self) {
+        let mut s = [0u8; 64];
+        s[0] = FABRICS_OPC;
+        s[1] = 0x40;
+        s[4] = fctype::DISCONNECT;
+        crate::spec::fabrics::Sgl::Transport { len: 0 }.encode(&mut s);
+        let mut l = [0u8; 72 + 4];
+        let n = crate::spec::tcp::Pdu::CapsuleCmd(s).encode(&mut l, self.neg.hdgst, false, 0, 0, 0);
+        let deadline = Instant::now() + DISCONNECT_WAIT;
+        if self.sock.set_nonblocking(false).is_err()
+            || self.sock.set_write_timeout(Some(DISCONNECT_WAIT)).is_err()
+            || std::io::Write::write_all(&mut &self.sock, &l[..n]).is_err()
+        {
+            return;
+        }
+        // A CapsuleResp: 8 bytes of common header, the 16-byte completion, and the header
+        // digest when negotiated.
+        let want = 24 + if self.neg.hdgst { 4 } else { 0 };
+        let mut b = [0u8; 64];
+        let mut got = 0;
+        while got < want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.sock.set_read_timeout(Some(left)).is_err() {
+                tracing::debug!(
+                    qid = self.qid,
+                    "no answer to disconnect within {DISCONNECT_WAIT:?}"
+                );
+                return;
+            }
+            match std::io::Read::read(&mut &self.sock, &mut b[got..]) {
+                Ok(0) | Err(_) => return,
+                Ok(k) => got += k,
+            }
+        }
     }
 }
