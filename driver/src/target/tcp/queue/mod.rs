@@ -49,7 +49,7 @@ const MAX_SW_QUEUE: u32 = 1024;
 /// How long a Connect refused because the target still holds the queue ID is retried.
 const QID_BUSY_WAIT: Duration = Duration::from_secs(2);
 /// How long a closing queue waits for the answer to its Disconnect.
-const DISCONNECT_WAIT: Duration = Duration::from_millis(500);
+const DISCONNECT_WAIT: Duration = Duration::from_secs(1);
 /// Header bytes a command slot keeps for its current PDU: a capsule header, digest and
 /// padding (PDO is at most 255) and 16 bytes of DSM range with their digest.
 const HDR_CAP: usize = 288;
@@ -572,7 +572,7 @@ impl Drop for TcpQueue {
 }
 
 impl TcpQueue {
-    /// Sends Disconnect and waits, at most DISCONNECT_WAIT, for its answer. A target that
+    /// Sends Disconnect and waits, at most DISCONNECT_WAIT (1 s), for its answer. A target that
     /// deletes the queue on Disconnect (NVMe over Fabrics, Disconnect command; kestrel
     /// serve) has then given the queue ID back, so the ID can be connected again at once
     /// without a refused Connect; a target that refuses the command (Linux's nvmet:
