@@ -10,7 +10,7 @@
 # Prints every run and the medians; figures for docs/perf.md ("Kestrel's
 # NVMe/TCP initiator beside the kernel's and SPDK's"). Not a test: never run
 # by CI or scripts/test.sh. The guest runs under TCG on a shared host: run it
-# under /work/wt/measure.sh-like quiet, and read only ratios within one boot.
+# with the host's other work stopped, and read only ratios within one boot.
 #
 # Usage: scripts/vm-tcp-host-bench.sh [--rounds N] [--seconds S]
 #            [--depths "1 32 128"] [--binary PATH] [--keep] [--shell]
