@@ -35,11 +35,15 @@ impl Conn {
     ) -> Result<(), Close> {
         let cid = u16::from_le_bytes([sqe[2], sqe[3]]);
         let opc = sqe[0];
-        self.sqhd = if self.sqsize == 0 {
-            0
-        } else {
-            (self.sqhd + 1) % (self.sqsize + 1)
-        };
+        // With SQ flow control disabled at Connect (CATTR bit 2) every response reports
+        // SQHD FFFFh (NVMe over Fabrics, "SQ flow control"): no head to track.
+        if !self.sqflow_disabled {
+            self.sqhd = if self.sqsize == 0 {
+                0
+            } else {
+                (self.sqhd + 1) % (self.sqsize + 1)
+            };
+        }
         let Some(s) = self.alloc_slot(cid, sqe) else {
             return Err(self.fatal(PduError {
                 fes: Fes::PduSequenceError,
