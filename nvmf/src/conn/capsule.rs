@@ -27,6 +27,19 @@ impl Conn {
         matches!(self.role, Role::Io { .. })
     }
 
+    /// The SQ head after one more capsule. With SQ flow control disabled at Connect
+    /// (CATTR bit 2) every response reports SQHD FFFFh (NVMe over Fabrics, "SQ flow
+    /// control"): no head to track.
+    fn advance_sqhd(&mut self) {
+        if !self.sqflow_disabled {
+            self.sqhd = if self.sqsize == 0 {
+                0
+            } else {
+                (self.sqhd + 1) % (self.sqsize + 1)
+            };
+        }
+    }
+
     pub(super) fn capsule(
         &mut self,
         sqe: [u8; 64],
@@ -35,11 +48,7 @@ impl Conn {
     ) -> Result<(), Close> {
         let cid = u16::from_le_bytes([sqe[2], sqe[3]]);
         let opc = sqe[0];
-        self.sqhd = if self.sqsize == 0 {
-            0
-        } else {
-            (self.sqhd + 1) % (self.sqsize + 1)
-        };
+        self.advance_sqhd();
         let Some(s) = self.alloc_slot(cid, sqe) else {
             return Err(self.fatal(PduError {
                 fes: Fes::PduSequenceError,

@@ -59,6 +59,14 @@ pub struct Client {
     done: VecDeque<Completion>,
     /// Responses no request of this host was outstanding for.
     pub violations: Vec<String>,
+    /// The controller disabled SQ flow control at Connect (SQHD FFFFh answered to CATTR
+    /// bit 2): every response must then report SQHD FFFFh, and a read may end with
+    /// C2HData SUCCESS instead of a response. Without it SUCCESS is a violation (the
+    /// NVMe/TCP transport ties the SUCCESS flag to SQ flow control being disabled).
+    pub sqflow_disabled: bool,
+    /// C2HData PDUs with SUCCESS, and response capsules, received.
+    pub success_flags: u32,
+    pub resp_capsules: u32,
 }
 
 impl Client {
@@ -98,6 +106,9 @@ impl Client {
             reads: HashMap::new(),
             done: VecDeque::new(),
             violations: Vec::new(),
+            sqflow_disabled: false,
+            success_flags: 0,
+            resp_capsules: 0,
         }
     }
 
@@ -194,6 +205,13 @@ impl Client {
         match r.ty {
             ty::CAPSULE_RESP => {
                 let c = Completion::parse(&r.hdr[8..24]);
+                self.resp_capsules += 1;
+                if self.sqflow_disabled && c.sqhd != 0xffff {
+                    self.violations.push(format!(
+                        "sqhd {:#x} with sq flow control disabled: {c:?}",
+                        c.sqhd
+                    ));
+                }
                 self.completed(c);
             }
             ty::R2T => self.answer_r2t(&r),
@@ -208,6 +226,12 @@ impl Client {
                 buf[off..off + r.data.len()].copy_from_slice(&r.data);
                 if r.flags & fl::SUCCESS != 0 {
                     assert!(r.flags & fl::LAST != 0, "SUCCESS only with LAST_PDU");
+                    self.success_flags += 1;
+                    if !self.sqflow_disabled {
+                        self.violations.push(format!(
+                            "c2hdata SUCCESS for cid {cid} with sq flow control on"
+                        ));
+                    }
                     self.completed(Completion {
                         dw0: 0,
                         dw1: 0,

@@ -50,11 +50,27 @@ pub fn connect(
     hostnqn: &[u8],
     kato_ms: u32,
 ) -> Result<u16, Completion> {
+    connect_cattr(c, qid, cntlid, subnqn, hostnqn, kato_ms, 0).map(|r| r.dw0 as u16)
+}
+
+/// A Connect with Connect attributes `cattr` (bit 2: disable SQ flow control); returns
+/// its response. A controller that disables SQ flow control answers SQHD FFFFh, and the
+/// client then expects FFFFh in every response on that queue.
+pub fn connect_cattr(
+    c: &mut Client,
+    qid: u16,
+    cntlid: u16,
+    subnqn: &str,
+    hostnqn: &[u8],
+    kato_ms: u32,
+    cattr: u8,
+) -> Result<Completion, Completion> {
     let d = connect_data(HOSTID, cntlid, subnqn, hostnqn);
     c.qid = qid;
-    let r = c.exec(connect_sqe(qid, 31, 0, kato_ms), Data::InCapsule(&d));
+    let r = c.exec(connect_sqe(qid, 31, cattr, kato_ms), Data::InCapsule(&d));
     if r.cqe.ok() {
-        Ok(r.cqe.dw0 as u16)
+        c.sqflow_disabled = cattr & CATTR_DISABLE_SQFLOW != 0 && r.cqe.sqhd == 0xffff;
+        Ok(r.cqe)
     } else {
         Err(r.cqe)
     }

@@ -13,7 +13,9 @@
 //! - keep-alive, reconnection, AERs at shutdown and reset ([`lifecycle`]);
 //! - error paths: bad SGL descriptors (error status, the queue goes on) and bad PDUs
 //!   (C2HTermReq with the specification's FES and FEI, then the connection ends)
-//!   ([`errors`]).
+//!   ([`errors`]);
+//! - SQ flow control disabled at Connect: SQHD FFFFh and reads ended by C2HData SUCCESS
+//!   without a response capsule, and the same queue with it kept ([`sqflow`]).
 
 mod client;
 mod fabric;
@@ -23,6 +25,7 @@ mod encodings;
 mod errors;
 mod lifecycle;
 mod shutdown;
+mod sqflow;
 
 use kestrel_nvmf::{Limits, Server, ServerConfig, SubsystemConfig};
 

@@ -182,6 +182,10 @@ pub mod fctype {
 }
 
 /// Connect: RECFMT 0, QID, SQSIZE (0's based), CATTR, KATO (ms).
+/// Connect Attributes bit 2: the host asks for SQ flow control disabled (NVMe over
+/// Fabrics, Connect command, CATTR).
+pub const CATTR_DISABLE_SQFLOW: u8 = 1 << 2;
+
 pub fn connect_sqe(qid: u16, sqsize: u16, cattr: u8, kato: u32) -> [u8; 64] {
     let mut s = fabrics(fctype::CONNECT);
     put16(&mut s, 40, 0);

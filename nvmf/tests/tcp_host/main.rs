@@ -4,7 +4,7 @@
 //! R2T, split at MDTS), digests, several I/O queues and namespaces, the aio API over it,
 //! discovery, a target killed mid-write (no acknowledged write lost), randrw with many
 //! I/Os in flight over awkward transfers (`stress`), and responses a relay forges
-//! (`forged`).
+//! (`forged`); SQ flow control disabled on I/O queues, or kept (`sqflow`).
 //!
 //! It lives here because it needs both crates: the driver does not depend on the target.
 
@@ -19,4 +19,5 @@ mod forged;
 mod io;
 mod noalloc;
 mod recovery;
+mod sqflow;
 mod stress;

@@ -11,6 +11,8 @@
 //!         | "kato=" duration                          ; keep alive timeout (0: none)
 //!         | "ctrl_loss_tmo=" duration                 ; how long to try to reconnect
 //!         | "connect_timeout=" duration               ; one connection attempt
+//!         | "sqflow=" ("on" | "off")                  ; SQ flow control on I/O queues
+//!                                                     ; (default off: asked disabled)
 //! ```
 //!
 //! Without `/NQN` the string names the discovery controller at that address (the
@@ -65,6 +67,9 @@ pub struct TcpSpec {
     pub ctrl_loss_tmo: Option<Duration>,
     /// One connection attempt's limit; `None`: the default.
     pub connect_timeout: Option<Duration>,
+    /// `sqflow=on`: keep SQ flow control on the I/O queues (`Some(true)`); `None` or
+    /// `sqflow=off`: ask the controller to disable it at Connect.
+    pub sqflow: Option<bool>,
     /// `/ns=N`: use only this namespace.
     pub nsid: Option<u32>,
 }
@@ -191,7 +196,12 @@ fn tcp_option(t: &mut TcpSpec, k: &str, v: &str) -> Result<(), String> {
             d if d.is_zero() => return Err("connect_timeout=0: give a time limit".into()),
             d => t.connect_timeout = Some(d),
         },
-        _ => return Err(format!("unknown option '{k}' for tcp (known: hostnqn, hostid, digest, queues, queue_size, kato, ctrl_loss_tmo, connect_timeout)")),
+        "sqflow" => match v {
+            "on" => t.sqflow = Some(true),
+            "off" => t.sqflow = Some(false),
+            _ => return Err(format!("sqflow={v}: expected on or off")),
+        },
+        _ => return Err(format!("unknown option '{k}' for tcp (known: hostnqn, hostid, digest, queues, queue_size, kato, ctrl_loss_tmo, connect_timeout, sqflow)")),
     }
     Ok(())
 }
@@ -233,6 +243,7 @@ pub(super) fn parse_tcp(s: &str, nsid: Option<u32>) -> Result<TcpSpec, String> {
         kato: None,
         ctrl_loss_tmo: None,
         connect_timeout: None,
+        sqflow: None,
         nsid,
     };
     for_each_option(opts, |k, v| tcp_option(&mut t, k, v))?;
@@ -257,7 +268,7 @@ mod tests {
 
     #[test]
     fn subsystems_with_every_option() {
-        let t = tcp("tcp:192.0.2.10:4421/nqn.2026-12.io.kestrel:disk,hostnqn=nqn.2014-08.org.nvmexpress:uuid:1,hostid=11111111-2222-3333-4444-555555555555,digest=both,queues=4,queue_size=64,kato=2s,ctrl_loss_tmo=10s,connect_timeout=500ms/ns=2").unwrap();
+        let t = tcp("tcp:192.0.2.10:4421/nqn.2026-12.io.kestrel:disk,hostnqn=nqn.2014-08.org.nvmexpress:uuid:1,hostid=11111111-2222-3333-4444-555555555555,digest=both,queues=4,queue_size=64,kato=2s,ctrl_loss_tmo=10s,connect_timeout=500ms,sqflow=on/ns=2").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("192.0.2.10", 4421));
         assert_eq!(t.subnqn.as_deref(), Some("nqn.2026-12.io.kestrel:disk"));
         assert_eq!(
@@ -278,6 +289,7 @@ mod tests {
         assert_eq!((t.queues, t.queue_size), (Some(4), Some(64)));
         assert_eq!(t.kato, Some(Duration::from_secs(2)));
         assert_eq!(t.ctrl_loss_tmo, Some(Duration::from_secs(10)));
+        assert_eq!(t.sqflow, Some(true));
         assert_eq!(t.connect_timeout, Some(Duration::from_millis(500)));
         assert_eq!(t.nsid, Some(2));
         assert!(!t.is_discovery());
@@ -312,6 +324,7 @@ mod tests {
             ("tcp:h/nqn.x.y:z,hostnqn=bob", "hostnqn=bob"),
             ("tcp:h/nqn.x.y:z,kato=5", "invalid duration"),
             ("tcp:h/nqn.x.y:z,connect_timeout=0", "connect_timeout=0"),
+            ("tcp:h/nqn.x.y:z,sqflow=maybe", "sqflow=maybe"),
             ("tcp:h/nqn.x.y:z,bogus=1", "unknown option 'bogus' for tcp"),
             ("tcp:h/nqn.x.y:z,queues=2,queues=3", "given twice"),
             ("tcp:[::1/nqn.x.y:z", "no closing ]"),

@@ -306,22 +306,26 @@ impl Link {
         }
     }
 
-    /// Fabrics Connect of queue `qid` with `sqsize` (0's based) entries; returns CNTLID.
+    /// Fabrics Connect of queue `qid` with `sqsize` (0's based) entries and Connect
+    /// attributes `cattr`; returns CNTLID and the response's SQHD (FFFFh when the
+    /// controller disabled SQ flow control as CATTR bit 2 asked: NVMe over Fabrics, the
+    /// Connect command's CATTR and its response's SQHD, and "SQ flow control").
     #[allow(clippy::too_many_arguments)]
     pub fn fabrics_connect(
         &mut self,
         qid: u16,
         sqsize: u16,
+        cattr: u8,
         kato_ms: u32,
         cntlid: Option<u16>,
         subnqn: &str,
         host: &super::hostnqn::HostIdentity,
-    ) -> Result<u16, TcpError> {
+    ) -> Result<(u16, u16), TcpError> {
         let cmd = ConnectCmd {
             recfmt: 0,
             qid,
             sqsize,
-            cattr: 0,
+            cattr,
             kato_ms,
         };
         let data = ConnectData {
@@ -344,7 +348,7 @@ impl Link {
                 dw0: cqe.dw0,
             });
         }
-        Ok(cqe.dw0 as u16)
+        Ok((cqe.dw0 as u16, cqe.sqhd))
     }
 
     /// Sends without waiting for an answer (Disconnect at close: best effort).

@@ -61,6 +61,9 @@ pub struct TcpOpenOptions {
     pub ctrl_loss_tmo: Duration,
     /// Per-command I/O timeout.
     pub io_timeout: Duration,
+    /// Keep SQ flow control on the I/O queues (`sqflow=on`); otherwise each I/O queue's
+    /// Connect asks for it disabled (CATTR bit 2).
+    pub sqflow: bool,
 }
 
 impl TcpOpenOptions {
@@ -98,6 +101,7 @@ impl TcpOpenOptions {
             kato: spec.kato.unwrap_or(DEFAULT_KATO),
             ctrl_loss_tmo: spec.ctrl_loss_tmo.unwrap_or(DEFAULT_CTRL_LOSS_TMO),
             io_timeout,
+            sqflow: spec.sqflow.unwrap_or(false),
         }
     }
 }
@@ -461,9 +465,11 @@ fn namespaces(
 fn connect_admin(opts: &TcpOpenOptions) -> Result<(Link, u16, Cap, Vs), TcpError> {
     let mut link = Link::open(&opts.endpoint, opts.hdgst, opts.ddgst)?;
     let kato_ms = opts.kato.as_millis().min(u32::MAX as u128) as u32;
-    let cntlid = link.fabrics_connect(
+    // The admin queue keeps SQ flow control (CATTR 0): it carries one command at a time.
+    let (cntlid, _) = link.fabrics_connect(
         0,
         ADMIN_QUEUE_ENTRIES - 1,
+        0,
         kato_ms,
         None,
         &opts.subnqn,

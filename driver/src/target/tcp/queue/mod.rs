@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::hw::dma::{Leases, LeasesMut};
 use crate::io::{Completion, InvalidRequest, IoError, IoOp, IoRequest, QueueStats, SubmitError};
-use crate::spec::fabrics::{fctype, FABRICS_OPC};
+use crate::spec::fabrics::{fctype, CATTR_DISABLE_SQFLOW, FABRICS_OPC};
 use crate::target::{QueueInUse, QueueOptions, TargetInfo, TargetQueue};
 
 use super::link::{Link, Negotiated};
@@ -163,14 +163,31 @@ fn open_conn(
 ) -> Result<(TcpStream, Negotiated, String), TcpError> {
     let o = ctrl.options();
     let mut link = Link::open(&o.endpoint, o.hdgst, o.ddgst)?;
-    link.fabrics_connect(
+    // SQ flow control disabled (NVMe over Fabrics, Connect command, CATTR bit 2) unless
+    // `sqflow=on`:
+    // sound because this queue never has more commands outstanding than its SQ holds
+    // (one CID per command, `depth - 1` CIDs for `depth` entries: `connect_qid`), the
+    // host's part of the bargain once SQHD is no longer reported. A controller that
+    // honours it answers SQHD FFFFh and may end a read with C2HData SUCCESS and no
+    // response (NVMe/TCP transport, C2HData PDU, SUCCESS flag: `rx::on_c2h`); one that ignores
+    // it reports SQHD and answers with response capsules as before, both accepted.
+    let cattr = if o.sqflow { 0 } else { CATTR_DISABLE_SQFLOW };
+    let (_, sqhd) = link.fabrics_connect(
         qid,
         (depth - 1) as u16,
+        cattr,
         0,
         Some(ctrl.cntlid()),
         &o.subnqn,
         &o.host,
     )?;
+    tracing::debug!(
+        addr = %link.addr,
+        qid,
+        asked_off = cattr != 0,
+        honoured = sqhd == 0xffff,
+        "i/o queue connected (sq flow control)"
+    );
     let Link {
         sock, neg, addr, ..
     } = link;

@@ -223,7 +223,18 @@ impl TcpQueue {
                 h.datao, h.datal
             ));
         }
+        // SUCCESS (NVMe/TCP transport, C2HData PDU): the read completed successfully and
+        // no response capsule follows; it completes the command once the data (and its
+        // digest) is in (`data_done`). Only on the last PDU of the transfer. Accepted
+        // whether or not this queue's Connect disabled SQ flow control: a controller that
+        // honoured CATTR bit 2 sends it, and SPDK's target sends it in any case.
         let success = fl & flags::SUCCESS != 0;
+        if success && fl & flags::LAST_PDU == 0 {
+            return self.protocol(format!(
+                "C2HData for cid {cid} at {}+{} with SUCCESS but not LAST_PDU",
+                h.datao, h.datal
+            ));
+        }
         self.rx = if pad > 0 {
             Rx::Pad {
                 left: pad,
