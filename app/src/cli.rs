@@ -35,7 +35,7 @@ Target to use; repeat for several. Forms:
       hostnqn=NQN, hostid=UUID (default /etc/nvme/hostnqn, hostid, else from
       /etc/machine-id), digest=none|hdr|data|both, queues=N, queue_size=N,
       kato=DURATION (5s), ctrl_loss_tmo=DURATION (30s), connect_timeout=DURATION (3s),
-      sqflow=on|off (off: I/O queues ask the controller to disable SQ flow control)
+      sqflow=on|off (default on; off: I/O queues ask the controller to disable SQ flow control)
   emu[:OPTS]: the emulated controller; OPTS are comma-separated key=value:
       size=SIZE (1G), lba=512|4096 (4096), namespaces=N (1), latency=DURATION (0),
       store=memory|null|PATH, mdts=N (5: 128 KiB), queues=N, core=N|none,

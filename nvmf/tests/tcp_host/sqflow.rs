@@ -1,10 +1,10 @@
 //! SQ flow control on the I/O queues, seen on the wire by a relay between the host and
-//! the target: by default each I/O queue's Connect asks for it disabled (CATTR bit 2,
-//! NVMe over Fabrics Connect command) and the admin queue's does not; `kestrel serve`
+//! the target: with `sqflow=off` each I/O queue's Connect asks for it disabled (CATTR
+//! bit 2, NVMe over Fabrics Connect command) and the admin queue's does not; `kestrel serve`
 //! honours it (SQHD FFFFh in the Connect response) and ends successful reads with
 //! C2HData SUCCESS and no response capsule (NVMe/TCP C2HData PDU). A target that ignores
 //! the bit (the relay clears it on the way) reports SQHD and sends response capsules, and
-//! the host works the same; `sqflow=on` keeps SQ flow control.
+//! the host works the same; by default (`sqflow=on`) SQ flow control is kept.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -168,11 +168,11 @@ fn connects(s: &Seen) -> ((u16, u8, u16), (u16, u8, u16)) {
 }
 
 #[test]
-fn io_queues_disable_sq_flow_control_and_reads_end_with_success() {
+fn sqflow_off_disables_sq_flow_control_and_reads_end_with_success() {
     let s = server(1, "16M", 128 << 10);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let at = relay(s.local_addr(), Arc::clone(&seen), false);
-    let got = run(at, "", &seen);
+    let got = run(at, ",sqflow=off", &seen);
     let (admin, io) = connects(&got);
     assert!(
         admin.0 == 0 && admin.1 == 0 && admin.2 != 0xffff,
@@ -188,7 +188,7 @@ fn a_target_that_ignores_the_bit_still_works() {
     let s = server(1, "16M", 128 << 10);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let at = relay(s.local_addr(), Arc::clone(&seen), true);
-    let got = run(at, "", &seen);
+    let got = run(at, ",sqflow=off", &seen);
     let (_, io) = connects(&got);
     // The host asked; the target never saw it, so it reported SQHD and sent responses.
     assert!(
@@ -199,12 +199,17 @@ fn a_target_that_ignores_the_bit_still_works() {
 }
 
 #[test]
-fn sqflow_on_keeps_sq_flow_control() {
-    let s = server(1, "16M", 128 << 10);
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let at = relay(s.local_addr(), Arc::clone(&seen), false);
-    let got = run(at, ",sqflow=on", &seen);
-    let (_, io) = connects(&got);
-    assert!(io.0 == 1 && io.1 == 0 && io.2 != 0xffff, "{got:?}");
-    assert_eq!((got.success, got.io_resps), (0, 16), "{got:?}");
+fn sq_flow_control_is_kept_by_default_and_with_sqflow_on() {
+    for opts in ["", ",sqflow=on"] {
+        let s = server(1, "16M", 128 << 10);
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let at = relay(s.local_addr(), Arc::clone(&seen), false);
+        let got = run(at, opts, &seen);
+        let (_, io) = connects(&got);
+        assert!(
+            io.0 == 1 && io.1 == 0 && io.2 != 0xffff,
+            "{opts:?}: {got:?}"
+        );
+        assert_eq!((got.success, got.io_resps), (0, 16), "{opts:?}: {got:?}");
+    }
 }

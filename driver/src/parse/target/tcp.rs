@@ -67,8 +67,9 @@ pub struct TcpSpec {
     pub ctrl_loss_tmo: Option<Duration>,
     /// One connection attempt's limit; `None`: the default.
     pub connect_timeout: Option<Duration>,
-    /// `sqflow=on`: keep SQ flow control on the I/O queues (`Some(true)`); `None` or
-    /// `sqflow=off`: ask the controller to disable it at Connect.
+    /// `None` or `sqflow=on`: keep SQ flow control on the I/O queues (as the Linux
+    /// initiator does by default); `sqflow=off` (`Some(false)`): ask the controller to
+    /// disable it at Connect.
     pub sqflow: Option<bool>,
     /// `/ns=N`: use only this namespace.
     pub nsid: Option<u32>,

@@ -61,8 +61,8 @@ pub struct TcpOpenOptions {
     pub ctrl_loss_tmo: Duration,
     /// Per-command I/O timeout.
     pub io_timeout: Duration,
-    /// Keep SQ flow control on the I/O queues (`sqflow=on`); otherwise each I/O queue's
-    /// Connect asks for it disabled (CATTR bit 2).
+    /// Keep SQ flow control on the I/O queues (`sqflow=on`, the default); `false`
+    /// (`sqflow=off`): each I/O queue's Connect asks for it disabled (CATTR bit 2).
     pub sqflow: bool,
 }
 
@@ -101,7 +101,7 @@ impl TcpOpenOptions {
             kato: spec.kato.unwrap_or(DEFAULT_KATO),
             ctrl_loss_tmo: spec.ctrl_loss_tmo.unwrap_or(DEFAULT_CTRL_LOSS_TMO),
             io_timeout,
-            sqflow: spec.sqflow.unwrap_or(false),
+            sqflow: spec.sqflow.unwrap_or(true),
         }
     }
 }

@@ -163,9 +163,8 @@ fn open_conn(
 ) -> Result<(TcpStream, Negotiated, String), TcpError> {
     let o = ctrl.options();
     let mut link = Link::open(&o.endpoint, o.hdgst, o.ddgst)?;
-    // SQ flow control disabled (NVMe over Fabrics, Connect command, CATTR bit 2) unless
-    // `sqflow=on`:
-    // sound because this queue never has more commands outstanding than its SQ holds
+    // SQ flow control disabled (NVMe over Fabrics, Connect command, CATTR bit 2) with
+    // `sqflow=off`: sound because this queue never has more commands outstanding than its SQ holds
     // (one CID per command, `depth - 1` CIDs for `depth` entries: `connect_qid`), the
     // host's part of the bargain once SQHD is no longer reported. A controller that
     // honours it answers SQHD FFFFh and may end a read with C2HData SUCCESS and no
