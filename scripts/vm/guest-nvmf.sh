@@ -35,6 +35,7 @@ DISC=nqn.2014-08.org.nvmexpress.discovery
 PORT=4420
 fails=0
 RESET_REPEAT=${NVMF_RESET_REPEAT:-1}
+RESET_WRITES=${NVMF_RESET_WRITES:-512}
 verbose=-v
 [ "$RESET_REPEAT" -gt 1 ] && verbose=-vv
 noiommu=()
@@ -170,8 +171,10 @@ reset_during_write() {
 
 # NVMF_RESET_REPEAT=N (default 1: only the check above) repeats the reset during a write
 # N-1 more times on subsystem $1, each on a fresh connection (a hunt for a rare hang:
-# `kestrel serve` then logs at debug, and a write that does not end prints its log).
-# Each write is 512 synchronous 4 KiB writes, the reset once 256 KiB of them is done.
+# `kestrel serve` then logs at debug, a write that does not end prints its log, and the
+# end of the run lists the target's warnings and the kernel's complaints). Each write is
+# NVMF_RESET_WRITES (default 512) synchronous 4 KiB writes, the reset once a quarter of
+# them is done.
 reset_repeat() {
     local nqn=$1 name=$2 i inst dev
     for i in $(seq 2 "$RESET_REPEAT"); do
@@ -180,7 +183,8 @@ reset_repeat() {
             fail "$name: reset $i/$RESET_REPEAT: connect"
             return
         fi
-        if ! reset_during_write "$name" "$inst" "$dev" 512 262144 "reset $i/$RESET_REPEAT during a 2 MiB write"; then
+        if ! reset_during_write "$name" "$inst" "$dev" "$RESET_WRITES" $((RESET_WRITES * 1024)) \
+            "reset $i/$RESET_REPEAT during a write of $RESET_WRITES x 4 KiB"; then
             echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
             return
         fi
@@ -262,6 +266,13 @@ else
     fail "kestrel read through VFIO"
 fi
 
+if [ "$RESET_REPEAT" -gt 1 ]; then
+    say "--- the target's warnings and errors, and its first controller ---"
+    grep -m 1 'controller created' /tmp/serve.log
+    grep -E ' (WARN|ERROR) |keep alive timer expired' /tmp/serve.log | tail -n 60
+    say "--- the kernel's complaints ---"
+    dmesg | grep -iE 'nvme.*(fail|error|timeout|timed out|reconnect|keep.?alive)' | tail -n 60
+fi
 if [ "$fails" -ne 0 ] || grep -q 'malformed pdu' /tmp/serve.log; then
     dump_logs
 else
