@@ -132,6 +132,18 @@ wait_write() {
     done
     say "the write is still running 120 s after the reset (controller nvme$2: $(cat "/sys/class/nvme/nvme$2/state" 2>/dev/null))"
     sed 's/^/guest-nvmf:   dd: /' "/proc/$1/stack" 2>/dev/null
+    # Requests the block layer has in flight (the namespace, and its path through the
+    # controller: nvmeXcYnZ), and where each blocked task waits: a request the target
+    # did not answer shows in a path's count, a bio waiting for a usable path does not.
+    local b p
+    for b in /sys/block/nvme*; do
+        [ -r "$b/inflight" ] && say "  ${b##*/} in flight (reads writes): $(cat "$b/inflight")"
+    done
+    for p in /proc/[0-9]*; do
+        [ "$(awk '{print $3}' "$p/stat" 2>/dev/null)" = D ] || continue
+        say "  blocked task ${p#/proc/} ($(cat "$p/comm" 2>/dev/null)):"
+        sed 's/^/guest-nvmf:     /' "$p/stack" 2>/dev/null
+    done
     dump_logs
     return 1
 }
@@ -267,8 +279,8 @@ else
 fi
 
 if [ "$RESET_REPEAT" -gt 1 ]; then
-    say "--- the target's warnings and errors, and its first controller ---"
-    grep -m 1 'controller created' /tmp/serve.log
+    say "--- the target's warnings and errors, and its first NVM controller (KATO) ---"
+    grep -m 1 'controller created.*nqn=nqn.2026-12.io.kestrel:' /tmp/serve.log
     grep -E ' (WARN|ERROR) |keep alive timer expired' /tmp/serve.log | tail -n 60
     say "--- the kernel's complaints ---"
     dmesg | grep -iE 'nvme.*(fail|error|timeout|timed out|reconnect|keep.?alive)' | tail -n 60
