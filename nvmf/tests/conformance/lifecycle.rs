@@ -135,10 +135,12 @@ fn one_controllers_shutdown_leaves_another_alone() {
 /// admin queue and CSTS.RDY polled, the admin connection closed; then a new association
 /// (Connect with CNTLID FFFFh, CC.EN, Number of Queues, I/O queue Connects) whose first
 /// commands all complete. Every step is bounded (the client's 15 s read timeout): a
-/// Connect, command or response left unanswered fails the round it happens in.
+/// Connect, command or response left unanswered fails the round it happens in. The
+/// namespace answers after 2 ms, so the old queues' writes are still at the target when
+/// their connections close and the new association comes.
 #[test]
 fn linux_style_resets_with_writes_outstanding_reconnect_every_time() {
-    let srv = server(true, &[]);
+    let srv = server_on("emu:size=16M,latency=2ms,core=none", true, &[]);
     let addr = srv.local_addr();
     let d = pattern(4096, 7);
     for round in 0..40u64 {
