@@ -22,7 +22,11 @@
 #             nvme driver, not VFIO, so one mode covers it; CI runs
 #             --nvmet=iommu). NVMET_REPEAT=N runs its R2T perf --verify
 #             shapes and their neighbours N times more (a hunt for rare
-#             failures).
+#             failures). NVMF_RESET_REPEAT=N repeats guest-nvmf.sh's
+#             controller reset during a write N-1 more times per subsystem,
+#             each on a fresh connection, with kestrel serve logging at debug
+#             (default 1), each write NVMF_RESET_WRITES (default 512) 4 KiB
+#             writes.
 #   --mode    as in scripts/vm-test.sh (default: both; iommu with --bench).
 #   --bench   instead of the checks: 4 KiB random reads at QD 32 with fio
 #             through the initiator, against kestrel serve (VFIO, one
@@ -146,12 +150,12 @@ for m in "${modes[@]}"; do
         # With --nvmet both phases run, whatever the first gave; the status is their
         # failed checks.
         if [[ ,$nvmet, == *,$m,* ]]; then
-            guest="export KESTREL_FIO_ENGINE=$(printf %q "$engine") NVMET_COMPARE_SECONDS=${NVMET_COMPARE_SECONDS:-3} NVMET_REPEAT=${NVMET_REPEAT:-0} NVMET_ZERO_MIB=${NVMET_ZERO_MIB:-64}
+            guest="export NVMF_RESET_REPEAT=${NVMF_RESET_REPEAT:-1} NVMF_RESET_WRITES=${NVMF_RESET_WRITES:-512} KESTREL_FIO_ENGINE=$(printf %q "$engine") NVMET_COMPARE_SECONDS=${NVMET_COMPARE_SECONDS:-3} NVMET_REPEAT=${NVMET_REPEAT:-0} NVMET_ZERO_MIB=${NVMET_ZERO_MIB:-64}
 bash $guest; a=\$?
 bash /kestrel/scripts/vm/guest-nvmet.sh; b=\$?
 s=\$((a + b)); exit \$((s > 127 ? 127 : s))"
         else
-            guest="bash $guest"
+            guest="NVMF_RESET_REPEAT=${NVMF_RESET_REPEAT:-1} NVMF_RESET_WRITES=${NVMF_RESET_WRITES:-512} bash $guest"
         fi
     fi
     vm_step "mode $m: booting the guest (timeout ${timeout_s}s, console log $VM_CACHE/logs/console-$m.log)"

@@ -34,6 +34,10 @@ NQN_EMU=nqn.2026-12.io.kestrel:emu
 DISC=nqn.2014-08.org.nvmexpress.discovery
 PORT=4420
 fails=0
+RESET_REPEAT=${NVMF_RESET_REPEAT:-1}
+RESET_WRITES=${NVMF_RESET_WRITES:-512}
+verbose=-v
+[ "$RESET_REPEAT" -gt 1 ] && verbose=-vv
 noiommu=()
 [ "${KESTREL_NOIOMMU:-0}" = 1 ] && noiommu=(--noiommu)
 
@@ -50,9 +54,9 @@ die() {
 }
 dump_logs() {
     say "--- kestrel serve log ---"
-    cat /tmp/serve.log 2>/dev/null
+    tail -n 400 /tmp/serve.log 2>/dev/null
     say "--- kernel log (nvme) ---"
-    dmesg | grep -i nvme | tail -n 40
+    dmesg | grep -i nvme | tail -n 80
 }
 
 # The initramfs brings no interface up, loopback included.
@@ -63,7 +67,7 @@ modprobe nvme-tcp || die "modprobe nvme-tcp failed"
 "$K" serve --target "dev=pci:$BDF" --target emu=emu:size=64M,core=1 \
     --target emu=file:/tmp/ns2.img,size=16M,direct=off \
     --allow-host "$HOSTNQN" --listen "127.0.0.1:$PORT" --discovery-port 8009 -c 0 \
-    "${noiommu[@]}" -v >/tmp/serve.log 2>&1 &
+    "${noiommu[@]}" "$verbose" >/tmp/serve.log 2>&1 &
 serve_pid=$!
 serve_wait_listening "$serve_pid" /tmp/serve.log
 case $? in
@@ -115,7 +119,7 @@ blocks_of() {
     done
 }
 
-# Waits for the write (pid $1) to end, for up to 120 s: one the initiator cannot complete
+# Waits for the write (pid $1, to controller nvme$2) to end, for up to 120 s: one the initiator cannot complete
 # after the reset stays blocked while the kernel retries (ctrl_loss_tmo, 600 s), and the
 # guest would hit its timeout with nothing said. Then the logs say where it stands.
 wait_write() {
@@ -126,9 +130,78 @@ wait_write() {
         fi
         sleep 0.1
     done
-    say "the write is still running 120 s after the reset"
+    say "the write is still running 120 s after the reset (controller nvme$2: $(cat "/sys/class/nvme/nvme$2/state" 2>/dev/null))"
+    sed 's/^/guest-nvmf:   dd: /' "/proc/$1/stack" 2>/dev/null
+    # Requests the block layer has in flight (the namespace, and its path through the
+    # controller: nvmeXcYnZ), and where each blocked task waits: a request the target
+    # did not answer shows in a path's count, a bio waiting for a usable path does not.
+    local b p
+    for b in /sys/block/nvme*; do
+        [ -r "$b/inflight" ] && say "  ${b##*/} in flight (reads writes): $(cat "$b/inflight")"
+    done
+    for p in /proc/[0-9]*; do
+        [ "$(awk '{print $3}' "$p/stat" 2>/dev/null)" = D ] || continue
+        say "  blocked task ${p#/proc/} ($(cat "$p/comm" 2>/dev/null)):"
+        sed 's/^/guest-nvmf:     /' "$p/stack" 2>/dev/null
+    done
     dump_logs
     return 1
+}
+
+# A controller reset in the middle of a write to $3 (controller nvme$2, check name $1):
+# $4 synchronous 4 KiB writes from /tmp/pat2 at 32 MiB, the reset once $5 bytes of them
+# are done; then the write must end within 120 s and read back identical. Check $6.
+reset_during_write() {
+    local name=$1 inst=$2 dev=$3 count=$4 at=$5 what=$6
+    dd if=/tmp/pat2 of="$dev" bs=4k count="$count" seek=8192 oflag=direct conv=fsync 2>/tmp/dd.err &
+    local ddp=$!
+    local during=no written
+    for _ in $(seq 300); do
+        # Still running (a finished child stays a zombie until waited for).
+        if ! [ -r "/proc/$ddp/stat" ] || [ "$(awk '{print $3}' "/proc/$ddp/stat")" = Z ]; then
+            break
+        fi
+        written=$(awk '/^wchar:/ {print $2}' "/proc/$ddp/io" 2>/dev/null)
+        if [ "${written:-0}" -ge "$at" ]; then
+            during=yes
+            break
+        fi
+        sleep 0.05
+    done
+    echo 1 >"/sys/class/nvme/nvme$inst/reset_controller" 2>/dev/null
+    say "$name: controller reset (the write was running: $during)"
+    if [ "$during" = yes ] && wait_write "$ddp" "$inst" &&
+        dd if="$dev" of=/tmp/back bs=4k skip=8192 count="$count" iflag=direct 2>/dev/null &&
+        head -c $((count * 4096)) /tmp/pat2 | cmp -s - /tmp/back; then
+        pass "$name: $what"
+    else
+        cat /tmp/dd.err
+        fail "$name: $what"
+        return 1
+    fi
+}
+
+# NVMF_RESET_REPEAT=N (default 1: only the check above) repeats the reset during a write
+# N-1 more times on subsystem $1, each on a fresh connection (a hunt for a rare hang:
+# `kestrel serve` then logs at debug, a write that does not end prints its log, and the
+# end of the run lists the target's warnings and the kernel's complaints). Each write is
+# NVMF_RESET_WRITES (default 512) synchronous 4 KiB writes, the reset once a quarter of
+# them is done.
+reset_repeat() {
+    local nqn=$1 name=$2 i inst dev
+    for i in $(seq 2 "$RESET_REPEAT"); do
+        if ! inst=$(fabrics_connect "transport=tcp,traddr=127.0.0.1,trsvcid=$PORT,nqn=$nqn,hostnqn=$HOSTNQN,nr_io_queues=2") ||
+            ! dev=$(block_of "$nqn"); then
+            fail "$name: reset $i/$RESET_REPEAT: connect"
+            return
+        fi
+        if ! reset_during_write "$name" "$inst" "$dev" "$RESET_WRITES" $((RESET_WRITES * 1024)) \
+            "reset $i/$RESET_REPEAT during a write of $RESET_WRITES x 4 KiB"; then
+            echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
+            return
+        fi
+        echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
+    done
 }
 
 check_subsystem() {
@@ -183,31 +256,9 @@ check_subsystem() {
     # A controller reset during a write: the initiator reconnects; nothing is lost. The
     # write is 4096 synchronous 4 KiB writes, and the reset comes once 1 MiB of them is
     # done while it still runs: the overlap does not depend on how fast the path is.
-    dd if=/tmp/pat2 of="$dev" bs=4k seek=8192 oflag=direct conv=fsync 2>/tmp/dd.err &
-    local ddp=$!
-    local during=no written
-    for _ in $(seq 300); do
-        # Still running (a finished child stays a zombie until waited for).
-        if ! [ -r "/proc/$ddp/stat" ] || [ "$(awk '{print $3}' "/proc/$ddp/stat")" = Z ]; then
-            break
-        fi
-        written=$(awk '/^wchar:/ {print $2}' "/proc/$ddp/io" 2>/dev/null)
-        if [ "${written:-0}" -ge 1048576 ]; then
-            during=yes
-            break
-        fi
-        sleep 0.05
-    done
-    echo 1 >"/sys/class/nvme/nvme$inst/reset_controller" 2>/dev/null
-    say "$name: controller reset (the write was running: $during)"
-    if [ "$during" = yes ] && wait_write "$ddp" && dd if="$dev" of=/tmp/back bs=64k skip=512 count=256 iflag=direct 2>/dev/null &&
-        cmp -s /tmp/pat2 /tmp/back; then
-        pass "$name: a reset in the middle of a 16 MiB write loses nothing"
-    else
-        cat /tmp/dd.err
-        fail "$name: reset during a write"
-    fi
+    reset_during_write "$name" "$inst" "$dev" 4096 1048576 "a reset in the middle of a 16 MiB write loses nothing"
     echo 1 >"/sys/class/nvme/nvme$inst/delete_controller"
+    reset_repeat "$nqn" "$name"
 }
 
 check_subsystem "$NQN_DEV" dev 1
@@ -227,6 +278,13 @@ else
     fail "kestrel read through VFIO"
 fi
 
+if [ "$RESET_REPEAT" -gt 1 ]; then
+    say "--- the target's warnings and errors, and its first NVM controller (KATO) ---"
+    grep -m 1 'controller created.*nqn=nqn.2026-12.io.kestrel:' /tmp/serve.log
+    grep -E ' (WARN|ERROR) |keep alive timer expired' /tmp/serve.log | tail -n 60
+    say "--- the kernel's complaints ---"
+    dmesg | grep -iE 'nvme.*(fail|error|timeout|timed out|reconnect|keep.?alive)' | tail -n 60
+fi
 if [ "$fails" -ne 0 ] || grep -q 'malformed pdu' /tmp/serve.log; then
     dump_logs
 else

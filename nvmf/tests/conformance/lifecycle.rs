@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::client::{Client, Data};
 use crate::fabric::*;
 use crate::wire::*;
-use crate::{eventually, server, NQN};
+use crate::{eventually, server, server_on, NQN};
 
 #[test]
 fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
@@ -127,5 +127,80 @@ fn one_controllers_shutdown_leaves_another_alone() {
         1,
         "RDY, no shutdown"
     );
+    srv.shutdown();
+}
+
+/// The Linux initiator's controller reset, again and again with writes outstanding: the
+/// I/O connections are shut (their writes still at the target), CC.EN cleared on the
+/// admin queue and CSTS.RDY polled, the admin connection closed; then a new association
+/// (Connect with CNTLID FFFFh, CC.EN, Number of Queues, I/O queue Connects) whose first
+/// commands all complete. Every step is bounded (the client's 15 s read timeout): a
+/// Connect, command or response left unanswered fails the round it happens in. The
+/// namespace answers after 2 ms, so the old queues' writes are still at the target when
+/// their connections close and the new association comes.
+#[test]
+fn linux_style_resets_with_writes_outstanding_reconnect_every_time() {
+    let srv = server_on("emu:size=16M,latency=2ms,core=none", true, &[]);
+    let addr = srv.local_addr();
+    let d = pattern(4096, 7);
+    for round in 0..40u64 {
+        let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 15_000);
+        let aer = a.submit(sqe(AER, 0, 0, 0), Style::Linux.no_data(AER));
+        assert!(set_queues(&mut a, Style::Linux, 2) >= 2, "round {round}");
+        let mut qs: Vec<Client> = (1..=2)
+            .map(|qid| io_up(addr, cntlid, qid, NQN, hostnqn()))
+            .collect();
+        for (i, q) in qs.iter_mut().enumerate() {
+            let r = q.exec(rw(WRITE, 100 + i as u64, 1), Data::InCapsule(&d));
+            assert!(
+                r.cqe.ok(),
+                "round {round}: a write before the reset: {:?}",
+                r.cqe
+            );
+            for k in 0..24u64 {
+                let lba = 200 + ((round * 7 + k) % 64);
+                if k % 3 == 0 {
+                    q.submit(rw(WRITE, lba, 4), Data::R2t(&pattern(16384, k as u8)));
+                } else {
+                    q.submit(rw(WRITE, lba, 1), Data::InCapsule(&d));
+                }
+            }
+        }
+        // Teardown as Linux orders it: I/O queues first, then CC.EN = 0, then the admin
+        // queue.
+        for q in &qs {
+            q.s.shutdown(std::net::Shutdown::Both).unwrap();
+        }
+        drop(qs);
+        let cc = prop_get(&mut a, prop::CC, false) as u32;
+        prop_set(&mut a, prop::CC, cc & !1);
+        poll_csts(&mut a, |c| c & 1 == 0, "CSTS.RDY = 0");
+        a.forget(aer);
+        a.s.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(a);
+        // The new association's admin queue comes while the old connections may still be
+        // at the target.
+        let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 15_000);
+        assert!(
+            set_queues(&mut a, Style::Linux, 2) >= 2,
+            "round {round}: queues"
+        );
+        for qid in 1..=2 {
+            let mut q = io_up(addr, cntlid, qid, NQN, hostnqn());
+            let r = q.exec(rw(WRITE, 300 + qid as u64, 1), Data::InCapsule(&d));
+            assert!(
+                r.cqe.ok(),
+                "round {round}: write after the reset: {:?}",
+                r.cqe
+            );
+            let r = q.exec(rw(READ, 300 + qid as u64, 1), Data::Read(4096));
+            assert!(
+                r.cqe.ok() && r.data == d,
+                "round {round}: read after the reset"
+            );
+            assert!(q.violations.is_empty(), "{:?}", q.violations);
+        }
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+    }
     srv.shutdown();
 }

@@ -35,7 +35,12 @@ pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 /// A server on an ephemeral loopback port, one subsystem `NQN` over a 16 MiB emulated
 /// namespace: open to any host, or to `hosts` only.
 pub fn server(any: bool, hosts: &[&str]) -> Server {
-    let target = kestrel::target_spec::open("emu:size=16M,core=none").expect("emulator");
+    server_on("emu:size=16M,core=none", any, hosts)
+}
+
+/// As [`server`], the namespace the target `spec` names.
+pub fn server_on(spec: &str, any: bool, hosts: &[&str]) -> Server {
+    let target = kestrel::target_spec::open(spec).expect("emulator");
     Server::start(ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         discovery_listen: None,
