@@ -633,6 +633,25 @@ pub enum InvalidRequest {
     },
 }
 
+impl InvalidRequest {
+    /// Checks that an operation of kind `op` carries data segments exactly when it moves
+    /// data (`nseg` segments): every target's first check of a request's buffers.
+    pub fn check_segment_count(op: IoOp, nseg: usize) -> Result<(), InvalidRequest> {
+        if op.has_data() == (nseg != 0) {
+            return Ok(());
+        }
+        Err(InvalidRequest::BadSegments {
+            op: op.name(),
+            n: nseg,
+            why: if nseg == 0 {
+                "a read or write needs at least one data segment"
+            } else {
+                "this operation takes no data segments"
+            },
+        })
+    }
+}
+
 /// The outcome of handing a request to a target queue.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum SubmitError {

@@ -187,18 +187,7 @@ impl NullQueue {
                 why: "a null target has no metadata",
             });
         }
-        let nseg = req.data.len();
-        if op.has_data() != (nseg != 0) {
-            return Err(InvalidRequest::BadSegments {
-                op: op.name(),
-                n: nseg,
-                why: if nseg == 0 {
-                    "a read or write needs at least one data segment"
-                } else {
-                    "this operation takes no data segments"
-                },
-            });
-        }
+        InvalidRequest::check_segment_count(op, req.data.len())?;
         if !op.has_range() {
             return Ok(());
         }

@@ -24,21 +24,7 @@ impl FileQueue {
                 nsid,
             });
         }
-        let nseg = req.data.len();
-        if op.has_data() && nseg == 0 {
-            return Err(InvalidRequest::BadSegments {
-                op: op.name(),
-                n: 0,
-                why: "a read or write needs at least one data segment",
-            });
-        }
-        if !op.has_data() && nseg != 0 {
-            return Err(InvalidRequest::BadSegments {
-                op: op.name(),
-                n: nseg,
-                why: "this operation takes no data segments",
-            });
-        }
+        InvalidRequest::check_segment_count(op, req.data.len())?;
         no_metadata(req, nsid)?;
         if !op.has_range() {
             return Ok(());

@@ -83,18 +83,7 @@ impl TcpQueue {
                 why: "the namespace is used without metadata over nvme/tcp",
             });
         }
-        let nseg = req.data.len();
-        if op.has_data() == (nseg == 0) {
-            return Err(InvalidRequest::BadSegments {
-                op: op.name(),
-                n: nseg,
-                why: if nseg == 0 {
-                    "a read or write needs at least one data segment"
-                } else {
-                    "this operation takes no data segments"
-                },
-            });
-        }
+        InvalidRequest::check_segment_count(op, req.data.len())?;
         let unsupported = match op {
             IoOp::WriteZeroes => !self.info.write_zeroes,
             IoOp::Deallocate => !self.info.deallocate || self.in_capsule < 16,
