@@ -108,3 +108,68 @@ pub fn write_read(
     q.read_lent(&r, 0, &mut back).unwrap();
     assert!(back == data, "{len} bytes at lba {lba} read back differ");
 }
+
+/// A relay on an ephemeral loopback port in front of `target`: for each connection the
+/// host makes (`k` counts them from 0: the admin queue first), it connects to `target`
+/// and hands both streams, host first, to `on_conn`, which moves the bytes.
+pub fn relay(
+    target: std::net::SocketAddr,
+    mut on_conn: impl FnMut(usize, std::net::TcpStream, std::net::TcpStream) + Send + 'static,
+) -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (k, host) in l.incoming().enumerate() {
+            let (Ok(host), Ok(t)) = (host, std::net::TcpStream::connect(target)) else {
+                return;
+            };
+            on_conn(k, host, t);
+        }
+    });
+    at
+}
+
+/// Copies what the host sends to the target unchanged, on a thread of its own, until
+/// either side closes.
+pub fn pass_upstream(host: &std::net::TcpStream, target: &std::net::TcpStream) {
+    let (mut h, mut t) = (host.try_clone().unwrap(), target.try_clone().unwrap());
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut h, &mut t);
+        let _ = t.shutdown(std::net::Shutdown::Both);
+    });
+}
+
+/// Writes 4 KiB .. 128 KiB (in-capsule and R2T) at LBAs 64 apart through `q` (buffer
+/// `buf`, at least 2 MiB), then reads them all back at once and compares; no connection
+/// may have been reset on the way.
+pub fn write_then_read_back_sizes(q: &mut dyn TargetQueue, buf: &DmaSlice) {
+    let sizes: Vec<usize> = (0..8).map(|k| (4 << 10) << (k % 6)).collect();
+    for (k, &len) in sizes.iter().enumerate() {
+        let w = buf.sub(k * (128 << 10), len).unwrap();
+        q.write_lent(&w, 0, &pattern(len, k as u64)).unwrap();
+        let nlb = (len / 4096) as u32;
+        q.submit(IoRequest::write(1, 64 * k as u64, nlb, w, k as u64))
+            .unwrap();
+    }
+    q.flush();
+    assert!(reap(q, sizes.len()).iter().all(|c| c.result.is_ok()));
+    for (k, &len) in sizes.iter().enumerate() {
+        let r = buf.sub((1 << 20) + k * (128 << 10), len).unwrap();
+        let nlb = (len / 4096) as u32;
+        q.submit(IoRequest::read(1, 64 * k as u64, nlb, r, k as u64))
+            .unwrap();
+    }
+    q.flush();
+    let done = reap(q, sizes.len());
+    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
+    for (k, &len) in sizes.iter().enumerate() {
+        let mut back = vec![0u8; len];
+        let r = buf.sub((1 << 20) + k * (128 << 10), len).unwrap();
+        q.read_lent(&r, 0, &mut back).unwrap();
+        assert!(
+            back == pattern(len, k as u64),
+            "read {k} of {len} bytes differs"
+        );
+    }
+    assert_eq!(q.stats().resets, 0, "{:?}", q.stats());
+}

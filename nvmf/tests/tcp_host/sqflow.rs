@@ -7,10 +7,8 @@
 //! the host works the same; by default (`sqflow=on`) SQ flow control is kept.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
-
-use kestrel::io::IoRequest;
 
 use crate::common::*;
 
@@ -90,21 +88,13 @@ fn downstream(mut from: TcpStream, mut to: TcpStream, k: usize, seen: &Mutex<See
 }
 
 /// The relay in front of `target`; connection 0 is the admin queue.
-fn relay(target: SocketAddr, seen: Arc<Mutex<Seen>>, clear: bool) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let at = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for (k, host) in l.incoming().enumerate() {
-            let (Ok(host), Ok(t)) = (host, TcpStream::connect(target)) else {
-                return;
-            };
-            let (h2, t2) = (host.try_clone().unwrap(), t.try_clone().unwrap());
-            let (s1, s2) = (Arc::clone(&seen), Arc::clone(&seen));
-            std::thread::spawn(move || upstream(h2, t2, k, &s1, clear));
-            std::thread::spawn(move || downstream(t, host, k, &s2));
-        }
-    });
-    at
+fn watching_relay(target: SocketAddr, seen: Arc<Mutex<Seen>>, clear: bool) -> SocketAddr {
+    relay(target, move |k, host, t| {
+        let (h2, t2) = (host.try_clone().unwrap(), t.try_clone().unwrap());
+        let (s1, s2) = (Arc::clone(&seen), Arc::clone(&seen));
+        std::thread::spawn(move || upstream(h2, t2, k, &s1, clear));
+        std::thread::spawn(move || downstream(t, host, k, &s2));
+    })
 }
 
 /// Writes 4 KiB .. 128 KiB (in-capsule and R2T) through one I/O queue of the target at
@@ -113,37 +103,7 @@ fn relay(target: SocketAddr, seen: Arc<Mutex<Seen>>, clear: bool) -> SocketAddr 
 fn run(at: SocketAddr, opts: &str, seen: &Mutex<Seen>) -> Seen {
     let t = kestrel::target_spec::open(&format!("tcp:{at}/{NQN}{opts}")).expect("tcp target");
     let (mut q, buf) = queue_with_buffer(&t, 16, 2 << 20);
-    let sizes: Vec<usize> = (0..8).map(|k| (4 << 10) << (k % 6)).collect();
-    for (k, &len) in sizes.iter().enumerate() {
-        let w = buf.sub(k * (128 << 10), len).unwrap();
-        q.write_lent(&w, 0, &pattern(len, k as u64)).unwrap();
-        let nlb = (len / 4096) as u32;
-        q.submit(IoRequest::write(1, 64 * k as u64, nlb, w, k as u64))
-            .unwrap();
-    }
-    q.flush();
-    assert!(reap(q.as_mut(), sizes.len())
-        .iter()
-        .all(|c| c.result.is_ok()));
-    for (k, &len) in sizes.iter().enumerate() {
-        let r = buf.sub((1 << 20) + k * (128 << 10), len).unwrap();
-        let nlb = (len / 4096) as u32;
-        q.submit(IoRequest::read(1, 64 * k as u64, nlb, r, k as u64))
-            .unwrap();
-    }
-    q.flush();
-    let done = reap(q.as_mut(), sizes.len());
-    assert!(done.iter().all(|c| c.result.is_ok()), "{done:?}");
-    for (k, &len) in sizes.iter().enumerate() {
-        let mut back = vec![0u8; len];
-        let r = buf.sub((1 << 20) + k * (128 << 10), len).unwrap();
-        q.read_lent(&r, 0, &mut back).unwrap();
-        assert!(
-            back == pattern(len, k as u64),
-            "read {k} of {len} bytes differs"
-        );
-    }
-    assert_eq!(q.stats().resets, 0, "{:?}", q.stats());
+    write_then_read_back_sizes(q.as_mut(), &buf);
     // Before the queue goes (its Disconnect is answered by a response capsule too); the
     // lock released before it goes (the relay needs it to pass the shutdown through).
     let mut g = seen.lock().unwrap();
@@ -171,7 +131,7 @@ fn connects(s: &Seen) -> ((u16, u8, u16), (u16, u8, u16)) {
 fn sqflow_off_disables_sq_flow_control_and_reads_end_with_success() {
     let s = server(1, "16M", 128 << 10);
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let at = relay(s.local_addr(), Arc::clone(&seen), false);
+    let at = watching_relay(s.local_addr(), Arc::clone(&seen), false);
     let got = run(at, ",sqflow=off", &seen);
     let (admin, io) = connects(&got);
     assert!(
@@ -187,7 +147,7 @@ fn sqflow_off_disables_sq_flow_control_and_reads_end_with_success() {
 fn a_target_that_ignores_the_bit_still_works() {
     let s = server(1, "16M", 128 << 10);
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let at = relay(s.local_addr(), Arc::clone(&seen), true);
+    let at = watching_relay(s.local_addr(), Arc::clone(&seen), true);
     let got = run(at, ",sqflow=off", &seen);
     let (_, io) = connects(&got);
     // The host asked; the target never saw it, so it reported SQHD and sent responses.
@@ -203,7 +163,7 @@ fn sq_flow_control_is_kept_by_default_and_with_sqflow_on() {
     for opts in ["", ",sqflow=on"] {
         let s = server(1, "16M", 128 << 10);
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let at = relay(s.local_addr(), Arc::clone(&seen), false);
+        let at = watching_relay(s.local_addr(), Arc::clone(&seen), false);
         let got = run(at, opts, &seen);
         let (_, io) = connects(&got);
         assert!(

@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -129,22 +129,10 @@ fn chop(mut from: TcpStream, mut to: TcpStream) {
 
 /// A relay in front of `target` that chops what the target sends (see [`chop`]).
 fn chopping_relay(target: SocketAddr) -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let at = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for host in l.incoming() {
-            let (Ok(host), Ok(t)) = (host, TcpStream::connect(target)) else {
-                return;
-            };
-            let (mut h2, mut t2) = (host.try_clone().unwrap(), t.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut h2, &mut t2);
-                let _ = t2.shutdown(Shutdown::Both);
-            });
-            std::thread::spawn(move || chop(t, host));
-        }
-    });
-    at
+    relay(target, |_, host, t| {
+        pass_upstream(&host, &t);
+        std::thread::spawn(move || chop(t, host));
+    })
 }
 
 /// The awkward server and a queue of depth QD + 1 on it (through the chopping relay when
