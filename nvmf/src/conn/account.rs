@@ -43,7 +43,7 @@ impl Conn {
     /// Bytes it holds: its structures, slot buffers and DMA sets.
     fn held_bytes(&self, data: usize) -> u64 {
         let fixed = std::mem::size_of::<Conn>()
-            + super::stage::RX_STAGE
+            + self.stage.capacity()
             + self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.tx.capacity() * std::mem::size_of::<TxItem>()
             + (self.free.capacity() + self.wait_buf.capacity()) * 2;

@@ -227,6 +227,7 @@ impl Conn {
             epoch,
         };
         self.grow_slots(entries);
+        self.stage.grow(stage::RX_STAGE_IO);
         true
     }
 
