@@ -8,6 +8,9 @@ impl Conn {
     /// Runs a command whose data (if host to controller) is all here.
     pub(super) fn execute(&mut self, s: u16, ctx: &mut Ctx<'_>) {
         let sqe = self.slots[s as usize].sqe;
+        // Traffic for the keep-alive timer (`check_controller`); a Connect's queue has no
+        // controller yet, so there it counts for nothing.
+        self.traffic = true;
         if sqe[0] == FABRICS_OPC {
             self.fabrics(s, ctx);
             return;

@@ -423,6 +423,10 @@ pub struct Conn {
     /// Subsystem index of an I/O queue.
     pub sub: usize,
     closing_peer: bool,
+    /// A command of the controller came since the last check (traffic-based keep-alive:
+    /// the check restarts the controller's Keep Alive Timer, so the I/O path writes no
+    /// shared state per command).
+    traffic: bool,
     /// The reactor owning it.
     reactor: usize,
     /// Counted in `Shared::pending` (no successful Connect yet, not closed).
@@ -495,6 +499,7 @@ impl Conn {
             born_ms: now_ms,
             sub: usize::MAX,
             closing_peer: false,
+            traffic: false,
             reactor,
             pending: false,
             class: crate::budget::Class::PreConnect,
@@ -536,6 +541,15 @@ impl Conn {
     pub fn check_controller(&mut self, shared: &Shared) -> Option<Close> {
         if let Some(why) = self.deadlines(shared) {
             return Some(why);
+        }
+        if std::mem::take(&mut self.traffic) {
+            // Traffic-based keep-alive (CTRATT.TBKAS): a command on any of the controller's
+            // queues since the last check restarts its timer. The check runs every
+            // 100 ms, so the restart is at most that late, and never earlier than the
+            // command.
+            if let Role::Admin(c) | Role::Io { ctrl: c, .. } = &self.role {
+                c.last_keep_alive.store(shared.now_ms(), Ordering::Relaxed);
+            }
         }
         match &self.role {
             Role::Unbound => None,

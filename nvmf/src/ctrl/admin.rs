@@ -109,6 +109,10 @@ impl Controller {
             // SGLS: SGLs supported (bits 1:0 = 01b); bit 20: SGL Data Block offsets
             // (in-capsule data).
             sgls: 1 | (1 << 20),
+            // Traffic-based keep-alive: every command restarts the Keep Alive Timer
+            // (`Conn::check_controller`), as Linux's target does; a host that sees it may
+            // leave out Keep Alive while commands complete.
+            ctratt: kestrel::spec::identify::CTRATT_TBKAS,
             subnqn: sub.nqn.clone(),
             ..Default::default()
         };

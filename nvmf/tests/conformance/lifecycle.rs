@@ -37,6 +37,41 @@ fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
     srv.shutdown();
 }
 
+/// Traffic-based keep-alive (CTRATT bit 6, TBKAS): a controller that reports it restarts
+/// its Keep Alive Timer on every command it processes, so a host doing I/O may leave Keep
+/// Alive out (Linux's initiator does while completions come). Reads every 200 ms on the
+/// I/O queue for 3 KATO, no Keep Alive: the controller stays and its admin queue answers;
+/// then nothing: it expires as before.
+#[test]
+fn io_traffic_restarts_the_keep_alive_timer() {
+    let srv = server(true, &[]);
+    let addr = srv.local_addr();
+    let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 1_000);
+    let id = a.exec(sqe(IDENTIFY, 0, 1, 0), Data::Read(4096));
+    let ctratt = u32::from_le_bytes(id.data[96..100].try_into().unwrap());
+    assert_ne!(ctratt & (1 << 6), 0, "CTRATT.TBKAS reported: {ctratt:#x}");
+    assert!(set_queues(&mut a, Style::Spdk, 1) >= 1);
+    let mut q = io_up(addr, cntlid, 1, NQN, hostnqn());
+    let end = Instant::now() + Duration::from_millis(3_000);
+    while Instant::now() < end {
+        let r = q.exec(rw(READ, 8, 1), Data::Read(4096));
+        assert!(r.cqe.ok(), "read: {:?}", r.cqe);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(srv.controllers(NQN), 1, "alive after 3 KATO of I/O alone");
+    let r = a.exec(sqe(IDENTIFY, 0, 1, 0), Data::Read(4096));
+    assert!(r.cqe.ok(), "the admin queue still answers: {:?}", r.cqe);
+    // No command at all: the timer runs out.
+    assert!(
+        a.closed_within(Duration::from_secs(5)),
+        "admin queue closed"
+    );
+    assert!(q.closed_within(Duration::from_secs(5)), "i/o queue closed");
+    eventually("the controller ends", || srv.controllers(NQN) == 0);
+    assert!(a.violations.is_empty() && q.violations.is_empty());
+    srv.shutdown();
+}
+
 #[test]
 fn a_host_reconnects_after_closing_its_association() {
     let srv = server(true, &[]);

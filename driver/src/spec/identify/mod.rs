@@ -22,6 +22,9 @@ mod tests;
 
 pub use log::{ErrorLogEntry, SmartLog};
 
+/// CTRATT bit 6: Traffic Based Keep Alive Support (TBKAS): any Admin or I/O command the
+/// controller processes restarts its Keep Alive Timer, not only Keep Alive.
+pub const CTRATT_TBKAS: u32 = 1 << 6;
 /// CTRATT bit 15: Extended LBA Formats Supported (ELBAS).
 pub const CTRATT_ELBAS: u32 = 1 << 15;
 pub use ns::{
