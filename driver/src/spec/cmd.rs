@@ -97,6 +97,8 @@ pub mod fid {
     pub const VOLATILE_WRITE_CACHE: u8 = 0x06;
     /// Number of Queues.
     pub const NUMBER_OF_QUEUES: u8 = 0x07;
+    /// Asynchronous Event Configuration: which events the controller reports.
+    pub const ASYNC_EVENT_CONFIG: u8 = 0x0B;
     /// I/O Command Set Profile (the index of the I/O Command Set combination in use).
     pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
 }
@@ -107,6 +109,70 @@ pub mod lid {
     pub const ERROR_INFORMATION: u8 = 0x01;
     /// SMART / Health Information.
     pub const SMART_HEALTH: u8 = 0x02;
+    /// Changed Namespace List.
+    pub const CHANGED_NAMESPACES: u8 = 0x04;
+    /// Discovery (NVMe over Fabrics).
+    pub const DISCOVERY: u8 = 0x70;
+}
+
+/// An Asynchronous Event Request's completion: dword 0 names the event and the log page
+/// that clears it (NVMe Base, "Asynchronous Event Request command", completion queue
+/// entry dword 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncEvent {
+    /// Asynchronous Event Type (bits 2:0): 0 Error status, 1 SMART / Health status,
+    /// 2 Notice, 6 I/O Command specific status, 7 Vendor specific.
+    pub kind: u8,
+    /// Asynchronous Event Information (bits 15:8): which event of its type.
+    pub info: u8,
+    /// Log Page Identifier (bits 23:16): reading it (Retain Asynchronous Event cleared)
+    /// lets the controller report events of this type again.
+    pub log_page: u8,
+}
+
+impl AsyncEvent {
+    /// The event in completion dword 0 `dw0`.
+    pub fn from_dw0(dw0: u32) -> Self {
+        AsyncEvent {
+            kind: (dw0 & 0x7) as u8,
+            info: (dw0 >> 8) as u8,
+            log_page: (dw0 >> 16) as u8,
+        }
+    }
+
+    /// Completion dword 0 that reports this event.
+    pub fn to_dw0(self) -> u32 {
+        u32::from(self.kind & 0x7) | u32::from(self.info) << 8 | u32::from(self.log_page) << 16
+    }
+
+    /// The event's name as the specification writes it (type, and for a Notice its
+    /// information).
+    pub fn name(&self) -> &'static str {
+        match (self.kind, self.info) {
+            (0, _) => "error status",
+            (1, _) => "smart / health status",
+            (2, 0x00) => "notice: namespace attribute changed",
+            (2, 0x01) => "notice: firmware activation starting",
+            (2, 0x02) => "notice: telemetry log changed",
+            (2, 0x03) => "notice: asymmetric namespace access change",
+            (2, 0xF0) => "notice: discovery log page change",
+            (2, _) => "notice",
+            (6, _) => "i/o command specific status",
+            (7, _) => "vendor specific",
+            _ => "reserved event type",
+        }
+    }
+
+    /// How many bytes of its log page to read to clear it: enough for the log's header or
+    /// its entries, bounded.
+    pub fn clear_len(&self) -> usize {
+        match self.log_page {
+            lid::ERROR_INFORMATION => 64,
+            lid::CHANGED_NAMESPACES => 4096,
+            lid::DISCOVERY => 1024,
+            _ => 512,
+        }
+    }
 }
 
 /// The NSID that addresses all namespaces.
@@ -499,6 +565,27 @@ impl Cqe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn async_event_dword_0() {
+        // Notice (2), namespace attribute changed (00h), Changed Namespace List (04h).
+        let e = AsyncEvent::from_dw0(0x0004_0002);
+        assert_eq!(
+            e,
+            AsyncEvent {
+                kind: 2,
+                info: 0,
+                log_page: lid::CHANGED_NAMESPACES
+            }
+        );
+        assert_eq!(e.name(), "notice: namespace attribute changed");
+        assert_eq!(e.to_dw0(), 0x0004_0002);
+        assert_eq!(e.clear_len(), 4096);
+        // SMART / Health (1), temperature threshold (01h), SMART log (02h).
+        let s = AsyncEvent::from_dw0(0x0002_0101);
+        assert_eq!((s.kind, s.info, s.log_page), (1, 1, lid::SMART_HEALTH));
+        assert_eq!(s.name(), "smart / health status");
+    }
 
     #[test]
     fn sqe_bytes_round_trip() {

@@ -15,7 +15,7 @@ pub mod status;
 pub mod tcp;
 pub mod zns;
 
-pub use cmd::{admin_opc, cns, csi, fid, lid, nvm_opc, Cqe, DsmRange, Sqe, NSID_ALL};
+pub use cmd::{admin_opc, cns, csi, fid, lid, nvm_opc, AsyncEvent, Cqe, DsmRange, Sqe, NSID_ALL};
 pub use identify::{
     ErrorLogEntry, IdentifyController, IdentifyNamespace, LbaFormat, NsFormat, NsIdDescriptors,
     SmartLog, IDENTIFY_SIZE,

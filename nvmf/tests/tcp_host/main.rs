@@ -4,7 +4,8 @@
 //! R2T, split at MDTS), digests, several I/O queues and namespaces, the aio API over it,
 //! discovery, a target killed mid-write (no acknowledged write lost), randrw with many
 //! I/Os in flight over awkward transfers (`stress`), and responses a relay forges
-//! (`forged`); SQ flow control disabled on I/O queues, or kept (`sqflow`).
+//! (`forged`); SQ flow control disabled on I/O queues, or kept (`sqflow`); asynchronous
+//! events a relay reports (`events`).
 //!
 //! It lives here because it needs both crates: the driver does not depend on the target.
 
@@ -15,6 +16,7 @@ mod counting_alloc;
 mod aio;
 mod capi;
 mod discovery;
+mod events;
 mod forged;
 mod io;
 mod noalloc;

@@ -40,6 +40,11 @@ pub struct Link {
     pub(super) addr: String,
     cid: u16,
     timeout: Duration,
+    /// The CID of the Asynchronous Event Request outstanding ([`Link::arm_event`]); no
+    /// other command takes it.
+    aer: Option<u16>,
+    /// Its completion, when it came while another command was awaited.
+    aer_done: Option<Cqe>,
 }
 
 /// Resolves `host:port` and connects to the first address that answers within `timeout`.
@@ -82,6 +87,8 @@ impl Link {
             addr: ep.to_string(),
             cid: 0,
             timeout: ep.admin_timeout,
+            aer: None,
+            aer_done: None,
         };
         l.sock
             .set_read_timeout(Some(ep.admin_timeout))
@@ -219,7 +226,79 @@ impl Link {
     /// A command ID for the next command (admin queues run one command at a time).
     fn next_cid(&mut self) -> u16 {
         self.cid = self.cid.wrapping_add(1);
+        if Some(self.cid) == self.aer {
+            self.cid = self.cid.wrapping_add(1);
+        }
         self.cid
+    }
+
+    /// Sends an Asynchronous Event Request unless one is outstanding; its completion is
+    /// taken by [`Link::take_event`] whenever it comes (also while another command is
+    /// awaited).
+    pub fn arm_event(&mut self) -> Result<(), TcpError> {
+        if self.aer.is_some() || self.aer_done.is_some() {
+            return Ok(());
+        }
+        let cid = self.next_cid();
+        let mut sqe = crate::spec::Sqe::new(crate::spec::admin_opc::ASYNC_EVENT_REQUEST).to_bytes();
+        sqe[2..4].copy_from_slice(&cid.to_le_bytes());
+        sqe[1] = (sqe[1] & !0xc0) | 0x40; // PSDT 01b: SGLs.
+        Sgl::Transport { len: 0 }.encode(&mut sqe);
+        self.send_capsule(sqe, &[])?;
+        self.aer = Some(cid);
+        Ok(())
+    }
+
+    /// Whether an Asynchronous Event Request is outstanding.
+    pub fn event_armed(&self) -> bool {
+        self.aer.is_some()
+    }
+
+    /// The completion of the outstanding Asynchronous Event Request if it has come: one
+    /// that came while another command was awaited, else one waiting in the socket (looked
+    /// at without blocking). `None` when none came (or none is outstanding). Any other
+    /// PDU here is a protocol error: no other command is outstanding.
+    pub fn take_event(&mut self) -> Result<Option<Cqe>, TcpError> {
+        if let Some(c) = self.aer_done.take() {
+            return Ok(Some(c));
+        }
+        let Some(cid) = self.aer else {
+            return Ok(None);
+        };
+        self.sock
+            .set_nonblocking(true)
+            .map_err(|e| self.io("polling for an asynchronous event", e))?;
+        let peeked = self.sock.peek(&mut [0u8; 1]);
+        self.sock
+            .set_nonblocking(false)
+            .map_err(|e| self.io("polling for an asynchronous event", e))?;
+        match peeked {
+            Ok(0) => {
+                return Err(TcpError::Closed {
+                    addr: self.addr.clone(),
+                })
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(self.io("polling for an asynchronous event", e)),
+        }
+        match self.read_pdu(true)? {
+            (Pdu::CapsuleResp(c), _, _) => {
+                let cqe = cqe_of(&c);
+                if cqe.cid != cid {
+                    return Err(self.protocol(format!(
+                        "a response for cid {} while only the asynchronous event request (cid {cid}) is outstanding",
+                        cqe.cid
+                    )));
+                }
+                self.aer = None;
+                Ok(Some(cqe))
+            }
+            (other, _, _) => Err(self.protocol(format!(
+                "unexpected pdu type {:#x} while only an asynchronous event request is outstanding",
+                other.pdu_type()
+            ))),
+        }
     }
 
     /// Sends `sqe` (its CID set here) with `data_out` as in-capsule data and waits for its
@@ -273,8 +352,14 @@ impl Link {
             let (pdu, data, fl) = self.read_pdu(true)?;
             match pdu {
                 Pdu::CapsuleResp(c) => {
-                    let d = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
-                    let cqe = Cqe::from_dwords(d(0), d(4), d(8), d(12));
+                    let cqe = cqe_of(&c);
+                    if Some(cqe.cid) == self.aer && cqe.cid != cid {
+                        // The Asynchronous Event Request completed meanwhile: kept for
+                        // `take_event`.
+                        self.aer = None;
+                        self.aer_done = Some(cqe);
+                        continue;
+                    }
                     if cqe.cid != cid {
                         return Err(self.protocol(format!(
                             "a response for cid {} while cid {cid} is the one outstanding",
@@ -372,4 +457,10 @@ impl Link {
             })
         }
     }
+}
+
+/// The completion queue entry a CapsuleResp carries.
+fn cqe_of(c: &[u8; 16]) -> Cqe {
+    let d = |o: usize| u32::from_le_bytes([c[o], c[o + 1], c[o + 2], c[o + 3]]);
+    Cqe::from_dwords(d(0), d(4), d(8), d(12))
 }

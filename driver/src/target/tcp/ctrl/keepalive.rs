@@ -1,6 +1,7 @@
 //! The Keep Alive thread and controller recovery: Keep Alive every KATO/2 on the admin
-//! connection; when it fails (or an I/O queue that lost its connection asks), a new admin
-//! connection and controller (Connect, CC.EN, Number of Queues) with back-off, until the
+//! connection, asynchronous events looked for every [`EVENT_POLL`]; when the connection
+//! fails (or an I/O queue that lost its connection asks), a new admin connection and
+//! controller (Connect, CC.EN, Number of Queues, events) with back-off, until the
 //! controller loss timeout; the I/O queues then connect again with the new CNTLID. Past
 //! the timeout the controller is lost, and its queues fail what they hold.
 
@@ -9,9 +10,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::spec::{admin_opc, Sqe};
+use crate::spec::{admin_opc, AsyncEvent, Sqe, NSID_ALL};
 
-use super::{connect_admin, set_queues, Admin};
+use super::{connect_admin, enable_events, set_queues, Admin};
+
+/// How often the thread looks for an asynchronous event's completion in the socket.
+pub(in crate::target::tcp) const EVENT_POLL: Duration = Duration::from_millis(100);
 
 /// The first wait between reconnect attempts; it doubles up to [`MAX_BACKOFF`].
 pub(in crate::target::tcp) const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -61,6 +65,34 @@ impl Admin {
         self.wake.notify_all();
     }
 
+    /// Handles the asynchronous events that came: each is logged and kept, its log page
+    /// read (RAE cleared, so the controller reports that type again) and a new request
+    /// sent. A request completed with an error is not sent again (the controller refuses
+    /// or aborted it). `Err` when the admin connection is gone.
+    fn events(&self) -> Result<(), super::TcpError> {
+        loop {
+            let mut link = self.link();
+            let Some(cqe) = link.take_event()? else {
+                return Ok(());
+            };
+            let status = cqe.status();
+            if !status.is_success() {
+                tracing::debug!(addr = %self.opts.endpoint, %status, "nvme/tcp: asynchronous event request ended with an error; not sent again");
+                return Ok(());
+            }
+            let e = AsyncEvent::from_dw0(cqe.dw0);
+            tracing::info!(addr = %self.opts.endpoint, event = e.name(), kind = e.kind, info = e.info, log_page = e.log_page, "nvme/tcp asynchronous event");
+            self.note_event(e);
+            let len = e.clear_len();
+            let sqe = Sqe::get_log_page(e.log_page, NSID_ALL, (len / 4) as u32, 0, 0, 0).to_bytes();
+            let (c, _) = link.command(sqe, &[], len)?;
+            if let Err(err) = link.check(&c, "get log page (clearing an asynchronous event)") {
+                tracing::debug!(error = %err, "nvme/tcp: the event's log page was not read");
+            }
+            link.arm_event()?;
+        }
+    }
+
     /// One Keep Alive; `Err` when the admin connection is gone.
     fn keep_alive(&self) -> Result<(), super::TcpError> {
         let sqe = Sqe::new(admin_opc::KEEP_ALIVE).to_bytes();
@@ -79,6 +111,9 @@ impl Admin {
         loop {
             let made = connect_admin(&self.opts).and_then(|(mut link, cntlid, _, _)| {
                 set_queues(&mut link, self.opts.queues)?;
+                if let Some(oaes) = self.oaes {
+                    enable_events(&mut link, oaes)?;
+                }
                 Ok((link, cntlid))
             });
             match made {
@@ -102,23 +137,36 @@ impl Admin {
     }
 }
 
-/// The thread: Keep Alive every KATO/2 (only when asked when KATO is zero), recovery when
-/// it fails.
+/// The thread: Keep Alive every KATO/2 (only when asked when KATO is zero), asynchronous
+/// events every [`EVENT_POLL`] while a request is outstanding, recovery when either fails.
 fn run(a: Arc<Admin>) {
     let every = if a.opts.kato.is_zero() {
         Duration::from_secs(3600)
     } else {
         a.opts.kato / 2
     };
+    let mut next = Instant::now() + every;
     loop {
-        if let Woke::Stop = a.wait(every) {
-            return;
+        let mut wait = next.saturating_duration_since(Instant::now());
+        if a.link().event_armed() {
+            wait = wait.min(EVENT_POLL);
         }
-        if let Err(e) = a.keep_alive() {
+        let r = match a.wait(wait) {
+            Woke::Stop => return,
+            Woke::Kick => a.keep_alive(),
+            Woke::Time if Instant::now() >= next => a.keep_alive(),
+            Woke::Time => Ok(()),
+        };
+        let r = r.and_then(|()| a.events());
+        if Instant::now() >= next {
+            next = Instant::now() + every;
+        }
+        if let Err(e) = r {
             if !a.recover(&e) {
                 a.lost.store(true, Ordering::Release);
                 return;
             }
+            next = Instant::now() + every;
         }
     }
 }

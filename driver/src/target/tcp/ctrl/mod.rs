@@ -4,10 +4,18 @@
 //! the admin queue (CNTLID FFFFh, KATO), Property Get CAP and VS, Property Set CC (EN with
 //! the 64/16-byte entry sizes) and Property Get CSTS until RDY (bounded by CAP.TO),
 //! Identify Controller (MDTS, IOCCSZ, ICDOFF, NN, ONCS, VWC), the active namespace list and
-//! each namespace, Set Features Number of Queues. Keep Alive then goes out every KATO/2
-//! from a thread of its own; dropping the last handle (every queue holds one) stops it,
-//! sets CC.SHN to normal shutdown and waits (bounded) for CSTS.SHST to say complete.
+//! each namespace, Set Features Number of Queues, Set Features Asynchronous Event
+//! Configuration (the notices OAES offers: namespace attribute, firmware activation,
+//! discovery log change) and one Asynchronous Event Request. Keep Alive then goes out
+//! every KATO/2 from a thread of its own, which also looks for the Asynchronous Event
+//! Request's completion every 100 ms (and takes one that comes during any other admin
+//! command): the event is logged and kept ([`TcpController::async_events`]), its log page
+//! read with Retain Asynchronous Event cleared so the controller reports that type again,
+//! and a new request sent. A request the controller completes with an error is not sent
+//! again. Dropping the last handle (every queue holds one) stops the thread, sets CC.SHN to
+//! normal shutdown and waits (bounded) for CSTS.SHST to say complete.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -17,7 +25,9 @@ use crate::hw::dma::{DmaPool, DmaPoolOptions, IdentityMapper};
 use crate::parse::TcpSpec;
 use crate::spec::fabrics::{ctrl_off, prop, PropertyCmd, DISCOVERY_NQN};
 use crate::spec::identify::{parse_active_ns_list, IDENTIFY_SIZE};
-use crate::spec::{cns, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, Sqe, Vs};
+use crate::spec::{
+    cns, fid, AsyncEvent, Cap, Cc, Csts, IdentifyController, IdentifyNamespace, Sqe, Vs,
+};
 use crate::target::TargetInfo;
 
 use super::hostnqn::{default_identity, HostIdentity};
@@ -129,12 +139,52 @@ pub(super) struct Admin {
     cntlid: AtomicU32,
     /// How to connect again.
     opts: TcpOpenOptions,
+    /// Identify Controller's OAES (which notices the controller can report), for the
+    /// Asynchronous Event Configuration of each new admin connection; `None` on a
+    /// discovery controller, which gets no Asynchronous Event Request.
+    oaes: Option<u32>,
+    /// The most recent asynchronous events, oldest first (at most [`MAX_EVENTS`]).
+    events: Mutex<VecDeque<AsyncEvent>>,
+    /// Asynchronous events reported since the controller was opened.
+    events_seen: AtomicU64,
 }
+
+/// Asynchronous events a controller keeps for [`TcpController::async_events`].
+pub const MAX_EVENTS: usize = 64;
 
 impl Admin {
     pub(super) fn link(&self) -> MutexGuard<'_, Link> {
         self.link.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Notes an asynchronous event the controller reported.
+    pub(super) fn note_event(&self, e: AsyncEvent) {
+        let mut q = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == MAX_EVENTS {
+            q.pop_front();
+        }
+        q.push_back(e);
+        self.events_seen.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Notices a host asks for in the Asynchronous Event Configuration when the controller
+/// reports them in OAES: Namespace Attribute (bit 8), Firmware Activation (bit 9) and
+/// Discovery Log Page Change (bit 31), as Linux's initiator.
+const AEC_NOTICES: u32 = (1 << 8) | (1 << 9) | (1 << 31);
+
+/// Turns on the notices the controller offers (Set Features Asynchronous Event
+/// Configuration; a refusal is logged, not fatal) and sends an Asynchronous Event Request.
+pub(super) fn enable_events(link: &mut Link, oaes: u32) -> Result<(), TcpError> {
+    let aec = oaes & AEC_NOTICES;
+    if aec != 0 {
+        let sqe = Sqe::set_features(fid::ASYNC_EVENT_CONFIG, aec).to_bytes();
+        let (cqe, _) = link.command(sqe, &[], 0)?;
+        if let Err(e) = link.check(&cqe, "set features (asynchronous event configuration)") {
+            tracing::debug!(error = %e, "nvme/tcp: asynchronous notices stay off");
+        }
+    }
+    link.arm_event()
 }
 
 /// What Identify and the properties said, fixed at bring-up.
@@ -209,7 +259,9 @@ impl TcpController {
             Vec::new()
         } else {
             facts.granted = set_queues(&mut link, opts.queues)?;
-            namespaces(&mut link, opts, &facts)?
+            let ns = namespaces(&mut link, opts, &facts)?;
+            enable_events(&mut link, facts.identify.oaes)?;
+            ns
         };
         let admin = Arc::new(Admin {
             link: Mutex::new(link),
@@ -218,6 +270,9 @@ impl TcpController {
             lost: AtomicBool::new(false),
             cntlid: AtomicU32::new(u32::from(cntlid)),
             opts: opts.clone(),
+            oaes: (!discovery).then_some(facts.identify.oaes),
+            events: Mutex::new(VecDeque::with_capacity(MAX_EVENTS)),
+            events_seen: AtomicU64::new(0),
         });
         let ka = keepalive::start(&admin);
         Ok(TcpController {
@@ -266,6 +321,22 @@ impl TcpController {
     /// controller loss timeout.
     pub fn is_lost(&self) -> bool {
         self.sh.admin.lost.load(Ordering::Acquire)
+    }
+    /// The most recent asynchronous events the controller reported (at most
+    /// [`MAX_EVENTS`], oldest first). Each was cleared by reading its log page and another
+    /// Asynchronous Event Request sent (see the module documentation).
+    pub fn async_events(&self) -> Vec<AsyncEvent> {
+        let q = self
+            .sh
+            .admin
+            .events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        q.iter().copied().collect()
+    }
+    /// How many asynchronous events the controller reported since it was opened.
+    pub fn async_event_count(&self) -> u64 {
+        self.sh.admin.events_seen.load(Ordering::Relaxed)
     }
     /// The controller's CNTLID now (I/O queues connect with it; a reconnect changes it).
     pub fn cntlid(&self) -> u16 {
