@@ -157,3 +157,74 @@ fn without_a_restart_the_requests_fail_after_ctrl_loss_tmo() {
         Err(IoError::Os(libc::ENOTCONN))
     );
 }
+
+/// In interrupt mode a poller watches each queue's interrupt fd from the queue's set-up
+/// on (`InterruptWait::watch`, as the aio reactor does). After the target is killed and
+/// restarted, the reconnected queue must still wake that same watch when a response
+/// comes, not leave its poller to its wait's time-out.
+#[test]
+fn the_interrupt_fd_watched_at_set_up_still_wakes_after_a_reconnect() {
+    let ns = kestrel::target_spec::open("emu:size=64M,core=none").unwrap();
+    let srv = serve(&ns, "127.0.0.1:0".parse().unwrap());
+    let addr = srv.local_addr();
+    let t =
+        kestrel::target_spec::open(&format!("tcp:{addr}/{NQN},kato=1s,ctrl_loss_tmo=30s")).unwrap();
+    let mut q = t
+        .create_queue(&kestrel::target::QueueOptions {
+            depth: 8,
+            interrupts: true,
+            ..Default::default()
+        })
+        .expect("queue connects");
+    let buf = q.lend(t.dma_pool().alloc(8192).unwrap()).unwrap();
+    let wait = kestrel::aio::notify::InterruptWait::new().unwrap();
+    wait.watch(q.interrupt_fd().expect("an interrupt fd"))
+        .unwrap();
+    // One write before, to see the watch work at all.
+    let (w, r) = (buf.sub(0, 4096).unwrap(), buf.sub(4096, 4096).unwrap());
+    q.write_lent(&w, 0, &pattern(4096, 1)).unwrap();
+    q.submit(IoRequest::write(1, 5, 1, w, 1)).unwrap();
+    q.flush();
+    assert!(wait.wait(Duration::from_secs(5)), "woken by the response");
+    assert_eq!(reap(q.as_mut(), 1)[0].result, Ok(()));
+    // The target goes and comes back; a write through the gap reconnects the queue.
+    drop(srv);
+    let ns2 = Arc::clone(&ns);
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        serve(&ns2, addr)
+    });
+    q.write_lent(&w, 0, &pattern(4096, 2)).unwrap();
+    q.submit(IoRequest::write(1, 5, 1, w, 2)).unwrap();
+    q.flush();
+    assert_eq!(reap(q.as_mut(), 1)[0].result, Ok(()));
+    let _srv = back.join().unwrap();
+    assert!(
+        q.stats().resets >= 1,
+        "the queue reconnected: {:?}",
+        q.stats()
+    );
+    // Drain what the old connection left readable, then the watch must hear the new one.
+    let end = Instant::now() + Duration::from_secs(5);
+    while q.arm_interrupt() {
+        assert!(
+            Instant::now() < end,
+            "the queue stays busy with nothing in flight"
+        );
+        q.poll(0, &mut |_| {});
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    q.submit(IoRequest::read(1, 5, 1, r, 3)).unwrap();
+    q.flush();
+    assert!(
+        wait.wait(Duration::from_secs(5)),
+        "the reconnected queue woke the watch made at set-up"
+    );
+    assert_eq!(reap(q.as_mut(), 1)[0].result, Ok(()));
+    let mut got = vec![0u8; 4096];
+    q.read_lent(&r, 0, &mut got).unwrap();
+    assert!(
+        got == pattern(4096, 2),
+        "the write made through the gap reads back"
+    );
+}

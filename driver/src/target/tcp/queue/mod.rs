@@ -27,7 +27,7 @@
 
 use std::collections::VecDeque;
 use std::net::TcpStream;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use crate::hw::dma::{Leases, LeasesMut};
@@ -198,6 +198,27 @@ fn open_conn(
     Ok((sock, neg, addr))
 }
 
+/// A level-triggered epoll set holding `sock` (readable), whose own fd is readable while
+/// the socket is: a queue's interrupt fd that survives reconnects.
+fn wake_set(sock: &TcpStream) -> std::io::Result<OwnedFd> {
+    use rustix::event::epoll;
+    let set = epoll::create(epoll::CreateFlags::CLOEXEC)?;
+    watch(&set, sock)?;
+    Ok(set)
+}
+
+/// Puts `sock` in the epoll set `set` (readable, level-triggered).
+fn watch(set: &OwnedFd, sock: &TcpStream) -> std::io::Result<()> {
+    use rustix::event::epoll;
+    epoll::add(
+        set,
+        sock,
+        epoll::EventData::new_u64(0),
+        epoll::EventFlags::IN,
+    )?;
+    Ok(())
+}
+
 /// What the receive side is reading.
 #[derive(Clone, Copy, Debug)]
 enum Rx {
@@ -247,6 +268,11 @@ pub struct TcpQueue {
     timeout: Duration,
     immediate: bool,
     interrupts: bool,
+    /// With interrupts: an epoll set holding the connection's socket, the queue's
+    /// [`TargetQueue::interrupt_fd`] (readable while the socket is). It outlives the
+    /// socket: a reconnect puts the new socket in it (the old one leaves it as it closes),
+    /// so a poller that watches it at set-up still hears the queue afterwards.
+    wake: Option<OwnedFd>,
     leases: Leases,
     reqs: Vec<Req>,
     free_reqs: Vec<u16>,
@@ -319,6 +345,15 @@ impl TcpQueue {
             .min(f.cap.max_queue_entries())
             .max(2);
         let (sock, neg, addr) = open_conn(ctrl, qid, depth)?;
+        let wake = if opts.interrupts {
+            Some(wake_set(&sock).map_err(|source| TcpError::Io {
+                addr: addr.clone(),
+                what: "making the queue's interrupt epoll set",
+                source,
+            })?)
+        } else {
+            None
+        };
         let slots = depth - 1;
         let nreqs = slots + opts.sw_queue_depth.min(MAX_SW_QUEUE);
         let bs = info.block_size;
@@ -342,6 +377,7 @@ impl TcpQueue {
             timeout: opts.timeout.unwrap_or(o.io_timeout),
             immediate: opts.immediate_doorbell,
             interrupts: opts.interrupts,
+            wake,
             leases: Leases::new(ctrl.dma_pool()),
             reqs: vec![req; nreqs as usize],
             free_reqs: (0..nreqs as u16).rev().collect(),
@@ -547,10 +583,11 @@ impl TargetQueue for TcpQueue {
         })
     }
     fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.interrupts.then(|| self.sock.as_fd())
+        self.wake.as_ref().map(|w| w.as_fd())
     }
     fn arm_interrupt(&mut self) -> bool {
-        // The socket is the interrupt: readable when a PDU arrives. Anything already
+        // The socket is the interrupt (through the `wake` set): readable when a PDU
+        // arrives. Anything already
         // waiting here (completions, PDUs to send, requests without a command, PDUs
         // received into the stage and not yet handled) must be polled instead of slept on.
         if !self.done.is_empty()

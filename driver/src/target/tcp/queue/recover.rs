@@ -107,6 +107,14 @@ impl TcpQueue {
         match open_conn(&self.ctrl, self.qid, self.depth) {
             Ok((sock, neg, _)) => {
                 tracing::info!(addr = %self.addr, qid = self.qid, waiting = self.pending.len(), "nvme/tcp i/o queue reconnected");
+                if let Some(w) = &self.wake {
+                    // The poller watches `wake`, not the socket: the new socket joins it
+                    // (the old one left it when it closed). Without it the poller would
+                    // hear this queue only at its wait's time-out.
+                    if let Err(e) = super::watch(w, &sock) {
+                        tracing::warn!(addr = %self.addr, qid = self.qid, error = %e, "nvme/tcp: the reconnected socket is not watched; the queue is polled at the wait's time-out");
+                    }
+                }
                 self.sock = sock;
                 self.neg = neg;
                 self.recon = None;
