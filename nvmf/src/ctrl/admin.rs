@@ -7,6 +7,7 @@ impl Controller {
     pub(super) fn identify(
         &self,
         cns_v: u8,
+        csi_v: u8,
         nsid: u32,
         out: &mut Vec<u8>,
         lim: &Limits,
@@ -15,6 +16,14 @@ impl Controller {
         match cns_v {
             cns::CONTROLLER => {
                 out.extend_from_slice(&self.identify_controller(lim)[..]);
+                ok(0)
+            }
+            // The NVM Command Set's Identify Controller data structure (Linux's initiator
+            // asks for it at every connect and logs the error when refused): all zeroes,
+            // that is no size limit of its own for Verify, Write Zeroes, Write
+            // Uncorrectable or Dataset Management, as Linux's target answers.
+            cns::CONTROLLER_CSI if csi_v == kestrel::spec::csi::NVM && !sub.is_discovery() => {
+                out.extend_from_slice(&[0u8; IDENTIFY_SIZE]);
                 ok(0)
             }
             cns::NAMESPACE | cns::NS_ID_DESCRIPTORS => {

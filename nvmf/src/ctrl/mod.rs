@@ -548,7 +548,9 @@ impl Controller {
         let cdw11 = rd32(sqe, 44);
         out.clear();
         match opc {
-            admin_opc::IDENTIFY => self.identify(cdw10 as u8, nsid, out, &shared.limits),
+            admin_opc::IDENTIFY => {
+                self.identify(cdw10 as u8, (cdw11 >> 24) as u8, nsid, out, &shared.limits)
+            }
             admin_opc::GET_LOG_PAGE => {
                 let numd = ((cdw10 >> 16) | ((cdw11 & 0xffff) << 16)) as u64 + 1;
                 let off = rd32(sqe, 48) as u64 | ((rd32(sqe, 52) as u64) << 32);

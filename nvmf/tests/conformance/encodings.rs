@@ -187,6 +187,31 @@ fn mandatory_features_are_served() {
     srv.shutdown();
 }
 
+/// Identify CNS 06h (I/O Command Set specific Identify Controller), which Linux's
+/// initiator asks for at every connect: for the NVM Command Set (CSI 0) the structure is
+/// served (all zeroes: no limits of its own), for another command set, or on a discovery
+/// controller, it is Invalid Field.
+#[test]
+fn identify_of_the_nvm_command_set_controller_data() {
+    const CNS_CONTROLLER_CSI: u32 = 0x06;
+    let srv = server(true, &[]);
+    let (mut a, _) = admin_up(srv.local_addr(), NQN, hostnqn(), 0);
+    let r = a.exec(sqe(IDENTIFY, 0, CNS_CONTROLLER_CSI, 0), Data::Read(4096));
+    assert!(r.cqe.ok(), "nvm command set: {:?}", r.cqe);
+    assert!(r.data.len() == 4096 && r.data.iter().all(|&b| b == 0));
+    // Zoned Namespace Command Set (CSI 02h in CDW11 bits 31:24): not offered.
+    let r = a.exec(
+        sqe(IDENTIFY, 0, CNS_CONTROLLER_CSI, 2 << 24),
+        Data::Read(4096),
+    );
+    assert!(r.cqe.is(0, 0x02), "zoned command set: {:?}", r.cqe);
+    let (mut d, _) = admin_up(srv.local_addr(), DISCOVERY_NQN, hostnqn(), 0);
+    let r = d.exec(sqe(IDENTIFY, 0, CNS_CONTROLLER_CSI, 0), Data::Read(4096));
+    assert!(r.cqe.is(0, 0x02), "discovery controller: {:?}", r.cqe);
+    assert!(a.violations.is_empty() && d.violations.is_empty());
+    srv.shutdown();
+}
+
 /// The Connect data may come through R2T and H2CData (a Transport SGL) as well as in the
 /// capsule: the specifications let the host choose, on the admin and I/O queues.
 #[test]
