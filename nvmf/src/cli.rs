@@ -76,6 +76,53 @@ pub struct ServeArgs {
     /// Data buffer per I/O queue in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 2 << 20)]
     pub queue_buffer: u32,
+    /// Connections open at once on the whole server; a connection beyond it is closed at
+    /// accept (docs/nvme-tcp.md, "Limits" and "Memory and time budget").
+    #[arg(long, value_name = "N", default_value_t = 256, help_heading = "Bounds")]
+    pub max_connections: u32,
+    /// Controllers alive at once per subsystem.
+    #[arg(long, value_name = "N", default_value_t = 16, help_heading = "Bounds")]
+    pub max_controllers: u16,
+    /// Of those, discovery controllers of hosts no allow-list names; the rest is kept for
+    /// listed hosts.
+    #[arg(long, value_name = "N", default_value_t = 4, help_heading = "Bounds")]
+    pub max_unauth_controllers: u16,
+    /// Connections that have not sent their Connect yet, server wide; a new one beyond it
+    /// closes the oldest of them.
+    #[arg(long, value_name = "N", default_value_t = 64, help_heading = "Bounds")]
+    pub max_pending: u32,
+    /// Data buffers of one admin queue of a listed host, in bytes; a command beyond it
+    /// waits in the socket.
+    #[arg(long, value_name = "BYTES", default_value_t = 128 << 10, help_heading = "Bounds")]
+    pub admin_buffer: u32,
+    /// The same for a discovery admin queue of a host no allow-list names.
+    #[arg(long, value_name = "BYTES", default_value_t = 32 << 10, help_heading = "Bounds")]
+    pub unauth_buffer: u32,
+    /// Time from accept to a successful Connect, milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 10_000,
+        help_heading = "Bounds"
+    )]
+    pub connect_timeout_ms: u32,
+    /// Time to receive a PDU whole once its first byte came, milliseconds, whatever KATO
+    /// says.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 10_000,
+        help_heading = "Bounds"
+    )]
+    pub pdu_timeout_ms: u32,
+    /// Time for all the data an R2T asked for to arrive, milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 30_000,
+        help_heading = "Bounds"
+    )]
+    pub r2t_timeout_ms: u32,
     /// Allow VFIO's unsafe noiommu mode for pci targets.
     #[arg(long)]
     pub noiommu: bool,
@@ -208,6 +255,15 @@ pub fn build_config(
             max_io_size: a.max_io_size,
             queue_buffer: a.queue_buffer,
             poll: a.poll,
+            max_connections: a.max_connections,
+            max_controllers: a.max_controllers,
+            max_unauth_controllers: a.max_unauth_controllers,
+            max_pending: a.max_pending,
+            admin_buffer: a.admin_buffer,
+            unauth_buffer: a.unauth_buffer,
+            connect_timeout_ms: a.connect_timeout_ms,
+            pdu_timeout_ms: a.pdu_timeout_ms,
+            r2t_timeout_ms: a.r2t_timeout_ms,
             ..Limits::default()
         },
     };
@@ -386,5 +442,74 @@ mod tests {
         assert_eq!(cfg.subsystems[1].nqn, "nqn.2026-12.io.kestrel:emu1");
         assert_eq!(cfg.subsystems[1].namespaces.len(), 1);
         assert!(cfg.subsystems[1].allowed_hosts.is_empty());
+    }
+
+    #[test]
+    fn bounds_flags_reach_the_limits_and_default_to_them() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: ServeArgs,
+        }
+        let emu = || -> Vec<(String, Arc<dyn Target>)> {
+            vec![(
+                "emu".into(),
+                kestrel::target_spec::open("emu:size=1M,core=none").unwrap(),
+            )]
+        };
+        let a = P::parse_from(["serve", "--target", "emu"]).a;
+        let cfg = build_config(&a, emu()).unwrap();
+        assert_eq!(
+            cfg.limits,
+            Limits::default(),
+            "the flags' defaults are the library's"
+        );
+        let a = P::parse_from([
+            "serve",
+            "--target",
+            "emu",
+            "--max-connections",
+            "1000",
+            "--max-controllers",
+            "40",
+            "--max-unauth-controllers",
+            "8",
+            "--max-pending",
+            "100",
+            "--admin-buffer",
+            "65536",
+            "--unauth-buffer",
+            "16384",
+            "--connect-timeout-ms",
+            "2000",
+            "--pdu-timeout-ms",
+            "3000",
+            "--r2t-timeout-ms",
+            "4000",
+        ])
+        .a;
+        let l = build_config(&a, emu()).unwrap().limits;
+        assert_eq!(
+            (
+                l.max_connections,
+                l.max_controllers,
+                l.max_unauth_controllers,
+                l.max_pending
+            ),
+            (1000, 40, 8, 100)
+        );
+        assert_eq!((l.admin_buffer, l.unauth_buffer), (65536, 16384));
+        assert_eq!(
+            (l.connect_timeout_ms, l.pdu_timeout_ms, l.r2t_timeout_ms),
+            (2000, 3000, 4000)
+        );
+        // A bound that leaves listed hosts no room is refused, naming the flags.
+        let a = P::parse_from(["serve", "--target", "emu", "--max-pending", "300"]).a;
+        let e = build_config(&a, emu()).err().expect("refused").to_string();
+        assert!(
+            e.contains("--max-pending") && e.contains("--max-connections"),
+            "{e}"
+        );
     }
 }

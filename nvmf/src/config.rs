@@ -17,7 +17,7 @@ pub fn subsystem_nqn(name: &str) -> String {
 
 /// Limits on what hosts may ask for. Every buffer is sized from these when a queue
 /// connects; nothing grows after that.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// I/O queues per controller (Set Features Number of Queues is clamped to it).
     pub max_io_queues: u16,
@@ -332,13 +332,14 @@ impl Limits {
         ] {
             if !(16 << 10..=16 << 20).contains(&v) {
                 return bad(format!(
-                    "the {what} queue buffer {v} is outside 16 KiB..=16 MiB"
+                    "the {what} queue buffer {v} is outside 16 KiB..=16 MiB (--{}-buffer)",
+                    if what == "admin" { "admin" } else { "unauth" }
                 ));
             }
         }
         if l.max_pending == 0 || l.max_pending >= l.max_connections {
             return bad(format!(
-                "connections before connect ({}) must be 1 to fewer than the connections ({})",
+                "connections before connect ({}, --max-pending) must be 1 to fewer than the connections ({}, --max-connections)",
                 l.max_pending, l.max_connections
             ));
         }
@@ -346,8 +347,9 @@ impl Limits {
             || l.max_unauth_controllers as u32 + l.max_pending >= l.max_connections
         {
             return bad(format!(
-                "unauthenticated discovery controllers ({}) must leave room to listed hosts \
-                 (fewer than {} controllers and, with {} pending, {} connections)",
+                "unauthenticated discovery controllers ({}, --max-unauth-controllers) must leave \
+                 room to listed hosts (fewer than {} controllers and, with {} pending, {} \
+                 connections)",
                 l.max_unauth_controllers, l.max_controllers, l.max_pending, l.max_connections
             ));
         }
@@ -357,7 +359,9 @@ impl Limits {
             ("r2t", l.r2t_timeout_ms),
         ] {
             if v < 100 {
-                return bad(format!("the {what} timeout {v} ms is below 100 ms"));
+                return bad(format!(
+                    "the {what} timeout {v} ms is below 100 ms (--{what}-timeout-ms)"
+                ));
             }
         }
         Ok(())
