@@ -160,12 +160,9 @@ impl NullQueue {
         if r >= self.regions.len() {
             self.regions = self.pool.regions();
         }
-        let Some(&(base, len)) = self.regions.get(r) else {
-            return false;
-        };
-        base == s.region_vaddr
-            && s.vaddr >= base
-            && s.vaddr.checked_add(s.len).is_some_and(|e| e <= base + len)
+        self.regions
+            .get(r)
+            .is_some_and(|&(base, len)| s.lies_in(base, len))
     }
 
     /// Checks a request as a device would: operation, range, lengths, buffers.

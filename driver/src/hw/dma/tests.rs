@@ -153,3 +153,30 @@ fn slices() {
     assert!(a.slice(16000, 512).is_err());
     assert!(s.sub(0, 513).is_none());
 }
+
+#[test]
+fn a_slice_lies_in_its_own_region_only() {
+    let base = 0x10_0000usize;
+    let s = |vaddr: usize, len: usize, region_vaddr: usize| DmaSlice {
+        region_vaddr,
+        ..DmaSlice::unleased(vaddr, 0, len)
+    };
+    assert!(s(base, 4096, base).lies_in(base, 8192));
+    assert!(
+        s(base + 4096, 4096, base).lies_in(base, 8192),
+        "ends at the end"
+    );
+    assert!(
+        !s(base + 4097, 4096, base).lies_in(base, 8192),
+        "runs past the end"
+    );
+    assert!(!s(base - 1, 16, base).lies_in(base, 8192), "starts before");
+    assert!(
+        !s(base, 4096, base + 1).lies_in(base, 8192),
+        "names another region"
+    );
+    assert!(
+        !s(usize::MAX - 8, 16, base).lies_in(base, 8192),
+        "wraps around"
+    );
+}

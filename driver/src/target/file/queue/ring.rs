@@ -137,14 +137,9 @@ impl FileQueue {
         if r >= self.regions.len() {
             self.refresh_regions();
         }
-        let Some(reg) = self.regions.get(r) else {
-            return false;
-        };
-        reg.base == s.region_vaddr
-            && s.vaddr >= reg.base
-            && s.vaddr
-                .checked_add(s.len)
-                .is_some_and(|e| e <= reg.base + reg.len)
+        self.regions
+            .get(r)
+            .is_some_and(|reg| s.lies_in(reg.base, reg.len))
     }
 
     /// The fixed-buffer index for a slice already checked with [`Self::in_pool`].
