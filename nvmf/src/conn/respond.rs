@@ -143,11 +143,20 @@ impl Conn {
         release: Option<u16>,
         pda: u8,
     ) {
-        let mut big = [0u8; 160];
-        let n = p.encode(&mut big, self.hdgst, ddgst.is_some(), fl, data_len, pda);
         let hdr_len = p.hlen() + if self.hdgst { DIGEST_LEN } else { 0 };
         let mut hdr = [0u8; 32];
-        hdr[..hdr_len].copy_from_slice(&big[..hdr_len]);
+        let n = if p.encoded_len(self.hdgst, data_len, pda) <= hdr.len() {
+            // Header, digest and padding fit: encoded in place (every per-command PDU
+            // with the host's usual HPDA of 0).
+            p.encode(&mut hdr, self.hdgst, ddgst.is_some(), fl, data_len, pda)
+        } else {
+            // Padding up to 128 bytes: encoded aside, the header kept (the padding goes
+            // out from static zeroes).
+            let mut big = [0u8; 160];
+            let n = p.encode(&mut big, self.hdgst, ddgst.is_some(), fl, data_len, pda);
+            hdr[..hdr_len].copy_from_slice(&big[..hdr_len]);
+            n
+        };
         self.push_tx(TxItem {
             hdr,
             hlen: hdr_len as u8,

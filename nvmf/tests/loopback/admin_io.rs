@@ -207,6 +207,31 @@ fn sq_flow_control_off_uses_the_success_flag() {
     exercise(false, true, true);
 }
 
+/// The host's PDU data alignment (HPDA, ICReq): every C2HData's data starts at a multiple
+/// of `(HPDA + 1) * 4` bytes, after zero padding, with and without header digests; reads
+/// come back whole. HPDA 3 and 7 pad within the header's 32 bytes, 15 and 31 beyond.
+#[test]
+fn reads_honour_the_hosts_pdu_data_alignment() {
+    let srv = server();
+    let addr = srv.local_addr();
+    for hdgst in [false, true] {
+        for hpda in [0u8, 3, 7, 15, 31] {
+            let mut a = Host::connect_with_hpda(addr, hdgst, false, hpda);
+            let cntlid = a.admin_up(NQN, 10_000);
+            let mut io = Host::connect_with_hpda(addr, hdgst, false, hpda);
+            let c = io.fabric_connect(1, 31, cntlid, 0, 0, NQN, HOSTNQN);
+            assert!(c.status.is_success(), "io connect: {:?}", c.status);
+            let d = pattern(8192, hpda ^ hdgst as u8);
+            let (c, _) = io.cmd(rw(0x01, 64, 2), &d, true, 0);
+            assert!(c.status.is_success(), "write: {:?}", c.status);
+            let (c, back) = io.cmd(rw(0x02, 64, 2), &[], false, 8192);
+            assert!(c.status.is_success(), "read: {:?}", c.status);
+            assert!(back == d, "hpda {hpda}, hdgst {hdgst}: data read back");
+        }
+    }
+    srv.shutdown();
+}
+
 /// 32 pipelined reads through a target queue of 2 entries: the target refuses as busy those
 /// that find it full, the reactor submits them again from its retry FIFO, and every one
 /// completes with its data.

@@ -22,6 +22,9 @@ pub struct Host {
     maxh2c: u32,
     cid: u16,
     qid: u16,
+    /// HPDA asked in ICReq: data of the target's PDUs must start at a multiple of
+    /// `(hpda + 1) * 4` bytes (checked in `recv`).
+    hpda: u8,
 }
 
 /// A completion as the host sees it.
@@ -61,6 +64,11 @@ impl Cqe {
 
 impl Host {
     pub fn connect(addr: SocketAddr, hdgst: bool, ddgst: bool) -> Host {
+        Host::connect_with_hpda(addr, hdgst, ddgst, 0)
+    }
+
+    /// [`Host::connect`] asking for host PDU data alignment `hpda` (0's based dwords).
+    pub fn connect_with_hpda(addr: SocketAddr, hdgst: bool, ddgst: bool, hpda: u8) -> Host {
         let s = TcpStream::connect(addr).expect("tcp connect");
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         s.set_nodelay(true).unwrap();
@@ -71,11 +79,12 @@ impl Host {
             maxh2c: 0,
             cid: 0,
             qid: 0,
+            hpda,
         };
         let mut b = [0u8; 128];
         Pdu::IcReq(IcReq {
             pfv: 0,
-            hpda: 0,
+            hpda,
             dgst: (hdgst as u8 * dgst::HEADER) | (ddgst as u8 * dgst::DATA),
             maxr2t: 0,
         })
@@ -128,6 +137,23 @@ impl Host {
         let mut whole = ch.to_vec();
         whole.resize(c.plen as usize, 0);
         self.s.read_exact(&mut whole[CH_LEN..])?;
+        if c.pdo != 0 {
+            let hd = if self.hdgst { 4 } else { 0 };
+            assert!(
+                c.pdo as usize >= c.hlen as usize + hd
+                    && c.pdo as usize % ((self.hpda as usize + 1) * 4) == 0,
+                "pdo {} for hlen {} and hpda {}",
+                c.pdo,
+                c.hlen,
+                self.hpda
+            );
+            assert!(
+                whole[c.hlen as usize + hd..c.pdo as usize]
+                    .iter()
+                    .all(|&b| b == 0),
+                "padding is zeroes"
+            );
+        }
         let (p, n) = pdu::parse(&whole, &rules)
             .map_err(|e| std::io::Error::other(e.to_string()))?
             .expect("whole pdu");
