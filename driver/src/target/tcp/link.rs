@@ -249,9 +249,10 @@ impl Link {
         Ok(())
     }
 
-    /// Whether an Asynchronous Event Request is outstanding.
+    /// Whether an Asynchronous Event Request is outstanding or its completion waits for
+    /// [`Link::take_event`].
     pub fn event_armed(&self) -> bool {
-        self.aer.is_some()
+        self.aer.is_some() || self.aer_done.is_some()
     }
 
     /// The completion of the outstanding Asynchronous Event Request if it has come: one

@@ -16,6 +16,8 @@ use super::{connect_admin, enable_events, set_queues, Admin};
 
 /// How often the thread looks for an asynchronous event's completion in the socket.
 pub(in crate::target::tcp) const EVENT_POLL: Duration = Duration::from_millis(100);
+/// Asynchronous events handled per look at most.
+const EVENTS_PER_LOOK: usize = 8;
 
 /// The first wait between reconnect attempts; it doubles up to [`MAX_BACKOFF`].
 pub(in crate::target::tcp) const FIRST_BACKOFF: Duration = Duration::from_millis(50);
@@ -70,7 +72,9 @@ impl Admin {
     /// sent. A request completed with an error is not sent again (the controller refuses
     /// or aborted it). `Err` when the admin connection is gone.
     fn events(&self) -> Result<(), super::TcpError> {
-        loop {
+        // Bounded per look: a controller that completes every request at once cannot hold
+        // the thread (the rest waits for the next look, EVENT_POLL later).
+        for _ in 0..EVENTS_PER_LOOK {
             let mut link = self.link();
             let Some(cqe) = link.take_event()? else {
                 return Ok(());
@@ -91,6 +95,7 @@ impl Admin {
             }
             link.arm_event()?;
         }
+        Ok(())
     }
 
     /// One Keep Alive; `Err` when the admin connection is gone.
