@@ -14,6 +14,8 @@
 #   - `kestrel write` through nvmet reads back identical through the local
 #     block device, and what the kernel wrote locally reads back identical
 #     with `kestrel read` through nvmet;
+#   - a namespace added to a subsystem while `kestrel perf` runs on it reaches
+#     Kestrel's initiator as an asynchronous event (Namespace Attribute Changed);
 #   - the fio engine with verify=crc32c (when $KESTREL_FIO_ENGINE is set);
 #   - figures only: 4 KiB random reads at QD 1/32/128, Kestrel's initiator
 #     (`kestrel perf`) and the guest kernel's (fio io_uring on the
@@ -191,6 +193,47 @@ check_fio() {
     fi
 }
 
+# An asynchronous event from nvmet: while `kestrel perf` runs on $NQN2, a second
+# namespace is added to that subsystem through configfs; nvmet then completes the host's
+# Asynchronous Event Request with a Namespace Attribute Changed notice (Kestrel asked for
+# it in the Asynchronous Event Configuration, nvmet offers it in OAES). Kestrel must log
+# the event (info) and its I/O go on; the namespace is removed again afterwards.
+check_aer() {
+    local s=/sys/kernel/config/nvmet/subsystems/$NQN2 ppid made i
+    truncate -s 16M /tmp/nvmet3.img
+    made=$(dmesg | grep -c "controller .* for subsystem $NQN2")
+    RUST_LOG=kestrel::target::tcp=info "$K" perf --target "tcp:127.0.0.1:4420/$NQN2" \
+        -w randread -o 4k -q 8 -t 8 -c 1 >/tmp/aer 2>&1 &
+    ppid=$!
+    # The namespace comes once perf's controller exists (nvmet logs its creation), so
+    # the event is that controller's.
+    for i in $(seq 150); do
+        [ "$(dmesg | grep -c "controller .* for subsystem $NQN2")" -gt "$made" ] && break
+        sleep 0.2
+    done
+    say "perf's controller on $NQN2 up after ~$((i / 5)) s; adding namespace 2"
+    sleep 1
+    if mkdir "$s/namespaces/2" && echo -n /tmp/nvmet3.img >"$s/namespaces/2/device_path" &&
+        echo 1 >"$s/namespaces/2/buffered_io" && echo 1 >"$s/namespaces/2/enable"; then
+        wait "$ppid"
+        local rc=$?
+        if [ "$rc" = 0 ] && grep -q 'asynchronous event.*namespace attribute changed' /tmp/aer &&
+            grep -q '^Result: ok' /tmp/aer; then
+            grep 'asynchronous event' /tmp/aer | head -n 2 | sed 's/^/guest-nvmet:   /'
+            pass "kestrel's initiator hears nvmet's namespace attribute changed event during I/O"
+        else
+            tail -n 25 /tmp/aer | sed 's/^/guest-nvmet:   /'
+            fail "asynchronous event from nvmet (perf exited $rc)"
+        fi
+        echo 0 >"$s/namespaces/2/enable"
+        rmdir "$s/namespaces/2"
+    else
+        wait "$ppid"
+        fail "adding a namespace to $NQN2 through configfs"
+    fi
+    dmesg_new
+}
+
 # Figures only: 4 KiB random reads at QD 1, 32 and 128 on CPU 1, Kestrel's
 # initiator against the guest kernel's, both on nvmet's subsystem $NQN.
 compare() {
@@ -234,6 +277,7 @@ check_perf "4 KiB randwrite QD 32 (in-capsule)" --target "$TGT" -w randwrite -o 
 check_perf "128 KiB randrw QD 8, digest=both (R2T)" --target "$TGT,digest=both" -w randrw -o 128k -q 8
 check_cross
 check_fio
+check_aer
 repeat_perf
 compare
 say "kernel log (nvmet):"
