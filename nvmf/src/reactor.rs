@@ -224,6 +224,9 @@ pub struct Reactor {
     queues: Vec<Option<Box<dyn TargetQueue>>>,
     retry: VecDeque<(usize, IoRequest)>,
     completions: Vec<Completion>,
+    /// The pieces of one gathered write, reused by every connection's flush (room for
+    /// `sys::MAX_IOVS`, allocated once).
+    iovs: Vec<crate::sys::RawIov>,
     events: Vec<(u32, u64)>,
 }
 
@@ -257,6 +260,7 @@ impl Reactor {
             queues: (0..nqueues).map(|_| None).collect(),
             retry: VecDeque::with_capacity(1024),
             completions: Vec::with_capacity(256),
+            iovs: Vec::with_capacity(crate::sys::MAX_IOVS),
             events: Vec::with_capacity(256),
         })
     }
@@ -386,6 +390,7 @@ impl Reactor {
             queues,
             retry,
             epoll,
+            iovs,
             ..
         } = self;
         let depth = shared.limits.target_queue_depth;
@@ -414,7 +419,7 @@ impl Reactor {
                     conn.run_waiting(&mut ctx);
                 }
                 if r.is_ok() {
-                    r = conn.flush(ctx.queues);
+                    r = conn.flush(ctx.queues, iovs);
                 }
                 r
             }));
@@ -510,11 +515,12 @@ impl Reactor {
             epoll,
             queues,
             shared,
+            iovs,
             ..
         } = self;
         for e in conns.iter_mut().flatten() {
             if !e.conn.closing && e.conn.has_tx() && e.conn.writable {
-                match catch_unwind(AssertUnwindSafe(|| e.conn.flush(queues))) {
+                match catch_unwind(AssertUnwindSafe(|| e.conn.flush(queues, iovs))) {
                     Ok(Ok(())) => {}
                     Ok(Err(why)) => close_conn(epoll, shared, &mut e.conn, why),
                     Err(p) => conn_panicked(epoll, shared, &mut e.conn, p.as_ref()),

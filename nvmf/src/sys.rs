@@ -151,13 +151,29 @@ pub unsafe fn recv(fd: BorrowedFd<'_>, dst: *mut u8, len: usize) -> io::Result<u
 pub const MAX_IOVS: usize = 256;
 
 /// One piece of a gathered write: a header in ordinary memory or data in a DMA buffer.
+/// Laid out as the kernel's `struct iovec` (asserted below), so a slice of them is the
+/// `msg_iov` array [`writev`] hands to `sendmsg` as it is.
 #[derive(Clone, Copy, Debug)]
+#[repr(C)]
 pub struct RawIov {
     /// First byte.
     pub base: *const u8,
     /// Length.
     pub len: usize,
 }
+
+const _: () = {
+    assert!(std::mem::size_of::<RawIov>() == std::mem::size_of::<libc::iovec>());
+    assert!(std::mem::align_of::<RawIov>() == std::mem::align_of::<libc::iovec>());
+    assert!(std::mem::offset_of!(RawIov, base) == std::mem::offset_of!(libc::iovec, iov_base));
+    assert!(std::mem::offset_of!(RawIov, len) == std::mem::offset_of!(libc::iovec, iov_len));
+};
+
+// SAFETY: a RawIov is an address and a length. Rust code never reads or writes through
+// `base`; only the kernel does, inside `writev`, whose contract makes the memory valid for
+// that call whatever thread makes it. Moving the numbers between threads (a connection's
+// reusable piece array goes where the connection goes) dereferences nothing.
+unsafe impl Send for RawIov {}
 
 impl RawIov {
     /// A slice of ordinary memory.
@@ -188,26 +204,20 @@ impl RawIov {
 /// writes those bytes meanwhile: no Rust code, no other thread, no command at the target
 /// (so no device DMA). `fd` is an open descriptor of a socket this caller owns.
 pub unsafe fn writev(fd: RawFd, iovs: &[RawIov]) -> io::Result<usize> {
-    let mut v: [libc::iovec; MAX_IOVS] = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; MAX_IOVS];
     let n = iovs.len().min(MAX_IOVS);
-    for (d, s) in v.iter_mut().zip(&iovs[..n]) {
-        d.iov_base = s.base as *mut libc::c_void;
-        d.iov_len = s.len;
-    }
     let mut msg: libc::msghdr = {
         // SAFETY: msghdr is integers and raw pointers (plus private padding on some
         // targets), for all of which all-zero bytes are a valid value: an empty message
         // with no name and no control data.
         unsafe { std::mem::zeroed() }
     };
-    msg.msg_iov = v.as_mut_ptr();
+    // `RawIov` has `iovec`'s layout (asserted above); the kernel only reads the array, so
+    // the `*mut` msghdr asks for is never written through.
+    msg.msg_iov = iovs.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = n as _;
-    // SAFETY: `msg` and the `n` iovecs it points at are locals that outlive the call, and
-    // the kernel only reads them; each iovec's memory is readable and not written during
-    // the call by this function's contract. sendmsg keeps no pointer after it returns.
+    // SAFETY: `msg` is a local and `iovs` a borrow, both alive across the call, and the
+    // kernel only reads them; each piece's memory is readable and not written during the
+    // call by this function's contract. sendmsg keeps no pointer after it returns.
     // MSG_NOSIGNAL turns a closed peer into EPIPE instead of SIGPIPE; MSG_DONTWAIT: it
     // never blocks.
     cvt_size(unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })

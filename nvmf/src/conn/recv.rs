@@ -275,8 +275,9 @@ impl Conn {
         v[pdu::TERM_HLEN..].copy_from_slice(&self.rx.hdr[..hlen]);
         self.tx.clear();
         self.tx.push_back(TxItem::owned(v));
-        // Only the TermReq is queued, in memory of its own: no lent buffer is sent.
-        let _ = self.flush(&[]);
+        // Only the TermReq is queued, in memory of its own: no lent buffer is sent (and
+        // the piece array is this path's own: a closing connection's last write).
+        let _ = self.flush(&[], &mut Vec::with_capacity(4));
         Close::Protocol(e)
     }
 

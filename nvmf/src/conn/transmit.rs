@@ -5,24 +5,24 @@ use super::*;
 
 impl Conn {
     /// Writes queued PDUs until done or the socket is full. `Err` closes. `queues` hold
-    /// the lent buffers read data is sent from.
-    pub fn flush(&mut self, queues: &Queues) -> Result<(), Close> {
+    /// the lent buffers read data is sent from; `iovs` is the reactor's piece array (room
+    /// for [`sys::MAX_IOVS`], reused by every connection: nothing is allocated or zeroed
+    /// per call).
+    pub fn flush(&mut self, queues: &Queues, iovs: &mut Vec<RawIov>) -> Result<(), Close> {
         while !self.tx.is_empty() && self.writable {
-            let mut iovs: [RawIov; sys::MAX_IOVS] = [RawIov {
-                base: std::ptr::null(),
-                len: 0,
-            }; sys::MAX_IOVS];
-            let mut n = 0;
+            iovs.clear();
             for item in self.tx.iter() {
                 // The item's pieces go straight after those of the items before it; an item
                 // that does not fit whole waits for the next call.
-                let Some(k) = self.item_parts(item, queues, &mut iovs[n..])? else {
+                let n = iovs.len();
+                if !self.item_parts(item, queues, iovs)? {
+                    iovs.truncate(n);
                     break;
-                };
+                }
                 // Skip what an earlier partial write sent.
                 let mut skip = item.done;
                 let mut kept = n;
-                for i in n..n + k {
+                for i in n..iovs.len() {
                     let p = iovs[i];
                     if skip >= p.len {
                         skip -= p.len;
@@ -35,8 +35,9 @@ impl Conn {
                     skip = 0;
                     kept += 1;
                 }
-                n = kept;
+                iovs.truncate(kept);
             }
+            let n = iovs.len();
             // SAFETY: every piece points into memory that lives until the call returns and
             // is not changed meanwhile: item headers and owned vectors in self.tx, slot
             // vectors, the static zero padding, and arena blocks of buffers lent to the
@@ -61,22 +62,20 @@ impl Conn {
     }
 
     /// The pieces of a queued PDU: header, padding, data (and zeroes after it), data
-    /// digest, written at the start of `parts`; how many, or `None` when they do not fit.
+    /// digest, pushed onto `parts`; false when they do not all fit in [`sys::MAX_IOVS`]
+    /// (the caller takes back what was pushed).
     fn item_parts(
         &self,
         item: &TxItem,
         queues: &Queues,
-        parts: &mut [RawIov],
-    ) -> Result<Option<usize>, Close> {
-        let mut k = 0;
+        parts: &mut Vec<RawIov>,
+    ) -> Result<bool, Close> {
         let mut put = |p: RawIov| -> bool {
-            match parts.get_mut(k) {
-                Some(slot) => {
-                    *slot = p;
-                    k += 1;
-                    true
-                }
-                None => false,
+            if parts.len() < sys::MAX_IOVS {
+                parts.push(p);
+                true
+            } else {
+                false
             }
         };
         let mut fits = true;
@@ -113,7 +112,7 @@ impl Conn {
         if let Some(d) = &item.ddgst {
             fits &= put(RawIov::of(d));
         }
-        Ok(fits.then_some(k))
+        Ok(fits)
     }
 
     /// `wrote` bytes went out: fully sent PDUs leave the queue (releasing their slot), a
