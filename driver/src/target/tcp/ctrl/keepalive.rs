@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::spec::{admin_opc, AsyncEvent, Sqe, NSID_ALL};
+use crate::spec::{admin_opc, lid, AsyncEvent, Sqe, NSID_ALL};
 
 use super::{connect_admin, enable_events, set_queues, Admin};
 
@@ -89,9 +89,18 @@ impl Admin {
             self.note_event(e);
             let len = e.clear_len();
             let sqe = Sqe::get_log_page(e.log_page, NSID_ALL, (len / 4) as u32, 0, 0, 0).to_bytes();
-            let (c, _) = link.command(sqe, &[], len)?;
-            if let Err(err) = link.check(&c, "get log page (clearing an asynchronous event)") {
-                tracing::debug!(error = %err, "nvme/tcp: the event's log page was not read");
+            let (c, log) = link.command(sqe, &[], len)?;
+            match link.check(&c, "get log page (clearing an asynchronous event)") {
+                Err(err) => {
+                    tracing::debug!(error = %err, "nvme/tcp: the event's log page was not read")
+                }
+                Ok(()) if e.log_page == lid::CHANGED_NAMESPACES => {
+                    // Targets opened on this controller keep the geometry they opened with:
+                    // say which namespaces changed, and what to do.
+                    let changed = changed_namespaces(&log);
+                    tracing::warn!(addr = %self.opts.endpoint, nqn = %self.opts.subnqn, namespaces = ?changed, "nvme/tcp: namespaces changed on the controller; open it again to see them (targets already open keep their size and format)");
+                }
+                Ok(()) => {}
             }
             link.arm_event()?;
         }
@@ -142,6 +151,16 @@ impl Admin {
     }
 }
 
+/// The NSIDs a Changed Namespace List names (zero ends the list); `[FFFFFFFFh]` when more
+/// than 1024 changed (the log says so in its first entry), as the controller wrote it.
+fn changed_namespaces(log: &[u8]) -> Vec<u32> {
+    log.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .take_while(|&n| n != 0)
+        .take(1024)
+        .collect()
+}
+
 /// The thread: Keep Alive every KATO/2 (only when asked when KATO is zero), asynchronous
 /// events every [`EVENT_POLL`] while a request is outstanding, recovery when either fails.
 fn run(a: Arc<Admin>) {
@@ -184,4 +203,26 @@ pub(super) fn start(admin: &Arc<Admin>) -> Option<JoinHandle<()>> {
         .spawn(move || run(a))
         .map_err(|e| tracing::warn!(error = %e, "cannot start the nvme/tcp keep alive thread"))
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::changed_namespaces;
+
+    #[test]
+    fn changed_namespace_list() {
+        let mut log = vec![0u8; 4096];
+        log[0..4].copy_from_slice(&2u32.to_le_bytes());
+        log[4..8].copy_from_slice(&7u32.to_le_bytes());
+        assert_eq!(changed_namespaces(&log), vec![2, 7]);
+        assert!(changed_namespaces(&[0u8; 4096]).is_empty());
+        log[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        log[4..8].fill(0);
+        assert_eq!(
+            changed_namespaces(&log),
+            vec![u32::MAX],
+            "more than 1024 changed"
+        );
+        assert_eq!(changed_namespaces(&[0xffu8; 4096]).len(), 1024, "bounded");
+    }
 }
