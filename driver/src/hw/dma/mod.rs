@@ -361,16 +361,11 @@ pub(crate) const NO_LEASE: u64 = u64::MAX;
 const _: () = assert!(std::mem::size_of::<DmaSlice>() == 48);
 
 impl DmaSlice {
-    /// Whether the slice lies inside the pool region mapped at `base` for `len` bytes and
-    /// names that region as its own: the check a queue makes (with the region its index
-    /// names, from [`DmaPool::regions`]) before handing the slice's address to the kernel.
+    /// Whether the slice lies inside the pool region mapped at `base` for `len` bytes (from
+    /// [`DmaPool::regions`]) and names it as its own: checked before the kernel gets it.
     pub(crate) fn lies_in(&self, base: usize, len: usize) -> bool {
-        self.region_vaddr == base
-            && self.vaddr >= base
-            && self
-                .vaddr
-                .checked_add(self.len)
-                .is_some_and(|e| e <= base + len)
+        let end = self.vaddr.checked_add(self.len);
+        self.region_vaddr == base && self.vaddr >= base && end.is_some_and(|e| e <= base + len)
     }
 
     /// The empty slice: no memory, no lease (the data of a request without data).
