@@ -650,6 +650,31 @@ impl InvalidRequest {
             },
         })
     }
+
+    /// Checks the block range of an operation that has one (`op` names it in the error):
+    /// at least one block, and blocks `[lba, lba + nlb)` inside `capacity` blocks of
+    /// namespace `nsid` (an end past `u64::MAX` is out of range too).
+    #[inline]
+    pub fn check_range(
+        op: IoOp,
+        nsid: u32,
+        lba: u64,
+        nlb: u32,
+        capacity: u64,
+    ) -> Result<(), InvalidRequest> {
+        if nlb == 0 {
+            return Err(InvalidRequest::ZeroBlocks { op: op.name(), lba });
+        }
+        if lba.checked_add(u64::from(nlb)).is_none_or(|e| e > capacity) {
+            return Err(InvalidRequest::OutOfRange {
+                nsid,
+                lba,
+                nlb,
+                capacity,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The outcome of handing a request to a target queue.

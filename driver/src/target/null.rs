@@ -188,21 +188,7 @@ impl NullQueue {
         if !op.has_range() {
             return Ok(());
         }
-        if req.nlb == 0 {
-            return Err(InvalidRequest::ZeroBlocks {
-                op: op.name(),
-                lba: req.lba,
-            });
-        }
-        let end = req.lba.checked_add(u64::from(req.nlb));
-        if end.is_none_or(|e| e > self.capacity) {
-            return Err(InvalidRequest::OutOfRange {
-                nsid,
-                lba: req.lba,
-                nlb: req.nlb,
-                capacity: self.capacity,
-            });
-        }
+        InvalidRequest::check_range(op, nsid, req.lba, req.nlb, self.capacity)?;
         if op.has_data() {
             self.check_data(req, leased)?;
         }

@@ -144,21 +144,7 @@ impl IoQpair {
             });
         }
         if req.op.has_range() {
-            if req.nlb == 0 {
-                return Err(InvalidRequest::ZeroBlocks { op, lba: req.lba });
-            }
-            if req
-                .lba
-                .checked_add(req.nlb as u64)
-                .is_none_or(|e| e > ns.num_blocks)
-            {
-                return Err(InvalidRequest::OutOfRange {
-                    nsid: req.nsid,
-                    lba: req.lba,
-                    nlb: req.nlb,
-                    capacity: ns.num_blocks,
-                });
-            }
+            InvalidRequest::check_range(req.op, req.nsid, req.lba, req.nlb, ns.num_blocks)?;
         }
         let ns = if req.meta.with || ns.has(ns_flags::NEEDS_META) {
             self.check_meta(req, ns)?

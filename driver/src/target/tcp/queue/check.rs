@@ -14,24 +14,7 @@ impl TcpQueue {
         if !op.has_range() {
             return Ok(());
         }
-        if req.nlb == 0 {
-            return Err(InvalidRequest::ZeroBlocks {
-                op: op.name(),
-                lba: req.lba,
-            });
-        }
-        if req
-            .lba
-            .checked_add(u64::from(req.nlb))
-            .is_none_or(|e| e > self.num_blocks)
-        {
-            return Err(InvalidRequest::OutOfRange {
-                nsid: self.nsid,
-                lba: req.lba,
-                nlb: req.nlb,
-                capacity: self.num_blocks,
-            });
-        }
+        InvalidRequest::check_range(op, self.nsid, req.lba, req.nlb, self.num_blocks)?;
         if !op.has_data() {
             return Ok(());
         }
