@@ -8,14 +8,34 @@ use crate::client::{Client, Data};
 use crate::fabric::*;
 use crate::wire::*;
 use crate::{eventually, server, server_on, NQN};
+use kestrel_nvmf::Server;
 
-#[test]
-fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
+/// A server, an admin queue connected with KATO 1 s and its I/O queue 1.
+fn association_with_kato_1s() -> (Server, Client, Client) {
     let srv = server(true, &[]);
     let addr = srv.local_addr();
     let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 1_000);
     assert!(set_queues(&mut a, Style::Spdk, 1) >= 1);
-    let mut q = io_up(addr, cntlid, 1, NQN, hostnqn());
+    let q = io_up(addr, cntlid, 1, NQN, hostnqn());
+    (srv, a, q)
+}
+
+/// With no command from now on, the keep-alive timer runs out: both connections close
+/// and the controller ends, with no protocol violation seen on the way.
+fn expires(srv: Server, mut a: Client, mut q: Client) {
+    assert!(
+        a.closed_within(Duration::from_secs(5)),
+        "admin queue closed"
+    );
+    assert!(q.closed_within(Duration::from_secs(5)), "i/o queue closed");
+    eventually("the controller ends", || srv.controllers(NQN) == 0);
+    assert!(a.violations.is_empty() && q.violations.is_empty());
+    srv.shutdown();
+}
+
+#[test]
+fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
+    let (srv, mut a, mut q) = association_with_kato_1s();
     // Keep Alive every 250 ms for 2.5 KATO: the controller stays.
     let end = Instant::now() + Duration::from_millis(2_500);
     while Instant::now() < end {
@@ -27,14 +47,7 @@ fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
     assert!(q.exec(rw(WRITE, 3, 1), Data::InCapsule(&d)).cqe.ok());
     assert_eq!(srv.controllers(NQN), 1);
     // Then none: the controller ends and both connections close.
-    assert!(
-        a.closed_within(Duration::from_secs(5)),
-        "admin queue closed"
-    );
-    assert!(q.closed_within(Duration::from_secs(5)), "i/o queue closed");
-    eventually("the controller ends", || srv.controllers(NQN) == 0);
-    assert!(a.violations.is_empty() && q.violations.is_empty());
-    srv.shutdown();
+    expires(srv, a, q);
 }
 
 /// Traffic-based keep-alive (CTRATT bit 6, TBKAS): a controller that reports it restarts
@@ -44,14 +57,10 @@ fn keep_alive_keeps_the_controller_and_its_expiry_tears_it_down() {
 /// then nothing: it expires as before.
 #[test]
 fn io_traffic_restarts_the_keep_alive_timer() {
-    let srv = server(true, &[]);
-    let addr = srv.local_addr();
-    let (mut a, cntlid) = admin_up(addr, NQN, hostnqn(), 1_000);
+    let (srv, mut a, mut q) = association_with_kato_1s();
     let id = a.exec(sqe(IDENTIFY, 0, 1, 0), Data::Read(4096));
     let ctratt = u32::from_le_bytes(id.data[96..100].try_into().unwrap());
     assert_ne!(ctratt & (1 << 6), 0, "CTRATT.TBKAS reported: {ctratt:#x}");
-    assert!(set_queues(&mut a, Style::Spdk, 1) >= 1);
-    let mut q = io_up(addr, cntlid, 1, NQN, hostnqn());
     let end = Instant::now() + Duration::from_millis(3_000);
     while Instant::now() < end {
         let r = q.exec(rw(READ, 8, 1), Data::Read(4096));
@@ -62,14 +71,7 @@ fn io_traffic_restarts_the_keep_alive_timer() {
     let r = a.exec(sqe(IDENTIFY, 0, 1, 0), Data::Read(4096));
     assert!(r.cqe.ok(), "the admin queue still answers: {:?}", r.cqe);
     // No command at all: the timer runs out.
-    assert!(
-        a.closed_within(Duration::from_secs(5)),
-        "admin queue closed"
-    );
-    assert!(q.closed_within(Duration::from_secs(5)), "i/o queue closed");
-    eventually("the controller ends", || srv.controllers(NQN) == 0);
-    assert!(a.violations.is_empty() && q.violations.is_empty());
-    srv.shutdown();
+    expires(srv, a, q);
 }
 
 #[test]
