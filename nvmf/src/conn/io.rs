@@ -1,6 +1,7 @@
 //! I/O commands to the reactor's target queues and their completions.
 
 use super::*;
+use kestrel::io::{IoMeta, IoOp, Segments};
 use kestrel::TargetInfo;
 
 impl Conn {
@@ -29,24 +30,48 @@ impl Conn {
             self.finish(s, Status::INVALID_NAMESPACE_OR_FORMAT.with_dnr(true), ctx);
             return;
         };
-        let req = match opc {
-            nvm_opc::FLUSH => Some(IoRequest::flush(ns.info.nsid, token)),
-            nvm_opc::READ | nvm_opc::WRITE => self.read_write(s, subsys.max_io, &ns.info, ctx),
-            nvm_opc::WRITE_ZEROES => self.write_zeroes(s, &ns.info, ctx),
-            nvm_opc::DATASET_MANAGEMENT => {
-                self.deallocate(s, ns.qidx, &ns.info, ctx);
-                None
+        // Each request is built in the call that submits it (by reference): a request is
+        // 488 bytes, and one handed back through a `match` or an `Option` is copied.
+        let nsid = ns.info.nsid;
+        match opc {
+            nvm_opc::FLUSH => self.submit_one(s, ns.qidx, &IoRequest::flush(nsid, token), ctx),
+            nvm_opc::READ | nvm_opc::WRITE => {
+                let Some((slba, nlb, seg)) = self.read_write(s, subsys.max_io, &ns.info, ctx)
+                else {
+                    return;
+                };
+                let op = if opc == nvm_opc::READ {
+                    IoOp::Read
+                } else {
+                    IoOp::Write
+                };
+                let req = IoRequest {
+                    op,
+                    nsid,
+                    lba: slba,
+                    nlb,
+                    data: Segments::one(seg),
+                    token,
+                    meta: IoMeta::NONE,
+                };
+                self.submit_one(s, ns.qidx, &req, ctx);
             }
-            _ => {
-                self.finish(s, Status::INVALID_OPCODE.with_dnr(true), ctx);
-                None
+            nvm_opc::WRITE_ZEROES => {
+                if let Some((slba, nlb)) = self.write_zeroes(s, &ns.info, ctx) {
+                    let req = IoRequest::write_zeroes(nsid, slba, nlb, token);
+                    self.submit_one(s, ns.qidx, &req, ctx);
+                }
             }
-        };
-        let Some(req) = req else {
-            return;
-        };
+            nvm_opc::DATASET_MANAGEMENT => self.deallocate(s, ns.qidx, &ns.info, ctx),
+            _ => self.finish(s, Status::INVALID_OPCODE.with_dnr(true), ctx),
+        }
+    }
+
+    /// Submits the one request of command `s` to target queue `qidx`; a refusal is the
+    /// command's status.
+    fn submit_one(&mut self, s: u16, qidx: usize, req: &IoRequest, ctx: &mut Ctx<'_>) {
         self.slots[s as usize].st = St::Target;
-        match ctx.submit(ns.qidx, &req) {
+        match ctx.submit(qidx, req) {
             Ok(()) => {
                 self.slots[s as usize].pending = 1;
                 self.at_target += 1;
@@ -55,18 +80,17 @@ impl Conn {
         }
     }
 
-    /// The request of a Read or Write, `None` when the command was answered or waits for
-    /// buffer room.
+    /// A Read's or Write's starting LBA, block count and data, `None` when the command
+    /// was answered or waits for buffer room.
     fn read_write(
         &mut self,
         s: u16,
         max_io: u32,
         info: &TargetInfo,
         ctx: &mut Ctx<'_>,
-    ) -> Option<IoRequest> {
+    ) -> Option<(u64, u32, DmaSlice)> {
         let sqe = self.slots[s as usize].sqe;
         let (opc, slba, nlb, cdw12) = (sqe[0], slba(&sqe), nlb(&sqe), cdw(&sqe, 12));
-        let token = ctx.key | s as u64;
         let slot = &self.slots[s as usize];
         let bytes = nlb as u64 * info.block_size as u64;
         if bytes != slot.len as u64 {
@@ -93,15 +117,11 @@ impl Conn {
         // FUA: make the write durable before answering.
         self.slots[s as usize].fua_flush =
             opc == nvm_opc::WRITE && cdw12 & (1 << 30) != 0 && info.flush;
-        Some(if opc == nvm_opc::READ {
-            IoRequest::read(info.nsid, slba, nlb, seg, token)
-        } else {
-            IoRequest::write(info.nsid, slba, nlb, seg, token)
-        })
+        Some((slba, nlb, seg))
     }
 
-    /// The request of a Write Zeroes, `None` when the command was answered.
-    fn write_zeroes(&mut self, s: u16, info: &TargetInfo, ctx: &mut Ctx<'_>) -> Option<IoRequest> {
+    /// A Write Zeroes' starting LBA and block count, `None` when the command was answered.
+    fn write_zeroes(&mut self, s: u16, info: &TargetInfo, ctx: &mut Ctx<'_>) -> Option<(u64, u32)> {
         let sqe = self.slots[s as usize].sqe;
         let (slba, nlb) = (slba(&sqe), nlb(&sqe));
         if !info.write_zeroes {
@@ -112,12 +132,7 @@ impl Conn {
             self.finish(s, Status::LBA_OUT_OF_RANGE.with_dnr(true), ctx);
             return None;
         }
-        Some(IoRequest::write_zeroes(
-            info.nsid,
-            slba,
-            nlb,
-            ctx.key | s as u64,
-        ))
+        Some((slba, nlb))
     }
 
     /// Dataset Management: one Deallocate request per range (of non-zero length).
