@@ -24,7 +24,7 @@ use crate::nvme::ctrlr::{Controller, ControllerOptions};
 use crate::nvme::format::UnsupportedFormat;
 use crate::parse::ParseError;
 use crate::target::file::{Direct, FileOptions, FileTarget};
-use crate::target::null::{NullTarget, DEFAULT_NULL_LBA, DEFAULT_NULL_SIZE};
+use crate::target::null::{NullFill, NullTarget, DEFAULT_NULL_LBA, DEFAULT_NULL_SIZE};
 use crate::target::nvme::NvmeNamespace;
 use crate::target::tcp::{DiscoveryLog, TcpController, TcpOpenOptions};
 use crate::target::Target;
@@ -454,9 +454,13 @@ pub fn open_with(spec: &TargetSpec, opts: &OpenOptions) -> Result<Opened, Target
             };
             Ok(Opened::File(FileTarget::open(&f.path, &fopts)?))
         }
-        TargetSpec::Null(n) => Ok(Opened::Null(NullTarget::new(
+        TargetSpec::Null(n) => Ok(Opened::Null(NullTarget::with_fill(
             n.size.unwrap_or(DEFAULT_NULL_SIZE),
             n.lba.unwrap_or(DEFAULT_NULL_LBA),
+            match n.zero_reads {
+                Some(false) => NullFill::AsIs,
+                _ => NullFill::Zeroes,
+            },
         )?)),
     }
 }

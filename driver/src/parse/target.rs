@@ -6,10 +6,12 @@
 //!         | "emu" [":" emuopt *("," emuopt)] [nssel] ; the built-in emulated controller
 //!         | "tcp:" ADDR [":" PORT] ["/" NQN] *("," tcpopt) [nssel]
 //!                                                  ; a subsystem over NVMe/TCP ([`tcp`])
-//!         | "null" [":" nullopt *("," nullopt)]      ; stores nothing, reads zeroes
+//!         | "null" [":" nullopt *("," nullopt)]      ; stores nothing
 //! nssel   = "/ns=" NSID                            ; only namespace NSID (1..=4294967294)
 //! fileopt = "size=" size | "direct=" switch
 //! nullopt = "size=" size | "lba=" ("512" | "4096") ; default 1G of 4096-byte blocks
+//!         | "fill=" ("zero" | "none")              ; reads zero their data (default) or
+//!                                                  ; leave the buffer as it is
 //! emuopt  = "size=" size | "lba=" ("512" | "4096") | "namespaces=" 1..64
 //!         | "ns=" nsdef                            ; repeatable: namespaces 1, 2, ... in order
 //!         | "latency=" duration | "store=" ("memory" | "mem" | "null" | PATH)
@@ -51,7 +53,7 @@ pub const MAX_EMU_QUEUES: u32 = 1024;
 /// The longest target string accepted.
 pub const MAX_SPEC_LEN: usize = 4096;
 /// What the target parser accepts, for messages.
-pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], null[:size=SIZE,lba=512|4096] (stores nothing, reads return zeroes), tcp:HOST:PORT/NQN[,hostnqn=NQN,hostid=UUID,digest=none|hdr|data|both,queues=N,queue_size=N,kato=DURATION,ctrl_loss_tmo=DURATION,connect_timeout=DURATION,sqflow=on|off] (tcp:HOST[:8009] alone: a discovery controller), or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci, tcp or emu target may end in /ns=N to select one namespace";
+pub const TARGET_HELP: &str = "pci:DDDD:BB:DD.F (or a bare BDF such as 0000:01:00.0), file:PATH[,size=SIZE][,direct=on|off], null[:size=SIZE,lba=512|4096,fill=zero|none] (stores nothing; reads return zeroes, or with fill=none leave the buffer as it is), tcp:HOST:PORT/NQN[,hostnqn=NQN,hostid=UUID,digest=none|hdr|data|both,queues=N,queue_size=N,kato=DURATION,ctrl_loss_tmo=DURATION,connect_timeout=DURATION,sqflow=on|off] (tcp:HOST[:8009] alone: a discovery controller), or emu[:size=SIZE,lba=512|4096,namespaces=N,ns=NSDEF,...,latency=DURATION,store=memory|null|PATH,mdts=N,queues=N,core=N|none,faults=SPEC], where NSDEF is SIZE[+512|+4096][+mdN[+ext]][+pi1|+pi2|+pi3[+pifirst][+zeropi][+guard16|+guard32|+guard64]][+zoned[+zoneSIZE][+zcapSIZE][+openN][+activeN]][+csiN]; a pci, tcp or emu target may end in /ns=N to select one namespace";
 /// What a namespace definition (`ns=`) accepts, for messages.
 pub const NS_HELP: &str = "SIZE followed by +attributes: +512 or +4096 (block size), +mdN (N metadata bytes per block, separate), +ext (metadata inline: extended lba), +pi1/+pi2/+pi3 (protection type, needs md8 or more), +pifirst (PI in the first metadata bytes), +zeropi (never-written blocks read with all-zero PI, failing a reference tag check, as on QEMU), +guard32/+guard64 (report a 32- or 64-bit guard, which kestrel refuses), +zoned, +zoneSIZE, +zcapSIZE (zone capacity), +openN, +activeN (zoned namespace), +csiN (report command set N); e.g. ns=256M+4096+md8+pi1 or ns=1G+4096+zoned+zone64M";
 /// The most metadata bytes per block an emulated namespace may have.
@@ -160,14 +162,18 @@ pub struct FileSpec {
     pub direct: Option<bool>,
 }
 
-/// `null[:size=SIZE,lba=512|4096]`: a target that stores nothing
-/// ([`crate::target::null`]). Unset fields take its defaults (1 GiB, 4 KiB blocks).
+/// `null[:size=SIZE,lba=512|4096,fill=zero|none]`: a target that stores nothing
+/// ([`crate::target::null`]). Unset fields take its defaults (1 GiB, 4 KiB blocks, reads
+/// that zero their data).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NullSpec {
     /// Size in bytes.
     pub size: Option<u64>,
     /// Block size: 512 or 4096.
     pub lba: Option<u32>,
+    /// `fill=`: whether a read zeroes its data (`zero`, `Some(true)`) or leaves the buffer
+    /// as it is (`none`, `Some(false)`).
+    pub zero_reads: Option<bool>,
 }
 
 /// A parsed target string.
@@ -590,7 +596,18 @@ fn parse_null(opts: &str) -> Result<NullSpec, String> {
                 Ok(b @ (512 | 4096)) => n.lba = Some(b as u32),
                 _ => return Err(format!("lba={v}: a null target offers 512 and 4096")),
             },
-            _ => return Err(format!("unknown option '{k}' for null (known: size, lba)")),
+            "fill" => match v {
+                "zero" => n.zero_reads = Some(true),
+                "none" => n.zero_reads = Some(false),
+                _ => return Err(format!(
+                    "fill={v}: a null target's reads fill with zero, or none (the buffer as it is)"
+                )),
+            },
+            _ => {
+                return Err(format!(
+                    "unknown option '{k}' for null (known: size, lba, fill)"
+                ))
+            }
         }
         Ok(())
     })?;

@@ -8,8 +8,9 @@
 //! A module per area: the host ([`host::Host`]), the whole life of a host with admin and
 //! I/O commands, refusals (malformed PDUs, unknown hosts, limits), discovery, connections
 //! that end (keep-alive expiry, a connection killed mid-I/O), several namespaces of one
-//! subsystem, Asynchronous Event Requests, and a panic in one connection's handling that
-//! the others survive.
+//! subsystem, a `null` namespace whose reads leave buffers as they are (no host reads
+//! another's data), Asynchronous Event Requests, and a panic in one connection's handling
+//! that the others survive.
 
 mod common;
 mod host;
@@ -19,5 +20,6 @@ mod async_events;
 mod connection_loss;
 mod discovery;
 mod namespaces;
+mod null_fill;
 mod panics;
 mod refusals;

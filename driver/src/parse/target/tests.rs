@@ -285,7 +285,13 @@ fn parsers_never_panic() {
 
 #[test]
 fn null_targets() {
-    let n = |size, lba| Ok(TargetSpec::Null(NullSpec { size, lba }));
+    let n = |size, lba| {
+        Ok(TargetSpec::Null(NullSpec {
+            size,
+            lba,
+            zero_reads: None,
+        }))
+    };
     assert_eq!(parse_target("null"), n(None, None));
     assert_eq!(parse_target("null:"), n(None, None));
     assert_eq!(parse_target(" null:size=256M "), n(Some(256 << 20), None));
@@ -295,6 +301,12 @@ fn null_targets() {
     );
     assert_eq!(parse_target("null:lba=4k"), n(None, Some(4096)));
     assert_eq!(parse_target("null:size=1M").unwrap().to_string(), "null");
+    for (s, zero) in [("null:fill=zero", true), ("null:size=1M,fill=none", false)] {
+        let Ok(TargetSpec::Null(spec)) = parse_target(s) else {
+            panic!("{s} is not a null target");
+        };
+        assert_eq!(spec.zero_reads, Some(zero), "{s}");
+    }
     for (s, why) in [
         ("null:size=0", "size=0"),
         ("null:size=1000", "not a whole number of 4096-byte blocks"),
@@ -304,6 +316,11 @@ fn null_targets() {
             "not a whole number of 512-byte blocks",
         ),
         ("null:lba=1024", "offers 512 and 4096"),
+        (
+            "null:fill=ones",
+            "fill=ones: a null target's reads fill with zero, or none",
+        ),
+        ("null:fill=none,fill=zero", "given twice"),
         ("null:store=memory", "unknown option 'store' for null"),
         ("null:size=1M,size=2M", "given twice"),
         ("null:size", "has no value"),

@@ -1,5 +1,6 @@
 //! The null target: what it accepts and refuses, reads that zero their buffers whatever
-//! was in them, the bound on waiting completions, and buffers given back.
+//! was in them (or, with `fill=none`, leave them alone), the bound on waiting completions,
+//! and buffers given back.
 
 use super::*;
 use crate::io::IoError;
@@ -35,7 +36,7 @@ fn a_read_zeroes_what_it_covers_even_after_a_write() {
     let t = target();
     let mut q = t.create_null_queue(&QueueOptions::default());
     let b = q.lend(t.dma_pool().alloc(3 * 4096).unwrap()).unwrap();
-    // Another host's data left in a shared buffer.
+    // Data left in the buffer by an earlier write.
     q.write_lent(&b, 0, &[0xa5; 3 * 4096]).unwrap();
     run(&mut q, IoRequest::write(1, 7, 2, b, 1)).unwrap();
     // A read of two blocks into the first 8 KiB: zeroes, the third block untouched.
@@ -59,6 +60,38 @@ fn a_read_zeroes_what_it_covers_even_after_a_write() {
     assert!(got[..1000].iter().all(|&x| x == 0));
     assert!(got[1000..4096].iter().all(|&x| x == 0x5a));
     assert!(got[4096..7192].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn with_fill_none_a_read_leaves_its_buffer_as_it_is() {
+    let t = NullTarget::with_fill(1 << 20, 4096, NullFill::AsIs).unwrap();
+    assert!(!t.info().deallocate_reads_zeroes);
+    let mut q = t.create_null_queue(&QueueOptions::default());
+    let b = q.lend(t.dma_pool().alloc(2 * 4096).unwrap()).unwrap();
+    q.write_lent(&b, 0, &[0xa5; 2 * 4096]).unwrap();
+    run(&mut q, IoRequest::write(1, 3, 2, b, 1)).unwrap();
+    run(&mut q, IoRequest::read(1, 3, 2, b, 2)).unwrap();
+    let mut got = vec![0u8; 2 * 4096];
+    q.read_lent(&b, 0, &mut got).unwrap();
+    assert!(
+        got.iter().all(|&x| x == 0xa5),
+        "fill=none changed the buffer"
+    );
+    // The checks are the same: out of range is still refused.
+    match q.submit(IoRequest::read(1, 255, 2, b, 3)) {
+        Err(SubmitError::Invalid { reason, .. }) => {
+            assert!(
+                matches!(reason, InvalidRequest::OutOfRange { .. }),
+                "{reason:?}"
+            )
+        }
+        other => panic!("read past the end accepted: {other:?}"),
+    }
+    // And a fresh buffer from the pool is zeroes (what a new user of the memory sees).
+    let fresh = q.lend(t.dma_pool().alloc(4096).unwrap()).unwrap();
+    run(&mut q, IoRequest::read(1, 0, 1, fresh, 4)).unwrap();
+    q.read_lent(&fresh, 0, &mut got[..4096]).unwrap();
+    assert!(got[..4096].iter().all(|&x| x == 0));
 }
 
 #[test]
