@@ -26,6 +26,18 @@
 # then. --spdk-c2h-success off makes nvmf_tgt send it too (nvmf_create_transport
 # -o), for the same bytes on the wire.
 #
+# Initiator: SPDK's spdk_nvme_perf (default), or with --initiator kestrel
+# Kestrel's own (kestrel perf --target tcp:...,sqflow=on|off -c 1, the same
+# core). On this 2-core host spdk_nvme_perf is itself about half of the limit
+# (it polls its core fully and does more per read than either target), so its
+# IOPS say what the pair does; kestrel perf needs less per read, idles most
+# of its passes (the "initiator busy" column: its share of passes that
+# completed I/O), and leaves the target's core the only limit: the per target
+# core comparison. With --sqflow off it disables SQ flow control at Connect,
+# so both targets end a read with C2HData SUCCESS and the same bytes cross
+# the wire (kestrel serve honours the host's choice; nvmf_tgt sends SUCCESS
+# either way unless --spdk-c2h-success off).
+#
 # Target CPU per I/O: the target process's utime+stime (/proc/PID/stat, all
 # its threads) over a window inside the run (from WARM seconds after perf
 # starts to 1 s before its end) divided by IOPS x the window. Both targets poll
@@ -44,6 +56,7 @@
 #            [--depths "1 32 128"] [--workloads "randread randwrite"]
 #            [--kestrel-target SPEC] [--kestrel-poll busy|hybrid]
 #            [--spdk-c2h-success on|off] [--kestrel BIN] [--warm S]
+#            [--initiator spdk|kestrel] [--sqflow on|off]
 #   SPDK_DIR         SPDK's tree (build/bin/nvmf_tgt, build/bin/spdk_nvme_perf,
 #                    scripts/rpc.py) or its build/ folder; default $SPDK_DIR,
 #                    else /var/tmp/spdk-cmp/spdk
@@ -56,6 +69,10 @@
 #   --kestrel        the kestrel executable (default target/release/kestrel,
 #                    built with cargo build --release -p kestrel-app)
 #   --warm           seconds into a run before the CPU window opens (default 2)
+#   --initiator      spdk (spdk_nvme_perf, default) or kestrel (kestrel perf,
+#                    the --kestrel executable)
+#   --sqflow         the kestrel initiator's sqflow= option (default on, its
+#                    default; off: SUCCESS-ended reads from both targets)
 # Environment: BENCH_DIR (logs, default /var/tmp/kestrel-bench-nvmf),
 #   SPDK_PORT / KESTREL_PORT (default 4431 / 4432), BENCH_SHM_ID (DPDK
 #   shared-memory id of the target; the initiator takes the next; default 733).
@@ -67,7 +84,7 @@ spdk=${SPDK_DIR:-/var/tmp/spdk-cmp/spdk}
 rounds=3 secs=10 warm=2
 depths="1 32 128" workloads="randread randwrite"
 ktarget=null:size=256M kpoll=busy c2h=on
-kbin=target/release/kestrel
+kbin=target/release/kestrel initiator=spdk sqflow=on
 while (($#)); do
     case $1 in
     --rounds) rounds=${2:?--rounds needs a number} && shift 2 ;;
@@ -79,6 +96,8 @@ while (($#)); do
     --spdk-c2h-success) c2h=${2:?--spdk-c2h-success needs on or off} && shift 2 ;;
     --kestrel) kbin=${2:?--kestrel needs a path} && shift 2 ;;
     --warm) warm=${2:?--warm needs a number} && shift 2 ;;
+    --initiator) initiator=${2:?--initiator needs spdk or kestrel} && shift 2 ;;
+    --sqflow) sqflow=${2:?--sqflow needs on or off} && shift 2 ;;
     -h | --help)
         sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
         exit 0
@@ -92,6 +111,14 @@ while (($#)); do
 done
 [[ $kpoll == busy || $kpoll == hybrid ]] || {
     echo "bench-nvmf-spdk: --kestrel-poll is busy or hybrid, not $kpoll" >&2
+    exit 2
+}
+[[ $initiator == spdk || $initiator == kestrel ]] || {
+    echo "bench-nvmf-spdk: --initiator is spdk or kestrel, not $initiator" >&2
+    exit 2
+}
+[[ $sqflow == on || $sqflow == off ]] || {
+    echo "bench-nvmf-spdk: --sqflow is on or off, not $sqflow" >&2
     exit 2
 }
 [[ $c2h == on || $c2h == off ]] || {
@@ -175,27 +202,40 @@ start_kestrel() {
     wait_port "$kport"
 }
 
-# run_perf NAME PORT NQN WORKLOAD QD ROUND: one spdk_nvme_perf run; appends
-# "NAME WORKLOAD QD ROUND IOPS AVG_LAT_US CPU_NS_PER_IO TARGET_CPU_PCT".
+# run_perf NAME PORT NQN WORKLOAD QD ROUND: one initiator run; appends "NAME WORKLOAD
+# QD ROUND IOPS AVG_LAT_US CPU_NS_PER_IO TARGET_CPU_PCT INITIATOR_BUSY_PCT" (the last
+# "-" for spdk_nvme_perf, which does not count it).
 run_perf() {
     local name=$1 port=$2 nqn=$3 rw=$4 qd=$5 round=$6 out=$dir/perf-$1-$4-q$5-r$6.log
-    taskset -c 1 "$perf_bin" -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn hostnqn:$hostnqn" \
-        -c 0x2 -q "$qd" -o 4096 -w "$rw" -t "$secs" -i $((shm + 1)) -s 256 >"$out" 2>&1 &
+    if [[ $initiator == spdk ]]; then
+        taskset -c 1 "$perf_bin" -r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$port subnqn:$nqn hostnqn:$hostnqn" \
+            -c 0x2 -q "$qd" -o 4096 -w "$rw" -t "$secs" -i $((shm + 1)) -s 256 >"$out" 2>&1 &
+    else
+        # One second of warmup and secs - 1 measured: the same span as spdk_nvme_perf's.
+        taskset -c 1 "$kbin" perf --target "tcp:127.0.0.1:$port/$nqn,hostnqn=$hostnqn,sqflow=$sqflow" \
+            -c 1 -q "$qd" -o 4k -w "$rw" -t $((secs - 1)) --warmup 1 >"$out" 2>&1 &
+    fi
     local ppid=$! a b t0 t1
     sleep "$warm"
     a=$(cpu_ticks "$pid") t0=$(date +%s%N)
     sleep $((secs - warm - 1))
     b=$(cpu_ticks "$pid") t1=$(date +%s%N)
-    wait "$ppid" || echo "bench-nvmf-spdk: spdk_nvme_perf exited $? ($out)" >&2
+    wait "$ppid" || echo "bench-nvmf-spdk: the initiator exited $? ($out)" >&2
     rm -f /dev/hugepages/spdk$((shm + 1))map_*
+    # spdk_nvme_perf: "Total : IOPS MiB/s AVG ..."; kestrel perf: "Total IOPS MiB/s AVG
+    # ..." (its Device Information total; later lines starting "Total" are other tables)
+    # and "core 1   busy  B % ...".
     awk -v n="$name" -v rw="$rw" -v q="$qd" -v r="$round" -v dt=$((b - a)) -v hz="$hz" \
         -v ns=$((t1 - t0)) '
-        /^Total/ { iops = $3; lat = $5 }
+        /^Total +:/ && iops == "" { iops = $3; lat = $5 }
+        /^Total +[0-9.]+ / && iops == "" { iops = $2; lat = $4 }
+        /^core [0-9]+ +busy/ { ib = $4 }
         END {
-            if (iops == "" || iops == 0) { print n, rw, q, r, 0, 0, 0, 0; exit }
+            if (ib == "") ib = "-"
+            if (iops == "" || iops == 0) { print n, rw, q, r, 0, 0, 0, 0, ib; exit }
             cpu = dt / hz * 1e9
-            printf "%s %s %s %s %.0f %.1f %.0f %.0f\n", n, rw, q, r, iops, lat,
-                cpu / (iops * ns / 1e9), 100 * cpu / ns
+            printf "%s %s %s %s %.0f %.1f %.0f %.0f %s\n", n, rw, q, r, iops, lat,
+                cpu / (iops * ns / 1e9), 100 * cpu / ns, ib
         }' "$out"
 }
 
@@ -215,7 +255,7 @@ kestrel_busy_ns() {
 }
 
 # run_cell NAME WORKLOAD QD ROUND: one run against a target started afresh.
-# The line gets a ninth field: the target's busy time per I/O in ns (its busy time
+# The line gets a tenth field: the target's busy time per I/O in ns (its busy time
 # over the whole run, from just before the initiator connects to its end, divided by
 # IOPS x the run's seconds).
 run_cell() {
@@ -241,8 +281,9 @@ clean_huge
 (($(huge_free) >= 256)) || echo "bench-nvmf-spdk: only $(huge_free) free hugepages (256 wanted)" >&2
 echo "bench-nvmf-spdk: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo ?)" \
     "load $(cut -d' ' -f1-3 /proc/loadavg) rounds=$rounds seconds=$secs kestrel-target=$ktarget" \
-    "kestrel-poll=$kpoll spdk-c2h-success=$c2h"
-echo "# target workload qd round iops avg_lat_us cpu_ns_per_io target_cpu_pct busy_ns_per_io"
+    "kestrel-poll=$kpoll spdk-c2h-success=$c2h initiator=$initiator" \
+    "$([[ $initiator == kestrel ]] && echo "sqflow=$sqflow")"
+echo "# target workload qd round iops avg_lat_us cpu_ns_per_io target_cpu_pct initiator_busy_pct busy_ns_per_io"
 # Each workload and depth runs against both targets back to back (the host's speed
 # drifts over tens of seconds), which goes first alternating from one cell to the next.
 cell=0
@@ -276,8 +317,8 @@ ratio() {
 
 summary() {
     local rw qd si ki
-    echo "| workload | QD | spdk IOPS (range) | kestrel IOPS (range) | kestrel/spdk | per round | spdk lat us | kestrel lat us | spdk CPU ns/IO | kestrel CPU ns/IO | spdk busy ns/IO | kestrel busy ns/IO |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| workload | QD | spdk IOPS (range) | kestrel IOPS (range) | kestrel/spdk | per round | spdk lat us | kestrel lat us | spdk CPU ns/IO | kestrel CPU ns/IO | spdk busy ns/IO | kestrel busy ns/IO | initiator busy % (spdk, kestrel) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for rw in $workloads; do
         for qd in $depths; do
             si=$(med spdk "$rw" "$qd" 5) ki=$(med kestrel "$rw" "$qd" 5)
@@ -285,7 +326,8 @@ summary() {
                 "| $(awk -v a="$ki" -v b="$si" 'BEGIN { printf "%.2f", b ? a / b : 0 }') | $(ratio "$rw" "$qd")" \
                 "| $(med spdk "$rw" "$qd" 6) | $(med kestrel "$rw" "$qd" 6)" \
                 "| $(med spdk "$rw" "$qd" 7) | $(med kestrel "$rw" "$qd" 7)" \
-                "| $(med spdk "$rw" "$qd" 9) | $(med kestrel "$rw" "$qd" 9) |"
+                "| $(med spdk "$rw" "$qd" 10) | $(med kestrel "$rw" "$qd" 10)" \
+                "| $(med spdk "$rw" "$qd" 9), $(med kestrel "$rw" "$qd" 9) |"
         done
     done
 }
