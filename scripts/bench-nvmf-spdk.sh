@@ -12,11 +12,12 @@
 # ("kestrel serve beside SPDK's nvmf_tgt"). Not a test: never run by CI or
 # scripts/test.sh.
 #
-# Backends: SPDK a Null bdev, Kestrel its null target (null:size=256M), both
-# completing every command in the reactor's own pass with no data stored (a
-# Kestrel read zeroes its buffer; the Null bdev leaves it as it is). A file on
-# tmpfs through io_uring stays available: --kestrel-target
-# file:/dev/shm/kestrel-bench-nvmf.img,size=256M.
+# Backends: SPDK a Null bdev, Kestrel its null target
+# (null:size=256M,fill=none), both completing every command in the reactor's
+# own pass with no data stored, and both leaving a read's buffer as it is.
+# --kestrel-target null:size=256M is the null target's default, whose reads
+# zero their 4 KiB (a memset per read). A file on tmpfs through io_uring stays
+# available: --kestrel-target file:/dev/shm/kestrel-bench-nvmf.img,size=256M.
 #
 # Polling: nvmf_tgt's reactor polls without pause; kestrel serve runs with
 # --poll busy (the same) unless --kestrel-poll hybrid. SPDK's TCP transport
@@ -62,7 +63,7 @@
 #                    else /var/tmp/spdk-cmp/spdk
 #   --rounds         alternating rounds (default 3)
 #   --seconds        spdk_nvme_perf -t per run (default 10)
-#   --kestrel-target kestrel serve's target (default null:size=256M)
+#   --kestrel-target kestrel serve's target (default null:size=256M,fill=none)
 #   --kestrel-poll   kestrel serve --poll (default busy, as nvmf_tgt polls)
 #   --spdk-c2h-success  nvmf_tgt's C2H success optimisation (default on, SPDK's
 #                    default; off sends a response capsule per read as Kestrel)
@@ -83,7 +84,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 spdk=${SPDK_DIR:-/var/tmp/spdk-cmp/spdk}
 rounds=3 secs=10 warm=2
 depths="1 32 128" workloads="randread randwrite"
-ktarget=null:size=256M kpoll=busy c2h=on
+ktarget=null:size=256M,fill=none kpoll=busy c2h=on
 kbin=target/release/kestrel initiator=spdk sqflow=on
 while (($#)); do
     case $1 in
