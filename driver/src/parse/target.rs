@@ -596,13 +596,14 @@ fn parse_null(opts: &str) -> Result<NullSpec, String> {
                 Ok(b @ (512 | 4096)) => n.lba = Some(b as u32),
                 _ => return Err(format!("lba={v}: a null target offers 512 and 4096")),
             },
-            "fill" => match v {
-                "zero" => n.zero_reads = Some(true),
-                "none" => n.zero_reads = Some(false),
-                _ => return Err(format!(
-                    "fill={v}: a null target's reads fill with zero, or none (the buffer as it is)"
-                )),
-            },
+            "fill" => {
+                let why = "zero (reads return zeroes) or none (the buffer as it is)";
+                n.zero_reads = Some(match v {
+                    "zero" => true,
+                    "none" => false,
+                    _ => return Err(format!("fill={v}: a null target's reads fill with {why}")),
+                })
+            }
             _ => {
                 return Err(format!(
                     "unknown option '{k}' for null (known: size, lba, fill)"

@@ -318,7 +318,7 @@ fn null_targets() {
         ("null:lba=1024", "offers 512 and 4096"),
         (
             "null:fill=ones",
-            "fill=ones: a null target's reads fill with zero, or none",
+            "fill=ones: a null target's reads fill with zero (reads return zeroes) or none",
         ),
         ("null:fill=none,fill=zero", "given twice"),
         ("null:store=memory", "unknown option 'store' for null"),
