@@ -146,9 +146,13 @@ impl Layout {
                 tj["kind"] = json!("nvme-tcp");
                 self.emus.push(None);
             }
-            Opened::Null(_) => {
+            Opened::Null(n) => {
                 tj["kind"] = json!("null");
-                desc.push_str(", stores nothing (reads return zeroes)");
+                desc.push_str(if n.target.info().deallocate_reads_zeroes {
+                    ", stores nothing (reads return zeroes)"
+                } else {
+                    ", stores nothing (reads leave the buffer as it is: fill=none)"
+                });
                 self.emus.push(None);
             }
             Opened::File(f) => {

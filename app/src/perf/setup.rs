@@ -126,7 +126,7 @@ fn check_verify_stores(specs: &[TargetSpec]) -> Result<()> {
     for s in specs {
         if let TargetSpec::Null(_) = s {
             return Err(AppError::usage(
-                "--verify needs a target that keeps data: a null target drops writes and reads zeroes (use emu or a file)",
+                "--verify needs a target that keeps data: a null target drops writes (use emu or a file)",
             ));
         }
         if let TargetSpec::Emu(e) = s {
