@@ -186,19 +186,14 @@ pub struct Segments {
 
 const EMPTY_SLICE: DmaSlice = DmaSlice::EMPTY;
 
-/// What fills the entries of [`Segments`] past its count: all zeroes, so a request is
-/// built with plain zeroing stores rather than copied from a template
+/// What fills the entries of [`Segments`] past its count: all zeroes, so they are filled
+/// by a `memset` rather than copied from a template in read-only data
 /// ([`DmaSlice::EMPTY`]'s lease is all ones). Never seen outside `Segments`: every
 /// accessor stops at the count, so no submission checks it against a lease table (where
 /// lease 0 is a free slot's mark and must not be carried by a slice anyone can submit).
 const UNUSED: DmaSlice = DmaSlice {
-    vaddr: 0,
-    iova: 0,
-    len: 0,
-    region: 0,
-    slot: 0,
-    region_vaddr: 0,
     lease: 0,
+    ..DmaSlice::EMPTY
 };
 
 impl Default for Segments {
@@ -216,16 +211,10 @@ impl Segments {
         }
     }
     /// One segment.
-    #[inline(always)]
     pub const fn one(s: DmaSlice) -> Self {
-        // Written out, not a copy of a filled array with one entry replaced: the request is
-        // then built where it lies (with zeroing stores), not in a temporary copied over.
-        const _: () = assert!(MAX_SEGMENTS == 8);
-        let u = UNUSED;
-        Segments {
-            segs: [s, u, u, u, u, u, u, u],
-            n: 1,
-        }
+        let mut segs = [UNUSED; MAX_SEGMENTS];
+        segs[0] = s;
+        Segments { segs, n: 1 }
     }
     /// Several segments, or `None` when there are more than [`MAX_SEGMENTS`].
     pub fn from_slices(s: &[DmaSlice]) -> Option<Self> {
