@@ -9,7 +9,7 @@ use kestrel_nvmf::pdu::{flags, Pdu};
 
 use kestrel_nvmf::Limits;
 
-use crate::common::{identify, pattern, rw, server, server_with, sqe, HOSTNQN, NQN};
+use crate::common::{identify, io_queue, pattern, rw, server, server_with, sqe, HOSTNQN, NQN};
 use crate::host::{Cqe, Host};
 
 /// The whole life of a host: admin queue, identify, an I/O queue, writes and reads.
@@ -242,12 +242,7 @@ fn reads_refused_as_busy_are_retried() {
         ..Limits::default()
     };
     let srv = server_with(Vec::new(), true, limits);
-    let addr = srv.local_addr();
-    let mut a = Host::connect(addr, false, false);
-    let cntlid = a.admin_up(NQN, 10_000);
-    let mut io = Host::connect(addr, false, false);
-    let c = io.fabric_connect(1, 127, cntlid, 0, 0, NQN, HOSTNQN);
-    assert!(c.status.is_success(), "io connect: {:?}", c.status);
+    let (a, mut io) = io_queue(srv.local_addr());
     let big = pattern(128 << 10, 4);
     let (c, _) = io.cmd(rw(0x01, 100, 32), &big, false, 0);
     assert!(c.status.is_success(), "{:?}", c.status);

@@ -44,6 +44,17 @@ pub fn server() -> Server {
     server_with(Vec::new(), true, Limits::default())
 }
 
+/// A host's admin queue (KATO 10 s) and I/O queue 1 (127 entries) on the server at `addr`,
+/// without digests.
+pub fn io_queue(addr: std::net::SocketAddr) -> (Host, Host) {
+    let mut admin = Host::connect(addr, false, false);
+    let cntlid = admin.admin_up(NQN, 10_000);
+    let mut io = Host::connect(addr, false, false);
+    let c = io.fabric_connect(1, 127, cntlid, 0, 0, NQN, HOSTNQN);
+    assert!(c.status.is_success(), "io connect: {:?}", c.status);
+    (admin, io)
+}
+
 pub fn sqe(opc: u8, nsid: u32) -> [u8; 64] {
     let mut s = [0u8; 64];
     s[0] = opc;

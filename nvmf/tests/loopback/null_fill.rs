@@ -3,20 +3,9 @@
 //! zero-filled when allocated, so what another connection wrote, in capsule or through R2T,
 //! live or after it closed, never reaches this one's reads.
 
-use crate::common::{config, pattern, rw, HOSTNQN, NQN};
+use crate::common::{config, io_queue, pattern, rw};
 use crate::host::Host;
 use kestrel_nvmf::{Limits, Server};
-
-/// An admin queue and an I/O queue of one host on `srv`.
-fn io_queue(srv: &Server) -> (Host, Host) {
-    let addr = srv.local_addr();
-    let mut admin = Host::connect(addr, false, false);
-    let cntlid = admin.admin_up(NQN, 10_000);
-    let mut io = Host::connect(addr, false, false);
-    let c = io.fabric_connect(1, 127, cntlid, 0, 0, NQN, HOSTNQN);
-    assert!(c.status.is_success(), "io connect: {:?}", c.status);
-    (admin, io)
-}
 
 /// Writes a pattern at LBA 0.. through `io`: 4 KiB blocks in capsule and 128 KiB
 /// through R2T, as many as the queue's buffers hold, so every block of its arena has
@@ -56,8 +45,8 @@ fn fill_none_never_hands_a_host_another_hosts_data() {
     let srv = Server::start(config(vec![target], 1, Vec::new(), true, Limits::default()))
         .expect("server starts");
     // Two hosts at once on the one reactor: A writes everywhere, B reads.
-    let (_a_admin, mut a) = io_queue(&srv);
-    let (_b_admin, mut b) = io_queue(&srv);
+    let (_a_admin, mut a) = io_queue(srv.local_addr());
+    let (_b_admin, mut b) = io_queue(srv.local_addr());
     write_everywhere(&mut a, 0xa5);
     // The mode does leave buffers as they are: A's own read gets back what A's last
     // write left in its arena (else B's zeroes below would prove nothing).
@@ -71,7 +60,7 @@ fn fill_none_never_hands_a_host_another_hosts_data() {
     // A goes; its buffers go back to the pool, and the next host's come from it.
     drop(a);
     drop(_a_admin);
-    let (_c_admin, mut c) = io_queue(&srv);
+    let (_c_admin, mut c) = io_queue(srv.local_addr());
     reads_zeroes(&mut c, "a host after the writer closed");
     srv.shutdown();
 }
